@@ -1,0 +1,29 @@
+//! The model runtime: GGUF loading, tokenizer, chat templates, CPU kernels, the forward pass and
+//! the sampler.
+//!
+//! This crate owns everything that turns token ids into logits and logits into tokens. It never
+//! schedules requests, never owns a paged cache (the forward pass reads and writes K/V through the
+//! [`kv::KvStore`] trait that the engine implements) and never touches the network.
+
+pub mod gguf;
+pub mod kernels;
+pub mod tokenizer;
+pub mod chat;
+
+use std::path::PathBuf;
+
+/// File name of the default model inside `models/`.
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Where the default model lives: `$AGENTKV_MODEL` if set, else `<workspace>/models/<file>` when
+/// run from the source tree, else `./models/<file>`.
+pub fn default_model_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("AGENTKV_MODEL") {
+        return PathBuf::from(p);
+    }
+    let in_tree = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models").join(DEFAULT_MODEL_FILE);
+    if in_tree.exists() {
+        return in_tree;
+    }
+    PathBuf::from("models").join(DEFAULT_MODEL_FILE)
+}
