@@ -1,1 +1,43 @@
-fn main() {}
+//! The `agentkv` binary: command-line parsing and wiring. The only crate that uses `anyhow`.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "agentkv", version, about = "An LLM inference server whose KV cache is built for AI agents")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Download the default model (SmolLM2-135M-Instruct Q4_1) into models/ and verify it.
+    FetchModel(cmd::fetch_model::FetchModelArgs),
+    /// Print what a GGUF model is: architecture, sizes, tokenizer, KV bytes per token.
+    Info(cmd::info::InfoArgs),
+    /// Generate text from a prompt, streamed to stdout.
+    Generate(cmd::generate::GenerateArgs),
+    /// Perplexity of a text file, computed like llama.cpp's llama-perplexity.
+    Perplexity(cmd::perplexity::PerplexityArgs),
+    /// Prefill and decode speed of the model runtime.
+    BenchModel(cmd::bench_model::BenchModelArgs),
+    /// Replay a trace of model calls against the KV cache core and report the hit rate.
+    CacheSim(cmd::cache_sim::CacheSimArgs),
+    /// Generate a synthetic agent-workload trace (JSONL) for cache-sim.
+    TraceGen(cmd::trace_gen::TraceGenArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::FetchModel(a) => cmd::fetch_model::run(a),
+        Command::Info(a) => cmd::info::run(a),
+        Command::Generate(a) => cmd::generate::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::BenchModel(a) => cmd::bench_model::run(a),
+        Command::CacheSim(a) => cmd::cache_sim::run(a),
+        Command::TraceGen(a) => cmd::trace_gen::run(a),
+    }
+}

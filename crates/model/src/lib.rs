@@ -5,10 +5,15 @@
 //! schedules requests, never owns a paged cache (the forward pass reads and writes K/V through the
 //! [`kv::KvStore`] trait that the engine implements) and never touches the network.
 
+pub mod chat;
 pub mod gguf;
 pub mod kernels;
+pub mod par;
+pub mod sampler;
 pub mod tokenizer;
-pub mod chat;
+// Lead's modules, enabled once gguf/kernels/tokenizer land (keeps the crate compiling meanwhile):
+// pub mod attention; pub mod config; pub mod forward; pub mod generate; pub mod kv; pub mod model;
+// pub mod ops; pub mod perplexity; pub mod weights;
 
 use std::path::PathBuf;
 

@@ -1,1 +1,51 @@
-//! CPU kernels (placeholder until written).
+//! CPU compute kernels: the hot path of the forward pass.
+//!
+//! Owns the thread pool ([`pool`]), runtime CPU feature detection ([`cpu`]), f32 vector primitives
+//! ([`vec_f32`]: `dot_f32`, `axpy_f32`), activation quantisation to 8-bit blocks ([`act_quant`]),
+//! per-block integer dot products for the 32-element quant types ([`block32`], with a portable
+//! scalar path and an AVX2 path), row conversion to f32 for everything else ([`row_f32`]) and the
+//! matrix-times-activations driver ([`matmul`]). It never reads files, never allocates per task,
+//! and never decides what a model layer is.
+//!
+//! Numerical contract (the engine relies on it):
+//! - **Batch invariance.** `y[t, r]` of [`matmul`] is bit-identical whatever `num_tokens` is,
+//!   whatever position `t` has in the batch, whatever the thread count and task split: every
+//!   output element is produced by one fixed sequence of float operations.
+//! - **Path invariance.** The portable scalar path reproduces the AVX2 path's exact operation
+//!   order (same lane partial sums, same fused multiply-adds, same horizontal reduction), so both
+//!   give bit-identical results; tests pin this.
+
+pub mod act_quant;
+pub mod block32;
+pub mod cpu;
+pub mod matmul;
+pub mod pool;
+pub mod row_f32;
+pub mod vec_f32;
+
+pub use cpu::{cpu_features, set_force_portable, CpuFeatures};
+pub use matmul::{matmul, matmul_with_features, QMatrix};
+pub use pool::ThreadPool;
+pub use vec_f32::{axpy_f32, dot_f32};
+
+use crate::gguf::GgmlType;
+
+/// Errors from kernel entry points; all are caller bugs or malformed tensors, never panics.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    /// `row_len` is not a whole number of blocks of the weight type.
+    #[error("row length {row_len} is not a multiple of the {ty:?} block size {block_elems}")]
+    RowLenNotBlockMultiple { ty: GgmlType, row_len: usize, block_elems: usize },
+    /// The weight byte slice does not hold exactly `num_rows` rows.
+    #[error("weight data has {actual} bytes, expected {expected} ({num_rows} rows of {ty:?})")]
+    WeightBytes { ty: GgmlType, num_rows: usize, expected: usize, actual: usize },
+    /// The activation slice is not `[num_tokens, row_len]`.
+    #[error("activations have {actual} elements, expected {expected} = num_tokens * row_len")]
+    ActivationLen { expected: usize, actual: usize },
+    /// The output slice is not `[num_tokens, num_rows]`.
+    #[error("output has {actual} elements, expected {expected} = num_tokens * num_rows")]
+    OutputLen { expected: usize, actual: usize },
+    /// A size computation overflowed `usize`.
+    #[error("shape overflows usize")]
+    Overflow,
+}

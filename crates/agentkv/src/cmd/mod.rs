@@ -1,0 +1,10 @@
+//! One module per subcommand: argument structs and thin glue over the library crates.
+
+pub mod bench_model;
+pub mod cache_sim;
+pub mod common;
+pub mod fetch_model;
+pub mod generate;
+pub mod info;
+pub mod perplexity;
+pub mod trace_gen;

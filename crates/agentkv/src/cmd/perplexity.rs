@@ -1,0 +1,75 @@
+//! `agentkv perplexity`: llama.cpp-compatible perplexity of a text file.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use model::perplexity::{perplexity, PerplexityOptions};
+
+use super::common::ModelArgs;
+
+#[derive(clap::Args, Debug)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Text file to evaluate.
+    #[arg(long, short = 'f')]
+    pub file: PathBuf,
+    /// Window size in tokens.
+    #[arg(long, default_value_t = 512)]
+    pub ctx: usize,
+    /// Evaluate at most this many windows.
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    /// BOS handling: `auto` follows the tokenizer's add_bos flag (as llama.cpp does), `always`, `never`.
+    #[arg(long, default_value = "auto")]
+    pub bos: String,
+    /// KV cache element type: f32 or f16.
+    #[arg(long, default_value = "f16", value_parser = super::common::parse_kv_dtype)]
+    pub kv_dtype: model::KvDtype,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: PerplexityArgs) -> Result<()> {
+    let model = args.model.load()?;
+    let pool = args.model.pool();
+    let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let use_bos = match args.bos.as_str() {
+        "auto" => model.tokenizer.add_bos(),
+        "always" => true,
+        "never" => false,
+        other => anyhow::bail!("--bos must be auto, always or never, not {other:?}"),
+    };
+    let tokens = model.tokenizer.encode(&text, use_bos, false)?;
+    eprintln!("{} tokens, ctx {}, BOS per window: {use_bos}", tokens.len(), args.ctx);
+    let opts = PerplexityOptions { ctx: args.ctx, use_bos, kv_dtype: args.kv_dtype, max_chunks: args.chunks };
+    let start = Instant::now();
+    let report = perplexity(&model, &pool, &tokens, &opts, |i, n, ppl| {
+        eprint!("\r[{i}/{n}] running perplexity {ppl:.4}");
+    })?;
+    eprintln!();
+    let secs = start.elapsed().as_secs_f64();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "ppl": report.ppl, "stderr": report.ppl_stderr, "chunks": report.num_chunks,
+                "scored_tokens": report.num_scored, "ctx": args.ctx, "seconds": secs,
+            })
+        );
+    } else {
+        println!(
+            "Final estimate: PPL = {:.4} +/- {:.4}  ({} chunks of {}, {} scored tokens, {:.1}s, {:.0} tok/s)",
+            report.ppl,
+            report.ppl_stderr,
+            report.num_chunks,
+            args.ctx,
+            report.num_scored,
+            secs,
+            (report.num_chunks * args.ctx) as f64 / secs
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! The transformer forward pass over a flattened batch of tokens from many sequences.
+//!
+//! Owns the layer loop (norm → QKV → RoPE → K/V write → attention → output → SwiGLU FFN) and the
+//! final logits. Every token is processed with the same float operations whatever batch it is in
+//! and however its prompt was chunked: matrix products are batch-invariant (see `kernels`) and
+//! attention always reads K/V back from the [`KvStore`]. It never decides what to batch.
+
+use crate::attention::{attend_one, AttnScratch};
+use crate::config::ModelConfig;
+use crate::kernels::{matmul, KernelError, ThreadPool};
+use crate::kv::{KvError, KvStore, SeqSlot};
+use crate::ops::{rms_norm, swiglu, Rope};
+use crate::par::DisjointRows;
+use crate::weights::{Weights, WeightsError};
+
+/// One step's tokens. All slices are `[num_tokens]` except `logits_for`.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardBatch<'a> {
+    pub tokens: &'a [u32],
+    pub positions: &'a [u32],
+    pub slots: &'a [SeqSlot],
+    /// Indices into `tokens` whose logits are wanted, in the order they are returned.
+    pub logits_for: &'a [usize],
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("token id {token} is outside the vocabulary of {vocab_size}")]
+    BadToken { token: u32, vocab_size: usize },
+    #[error("malformed batch: {0}")]
+    BadBatch(String),
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+}
+
+/// Activation buffers, grown on demand and reused across steps.
+#[derive(Default)]
+pub struct Scratch {
+    x: Vec<f32>,    // [num_tokens, hidden] residual stream
+    xn: Vec<f32>,   // [num_tokens, hidden] normed
+    q: Vec<f32>,    // [num_tokens, q_dim]
+    k: Vec<f32>,    // [num_tokens, kv_dim]
+    v: Vec<f32>,    // [num_tokens, kv_dim]
+    att: Vec<f32>,  // [num_tokens, q_dim]
+    proj: Vec<f32>, // [num_tokens, hidden]
+    gate: Vec<f32>, // [num_tokens, ffn]
+    up: Vec<f32>,   // [num_tokens, ffn]
+}
+
+thread_local! {
+    /// Per-thread attention buffers (the pool's workers are persistent, so these are reused).
+    static ATTN_SCRATCH: std::cell::RefCell<AttnScratch> = std::cell::RefCell::new(AttnScratch::default());
+}
+
+fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+/// Runs the model on `batch`, writing K/V into `kv`; returns logits `[logits_for.len(), vocab]`.
+pub fn forward(
+    cfg: &ModelConfig,
+    w: &Weights,
+    rope: &Rope,
+    pool: &ThreadPool,
+    batch: &ForwardBatch<'_>,
+    kv: &mut dyn KvStore,
+    s: &mut Scratch,
+) -> Result<Vec<f32>, ForwardError> {
+    let n = batch.tokens.len();
+    if batch.positions.len() != n || batch.slots.len() != n {
+        return Err(ForwardError::BadBatch("tokens, positions and slots differ in length".into()));
+    }
+    if let Some(&i) = batch.logits_for.iter().find(|&&i| i >= n) {
+        return Err(ForwardError::BadBatch(format!("logits requested for token {i} of {n}")));
+    }
+    if let Some(&t) = batch.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(ForwardError::BadToken { token: t, vocab_size: cfg.vocab_size });
+    }
+    let (hd, qd, kvd, ffn) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_size);
+    let head_dim = cfg.head_dim;
+    let x = grow(&mut s.x, n * hd);
+    for (t, &tok) in batch.tokens.iter().enumerate() {
+        w.embed(tok, &mut x[t * hd..(t + 1) * hd])?;
+    }
+    let angles: Vec<_> = batch.positions.iter().map(|&p| rope.angles(p)).collect();
+    let attn_scale = 1.0 / (head_dim as f32).sqrt();
+    let group = cfg.num_heads / cfg.num_kv_heads;
+
+    for (l, lw) in w.layers.iter().enumerate() {
+        // Attention block.
+        let xn = grow(&mut s.xn, n * hd);
+        for t in 0..n {
+            rms_norm(&s.x[t * hd..(t + 1) * hd], &lw.attn_norm, cfg.rms_eps, &mut xn[t * hd..(t + 1) * hd]);
+        }
+        let q = grow(&mut s.q, n * qd);
+        let k = grow(&mut s.k, n * kvd);
+        let v = grow(&mut s.v, n * kvd);
+        matmul(pool, &w.qmatrix(&lw.wq), xn, n, q)?;
+        matmul(pool, &w.qmatrix(&lw.wk), xn, n, k)?;
+        matmul(pool, &w.qmatrix(&lw.wv), xn, n, v)?;
+        for t in 0..n {
+            let (qt, kt, vt) = (&mut q[t * qd..(t + 1) * qd], &mut k[t * kvd..(t + 1) * kvd], &mut v[t * kvd..(t + 1) * kvd]);
+            add_bias(qt, lw.bq.as_deref());
+            add_bias(kt, lw.bk.as_deref());
+            add_bias(vt, lw.bv.as_deref());
+            rope.apply(qt, &angles[t]);
+            rope.apply(kt, &angles[t]);
+            kv.write(l, batch.slots[t], batch.positions[t] as usize, kt, vt)?;
+        }
+        let att = grow(&mut s.att, n * qd);
+        {
+            let rows = DisjointRows::new(att, head_dim);
+            let kv_ro: &dyn KvStore = &*kv;
+            let q_ro: &[f32] = q;
+            let num_tasks = n * cfg.num_heads;
+            pool.for_each(num_tasks, &|task| {
+                let (t, head) = (task / cfg.num_heads, task % cfg.num_heads);
+                // SAFETY: task index ↔ (token, head) ↔ output row is a bijection, so each row
+                // of `att` has exactly one writer.
+                let out = unsafe { rows.row_mut(task) };
+                let qh = &q_ro[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
+                ATTN_SCRATCH.with_borrow_mut(|scratch| attend_one(
+                    kv_ro,
+                    l,
+                    batch.slots[t],
+                    head / group,
+                    batch.positions[t] as usize + 1,
+                    qh,
+                    attn_scale,
+                    scratch,
+                    out,
+                ));
+            });
+        }
+        let proj = grow(&mut s.proj, n * hd);
+        matmul(pool, &w.qmatrix(&lw.wo), att, n, proj)?;
+        add_in_place(&mut s.x[..n * hd], proj);
+
+        // Feed-forward block.
+        let xn = grow(&mut s.xn, n * hd);
+        for t in 0..n {
+            rms_norm(&s.x[t * hd..(t + 1) * hd], &lw.ffn_norm, cfg.rms_eps, &mut xn[t * hd..(t + 1) * hd]);
+        }
+        let gate = grow(&mut s.gate, n * ffn);
+        let up = grow(&mut s.up, n * ffn);
+        matmul(pool, &w.qmatrix(&lw.w_gate), xn, n, gate)?;
+        matmul(pool, &w.qmatrix(&lw.w_up), xn, n, up)?;
+        swiglu(gate, up);
+        let proj = grow(&mut s.proj, n * hd);
+        matmul(pool, &w.qmatrix(&lw.w_down), gate, n, proj)?;
+        add_in_place(&mut s.x[..n * hd], proj);
+    }
+
+    // Final norm and logits for the requested tokens only.
+    let m = batch.logits_for.len();
+    let xn = grow(&mut s.xn, m.max(1) * hd);
+    for (j, &t) in batch.logits_for.iter().enumerate() {
+        rms_norm(&s.x[t * hd..(t + 1) * hd], &w.output_norm, cfg.rms_eps, &mut xn[j * hd..(j + 1) * hd]);
+    }
+    let mut logits = vec![0.0f32; m * cfg.vocab_size];
+    if m > 0 {
+        matmul(pool, &w.qmatrix(&w.output), &xn[..m * hd], m, &mut logits)?;
+    }
+    Ok(logits)
+}
+
+fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for (v, &bb) in x.iter_mut().zip(b) {
+            *v += bb;
+        }
+    }
+}
+
+fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}

@@ -1,0 +1,82 @@
+//! Runtime CPU feature detection and the switch that forces the portable path.
+//!
+//! Owns one process-wide decision: may kernels use the AVX2+FMA+F16C code paths? Detection runs
+//! once; `AGENTKV_NO_SIMD=1` (read once, at first use) or [`set_force_portable`] forces the scalar
+//! path. It never selects kernels itself (callers branch on [`CpuFeatures::avx2`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+/// The instruction-set extensions the kernels can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuFeatures {
+    /// AVX2, FMA and F16C are all present (the x86-64 fast path).
+    pub avx2: bool,
+}
+
+impl CpuFeatures {
+    /// The portable scalar path only; always valid on every CPU.
+    pub const PORTABLE: CpuFeatures = CpuFeatures { avx2: false };
+
+    /// What this CPU supports, ignoring any override.
+    pub fn detect() -> CpuFeatures {
+        #[cfg(target_arch = "x86_64")]
+        {
+            CpuFeatures {
+                avx2: is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            CpuFeatures::PORTABLE
+        }
+    }
+
+    /// `self` restricted to what the CPU really has (guards explicitly passed feature sets).
+    pub fn clamp_to_detected(self) -> CpuFeatures {
+        CpuFeatures { avx2: self.avx2 && detected().avx2 }
+    }
+}
+
+static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
+
+fn detected() -> CpuFeatures {
+    static DETECTED: OnceLock<CpuFeatures> = OnceLock::new();
+    *DETECTED.get_or_init(CpuFeatures::detect)
+}
+
+fn env_forces_portable() -> bool {
+    static ENV: OnceLock<bool> = OnceLock::new();
+    *ENV.get_or_init(|| std::env::var("AGENTKV_NO_SIMD").is_ok_and(|v| v == "1"))
+}
+
+/// Features the kernels use now: detected ones, minus anything disabled by `AGENTKV_NO_SIMD=1`
+/// or [`set_force_portable`].
+pub fn cpu_features() -> CpuFeatures {
+    if env_forces_portable() || FORCE_PORTABLE.load(Ordering::Relaxed) {
+        CpuFeatures::PORTABLE
+    } else {
+        detected()
+    }
+}
+
+/// Forces (or stops forcing) the portable scalar path process-wide. Both paths give bit-identical
+/// results, so flipping this never changes outputs, only speed. Tests that compare paths should
+/// prefer passing explicit features (`matmul_with_features`) to avoid racing on this global.
+pub fn set_force_portable(force: bool) {
+    FORCE_PORTABLE.store(force, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn portable_is_always_allowed_and_clamp_never_adds_features() {
+        assert_eq!(CpuFeatures::PORTABLE.clamp_to_detected(), CpuFeatures::PORTABLE);
+        let all = CpuFeatures { avx2: true }.clamp_to_detected();
+        assert_eq!(all, CpuFeatures::detect());
+    }
+}

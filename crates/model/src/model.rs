@@ -1,0 +1,92 @@
+//! [`Model`]: a loaded GGUF model — config, weights, tokenizer, chat template, RoPE tables — and
+//! the entry point of the forward pass.
+//!
+//! Owns loading and validation of a model file as a whole. It never holds K/V or request state.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::chat::{ChatError, ChatTemplate};
+use crate::config::{ConfigError, ModelConfig};
+use crate::forward::{forward, ForwardBatch, ForwardError, Scratch};
+use crate::gguf::{GgufError, GgufFile};
+use crate::kernels::ThreadPool;
+use crate::kv::{ContiguousKv, KvDtype, KvStore};
+use crate::ops::Rope;
+use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::weights::{Weights, WeightsError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("model file {path} not found. Fetch the default model with `agentkv fetch-model` (or pass --model PATH to a GGUF file)")]
+    NotFound { path: PathBuf },
+    #[error("{path}: {source}")]
+    Gguf { path: PathBuf, source: GgufError },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Chat(#[from] ChatError),
+}
+
+pub struct Model {
+    pub path: PathBuf,
+    pub config: ModelConfig,
+    pub weights: Weights,
+    pub tokenizer: Tokenizer,
+    /// `None` when the file has no chat template (callers may use [`ChatTemplate::fallback`]).
+    pub chat_template: Option<ChatTemplate>,
+    pub rope: Rope,
+}
+
+impl Model {
+    pub fn load(path: &Path) -> Result<Model, LoadError> {
+        if !path.exists() {
+            return Err(LoadError::NotFound { path: path.to_path_buf() });
+        }
+        let file = GgufFile::open(path).map_err(|source| LoadError::Gguf { path: path.to_path_buf(), source })?;
+        let file = Arc::new(file);
+        let config = ModelConfig::from_metadata(file.metadata())?;
+        let weights = Weights::load(file.clone(), &config)?;
+        let tokenizer = Tokenizer::from_gguf(file.metadata())?;
+        let chat_template = ChatTemplate::from_gguf(file.metadata(), &tokenizer)?;
+        let rope = Rope {
+            rope_dim: config.rope_dim,
+            head_dim: config.head_dim,
+            base: config.rope_base,
+            style: config.rope_style,
+            linear_scale: config.rope_linear_scale,
+            freq_factors: weights.rope_freqs.clone(),
+        };
+        Ok(Model { path: path.to_path_buf(), config, weights, tokenizer, chat_template, rope })
+    }
+
+    pub fn gguf(&self) -> &GgufFile {
+        &self.weights.file
+    }
+
+    /// Runs one forward step; see [`forward`].
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        batch: &ForwardBatch<'_>,
+        kv: &mut dyn KvStore,
+        scratch: &mut Scratch,
+    ) -> Result<Vec<f32>, ForwardError> {
+        forward(&self.config, &self.weights, &self.rope, pool, batch, kv, scratch)
+    }
+
+    /// A contiguous K/V cache for `num_slots` sequences of up to `capacity` tokens.
+    pub fn contiguous_kv(&self, num_slots: usize, capacity: usize, dtype: KvDtype) -> ContiguousKv {
+        let c = &self.config;
+        ContiguousKv::new(num_slots, c.num_layers, c.num_kv_heads, c.head_dim, capacity, dtype)
+    }
+
+    /// The chat template of the file, or the plain fallback.
+    pub fn chat_template_or_fallback(&self) -> ChatTemplate {
+        self.chat_template.clone().unwrap_or_else(ChatTemplate::fallback)
+    }
+}

@@ -1,0 +1,150 @@
+//! Per-token elementwise operations of the transformer: RMSNorm, RoPE, SwiGLU, softmax.
+//!
+//! Each function works on one token's row and performs the same float operations whatever batch
+//! the row came from (batch invariance). Matrix products live in `kernels`; attention in
+//! `attention`.
+
+use crate::config::RopeStyle;
+
+/// `out = x / sqrt(mean(x²) + eps) * weight`, the mean accumulated in f64 as llama.cpp does.
+/// Shapes: `x`, `weight`, `out` are `[hidden]`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let sum_sq: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let mean = (sum_sq / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * scale * w;
+    }
+}
+
+/// Precomputed RoPE angles for one position: `cos`/`sin` are `[rope_dim / 2]`.
+#[derive(Debug, Clone)]
+pub struct RopeAngles {
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+}
+
+/// Rotary-embedding parameters shared by every position.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    pub rope_dim: usize,
+    pub head_dim: usize,
+    pub base: f32,
+    pub style: RopeStyle,
+    /// Positions are divided by this (linear scaling).
+    pub linear_scale: f32,
+    /// Optional per-pair frequency divisors (`rope_freqs.weight`, Llama 3): `[rope_dim / 2]`.
+    pub freq_factors: Option<Vec<f32>>,
+}
+
+impl Rope {
+    /// Angles for `pos`, computed like ggml (`theta *= theta_scale` in f32, from `pos`).
+    pub fn angles(&self, pos: u32) -> RopeAngles {
+        let half = self.rope_dim / 2;
+        let theta_scale = self.base.powf(-2.0 / self.rope_dim as f32);
+        let mut theta = pos as f32 / self.linear_scale;
+        let mut cos = Vec::with_capacity(half);
+        let mut sin = Vec::with_capacity(half);
+        for i in 0..half {
+            let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i]);
+            let t = theta / ff;
+            cos.push(t.cos());
+            sin.push(t.sin());
+            theta *= theta_scale;
+        }
+        RopeAngles { cos, sin }
+    }
+
+    /// Rotates every head of `x` (`[num_heads * head_dim]`) in place.
+    pub fn apply(&self, x: &mut [f32], angles: &RopeAngles) {
+        for head in x.chunks_exact_mut(self.head_dim) {
+            match self.style {
+                RopeStyle::Interleaved => {
+                    for i in 0..self.rope_dim / 2 {
+                        let (c, s) = (angles.cos[i], angles.sin[i]);
+                        let (a, b) = (head[2 * i], head[2 * i + 1]);
+                        head[2 * i] = a * c - b * s;
+                        head[2 * i + 1] = a * s + b * c;
+                    }
+                }
+                RopeStyle::Neox => {
+                    let half = self.rope_dim / 2;
+                    for i in 0..half {
+                        let (c, s) = (angles.cos[i], angles.sin[i]);
+                        let (a, b) = (head[i], head[i + half]);
+                        head[i] = a * c - b * s;
+                        head[i + half] = a * s + b * c;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]`, in place. Shapes: `[ffn]`.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = x / (1.0 + (-x).exp()) * u;
+    }
+}
+
+/// Log-softmax of `logits` at `index`: `logits[index] - logsumexp(logits)`, summed in f64.
+pub fn log_softmax_at(logits: &[f32], index: usize) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    ((logits[index] - max) as f64 - sum.ln()) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_weight_gives_unit_rms() {
+        let x = [1.0f32, -2.0, 3.0, -4.0];
+        let mut out = [0.0f32; 4];
+        rms_norm(&x, &[1.0; 4], 0.0, &mut out);
+        let rms = (out.iter().map(|v| v * v).sum::<f32>() / 4.0).sqrt();
+        assert!((rms - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_at_zero_is_identity_and_preserves_norm() {
+        let rope = Rope {
+            rope_dim: 8,
+            head_dim: 8,
+            base: 10000.0,
+            style: RopeStyle::Interleaved,
+            linear_scale: 1.0,
+            freq_factors: None,
+        };
+        let orig: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.5).collect();
+        let mut x = orig.clone();
+        rope.apply(&mut x, &rope.angles(0));
+        assert_eq!(x, orig);
+        rope.apply(&mut x, &rope.angles(17));
+        let n0: f32 = orig.iter().map(|v| v * v).sum();
+        let n1: f32 = x.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-4);
+        assert_ne!(x, orig);
+    }
+
+    #[test]
+    fn neox_and_interleaved_differ_but_both_rotate_pairs() {
+        let mk = |style| Rope { rope_dim: 4, head_dim: 4, base: 100.0, style, linear_scale: 1.0, freq_factors: None };
+        let mut a = vec![1.0, 0.0, 0.0, 0.0];
+        let mut b = a.clone();
+        mk(RopeStyle::Interleaved).apply(&mut a, &mk(RopeStyle::Interleaved).angles(1));
+        mk(RopeStyle::Neox).apply(&mut b, &mk(RopeStyle::Neox).angles(1));
+        assert!((a[0] - 1f32.cos()).abs() < 1e-6 && (a[1] - 1f32.sin()).abs() < 1e-6);
+        assert!((b[0] - 1f32.cos()).abs() < 1e-6 && (b[2] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn log_softmax_matches_direct_formula() {
+        let l = [1.0f32, 2.0, 3.0];
+        let z: f32 = l.iter().map(|v| v.exp()).sum();
+        assert!((log_softmax_at(&l, 2) - (3f32.exp() / z).ln()).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,104 @@
+//! Perplexity computed the way llama.cpp's `llama-perplexity` does, so the figures compare.
+//!
+//! The text is tokenised once (BOS prepended when the model's tokenizer adds one); it is cut into
+//! non-overlapping windows of `ctx` tokens (a trailing partial window is dropped); when BOS is
+//! used, each window's first token is replaced by BOS; every window is evaluated from an empty
+//! cache and only the second half is scored: the logits at positions `ctx/2 .. ctx-2` predict the
+//! tokens at `ctx/2+1 .. ctx-1`. Reports `exp(mean NLL)` and llama.cpp's standard error.
+
+use crate::forward::{ForwardBatch, ForwardError, Scratch};
+use crate::kernels::ThreadPool;
+use crate::kv::{KvDtype, SeqSlot};
+use crate::model::Model;
+use crate::ops::log_softmax_at;
+
+#[derive(Debug, Clone)]
+pub struct PerplexityOptions {
+    pub ctx: usize,
+    /// Replace each window's first token with BOS (llama.cpp does so when the tokenizer adds BOS).
+    pub use_bos: bool,
+    pub kv_dtype: KvDtype,
+    /// Stop after this many windows (all when `None`).
+    pub max_chunks: Option<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PerplexityReport {
+    pub num_chunks: usize,
+    pub num_scored: usize,
+    pub ppl: f64,
+    /// Standard error of the perplexity estimate (llama.cpp's formula).
+    pub ppl_stderr: f64,
+    /// Per-window running perplexity, as llama.cpp prints it.
+    pub running: Vec<f64>,
+    /// Log-probabilities of every scored token, in order.
+    pub token_logprobs: Vec<f32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PerplexityError {
+    #[error("context {ctx} must be an even number >= 4")]
+    BadCtx { ctx: usize },
+    #[error("text has {tokens} tokens, fewer than one window of {ctx}")]
+    TooShort { tokens: usize, ctx: usize },
+    #[error("the tokenizer has no BOS token")]
+    NoBos,
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
+}
+
+pub fn perplexity(
+    model: &Model,
+    pool: &ThreadPool,
+    tokens: &[u32],
+    opts: &PerplexityOptions,
+    mut on_chunk: impl FnMut(usize, usize, f64),
+) -> Result<PerplexityReport, PerplexityError> {
+    let ctx = opts.ctx;
+    if ctx < 4 || ctx % 2 != 0 {
+        return Err(PerplexityError::BadCtx { ctx });
+    }
+    let mut num_chunks = tokens.len() / ctx;
+    if num_chunks == 0 {
+        return Err(PerplexityError::TooShort { tokens: tokens.len(), ctx });
+    }
+    if let Some(m) = opts.max_chunks {
+        num_chunks = num_chunks.min(m);
+    }
+    let bos = if opts.use_bos { Some(model.tokenizer.bos_id().ok_or(PerplexityError::NoBos)?) } else { None };
+    let first = ctx / 2;
+    let positions: Vec<u32> = (0..ctx as u32).collect();
+    let slots = vec![SeqSlot(0); ctx];
+    let logits_for: Vec<usize> = (first..ctx - 1).collect();
+    let vocab = model.config.vocab_size;
+    let mut kv = model.contiguous_kv(1, ctx, opts.kv_dtype);
+    let mut scratch = Scratch::default();
+    let (mut nll, mut nll2) = (0.0f64, 0.0f64);
+    let mut token_logprobs = Vec::new();
+    let mut running = Vec::new();
+    for c in 0..num_chunks {
+        let mut window = tokens[c * ctx..(c + 1) * ctx].to_vec();
+        if let Some(b) = bos {
+            window[0] = b;
+        }
+        let batch = ForwardBatch { tokens: &window, positions: &positions, slots: &slots, logits_for: &logits_for };
+        let logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
+        for (j, &t) in logits_for.iter().enumerate() {
+            let target = window[t + 1] as usize;
+            let lp = log_softmax_at(&logits[j * vocab..(j + 1) * vocab], target);
+            token_logprobs.push(lp);
+            nll -= lp as f64;
+            nll2 += (lp as f64) * (lp as f64);
+        }
+        let n = token_logprobs.len() as f64;
+        let ppl = (nll / n).exp();
+        running.push(ppl);
+        on_chunk(c + 1, num_chunks, ppl);
+    }
+    let n = token_logprobs.len() as f64;
+    let mean = nll / n;
+    let var = (nll2 / n - mean * mean).max(0.0);
+    let ppl = mean.exp();
+    let ppl_stderr = if n > 1.0 { (var / (n - 1.0)).sqrt() * ppl } else { 0.0 };
+    Ok(PerplexityReport { num_chunks, num_scored: token_logprobs.len(), ppl, ppl_stderr, running, token_logprobs })
+}

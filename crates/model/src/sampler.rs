@@ -1,0 +1,302 @@
+//! Token sampling from logits: greedy, temperature, top-k, top-p, min-p, repetition / presence /
+//! frequency penalties, seeded reproducible randomness, and logprobs.
+//!
+//! Owns [`SamplingParams`] validation and the per-request [`Sampler`] (its RNG is private to the
+//! request, so a seeded request draws the same tokens whatever else runs). Logprobs are those of
+//! the model's raw distribution (log-softmax of the unmodified logits), as vLLM reports by
+//! default. It never touches the model or the tokenizer.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha12Rng;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// 1 disables.
+    pub top_p: f32,
+    /// 0 disables.
+    pub min_p: f32,
+    /// 1 disables; >1 discourages tokens seen in the prompt or output.
+    pub repetition_penalty: f32,
+    /// Subtracted once from every token present in the output.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence in the output.
+    pub frequency_penalty: f32,
+    pub seed: Option<u64>,
+    /// How many top alternatives to report with each token (0 = none).
+    pub top_logprobs: usize,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            top_logprobs: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum SamplingError {
+    #[error("{param} must be {rule}, got {value}")]
+    Invalid { param: &'static str, rule: &'static str, value: f64 },
+}
+
+impl SamplingParams {
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let bad = |param, rule, value: f64| Err(SamplingError::Invalid { param, rule, value });
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad("temperature", "a finite number >= 0", self.temperature as f64);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", "in (0, 1]", self.top_p as f64);
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", "in [0, 1]", self.min_p as f64);
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad("repetition_penalty", "a finite number > 0", self.repetition_penalty as f64);
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return bad("presence_penalty", "in [-2, 2]", self.presence_penalty as f64);
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return bad("frequency_penalty", "in [-2, 2]", self.frequency_penalty as f64);
+        }
+        if self.top_logprobs > 20 {
+            return bad("top_logprobs", "at most 20", self.top_logprobs as f64);
+        }
+        Ok(())
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+}
+
+/// One sampled token with its logprob and the top alternatives (`(id, logprob)`, best first).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledToken {
+    pub id: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Per-request sampler state.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha12Rng,
+    output_counts: std::collections::HashMap<u32, u32>,
+    work: Vec<f32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let seed = params.seed.unwrap_or_else(rand::random);
+        Sampler { params, rng: ChaCha12Rng::seed_from_u64(seed), output_counts: Default::default(), work: Vec::new() }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Records a generated token (for presence / frequency / repetition penalties).
+    pub fn observe(&mut self, id: u32) {
+        *self.output_counts.entry(id).or_insert(0) += 1;
+    }
+
+    /// Samples the next token. `prompt` is used by the repetition penalty only.
+    pub fn sample(&mut self, logits: &[f32], prompt: &[u32]) -> SampledToken {
+        let p = &self.params;
+        self.work.clear();
+        self.work.extend_from_slice(logits);
+        let work = &mut self.work;
+        if p.repetition_penalty != 1.0 {
+            let mut seen: Vec<u32> = prompt.iter().copied().chain(self.output_counts.keys().copied()).collect();
+            seen.sort_unstable();
+            seen.dedup();
+            for id in seen {
+                if let Some(l) = work.get_mut(id as usize) {
+                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&id, &count) in &self.output_counts {
+                if let Some(l) = work.get_mut(id as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * count as f32;
+                }
+            }
+        }
+        let id = if p.is_greedy() { argmax(work) } else { sample_filtered(work, p, &mut self.rng) };
+        let (logprob, top) = logprobs(logits, id, p.top_logprobs);
+        SampledToken { id, logprob, top }
+    }
+}
+
+/// Index of the largest value; ties go to the lowest index.
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn sample_filtered(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha12Rng) -> u32 {
+    // Candidates sorted by logit descending (ties: lower id first), truncated by top-k.
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let order = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    let k = if p.top_k > 0 { p.top_k.min(idx.len()) } else { idx.len() };
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, order);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(order);
+    let inv_t = 1.0 / p.temperature;
+    let max = logits[idx[0] as usize];
+    let mut probs: Vec<f64> = idx.iter().map(|&i| (((logits[i as usize] - max) * inv_t) as f64).exp()).collect();
+    let total: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|q| *q /= total);
+    // min-p: keep tokens with prob >= min_p * p_max (p_max = probs[0]).
+    let mut keep = probs.len();
+    if p.min_p > 0.0 {
+        let floor = p.min_p as f64 * probs[0];
+        keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
+    }
+    // top-p: smallest prefix whose mass reaches top_p.
+    if p.top_p < 1.0 {
+        let mut acc = 0.0;
+        let mut n = 0;
+        for &q in &probs[..keep] {
+            acc += q;
+            n += 1;
+            if acc >= p.top_p as f64 {
+                break;
+            }
+        }
+        keep = n.max(1);
+    }
+    let mass: f64 = probs[..keep].iter().sum();
+    let r = rng.gen::<f64>() * mass;
+    let mut acc = 0.0;
+    for (j, &q) in probs[..keep].iter().enumerate() {
+        acc += q;
+        if r < acc {
+            return idx[j];
+        }
+    }
+    idx[keep - 1]
+}
+
+/// Log-softmax of `logits` at `id` and the `top_n` best `(id, logprob)`.
+pub fn logprobs(logits: &[f32], id: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = (logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>()).ln() as f32 + max;
+    let mut top = Vec::new();
+    if top_n > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let order = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+        let n = top_n.min(idx.len());
+        idx.select_nth_unstable_by(n - 1, order);
+        idx.truncate(n);
+        idx.sort_unstable_by(order);
+        top = idx.iter().map(|&i| (i, logits[i as usize] - lse)).collect();
+    }
+    (logits[id as usize] - lse, top)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        vec![1.0, 3.0, 2.0, 3.0, -1.0, 0.5]
+    }
+
+    #[test]
+    fn greedy_picks_max_lowest_id_on_tie() {
+        let mut s = Sampler::new(SamplingParams::default());
+        let t = s.sample(&logits(), &[]);
+        assert_eq!(t.id, 1);
+    }
+
+    #[test]
+    fn logprobs_are_normalised_and_top_sorted() {
+        let mut s = Sampler::new(SamplingParams { top_logprobs: 3, ..Default::default() });
+        let t = s.sample(&logits(), &[]);
+        let total: f32 = logits().iter().map(|&l| (l - 3.0).exp()).sum();
+        assert!((t.logprob - (1.0 / total).ln()).abs() < 1e-5);
+        assert_eq!(t.top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+    }
+
+    #[test]
+    fn seeded_sampling_is_reproducible_and_seed_dependent() {
+        let params = |seed| SamplingParams { temperature: 1.5, seed: Some(seed), ..Default::default() };
+        let draw = |seed| {
+            let mut s = Sampler::new(params(seed));
+            (0..50).map(|_| s.sample(&logits(), &[]).id).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
+    }
+
+    #[test]
+    fn top_k_restricts_candidates() {
+        let mut s = Sampler::new(SamplingParams { temperature: 5.0, top_k: 2, seed: Some(1), ..Default::default() });
+        for _ in 0..200 {
+            let id = s.sample(&logits(), &[]).id;
+            assert!(id == 1 || id == 3, "got {id}");
+        }
+    }
+
+    #[test]
+    fn top_p_and_min_p_restrict_candidates() {
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_p: 0.5, seed: Some(3), ..Default::default() });
+        for _ in 0..200 {
+            let id = s.sample(&logits(), &[]).id;
+            assert!(id == 1 || id == 3, "top_p got {id}");
+        }
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, min_p: 0.5, seed: Some(3), ..Default::default() });
+        for _ in 0..200 {
+            let id = s.sample(&logits(), &[]).id;
+            assert!([1, 2, 3].contains(&id), "min_p got {id}");
+        }
+    }
+
+    #[test]
+    fn penalties_change_the_greedy_choice() {
+        let mut s = Sampler::new(SamplingParams { presence_penalty: 1.5, ..Default::default() });
+        s.observe(1);
+        s.observe(3);
+        assert_eq!(s.sample(&logits(), &[]).id, 2);
+        let mut s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..Default::default() });
+        assert_eq!(s.sample(&logits(), &[1, 3]).id, 2);
+        let mut s = Sampler::new(SamplingParams { frequency_penalty: 0.6, ..Default::default() });
+        s.observe(1);
+        s.observe(1);
+        assert_eq!(s.sample(&logits(), &[]).id, 3);
+    }
+
+    #[test]
+    fn validation_rejects_bad_values() {
+        assert!(SamplingParams { temperature: -1.0, ..Default::default() }.validate().is_err());
+        assert!(SamplingParams { top_p: 0.0, ..Default::default() }.validate().is_err());
+        assert!(SamplingParams { top_p: f32::NAN, ..Default::default() }.validate().is_err());
+        assert!(SamplingParams { min_p: 1.5, ..Default::default() }.validate().is_err());
+        assert!(SamplingParams { top_logprobs: 21, ..Default::default() }.validate().is_err());
+        assert!(SamplingParams::default().validate().is_ok());
+    }
+}

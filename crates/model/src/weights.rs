@@ -1,0 +1,137 @@
+//! The model's tensors, located inside the memory-mapped GGUF file.
+//!
+//! Owns the name → tensor lookup for the llama/qwen2 layout and shape checks. Quantized matrices
+//! stay in the mapping (zero copy); only small vectors (norms, biases) are dequantised to f32 at
+//! load. It never computes anything.
+
+use std::sync::Arc;
+
+use crate::config::{Arch, ModelConfig};
+use crate::gguf::{dequant::dequantize_row, GgmlType, GgufError, GgufFile, TensorInfo};
+use crate::kernels::QMatrix;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    #[error("tensor {0} is missing from the model file")]
+    Missing(String),
+    #[error("tensor {name} has shape {got:?}, expected {want:?}")]
+    Shape { name: String, got: Vec<u64>, want: Vec<u64> },
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+}
+
+/// A 2-D weight `[num_rows, row_len]` (GGUF dims `[row_len, num_rows]`) inside the file.
+#[derive(Debug, Clone)]
+pub struct MatRef {
+    pub info: TensorInfo,
+    pub num_rows: usize,
+    pub row_len: usize,
+}
+
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>, // [hidden]
+    pub wq: MatRef,          // [q_dim, hidden]
+    pub wk: MatRef,          // [kv_dim, hidden]
+    pub wv: MatRef,          // [kv_dim, hidden]
+    pub wo: MatRef,          // [hidden, q_dim]
+    pub bq: Option<Vec<f32>>, // [q_dim]
+    pub bk: Option<Vec<f32>>, // [kv_dim]
+    pub bv: Option<Vec<f32>>, // [kv_dim]
+    pub ffn_norm: Vec<f32>,  // [hidden]
+    pub w_gate: MatRef,      // [ffn, hidden]
+    pub w_up: MatRef,        // [ffn, hidden]
+    pub w_down: MatRef,      // [hidden, ffn]
+}
+
+pub struct Weights {
+    pub file: Arc<GgufFile>,
+    pub token_embd: MatRef, // [vocab, hidden]
+    pub output_norm: Vec<f32>,
+    pub output: MatRef, // [vocab, hidden] (token_embd when tied)
+    pub rope_freqs: Option<Vec<f32>>,
+    pub layers: Vec<LayerWeights>,
+}
+
+impl Weights {
+    pub fn load(file: Arc<GgufFile>, cfg: &ModelConfig) -> Result<Self, WeightsError> {
+        let mat = |name: &str, rows: usize, cols: usize| -> Result<MatRef, WeightsError> {
+            let info = file.tensor(name).ok_or_else(|| WeightsError::Missing(name.into()))?;
+            let want = vec![cols as u64, rows as u64];
+            if info.dims != want {
+                return Err(WeightsError::Shape { name: name.into(), got: info.dims.clone(), want });
+            }
+            Ok(MatRef { info: info.clone(), num_rows: rows, row_len: cols })
+        };
+        let vec_f32 = |name: &str, len: usize| -> Result<Vec<f32>, WeightsError> {
+            let info = file.tensor(name).ok_or_else(|| WeightsError::Missing(name.into()))?;
+            if info.dims != [len as u64] {
+                return Err(WeightsError::Shape { name: name.into(), got: info.dims.clone(), want: vec![len as u64] });
+            }
+            let mut out = vec![0.0f32; len];
+            dequantize_row(info.ty, file.tensor_data(info), &mut out)?;
+            Ok(out)
+        };
+        let opt_vec = |name: &str, len: usize| -> Result<Option<Vec<f32>>, WeightsError> {
+            if file.tensor(name).is_some() {
+                vec_f32(name, len).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let (hd, qd, kvd, ffn, vocab) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_size, cfg.vocab_size);
+        let token_embd = mat("token_embd.weight", vocab, hd)?;
+        let output = if file.tensor("output.weight").is_some() {
+            mat("output.weight", vocab, hd)?
+        } else {
+            token_embd.clone()
+        };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let n = |s: &str| format!("blk.{l}.{s}");
+            let biases = cfg.arch == Arch::Qwen2;
+            layers.push(LayerWeights {
+                attn_norm: vec_f32(&n("attn_norm.weight"), hd)?,
+                wq: mat(&n("attn_q.weight"), qd, hd)?,
+                wk: mat(&n("attn_k.weight"), kvd, hd)?,
+                wv: mat(&n("attn_v.weight"), kvd, hd)?,
+                wo: mat(&n("attn_output.weight"), hd, qd)?,
+                bq: if biases { opt_vec(&n("attn_q.bias"), qd)? } else { None },
+                bk: if biases { opt_vec(&n("attn_k.bias"), kvd)? } else { None },
+                bv: if biases { opt_vec(&n("attn_v.bias"), kvd)? } else { None },
+                ffn_norm: vec_f32(&n("ffn_norm.weight"), hd)?,
+                w_gate: mat(&n("ffn_gate.weight"), ffn, hd)?,
+                w_up: mat(&n("ffn_up.weight"), ffn, hd)?,
+                w_down: mat(&n("ffn_down.weight"), hd, ffn)?,
+            });
+        }
+        Ok(Weights {
+            output_norm: vec_f32("output_norm.weight", hd)?,
+            rope_freqs: opt_vec("rope_freqs.weight", cfg.rope_dim / 2)?,
+            token_embd,
+            output,
+            layers,
+            file,
+        })
+    }
+
+    /// The matrix view used by the kernels.
+    pub fn qmatrix(&self, m: &MatRef) -> QMatrix<'_> {
+        QMatrix { ty: m.info.ty, num_rows: m.num_rows, row_len: m.row_len, data: self.file.tensor_data(&m.info) }
+    }
+
+    /// Dequantises embedding row `token` into `out` (`[hidden]`).
+    pub fn embed(&self, token: u32, out: &mut [f32]) -> Result<(), WeightsError> {
+        let m = &self.token_embd;
+        let ty: GgmlType = m.info.ty;
+        let row_bytes = ty.row_bytes(m.row_len).expect("validated at load");
+        let data = self.file.tensor_data(&m.info);
+        let start = token as usize * row_bytes;
+        dequantize_row(ty, &data[start..start + row_bytes], out)?;
+        Ok(())
+    }
+
+    /// Bytes of all weight tensors.
+    pub fn total_bytes(&self) -> usize {
+        self.file.tensors().iter().map(|t| t.num_bytes).sum()
+    }
+}
