@@ -5,7 +5,11 @@ mod cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "agentkv", version, about = "An LLM inference server whose KV cache is built for AI agents")]
+#[command(
+    name = "agentkv",
+    version,
+    about = "An LLM inference server whose KV cache is built for AI agents"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

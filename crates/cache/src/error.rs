@@ -27,10 +27,16 @@ pub enum AllocError {
 pub enum SeqError {
     #[error("unknown sequence {0}")]
     UnknownSequence(SeqId),
+    #[error("unknown or already used prefix match")]
+    UnknownPrefixMatch,
     #[error(transparent)]
     Alloc(#[from] AllocError),
     #[error("sequence {seq}: {written} tokens marked written but only {len} appended")]
-    WrittenBeyondEnd { seq: SeqId, written: usize, len: usize },
+    WrittenBeyondEnd {
+        seq: SeqId,
+        written: usize,
+        len: usize,
+    },
 }
 
 /// A retention operation failed. Nothing was changed.

@@ -12,6 +12,7 @@
 //! The two derive-key contexts separate the domains: no block key can equal a namespace root.
 
 use std::fmt;
+use std::sync::OnceLock;
 
 use crate::ids::TenantId;
 
@@ -19,8 +20,15 @@ const NAMESPACE_CONTEXT: &str = "agentkv kv-cache namespace v1";
 const BLOCK_CONTEXT: &str = "agentkv kv-cache block v1";
 
 /// 256-bit BLAKE3 identity of one full block (or of a namespace root). Equality is constant-time.
-#[derive(Clone, Copy, Hash)]
+#[derive(Clone, Copy)]
 pub struct BlockKey(pub [u8; 32]);
+
+impl std::hash::Hash for BlockKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // Consistent with `eq`: equal keys have equal bytes.
+        self.0.hash(state);
+    }
+}
 
 impl PartialEq for BlockKey {
     fn eq(&self, other: &Self) -> bool {
@@ -44,11 +52,20 @@ impl BlockKey {
     /// Key of the block holding `tokens`, chained on `parent` (the previous block's key, or the
     /// namespace root for the first block).
     pub fn chain(parent: &BlockKey, tokens: &[u32]) -> BlockKey {
-        let mut hasher = blake3::Hasher::new_derive_key(BLOCK_CONTEXT);
+        // The derive-key context is hashed once; each call clones the prepared hasher.
+        static PREPARED: OnceLock<blake3::Hasher> = OnceLock::new();
+        let mut hasher = PREPARED
+            .get_or_init(|| blake3::Hasher::new_derive_key(BLOCK_CONTEXT))
+            .clone();
         hasher.update(&parent.0);
         hasher.update(&(tokens.len() as u64).to_le_bytes());
-        for token in tokens {
-            hasher.update(&token.to_le_bytes());
+        // Feed tokens in 64-token batches to avoid one tiny update per token.
+        let mut buf = [0u8; 256];
+        for batch in tokens.chunks(64) {
+            for (dst, token) in buf.chunks_exact_mut(4).zip(batch) {
+                dst.copy_from_slice(&token.to_le_bytes());
+            }
+            hasher.update(&buf[..batch.len() * 4]);
         }
         BlockKey(*hasher.finalize().as_bytes())
     }
@@ -139,7 +156,12 @@ impl Namespace {
 }
 
 /// Keys of the first `num_blocks` full blocks of `tokens` in `ns`, computed along the chain.
-pub fn chain_keys(ns: &NamespaceKey, tokens: &[u32], block_size: usize, num_blocks: usize) -> Vec<BlockKey> {
+pub fn chain_keys(
+    ns: &NamespaceKey,
+    tokens: &[u32],
+    block_size: usize,
+    num_blocks: usize,
+) -> Vec<BlockKey> {
     let mut keys = Vec::with_capacity(num_blocks);
     let mut parent = ns.root;
     for chunk in tokens.chunks_exact(block_size).take(num_blocks) {
@@ -183,7 +205,11 @@ mod tests {
         for v in variants {
             assert_ne!(v.key().root(), root, "{v:?}");
         }
-        assert_eq!(base.clone().key(), base.key(), "positive control: same fields, same root");
+        assert_eq!(
+            base.clone().key(),
+            base.key(),
+            "positive control: same fields, same root"
+        );
     }
 
     #[test]
@@ -195,6 +221,19 @@ mod tests {
         b.codec_id = "a".into();
         b.kv_settings = b"bc".to_vec();
         assert_ne!(a.key().root(), b.key().root());
+    }
+
+    #[test]
+    fn block_key_matches_the_documented_layout() {
+        let root = Namespace::for_tenant(TenantId(0)).key().root();
+        let tokens: Vec<u32> = (0..100).map(|i| i * 7919).collect();
+        let mut h = blake3::Hasher::new_derive_key(BLOCK_CONTEXT);
+        h.update(&root.0);
+        h.update(&100u64.to_le_bytes());
+        for t in &tokens {
+            h.update(&t.to_le_bytes());
+        }
+        assert_eq!(BlockKey::chain(&root, &tokens).0, *h.finalize().as_bytes());
     }
 
     #[test]

@@ -1,1 +1,47 @@
-//! Placeholder until written.
+//! Pure KV-cache bookkeeping for agentkv: a paged block pool, per-sequence block tables, a
+//! hash-chained prefix index, LRU / LFU / segmented-LRU eviction, pins and session retention,
+//! tenants, counters and events — plus a cache simulator and agent-trace generators on top.
+//!
+//! Absences (architecture invariants): no async, no I/O, no threads, no tensors, no wall clock
+//! (time is a logical [`Tick`] passed in), no `unsafe`. Running out of blocks is a value
+//! ([`AllocError`]); a failed allocation changes nothing.
+//!
+//! Lifecycle as the engine drives it:
+//! 1. `let m = cache.lookup(&ns, &prompt, tick)` — the longest cached prefix (referenced);
+//! 2. `let seq = cache.create_sequence(m)?` — a block table starting with those blocks;
+//! 3. `cache.append_tokens(seq, &rest, tick)?` — allocates a block per boundary crossed;
+//! 4. after writing K/V: `cache.mark_written(seq, num_written_tokens, tick)?` publishes full blocks;
+//! 5. `cache.fork(seq, tick)?` for n > 1 / beams; `cache.free(seq, tick)?` at the end;
+//! 6. optionally `retain_session` before `free`, `pin_prefix` after a warm-up prefill, `expire`.
+//!
+//! See `docs/kv-cache.md` for the eviction order, key derivation and invariants.
+
+#![forbid(unsafe_code)]
+
+mod cache;
+pub mod config;
+pub mod counters;
+pub mod error;
+pub mod events;
+mod evict;
+pub mod ids;
+mod index;
+mod invariants;
+pub mod key;
+mod pool;
+mod retention;
+pub mod sim;
+mod table;
+pub mod tenant;
+
+pub use cache::{
+    BlockCopy, BlockReplacement, Fork, KvCache, PinOutcome, PrefixMatch, PublishReport,
+    RetainOutcome,
+};
+pub use config::{CacheConfig, EvictionPolicy};
+pub use counters::{Counters, EvictionCause, EvictionCounts, Fragmentation, Usage};
+pub use error::{AllocError, ConfigError, InvariantViolation, RetainError, SeqError};
+pub use events::CacheEvent;
+pub use ids::{BlockId, PinId, SeqId, SessionId, TenantId, Tick};
+pub use key::{BlockKey, Namespace, NamespaceKey};
+pub use tenant::TenantCounters;

@@ -84,7 +84,9 @@ impl Pool {
     /// Reset a block (unreferenced, unpublished, no holders) and push it on the free stack.
     pub fn put_free(&mut self, id: BlockId) {
         let block = self.get_mut(id);
-        debug_assert!(block.ref_count == 0 && block.published.is_none() && block.holders.is_empty());
+        debug_assert!(
+            block.ref_count == 0 && block.published.is_none() && block.holders.is_empty()
+        );
         *block = Block {
             is_free: true,
             ..Block::default()

@@ -5,6 +5,10 @@
 //! time with a fixed-order dot product and the softmax is summed in position order, so the result
 //! depends only on the query and the stored K/V — never on how the store splits positions into
 //! chunks (blocks) or which other tokens share the batch. It never writes K/V.
+//!
+//! With f16 K/V the arithmetic follows ggml's `mul_mat` path (llama.cpp, our correctness
+//! reference): the query is rounded to f16 before the K dot products and the softmax weights are
+//! rounded to f16 before they weight V, as ggml converts the f32 operand to the f16 type.
 
 use crate::kernels::{axpy_f32, dot_f32};
 use crate::kv::{KvChunk, KvStore, SeqSlot};
@@ -15,6 +19,11 @@ use half::f16;
 pub struct AttnScratch {
     scores: Vec<f32>, // [num_positions]
     row: Vec<f32>,    // [head_dim] — one dequantised K or V row
+    q16: Vec<f32>,    // [head_dim] — the query rounded to f16
+}
+
+fn round_f16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
 }
 
 /// `out = softmax(q·Kᵀ · scale) · V` over positions `0..num_positions` of `kv_head`.
@@ -34,21 +43,33 @@ pub fn attend_one(
     let head_dim = q.len();
     scratch.scores.clear();
     scratch.row.resize(head_dim, 0.0);
-    let (scores, row) = (&mut scratch.scores, &mut scratch.row);
-    kv.for_each_chunk(layer, slot, kv_head, num_positions, &mut |_, chunk| match chunk {
-        KvChunk::F32 { k, .. } => {
-            for key in k.chunks_exact(head_dim) {
-                scores.push(dot_f32(q, key) * scale);
+    scratch.q16.clear();
+    scratch.q16.extend(q.iter().map(|&x| round_f16(x)));
+    let (scores, row, q16) = (&mut scratch.scores, &mut scratch.row, &scratch.q16);
+    kv.for_each_chunk(
+        layer,
+        slot,
+        kv_head,
+        num_positions,
+        &mut |_, chunk| match chunk {
+            KvChunk::F32 { k, .. } => {
+                for key in k.chunks_exact(head_dim) {
+                    scores.push(dot_f32(q, key) * scale);
+                }
             }
-        }
-        KvChunk::F16 { k, .. } => {
-            for key in k.chunks_exact(head_dim) {
-                widen(key, row);
-                scores.push(dot_f32(q, row) * scale);
+            KvChunk::F16 { k, .. } => {
+                for key in k.chunks_exact(head_dim) {
+                    widen(key, row);
+                    scores.push(dot_f32(q16, row) * scale);
+                }
             }
-        }
-    });
-    debug_assert_eq!(scores.len(), num_positions, "KV store returned the wrong number of positions");
+        },
+    );
+    debug_assert_eq!(
+        scores.len(),
+        num_positions,
+        "KV store returned the wrong number of positions"
+    );
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f64;
     for s in scores.iter_mut() {
@@ -58,21 +79,27 @@ pub fn attend_one(
     let inv = (1.0 / sum) as f32;
     out.fill(0.0);
     let mut pos = 0usize;
-    kv.for_each_chunk(layer, slot, kv_head, num_positions, &mut |_, chunk| match chunk {
-        KvChunk::F32 { v, .. } => {
-            for val in v.chunks_exact(head_dim) {
-                axpy_f32(scores[pos] * inv, val, out);
-                pos += 1;
+    kv.for_each_chunk(
+        layer,
+        slot,
+        kv_head,
+        num_positions,
+        &mut |_, chunk| match chunk {
+            KvChunk::F32 { v, .. } => {
+                for val in v.chunks_exact(head_dim) {
+                    axpy_f32(scores[pos] * inv, val, out);
+                    pos += 1;
+                }
             }
-        }
-        KvChunk::F16 { v, .. } => {
-            for val in v.chunks_exact(head_dim) {
-                widen(val, row);
-                axpy_f32(scores[pos] * inv, row, out);
-                pos += 1;
+            KvChunk::F16 { v, .. } => {
+                for val in v.chunks_exact(head_dim) {
+                    widen(val, row);
+                    axpy_f32(round_f16(scores[pos] * inv), row, out);
+                    pos += 1;
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 fn widen(src: &[f16], dst: &mut [f32]) {
@@ -89,9 +116,26 @@ mod tests {
     #[test]
     fn single_position_returns_its_value() {
         let mut kv = ContiguousKv::new(1, 1, 1, 4, 8, KvDtype::F32);
-        kv.write(0, SeqSlot(0), 0, &[1.0, 0.0, 0.0, 0.0], &[5.0, 6.0, 7.0, 8.0]).unwrap();
+        kv.write(
+            0,
+            SeqSlot(0),
+            0,
+            &[1.0, 0.0, 0.0, 0.0],
+            &[5.0, 6.0, 7.0, 8.0],
+        )
+        .unwrap();
         let mut out = [0.0; 4];
-        attend_one(&kv, 0, SeqSlot(0), 0, 1, &[1.0, 1.0, 1.0, 1.0], 0.5, &mut AttnScratch::default(), &mut out);
+        attend_one(
+            &kv,
+            0,
+            SeqSlot(0),
+            0,
+            1,
+            &[1.0, 1.0, 1.0, 1.0],
+            0.5,
+            &mut AttnScratch::default(),
+            &mut out,
+        );
         assert_eq!(out, [5.0, 6.0, 7.0, 8.0]);
     }
 
@@ -99,14 +143,29 @@ mod tests {
     fn matches_naive_softmax_attention() {
         let (hd, n) = (8, 5);
         let mut kv = ContiguousKv::new(1, 1, 1, hd, n, KvDtype::F32);
-        let ks: Vec<Vec<f32>> = (0..n).map(|p| (0..hd).map(|i| ((p * 7 + i * 3) % 11) as f32 * 0.1 - 0.5).collect()).collect();
-        let vs: Vec<Vec<f32>> = (0..n).map(|p| (0..hd).map(|i| ((p * 5 + i) % 13) as f32 * 0.2 - 1.0).collect()).collect();
+        let ks: Vec<Vec<f32>> = (0..n)
+            .map(|p| {
+                (0..hd)
+                    .map(|i| ((p * 7 + i * 3) % 11) as f32 * 0.1 - 0.5)
+                    .collect()
+            })
+            .collect();
+        let vs: Vec<Vec<f32>> = (0..n)
+            .map(|p| {
+                (0..hd)
+                    .map(|i| ((p * 5 + i) % 13) as f32 * 0.2 - 1.0)
+                    .collect()
+            })
+            .collect();
         for p in 0..n {
             kv.write(0, SeqSlot(0), p, &ks[p], &vs[p]).unwrap();
         }
         let q: Vec<f32> = (0..hd).map(|i| i as f32 * 0.3 - 1.0).collect();
         let scale = 1.0 / (hd as f32).sqrt();
-        let s: Vec<f32> = ks.iter().map(|k| k.iter().zip(&q).map(|(a, b)| a * b).sum::<f32>() * scale).collect();
+        let s: Vec<f32> = ks
+            .iter()
+            .map(|k| k.iter().zip(&q).map(|(a, b)| a * b).sum::<f32>() * scale)
+            .collect();
         let z: f32 = s.iter().map(|x| x.exp()).sum();
         let mut want = vec![0.0f32; hd];
         for p in 0..n {
@@ -115,9 +174,24 @@ mod tests {
             }
         }
         let mut out = vec![0.0; hd];
-        attend_one(&kv, 0, SeqSlot(0), 0, n, &q, scale, &mut AttnScratch::default(), &mut out);
+        attend_one(
+            &kv,
+            0,
+            SeqSlot(0),
+            0,
+            n,
+            &q,
+            scale,
+            &mut AttnScratch::default(),
+            &mut out,
+        );
         for i in 0..hd {
-            assert!((out[i] - want[i]).abs() < 1e-5, "{i}: {} vs {}", out[i], want[i]);
+            assert!(
+                (out[i] - want[i]).abs() < 1e-5,
+                "{i}: {} vs {}",
+                out[i],
+                want[i]
+            );
         }
     }
 }

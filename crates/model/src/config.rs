@@ -138,19 +138,22 @@ impl ModelConfig {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(
                 "head_count {} is not a multiple of head_count_kv {}",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
-            return bad(format!("rope dimension {} vs head dim {}", self.rope_dim, self.head_dim));
+        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
+            return bad(format!(
+                "rope dimension {} vs head dim {}",
+                self.rope_dim, self.head_dim
+            ));
         }
         if self.num_layers > 1024 || self.hidden_size > 1 << 16 || self.vocab_size > 1 << 22 {
             return bad("dimensions out of the supported range".into());
         }
-        if !(self.rope_linear_scale > 0.0) {
+        if self.rope_linear_scale.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
             return bad("rope scaling factor must be positive".into());
         }
         Ok(())

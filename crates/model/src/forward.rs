@@ -75,13 +75,20 @@ pub fn forward(
 ) -> Result<Vec<f32>, ForwardError> {
     let n = batch.tokens.len();
     if batch.positions.len() != n || batch.slots.len() != n {
-        return Err(ForwardError::BadBatch("tokens, positions and slots differ in length".into()));
+        return Err(ForwardError::BadBatch(
+            "tokens, positions and slots differ in length".into(),
+        ));
     }
     if let Some(&i) = batch.logits_for.iter().find(|&&i| i >= n) {
-        return Err(ForwardError::BadBatch(format!("logits requested for token {i} of {n}")));
+        return Err(ForwardError::BadBatch(format!(
+            "logits requested for token {i} of {n}"
+        )));
     }
     if let Some(&t) = batch.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-        return Err(ForwardError::BadToken { token: t, vocab_size: cfg.vocab_size });
+        return Err(ForwardError::BadToken {
+            token: t,
+            vocab_size: cfg.vocab_size,
+        });
     }
     let (hd, qd, kvd, ffn) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_size);
     let head_dim = cfg.head_dim;
@@ -97,7 +104,12 @@ pub fn forward(
         // Attention block.
         let xn = grow(&mut s.xn, n * hd);
         for t in 0..n {
-            rms_norm(&s.x[t * hd..(t + 1) * hd], &lw.attn_norm, cfg.rms_eps, &mut xn[t * hd..(t + 1) * hd]);
+            rms_norm(
+                &s.x[t * hd..(t + 1) * hd],
+                &lw.attn_norm,
+                cfg.rms_eps,
+                &mut xn[t * hd..(t + 1) * hd],
+            );
         }
         let q = grow(&mut s.q, n * qd);
         let k = grow(&mut s.k, n * kvd);
@@ -106,7 +118,11 @@ pub fn forward(
         matmul(pool, &w.qmatrix(&lw.wk), xn, n, k)?;
         matmul(pool, &w.qmatrix(&lw.wv), xn, n, v)?;
         for t in 0..n {
-            let (qt, kt, vt) = (&mut q[t * qd..(t + 1) * qd], &mut k[t * kvd..(t + 1) * kvd], &mut v[t * kvd..(t + 1) * kvd]);
+            let (qt, kt, vt) = (
+                &mut q[t * qd..(t + 1) * qd],
+                &mut k[t * kvd..(t + 1) * kvd],
+                &mut v[t * kvd..(t + 1) * kvd],
+            );
             add_bias(qt, lw.bq.as_deref());
             add_bias(kt, lw.bk.as_deref());
             add_bias(vt, lw.bv.as_deref());
@@ -126,17 +142,19 @@ pub fn forward(
                 // of `att` has exactly one writer.
                 let out = unsafe { rows.row_mut(task) };
                 let qh = &q_ro[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
-                ATTN_SCRATCH.with_borrow_mut(|scratch| attend_one(
-                    kv_ro,
-                    l,
-                    batch.slots[t],
-                    head / group,
-                    batch.positions[t] as usize + 1,
-                    qh,
-                    attn_scale,
-                    scratch,
-                    out,
-                ));
+                ATTN_SCRATCH.with_borrow_mut(|scratch| {
+                    attend_one(
+                        kv_ro,
+                        l,
+                        batch.slots[t],
+                        head / group,
+                        batch.positions[t] as usize + 1,
+                        qh,
+                        attn_scale,
+                        scratch,
+                        out,
+                    )
+                });
             });
         }
         let proj = grow(&mut s.proj, n * hd);
@@ -146,7 +164,12 @@ pub fn forward(
         // Feed-forward block.
         let xn = grow(&mut s.xn, n * hd);
         for t in 0..n {
-            rms_norm(&s.x[t * hd..(t + 1) * hd], &lw.ffn_norm, cfg.rms_eps, &mut xn[t * hd..(t + 1) * hd]);
+            rms_norm(
+                &s.x[t * hd..(t + 1) * hd],
+                &lw.ffn_norm,
+                cfg.rms_eps,
+                &mut xn[t * hd..(t + 1) * hd],
+            );
         }
         let gate = grow(&mut s.gate, n * ffn);
         let up = grow(&mut s.up, n * ffn);
@@ -162,7 +185,12 @@ pub fn forward(
     let m = batch.logits_for.len();
     let xn = grow(&mut s.xn, m.max(1) * hd);
     for (j, &t) in batch.logits_for.iter().enumerate() {
-        rms_norm(&s.x[t * hd..(t + 1) * hd], &w.output_norm, cfg.rms_eps, &mut xn[j * hd..(j + 1) * hd]);
+        rms_norm(
+            &s.x[t * hd..(t + 1) * hd],
+            &w.output_norm,
+            cfg.rms_eps,
+            &mut xn[j * hd..(j + 1) * hd],
+        );
     }
     let mut logits = vec![0.0f32; m * cfg.vocab_size];
     if m > 0 {

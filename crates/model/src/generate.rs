@@ -57,7 +57,11 @@ pub enum GenerateError {
     #[error("empty prompt")]
     EmptyPrompt,
     #[error("prompt of {prompt} tokens plus {max_tokens} new tokens exceeds the context length {context}")]
-    TooLong { prompt: usize, max_tokens: usize, context: usize },
+    TooLong {
+        prompt: usize,
+        max_tokens: usize,
+        context: usize,
+    },
     #[error(transparent)]
     Forward(#[from] ForwardError),
 }
@@ -77,12 +81,19 @@ pub fn generate(
     let context = model.config.context_length;
     let capacity = prompt.len() + opts.max_tokens;
     if capacity > context {
-        return Err(GenerateError::TooLong { prompt: prompt.len(), max_tokens: opts.max_tokens, context });
+        return Err(GenerateError::TooLong {
+            prompt: prompt.len(),
+            max_tokens: opts.max_tokens,
+            context,
+        });
     }
     let mut kv = model.contiguous_kv(1, capacity, opts.kv_dtype);
     let mut scratch = Scratch::default();
     let mut sampler = Sampler::new(opts.sampling.clone());
-    let mut stats = GenerateStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut stats = GenerateStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
     let chunk = opts.prefill_chunk.max(1);
 
     let start = Instant::now();
@@ -115,7 +126,12 @@ pub fn generate(
         if stop || !keep_going || out.len() == opts.max_tokens {
             break;
         }
-        let batch = ForwardBatch { tokens: &[id], positions: &[pos as u32], slots: &[SeqSlot(0)], logits_for: &[0] };
+        let batch = ForwardBatch {
+            tokens: &[id],
+            positions: &[pos as u32],
+            slots: &[SeqSlot(0)],
+            logits_for: &[0],
+        };
         logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
         pos += 1;
     }

@@ -32,7 +32,11 @@ impl KvChunk<'_> {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KvError {
     #[error("position {pos} is beyond the KV capacity {capacity} of slot {slot}")]
-    OutOfCapacity { slot: u32, pos: usize, capacity: usize },
+    OutOfCapacity {
+        slot: u32,
+        pos: usize,
+        capacity: usize,
+    },
     #[error("unknown KV slot {0}")]
     UnknownSlot(u32),
 }
@@ -40,7 +44,14 @@ pub enum KvError {
 /// Storage of K/V for the sequences of a batch.
 pub trait KvStore: Sync {
     /// Stores K and V of one token: `k`, `v` are `[num_kv_heads * head_dim]`.
-    fn write(&mut self, layer: usize, slot: SeqSlot, pos: usize, k: &[f32], v: &[f32]) -> Result<(), KvError>;
+    fn write(
+        &mut self,
+        layer: usize,
+        slot: SeqSlot,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), KvError>;
 
     /// Calls `f(first_pos, chunk)` for consecutive chunks covering positions `0..num_positions`
     /// of `kv_head` in `layer`, in increasing position order.
@@ -87,14 +98,23 @@ impl ContiguousKv {
         let n = num_layers * num_kv_heads * capacity * head_dim;
         let slots = (0..num_slots)
             .map(|_| match dtype {
-                KvDtype::F32 => SlotBuf::F32 { k: vec![0.0; n], v: vec![0.0; n] },
+                KvDtype::F32 => SlotBuf::F32 {
+                    k: vec![0.0; n],
+                    v: vec![0.0; n],
+                },
                 KvDtype::F16 => SlotBuf::F16 {
                     k: vec![f16::ZERO; n],
                     v: vec![f16::ZERO; n],
                 },
             })
             .collect();
-        ContiguousKv { num_layers, num_kv_heads, head_dim, capacity, slots }
+        ContiguousKv {
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            capacity,
+            slots,
+        }
     }
 
     pub fn capacity(&self) -> usize {
@@ -107,14 +127,30 @@ impl ContiguousKv {
 }
 
 impl KvStore for ContiguousKv {
-    fn write(&mut self, layer: usize, slot: SeqSlot, pos: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
+    fn write(
+        &mut self,
+        layer: usize,
+        slot: SeqSlot,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), KvError> {
         if pos >= self.capacity {
-            return Err(KvError::OutOfCapacity { slot: slot.0, pos, capacity: self.capacity });
+            return Err(KvError::OutOfCapacity {
+                slot: slot.0,
+                pos,
+                capacity: self.capacity,
+            });
         }
         assert!(layer < self.num_layers, "layer {layer} out of range");
         let hd = self.head_dim;
-        let offsets: Vec<usize> = (0..self.num_kv_heads).map(|h| self.offset(layer, h, pos)).collect();
-        let buf = self.slots.get_mut(slot.0 as usize).ok_or(KvError::UnknownSlot(slot.0))?;
+        let offsets: Vec<usize> = (0..self.num_kv_heads)
+            .map(|h| self.offset(layer, h, pos))
+            .collect();
+        let buf = self
+            .slots
+            .get_mut(slot.0 as usize)
+            .ok_or(KvError::UnknownSlot(slot.0))?;
         for (h, &off) in offsets.iter().enumerate() {
             let (ks, vs) = (&k[h * hd..(h + 1) * hd], &v[h * hd..(h + 1) * hd]);
             match buf {
@@ -145,8 +181,20 @@ impl KvStore for ContiguousKv {
         let start = self.offset(layer, kv_head, 0);
         let end = start + n * self.head_dim;
         match &self.slots[slot.0 as usize] {
-            SlotBuf::F32 { k, v } => f(0, KvChunk::F32 { k: &k[start..end], v: &v[start..end] }),
-            SlotBuf::F16 { k, v } => f(0, KvChunk::F16 { k: &k[start..end], v: &v[start..end] }),
+            SlotBuf::F32 { k, v } => f(
+                0,
+                KvChunk::F32 {
+                    k: &k[start..end],
+                    v: &v[start..end],
+                },
+            ),
+            SlotBuf::F16 { k, v } => f(
+                0,
+                KvChunk::F16 {
+                    k: &k[start..end],
+                    v: &v[start..end],
+                },
+            ),
         }
     }
 }

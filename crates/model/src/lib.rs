@@ -5,15 +5,28 @@
 //! schedules requests, never owns a paged cache (the forward pass reads and writes K/V through the
 //! [`kv::KvStore`] trait that the engine implements) and never touches the network.
 
+pub mod attention;
 pub mod chat;
+pub mod config;
+pub mod forward;
+pub mod generate;
 pub mod gguf;
 pub mod kernels;
+pub mod kv;
+pub mod model;
+pub mod ops;
 pub mod par;
+pub mod perplexity;
 pub mod sampler;
 pub mod tokenizer;
-// Lead's modules, enabled once gguf/kernels/tokenizer land (keeps the crate compiling meanwhile):
-// pub mod attention; pub mod config; pub mod forward; pub mod generate; pub mod kv; pub mod model;
-// pub mod ops; pub mod perplexity; pub mod weights;
+pub mod weights;
+
+pub use config::ModelConfig;
+pub use forward::{ForwardBatch, ForwardError, Scratch};
+pub use kernels::ThreadPool;
+pub use kv::{KvDtype, KvStore, SeqSlot};
+pub use model::{LoadError, Model};
+pub use sampler::{SampledToken, Sampler, SamplingParams};
 
 use std::path::PathBuf;
 
@@ -26,7 +39,9 @@ pub fn default_model_path() -> PathBuf {
     if let Some(p) = std::env::var_os("AGENTKV_MODEL") {
         return PathBuf::from(p);
     }
-    let in_tree = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models").join(DEFAULT_MODEL_FILE);
+    let in_tree = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models")
+        .join(DEFAULT_MODEL_FILE);
     if in_tree.exists() {
         return in_tree;
     }

@@ -39,15 +39,21 @@ pub struct Model {
     pub tokenizer: Tokenizer,
     /// `None` when the file has no chat template (callers may use [`ChatTemplate::fallback`]).
     pub chat_template: Option<ChatTemplate>,
+    fallback_template: ChatTemplate,
     pub rope: Rope,
 }
 
 impl Model {
     pub fn load(path: &Path) -> Result<Model, LoadError> {
         if !path.exists() {
-            return Err(LoadError::NotFound { path: path.to_path_buf() });
+            return Err(LoadError::NotFound {
+                path: path.to_path_buf(),
+            });
         }
-        let file = GgufFile::open(path).map_err(|source| LoadError::Gguf { path: path.to_path_buf(), source })?;
+        let file = GgufFile::open(path).map_err(|source| LoadError::Gguf {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let file = Arc::new(file);
         let config = ModelConfig::from_metadata(file.metadata())?;
         let weights = Weights::load(file.clone(), &config)?;
@@ -61,7 +67,15 @@ impl Model {
             linear_scale: config.rope_linear_scale,
             freq_factors: weights.rope_freqs.clone(),
         };
-        Ok(Model { path: path.to_path_buf(), config, weights, tokenizer, chat_template, rope })
+        Ok(Model {
+            path: path.to_path_buf(),
+            config,
+            weights,
+            tokenizer,
+            chat_template,
+            fallback_template: ChatTemplate::fallback(),
+            rope,
+        })
     }
 
     pub fn gguf(&self) -> &GgufFile {
@@ -76,17 +90,34 @@ impl Model {
         kv: &mut dyn KvStore,
         scratch: &mut Scratch,
     ) -> Result<Vec<f32>, ForwardError> {
-        forward(&self.config, &self.weights, &self.rope, pool, batch, kv, scratch)
+        forward(
+            &self.config,
+            &self.weights,
+            &self.rope,
+            pool,
+            batch,
+            kv,
+            scratch,
+        )
     }
 
     /// A contiguous K/V cache for `num_slots` sequences of up to `capacity` tokens.
     pub fn contiguous_kv(&self, num_slots: usize, capacity: usize, dtype: KvDtype) -> ContiguousKv {
         let c = &self.config;
-        ContiguousKv::new(num_slots, c.num_layers, c.num_kv_heads, c.head_dim, capacity, dtype)
+        ContiguousKv::new(
+            num_slots,
+            c.num_layers,
+            c.num_kv_heads,
+            c.head_dim,
+            capacity,
+            dtype,
+        )
     }
 
     /// The chat template of the file, or the plain fallback.
-    pub fn chat_template_or_fallback(&self) -> ChatTemplate {
-        self.chat_template.clone().unwrap_or_else(ChatTemplate::fallback)
+    pub fn chat_template_or_fallback(&self) -> &ChatTemplate {
+        self.chat_template
+            .as_ref()
+            .unwrap_or(&self.fallback_template)
     }
 }

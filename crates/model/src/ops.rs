@@ -132,7 +132,14 @@ mod tests {
 
     #[test]
     fn neox_and_interleaved_differ_but_both_rotate_pairs() {
-        let mk = |style| Rope { rope_dim: 4, head_dim: 4, base: 100.0, style, linear_scale: 1.0, freq_factors: None };
+        let mk = |style| Rope {
+            rope_dim: 4,
+            head_dim: 4,
+            base: 100.0,
+            style,
+            linear_scale: 1.0,
+            freq_factors: None,
+        };
         let mut a = vec![1.0, 0.0, 0.0, 0.0];
         let mut b = a.clone();
         mk(RopeStyle::Interleaved).apply(&mut a, &mk(RopeStyle::Interleaved).angles(1));

@@ -21,7 +21,10 @@ unsafe impl Sync for DisjointRows<'_> {}
 
 impl<'a> DisjointRows<'a> {
     pub fn new(buf: &'a mut [f32], row_len: usize) -> Self {
-        assert!(row_len > 0 && buf.len() % row_len == 0, "buffer is not whole rows");
+        assert!(
+            row_len > 0 && buf.len().is_multiple_of(row_len),
+            "buffer is not whole rows"
+        );
         DisjointRows {
             ptr: buf.as_mut_ptr(),
             num_rows: buf.len() / row_len,

@@ -55,17 +55,24 @@ pub fn perplexity(
     mut on_chunk: impl FnMut(usize, usize, f64),
 ) -> Result<PerplexityReport, PerplexityError> {
     let ctx = opts.ctx;
-    if ctx < 4 || ctx % 2 != 0 {
+    if ctx < 4 || !ctx.is_multiple_of(2) {
         return Err(PerplexityError::BadCtx { ctx });
     }
     let mut num_chunks = tokens.len() / ctx;
     if num_chunks == 0 {
-        return Err(PerplexityError::TooShort { tokens: tokens.len(), ctx });
+        return Err(PerplexityError::TooShort {
+            tokens: tokens.len(),
+            ctx,
+        });
     }
     if let Some(m) = opts.max_chunks {
         num_chunks = num_chunks.min(m);
     }
-    let bos = if opts.use_bos { Some(model.tokenizer.bos_id().ok_or(PerplexityError::NoBos)?) } else { None };
+    let bos = if opts.use_bos {
+        Some(model.tokenizer.bos_id().ok_or(PerplexityError::NoBos)?)
+    } else {
+        None
+    };
     let first = ctx / 2;
     let positions: Vec<u32> = (0..ctx as u32).collect();
     let slots = vec![SeqSlot(0); ctx];
@@ -81,7 +88,12 @@ pub fn perplexity(
         if let Some(b) = bos {
             window[0] = b;
         }
-        let batch = ForwardBatch { tokens: &window, positions: &positions, slots: &slots, logits_for: &logits_for };
+        let batch = ForwardBatch {
+            tokens: &window,
+            positions: &positions,
+            slots: &slots,
+            logits_for: &logits_for,
+        };
         let logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
         for (j, &t) in logits_for.iter().enumerate() {
             let target = window[t + 1] as usize;
@@ -99,6 +111,17 @@ pub fn perplexity(
     let mean = nll / n;
     let var = (nll2 / n - mean * mean).max(0.0);
     let ppl = mean.exp();
-    let ppl_stderr = if n > 1.0 { (var / (n - 1.0)).sqrt() * ppl } else { 0.0 };
-    Ok(PerplexityReport { num_chunks, num_scored: token_logprobs.len(), ppl, ppl_stderr, running, token_logprobs })
+    let ppl_stderr = if n > 1.0 {
+        (var / (n - 1.0)).sqrt() * ppl
+    } else {
+        0.0
+    };
+    Ok(PerplexityReport {
+        num_chunks,
+        num_scored: token_logprobs.len(),
+        ppl,
+        ppl_stderr,
+        running,
+        token_logprobs,
+    })
 }

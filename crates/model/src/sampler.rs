@@ -49,14 +49,22 @@ impl Default for SamplingParams {
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum SamplingError {
     #[error("{param} must be {rule}, got {value}")]
-    Invalid { param: &'static str, rule: &'static str, value: f64 },
+    Invalid {
+        param: &'static str,
+        rule: &'static str,
+        value: f64,
+    },
 }
 
 impl SamplingParams {
     pub fn validate(&self) -> Result<(), SamplingError> {
         let bad = |param, rule, value: f64| Err(SamplingError::Invalid { param, rule, value });
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return bad("temperature", "a finite number >= 0", self.temperature as f64);
+            return bad(
+                "temperature",
+                "a finite number >= 0",
+                self.temperature as f64,
+            );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad("top_p", "in (0, 1]", self.top_p as f64);
@@ -65,13 +73,25 @@ impl SamplingParams {
             return bad("min_p", "in [0, 1]", self.min_p as f64);
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return bad("repetition_penalty", "a finite number > 0", self.repetition_penalty as f64);
+            return bad(
+                "repetition_penalty",
+                "a finite number > 0",
+                self.repetition_penalty as f64,
+            );
         }
         if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return bad("presence_penalty", "in [-2, 2]", self.presence_penalty as f64);
+            return bad(
+                "presence_penalty",
+                "in [-2, 2]",
+                self.presence_penalty as f64,
+            );
         }
         if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return bad("frequency_penalty", "in [-2, 2]", self.frequency_penalty as f64);
+            return bad(
+                "frequency_penalty",
+                "in [-2, 2]",
+                self.frequency_penalty as f64,
+            );
         }
         if self.top_logprobs > 20 {
             return bad("top_logprobs", "at most 20", self.top_logprobs as f64);
@@ -103,7 +123,12 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let seed = params.seed.unwrap_or_else(rand::random);
-        Sampler { params, rng: ChaCha12Rng::seed_from_u64(seed), output_counts: Default::default(), work: Vec::new() }
+        Sampler {
+            params,
+            rng: ChaCha12Rng::seed_from_u64(seed),
+            output_counts: Default::default(),
+            work: Vec::new(),
+        }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -122,12 +147,20 @@ impl Sampler {
         self.work.extend_from_slice(logits);
         let work = &mut self.work;
         if p.repetition_penalty != 1.0 {
-            let mut seen: Vec<u32> = prompt.iter().copied().chain(self.output_counts.keys().copied()).collect();
+            let mut seen: Vec<u32> = prompt
+                .iter()
+                .copied()
+                .chain(self.output_counts.keys().copied())
+                .collect();
             seen.sort_unstable();
             seen.dedup();
             for id in seen {
                 if let Some(l) = work.get_mut(id as usize) {
-                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
                 }
             }
         }
@@ -138,7 +171,11 @@ impl Sampler {
                 }
             }
         }
-        let id = if p.is_greedy() { argmax(work) } else { sample_filtered(work, p, &mut self.rng) };
+        let id = if p.is_greedy() {
+            argmax(work)
+        } else {
+            sample_filtered(work, p, &mut self.rng)
+        };
         let (logprob, top) = logprobs(logits, id, p.top_logprobs);
         SampledToken { id, logprob, top }
     }
@@ -158,8 +195,16 @@ pub fn argmax(x: &[f32]) -> u32 {
 fn sample_filtered(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha12Rng) -> u32 {
     // Candidates sorted by logit descending (ties: lower id first), truncated by top-k.
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    let order = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
-    let k = if p.top_k > 0 { p.top_k.min(idx.len()) } else { idx.len() };
+    let order = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    let k = if p.top_k > 0 {
+        p.top_k.min(idx.len())
+    } else {
+        idx.len()
+    };
     if k < idx.len() {
         idx.select_nth_unstable_by(k - 1, order);
         idx.truncate(k);
@@ -167,7 +212,10 @@ fn sample_filtered(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha12Rng) ->
     idx.sort_unstable_by(order);
     let inv_t = 1.0 / p.temperature;
     let max = logits[idx[0] as usize];
-    let mut probs: Vec<f64> = idx.iter().map(|&i| (((logits[i as usize] - max) * inv_t) as f64).exp()).collect();
+    let mut probs: Vec<f64> = idx
+        .iter()
+        .map(|&i| (((logits[i as usize] - max) * inv_t) as f64).exp())
+        .collect();
     let total: f64 = probs.iter().sum();
     probs.iter_mut().for_each(|q| *q /= total);
     // min-p: keep tokens with prob >= min_p * p_max (p_max = probs[0]).
@@ -204,11 +252,20 @@ fn sample_filtered(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha12Rng) ->
 /// Log-softmax of `logits` at `id` and the `top_n` best `(id, logprob)`.
 pub fn logprobs(logits: &[f32], id: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = (logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>()).ln() as f32 + max;
+    let lse = (logits
+        .iter()
+        .map(|&l| ((l - max) as f64).exp())
+        .sum::<f64>())
+    .ln() as f32
+        + max;
     let mut top = Vec::new();
     if top_n > 0 {
         let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        let order = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+        let order = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
         let n = top_n.min(idx.len());
         idx.select_nth_unstable_by(n - 1, order);
         idx.truncate(n);
@@ -235,7 +292,10 @@ mod tests {
 
     #[test]
     fn logprobs_are_normalised_and_top_sorted() {
-        let mut s = Sampler::new(SamplingParams { top_logprobs: 3, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            top_logprobs: 3,
+            ..Default::default()
+        });
         let t = s.sample(&logits(), &[]);
         let total: f32 = logits().iter().map(|&l| (l - 3.0).exp()).sum();
         assert!((t.logprob - (1.0 / total).ln()).abs() < 1e-5);
@@ -244,10 +304,16 @@ mod tests {
 
     #[test]
     fn seeded_sampling_is_reproducible_and_seed_dependent() {
-        let params = |seed| SamplingParams { temperature: 1.5, seed: Some(seed), ..Default::default() };
+        let params = |seed| SamplingParams {
+            temperature: 1.5,
+            seed: Some(seed),
+            ..Default::default()
+        };
         let draw = |seed| {
             let mut s = Sampler::new(params(seed));
-            (0..50).map(|_| s.sample(&logits(), &[]).id).collect::<Vec<_>>()
+            (0..50)
+                .map(|_| s.sample(&logits(), &[]).id)
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
@@ -255,7 +321,12 @@ mod tests {
 
     #[test]
     fn top_k_restricts_candidates() {
-        let mut s = Sampler::new(SamplingParams { temperature: 5.0, top_k: 2, seed: Some(1), ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 5.0,
+            top_k: 2,
+            seed: Some(1),
+            ..Default::default()
+        });
         for _ in 0..200 {
             let id = s.sample(&logits(), &[]).id;
             assert!(id == 1 || id == 3, "got {id}");
@@ -264,12 +335,22 @@ mod tests {
 
     #[test]
     fn top_p_and_min_p_restrict_candidates() {
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_p: 0.5, seed: Some(3), ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_p: 0.5,
+            seed: Some(3),
+            ..Default::default()
+        });
         for _ in 0..200 {
             let id = s.sample(&logits(), &[]).id;
             assert!(id == 1 || id == 3, "top_p got {id}");
         }
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, min_p: 0.5, seed: Some(3), ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            min_p: 0.5,
+            seed: Some(3),
+            ..Default::default()
+        });
         for _ in 0..200 {
             let id = s.sample(&logits(), &[]).id;
             assert!([1, 2, 3].contains(&id), "min_p got {id}");
@@ -278,13 +359,22 @@ mod tests {
 
     #[test]
     fn penalties_change_the_greedy_choice() {
-        let mut s = Sampler::new(SamplingParams { presence_penalty: 1.5, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            presence_penalty: 1.5,
+            ..Default::default()
+        });
         s.observe(1);
         s.observe(3);
         assert_eq!(s.sample(&logits(), &[]).id, 2);
-        let mut s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            repetition_penalty: 2.0,
+            ..Default::default()
+        });
         assert_eq!(s.sample(&logits(), &[1, 3]).id, 2);
-        let mut s = Sampler::new(SamplingParams { frequency_penalty: 0.6, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            frequency_penalty: 0.6,
+            ..Default::default()
+        });
         s.observe(1);
         s.observe(1);
         assert_eq!(s.sample(&logits(), &[]).id, 3);
@@ -292,11 +382,36 @@ mod tests {
 
     #[test]
     fn validation_rejects_bad_values() {
-        assert!(SamplingParams { temperature: -1.0, ..Default::default() }.validate().is_err());
-        assert!(SamplingParams { top_p: 0.0, ..Default::default() }.validate().is_err());
-        assert!(SamplingParams { top_p: f32::NAN, ..Default::default() }.validate().is_err());
-        assert!(SamplingParams { min_p: 1.5, ..Default::default() }.validate().is_err());
-        assert!(SamplingParams { top_logprobs: 21, ..Default::default() }.validate().is_err());
+        assert!(SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+        assert!(SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+        assert!(SamplingParams {
+            top_p: f32::NAN,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+        assert!(SamplingParams {
+            min_p: 1.5,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+        assert!(SamplingParams {
+            top_logprobs: 21,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
         assert!(SamplingParams::default().validate().is_ok());
     }
 }

@@ -15,7 +15,11 @@ pub enum WeightsError {
     #[error("tensor {0} is missing from the model file")]
     Missing(String),
     #[error("tensor {name} has shape {got:?}, expected {want:?}")]
-    Shape { name: String, got: Vec<u64>, want: Vec<u64> },
+    Shape {
+        name: String,
+        got: Vec<u64>,
+        want: Vec<u64>,
+    },
     #[error(transparent)]
     Gguf(#[from] GgufError),
 }
@@ -29,18 +33,18 @@ pub struct MatRef {
 }
 
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>, // [hidden]
-    pub wq: MatRef,          // [q_dim, hidden]
-    pub wk: MatRef,          // [kv_dim, hidden]
-    pub wv: MatRef,          // [kv_dim, hidden]
-    pub wo: MatRef,          // [hidden, q_dim]
+    pub attn_norm: Vec<f32>,  // [hidden]
+    pub wq: MatRef,           // [q_dim, hidden]
+    pub wk: MatRef,           // [kv_dim, hidden]
+    pub wv: MatRef,           // [kv_dim, hidden]
+    pub wo: MatRef,           // [hidden, q_dim]
     pub bq: Option<Vec<f32>>, // [q_dim]
     pub bk: Option<Vec<f32>>, // [kv_dim]
     pub bv: Option<Vec<f32>>, // [kv_dim]
-    pub ffn_norm: Vec<f32>,  // [hidden]
-    pub w_gate: MatRef,      // [ffn, hidden]
-    pub w_up: MatRef,        // [ffn, hidden]
-    pub w_down: MatRef,      // [hidden, ffn]
+    pub ffn_norm: Vec<f32>,   // [hidden]
+    pub w_gate: MatRef,       // [ffn, hidden]
+    pub w_up: MatRef,         // [ffn, hidden]
+    pub w_down: MatRef,       // [hidden, ffn]
 }
 
 pub struct Weights {
@@ -55,17 +59,33 @@ pub struct Weights {
 impl Weights {
     pub fn load(file: Arc<GgufFile>, cfg: &ModelConfig) -> Result<Self, WeightsError> {
         let mat = |name: &str, rows: usize, cols: usize| -> Result<MatRef, WeightsError> {
-            let info = file.tensor(name).ok_or_else(|| WeightsError::Missing(name.into()))?;
+            let info = file
+                .tensor(name)
+                .ok_or_else(|| WeightsError::Missing(name.into()))?;
             let want = vec![cols as u64, rows as u64];
             if info.dims != want {
-                return Err(WeightsError::Shape { name: name.into(), got: info.dims.clone(), want });
+                return Err(WeightsError::Shape {
+                    name: name.into(),
+                    got: info.dims.clone(),
+                    want,
+                });
             }
-            Ok(MatRef { info: info.clone(), num_rows: rows, row_len: cols })
+            Ok(MatRef {
+                info: info.clone(),
+                num_rows: rows,
+                row_len: cols,
+            })
         };
         let vec_f32 = |name: &str, len: usize| -> Result<Vec<f32>, WeightsError> {
-            let info = file.tensor(name).ok_or_else(|| WeightsError::Missing(name.into()))?;
+            let info = file
+                .tensor(name)
+                .ok_or_else(|| WeightsError::Missing(name.into()))?;
             if info.dims != [len as u64] {
-                return Err(WeightsError::Shape { name: name.into(), got: info.dims.clone(), want: vec![len as u64] });
+                return Err(WeightsError::Shape {
+                    name: name.into(),
+                    got: info.dims.clone(),
+                    want: vec![len as u64],
+                });
             }
             let mut out = vec![0.0f32; len];
             dequantize_row(info.ty, file.tensor_data(info), &mut out)?;
@@ -78,7 +98,13 @@ impl Weights {
                 Ok(None)
             }
         };
-        let (hd, qd, kvd, ffn, vocab) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_size, cfg.vocab_size);
+        let (hd, qd, kvd, ffn, vocab) = (
+            cfg.hidden_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+            cfg.ffn_size,
+            cfg.vocab_size,
+        );
         let token_embd = mat("token_embd.weight", vocab, hd)?;
         let output = if file.tensor("output.weight").is_some() {
             mat("output.weight", vocab, hd)?
@@ -95,9 +121,21 @@ impl Weights {
                 wk: mat(&n("attn_k.weight"), kvd, hd)?,
                 wv: mat(&n("attn_v.weight"), kvd, hd)?,
                 wo: mat(&n("attn_output.weight"), hd, qd)?,
-                bq: if biases { opt_vec(&n("attn_q.bias"), qd)? } else { None },
-                bk: if biases { opt_vec(&n("attn_k.bias"), kvd)? } else { None },
-                bv: if biases { opt_vec(&n("attn_v.bias"), kvd)? } else { None },
+                bq: if biases {
+                    opt_vec(&n("attn_q.bias"), qd)?
+                } else {
+                    None
+                },
+                bk: if biases {
+                    opt_vec(&n("attn_k.bias"), kvd)?
+                } else {
+                    None
+                },
+                bv: if biases {
+                    opt_vec(&n("attn_v.bias"), kvd)?
+                } else {
+                    None
+                },
                 ffn_norm: vec_f32(&n("ffn_norm.weight"), hd)?,
                 w_gate: mat(&n("ffn_gate.weight"), ffn, hd)?,
                 w_up: mat(&n("ffn_up.weight"), ffn, hd)?,
@@ -116,7 +154,12 @@ impl Weights {
 
     /// The matrix view used by the kernels.
     pub fn qmatrix(&self, m: &MatRef) -> QMatrix<'_> {
-        QMatrix { ty: m.info.ty, num_rows: m.num_rows, row_len: m.row_len, data: self.file.tensor_data(&m.info) }
+        QMatrix {
+            ty: m.info.ty,
+            num_rows: m.num_rows,
+            row_len: m.row_len,
+            data: self.file.tensor_data(&m.info),
+        }
     }
 
     /// Dequantises embedding row `token` into `out` (`[hidden]`).

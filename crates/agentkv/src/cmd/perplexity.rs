@@ -35,7 +35,8 @@ pub struct PerplexityArgs {
 pub fn run(args: PerplexityArgs) -> Result<()> {
     let model = args.model.load()?;
     let pool = args.model.pool();
-    let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
     let use_bos = match args.bos.as_str() {
         "auto" => model.tokenizer.add_bos(),
         "always" => true,
@@ -43,8 +44,17 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         other => anyhow::bail!("--bos must be auto, always or never, not {other:?}"),
     };
     let tokens = model.tokenizer.encode(&text, use_bos, false)?;
-    eprintln!("{} tokens, ctx {}, BOS per window: {use_bos}", tokens.len(), args.ctx);
-    let opts = PerplexityOptions { ctx: args.ctx, use_bos, kv_dtype: args.kv_dtype, max_chunks: args.chunks };
+    eprintln!(
+        "{} tokens, ctx {}, BOS per window: {use_bos}",
+        tokens.len(),
+        args.ctx
+    );
+    let opts = PerplexityOptions {
+        ctx: args.ctx,
+        use_bos,
+        kv_dtype: args.kv_dtype,
+        max_chunks: args.chunks,
+    };
     let start = Instant::now();
     let report = perplexity(&model, &pool, &tokens, &opts, |i, n, ppl| {
         eprint!("\r[{i}/{n}] running perplexity {ppl:.4}");

@@ -55,7 +55,11 @@ pub(crate) fn primary_key(policy: EvictionPolicy, stats: &BlockStats) -> u64 {
 }
 
 /// Build the full order key.
-pub(crate) fn order_key(policy: EvictionPolicy, rank: RetentionRank, stats: &BlockStats) -> OrderKey {
+pub(crate) fn order_key(
+    policy: EvictionPolicy,
+    rank: RetentionRank,
+    stats: &BlockStats,
+) -> OrderKey {
     OrderKey {
         rank,
         primary: primary_key(policy, stats),

@@ -109,7 +109,10 @@ mod tests {
         assert_eq!(c.u32("a").unwrap(), 1);
         assert!(matches!(
             c.u32("b"),
-            Err(GgufError::Truncated { what: "b", offset: 4 })
+            Err(GgufError::Truncated {
+                what: "b",
+                offset: 4
+            })
         ));
         assert_eq!(c.u16("c").unwrap(), 2);
         assert_eq!(c.remaining(), 0);
@@ -122,9 +125,12 @@ mod tests {
         let mut c = Cursor::new(&bytes);
         assert!(matches!(
             c.string("s"),
-            Err(GgufError::AbsurdCount { count: u64::MAX, .. })
+            Err(GgufError::AbsurdCount {
+                count: u64::MAX,
+                ..
+            })
         ));
-        assert!(c.check_count(3, 1, "x").is_err());
+        assert!(c.check_count(4, 1, "x").is_err());
         let c = Cursor::new(&bytes[8..]);
         assert_eq!(c.check_count(3, 1, "x").unwrap(), 3);
         assert!(c.check_count(2, 2, "x").is_err());

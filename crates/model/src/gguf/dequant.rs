@@ -48,7 +48,9 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), G
             }
         }
         GgmlType::F16 => blocks.for_each(|(s, d)| d[0] = f16_at(s, 0)),
-        GgmlType::BF16 => blocks.for_each(|(s, d)| d[0] = bf16::from_le_bytes([s[0], s[1]]).to_f32()),
+        GgmlType::BF16 => {
+            blocks.for_each(|(s, d)| d[0] = bf16::from_le_bytes([s[0], s[1]]).to_f32())
+        }
         GgmlType::Q4_0 => blocks.for_each(|(s, d)| block_q4_0(s, d)),
         GgmlType::Q4_1 => blocks.for_each(|(s, d)| block_q4_1(s, d)),
         GgmlType::Q5_0 => blocks.for_each(|(s, d)| block_q5_0(s, d)),
@@ -218,7 +220,10 @@ mod tests {
         let mut y = [0f32; 32];
         assert!(matches!(
             dequantize_row(GgmlType::Q8_0, &[0u8; 33], &mut y),
-            Err(GgufError::SizeMismatch { expected_bytes: 34, .. })
+            Err(GgufError::SizeMismatch {
+                expected_bytes: 34,
+                ..
+            })
         ));
         assert!(matches!(
             dequantize_row(GgmlType::Q8_0, &[0u8; 34], &mut y[..31]),

@@ -110,9 +110,9 @@ impl GgufFile {
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
         let start = (info.offset as usize).checked_add(self.header.data_offset);
         let range = start.and_then(|s| Some(s..s.checked_add(info.num_bytes)?));
-        range
-            .and_then(|r| self.storage.bytes().get(r))
-            .expect("TensorInfo from another GGUF file: its bounds were validated only for that file")
+        range.and_then(|r| self.storage.bytes().get(r)).expect(
+            "TensorInfo from another GGUF file: its bounds were validated only for that file",
+        )
     }
 
     /// The whole file, e.g. for content fingerprints.

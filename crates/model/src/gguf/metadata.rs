@@ -177,7 +177,11 @@ impl Metadata {
 
     /// An array whose elements are all strings.
     pub fn get_str_array(&self, key: &str) -> Option<Vec<&str>> {
-        self.get(key)?.as_array()?.iter().map(MetaValue::as_str).collect()
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(MetaValue::as_str)
+            .collect()
     }
 
     /// An array whose elements are all integers that fit in `i32`.
@@ -191,7 +195,11 @@ impl Metadata {
 
     /// An array whose elements are all `F32` or `F64`.
     pub fn get_f32_array(&self, key: &str) -> Option<Vec<f32>> {
-        self.get(key)?.as_array()?.iter().map(MetaValue::as_f32).collect()
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(MetaValue::as_f32)
+            .collect()
     }
 
     /// `general.architecture` (e.g. `llama`).

@@ -24,7 +24,9 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(), 
     dst.reserve(num_bytes);
     let blocks = src.chunks_exact(ty.block_elems());
     match ty {
-        GgmlType::F32 => src.iter().for_each(|x| dst.extend_from_slice(&x.to_le_bytes())),
+        GgmlType::F32 => src
+            .iter()
+            .for_each(|x| dst.extend_from_slice(&x.to_le_bytes())),
         GgmlType::F16 => src
             .iter()
             .for_each(|&x| dst.extend_from_slice(&f16::from_f32(x).to_le_bytes())),
@@ -125,7 +127,10 @@ fn block_q5_1(x: &[f32], dst: &mut Vec<u8>) {
     let id = inv(d);
     push_f16(dst, d);
     push_f16(dst, min);
-    let q: Vec<u8> = x.iter().map(|&v| to_level((v - min) * id + 0.5, 31)).collect();
+    let q: Vec<u8> = x
+        .iter()
+        .map(|&v| to_level((v - min) * id + 0.5, 31))
+        .collect();
     push_q5(&q, dst);
 }
 
@@ -165,7 +170,13 @@ mod tests {
 
     #[test]
     fn all_zero_block_is_all_zero_scale() {
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+        ] {
             let mut out = Vec::new();
             quantize_row(ty, &[0.0; 32], &mut out).unwrap();
             assert_eq!(out.len(), ty.block_bytes());

@@ -189,11 +189,10 @@ fn read_tensor_info(c: &mut Cursor<'_>, alignment: u64) -> Result<TensorInfo, Gg
         dims.push(c.u64("tensor dimension")?);
     }
     let type_id = c.u32("tensor type")?;
-    let ty = GgmlType::from_id(type_id)
-        .ok_or_else(|| GgufError::UnsupportedTensorType {
-            name: name.clone(),
-            type_id,
-        })?;
+    let ty = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnsupportedTensorType {
+        name: name.clone(),
+        type_id,
+    })?;
     let offset = c.u64("tensor offset")?;
     if offset % alignment != 0 {
         return Err(GgufError::Misaligned {

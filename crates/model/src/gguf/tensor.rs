@@ -46,6 +46,7 @@ impl TensorInfo {
 }
 
 /// Checks `dims` for type `ty` and returns the tensor's size in bytes: at most [`MAX_DIMS`] dims,
+/// none of them zero (an empty tensor has no use and would make row arithmetic divide by zero),
 /// the row a whole number of blocks, and no overflow of elements (as `i64`, like ggml) or bytes.
 pub fn checked_num_bytes(name: &str, dims: &[u64], ty: GgmlType) -> Result<usize, GgufError> {
     let bad = |reason: String| GgufError::BadDims {
@@ -53,7 +54,13 @@ pub fn checked_num_bytes(name: &str, dims: &[u64], ty: GgmlType) -> Result<usize
         reason,
     };
     if dims.len() > MAX_DIMS {
-        return Err(bad(format!("{} dimensions, at most {MAX_DIMS}", dims.len())));
+        return Err(bad(format!(
+            "{} dimensions, at most {MAX_DIMS}",
+            dims.len()
+        )));
+    }
+    if dims.contains(&0) {
+        return Err(bad(format!("zero-size dimension in {dims:?}")));
     }
     let mut num_elems: u64 = 1;
     for &d in dims {
@@ -63,7 +70,8 @@ pub fn checked_num_bytes(name: &str, dims: &[u64], ty: GgmlType) -> Result<usize
             .ok_or_else(|| bad(format!("element count of {dims:?} overflows")))?;
     }
     let row_len = dims.first().copied().unwrap_or(1);
-    let row_len = usize::try_from(row_len).map_err(|_| bad(format!("row length {row_len} too large")))?;
+    let row_len =
+        usize::try_from(row_len).map_err(|_| bad(format!("row length {row_len} too large")))?;
     if row_len % ty.block_elems() != 0 {
         return Err(bad(format!(
             "row length {row_len} is not a multiple of the {} block size {}",
@@ -93,7 +101,10 @@ mod tests {
             offset: 0,
             num_bytes: n,
         };
-        assert_eq!((t.row_len(), t.num_rows(), t.num_elems()), (576, 1536, 576 * 1536));
+        assert_eq!(
+            (t.row_len(), t.num_rows(), t.num_elems()),
+            (576, 1536, 576 * 1536)
+        );
         assert_eq!(t.row_bytes(), 360);
     }
 
@@ -104,6 +115,6 @@ mod tests {
         assert!(checked_num_bytes("t", &[u64::MAX, 2], GgmlType::F32).is_err());
         assert!(checked_num_bytes("t", &[1 << 62, 1], GgmlType::F32).is_err());
         assert_eq!(checked_num_bytes("t", &[], GgmlType::F32).unwrap(), 4);
-        assert_eq!(checked_num_bytes("t", &[4, 0], GgmlType::F32).unwrap(), 0);
+        assert!(checked_num_bytes("t", &[4, 0], GgmlType::F32).is_err());
     }
 }

@@ -84,7 +84,7 @@ impl GgmlType {
     /// Bytes of one row of `num_elems` elements, `None` if `num_elems` is not a whole number of
     /// blocks or the size overflows.
     pub fn row_bytes(self, num_elems: usize) -> Option<usize> {
-        if num_elems % self.block_elems() != 0 {
+        if !num_elems.is_multiple_of(self.block_elems()) {
             return None;
         }
         (num_elems / self.block_elems()).checked_mul(self.block_bytes())

@@ -36,7 +36,9 @@ impl CpuFeatures {
 
     /// `self` restricted to what the CPU really has (guards explicitly passed feature sets).
     pub fn clamp_to_detected(self) -> CpuFeatures {
-        CpuFeatures { avx2: self.avx2 && detected().avx2 }
+        CpuFeatures {
+            avx2: self.avx2 && detected().avx2,
+        }
     }
 }
 
@@ -75,8 +77,21 @@ mod tests {
 
     #[test]
     fn portable_is_always_allowed_and_clamp_never_adds_features() {
-        assert_eq!(CpuFeatures::PORTABLE.clamp_to_detected(), CpuFeatures::PORTABLE);
+        assert_eq!(
+            CpuFeatures::PORTABLE.clamp_to_detected(),
+            CpuFeatures::PORTABLE
+        );
         let all = CpuFeatures { avx2: true }.clamp_to_detected();
         assert_eq!(all, CpuFeatures::detect());
+    }
+
+    #[test]
+    fn force_portable_switch_round_trips() {
+        set_force_portable(true);
+        assert_eq!(cpu_features(), CpuFeatures::PORTABLE);
+        set_force_portable(false);
+        if !env_forces_portable() {
+            assert_eq!(cpu_features(), CpuFeatures::detect());
+        }
     }
 }

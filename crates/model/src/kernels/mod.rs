@@ -23,6 +23,9 @@ pub mod pool;
 pub mod row_f32;
 pub mod vec_f32;
 
+#[cfg(test)]
+mod tests;
+
 pub use cpu::{cpu_features, set_force_portable, CpuFeatures};
 pub use matmul::{matmul, matmul_with_features, QMatrix};
 pub use pool::ThreadPool;
@@ -35,10 +38,19 @@ use crate::gguf::GgmlType;
 pub enum KernelError {
     /// `row_len` is not a whole number of blocks of the weight type.
     #[error("row length {row_len} is not a multiple of the {ty:?} block size {block_elems}")]
-    RowLenNotBlockMultiple { ty: GgmlType, row_len: usize, block_elems: usize },
+    RowLenNotBlockMultiple {
+        ty: GgmlType,
+        row_len: usize,
+        block_elems: usize,
+    },
     /// The weight byte slice does not hold exactly `num_rows` rows.
     #[error("weight data has {actual} bytes, expected {expected} ({num_rows} rows of {ty:?})")]
-    WeightBytes { ty: GgmlType, num_rows: usize, expected: usize, actual: usize },
+    WeightBytes {
+        ty: GgmlType,
+        num_rows: usize,
+        expected: usize,
+        actual: usize,
+    },
     /// The activation slice is not `[num_tokens, row_len]`.
     #[error("activations have {actual} elements, expected {expected} = num_tokens * row_len")]
     ActivationLen { expected: usize, actual: usize },

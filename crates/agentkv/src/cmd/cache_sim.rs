@@ -1,0 +1,68 @@
+//! `agentkv cache-sim`: read a JSONL agent trace, replay it through the cache simulator
+//! (`cache::sim::simulate`), print one JSON object. Parsing and I/O only; the logic is in `cache`.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use cache::sim::{simulate, SimConfig, TraceCall};
+use cache::EvictionPolicy;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyArg {
+    Lru,
+    Lfu,
+    Slru,
+}
+
+/// Replay an agent trace through the KV-cache simulator.
+#[derive(clap::Args, Debug)]
+pub struct CacheSimArgs {
+    /// JSONL trace: one `{"t", "session", "tenant", "tokens"}` object per line.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Tokens per block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u32,
+    /// Blocks in the simulated pool.
+    #[arg(long)]
+    pub capacity_blocks: u32,
+    /// Eviction policy.
+    #[arg(long, value_enum, default_value_t = PolicyArg::Lru)]
+    pub policy: PolicyArg,
+    /// Fraction of the pool the protected segment may hold (slru only).
+    #[arg(long, default_value_t = 0.5)]
+    pub slru_protected: f64,
+}
+
+pub fn run(args: CacheSimArgs) -> anyhow::Result<()> {
+    let file = std::fs::File::open(&args.trace)
+        .with_context(|| format!("opening {}", args.trace.display()))?;
+    let mut calls = Vec::new();
+    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("reading {}", args.trace.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let call: TraceCall = serde_json::from_str(&line)
+            .with_context(|| format!("{}:{}: bad trace line", args.trace.display(), n + 1))?;
+        calls.push(call);
+    }
+    let policy = match args.policy {
+        PolicyArg::Lru => EvictionPolicy::Lru,
+        PolicyArg::Lfu => EvictionPolicy::Lfu,
+        PolicyArg::Slru => EvictionPolicy::SegmentedLru {
+            protected_fraction: args.slru_protected,
+        },
+    };
+    let report = simulate(
+        &calls,
+        SimConfig {
+            block_size: args.block_size,
+            capacity_blocks: args.capacity_blocks,
+            policy,
+        },
+    )?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}

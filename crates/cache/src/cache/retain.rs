@@ -1,0 +1,197 @@
+//! Pins (warm-up prefixes) and soft session retention: adding and removing holders, expiry.
+//! Re-ranks the affected blocks in the candidate sets; never evicts.
+
+use super::KvCache;
+use crate::error::RetainError;
+use crate::ids::{BlockId, PinId, SeqId, SessionId, Tick};
+use crate::key::{BlockKey, NamespaceKey};
+use crate::retention::{Holder, HolderRecord, RetentionRank};
+
+/// Result of [`KvCache::pin_prefix`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PinOutcome {
+    pub pin: PinId,
+    /// Cached full blocks of the prefix now pinned (from the root).
+    pub num_blocks: u32,
+    /// `num_blocks · block_size`.
+    pub num_tokens: usize,
+    /// Cached blocks of the prefix left unpinned because of `max_retained_fraction`.
+    pub refused_blocks: u32,
+}
+
+/// Result of [`KvCache::retain_session`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetainOutcome {
+    pub retained_blocks: u32,
+    pub refused_blocks: u32,
+}
+
+impl KvCache {
+    /// Attach `holder` to `blocks` (chain order, root first) up to the retention cap.
+    /// Returns (retained, refused).
+    fn add_holder(
+        &mut self,
+        holder: Holder,
+        rank: RetentionRank,
+        blocks: &[BlockId],
+    ) -> (u32, u32) {
+        self.registry.records.insert(
+            holder,
+            HolderRecord {
+                rank,
+                blocks: Vec::new(),
+            },
+        );
+        let is_pin = matches!(holder, Holder::Pin(_));
+        let mut kept = Vec::with_capacity(blocks.len());
+        for (n, &id) in blocks.iter().enumerate() {
+            let b = self.pool.get(id);
+            if b.holders.contains(&holder) {
+                continue;
+            }
+            if b.holders.is_empty() {
+                if self.registry.num_retained_blocks >= self.max_retained_blocks {
+                    let refused = (blocks.len() - n) as u32;
+                    self.counters.retention_refused_blocks += u64::from(refused);
+                    self.registry
+                        .records
+                        .get_mut(&holder)
+                        .expect("inserted")
+                        .blocks = kept.clone();
+                    return (kept.len() as u32, refused);
+                }
+                self.registry.num_retained_blocks += 1;
+            }
+            let was_pinned = b.holders.iter().any(|h| matches!(h, Holder::Pin(_)));
+            if is_pin && !was_pinned {
+                self.registry.num_pinned_blocks += 1;
+            }
+            self.detach(id);
+            self.pool.get_mut(id).holders.push(holder);
+            self.attach(id);
+            kept.push(id);
+        }
+        let n = kept.len() as u32;
+        self.registry
+            .records
+            .get_mut(&holder)
+            .expect("inserted")
+            .blocks = kept;
+        (n, 0)
+    }
+
+    /// Detach `holder` from all its blocks and forget it. Returns false if unknown.
+    fn remove_holder(&mut self, holder: Holder) -> bool {
+        let Some(record) = self.registry.records.remove(&holder) else {
+            return false;
+        };
+        if let Holder::Session(s) = holder {
+            self.registry.expiry.remove(&(record.rank.until, s));
+        }
+        for id in record.blocks {
+            self.detach(id);
+            let b = self.pool.get_mut(id);
+            b.holders.retain(|h| *h != holder);
+            let still_pinned = b.holders.iter().any(|h| matches!(h, Holder::Pin(_)));
+            let now_unretained = b.holders.is_empty();
+            if matches!(holder, Holder::Pin(_)) && !still_pinned {
+                self.registry.num_pinned_blocks -= 1;
+            }
+            if now_unretained {
+                self.registry.num_retained_blocks -= 1;
+            }
+            self.attach(id);
+        }
+        true
+    }
+
+    /// Pin the cached full blocks of `tokens` in `ns` (warm-up templates): they are evicted only
+    /// after every unpinned candidate. Prefill and publish the template first, then pin it.
+    pub fn pin_prefix(&mut self, ns: &NamespaceKey, tokens: &[u32], tick: Tick) -> PinOutcome {
+        self.advance(tick);
+        let mut blocks = Vec::new();
+        let mut parent = ns.root();
+        for chunk in tokens.chunks_exact(self.block_size) {
+            let key = BlockKey::chain(&parent, chunk);
+            match self.index.get(&key) {
+                Some(id) => blocks.push(id),
+                None => break,
+            }
+            parent = key;
+        }
+        let pin = self.registry.new_pin();
+        let (num_blocks, refused_blocks) =
+            self.add_holder(Holder::Pin(pin), RetentionRank::PIN, &blocks);
+        self.counters.pins_created += 1;
+        PinOutcome {
+            pin,
+            num_blocks,
+            num_tokens: num_blocks as usize * self.block_size,
+            refused_blocks,
+        }
+    }
+
+    /// Remove a pin; its blocks return to their normal place in the eviction order.
+    pub fn unpin(&mut self, pin: PinId) -> Result<(), RetainError> {
+        if !self.remove_holder(Holder::Pin(pin)) {
+            return Err(RetainError::UnknownPin(pin));
+        }
+        self.counters.pins_released += 1;
+        Ok(())
+    }
+
+    /// Softly retain the published blocks of `seq` for `session` until `until` with `priority`
+    /// (higher survives longer). Replaces the session's previous retention. Call it before
+    /// freeing the sequence at the end of a turn; the blocks then survive the tool-call pause
+    /// unless memory is truly needed.
+    pub fn retain_session(
+        &mut self,
+        session: SessionId,
+        seq: SeqId,
+        until: Tick,
+        priority: u8,
+        tick: Tick,
+    ) -> Result<RetainOutcome, RetainError> {
+        self.advance(tick);
+        let s = self
+            .seqs
+            .map
+            .get(&seq)
+            .ok_or(RetainError::UnknownSequence(seq))?;
+        let blocks: Vec<BlockId> = s.blocks[..s.keys.len()]
+            .iter()
+            .copied()
+            .take_while(|id| self.pool.get(*id).published.is_some())
+            .collect();
+        let holder = Holder::Session(session);
+        self.remove_holder(holder);
+        let rank = RetentionRank::session(priority, until);
+        let (retained_blocks, refused_blocks) = self.add_holder(holder, rank, &blocks);
+        self.registry.expiry.insert((until, session));
+        self.counters.sessions_retained += 1;
+        Ok(RetainOutcome {
+            retained_blocks,
+            refused_blocks,
+        })
+    }
+
+    /// End a session's retention now.
+    pub fn release_session(&mut self, session: SessionId) -> Result<(), RetainError> {
+        if !self.remove_holder(Holder::Session(session)) {
+            return Err(RetainError::UnknownSession(session));
+        }
+        self.counters.sessions_released += 1;
+        Ok(())
+    }
+
+    /// End every session retention whose `until` is at or before `tick`. Returns how many ended.
+    pub fn expire(&mut self, tick: Tick) -> usize {
+        let now = self.advance(tick);
+        let expired = self.registry.expired_sessions(now);
+        for &s in &expired {
+            self.remove_holder(Holder::Session(s));
+        }
+        self.counters.retention_expiries += expired.len() as u64;
+        expired.len()
+    }
+}

@@ -1,0 +1,293 @@
+//! `check_invariants()`: a full O(blocks + table entries) recount of every structure against the
+//! others. Owns no state; never repairs anything. Tests call it after every step.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::cache::KvCache;
+use crate::error::InvariantViolation;
+use crate::evict::slru::ProtectedSegment;
+use crate::evict::{order_key, BlockStats};
+use crate::ids::BlockId;
+use crate::retention::Holder;
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(InvariantViolation(format!($($fmt)+)));
+        }
+    };
+}
+
+impl KvCache {
+    /// Verify every structural invariant:
+    /// - free + in use + cached = total, and each figure matches a recount;
+    /// - no block twice in the free list; free blocks are unreferenced, unpublished, unretained;
+    /// - a referenced block is never an eviction candidate; candidates are exactly the unreferenced
+    ///   published chain tails, each under its current order key (global and per tenant);
+    /// - every indexed key maps to a block holding that key, and every published block is indexed;
+    /// - a child is published only if its parent is (same namespace, depth − 1), child counts match;
+    /// - a referenced published block has a referenced parent (so cached blocks are reclaimable);
+    /// - ref counts equal the references from block tables and outstanding prefix matches;
+    /// - block tables: `ceil(tokens / block_size)` blocks, a partial last block is not shared,
+    ///   the published prefix of an unsealed sequence is published under the sequence's keys;
+    /// - the protected segment, retention records and gauges, tenant gauges, the watermark and the
+    ///   fragmentation counter match a recount.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        let n = self.pool.blocks.len();
+        let bs = self.block_size;
+
+        // Free list.
+        let mut seen = vec![false; n];
+        for &id in &self.pool.free {
+            ensure!(id.index() < n, "{id} out of range in free list");
+            ensure!(!seen[id.index()], "{id} twice in the free list");
+            seen[id.index()] = true;
+            let b = self.pool.get(id);
+            ensure!(b.is_free, "{id} in free list but not marked free");
+            ensure!(
+                b.ref_count == 0 && b.published.is_none() && b.holders.is_empty(),
+                "free {id} has state"
+            );
+        }
+
+        // Ref counts from tables and matches.
+        let mut refs = vec![0u32; n];
+        for (sid, s) in &self.seqs.map {
+            ensure!(
+                s.blocks.len() == s.tokens.len().div_ceil(bs),
+                "{sid}: {} blocks for {} tokens",
+                s.blocks.len(),
+                s.tokens.len()
+            );
+            ensure!(
+                s.keys.len() <= s.tokens.len() / bs,
+                "{sid}: more keys than full blocks"
+            );
+            for &id in &s.blocks {
+                refs[id.index()] += 1;
+            }
+            if s.tokens.len() % bs != 0 {
+                let last = *s.blocks.last().expect("non-empty");
+                ensure!(
+                    self.pool.get(last).ref_count == 1,
+                    "{sid}: partial last block {last} is shared"
+                );
+            }
+            if !s.sealed {
+                for (i, key) in s.keys.iter().enumerate() {
+                    let b = self.pool.get(s.blocks[i]);
+                    ensure!(
+                        b.published.is_some_and(|p| p.key == *key && p.ns == s.ns),
+                        "{sid}: block {i} not published under its key"
+                    );
+                }
+            }
+        }
+        for m in self.matches.values() {
+            for &id in &m.blocks {
+                refs[id.index()] += 1;
+            }
+        }
+
+        let (mut free, mut in_use, mut cached) = (0u32, 0u32, 0u32);
+        let mut children = vec![0u32; n];
+        let mut tenant_cached: BTreeMap<_, u32> = BTreeMap::new();
+        let (mut retained, mut pinned) = (0u32, 0u32);
+        let mut unused_slots = 0u64;
+        for s in self.seqs.map.values() {
+            unused_slots += s.unused_slots(bs);
+        }
+        for (i, b) in self.pool.blocks.iter().enumerate() {
+            let id = BlockId(i as u32);
+            ensure!(
+                b.ref_count == refs[i],
+                "{id}: ref count {} but {} references",
+                b.ref_count,
+                refs[i]
+            );
+            if b.is_free {
+                ensure!(seen[i], "{id} marked free but not in the free list");
+                free += 1;
+                continue;
+            }
+            ensure!(!seen[i], "{id} in the free list but not marked free");
+            if b.ref_count > 0 {
+                in_use += 1;
+            } else {
+                ensure!(
+                    b.published.is_some(),
+                    "{id}: unreferenced, unpublished, not free (leaked)"
+                );
+                cached += 1;
+            }
+            if !b.holders.is_empty() {
+                retained += 1;
+                ensure!(b.published.is_some(), "{id}: retained but unpublished");
+            }
+            if b.holders.iter().any(|h| matches!(h, Holder::Pin(_))) {
+                pinned += 1;
+            }
+            for h in &b.holders {
+                let rec = self.registry.records.get(h);
+                ensure!(
+                    rec.is_some_and(|r| r.blocks.contains(&id)),
+                    "{id}: holder {h:?} does not list it"
+                );
+            }
+            let Some(p) = b.published else {
+                ensure!(
+                    b.candidate.is_none() && !b.protected,
+                    "{id}: unpublished but ranked"
+                );
+                continue;
+            };
+            *tenant_cached.entry(p.ns.tenant()).or_default() += 1;
+            ensure!(
+                self.index.get(&p.key) == Some(id),
+                "{id}: published key not indexed to it"
+            );
+            match p.parent {
+                None => ensure!(p.depth == 0, "{id}: root block at depth {}", p.depth),
+                Some(parent) => {
+                    let pb = self.pool.get(parent);
+                    let pp = pb.published;
+                    ensure!(
+                        pp.is_some_and(|pp| pp.ns == p.ns && pp.depth + 1 == p.depth),
+                        "{id}: parent {parent} not published in the chain"
+                    );
+                    children[parent.index()] += 1;
+                    if b.ref_count > 0 {
+                        ensure!(
+                            pb.ref_count > 0,
+                            "{id}: referenced but its parent {parent} is not"
+                        );
+                    }
+                }
+            }
+            let eligible = b.ref_count == 0 && b.num_children == 0;
+            let stats = BlockStats {
+                last_use: b.last_use,
+                hits: b.hits,
+                protected: b.protected,
+                depth: p.depth,
+            };
+            if eligible {
+                let key = order_key(
+                    self.config.policy,
+                    self.registry.rank_of(&b.holders),
+                    &stats,
+                );
+                ensure!(
+                    b.candidate == Some(key),
+                    "{id}: candidate key stale or missing"
+                );
+                ensure!(
+                    self.candidates.global.contains(&(key, id)),
+                    "{id}: missing from the candidate set"
+                );
+                let tenant_set = self.candidates.by_tenant.get(&p.ns.tenant());
+                ensure!(
+                    tenant_set.is_some_and(|s| s.contains(&(key, id))),
+                    "{id}: missing from its tenant's candidates"
+                );
+            } else {
+                ensure!(
+                    b.candidate.is_none(),
+                    "{id}: referenced or has children but is a candidate"
+                );
+            }
+            ensure!(
+                b.protected
+                    == self
+                        .protected
+                        .set
+                        .contains(&ProtectedSegment::entry(&stats, id)),
+                "{id}: protected flag and segment disagree"
+            );
+        }
+        for (i, b) in self.pool.blocks.iter().enumerate() {
+            ensure!(
+                b.num_children == children[i],
+                "b{i}: child count {} but {} children",
+                b.num_children,
+                children[i]
+            );
+        }
+        ensure!(
+            free + in_use + cached == self.config.num_blocks,
+            "free {free} + in use {in_use} + cached {cached} != total"
+        );
+        ensure!(
+            free == self.pool.num_free() && in_use == self.num_in_use && cached == self.num_cached,
+            "usage gauges drifted"
+        );
+        ensure!(
+            cached <= self.max_cached_blocks,
+            "cached {cached} over the watermark {}",
+            self.max_cached_blocks
+        );
+        ensure!(
+            self.index.len()
+                == self
+                    .pool
+                    .blocks
+                    .iter()
+                    .filter(|b| b.published.is_some())
+                    .count(),
+            "index holds unpublished keys"
+        );
+        let n_cands = self.candidates.global.len();
+        let n_tenant: usize = self.candidates.by_tenant.values().map(|s| s.len()).sum();
+        let n_flagged = self
+            .pool
+            .blocks
+            .iter()
+            .filter(|b| b.candidate.is_some())
+            .count();
+        ensure!(
+            n_cands == n_tenant && n_cands == n_flagged,
+            "candidate sets disagree"
+        );
+        let n_protected = self.pool.blocks.iter().filter(|b| b.protected).count();
+        ensure!(
+            n_protected == self.protected.set.len(),
+            "protected segment holds stale entries"
+        );
+        ensure!(
+            self.protected.set.len() <= self.protected.capacity as usize,
+            "protected segment over capacity"
+        );
+        ensure!(
+            retained == self.registry.num_retained_blocks
+                && pinned == self.registry.num_pinned_blocks,
+            "retention gauges drifted"
+        );
+        ensure!(
+            retained <= self.max_retained_blocks,
+            "retained {retained} over the cap"
+        );
+        let mut listed: HashMap<Holder, usize> = HashMap::new();
+        for (h, r) in &self.registry.records {
+            for id in &r.blocks {
+                ensure!(
+                    self.pool.get(*id).holders.contains(h),
+                    "{h:?} lists {id} which does not hold it"
+                );
+            }
+            listed.insert(*h, r.blocks.len());
+        }
+        for (t, c) in &self.tenants.counters {
+            let expect = tenant_cached.get(t).copied().unwrap_or(0);
+            ensure!(
+                c.cached_blocks == expect,
+                "{t}: cached gauge {} but {expect}",
+                c.cached_blocks
+            );
+        }
+        ensure!(
+            unused_slots == self.unused_slots,
+            "fragmentation counter drifted"
+        );
+        Ok(())
+    }
+}

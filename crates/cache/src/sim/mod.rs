@@ -1,0 +1,11 @@
+//! Cache simulator and agent-trace generators, built on the same [`crate::KvCache`] the server
+//! uses. Pure functions over in-memory traces; the CLI does the file I/O.
+
+mod gen;
+mod rng;
+mod run;
+mod trace;
+
+pub use gen::{generate, TraceKind, TraceParams};
+pub use run::{simulate, SimConfig, SimError, SimReport};
+pub use trace::TraceCall;

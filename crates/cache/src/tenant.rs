@@ -1,0 +1,47 @@
+//! Per-tenant counters and quotas of cached blocks. Owns the per-tenant figures; never decides
+//! which block to evict (the cache module uses the per-tenant candidate set for that).
+
+use std::collections::BTreeMap;
+
+use crate::ids::TenantId;
+
+/// Figures kept per tenant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TenantCounters {
+    /// Lookups issued in this tenant's namespaces.
+    pub lookups: u64,
+    /// Prompt tokens served from cache.
+    pub hit_tokens: u64,
+    /// Prompt tokens that had to be computed.
+    pub miss_tokens: u64,
+    /// Published blocks (referenced or not) currently held in this tenant's namespaces (gauge).
+    pub cached_blocks: u32,
+    /// This tenant's blocks evicted, any cause.
+    pub evicted_blocks: u64,
+    /// Blocks not cached because this tenant was at its quota with nothing of its own to evict.
+    pub quota_refusals: u64,
+}
+
+/// Counters and quotas of all tenants.
+#[derive(Debug, Default)]
+pub(crate) struct Tenants {
+    pub counters: BTreeMap<TenantId, TenantCounters>,
+    pub quotas: BTreeMap<TenantId, u32>,
+}
+
+impl Tenants {
+    pub fn get_mut(&mut self, tenant: TenantId) -> &mut TenantCounters {
+        self.counters.entry(tenant).or_default()
+    }
+
+    pub fn cached_blocks(&self, tenant: TenantId) -> u32 {
+        self.counters.get(&tenant).map_or(0, |c| c.cached_blocks)
+    }
+
+    /// Whether publishing one more block would exceed the tenant's quota.
+    pub fn at_quota(&self, tenant: TenantId) -> bool {
+        self.quotas
+            .get(&tenant)
+            .is_some_and(|quota| self.cached_blocks(tenant) >= *quota)
+    }
+}

@@ -1,0 +1,177 @@
+//! Activation quantisation: f32 rows `[num_tokens, row_len]` to 8-bit blocks of 32.
+//!
+//! Owns [`ActQ8`], the per-matmul scratch holding, for every token and every 32-element block,
+//! the scale `d = amax / 127`, the signed 8-bit values `q = round_ties_even(x / d)` and the scaled
+//! sum `s = d * Σq` (the Q8_1 "sum term" that zero-point weight types need). Scales are kept in
+//! f32 (ggml rounds them to f16; f32 is strictly more accurate). The AVX2 and scalar paths perform
+//! the same IEEE operations and give bit-identical blocks (for inputs without NaN).
+//! It never allocates once its buffers have grown to the largest shape seen.
+
+use super::cpu::CpuFeatures;
+
+/// Elements per activation block.
+pub const QK8: usize = 32;
+
+/// Quantised activations. Layouts: `d`, `s`: `[num_tokens, num_blocks]`; `qs`:
+/// `[num_tokens, row_len]` with `row_len = num_blocks * 32`.
+#[derive(Debug, Default, Clone)]
+pub struct ActQ8 {
+    pub num_tokens: usize,
+    pub num_blocks: usize,
+    pub d: Vec<f32>,
+    pub s: Vec<f32>,
+    pub qs: Vec<i8>,
+}
+
+impl ActQ8 {
+    /// Quantises `x` (`[num_tokens, row_len]`, `row_len` a multiple of 32, checked by the caller)
+    /// into `self`, reusing its buffers.
+    pub fn quantize(
+        &mut self,
+        features: CpuFeatures,
+        x: &[f32],
+        num_tokens: usize,
+        row_len: usize,
+    ) {
+        assert!(
+            row_len.is_multiple_of(QK8) && x.len() == num_tokens * row_len,
+            "caller checks shapes"
+        );
+        let num_blocks = row_len / QK8;
+        self.num_tokens = num_tokens;
+        self.num_blocks = num_blocks;
+        let total_blocks = num_tokens * num_blocks;
+        self.d.resize(total_blocks, 0.0);
+        self.s.resize(total_blocks, 0.0);
+        self.qs.resize(num_tokens * row_len, 0);
+        let blocks = x.chunks_exact(QK8).zip(self.qs.chunks_exact_mut(QK8));
+        for ((xb, qb), (d, s)) in blocks.zip(self.d.iter_mut().zip(self.s.iter_mut())) {
+            let xb: &[f32; QK8] = xb.try_into().expect("chunks_exact yields 32 elements");
+            let qb: &mut [i8; QK8] = qb.try_into().expect("chunks_exact yields 32 elements");
+            #[cfg(target_arch = "x86_64")]
+            if features.clamp_to_detected().avx2 {
+                // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
+                (*d, *s) = unsafe { avx2::quantize_block(xb, qb) };
+                continue;
+            }
+            (*d, *s) = quantize_block_scalar(xb, qb);
+        }
+        let _ = features;
+    }
+}
+
+/// Scale for a block whose largest magnitude is `amax`, and its inverse (0 for an all-zero block).
+#[inline(always)]
+fn scale_and_inverse(amax: f32) -> (f32, f32) {
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    (d, id)
+}
+
+pub(crate) fn quantize_block_scalar(x: &[f32; QK8], q: &mut [i8; QK8]) -> (f32, f32) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (d, id) = scale_and_inverse(amax);
+    let mut sum = 0i32;
+    for (qi, xi) in q.iter_mut().zip(x) {
+        let v = (xi * id).round_ties_even() as i32;
+        *qi = v as i8;
+        sum += v;
+    }
+    (d, d * sum as f32)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{scale_and_inverse, QK8};
+    use std::arch::x86_64::*;
+
+    /// AVX2 twin of [`super::quantize_block_scalar`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn quantize_block(x: &[f32; QK8], q: &mut [i8; QK8]) -> (f32, f32) {
+        // SAFETY: `x` holds 32 floats, read as four unaligned 8-lane vectors.
+        let v = unsafe {
+            let p = x.as_ptr();
+            [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ]
+        };
+        let sign = _mm256_set1_ps(-0.0);
+        let a = v.map(|vi| _mm256_andnot_ps(sign, vi));
+        let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m1 = _mm_max_ss(m2, _mm_movehdup_ps(m2));
+        let (d, id) = scale_and_inverse(_mm_cvtss_f32(m1));
+        let idv = _mm256_set1_ps(id);
+        let i = v.map(|vi| {
+            let r = _mm256_round_ps(
+                _mm256_mul_ps(vi, idv),
+                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+            );
+            _mm256_cvtps_epi32(r)
+        });
+        let sum8 = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        let s4 = _mm_add_epi32(
+            _mm256_castsi256_si128(sum8),
+            _mm256_extracti128_si256(sum8, 1),
+        );
+        let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+        let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1));
+        let sum = _mm_cvtsi128_si32(s1);
+        // Pack 32 x i32 to 32 x i8; packs work per 128-bit lane, the permute restores order.
+        let p01 = _mm256_packs_epi32(i[0], i[1]);
+        let p23 = _mm256_packs_epi32(i[2], i[3]);
+        let p = _mm256_packs_epi16(p01, p23);
+        let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: `q` holds exactly 32 bytes.
+        unsafe { _mm256_storeu_si256(q.as_mut_ptr().cast(), p) };
+        (d, d * sum as f32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn blocks_round_trip_within_half_step_and_paths_agree() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let num_tokens = 3;
+        let row_len = 96;
+        let mut x: Vec<f32> = (0..num_tokens * row_len)
+            .map(|_| rng.gen_range(-5.0f32..5.0))
+            .collect();
+        x[32..64].iter_mut().for_each(|v| *v = 0.0); // an all-zero block
+        x[70] = 0.5; // exact ties after scaling are possible; both paths use ties-to-even
+        let mut a = ActQ8::default();
+        let mut b = ActQ8::default();
+        a.quantize(CpuFeatures::PORTABLE, &x, num_tokens, row_len);
+        b.quantize(CpuFeatures::detect(), &x, num_tokens, row_len);
+        assert_eq!(a.qs, b.qs);
+        assert_eq!(
+            a.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            a.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        for blk in 0..num_tokens * row_len / QK8 {
+            let d = a.d[blk];
+            let mut sum = 0i32;
+            for k in 0..QK8 {
+                let q = a.qs[blk * QK8 + k];
+                assert!(q != i8::MIN);
+                assert!((f32::from(q) * d - x[blk * QK8 + k]).abs() <= 0.5 * d * 1.0001 + 1e-7);
+                sum += i32::from(q);
+            }
+            assert_eq!(a.s[blk], d * sum as f32);
+        }
+        assert_eq!(a.d[1], 0.0);
+        assert!(a.qs[32..64].iter().all(|q| *q == 0));
+    }
+}

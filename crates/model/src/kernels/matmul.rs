@@ -1,0 +1,301 @@
+//! Quantised matrix × activations: `y[t, r] = dot(W[r, :], x[t, :])`.
+//!
+//! Shapes: `W` is `[num_rows (out features), row_len (in features)]` in its GGUF encoding,
+//! `x` is `[num_tokens, row_len]` f32, `y` is `[num_tokens, num_rows]` f32.
+//!
+//! Owns the driver: shape checks, quantising the activations once per call (into a reused
+//! thread-local [`ActQ8`]), splitting rows into contiguous ranges (one pool task each, so every
+//! thread streams its own slice of the weights), and walking each range in register tiles
+//! (1 token × 4 rows for decode, 4 tokens × 2 rows for batches, so a weight block is decoded once
+//! per 4 tokens). Types without an integer kernel take the "convert row to f32, then `dot_f32`"
+//! path. Every output element follows one fixed operation sequence, whatever the batch, tile or
+//! thread split (see the `kernels` module doc). It never allocates per task.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use super::act_quant::ActQ8;
+use super::block32::{dot_row_scalar, Block32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::cpu::{cpu_features, CpuFeatures};
+use super::pool::ThreadPool;
+use super::row_f32::row_to_f32;
+use super::vec_f32::dot_f32_with;
+use super::KernelError;
+use crate::gguf::GgmlType;
+
+/// A weight matrix borrowed in its on-disk encoding (rows contiguous, `row_len` elements each).
+#[derive(Debug, Clone, Copy)]
+pub struct QMatrix<'a> {
+    pub ty: GgmlType,
+    /// Output features.
+    pub num_rows: usize,
+    /// Input features (elements per row).
+    pub row_len: usize,
+    /// `num_rows * ty.row_bytes(row_len)` bytes.
+    pub data: &'a [u8],
+}
+
+impl QMatrix<'_> {
+    /// Bytes per row, after checking the whole shape against `data`.
+    pub fn checked_row_bytes(&self) -> Result<usize, KernelError> {
+        let row_bytes =
+            self.ty
+                .row_bytes(self.row_len)
+                .ok_or(KernelError::RowLenNotBlockMultiple {
+                    ty: self.ty,
+                    row_len: self.row_len,
+                    block_elems: self.ty.block_elems(),
+                })?;
+        let expected = row_bytes
+            .checked_mul(self.num_rows)
+            .ok_or(KernelError::Overflow)?;
+        if self.data.len() != expected {
+            return Err(KernelError::WeightBytes {
+                ty: self.ty,
+                num_rows: self.num_rows,
+                expected,
+                actual: self.data.len(),
+            });
+        }
+        Ok(row_bytes)
+    }
+}
+
+/// `y[t, r] = dot(W[r, :], x[t, :])` on the pool, with the process-wide CPU features.
+pub fn matmul(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    x: &[f32],
+    num_tokens: usize,
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    matmul_with_features(pool, w, x, num_tokens, y, cpu_features())
+}
+
+/// [`matmul`] on an explicit path (`features` is clamped to what the CPU has). Both paths give
+/// bit-identical results.
+pub fn matmul_with_features(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    x: &[f32],
+    num_tokens: usize,
+    y: &mut [f32],
+    features: CpuFeatures,
+) -> Result<(), KernelError> {
+    let row_bytes = w.checked_row_bytes()?;
+    let x_len = num_tokens
+        .checked_mul(w.row_len)
+        .ok_or(KernelError::Overflow)?;
+    if x.len() != x_len {
+        return Err(KernelError::ActivationLen {
+            expected: x_len,
+            actual: x.len(),
+        });
+    }
+    let y_len = num_tokens
+        .checked_mul(w.num_rows)
+        .ok_or(KernelError::Overflow)?;
+    if y.len() != y_len {
+        return Err(KernelError::OutputLen {
+            expected: y_len,
+            actual: y.len(),
+        });
+    }
+    if num_tokens == 0 || w.num_rows == 0 {
+        return Ok(());
+    }
+    let features = features.clamp_to_detected();
+    let job = Job {
+        w: *w,
+        row_bytes,
+        num_tokens,
+        features,
+    };
+    let out = OutPtr {
+        ptr: y.as_mut_ptr(),
+        len: y.len(),
+    };
+    match w.ty {
+        GgmlType::Q4_0 => job.run_quantized::<Q4_0>(pool, x, &out),
+        GgmlType::Q4_1 => job.run_quantized::<Q4_1>(pool, x, &out),
+        GgmlType::Q5_0 => job.run_quantized::<Q5_0>(pool, x, &out),
+        GgmlType::Q5_1 => job.run_quantized::<Q5_1>(pool, x, &out),
+        GgmlType::Q8_0 => job.run_quantized::<Q8_0>(pool, x, &out),
+        GgmlType::F32
+        | GgmlType::F16
+        | GgmlType::BF16
+        | GgmlType::Q4K
+        | GgmlType::Q5K
+        | GgmlType::Q6K => job.run_float_rows(pool, x, &out),
+    }
+    Ok(())
+}
+
+/// The output matrix shared by all tasks; each task writes only its own rows.
+struct OutPtr {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: `OutPtr` is only created from a `&mut [f32]` that outlives the `for_each` using it, and
+// tasks write disjoint row ranges (each element by exactly one task), so sharing is race-free.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    #[inline(always)]
+    fn write(&self, index: usize, value: f32) {
+        assert!(index < self.len, "output index in range");
+        // SAFETY: in bounds (checked above); no other task writes this index (see `Sync` impl).
+        unsafe { self.ptr.add(index).write(value) };
+    }
+}
+
+/// Kernel set of one 32-element block type on this architecture.
+#[cfg(target_arch = "x86_64")]
+trait Kernel: super::block32::avx2::Block32Avx2 {}
+#[cfg(target_arch = "x86_64")]
+impl<B: super::block32::avx2::Block32Avx2> Kernel for B {}
+#[cfg(not(target_arch = "x86_64"))]
+trait Kernel: Block32 {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<B: Block32> Kernel for B {}
+
+thread_local! {
+    /// Per-calling-thread activation scratch, reused across calls.
+    static ACT_SCRATCH: RefCell<ActQ8> = RefCell::new(ActQ8::default());
+    /// Per-thread f32 row buffer for the conversion path.
+    static ROW_SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+struct Job<'a> {
+    w: QMatrix<'a>,
+    row_bytes: usize,
+    num_tokens: usize,
+    features: CpuFeatures,
+}
+
+impl Job<'_> {
+    /// Contiguous row ranges, about 4 per thread (rows rounded to the tile height).
+    fn split(&self, pool: &ThreadPool) -> (usize, usize) {
+        let num_rows = self.w.num_rows;
+        if pool.num_threads() == 1 {
+            return (1, num_rows);
+        }
+        let target_tasks = pool.num_threads() * 4;
+        let rows_per_task = num_rows.div_ceil(target_tasks).next_multiple_of(4).max(4);
+        (num_rows.div_ceil(rows_per_task), rows_per_task)
+    }
+
+    fn run_quantized<B: Kernel>(&self, pool: &ThreadPool, x: &[f32], out: &OutPtr) {
+        let run = |act: &mut ActQ8| {
+            act.quantize(self.features, x, self.num_tokens, self.w.row_len);
+            let act = &*act;
+            let (num_tasks, rows_per_task) = self.split(pool);
+            pool.for_each(num_tasks, &|task| {
+                let start = task * rows_per_task;
+                let rows = start..(start + rows_per_task).min(self.w.num_rows);
+                self.rows_block32::<B>(act, rows, out);
+            });
+        };
+        ACT_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut act) => run(&mut act),
+            // Re-entrant call on this thread (a matmul inside a pool task): use a fresh buffer.
+            Err(_) => run(&mut ActQ8::default()),
+        });
+    }
+
+    fn rows_block32<B: Kernel>(&self, act: &ActQ8, rows: Range<usize>, out: &OutPtr) {
+        #[cfg(target_arch = "x86_64")]
+        if self.features.avx2 {
+            // SAFETY: `features` was clamped to the detected CPU features, so AVX2+FMA+F16C exist.
+            unsafe { self.rows_block32_avx2::<B>(act, rows, out) };
+            return;
+        }
+        let num_rows = self.w.num_rows;
+        for r in rows {
+            let w_row = &self.w.data[r * self.row_bytes..(r + 1) * self.row_bytes];
+            for t in 0..self.num_tokens {
+                out.write(t * num_rows + r, dot_row_scalar::<B>(w_row, act, t));
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn rows_block32_avx2<B: Kernel>(&self, act: &ActQ8, rows: Range<usize>, out: &OutPtr) {
+        use super::block32::avx2::tile;
+        let (w, rb, n) = (self.w.data, self.row_bytes, self.w.num_rows);
+        let num_tokens = self.num_tokens;
+        let mut r = rows.start;
+        if num_tokens == 1 {
+            let mut o = [[0f32; 4]; 1];
+            while r + 4 <= rows.end {
+                tile::<B, 1, 4>(w, rb, r, act, 0, &mut o);
+                (0..4).for_each(|i| out.write(r + i, o[0][i]));
+                r += 4;
+            }
+            let mut o = [[0f32; 1]; 1];
+            while r < rows.end {
+                tile::<B, 1, 1>(w, rb, r, act, 0, &mut o);
+                out.write(r, o[0][0]);
+                r += 1;
+            }
+            return;
+        }
+        while r + 2 <= rows.end {
+            let mut t = 0;
+            let mut o4 = [[0f32; 2]; 4];
+            while t + 4 <= num_tokens {
+                tile::<B, 4, 2>(w, rb, r, act, t, &mut o4);
+                for (dt, row) in o4.iter().enumerate() {
+                    out.write((t + dt) * n + r, row[0]);
+                    out.write((t + dt) * n + r + 1, row[1]);
+                }
+                t += 4;
+            }
+            let mut o1 = [[0f32; 2]; 1];
+            while t < num_tokens {
+                tile::<B, 1, 2>(w, rb, r, act, t, &mut o1);
+                out.write(t * n + r, o1[0][0]);
+                out.write(t * n + r + 1, o1[0][1]);
+                t += 1;
+            }
+            r += 2;
+        }
+        if r < rows.end {
+            let mut o = [[0f32; 1]; 1];
+            for t in 0..num_tokens {
+                tile::<B, 1, 1>(w, rb, r, act, t, &mut o);
+                out.write(t * n + r, o[0][0]);
+            }
+        }
+    }
+
+    fn run_float_rows(&self, pool: &ThreadPool, x: &[f32], out: &OutPtr) {
+        let (num_tasks, rows_per_task) = self.split(pool);
+        let (row_len, num_rows) = (self.w.row_len, self.w.num_rows);
+        pool.for_each(num_tasks, &|task| {
+            let start = task * rows_per_task;
+            let rows = start..(start + rows_per_task).min(num_rows);
+            let work = |buf: &mut Vec<f32>| {
+                buf.resize(row_len, 0.0);
+                for r in rows.clone() {
+                    let src = &self.w.data[r * self.row_bytes..(r + 1) * self.row_bytes];
+                    row_to_f32(self.features, self.w.ty, src, buf);
+                    for t in 0..self.num_tokens {
+                        let xt = &x[t * row_len..(t + 1) * row_len];
+                        out.write(t * num_rows + r, dot_f32_with(self.features, buf, xt));
+                    }
+                }
+            };
+            ROW_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut buf) => work(&mut buf),
+                Err(_) => work(&mut Vec::new()),
+            });
+        });
+    }
+}
+
+// Silences "unused" for the scalar-only trait bound on non-x86 targets.
+#[allow(dead_code)]
+fn _assert_block32<B: Block32>() {}

@@ -1,0 +1,392 @@
+//! A persistent thread pool for data-parallel kernel loops.
+//!
+//! Owns `num_threads - 1` worker threads; the calling thread is the remaining one and always
+//! takes part. [`ThreadPool::for_each`] publishes one job (a borrowed closure and a task count),
+//! every participant claims task indices from one shared ticket until none are left, and the call
+//! returns once every task has finished. Dispatch allocates nothing; idle workers spin for a short
+//! while (kernel calls come in quick succession during a forward pass), then park on a condvar.
+//!
+//! Which thread runs which task is not deterministic, so callers must make each task's result
+//! independent of the executing thread (the matmul does: tasks are disjoint row ranges).
+//!
+//! Panics: a panic inside a task never deadlocks. Every task still gets claimed and counted, the
+//! call waits for all of them, then re-raises the panic on the calling thread (the caller's own
+//! panic payload if it had one, otherwise a generic message). The pool stays usable afterwards.
+//! Re-entrant or concurrent calls on the same pool (a task calling `for_each`, two threads sharing
+//! a pool) do not deadlock either: a call that finds the pool busy runs its tasks inline.
+//! It never spawns threads after construction.
+
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins before parking.
+const SPIN_BEFORE_PARK: Duration = Duration::from_micros(300);
+/// Largest task count one published job may carry (the ticket keeps the index in 32 bits).
+const MAX_TASKS_PER_JOB: usize = 1 << 31;
+/// Ticket index meaning "generation announced, job fields being written: do not claim yet".
+const CLOSED: u64 = 0xFFFF_FFFF;
+
+type TaskFn<'a> = &'a (dyn Fn(usize) + Sync);
+
+/// State shared between the caller and the workers.
+struct Shared {
+    /// `generation << 32 | next_task_index`. Claiming a task is a CAS on this word, so a claim
+    /// can only succeed for the generation whose job is currently published.
+    ticket: AtomicU64,
+    /// Task count of the published generation (written before the ticket is published).
+    num_tasks: AtomicUsize,
+    /// Points at a `TaskFn` living on the dispatching caller's stack for the current generation.
+    job: AtomicPtr<()>,
+    /// Tasks of the current generation that have finished (successfully or by panicking).
+    completed: AtomicUsize,
+    /// A task of the current generation panicked on a worker.
+    worker_panicked: AtomicBool,
+    /// Workers parked (or about to park) on `wake`.
+    sleepers: AtomicUsize,
+    shutdown: AtomicBool,
+    park_lock: Mutex<()>,
+    wake: Condvar,
+}
+
+/// A fixed set of threads (the caller included) that runs `Fn(task_index)` loops.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    num_threads: usize,
+    /// Set while a `for_each` owns the published job slot.
+    busy: AtomicBool,
+    /// Generation counter, only touched by the dispatching caller while `busy`.
+    generation: UnsafeCell<u32>,
+}
+
+// SAFETY: `generation` is only read/written by the thread that won the `busy` flag (an acquire
+// compare-exchange paired with a release store), so accesses never race; all other fields are
+// `Sync` already.
+unsafe impl Sync for ThreadPool {}
+
+impl ThreadPool {
+    /// A pool of `num_threads` threads in total, the calling thread included (`0` is treated as
+    /// `1`: everything runs on the caller). Spawns `num_threads - 1` workers.
+    pub fn new(num_threads: usize) -> ThreadPool {
+        let num_threads = num_threads.max(1);
+        let shared = Arc::new(Shared {
+            ticket: AtomicU64::new(0),
+            num_tasks: AtomicUsize::new(0),
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            completed: AtomicUsize::new(0),
+            worker_panicked: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            park_lock: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        let workers = (1..num_threads)
+            .map(|i| {
+                let shared = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("agentkv-kernel-{i}"))
+                    .spawn(move || worker_loop(&shared))
+                    .expect("spawning a kernel worker thread failed (out of OS resources)")
+            })
+            .collect();
+        ThreadPool {
+            shared,
+            workers,
+            num_threads,
+            busy: AtomicBool::new(false),
+            generation: UnsafeCell::new(0),
+        }
+    }
+
+    /// Threads that run tasks, the caller included.
+    pub fn num_threads(&self) -> usize {
+        self.num_threads
+    }
+
+    /// Runs `f(i)` for every `i` in `0..num_tasks`, spread over the pool, and returns when all
+    /// calls have finished. Re-raises a task panic after all tasks are done (see module doc).
+    pub fn for_each(&self, num_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        if num_tasks == 0 {
+            return;
+        }
+        if self.workers.is_empty() || num_tasks == 1 {
+            (0..num_tasks).for_each(f);
+            return;
+        }
+        if self
+            .busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            // Nested or concurrent use: run inline rather than wait for ourselves.
+            (0..num_tasks).for_each(f);
+            return;
+        }
+        let mut start = 0;
+        while start < num_tasks {
+            let count = (num_tasks - start).min(MAX_TASKS_PER_JOB);
+            let offset_f = |i: usize| f(start + i);
+            self.run_job(count, &offset_f);
+            start += count;
+        }
+        self.busy.store(false, Ordering::Release);
+    }
+
+    /// Publishes one generation and participates until all `num_tasks` tasks completed.
+    fn run_job(&self, num_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        let s = &*self.shared;
+        // SAFETY: only the holder of `busy` touches `generation` (see the `Sync` impl).
+        let generation = unsafe {
+            let g = &mut *self.generation.get();
+            *g = g.wrapping_add(1);
+            *g
+        };
+        let task_fn: TaskFn<'_> = f;
+        // Close the ticket under the new generation first: a worker that later reads any of the
+        // fields written below then cannot win a claim on an older generation (see `claim`).
+        s.ticket
+            .store(u64::from(generation) << 32 | CLOSED, Ordering::SeqCst);
+        s.completed.store(0, Ordering::Relaxed);
+        s.worker_panicked.store(false, Ordering::Relaxed);
+        s.num_tasks.store(num_tasks, Ordering::Release);
+        s.job
+            .store(&task_fn as *const TaskFn<'_> as *mut (), Ordering::Release);
+        // Release: workers that observe the new ticket also observe the job fields above.
+        s.ticket
+            .store(u64::from(generation) << 32, Ordering::SeqCst);
+        if s.sleepers.load(Ordering::SeqCst) > 0 {
+            let _guard = s.park_lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+
+        let own = catch_unwind(AssertUnwindSafe(|| {
+            while let Some(i) = claim(s, generation, num_tasks) {
+                f(i);
+                s.completed.fetch_add(1, Ordering::Release);
+            }
+        }));
+        if own.is_err() {
+            // The panicking task was claimed but not counted; count it and drain the rest so
+            // workers can never be left holding a claim on a job whose closure is gone.
+            s.completed.fetch_add(1, Ordering::Release);
+            while claim(s, generation, num_tasks).is_some() {
+                s.completed.fetch_add(1, Ordering::Release);
+            }
+        }
+        let mut spins = 0u32;
+        while s.completed.load(Ordering::Acquire) < num_tasks {
+            spins += 1;
+            if spins < 1 << 14 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        // Every task is claimed and finished: no worker can run `f` again (claims for this
+        // generation fail), so `task_fn` may go out of scope.
+        if let Err(payload) = own {
+            self.busy.store(false, Ordering::Release);
+            resume_unwind(payload);
+        }
+        if s.worker_panicked.load(Ordering::Acquire) {
+            self.busy.store(false, Ordering::Release);
+            panic!("a ThreadPool task panicked on a worker thread");
+        }
+    }
+}
+
+/// Claims the next task index of `generation`, `None` when its tasks are exhausted or a newer
+/// generation is published.
+fn claim(s: &Shared, generation: u32, num_tasks: usize) -> Option<usize> {
+    let mut cur = s.ticket.load(Ordering::Acquire);
+    loop {
+        if (cur >> 32) as u32 != generation {
+            return None;
+        }
+        let index = (cur & 0xFFFF_FFFF) as usize;
+        if index >= num_tasks {
+            return None;
+        }
+        match s
+            .ticket
+            .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return Some(index),
+            Err(now) => cur = now,
+        }
+    }
+}
+
+fn worker_loop(s: &Shared) {
+    let mut seen_generation = 0u32;
+    loop {
+        // Wait for a generation we have not worked on yet.
+        let generation = match wait_for_new_generation(s, seen_generation) {
+            Some(g) => g,
+            None => return,
+        };
+        seen_generation = generation;
+        // Acquire on the ticket (inside `wait_for_new_generation`) made these visible. If a newer
+        // generation has replaced them already, our claims fail and we never call the job.
+        let num_tasks = s.num_tasks.load(Ordering::Acquire);
+        let job = s.job.load(Ordering::Acquire) as *const TaskFn<'_>;
+        while let Some(i) = claim(s, generation, num_tasks) {
+            // SAFETY: a successful claim of `generation` means the caller that published it is
+            // still inside `run_job`, waiting for this task to be counted, so the `TaskFn` it
+            // points at is alive. `num_tasks` and `job` belong to `generation`: we read them after
+            // acquiring its open ticket, so they are that generation's values or newer; newer
+            // values are only written after the ticket moved to a newer (closed) generation, which
+            // then happens-before our claim's CAS and makes it fail.
+            let f: TaskFn<'_> = unsafe { *job };
+            if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
+                s.worker_panicked.store(true, Ordering::Release);
+            }
+            s.completed.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+/// Spins, then parks, until the ticket carries a generation other than `seen`. `None` on shutdown.
+fn wait_for_new_generation(s: &Shared, seen: u32) -> Option<u32> {
+    // A generation is ready once its ticket is open (index != CLOSED).
+    let ready = |t: u64| -> Option<u32> {
+        let g = (t >> 32) as u32;
+        (g != seen && t & 0xFFFF_FFFF != CLOSED).then_some(g)
+    };
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if s.shutdown.load(Ordering::Acquire) {
+            return None;
+        }
+        if let Some(g) = ready(s.ticket.load(Ordering::Acquire)) {
+            return Some(g);
+        }
+        spins = spins.wrapping_add(1);
+        std::hint::spin_loop();
+        if spins.is_multiple_of(64) && start.elapsed() > SPIN_BEFORE_PARK {
+            break;
+        }
+    }
+    let mut guard = s.park_lock.lock().unwrap_or_else(|e| e.into_inner());
+    s.sleepers.fetch_add(1, Ordering::SeqCst);
+    loop {
+        if s.shutdown.load(Ordering::SeqCst) {
+            s.sleepers.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        if let Some(g) = ready(s.ticket.load(Ordering::SeqCst)) {
+            s.sleepers.fetch_sub(1, Ordering::SeqCst);
+            return Some(g);
+        }
+        guard = s.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        {
+            let _guard = self
+                .shared
+                .park_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            // A worker only ends by returning (task panics are caught), so join cannot fail
+            // except on a bug; ignore it rather than panic in drop.
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    #[test]
+    fn every_task_runs_exactly_once() {
+        for threads in 1..=4 {
+            let pool = ThreadPool::new(threads);
+            assert_eq!(pool.num_threads(), threads);
+            for num_tasks in [0usize, 1, 2, 3, 7, 64, 1000] {
+                let hits: Vec<AtomicU32> = (0..num_tasks).map(|_| AtomicU32::new(0)).collect();
+                pool.for_each(num_tasks, &|i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn many_tiny_calls_complete() {
+        let pool = ThreadPool::new(3);
+        let total = AtomicUsize::new(0);
+        for call in 0..20_000usize {
+            pool.for_each(1 + call % 5, &|i| {
+                total.fetch_add(i + 1, Ordering::Relaxed);
+            });
+        }
+        let expected: usize = (0..20_000usize)
+            .map(|c| (1..=1 + c % 5).sum::<usize>())
+            .sum();
+        assert_eq!(total.load(Ordering::Relaxed), expected);
+    }
+
+    #[test]
+    fn works_after_workers_parked() {
+        let pool = ThreadPool::new(2);
+        let total = AtomicUsize::new(0);
+        for _ in 0..3 {
+            std::thread::sleep(SPIN_BEFORE_PARK * 4);
+            pool.for_each(16, &|_| {
+                total.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 48);
+    }
+
+    #[test]
+    fn task_panic_is_reraised_without_deadlock_and_pool_survives() {
+        let pool = ThreadPool::new(2);
+        for victim in [0usize, 5, 31] {
+            let ran = AtomicUsize::new(0);
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                pool.for_each(32, &|i| {
+                    ran.fetch_add(1, Ordering::Relaxed);
+                    if i == victim {
+                        panic!("boom {i}");
+                    }
+                });
+            }));
+            assert!(r.is_err());
+            // All tasks are accounted for (claimed), even if some were skipped after a caller panic.
+            assert!(ran.load(Ordering::Relaxed) >= 1);
+        }
+        let total = AtomicUsize::new(0);
+        pool.for_each(10, &|_| {
+            total.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 10);
+    }
+
+    #[test]
+    fn nested_calls_run_inline() {
+        let pool = ThreadPool::new(2);
+        let total = AtomicUsize::new(0);
+        pool.for_each(4, &|_| {
+            pool.for_each(3, &|_| {
+                total.fetch_add(1, Ordering::Relaxed);
+            });
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 12);
+    }
+}
