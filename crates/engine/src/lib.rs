@@ -1,3 +1,21 @@
-//! The engine: the model over paged KV. (In progress: only the paged K/V memory exists so far.)
+//! The engine: the model over paged KV with continuous batching, chunked prefill, prefix reuse and
+//! preemption by recompute.
+//!
+//! [`EngineCore`] is the synchronous step loop (testable directly); [`Engine`] runs it as an actor
+//! on its own thread and hands out per-request event streams. The engine owns all request state;
+//! callers only submit, cancel and read events.
 
+mod actor;
+pub mod config;
+mod core;
+pub mod error;
 pub mod paged_kv;
+pub mod request;
+mod sequence;
+pub mod text;
+
+pub use actor::{Engine, EngineHandle};
+pub use config::EngineConfig;
+pub use core::{EngineCore, EngineStats};
+pub use error::EngineError;
+pub use request::{EngineEvent, FinishReason, RequestId, RequestSpec, Timings, TokenEvent, Usage};

@@ -1,0 +1,36 @@
+//! Engine configuration.
+
+use cache::EvictionPolicy;
+use model::KvDtype;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// KV blocks in the pool.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Tokens per forward step (prefill chunks plus decodes).
+    pub max_batch_tokens: usize,
+    /// Sequences per step.
+    pub max_seqs: usize,
+    pub kv_dtype: KvDtype,
+    /// Automatic prefix caching (lookup on admission, publish written blocks).
+    pub prefix_caching: bool,
+    pub policy: EvictionPolicy,
+    pub threads: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            num_blocks: 2048,
+            block_size: 16,
+            max_batch_tokens: 512,
+            max_seqs: 64,
+            kv_dtype: KvDtype::F16,
+            prefix_caching: true,
+            policy: EvictionPolicy::Lru,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}

@@ -1,0 +1,561 @@
+//! [`EngineCore`]: the synchronous step loop — admission with prefix lookup, continuous batching
+//! with chunked prefill (decodes first), preemption by recompute, sampling, stop handling.
+//!
+//! Owns the model, the `cache` bookkeeping, the paged K/V memory and every request's state. One
+//! call to [`EngineCore::step`] runs one forward over a flattened batch. It never blocks on I/O
+//! and never talks to clients except through each request's event channel; the actor in
+//! `actor.rs` drives it from its own thread.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cache::{CacheConfig, KvCache, Namespace, SeqError, Tick};
+use model::forward::{ForwardBatch, Scratch};
+use model::kv::SeqSlot;
+use model::{KvDtype, Model, ThreadPool};
+
+use crate::config::EngineConfig;
+use crate::error::EngineError;
+use crate::paged_kv::{KvGeometry, PagedKvMemory};
+use crate::request::{
+    EngineEvent, FinishReason, RequestId, RequestSpec, Timings, TokenEvent, Usage,
+};
+use crate::sequence::Sequence;
+
+/// Counters of the engine's own work (the cache keeps its own).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub steps: u64,
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+    pub preemptions: u64,
+    pub finished: u64,
+    pub cancelled: u64,
+}
+
+/// One scheduled piece of work: `len` tokens of `id` starting at `start`.
+struct Work {
+    id: RequestId,
+    start: usize,
+    len: usize,
+}
+
+pub struct EngineCore {
+    model: Arc<Model>,
+    pool: ThreadPool,
+    cfg: EngineConfig,
+    cache: KvCache,
+    mem: PagedKvMemory,
+    scratch: Scratch,
+    model_fingerprint: [u8; 32],
+    seqs: HashMap<RequestId, Sequence>,
+    waiting: VecDeque<RequestId>,
+    /// Admission order: the newest is last (preempted first).
+    running: Vec<RequestId>,
+    tick: u64,
+    stats: EngineStats,
+}
+
+impl EngineCore {
+    pub fn new(model: Arc<Model>, cfg: EngineConfig) -> Result<Self, EngineError> {
+        if cfg.max_batch_tokens == 0
+            || cfg.max_seqs == 0
+            || cfg.block_size == 0
+            || cfg.num_blocks == 0
+        {
+            return Err(EngineError::Config(
+                "num_blocks, block_size, max_batch_tokens and max_seqs must be > 0".into(),
+            ));
+        }
+        let mut cache_cfg = CacheConfig::new(cfg.num_blocks as u32);
+        cache_cfg.block_size = cfg.block_size as u32;
+        cache_cfg.policy = cfg.policy;
+        let cache = KvCache::new(cache_cfg).map_err(|e| EngineError::Config(e.to_string()))?;
+        let c = &model.config;
+        let geo = KvGeometry {
+            num_blocks: cfg.num_blocks,
+            block_size: cfg.block_size,
+            num_layers: c.num_layers,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+        };
+        let mem = PagedKvMemory::new(geo, cfg.kv_dtype);
+        let model_fingerprint = *blake3::hash(model.gguf().file_bytes()).as_bytes();
+        Ok(EngineCore {
+            pool: ThreadPool::new(cfg.threads.max(1)),
+            model,
+            cfg,
+            cache,
+            mem,
+            scratch: Scratch::default(),
+            model_fingerprint,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            tick: 0,
+            stats: EngineStats::default(),
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    pub fn memory(&self) -> &PagedKvMemory {
+        &self.mem
+    }
+
+    /// True while any request is waiting or running.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    fn codec_name(&self) -> &'static str {
+        match self.cfg.kv_dtype {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+
+    /// Validates and queues a request; its events go to `sink`.
+    pub fn submit(
+        &mut self,
+        id: RequestId,
+        spec: RequestSpec,
+        sink: Sender<EngineEvent>,
+    ) -> Result<(), EngineError> {
+        let c = &self.model.config;
+        if spec.prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if let Some(&t) = spec.prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(EngineError::BadToken(t));
+        }
+        spec.sampling
+            .validate()
+            .map_err(|e| EngineError::Sampling(e.to_string()))?;
+        let total = spec.prompt.len() + spec.max_tokens;
+        if total > c.context_length {
+            return Err(EngineError::ContextTooLong {
+                prompt_tokens: spec.prompt.len(),
+                max_tokens: spec.max_tokens,
+                context_length: c.context_length,
+            });
+        }
+        let needed_blocks = total.div_ceil(self.cfg.block_size);
+        if needed_blocks > self.cfg.num_blocks {
+            return Err(EngineError::NeverFits {
+                needed_blocks,
+                total_blocks: self.cfg.num_blocks,
+            });
+        }
+        let ns = Namespace {
+            model_fingerprint: self.model_fingerprint,
+            codec_id: self.codec_name().to_string(),
+            codec_version: 1,
+            kv_settings: Vec::new(),
+            tenant: spec.tenant,
+            tenant_salt: spec.cache_salt.clone(),
+            adapter_id: None,
+        }
+        .key();
+        self.seqs.insert(id, Sequence::new(spec, ns, sink));
+        self.waiting.push_back(id);
+        Ok(())
+    }
+
+    /// Cancels a request: its blocks are freed now, before the next step.
+    pub fn cancel(&mut self, id: RequestId) {
+        if self.seqs.contains_key(&id) {
+            self.finish(id, FinishReason::Cancelled);
+        }
+    }
+
+    /// Runs one scheduling decision and one forward pass. Returns the number of tokens computed.
+    pub fn step(&mut self) -> Result<usize, EngineError> {
+        self.tick += 1;
+        let tick = Tick(self.tick);
+        let plan = self.schedule(tick)?;
+        if plan.is_empty() {
+            return Ok(0);
+        }
+        self.stats.steps += 1;
+        let logits = self.run_forward(&plan)?;
+        let vocab = self.model.config.vocab_size;
+        let mut to_sample = Vec::new();
+        for w in &plan {
+            let s = self.seqs.get_mut(&w.id).expect("planned sequences exist");
+            s.num_computed = w.start + w.len;
+            let cs = s.cache_seq.expect("planned sequences hold blocks");
+            if self.cfg.prefix_caching {
+                // Publishes every full block now written (visible to lookups from here on).
+                self.cache
+                    .mark_written(cs, s.num_computed, tick)
+                    .map_err(internal)?;
+            }
+            if s.num_computed == s.tokens.len() {
+                to_sample.push(w.id);
+            }
+        }
+        for (row, id) in to_sample.into_iter().enumerate() {
+            let mut l = logits[row * vocab..(row + 1) * vocab].to_vec();
+            self.sample_and_emit(id, &mut l);
+        }
+        Ok(plan.iter().map(|w| w.len).sum())
+    }
+
+    fn schedule(&mut self, tick: Tick) -> Result<Vec<Work>, EngineError> {
+        let mut plan: Vec<Work> = Vec::new();
+        let mut budget = self.cfg.max_batch_tokens;
+        // 1. Decodes first, oldest first, so inter-token latency stays flat under long prefills.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 && plan.len() < self.cfg.max_seqs {
+            let id = self.running[i];
+            if !self.seqs[&id].is_decoding() {
+                i += 1;
+                continue;
+            }
+            match self.append(id, 1, tick)? {
+                true => {
+                    let s = &self.seqs[&id];
+                    plan.push(Work {
+                        id,
+                        start: s.num_computed,
+                        len: 1,
+                    });
+                    budget -= 1;
+                    i += 1;
+                }
+                false => {
+                    // Out of blocks: preempt the newest running request not yet planned.
+                    let victim = self
+                        .running
+                        .iter()
+                        .rev()
+                        .copied()
+                        .find(|v| !plan.iter().any(|w| w.id == *v));
+                    match victim {
+                        Some(v) => {
+                            self.preempt(v, tick);
+                            if let Some(p) = self.running.iter().position(|r| *r == id) {
+                                i = p;
+                            }
+                        }
+                        None => {
+                            return Err(EngineError::Internal(
+                                "no block for a decode and nothing to preempt".into(),
+                            ))
+                        }
+                    }
+                }
+            }
+        }
+        // 2. Prefill chunks of running requests.
+        for idx in 0..self.running.len() {
+            if budget == 0 || plan.len() >= self.cfg.max_seqs {
+                break;
+            }
+            let id = self.running[idx];
+            let s = &self.seqs[&id];
+            if s.is_decoding() || s.num_pending() == 0 {
+                continue;
+            }
+            let len = s.num_pending().min(budget);
+            let start = s.num_computed;
+            if self.append(id, len, tick)? {
+                plan.push(Work { id, start, len });
+                budget -= len;
+            }
+        }
+        // 3. Admit waiting requests (FIFO, cache-aware grouping).
+        let mut skipped = VecDeque::new();
+        while budget > 0 && self.running.len() < self.cfg.max_seqs && plan.len() < self.cfg.max_seqs
+        {
+            let Some(id) = self.waiting.pop_front() else {
+                break;
+            };
+            if self.shares_prefix_in_flight(id) {
+                skipped.push_back(id);
+                continue;
+            }
+            match self.admit(id, budget, tick)? {
+                Some(w) => {
+                    budget -= w.len;
+                    plan.push(w);
+                }
+                None => {
+                    self.waiting.push_front(id);
+                    break;
+                }
+            }
+        }
+        while let Some(id) = skipped.pop_back() {
+            self.waiting.push_front(id);
+        }
+        // Nothing could run although requests hold blocks: free the newest to make progress.
+        if plan.is_empty() && !self.running.is_empty() && !self.waiting.is_empty() {
+            let v = *self.running.last().expect("non-empty");
+            self.preempt(v, tick);
+        }
+        Ok(plan)
+    }
+
+    /// A waiting request whose prompt shares at least one full block with a prompt being
+    /// prefilled right now (same namespace) waits, so the shared prefix is computed once.
+    fn shares_prefix_in_flight(&self, id: RequestId) -> bool {
+        if !self.cfg.prefix_caching {
+            return false;
+        }
+        let w = &self.seqs[&id];
+        let bs = self.cfg.block_size;
+        let cached = self.cache.peek_prefix(&w.ns, &w.tokens);
+        self.running.iter().any(|r| {
+            let r = &self.seqs[r];
+            if r.ns != w.ns || r.num_generated > 0 {
+                return false;
+            }
+            let common = r
+                .tokens
+                .iter()
+                .zip(&w.tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let common_blocks = common.min(w.tokens.len() - 1) / bs * bs;
+            common_blocks > cached && r.num_computed < common_blocks
+        })
+    }
+
+    /// Gives `id` blocks and its first chunk; `None` when blocks are short now.
+    fn admit(
+        &mut self,
+        id: RequestId,
+        budget: usize,
+        tick: Tick,
+    ) -> Result<Option<Work>, EngineError> {
+        let bs = self.cfg.block_size;
+        let s = self.seqs.get_mut(&id).expect("waiting sequences exist");
+        let (cs, cached) = if self.cfg.prefix_caching {
+            let m = self.cache.lookup(&s.ns, &s.tokens, tick);
+            let cached = m.num_cached_tokens();
+            let len = (s.tokens.len() - cached).min(budget);
+            let needed = (cached + len).div_ceil(bs) - m.blocks().len();
+            if !self.cache.can_allocate(needed as u32) {
+                self.cache.release_match(m, tick).map_err(internal)?;
+                return Ok(None);
+            }
+            (self.cache.create_sequence(m).map_err(internal)?, cached)
+        } else {
+            let len = s.tokens.len().min(budget);
+            if !self.cache.can_allocate(len.div_ceil(bs) as u32) {
+                return Ok(None);
+            }
+            (self.cache.create_empty_sequence(&s.ns), 0)
+        };
+        s.cache_seq = Some(cs);
+        s.num_computed = cached;
+        if s.cached_tokens.is_none() {
+            s.cached_tokens = Some(cached);
+            s.admitted_at = Some(Instant::now());
+            let _ = s.send(EngineEvent::Admitted {
+                cached_tokens: cached,
+            });
+        }
+        let len = (s.tokens.len() - cached).min(budget);
+        self.running.push(id);
+        if !self.append(id, len, tick)? {
+            return Err(EngineError::Internal(
+                "allocation failed after can_allocate".into(),
+            ));
+        }
+        Ok(Some(Work {
+            id,
+            start: cached,
+            len,
+        }))
+    }
+
+    /// Appends the next `len` pending tokens of `id` to its block table. `false` = out of blocks.
+    fn append(&mut self, id: RequestId, len: usize, tick: Tick) -> Result<bool, EngineError> {
+        let s = &self.seqs[&id];
+        let cs = s.cache_seq.expect("running sequences hold blocks");
+        let have = self.cache.num_tokens(cs).map_err(internal)?;
+        debug_assert_eq!(
+            have, s.num_computed,
+            "cache and engine agree on computed tokens"
+        );
+        let toks = &s.tokens[have..have + len];
+        match self.cache.append_tokens(cs, toks, tick) {
+            Ok(_) => Ok(true),
+            Err(SeqError::Alloc(_)) => Ok(false),
+            Err(e) => Err(internal(e)),
+        }
+    }
+
+    fn preempt(&mut self, id: RequestId, tick: Tick) {
+        let s = self.seqs.get_mut(&id).expect("running sequences exist");
+        if let Some(cs) = s.cache_seq.take() {
+            let _ = self.cache.free(cs, tick);
+        }
+        s.num_computed = 0;
+        s.num_preemptions += 1;
+        self.running.retain(|r| *r != id);
+        self.waiting.push_front(id);
+        self.stats.preemptions += 1;
+    }
+
+    fn run_forward(&mut self, plan: &[Work]) -> Result<Vec<f32>, EngineError> {
+        let mut tokens = Vec::new();
+        let mut positions = Vec::new();
+        let mut slots = Vec::new();
+        let mut logits_for = Vec::new();
+        let mut tables = Vec::with_capacity(plan.len());
+        for (slot, w) in plan.iter().enumerate() {
+            let s = &self.seqs[&w.id];
+            for p in w.start..w.start + w.len {
+                tokens.push(s.tokens[p]);
+                positions.push(p as u32);
+                slots.push(SeqSlot(slot as u32));
+            }
+            if w.start + w.len == s.tokens.len() {
+                logits_for.push(tokens.len() - 1);
+            }
+            if s.is_decoding() {
+                self.stats.decode_tokens += 1;
+            } else {
+                self.stats.prefill_tokens += w.len as u64;
+            }
+            let cs = s.cache_seq.expect("planned sequences hold blocks");
+            tables.push(self.cache.block_table(cs).map_err(internal)?.to_vec());
+        }
+        let table_refs: Vec<&[cache::BlockId]> = tables.iter().map(|t| t.as_slice()).collect();
+        let batch = ForwardBatch {
+            tokens: &tokens,
+            positions: &positions,
+            slots: &slots,
+            logits_for: &logits_for,
+        };
+        let mut kv = self.mem.view(&table_refs);
+        self.model
+            .forward(&self.pool, &batch, &mut kv, &mut self.scratch)
+            .map_err(|e| EngineError::Internal(e.to_string()))
+    }
+
+    fn sample_and_emit(&mut self, id: RequestId, logits: &mut [f32]) {
+        let eot: Vec<u32> = self.model.tokenizer.eot_ids().to_vec();
+        let s = self.seqs.get_mut(&id).expect("exists");
+        if s.num_generated < s.spec.min_tokens {
+            for &t in eot.iter().chain(&s.spec.stop_token_ids) {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let prompt_len = s.spec.prompt.len();
+        let tok = s.sampler.sample(logits, &s.tokens[..prompt_len]);
+        s.sampler.observe(tok.id);
+        s.tokens.push(tok.id);
+        s.num_generated += 1;
+        if s.first_token_at.is_none() {
+            s.first_token_at = Some(Instant::now());
+        }
+        let is_stop_id = (!s.spec.ignore_eos && eot.contains(&tok.id))
+            || s.spec.stop_token_ids.contains(&tok.id);
+        let mut stopped = is_stop_id;
+        let mut text = String::new();
+        if !is_stop_id && !self.model.tokenizer.is_special(tok.id) {
+            let bytes = self.model.tokenizer.token_bytes(tok.id).unwrap_or_default();
+            let pushed = s.text.push(&bytes);
+            text = pushed.text;
+            stopped |= pushed.stopped;
+        }
+        let alive = s.send(EngineEvent::Token(TokenEvent {
+            id: tok.id,
+            text,
+            logprob: tok.logprob,
+            top_logprobs: tok.top,
+        }));
+        let at_length = s.num_generated >= s.spec.max_tokens
+            || s.tokens.len() >= self.model.config.context_length;
+        if !alive {
+            self.finish(id, FinishReason::Cancelled);
+        } else if stopped {
+            self.finish(id, FinishReason::Stop);
+        } else if at_length {
+            self.finish(id, FinishReason::Length);
+        }
+    }
+
+    /// Ends every request with `err` (after an internal failure), freeing their blocks.
+    pub fn fail_all(&mut self, err: EngineError) {
+        let ids: Vec<RequestId> = self.seqs.keys().copied().collect();
+        for id in ids {
+            if let Some(s) = self.seqs.get(&id) {
+                let _ = s.send(EngineEvent::Error(err.clone()));
+            }
+            self.finish(id, FinishReason::Cancelled);
+        }
+    }
+
+    fn finish(&mut self, id: RequestId, reason: FinishReason) {
+        let Some(mut s) = self.seqs.remove(&id) else {
+            return;
+        };
+        if let Some(cs) = s.cache_seq.take() {
+            let _ = self.cache.free(cs, Tick(self.tick));
+        }
+        self.running.retain(|r| *r != id);
+        self.waiting.retain(|r| *r != id);
+        if reason == FinishReason::Cancelled {
+            self.stats.cancelled += 1;
+            return;
+        }
+        self.stats.finished += 1;
+        let tail = s.text.finish();
+        if !tail.is_empty() && reason != FinishReason::Stop {
+            let _ = s.send(EngineEvent::Text(tail));
+        }
+        let now = Instant::now();
+        let timings = Timings {
+            ttft: s
+                .first_token_at
+                .map_or_else(Default::default, |t| t - s.arrival),
+            queue: s
+                .admitted_at
+                .map_or_else(Default::default, |t| t - s.arrival),
+            total: now - s.arrival,
+        };
+        let usage = Usage {
+            prompt_tokens: s.spec.prompt.len(),
+            completion_tokens: s.num_generated,
+            cached_tokens: s.cached_tokens.unwrap_or(0),
+        };
+        let _ = s.send(EngineEvent::Finished {
+            reason,
+            usage,
+            timings,
+            num_preemptions: s.num_preemptions,
+        });
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Internal(e.to_string())
+}

@@ -1,0 +1,106 @@
+//! What a caller asks of the engine and what it gets back: [`RequestSpec`] in, a stream of
+//! [`EngineEvent`]s out. Plain data; no scheduling here.
+
+use std::time::Duration;
+
+use cache::TenantId;
+use model::SamplingParams;
+
+/// Engine-assigned request id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// One generation request over already-tokenised input.
+#[derive(Debug, Clone)]
+pub struct RequestSpec {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub max_tokens: usize,
+    /// End-of-turn tokens are suppressed until this many tokens were generated.
+    pub min_tokens: usize,
+    /// Extra token ids that end generation (reported, like end-of-turn).
+    pub stop_token_ids: Vec<u32>,
+    /// Generation ends when the text contains one of these; the match is not returned.
+    pub stop_strings: Vec<String>,
+    /// Keep generating past end-of-turn tokens.
+    pub ignore_eos: bool,
+    /// Tenant whose cache namespace the request reads and fills.
+    pub tenant: TenantId,
+    /// Server-side salt of the tenant (plus any request salt that narrows sharing).
+    pub cache_salt: Vec<u8>,
+}
+
+impl RequestSpec {
+    /// A greedy request with defaults for everything else.
+    pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        RequestSpec {
+            prompt,
+            sampling: SamplingParams::default(),
+            max_tokens,
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            ignore_eos: false,
+            tenant: TenantId::default(),
+            cache_salt: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-turn token, stop token id or stop string.
+    Stop,
+    /// `max_tokens` reached, or the context is full.
+    Length,
+    /// The caller cancelled.
+    Cancelled,
+}
+
+/// Token accounting of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose K/V came from the prefix cache at first admission.
+    pub cached_tokens: usize,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Timings {
+    /// Arrival to first token.
+    pub ttft: Duration,
+    /// Arrival to admission.
+    pub queue: Duration,
+    /// Arrival to finish.
+    pub total: Duration,
+}
+
+/// One generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEvent {
+    pub id: u32,
+    /// Text this token completes (may be empty while a UTF-8 character or a possible stop string
+    /// is incomplete).
+    pub text: String,
+    pub logprob: f32,
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+#[derive(Debug, Clone)]
+pub enum EngineEvent {
+    /// The request got KV blocks; `cached_tokens` of its prompt were reused.
+    Admitted {
+        cached_tokens: usize,
+    },
+    Token(TokenEvent),
+    /// Text released at the end (held back until then: an incomplete character or stop prefix).
+    Text(String),
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+        timings: Timings,
+        num_preemptions: u32,
+    },
+    Error(crate::EngineError),
+}

@@ -1,0 +1,68 @@
+//! Per-request state inside the engine: tokens so far, where its K/V lives, its sampler, its text
+//! and its event sink. No scheduling decisions here.
+
+use std::sync::mpsc::Sender;
+use std::time::Instant;
+
+use cache::{NamespaceKey, SeqId};
+use model::Sampler;
+
+use crate::request::{EngineEvent, RequestSpec};
+use crate::text::TextTracker;
+
+pub(crate) struct Sequence {
+    pub spec: RequestSpec,
+    pub ns: NamespaceKey,
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    pub num_generated: usize,
+    /// The cache's block table while the request holds KV (running); `None` while waiting.
+    pub cache_seq: Option<SeqId>,
+    /// Tokens whose K/V are written (meaningful while `cache_seq` is set).
+    pub num_computed: usize,
+    pub sampler: Sampler,
+    pub text: TextTracker,
+    pub sink: Sender<EngineEvent>,
+    pub arrival: Instant,
+    pub admitted_at: Option<Instant>,
+    pub first_token_at: Option<Instant>,
+    /// Cached prompt tokens at first admission (what `usage.cached_tokens` reports).
+    pub cached_tokens: Option<usize>,
+    pub num_preemptions: u32,
+}
+
+impl Sequence {
+    pub fn new(spec: RequestSpec, ns: NamespaceKey, sink: Sender<EngineEvent>) -> Self {
+        Sequence {
+            tokens: spec.prompt.clone(),
+            sampler: Sampler::new(spec.sampling.clone()),
+            text: TextTracker::new(spec.stop_strings.clone()),
+            spec,
+            ns,
+            num_generated: 0,
+            cache_seq: None,
+            num_computed: 0,
+            sink,
+            arrival: Instant::now(),
+            admitted_at: None,
+            first_token_at: None,
+            cached_tokens: None,
+            num_preemptions: 0,
+        }
+    }
+
+    /// Tokens whose K/V still has to be computed.
+    pub fn num_pending(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// A decode step: exactly the last sampled token is pending.
+    pub fn is_decoding(&self) -> bool {
+        self.num_generated > 0 && self.num_pending() == 1
+    }
+
+    /// Sends an event; `false` when the receiver is gone (the caller disconnected).
+    pub fn send(&self, ev: EngineEvent) -> bool {
+        self.sink.send(ev).is_ok()
+    }
+}
