@@ -77,7 +77,8 @@ fn run(
     max_tokens: usize,
 ) -> (Vec<Outcome>, EngineCore) {
     let mut core = EngineCore::new(model(), cfg).unwrap();
-    let mut rxs = vec![None; prompts.len()];
+    let mut rxs: Vec<Option<mpsc::Receiver<EngineEvent>>> =
+        (0..prompts.len()).map(|_| None).collect();
     let mut pending = order.to_vec();
     pending.reverse();
     loop {

@@ -10,7 +10,7 @@
 //! reference): the query is rounded to f16 before the K dot products and the softmax weights are
 //! rounded to f16 before they weight V, as ggml converts the f32 operand to the f16 type.
 
-use crate::kernels::{axpy_f32, dot_f32};
+use crate::kernels::{axpy_f16, axpy_f32, dot_f32, dot_f32_f16};
 use crate::kv::{KvChunk, KvStore, SeqSlot};
 use half::f16;
 
@@ -18,7 +18,6 @@ use half::f16;
 #[derive(Default)]
 pub struct AttnScratch {
     scores: Vec<f32>, // [num_positions]
-    row: Vec<f32>,    // [head_dim] — one dequantised K or V row
     q16: Vec<f32>,    // [head_dim] — the query rounded to f16
 }
 
@@ -42,10 +41,9 @@ pub fn attend_one(
 ) {
     let head_dim = q.len();
     scratch.scores.clear();
-    scratch.row.resize(head_dim, 0.0);
     scratch.q16.clear();
     scratch.q16.extend(q.iter().map(|&x| round_f16(x)));
-    let (scores, row, q16) = (&mut scratch.scores, &mut scratch.row, &scratch.q16);
+    let (scores, q16) = (&mut scratch.scores, &scratch.q16);
     kv.for_each_chunk(
         layer,
         slot,
@@ -59,8 +57,7 @@ pub fn attend_one(
             }
             KvChunk::F16 { k, .. } => {
                 for key in k.chunks_exact(head_dim) {
-                    widen(key, row);
-                    scores.push(dot_f32(q16, row) * scale);
+                    scores.push(dot_f32_f16(q16, key) * scale);
                 }
             }
         },
@@ -93,19 +90,12 @@ pub fn attend_one(
             }
             KvChunk::F16 { v, .. } => {
                 for val in v.chunks_exact(head_dim) {
-                    widen(val, row);
-                    axpy_f32(round_f16(scores[pos] * inv), row, out);
+                    axpy_f16(round_f16(scores[pos] * inv), val, out);
                     pos += 1;
                 }
             }
         },
     );
-}
-
-fn widen(src: &[f16], dst: &mut [f32]) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = s.to_f32();
-    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! CPU compute kernels: the hot path of the forward pass.
 //!
 //! Owns the thread pool ([`pool`]), runtime CPU feature detection ([`cpu`]), f32 vector primitives
-//! ([`vec_f32`]: `dot_f32`, `axpy_f32`), activation quantisation to 8-bit blocks ([`act_quant`]),
+//! ([`vec_f32`]: `dot_f32`, `axpy_f32`; [`vec_f16`]: the same with an f16 operand widened on load), activation quantisation to 8-bit blocks ([`act_quant`]),
 //! per-block integer dot products for the 32-element quant types ([`block32`], with a portable
 //! scalar path and an AVX2 path), row conversion to f32 for everything else ([`row_f32`]) and the
 //! matrix-times-activations driver ([`matmul`]). It never reads files, never allocates per task,
@@ -21,6 +21,7 @@ pub mod cpu;
 pub mod matmul;
 pub mod pool;
 pub mod row_f32;
+pub mod vec_f16;
 pub mod vec_f32;
 
 #[cfg(test)]
@@ -29,6 +30,7 @@ mod tests;
 pub use cpu::{cpu_features, set_force_portable, CpuFeatures};
 pub use matmul::{matmul, matmul_with_features, QMatrix};
 pub use pool::ThreadPool;
+pub use vec_f16::{axpy_f16, dot_f32_f16};
 pub use vec_f32::{axpy_f32, dot_f32};
 
 use crate::gguf::GgmlType;

@@ -58,6 +58,13 @@ pub fn axpy_f32_with(features: CpuFeatures, a: f32, x: &[f32], y: &mut [f32]) {
 }
 
 fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    dot_scalar_by(a, |k| b[k])
+}
+
+/// The canonical dot-product order of the module doc, with `b[k]` read through `b_at` (so the
+/// f16 kernels can widen on the fly and still follow exactly the same operations).
+#[inline(always)]
+pub(crate) fn dot_scalar_by(a: &[f32], b_at: impl Fn(usize) -> f32) -> f32 {
     let n = a.len();
     let mut acc = [[0f32; 8]; 4];
     let mut i = 0;
@@ -65,14 +72,14 @@ fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
         for (j, accj) in acc.iter_mut().enumerate() {
             for (l, lane) in accj.iter_mut().enumerate() {
                 let k = i + 8 * j + l;
-                *lane = a[k].mul_add(b[k], *lane);
+                *lane = a[k].mul_add(b_at(k), *lane);
             }
         }
         i += 32;
     }
     while i + 8 <= n {
         for (l, lane) in acc[0].iter_mut().enumerate() {
-            *lane = a[i + l].mul_add(b[i + l], *lane);
+            *lane = a[i + l].mul_add(b_at(i + l), *lane);
         }
         i += 8;
     }
@@ -82,7 +89,7 @@ fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
     }
     let mut r = hsum8(&s);
     while i < n {
-        r = a[i].mul_add(b[i], r);
+        r = a[i].mul_add(b_at(i), r);
         i += 1;
     }
     r
