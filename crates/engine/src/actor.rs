@@ -1,26 +1,43 @@
 //! The engine actor: [`EngineCore`] on its own thread, driven by a command channel.
 //!
-//! Callers hold an [`EngineHandle`] (cheap to clone): `submit` returns the request id and a
-//! receiver of its events at once; dropping that receiver cancels the request at the next step.
-//! The thread blocks on the command channel when idle and never sleeps while work is queued.
+//! Callers hold an [`EngineHandle`] (cheap to clone, usable from async code and from plain
+//! threads): `submit` returns the request id and the receiver of its events at once; dropping
+//! that receiver cancels the request at its next token. Replies to queries come on oneshot
+//! channels (`.await` them, or `blocking_recv()` off-runtime). The thread blocks on the command
+//! channel when idle and never sleeps while work is queued. Cancel-safety: every method only
+//! sends a command, so dropping a future that awaits a reply loses the reply, not the command.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::core::{EngineCore, EngineStats};
+use cache::TenantId;
+use tokio::sync::oneshot;
+
+use crate::core::EngineCore;
 use crate::error::EngineError;
-use crate::request::{EngineEvent, RequestId, RequestSpec};
+use crate::request::{EngineEvent, EventReceiver, EventSender, RequestId, RequestSpec};
+use crate::snapshot::EngineSnapshot;
 
 enum Command {
-    Submit(RequestId, Box<RequestSpec>, Sender<EngineEvent>),
+    Submit(RequestId, Box<RequestSpec>, EventSender),
     Cancel(RequestId),
-    Stats(Sender<EngineStats>),
+    Snapshot(oneshot::Sender<EngineSnapshot>),
+    Flush(Option<TenantId>, oneshot::Sender<u32>),
+    Warmup(Box<Warmup>, oneshot::Sender<Result<usize, EngineError>>),
     Shutdown,
 }
 
-/// Owns the engine thread; shuts it down on drop.
+struct Warmup {
+    name: String,
+    tokens: Vec<u32>,
+    tenant: TenantId,
+    salt: Vec<u8>,
+}
+
+/// Owns the engine thread; shuts it down on drop (waiting requests are dropped, their receivers
+/// see the channel close).
 pub struct Engine {
     handle: EngineHandle,
     thread: Option<JoinHandle<()>>,
@@ -64,29 +81,57 @@ impl Drop for Engine {
 }
 
 impl EngineHandle {
-    /// Queues a request. Validation errors arrive as the first event.
-    pub fn submit(
-        &self,
-        spec: RequestSpec,
-    ) -> Result<(RequestId, Receiver<EngineEvent>), EngineError> {
+    /// Queues a request. Validation errors arrive as its first (and only) event.
+    pub fn submit(&self, spec: RequestSpec) -> Result<(RequestId, EventReceiver), EngineError> {
         let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.tx
             .send(Command::Submit(id, Box::new(spec), tx))
             .map_err(|_| EngineError::ShutDown)?;
         Ok((id, rx))
     }
 
+    /// Cancels a request; its blocks are freed before the next step.
     pub fn cancel(&self, id: RequestId) {
         let _ = self.tx.send(Command::Cancel(id));
     }
 
-    pub fn stats(&self) -> Result<EngineStats, EngineError> {
-        let (tx, rx) = mpsc::channel();
+    pub fn snapshot(&self) -> Result<oneshot::Receiver<EngineSnapshot>, EngineError> {
+        let (tx, rx) = oneshot::channel();
         self.tx
-            .send(Command::Stats(tx))
+            .send(Command::Snapshot(tx))
             .map_err(|_| EngineError::ShutDown)?;
-        rx.recv().map_err(|_| EngineError::ShutDown)
+        Ok(rx)
+    }
+
+    /// Flushes cached blocks of one tenant, or all; replies with the number of blocks dropped.
+    pub fn flush(&self, tenant: Option<TenantId>) -> Result<oneshot::Receiver<u32>, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Flush(tenant, tx))
+            .map_err(|_| EngineError::ShutDown)?;
+        Ok(rx)
+    }
+
+    /// Prefills and pins a prompt; replies with the pinned token count.
+    pub fn warmup(
+        &self,
+        name: &str,
+        tokens: Vec<u32>,
+        tenant: TenantId,
+        salt: Vec<u8>,
+    ) -> Result<oneshot::Receiver<Result<usize, EngineError>>, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        let w = Warmup {
+            name: name.to_string(),
+            tokens,
+            tenant,
+            salt,
+        };
+        self.tx
+            .send(Command::Warmup(Box::new(w), tx))
+            .map_err(|_| EngineError::ShutDown)?;
+        Ok(rx)
     }
 }
 
@@ -114,8 +159,14 @@ fn run(mut core: EngineCore, rx: Receiver<Command>) {
                     }
                 }
                 Command::Cancel(id) => core.cancel(id),
-                Command::Stats(tx) => {
-                    let _ = tx.send(core.stats().clone());
+                Command::Snapshot(tx) => {
+                    let _ = tx.send(core.snapshot());
+                }
+                Command::Flush(tenant, tx) => {
+                    let _ = tx.send(core.flush(tenant));
+                }
+                Command::Warmup(w, tx) => {
+                    let _ = tx.send(core.warmup(&w.name, &w.tokens, w.tenant, &w.salt));
                 }
                 Command::Shutdown => return,
             }

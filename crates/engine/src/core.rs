@@ -7,11 +7,10 @@
 //! `actor.rs` drives it from its own thread.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cache::{CacheConfig, KvCache, Namespace, SeqError, Tick};
+use cache::{CacheConfig, KvCache, Namespace, NamespaceKey, SeqError, TenantId, Tick};
 use model::forward::{ForwardBatch, Scratch};
 use model::kv::SeqSlot;
 use model::{KvDtype, Model, ThreadPool};
@@ -20,9 +19,10 @@ use crate::config::EngineConfig;
 use crate::error::EngineError;
 use crate::paged_kv::{KvGeometry, PagedKvMemory};
 use crate::request::{
-    EngineEvent, FinishReason, RequestId, RequestSpec, Timings, TokenEvent, Usage,
+    EngineEvent, EventSender, FinishReason, RequestId, RequestSpec, Timings, TokenEvent, Usage,
 };
 use crate::sequence::Sequence;
+use crate::snapshot::{EngineSnapshot, PinnedPrompt};
 
 /// Counters of the engine's own work (the cache keeps its own).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -35,9 +35,13 @@ pub struct EngineStats {
     pub cancelled: u64,
 }
 
+/// One choice of one request: requests with `n > 1` fork into choices `1..n` after the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct SeqKey(pub RequestId, pub u32);
+
 /// One scheduled piece of work: `len` tokens of `id` starting at `start`.
 struct Work {
-    id: RequestId,
+    id: SeqKey,
     start: usize,
     len: usize,
 }
@@ -50,12 +54,13 @@ pub struct EngineCore {
     mem: PagedKvMemory,
     scratch: Scratch,
     model_fingerprint: [u8; 32],
-    seqs: HashMap<RequestId, Sequence>,
-    waiting: VecDeque<RequestId>,
+    seqs: HashMap<SeqKey, Sequence>,
+    waiting: VecDeque<SeqKey>,
     /// Admission order: the newest is last (preempted first).
-    running: Vec<RequestId>,
+    running: Vec<SeqKey>,
     tick: u64,
     stats: EngineStats,
+    pinned: Vec<PinnedPrompt>,
 }
 
 impl EngineCore {
@@ -96,6 +101,7 @@ impl EngineCore {
             running: Vec::new(),
             tick: 0,
             stats: EngineStats::default(),
+            pinned: Vec::new(),
         })
     }
 
@@ -135,12 +141,121 @@ impl EngineCore {
         }
     }
 
+    /// The cache namespace of a tenant (with its salt) under this model and KV codec.
+    pub fn namespace(&self, tenant: TenantId, salt: &[u8]) -> NamespaceKey {
+        Namespace {
+            model_fingerprint: self.model_fingerprint,
+            codec_id: self.codec_name().to_string(),
+            codec_version: 1,
+            kv_settings: Vec::new(),
+            tenant,
+            tenant_salt: salt.to_vec(),
+            adapter_id: None,
+        }
+        .key()
+    }
+
+    /// Everything the server exports, now.
+    pub fn snapshot(&self) -> EngineSnapshot {
+        EngineSnapshot {
+            stats: self.stats.clone(),
+            cache: self.cache.counters().clone(),
+            usage: self.cache.usage(),
+            fragmentation: self.cache.fragmentation().ratio(),
+            tenants: self
+                .cache
+                .all_tenant_counters()
+                .map(|(t, c)| (t, c.clone()))
+                .collect(),
+            num_waiting: self.waiting.len(),
+            num_running: self.running.len(),
+            block_size: self.cfg.block_size,
+            num_blocks: self.cfg.num_blocks,
+            kv_bytes_per_token: self.mem.bytes_per_token(),
+            kv_codec: self.codec_name().to_string(),
+            prefix_caching: self.cfg.prefix_caching,
+            pinned: self.pinned.clone(),
+        }
+    }
+
+    /// Drops cached blocks (all, or one tenant's); blocks in use stay with their requests.
+    pub fn flush(&mut self, tenant: Option<TenantId>) -> u32 {
+        match tenant {
+            Some(t) => self.cache.flush_tenant(t),
+            None => self.cache.flush_all(),
+        }
+    }
+
+    /// Prefills `tokens` in the tenant's namespace and pins every full block (warm-up of a
+    /// system prompt or template). Returns the number of pinned tokens.
+    pub fn warmup(
+        &mut self,
+        name: &str,
+        tokens: &[u32],
+        tenant: TenantId,
+        salt: &[u8],
+    ) -> Result<usize, EngineError> {
+        if !self.cfg.prefix_caching || tokens.is_empty() {
+            return Ok(0);
+        }
+        if tokens.len() > self.cfg.num_blocks * self.cfg.block_size {
+            return Err(EngineError::NeverFits {
+                needed_blocks: tokens.len().div_ceil(self.cfg.block_size),
+                total_blocks: self.cfg.num_blocks,
+            });
+        }
+        self.tick += 1;
+        let tick = Tick(self.tick);
+        let ns = self.namespace(tenant, salt);
+        // One token beyond the prompt is never needed: only full blocks are pinned.
+        let m = self.cache.lookup(&ns, tokens, tick);
+        let cached = m.num_cached_tokens();
+        let cs = self.cache.create_sequence(m).map_err(internal)?;
+        let mut done = cached;
+        let result = (|| {
+            while done < tokens.len() {
+                let len = (tokens.len() - done).min(self.cfg.max_batch_tokens);
+                self.cache
+                    .append_tokens(cs, &tokens[done..done + len], tick)
+                    .map_err(internal)?;
+                let table = self.cache.block_table(cs).map_err(internal)?.to_vec();
+                let tables = [table.as_slice()];
+                let positions: Vec<u32> = (done as u32..(done + len) as u32).collect();
+                let slots = vec![SeqSlot(0); len];
+                let batch = ForwardBatch {
+                    tokens: &tokens[done..done + len],
+                    positions: &positions,
+                    slots: &slots,
+                    logits_for: &[],
+                };
+                let mut kv = self.mem.view(&tables);
+                self.model
+                    .forward(&self.pool, &batch, &mut kv, &mut self.scratch)
+                    .map_err(|e| EngineError::Internal(e.to_string()))?;
+                done += len;
+                self.cache.mark_written(cs, done, tick).map_err(internal)?;
+                self.stats.prefill_tokens += len as u64;
+            }
+            Ok(())
+        })();
+        let _ = self.cache.free(cs, tick);
+        result?;
+        let pin = self.cache.pin_prefix(&ns, tokens, tick);
+        self.pinned.push(PinnedPrompt {
+            name: name.to_string(),
+            tenant,
+            num_tokens: tokens.len(),
+            pinned_tokens: pin.num_tokens,
+        });
+        Ok(pin.num_tokens)
+    }
+
     /// Validates and queues a request; its events go to `sink`.
     pub fn submit(
         &mut self,
         id: RequestId,
         spec: RequestSpec,
-        sink: Sender<EngineEvent>,
+        sink: EventSender,
     ) -> Result<(), EngineError> {
         let c = &self.model.config;
         if spec.prompt.is_empty() {
@@ -160,33 +275,80 @@ impl EngineCore {
                 context_length: c.context_length,
             });
         }
-        let needed_blocks = total.div_ceil(self.cfg.block_size);
+        if spec.n == 0 || spec.n > 16 {
+            return Err(EngineError::Sampling(format!(
+                "n must be between 1 and 16, got {}",
+                spec.n
+            )));
+        }
+        // Choices share the prompt's full blocks; each needs its own blocks for its output.
+        let needed_blocks = total.div_ceil(self.cfg.block_size)
+            + (spec.n - 1) * (spec.max_tokens.div_ceil(self.cfg.block_size) + 1);
         if needed_blocks > self.cfg.num_blocks {
             return Err(EngineError::NeverFits {
                 needed_blocks,
                 total_blocks: self.cfg.num_blocks,
             });
         }
-        let ns = Namespace {
-            model_fingerprint: self.model_fingerprint,
-            codec_id: self.codec_name().to_string(),
-            codec_version: 1,
-            kv_settings: Vec::new(),
-            tenant: spec.tenant,
-            tenant_salt: spec.cache_salt.clone(),
-            adapter_id: None,
+        let ns = self.namespace(spec.tenant, &spec.cache_salt);
+        let key = SeqKey(id, 0);
+        if self.seqs.contains_key(&key) {
+            return Err(EngineError::Internal(format!(
+                "duplicate request id {}",
+                id.0
+            )));
         }
-        .key();
-        self.seqs.insert(id, Sequence::new(spec, ns, sink));
-        self.waiting.push_back(id);
+        self.seqs.insert(key, Sequence::new(spec, ns, sink));
+        self.waiting.push_back(key);
         Ok(())
     }
 
-    /// Cancels a request: its blocks are freed now, before the next step.
+    /// Cancels a request (every choice): its blocks are freed now, before the next step.
     pub fn cancel(&mut self, id: RequestId) {
-        if self.seqs.contains_key(&id) {
-            self.finish(id, FinishReason::Cancelled);
+        let keys: Vec<SeqKey> = self.seqs.keys().copied().filter(|k| k.0 == id).collect();
+        for k in keys {
+            self.finish(k, FinishReason::Cancelled);
         }
+    }
+
+    /// Forks choices `1..n` of a request whose prompt was just computed: they share its blocks
+    /// (the partial last block is copied) and sample from the same logits with their own seeds.
+    fn fork_choices(&mut self, key: SeqKey, logits: &[f32]) -> Result<(), EngineError> {
+        let tick = Tick(self.tick);
+        let parent = &self.seqs[&key];
+        let n = parent.spec.n;
+        let cs = parent.cache_seq.expect("sampling sequences hold blocks");
+        let mut children = Vec::new();
+        for choice in 1..n as u32 {
+            let fork = self.cache.fork(cs, tick).map_err(internal)?;
+            if let Some(copy) = fork.copy {
+                self.mem.copy_block(copy.src, copy.dst, copy.num_tokens);
+            }
+            let parent = &self.seqs[&key];
+            let mut spec = parent.spec.clone();
+            spec.sampling.seed = spec.sampling.seed.map(|s| s.wrapping_add(choice as u64));
+            let mut child = Sequence::new(spec, parent.ns, parent.sink.clone());
+            child.cache_seq = Some(fork.child);
+            child.num_computed = parent.num_computed;
+            child.arrival = parent.arrival;
+            child.admitted_at = parent.admitted_at;
+            child.cached_tokens = parent.cached_tokens;
+            children.push(SeqKey(key.0, choice));
+            self.seqs.insert(SeqKey(key.0, choice), child);
+        }
+        let pos = self
+            .running
+            .iter()
+            .position(|r| *r == key)
+            .map_or(self.running.len(), |p| p + 1);
+        for (i, c) in children.iter().enumerate() {
+            self.running.insert(pos + i, *c);
+        }
+        for c in children {
+            let mut l = logits.to_vec();
+            self.sample_and_emit(c, &mut l);
+        }
+        Ok(())
     }
 
     /// Runs one scheduling decision and one forward pass. Returns the number of tokens computed.
@@ -217,6 +379,10 @@ impl EngineCore {
         }
         for (row, id) in to_sample.into_iter().enumerate() {
             let mut l = logits[row * vocab..(row + 1) * vocab].to_vec();
+            let s = &self.seqs[&id];
+            if id.1 == 0 && s.spec.n > 1 && s.num_generated == 0 {
+                self.fork_choices(id, &l)?;
+            }
             self.sample_and_emit(id, &mut l);
         }
         Ok(plan.iter().map(|w| w.len).sum())
@@ -320,7 +486,7 @@ impl EngineCore {
 
     /// A waiting request whose prompt shares at least one full block with a prompt being
     /// prefilled right now (same namespace) waits, so the shared prefix is computed once.
-    fn shares_prefix_in_flight(&self, id: RequestId) -> bool {
+    fn shares_prefix_in_flight(&self, id: SeqKey) -> bool {
         if !self.cfg.prefix_caching {
             return false;
         }
@@ -346,7 +512,7 @@ impl EngineCore {
     /// Gives `id` blocks and its first chunk; `None` when blocks are short now.
     fn admit(
         &mut self,
-        id: RequestId,
+        id: SeqKey,
         budget: usize,
         tick: Tick,
     ) -> Result<Option<Work>, EngineError> {
@@ -393,7 +559,7 @@ impl EngineCore {
     }
 
     /// Appends the next `len` pending tokens of `id` to its block table. `false` = out of blocks.
-    fn append(&mut self, id: RequestId, len: usize, tick: Tick) -> Result<bool, EngineError> {
+    fn append(&mut self, id: SeqKey, len: usize, tick: Tick) -> Result<bool, EngineError> {
         let s = &self.seqs[&id];
         let cs = s.cache_seq.expect("running sequences hold blocks");
         let have = self.cache.num_tokens(cs).map_err(internal)?;
@@ -409,7 +575,7 @@ impl EngineCore {
         }
     }
 
-    fn preempt(&mut self, id: RequestId, tick: Tick) {
+    fn preempt(&mut self, id: SeqKey, tick: Tick) {
         let s = self.seqs.get_mut(&id).expect("running sequences exist");
         if let Some(cs) = s.cache_seq.take() {
             let _ = self.cache.free(cs, tick);
@@ -458,7 +624,7 @@ impl EngineCore {
             .map_err(|e| EngineError::Internal(e.to_string()))
     }
 
-    fn sample_and_emit(&mut self, id: RequestId, logits: &mut [f32]) {
+    fn sample_and_emit(&mut self, id: SeqKey, logits: &mut [f32]) {
         let eot: Vec<u32> = self.model.tokenizer.eot_ids().to_vec();
         let s = self.seqs.get_mut(&id).expect("exists");
         if s.num_generated < s.spec.min_tokens {
@@ -487,6 +653,7 @@ impl EngineCore {
             stopped |= pushed.stopped;
         }
         let alive = s.send(EngineEvent::Token(TokenEvent {
+            choice: id.1,
             id: tok.id,
             text,
             logprob: tok.logprob,
@@ -505,7 +672,7 @@ impl EngineCore {
 
     /// Ends every request with `err` (after an internal failure), freeing their blocks.
     pub fn fail_all(&mut self, err: EngineError) {
-        let ids: Vec<RequestId> = self.seqs.keys().copied().collect();
+        let ids: Vec<SeqKey> = self.seqs.keys().copied().collect();
         for id in ids {
             if let Some(s) = self.seqs.get(&id) {
                 let _ = s.send(EngineEvent::Error(err.clone()));
@@ -514,7 +681,7 @@ impl EngineCore {
         }
     }
 
-    fn finish(&mut self, id: RequestId, reason: FinishReason) {
+    fn finish(&mut self, id: SeqKey, reason: FinishReason) {
         let Some(mut s) = self.seqs.remove(&id) else {
             return;
         };
@@ -530,7 +697,10 @@ impl EngineCore {
         self.stats.finished += 1;
         let tail = s.text.finish();
         if !tail.is_empty() && reason != FinishReason::Stop {
-            let _ = s.send(EngineEvent::Text(tail));
+            let _ = s.send(EngineEvent::Text {
+                choice: id.1,
+                text: tail,
+            });
         }
         let now = Instant::now();
         let timings = Timings {
@@ -548,6 +718,7 @@ impl EngineCore {
             cached_tokens: s.cached_tokens.unwrap_or(0),
         };
         let _ = s.send(EngineEvent::Finished {
+            choice: id.1,
             reason,
             usage,
             timings,

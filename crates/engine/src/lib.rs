@@ -12,10 +12,15 @@ pub mod error;
 pub mod paged_kv;
 pub mod request;
 mod sequence;
+pub mod snapshot;
 pub mod text;
 
 pub use actor::{Engine, EngineHandle};
 pub use config::EngineConfig;
 pub use core::{EngineCore, EngineStats};
 pub use error::EngineError;
-pub use request::{EngineEvent, FinishReason, RequestId, RequestSpec, Timings, TokenEvent, Usage};
+pub use request::{
+    EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec, Timings,
+    TokenEvent, Usage,
+};
+pub use snapshot::{EngineSnapshot, PinnedPrompt};

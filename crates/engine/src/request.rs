@@ -6,6 +6,12 @@ use std::time::Duration;
 use cache::TenantId;
 use model::SamplingParams;
 
+/// Where a request's events go. Unbounded so the engine never blocks on a slow client; a
+/// dropped receiver cancels the request at its next token.
+pub type EventSender = tokio::sync::mpsc::UnboundedSender<EngineEvent>;
+/// The receiving end of a request's events (`recv().await`, or `blocking_recv()` off-runtime).
+pub type EventReceiver = tokio::sync::mpsc::UnboundedReceiver<EngineEvent>;
+
 /// Engine-assigned request id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u64);
@@ -28,6 +34,8 @@ pub struct RequestSpec {
     pub tenant: TenantId,
     /// Server-side salt of the tenant (plus any request salt that narrows sharing).
     pub cache_salt: Vec<u8>,
+    /// Number of choices: the prompt is computed once, then forked (its blocks shared).
+    pub n: usize,
 }
 
 impl RequestSpec {
@@ -43,6 +51,7 @@ impl RequestSpec {
             ignore_eos: false,
             tenant: TenantId::default(),
             cache_salt: Vec::new(),
+            n: 1,
         }
     }
 }
@@ -79,6 +88,8 @@ pub struct Timings {
 /// One generated token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenEvent {
+    /// Which choice (0..n) this token belongs to.
+    pub choice: u32,
     pub id: u32,
     /// Text this token completes (may be empty while a UTF-8 character or a possible stop string
     /// is incomplete).
@@ -95,8 +106,14 @@ pub enum EngineEvent {
     },
     Token(TokenEvent),
     /// Text released at the end (held back until then: an incomplete character or stop prefix).
-    Text(String),
+    Text {
+        choice: u32,
+        text: String,
+    },
+    /// One choice ended; a request with `n` choices sends `n` of these. `usage.completion_tokens`
+    /// counts this choice only.
     Finished {
+        choice: u32,
         reason: FinishReason,
         usage: Usage,
         timings: Timings,

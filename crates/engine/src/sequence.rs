@@ -1,13 +1,12 @@
 //! Per-request state inside the engine: tokens so far, where its K/V lives, its sampler, its text
 //! and its event sink. No scheduling decisions here.
 
-use std::sync::mpsc::Sender;
 use std::time::Instant;
 
 use cache::{NamespaceKey, SeqId};
 use model::Sampler;
 
-use crate::request::{EngineEvent, RequestSpec};
+use crate::request::{EngineEvent, EventSender, RequestSpec};
 use crate::text::TextTracker;
 
 pub(crate) struct Sequence {
@@ -22,7 +21,7 @@ pub(crate) struct Sequence {
     pub num_computed: usize,
     pub sampler: Sampler,
     pub text: TextTracker,
-    pub sink: Sender<EngineEvent>,
+    pub sink: EventSender,
     pub arrival: Instant,
     pub admitted_at: Option<Instant>,
     pub first_token_at: Option<Instant>,
@@ -32,7 +31,7 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
-    pub fn new(spec: RequestSpec, ns: NamespaceKey, sink: Sender<EngineEvent>) -> Self {
+    pub fn new(spec: RequestSpec, ns: NamespaceKey, sink: EventSender) -> Self {
         Sequence {
             tokens: spec.prompt.clone(),
             sampler: Sampler::new(spec.sampling.clone()),

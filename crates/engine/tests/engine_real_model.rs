@@ -1,8 +1,8 @@
 //! The engine on the real default model: output identical with the prefix cache on or off, alone
 //! or batched, chunked or not, preempted or not; cached-token accounting; cancellation; errors.
 
-use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
+use tokio::sync::mpsc;
 
 use engine::{
     EngineConfig, EngineCore, EngineError, EngineEvent, FinishReason, RequestId, RequestSpec,
@@ -77,14 +77,14 @@ fn run(
     max_tokens: usize,
 ) -> (Vec<Outcome>, EngineCore) {
     let mut core = EngineCore::new(model(), cfg).unwrap();
-    let mut rxs: Vec<Option<mpsc::Receiver<EngineEvent>>> =
+    let mut rxs: Vec<Option<mpsc::UnboundedReceiver<EngineEvent>>> =
         (0..prompts.len()).map(|_| None).collect();
     let mut pending = order.to_vec();
     pending.reverse();
     loop {
         for _ in 0..per_step {
             if let Some(i) = pending.pop() {
-                let (tx, rx) = mpsc::channel();
+                let (tx, rx) = mpsc::unbounded_channel();
                 core.submit(
                     RequestId(i as u64),
                     RequestSpec::greedy(prompts[i].clone(), max_tokens),
@@ -108,7 +108,8 @@ fn run(
                 cached_tokens: usize::MAX,
                 reason: FinishReason::Cancelled,
             };
-            for ev in rx.unwrap().try_iter() {
+            let mut rx = rx.unwrap();
+            while let Ok(ev) = rx.try_recv() {
                 match ev {
                     EngineEvent::Token(t) => o.tokens.push((t.id, t.logprob.to_bits())),
                     EngineEvent::Finished { reason, usage, .. } => {
@@ -208,7 +209,7 @@ fn preemption_by_recompute_keeps_output_identical() {
 fn cancellation_frees_blocks_in_the_same_step_and_errors_are_clear() {
     let p = prompts();
     let mut core = EngineCore::new(model(), cfg(true)).unwrap();
-    let (tx, rx) = mpsc::channel();
+    let (tx, rx) = mpsc::unbounded_channel();
     core.submit(RequestId(1), RequestSpec::greedy(p[0].clone(), 50), tx)
         .unwrap();
     core.step().unwrap();
@@ -218,7 +219,7 @@ fn cancellation_frees_blocks_in_the_same_step_and_errors_are_clear() {
     assert!(!core.has_work());
     drop(rx);
     // A dropped receiver (client gone) cancels at the next token.
-    let (tx, rx) = mpsc::channel();
+    let (tx, rx) = mpsc::unbounded_channel();
     core.submit(RequestId(2), RequestSpec::greedy(p[1].clone(), 50), tx)
         .unwrap();
     drop(rx);
@@ -226,7 +227,7 @@ fn cancellation_frees_blocks_in_the_same_step_and_errors_are_clear() {
     assert!(!core.has_work());
     assert_eq!(core.cache().usage().in_use, 0);
 
-    let (tx, _rx) = mpsc::channel();
+    let (tx, _rx) = mpsc::unbounded_channel();
     assert_eq!(
         core.submit(RequestId(3), RequestSpec::greedy(vec![], 5), tx.clone()),
         Err(EngineError::EmptyPrompt)
@@ -267,13 +268,13 @@ fn second_call_of_an_agent_reuses_the_first_calls_blocks() {
     let mut core = EngineCore::new(model(), cfg(true)).unwrap();
     let mut cached = Vec::new();
     for (i, prompt) in [p[0].clone(), p[1].clone()].into_iter().enumerate() {
-        let (tx, rx) = mpsc::channel();
+        let (tx, mut rx) = mpsc::unbounded_channel();
         core.submit(RequestId(i as u64), RequestSpec::greedy(prompt, 4), tx)
             .unwrap();
         while core.has_work() {
             core.step().unwrap();
         }
-        for ev in rx.try_iter() {
+        while let Ok(ev) = rx.try_recv() {
             if let EngineEvent::Finished { usage, .. } = ev {
                 cached.push(usage.cached_tokens);
             }
@@ -286,4 +287,123 @@ fn second_call_of_an_agent_reuses_the_first_calls_blocks() {
         common / 16 * 16,
         "every full block of the shared prefix is reused"
     );
+}
+
+fn collect(
+    rx: &mut mpsc::UnboundedReceiver<EngineEvent>,
+) -> (Vec<u32>, String, Option<(FinishReason, engine::Usage)>) {
+    let (mut ids, mut text, mut fin) = (Vec::new(), String::new(), None);
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            EngineEvent::Token(t) => {
+                ids.push(t.id);
+                text.push_str(&t.text);
+            }
+            EngineEvent::Text { text: t, .. } => text.push_str(&t),
+            EngineEvent::Finished { reason, usage, .. } => {
+                fin = Some((reason, usage));
+                break;
+            }
+            EngineEvent::Error(e) => panic!("{e}"),
+            EngineEvent::Admitted { .. } => {}
+        }
+    }
+    (ids, text, fin)
+}
+
+#[test]
+fn actor_serves_requests_with_stop_strings_min_tokens_seeds_and_warmup() {
+    let p = prompts();
+    let core = EngineCore::new(model(), cfg(true)).unwrap();
+    let engine = engine::Engine::start(core);
+    let h = engine.handle();
+
+    // Warm-up pins the system prompt's blocks; the next request reports them as cached.
+    let pinned = h
+        .warmup("system", p[0].clone(), Default::default(), vec![])
+        .unwrap()
+        .blocking_recv()
+        .unwrap()
+        .unwrap();
+    assert!(pinned >= 16 && pinned % 16 == 0, "pinned {pinned}");
+    let (_, mut rx) = h.submit(RequestSpec::greedy(p[0].clone(), 6)).unwrap();
+    let (ids, text, fin) = collect(&mut rx);
+    let (reason, usage) = fin.unwrap();
+    assert_eq!(usage.cached_tokens, (p[0].len() - 1) / 16 * 16);
+    assert_eq!(usage.completion_tokens, ids.len());
+    assert_eq!(reason, FinishReason::Length);
+    let snap = h.snapshot().unwrap().blocking_recv().unwrap();
+    assert_eq!(snap.pinned.len(), 1);
+    assert!(snap.cache.lookup_hit_tokens >= usage.cached_tokens as u64);
+
+    // A stop string cuts the text before it and ends with reason Stop.
+    let needle: String = text.chars().skip(3).take(4).collect();
+    let mut spec = RequestSpec::greedy(p[0].clone(), 6);
+    spec.stop_strings = vec![needle.clone()];
+    let (_, mut rx) = h.submit(spec).unwrap();
+    let (_, stopped_text, fin) = collect(&mut rx);
+    assert_eq!(fin.unwrap().0, FinishReason::Stop);
+    assert_eq!(stopped_text, text[..text.find(&needle).unwrap()]);
+
+    // min_tokens suppresses end-of-turn; ignore_eos runs to max_tokens.
+    let mut spec = RequestSpec::greedy(p[2].clone(), 40);
+    spec.min_tokens = 40;
+    let (_, mut rx) = h.submit(spec).unwrap();
+    assert_eq!(collect(&mut rx).0.len(), 40);
+
+    // Seeded sampling is reproducible whatever runs beside it.
+    let seeded = |seed| {
+        let mut spec = RequestSpec::greedy(p[3].clone(), 12);
+        spec.sampling.temperature = 1.0;
+        spec.sampling.seed = Some(seed);
+        spec
+    };
+    let (_, mut a) = h.submit(seeded(5)).unwrap();
+    let (_, mut noise) = h.submit(RequestSpec::greedy(p[4].clone(), 12)).unwrap();
+    let (_, mut b) = h.submit(seeded(5)).unwrap();
+    let (ia, ib) = (collect(&mut a).0, collect(&mut b).0);
+    collect(&mut noise);
+    assert_eq!(ia, ib);
+
+    // Flush drops the pinned blocks too: the same prompt then reports nothing cached.
+    let dropped = h.flush(None).unwrap().blocking_recv().unwrap();
+    assert!(dropped > 0);
+    let (_, mut rx) = h.submit(RequestSpec::greedy(p[0].clone(), 2)).unwrap();
+    assert_eq!(collect(&mut rx).2.unwrap().1.cached_tokens, 0);
+
+    // n = 3: one prompt computed once and forked; greedy choices are identical to each other
+    // and to n = 1, each choice finishes once.
+    let mut spec = RequestSpec::greedy(p[5].clone(), 5);
+    spec.n = 3;
+    let (_, mut rx) = h.submit(spec).unwrap();
+    let mut per_choice = vec![Vec::new(); 3];
+    let mut finished = 0;
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            EngineEvent::Token(t) => per_choice[t.choice as usize].push(t.id),
+            EngineEvent::Finished { .. } => {
+                finished += 1;
+                if finished == 3 {
+                    break;
+                }
+            }
+            EngineEvent::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    let (_, mut rx) = h.submit(RequestSpec::greedy(p[5].clone(), 5)).unwrap();
+    let single = collect(&mut rx).0;
+    assert!(
+        per_choice.iter().all(|c| *c == single),
+        "{per_choice:?} vs {single:?}"
+    );
+    let snap = h.snapshot().unwrap().blocking_recv().unwrap();
+    assert_eq!(snap.usage.in_use, 0, "forked choices returned every block");
+
+    // Validation errors come back as an event.
+    let (_, mut rx) = h.submit(RequestSpec::greedy(vec![], 2)).unwrap();
+    assert!(matches!(
+        rx.blocking_recv(),
+        Some(EngineEvent::Error(EngineError::EmptyPrompt))
+    ));
 }

@@ -290,12 +290,22 @@ pub(crate) mod avx2 {
         }
     }
 
+    fn pf_dist() -> usize {
+        static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *D.get_or_init(|| {
+            std::env::var("PFD")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2048)
+        })
+    }
+
     /// `out[t][r] = dot(W[row0 + r], X[tok0 + t])` for a `T × R` tile, canonical order.
     /// `w` is the whole weight matrix with rows of `row_bytes` bytes.
     ///
     /// Panics (internal bug) if the tile is out of range.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) fn tile<B: Block32Avx2, const T: usize, const R: usize>(
+    pub(crate) fn tile<B: Block32Avx2, const T: usize, const R: usize, const PF: bool>(
         w: &[u8],
         row_bytes: usize,
         row0: usize,
@@ -319,7 +329,22 @@ pub(crate) mod avx2 {
         let mut wa = [_mm256_setzero_si256(); R];
         let mut dw = [_mm256_setzero_ps(); R];
         let mut mw = [0f32; R];
+        // Software prefetch (decode streams weights from DRAM; the interleaved short rows defeat
+        // the hardware prefetcher): while block `b` is read, fetch the matching slice of the
+        // bytes `PF_DIST` beyond the next tile, one request per cache line, never past `w`.
+        let pf_step = R * B::BYTES;
+        let pf_start = (row0 + R) * row_bytes + pf_dist();
+        let mut pf_next = pf_start;
         for b in 0..nb {
+            if PF {
+                let pf_end = (pf_start + (b + 1) * pf_step).min(w.len());
+                while pf_next < pf_end {
+                    // SAFETY: `pf_next < w.len()`, so the address lies inside `w`; a prefetch
+                    // never faults and has no architectural effect.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(wbase.add(pf_next).cast()) };
+                    pf_next += 64;
+                }
+            }
             for r in 0..R {
                 // SAFETY: `(row0 + r) * row_bytes + (b + 1) * B::BYTES <= w.len()` by the assert
                 // above (b < nb, r < R), so the block is inside `w`.

@@ -230,13 +230,13 @@ impl Job<'_> {
         if num_tokens == 1 {
             let mut o = [[0f32; 4]; 1];
             while r + 4 <= rows.end {
-                tile::<B, 1, 4>(w, rb, r, act, 0, &mut o);
+                tile::<B, 1, 4, true>(w, rb, r, act, 0, &mut o);
                 (0..4).for_each(|i| out.write(r + i, o[0][i]));
                 r += 4;
             }
             let mut o = [[0f32; 1]; 1];
             while r < rows.end {
-                tile::<B, 1, 1>(w, rb, r, act, 0, &mut o);
+                tile::<B, 1, 1, true>(w, rb, r, act, 0, &mut o);
                 out.write(r, o[0][0]);
                 r += 1;
             }
@@ -246,7 +246,7 @@ impl Job<'_> {
             let mut t = 0;
             let mut o4 = [[0f32; 2]; 4];
             while t + 4 <= num_tokens {
-                tile::<B, 4, 2>(w, rb, r, act, t, &mut o4);
+                tile::<B, 4, 2, false>(w, rb, r, act, t, &mut o4);
                 for (dt, row) in o4.iter().enumerate() {
                     out.write((t + dt) * n + r, row[0]);
                     out.write((t + dt) * n + r + 1, row[1]);
@@ -255,7 +255,7 @@ impl Job<'_> {
             }
             let mut o1 = [[0f32; 2]; 1];
             while t < num_tokens {
-                tile::<B, 1, 2>(w, rb, r, act, t, &mut o1);
+                tile::<B, 1, 2, false>(w, rb, r, act, t, &mut o1);
                 out.write(t * n + r, o1[0][0]);
                 out.write(t * n + r + 1, o1[0][1]);
                 t += 1;
@@ -265,7 +265,7 @@ impl Job<'_> {
         if r < rows.end {
             let mut o = [[0f32; 1]; 1];
             for t in 0..num_tokens {
-                tile::<B, 1, 1>(w, rb, r, act, t, &mut o);
+                tile::<B, 1, 1, false>(w, rb, r, act, t, &mut o);
                 out.write(t * n + r, o[0][0]);
             }
         }
