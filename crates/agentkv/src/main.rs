@@ -27,6 +27,8 @@ enum Command {
     Perplexity(cmd::perplexity::PerplexityArgs),
     /// Prefill and decode speed of the model runtime.
     BenchModel(cmd::bench_model::BenchModelArgs),
+    /// Engine throughput: decode at several concurrencies, prefill, TTFT with a cached prefix.
+    BenchEngine(cmd::bench_engine::BenchEngineArgs),
     /// Replay a trace of model calls against the KV cache core and report the hit rate.
     CacheSim(cmd::cache_sim::CacheSimArgs),
     /// Generate a synthetic agent-workload trace (JSONL) for cache-sim.
@@ -41,6 +43,7 @@ fn main() -> anyhow::Result<()> {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::BenchModel(a) => cmd::bench_model::run(a),
+        Command::BenchEngine(a) => cmd::bench_engine::run(a),
         Command::CacheSim(a) => cmd::cache_sim::run(a),
         Command::TraceGen(a) => cmd::trace_gen::run(a),
     }

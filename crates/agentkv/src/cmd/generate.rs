@@ -1,11 +1,14 @@
-//! `agentkv generate`: one prompt, streamed to stdout.
+//! `agentkv generate`: one prompt through the engine (paged KV, the same path the server uses),
+//! streamed to stdout.
 
 use std::io::Write;
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use anyhow::{Context, Result};
+use engine::{Engine, EngineConfig, EngineCore, EngineEvent, RequestSpec};
 use model::chat::ChatMessage;
-use model::generate::{generate, GenerateOptions};
-use model::tokenizer::StreamDecoder;
 use model::SamplingParams;
 
 use super::common::ModelArgs;
@@ -51,7 +54,6 @@ pub struct GenerateArgs {
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     let model = args.model.load()?;
-    let pool = args.model.pool();
     let tok = &model.tokenizer;
     let text = if args.chat {
         let mut messages = Vec::new();
@@ -76,41 +78,55 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         ..Default::default()
     };
     sampling.validate()?;
-    let opts = GenerateOptions {
-        max_tokens: args.max_tokens,
-        sampling,
-        stop_ids: if args.ignore_eos {
-            vec![]
-        } else {
-            tok.eot_ids().to_vec()
-        },
+    let mut spec = RequestSpec::greedy(ids, args.max_tokens);
+    spec.sampling = sampling;
+    spec.ignore_eos = args.ignore_eos;
+    let block_size = 16;
+    let num_blocks = (spec.prompt.len() + args.max_tokens).div_ceil(block_size) + 1;
+    let cfg = EngineConfig {
+        num_blocks,
+        block_size,
         kv_dtype: args.kv_dtype,
+        threads: pool_threads(&args.model),
         ..Default::default()
     };
-    let mut dec = StreamDecoder::new(tok);
+    let prompt_tokens = spec.prompt.len();
+    let engine = Engine::start(EngineCore::new(Arc::new(model), cfg)?);
+    let (_, mut rx) = engine.handle().submit(spec)?;
     let mut stdout = std::io::stdout().lock();
-    let stop = opts.stop_ids.clone();
-    let (_, stats) = generate(&model, &pool, &ids, &opts, |t| {
-        if !stop.contains(&t.id) {
-            let piece = dec.push(t.id);
-            let _ = stdout.write_all(piece.as_bytes());
-            let _ = stdout.flush();
+    let start = Instant::now();
+    let mut first_token = None;
+    let mut generated = 0usize;
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            EngineEvent::Token(t) => {
+                first_token.get_or_insert_with(Instant::now);
+                generated += 1;
+                stdout.write_all(t.text.as_bytes())?;
+                stdout.flush()?;
+            }
+            EngineEvent::Text { text, .. } => stdout.write_all(text.as_bytes())?,
+            EngineEvent::Finished { .. } => break,
+            EngineEvent::Error(e) => return Err(e).context("generation failed"),
+            EngineEvent::Admitted { .. } => {}
         }
-        true
-    })
-    .context("generation failed")?;
-    let tail = dec.finish();
-    stdout.write_all(tail.as_bytes())?;
+    }
     writeln!(stdout)?;
     if args.stats {
+        let first = first_token.unwrap_or_else(Instant::now);
+        let ttft = (first - start).as_secs_f64();
+        let decode = (Instant::now() - first).as_secs_f64();
         eprintln!(
-            "prompt {} tokens in {:.3}s ({:.1} tok/s); generated {} tokens, decode {:.1} tok/s",
-            stats.prompt_tokens,
-            stats.prefill_time.as_secs_f64(),
-            stats.prefill_tok_per_s(),
-            stats.generated_tokens,
-            stats.decode_tok_per_s()
+            "prompt {prompt_tokens} tokens, first token after {ttft:.3}s ({:.1} tok/s prefill); \
+             generated {generated} tokens, decode {:.1} tok/s",
+            prompt_tokens as f64 / ttft.max(1e-9),
+            generated.saturating_sub(1) as f64 / decode.max(1e-9)
         );
     }
     Ok(())
+}
+
+fn pool_threads(m: &ModelArgs) -> usize {
+    m.threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }

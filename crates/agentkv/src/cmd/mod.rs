@@ -1,5 +1,6 @@
 //! One module per subcommand: argument structs and thin glue over the library crates.
 
+pub mod bench_engine;
 pub mod bench_model;
 pub mod cache_sim;
 pub mod common;
