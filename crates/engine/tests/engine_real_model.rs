@@ -407,3 +407,20 @@ fn actor_serves_requests_with_stop_strings_min_tokens_seeds_and_warmup() {
         Some(EngineEvent::Error(EngineError::EmptyPrompt))
     ));
 }
+
+#[test]
+fn engine_output_matches_the_single_sequence_runtime() {
+    // The engine (paged KV, f16) and model::generate (contiguous KV, f16) agree bit for bit.
+    let m = model();
+    let pool = model::ThreadPool::new(2);
+    for prompt in prompts().into_iter().take(3) {
+        let opts = model::generate::GenerateOptions {
+            max_tokens: 12,
+            ..Default::default()
+        };
+        let (want, _) = model::generate::generate(&m, &pool, &prompt, &opts, |_| true).unwrap();
+        let want: Vec<(u32, u32)> = want.iter().map(|t| (t.id, t.logprob.to_bits())).collect();
+        let (got, _) = run(cfg(true), &[prompt], &[0], 1, 12);
+        assert_eq!(got[0].tokens, want);
+    }
+}

@@ -44,7 +44,11 @@ fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-fn new_core(model: &Arc<Model>, args: &BenchEngineArgs, prefix_caching: bool) -> Result<EngineCore> {
+fn new_core(
+    model: &Arc<Model>,
+    args: &BenchEngineArgs,
+    prefix_caching: bool,
+) -> Result<EngineCore> {
     let threads = args
         .model
         .threads

@@ -1,0 +1,306 @@
+//! The forward pass on tiny random-weight GGUF files written by the test itself (no download):
+//! `llama` (interleaved RoPE, tied output) and `qwen2` (Q/K/V biases, NEOX RoPE, separate output)
+//! against a naive f64 reference implementation of the transformer.
+
+use model::config::{Arch, ModelConfig};
+use model::forward::{forward, ForwardBatch, Scratch};
+use model::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
+use model::kv::{ContiguousKv, KvDtype, SeqSlot};
+use model::ops::Rope;
+use model::weights::Weights;
+use model::ThreadPool;
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+const HIDDEN: usize = 64;
+const FFN: usize = 96;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = HIDDEN / HEADS;
+const VOCAB: usize = 40;
+const LAYERS: usize = 2;
+
+struct Tiny {
+    bytes: Vec<u8>,
+    t: HashMap<String, Vec<f32>>, // name → row-major [rows, cols] values
+}
+
+fn tiny(arch: &str, seed: u64) -> Tiny {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut w = GgufWriter::new();
+    let a = |k: &str| format!("{arch}.{k}");
+    w.add_metadata("general.architecture", MetaValue::String(arch.into()));
+    for (k, v) in [
+        ("block_count", LAYERS),
+        ("embedding_length", HIDDEN),
+        ("feed_forward_length", FFN),
+        ("attention.head_count", HEADS),
+        ("attention.head_count_kv", KV_HEADS),
+        ("context_length", 64),
+        ("vocab_size", VOCAB),
+    ] {
+        w.add_metadata(a(k), MetaValue::U32(v as u32));
+    }
+    w.add_metadata(a("rope.freq_base"), MetaValue::F32(10000.0));
+    w.add_metadata(a("attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-5));
+    let mut t = HashMap::new();
+    let mut add = |w: &mut GgufWriter,
+                   name: String,
+                   rows: usize,
+                   cols: usize,
+                   scale: f32,
+                   rng: &mut rand::rngs::StdRng| {
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.gen_range(-1.0..1.0) * scale)
+            .collect();
+        let dims: Vec<u64> = if rows == 1 {
+            vec![cols as u64]
+        } else {
+            vec![cols as u64, rows as u64]
+        };
+        w.add_tensor_f32(name.clone(), &dims, &data, GgmlType::F32)
+            .unwrap();
+        t.insert(name, data);
+    };
+    add(
+        &mut w,
+        "token_embd.weight".into(),
+        VOCAB,
+        HIDDEN,
+        1.0,
+        &mut rng,
+    );
+    add(
+        &mut w,
+        "output_norm.weight".into(),
+        1,
+        HIDDEN,
+        1.0,
+        &mut rng,
+    );
+    if arch == "qwen2" {
+        add(&mut w, "output.weight".into(), VOCAB, HIDDEN, 0.3, &mut rng);
+    }
+    let kvd = KV_HEADS * HEAD_DIM;
+    for l in 0..LAYERS {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        add(&mut w, n("attn_norm.weight"), 1, HIDDEN, 1.0, &mut rng);
+        add(&mut w, n("ffn_norm.weight"), 1, HIDDEN, 1.0, &mut rng);
+        add(&mut w, n("attn_q.weight"), HIDDEN, HIDDEN, 0.3, &mut rng);
+        add(&mut w, n("attn_k.weight"), kvd, HIDDEN, 0.3, &mut rng);
+        add(&mut w, n("attn_v.weight"), kvd, HIDDEN, 0.3, &mut rng);
+        add(
+            &mut w,
+            n("attn_output.weight"),
+            HIDDEN,
+            HIDDEN,
+            0.2,
+            &mut rng,
+        );
+        add(&mut w, n("ffn_gate.weight"), FFN, HIDDEN, 0.2, &mut rng);
+        add(&mut w, n("ffn_up.weight"), FFN, HIDDEN, 0.2, &mut rng);
+        add(&mut w, n("ffn_down.weight"), HIDDEN, FFN, 0.2, &mut rng);
+        if arch == "qwen2" {
+            add(&mut w, n("attn_q.bias"), 1, HIDDEN, 0.5, &mut rng);
+            add(&mut w, n("attn_k.bias"), 1, kvd, 0.5, &mut rng);
+            add(&mut w, n("attn_v.bias"), 1, kvd, 0.5, &mut rng);
+        }
+    }
+    Tiny {
+        bytes: w.to_bytes().unwrap(),
+        t,
+    }
+}
+
+fn matvec(w: &[f32], rows: usize, x: &[f64]) -> Vec<f64> {
+    let cols = x.len();
+    (0..rows)
+        .map(|r| (0..cols).map(|c| w[r * cols + c] as f64 * x[c]).sum())
+        .collect()
+}
+
+fn rmsnorm(x: &[f64], w: &[f32]) -> Vec<f64> {
+    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let s = 1.0 / (ms + 1e-5).sqrt();
+    x.iter().zip(w).map(|(v, &g)| v * s * g as f64).collect()
+}
+
+fn rope(x: &mut [f64], pos: usize, neox: bool) {
+    for head in x.chunks_mut(HEAD_DIM) {
+        for i in 0..HEAD_DIM / 2 {
+            let theta = pos as f64 * 10000f64.powf(-2.0 * i as f64 / HEAD_DIM as f64);
+            let (c, s) = (theta.cos(), theta.sin());
+            let (a, b) = if neox {
+                (i, i + HEAD_DIM / 2)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (xa, xb) = (head[a], head[b]);
+            head[a] = xa * c - xb * s;
+            head[b] = xa * s + xb * c;
+        }
+    }
+}
+
+/// Naive reference: logits for every position of `tokens`.
+fn reference(t: &Tiny, arch: &str, tokens: &[u32]) -> Vec<Vec<f64>> {
+    let neox = arch == "qwen2";
+    let g = |n: &str| &t.t[n];
+    let kvd = KV_HEADS * HEAD_DIM;
+    let mut ks: Vec<Vec<Vec<f64>>> = vec![Vec::new(); LAYERS];
+    let mut vs: Vec<Vec<Vec<f64>>> = vec![Vec::new(); LAYERS];
+    let mut out = Vec::new();
+    for (pos, &tok) in tokens.iter().enumerate() {
+        let e = &g("token_embd.weight")[tok as usize * HIDDEN..(tok as usize + 1) * HIDDEN];
+        let mut x: Vec<f64> = e.iter().map(|&v| v as f64).collect();
+        for l in 0..LAYERS {
+            let n = |s: &str| format!("blk.{l}.{s}");
+            let h = rmsnorm(&x, g(&n("attn_norm.weight")));
+            let mut q = matvec(g(&n("attn_q.weight")), HIDDEN, &h);
+            let mut k = matvec(g(&n("attn_k.weight")), kvd, &h);
+            let mut v = matvec(g(&n("attn_v.weight")), kvd, &h);
+            if neox {
+                for (vec, b) in [
+                    (&mut q, "attn_q.bias"),
+                    (&mut k, "attn_k.bias"),
+                    (&mut v, "attn_v.bias"),
+                ] {
+                    vec.iter_mut()
+                        .zip(g(&n(b)))
+                        .for_each(|(a, &bb)| *a += bb as f64);
+                }
+            }
+            rope(&mut q, pos, neox);
+            rope(&mut k, pos, neox);
+            ks[l].push(k);
+            vs[l].push(v);
+            let mut att = vec![0.0; HIDDEN];
+            for hd in 0..HEADS {
+                let kh = hd / (HEADS / KV_HEADS);
+                let qh = &q[hd * HEAD_DIM..(hd + 1) * HEAD_DIM];
+                let scores: Vec<f64> = ks[l]
+                    .iter()
+                    .map(|k| {
+                        qh.iter()
+                            .zip(&k[kh * HEAD_DIM..])
+                            .map(|(a, b)| a * b)
+                            .sum::<f64>()
+                            / (HEAD_DIM as f64).sqrt()
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
+                for (p, s) in scores.iter().enumerate() {
+                    for i in 0..HEAD_DIM {
+                        att[hd * HEAD_DIM + i] += (s - m).exp() / z * vs[l][p][kh * HEAD_DIM + i];
+                    }
+                }
+            }
+            let o = matvec(g(&n("attn_output.weight")), HIDDEN, &att);
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let h = rmsnorm(&x, g(&n("ffn_norm.weight")));
+            let gate = matvec(g(&n("ffn_gate.weight")), FFN, &h);
+            let up = matvec(g(&n("ffn_up.weight")), FFN, &h);
+            let act: Vec<f64> = gate
+                .iter()
+                .zip(&up)
+                .map(|(a, u)| a / (1.0 + (-a).exp()) * u)
+                .collect();
+            let d = matvec(g(&n("ffn_down.weight")), HIDDEN, &act);
+            x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+        }
+        let h = rmsnorm(&x, g("output_norm.weight"));
+        let wout = if neox {
+            g("output.weight")
+        } else {
+            g("token_embd.weight")
+        };
+        out.push(matvec(wout, VOCAB, &h));
+    }
+    out
+}
+
+fn check(arch: &str, want_arch: Arch) {
+    let tiny = tiny(arch, 7);
+    let file = Arc::new(GgufFile::from_bytes(tiny.bytes.clone()).unwrap());
+    let cfg = ModelConfig::from_metadata(file.metadata()).unwrap();
+    assert_eq!(cfg.arch, want_arch);
+    let w = Weights::load(file, &cfg).unwrap();
+    let rope = Rope {
+        rope_dim: cfg.rope_dim,
+        head_dim: cfg.head_dim,
+        base: cfg.rope_base,
+        style: cfg.rope_style,
+        linear_scale: 1.0,
+        freq_factors: None,
+    };
+    let tokens: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % VOCAB as u32).collect();
+    let positions: Vec<u32> = (0..tokens.len() as u32).collect();
+    let slots = vec![SeqSlot(0); tokens.len()];
+    let logits_for: Vec<usize> = (0..tokens.len()).collect();
+    let mut kv = ContiguousKv::new(1, LAYERS, KV_HEADS, HEAD_DIM, 16, KvDtype::F32);
+    let pool = ThreadPool::new(2);
+    let batch = ForwardBatch {
+        tokens: &tokens,
+        positions: &positions,
+        slots: &slots,
+        logits_for: &logits_for,
+    };
+    let got = forward(
+        &cfg,
+        &w,
+        &rope,
+        &pool,
+        &batch,
+        &mut kv,
+        &mut Scratch::default(),
+    )
+    .unwrap();
+    let want = reference(&tiny, arch, &tokens);
+    let mut max_err = 0.0f64;
+    for (p, row) in want.iter().enumerate() {
+        for (v, &r) in row.iter().enumerate() {
+            max_err = max_err.max((got[p * VOCAB + v] as f64 - r).abs() / (1.0 + r.abs()));
+        }
+    }
+    assert!(max_err < 1e-3, "{arch}: max relative error {max_err}");
+}
+
+#[test]
+fn llama_forward_matches_naive_reference() {
+    check("llama", Arch::Llama);
+}
+
+#[test]
+fn qwen2_forward_with_biases_and_neox_rope_matches_naive_reference() {
+    check("qwen2", Arch::Qwen2);
+}
+
+#[test]
+fn unsupported_architecture_and_missing_tensors_are_clear_errors() {
+    let mut bytes = tiny("llama", 1).bytes;
+    // Rename the architecture in place: "llama" → "gpt2x" keeps the length.
+    let at = bytes.windows(5).position(|w| w == b"llama").unwrap();
+    bytes[at..at + 5].copy_from_slice(b"gpt2x");
+    let file = GgufFile::from_bytes(bytes).unwrap();
+    let err = ModelConfig::from_metadata(file.metadata()).unwrap_err();
+    assert!(err.to_string().contains("gpt2x"), "{err}");
+
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.architecture", MetaValue::String("llama".into()));
+    for (k, v) in [
+        ("block_count", 1u32),
+        ("embedding_length", 64),
+        ("feed_forward_length", 64),
+        ("attention.head_count", 4),
+        ("context_length", 16),
+        ("vocab_size", 8),
+    ] {
+        w.add_metadata(format!("llama.{k}"), MetaValue::U32(v));
+    }
+    let file = Arc::new(GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap());
+    let cfg = ModelConfig::from_metadata(file.metadata()).unwrap();
+    let err = Weights::load(file, &cfg).err().expect("no tensors");
+    assert!(err.to_string().contains("token_embd.weight"), "{err}");
+}
