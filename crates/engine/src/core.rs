@@ -159,13 +159,13 @@ impl EngineCore {
     pub fn snapshot(&self) -> EngineSnapshot {
         EngineSnapshot {
             stats: self.stats.clone(),
-            cache: self.cache.counters().clone(),
+            cache: *self.cache.counters(),
             usage: self.cache.usage(),
             fragmentation: self.cache.fragmentation().ratio(),
             tenants: self
                 .cache
                 .all_tenant_counters()
-                .map(|(t, c)| (t, c.clone()))
+                .map(|(t, c)| (t, *c))
                 .collect(),
             num_waiting: self.waiting.len(),
             num_running: self.running.len(),
