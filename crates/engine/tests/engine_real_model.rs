@@ -325,7 +325,7 @@ fn actor_serves_requests_with_stop_strings_min_tokens_seeds_and_warmup() {
         .blocking_recv()
         .unwrap()
         .unwrap();
-    assert!(pinned >= 16 && pinned % 16 == 0, "pinned {pinned}");
+    assert!(pinned >= 16 && pinned.is_multiple_of(16), "pinned {pinned}");
     let (_, mut rx) = h.submit(RequestSpec::greedy(p[0].clone(), 6)).unwrap();
     let (ids, text, fin) = collect(&mut rx);
     let (reason, usage) = fin.unwrap();
