@@ -33,6 +33,8 @@ pub struct EngineStats {
     pub preemptions: u64,
     pub finished: u64,
     pub cancelled: u64,
+    /// Blocks put under session retention when requests finished.
+    pub retained_blocks: u64,
 }
 
 /// One choice of one request: requests with `n > 1` fork into choices `1..n` after the prompt.
@@ -59,6 +61,7 @@ pub struct EngineCore {
     /// Admission order: the newest is last (preempted first).
     running: Vec<SeqKey>,
     tick: u64,
+    started: Instant,
     stats: EngineStats,
     pinned: Vec<PinnedPrompt>,
 }
@@ -100,6 +103,7 @@ impl EngineCore {
             waiting: VecDeque::new(),
             running: Vec::new(),
             tick: 0,
+            started: Instant::now(),
             stats: EngineStats::default(),
             pinned: Vec::new(),
         })
@@ -204,8 +208,7 @@ impl EngineCore {
                 total_blocks: self.cfg.num_blocks,
             });
         }
-        self.tick += 1;
-        let tick = Tick(self.tick);
+        let tick = self.next_tick();
         let ns = self.namespace(tenant, salt);
         // One token beyond the prompt is never needed: only full blocks are pinned.
         let m = self.cache.lookup(&ns, tokens, tick);
@@ -248,6 +251,14 @@ impl EngineCore {
             pinned_tokens: pin.num_tokens,
         });
         Ok(pin.num_tokens)
+    }
+
+    /// The cache's logical clock: milliseconds since the engine started, strictly increasing per
+    /// call (so session TTLs are in milliseconds and every step is a distinct tick).
+    fn next_tick(&mut self) -> Tick {
+        let ms = self.started.elapsed().as_millis() as u64;
+        self.tick = ms.max(self.tick + 1);
+        Tick(self.tick)
     }
 
     /// Validates and queues a request; its events go to `sink`.
@@ -353,8 +364,8 @@ impl EngineCore {
 
     /// Runs one scheduling decision and one forward pass. Returns the number of tokens computed.
     pub fn step(&mut self) -> Result<usize, EngineError> {
-        self.tick += 1;
-        let tick = Tick(self.tick);
+        let tick = self.next_tick();
+        self.cache.expire(tick);
         let plan = self.schedule(tick)?;
         if plan.is_empty() {
             return Ok(0);
@@ -686,7 +697,18 @@ impl EngineCore {
             return;
         };
         if let Some(cs) = s.cache_seq.take() {
-            let _ = self.cache.free(cs, Tick(self.tick));
+            let tick = Tick(self.tick);
+            if let (Some(r), true) = (&s.spec.retention, reason != FinishReason::Cancelled) {
+                // Keep this agent's KV through its tool call: soft, budget-capped retention.
+                let until = Tick(self.tick + r.ttl.as_millis() as u64);
+                if let Ok(out) = self
+                    .cache
+                    .retain_session(r.session, cs, until, r.priority, tick)
+                {
+                    self.stats.retained_blocks += out.retained_blocks as u64;
+                }
+            }
+            let _ = self.cache.free(cs, tick);
         }
         self.running.retain(|r| *r != id);
         self.waiting.retain(|r| *r != id);

@@ -20,7 +20,7 @@ pub use config::EngineConfig;
 pub use core::{EngineCore, EngineStats};
 pub use error::EngineError;
 pub use request::{
-    EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec, Timings,
-    TokenEvent, Usage,
+    EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec, Retention,
+    Timings, TokenEvent, Usage,
 };
 pub use snapshot::{EngineSnapshot, PinnedPrompt};

@@ -36,6 +36,19 @@ pub struct RequestSpec {
     pub cache_salt: Vec<u8>,
     /// Number of choices: the prompt is computed once, then forked (its blocks shared).
     pub n: usize,
+    /// Keep this request's KV after it finishes (an agent waiting on a tool call).
+    pub retention: Option<Retention>,
+}
+
+/// Soft retention of a finished request's blocks for its agent session: they are passed over by
+/// eviction while other candidates exist, until `ttl` elapses (capped by the cache's retained
+/// budget, so allocation always succeeds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retention {
+    pub session: cache::SessionId,
+    pub ttl: std::time::Duration,
+    /// Higher survives longer among retained blocks.
+    pub priority: u8,
 }
 
 impl RequestSpec {
@@ -52,6 +65,7 @@ impl RequestSpec {
             tenant: TenantId::default(),
             cache_salt: Vec::new(),
             n: 1,
+            retention: None,
         }
     }
 }

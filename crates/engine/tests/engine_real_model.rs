@@ -424,3 +424,60 @@ fn engine_output_matches_the_single_sequence_runtime() {
         assert_eq!(got[0].tokens, want);
     }
 }
+
+#[test]
+fn session_retention_keeps_an_agents_prefix_through_a_flood_of_other_requests() {
+    // Positive and negative runs differ only in the retention hint of the agent's first call.
+    let agent = prompts()[0].clone();
+    let flood: Vec<Vec<u32>> = (0..5u32)
+        .map(|i| (0..160).map(|j| 1000 + i * 997 + j * 31 % 5000).collect())
+        .collect();
+    let run_agent = |retain: bool| {
+        let mut core = EngineCore::new(
+            model(),
+            EngineConfig {
+                num_blocks: 40,
+                ..cfg(true)
+            },
+        )
+        .unwrap();
+        let mut go = |spec: RequestSpec| {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            core.submit(RequestId(0), spec, tx).unwrap();
+            while core.has_work() {
+                core.step().unwrap();
+            }
+            let mut cached = None;
+            while let Ok(ev) = rx.try_recv() {
+                if let EngineEvent::Finished { usage, .. } = ev {
+                    cached = Some(usage.cached_tokens);
+                }
+            }
+            cached.unwrap()
+        };
+        let mut first = RequestSpec::greedy(agent.clone(), 2);
+        if retain {
+            first.retention = Some(engine::Retention {
+                session: cache::SessionId(9),
+                ttl: std::time::Duration::from_secs(600),
+                priority: 1,
+            });
+        }
+        go(first);
+        for f in &flood {
+            go(RequestSpec::greedy(f.clone(), 2));
+        }
+        go(RequestSpec::greedy(agent.clone(), 2))
+    };
+    let full = (agent.len() - 1) / 16 * 16;
+    assert_eq!(
+        run_agent(true),
+        full,
+        "retained session keeps every full block"
+    );
+    assert_eq!(
+        run_agent(false),
+        0,
+        "control: without retention LRU evicts the agent's blocks"
+    );
+}
