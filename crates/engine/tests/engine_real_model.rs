@@ -481,3 +481,23 @@ fn session_retention_keeps_an_agents_prefix_through_a_flood_of_other_requests() 
         "control: without retention LRU evicts the agent's blocks"
     );
 }
+
+#[test]
+fn concurrent_requests_sharing_a_prefix_compute_it_once() {
+    let p = prompts();
+    let order: Vec<usize> = (0..p.len()).collect();
+    let total: usize = p.iter().map(|x| x.len()).sum();
+    let (_, off) = run(cfg(false), &p, &order, p.len(), 1);
+    assert_eq!(off.stats().prefill_tokens as usize, total);
+    let (out, on) = run(cfg(true), &p, &order, p.len(), 1);
+    // The first request computes the shared system prompt; the others wait for its blocks and
+    // compute only what follows the last shared full block.
+    let shared = p[0].iter().zip(&p[1]).take_while(|(a, b)| a == b).count() / 16 * 16;
+    let reused: usize = out.iter().map(|o| o.cached_tokens).sum();
+    assert_eq!(
+        reused,
+        shared * (p.len() - 1),
+        "every later request reuses the shared blocks"
+    );
+    assert_eq!(on.stats().prefill_tokens as usize, total - reused);
+}
