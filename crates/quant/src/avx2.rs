@@ -1,0 +1,369 @@
+//! AVX2+FMA+F16C kernels, one per function of `scalar.rs`, performing exactly the same
+//! operations in the same order (so results are bit-identical to the portable path).
+//!
+//! Callers must have checked AVX2+FMA+F16C at runtime (`Isa::use_avx2`) before calling any of
+//! these `#[target_feature]` functions. Each function asserts up front that its slices are long
+//! enough, which is what makes every raw-pointer load below in bounds. Never allocates.
+
+use crate::affine::dequant;
+use crate::fp8::e4m3_to_f32;
+use crate::layout::{f32_at, u16_at, u4_at};
+use half::{bf16, f16};
+use std::arch::x86_64::*;
+
+/// 8-lane horizontal sum in the order of `canonical::hsum8`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn hsum8_ps(v: __m256) -> f32 {
+    let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    let r = _mm_add_ss(u, _mm_shuffle_ps(u, u, 1));
+    _mm_cvtss_f32(r)
+}
+
+// Loaders: 8 consecutive elements starting at element `i` of an encoded array, widened to f32.
+// Each is `unsafe` because it reads through a raw pointer: the caller guarantees that elements
+// `i..i + 8` lie inside the allocation `p` points into.
+
+/// # Safety
+/// `p` must be valid for reads of bytes `4i..4i + 32`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn ld_f32(p: *const u8, i: usize) -> __m256 {
+    // SAFETY: the caller guarantees bytes 4i..4i+32 are readable; loadu has no alignment need.
+    unsafe { _mm256_loadu_ps(p.add(4 * i).cast::<f32>()) }
+}
+
+/// # Safety
+/// `p` must be valid for reads of bytes `2i..2i + 16`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn ld_f16(p: *const u8, i: usize) -> __m256 {
+    // SAFETY: the caller guarantees bytes 2i..2i+16 are readable; loadu has no alignment need.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.add(2 * i).cast::<__m128i>()) })
+}
+
+/// # Safety
+/// `p` must be valid for reads of bytes `2i..2i + 16`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn ld_bf16(p: *const u8, i: usize) -> __m256 {
+    // SAFETY: the caller guarantees bytes 2i..2i+16 are readable; loadu has no alignment need.
+    let h = unsafe { _mm_loadu_si128(p.add(2 * i).cast::<__m128i>()) };
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+}
+
+/// E4M3 codes → f32 (unscaled): the code's bits are placed into an f16 (`sign << 8`,
+/// `exponent|mantissa << 7`), converted with F16C and multiplied by 2^8 to fix the bias; exact.
+///
+/// # Safety
+/// `p` must be valid for reads of bytes `i..i + 8`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn ld_e4m3(p: *const u8, i: usize) -> __m256 {
+    // SAFETY: the caller guarantees bytes i..i+8 are readable; loadl has no alignment need.
+    let b = unsafe { _mm_loadl_epi64(p.add(i).cast::<__m128i>()) };
+    let w = _mm_cvtepu8_epi16(b);
+    let sign = _mm_slli_epi16::<8>(_mm_and_si128(w, _mm_set1_epi16(0x80)));
+    let rest = _mm_slli_epi16::<7>(_mm_and_si128(w, _mm_set1_epi16(0x7F)));
+    _mm256_mul_ps(
+        _mm256_cvtph_ps(_mm_or_si128(sign, rest)),
+        _mm256_set1_ps(256.0),
+    )
+}
+
+/// # Safety
+/// `p` must be valid for reads of bytes `i..i + 8`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn ld_u8(p: *const u8, i: usize) -> __m256 {
+    // SAFETY: the caller guarantees bytes i..i+8 are readable; loadl has no alignment need.
+    let b = unsafe { _mm_loadl_epi64(p.add(i).cast::<__m128i>()) };
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b))
+}
+
+/// Packed nibbles (element 2j low, 2j+1 high) → f32. `i` must be even.
+///
+/// # Safety
+/// `p` must be valid for reads of bytes `i/2..i/2 + 4`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn ld_u4(p: *const u8, i: usize) -> __m256 {
+    // SAFETY: the caller guarantees bytes i/2..i/2+4 are readable; read_unaligned has no
+    // alignment need.
+    let word = unsafe { p.add(i / 2).cast::<i32>().read_unaligned() };
+    let v = _mm_cvtsi32_si128(word);
+    let mask = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(v, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), mask);
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)))
+}
+
+/// Canonical-order `Σ q[k]·x[k]`, `x` loaded 8 at a time by `$ld($p, k)`, scalar tail `$tail(k)`.
+/// The caller has asserted that `$p` holds `q.len()` elements for `$ld`.
+macro_rules! dot8 {
+    ($q:expr, $ld:ident, $p:expr, $tail:expr) => {{
+        let q: &[f32] = $q;
+        let n = q.len();
+        let (qp, p) = (q.as_ptr(), $p);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0usize;
+        while i + 32 <= n {
+            for (j, accj) in acc.iter_mut().enumerate() {
+                // SAFETY: i + 8j + 8 <= n: in bounds of q and (asserted by the caller) of p.
+                let (x, y) = unsafe { (_mm256_loadu_ps(qp.add(i + 8 * j)), $ld(p, i + 8 * j)) };
+                *accj = _mm256_fmadd_ps(x, y, *accj);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n, as above.
+            let (x, y) = unsafe { (_mm256_loadu_ps(qp.add(i)), $ld(p, i)) };
+            acc[0] = _mm256_fmadd_ps(x, y, acc[0]);
+            i += 8;
+        }
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut r = hsum8_ps(s);
+        let tail = $tail;
+        while i < n {
+            r = q[i].mul_add(tail(i), r);
+            i += 1;
+        }
+        r
+    }};
+}
+
+/// `acc[k] = fma(w, x̂[k], acc[k])` with `x̂ = $deq(loaded)` 8 at a time, scalar tail `$tail(k)`.
+macro_rules! axpy8 {
+    ($w:expr, $acc:expr, $ld:ident, $p:expr, $deq:expr, $tail:expr) => {{
+        let w: f32 = $w;
+        let acc: &mut [f32] = $acc;
+        let n = acc.len();
+        let (ap, p, wv, deq) = (acc.as_mut_ptr(), $p, _mm256_set1_ps(w), $deq);
+        let mut i = 0usize;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n: in bounds of acc and (asserted by the caller) of p.
+            unsafe {
+                let x = deq($ld(p, i));
+                let a = _mm256_loadu_ps(ap.add(i));
+                _mm256_storeu_ps(ap.add(i), _mm256_fmadd_ps(wv, x, a));
+            }
+            i += 8;
+        }
+        let tail = $tail;
+        while i < n {
+            acc[i] = w.mul_add(tail(i), acc[i]);
+            i += 1;
+        }
+    }};
+}
+
+/// `out[k] = $deq(loaded)[k]` 8 at a time, scalar tail `$tail(k)`.
+macro_rules! decode8 {
+    ($out:expr, $ld:ident, $p:expr, $deq:expr, $tail:expr) => {{
+        let out: &mut [f32] = $out;
+        let n = out.len();
+        let (op, p, deq) = (out.as_mut_ptr(), $p, $deq);
+        let mut i = 0usize;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n: in bounds of out and (asserted by the caller) of p.
+            unsafe { _mm256_storeu_ps(op.add(i), deq($ld(p, i))) };
+            i += 8;
+        }
+        let tail = $tail;
+        while i < n {
+            out[i] = tail(i);
+            i += 1;
+        }
+    }};
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn id(v: __m256) -> __m256 {
+    v
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn sum(q: &[f32]) -> f32 {
+    let ones = [1f32; 8];
+    let p = ones.as_ptr().cast::<u8>();
+    // The "row" is a vector of ones re-read at offset 0 for every chunk.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn ld_one(_p: *const u8, _i: usize) -> __m256 {
+        _mm256_set1_ps(1.0)
+    }
+    dot8!(q, ld_one, p, |_k: usize| 1.0f32)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_f32(q: &[f32], row: &[u8]) -> f32 {
+    assert!(row.len() >= 4 * q.len(), "f32 row too short");
+    dot8!(q, ld_f32, row.as_ptr(), |k| f32_at(row, k))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_f16(q: &[f32], row: &[u8]) -> f32 {
+    assert!(row.len() >= 2 * q.len(), "f16 row too short");
+    dot8!(q, ld_f16, row.as_ptr(), |k| f16::from_bits(u16_at(row, k))
+        .to_f32())
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_bf16(q: &[f32], row: &[u8]) -> f32 {
+    assert!(row.len() >= 2 * q.len(), "bf16 row too short");
+    dot8!(q, ld_bf16, row.as_ptr(), |k| bf16::from_bits(u16_at(
+        row, k
+    ))
+    .to_f32())
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_e4m3(q: &[f32], codes: &[u8]) -> f32 {
+    assert!(codes.len() >= q.len(), "fp8 codes too short");
+    dot8!(q, ld_e4m3, codes.as_ptr(), |k| e4m3_to_f32(codes[k]))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_u8(q: &[f32], codes: &[u8]) -> f32 {
+    assert!(codes.len() >= q.len(), "int8 codes too short");
+    dot8!(q, ld_u8, codes.as_ptr(), |k| f32::from(codes[k]))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn dot_u4(q: &[f32], codes: &[u8]) -> f32 {
+    assert!(2 * codes.len() >= q.len(), "int4 codes too short");
+    dot8!(q, ld_u4, codes.as_ptr(), |k| f32::from(u4_at(codes, k)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn axpy_f32(w: f32, row: &[u8], acc: &mut [f32]) {
+    assert!(row.len() >= 4 * acc.len(), "f32 row too short");
+    axpy8!(w, acc, ld_f32, row.as_ptr(), id, |k| f32_at(row, k))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn axpy_f16(w: f32, row: &[u8], acc: &mut [f32]) {
+    assert!(row.len() >= 2 * acc.len(), "f16 row too short");
+    axpy8!(w, acc, ld_f16, row.as_ptr(), id, |k| f16::from_bits(
+        u16_at(row, k)
+    )
+    .to_f32())
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn axpy_bf16(w: f32, row: &[u8], acc: &mut [f32]) {
+    assert!(row.len() >= 2 * acc.len(), "bf16 row too short");
+    axpy8!(w, acc, ld_bf16, row.as_ptr(), id, |k| bf16::from_bits(
+        u16_at(row, k)
+    )
+    .to_f32())
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn axpy_e4m3(w: f32, scale: f32, codes: &[u8], acc: &mut [f32]) {
+    assert!(codes.len() >= acc.len(), "fp8 codes too short");
+    let sv = _mm256_set1_ps(scale);
+    axpy8!(
+        w,
+        acc,
+        ld_e4m3,
+        codes.as_ptr(),
+        |v| _mm256_mul_ps(v, sv),
+        |k| e4m3_to_f32(codes[k]) * scale
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn axpy_u8(w: f32, scale: f32, offset: f32, codes: &[u8], acc: &mut [f32]) {
+    assert!(codes.len() >= acc.len(), "int8 codes too short");
+    let (sv, ov) = (_mm256_set1_ps(scale), _mm256_set1_ps(offset));
+    axpy8!(
+        w,
+        acc,
+        ld_u8,
+        codes.as_ptr(),
+        |v| _mm256_fmadd_ps(v, sv, ov),
+        |k| dequant(codes[k], scale, offset)
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn axpy_u4(w: f32, scale: f32, offset: f32, codes: &[u8], acc: &mut [f32]) {
+    assert!(2 * codes.len() >= acc.len(), "int4 codes too short");
+    let (sv, ov) = (_mm256_set1_ps(scale), _mm256_set1_ps(offset));
+    axpy8!(
+        w,
+        acc,
+        ld_u4,
+        codes.as_ptr(),
+        |v| _mm256_fmadd_ps(v, sv, ov),
+        |k| dequant(u4_at(codes, k), scale, offset)
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn decode_f32(row: &[u8], out: &mut [f32]) {
+    assert!(row.len() >= 4 * out.len(), "f32 row too short");
+    decode8!(out, ld_f32, row.as_ptr(), id, |k| f32_at(row, k))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn decode_f16(row: &[u8], out: &mut [f32]) {
+    assert!(row.len() >= 2 * out.len(), "f16 row too short");
+    decode8!(out, ld_f16, row.as_ptr(), id, |k| f16::from_bits(u16_at(
+        row, k
+    ))
+    .to_f32())
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn decode_bf16(row: &[u8], out: &mut [f32]) {
+    assert!(row.len() >= 2 * out.len(), "bf16 row too short");
+    decode8!(out, ld_bf16, row.as_ptr(), id, |k| bf16::from_bits(u16_at(
+        row, k
+    ))
+    .to_f32())
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn decode_e4m3(scale: f32, codes: &[u8], out: &mut [f32]) {
+    assert!(codes.len() >= out.len(), "fp8 codes too short");
+    let sv = _mm256_set1_ps(scale);
+    decode8!(
+        out,
+        ld_e4m3,
+        codes.as_ptr(),
+        |v| _mm256_mul_ps(v, sv),
+        |k| e4m3_to_f32(codes[k]) * scale
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn decode_u8(scale: f32, offset: f32, codes: &[u8], out: &mut [f32]) {
+    assert!(codes.len() >= out.len(), "int8 codes too short");
+    let (sv, ov) = (_mm256_set1_ps(scale), _mm256_set1_ps(offset));
+    decode8!(
+        out,
+        ld_u8,
+        codes.as_ptr(),
+        |v| _mm256_fmadd_ps(v, sv, ov),
+        |k| dequant(codes[k], scale, offset)
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn decode_u4(scale: f32, offset: f32, codes: &[u8], out: &mut [f32]) {
+    assert!(2 * codes.len() >= out.len(), "int4 codes too short");
+    let (sv, ov) = (_mm256_set1_ps(scale), _mm256_set1_ps(offset));
+    decode8!(
+        out,
+        ld_u4,
+        codes.as_ptr(),
+        |v| _mm256_fmadd_ps(v, sv, ov),
+        |k| dequant(u4_at(codes, k), scale, offset)
+    )
+}
+
+crate::dispatch::int_row_drivers!(target_feature(enable = "avx2,fma,f16c"));

@@ -1,0 +1,27 @@
+//! The typed errors of the `quant` crate. Owns only the error enum; it never formats rows.
+
+/// Everything that can be wrong with a codec description or a row's shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    /// `KvCodecKind::parse` got a name it does not know.
+    #[error(
+        "unknown KV codec {0:?} (expected f32, f16, bf16, fp8, int8, int4, optionally with a \
+         group suffix such as int8-g32)"
+    )]
+    UnknownCodec(String),
+    /// A row must hold at least one value.
+    #[error("head_dim must be positive")]
+    ZeroHeadDim,
+    /// Integer codecs need a group that is a positive multiple of 8 dividing `head_dim`.
+    #[error(
+        "group size {group} must be a positive multiple of 8 that divides head_dim {head_dim}"
+    )]
+    BadGroup { group: usize, head_dim: usize },
+    /// A slice passed to a row function has the wrong length.
+    #[error("{what}: expected {expected} elements, got {got}")]
+    LengthMismatch {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+}

@@ -1,0 +1,74 @@
+//! [`EncodedRows`]: a validated view of consecutive encoded rows of one codec (one KV head's
+//! positions inside a block), what a KV store hands to attention.
+//!
+//! Owns the shape check (done once per chunk, not per row); never decodes.
+
+use crate::error::QuantError;
+use crate::kind::KvCodecKind;
+
+/// `[num_rows, row_bytes]` encoded rows of `kind` with `head_dim` values each.
+#[derive(Debug, Clone, Copy)]
+pub struct EncodedRows<'a> {
+    kind: KvCodecKind,
+    head_dim: usize,
+    row_bytes: usize,
+    bytes: &'a [u8],
+}
+
+impl<'a> EncodedRows<'a> {
+    /// Checks that `kind` accepts `head_dim` and that `bytes` holds whole rows.
+    pub fn new(kind: KvCodecKind, head_dim: usize, bytes: &'a [u8]) -> Result<Self, QuantError> {
+        kind.validate(head_dim)?;
+        let row_bytes = kind.bytes_per_row(head_dim);
+        if !bytes.len().is_multiple_of(row_bytes) {
+            return Err(QuantError::LengthMismatch {
+                what: "encoded rows bytes (a multiple of bytes_per_row)",
+                expected: bytes.len() / row_bytes * row_bytes,
+                got: bytes.len(),
+            });
+        }
+        Ok(EncodedRows {
+            kind,
+            head_dim,
+            row_bytes,
+            bytes,
+        })
+    }
+
+    pub fn kind(&self) -> KvCodecKind {
+        self.kind
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    pub fn num_rows(&self) -> usize {
+        self.bytes.len() / self.row_bytes
+    }
+
+    /// The encoded bytes of every row, in position order.
+    pub fn rows(&self) -> std::slice::ChunksExact<'a, u8> {
+        self.bytes.chunks_exact(self.row_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_split_whole_rows_only() {
+        let kind = KvCodecKind::Int4 { group: 32 };
+        let bytes = vec![0u8; 3 * 40];
+        let rows = EncodedRows::new(kind, 64, &bytes).unwrap();
+        assert_eq!((rows.num_rows(), rows.row_bytes()), (3, 40));
+        assert!(rows.rows().all(|r| r.len() == 40));
+        assert!(EncodedRows::new(kind, 64, &bytes[..119]).is_err());
+        assert!(EncodedRows::new(kind, 48, &bytes).is_err());
+    }
+}

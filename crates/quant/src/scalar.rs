@@ -1,0 +1,122 @@
+//! Portable kernels over the codes of one row (or one channel group): dot with a query, fused
+//! `acc += w·x̂`, and decode. Bit-identical to `avx2.rs` by construction (same operations in the
+//! canonical order of `canonical.rs`).
+//!
+//! Slices are element-indexed views into encoded rows; callers pass matching lengths (checked
+//! with indexing, so a caller bug panics rather than reading out of bounds). Never allocates.
+
+use crate::affine::dequant;
+use crate::canonical::dot_by;
+use crate::fp8::e4m3_to_f32;
+use crate::layout::{f32_at, u16_at, u4_at};
+use half::{bf16, f16};
+
+#[inline(always)]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16_at(b, i)).to_f32()
+}
+
+#[inline(always)]
+fn bf16_at(b: &[u8], i: usize) -> f32 {
+    bf16::from_bits(u16_at(b, i)).to_f32()
+}
+
+pub(crate) fn sum(q: &[f32]) -> f32 {
+    crate::canonical::sum(q)
+}
+
+pub(crate) fn dot_f32(q: &[f32], row: &[u8]) -> f32 {
+    dot_by(q.len(), |k| q[k], |k| f32_at(row, k))
+}
+
+pub(crate) fn dot_f16(q: &[f32], row: &[u8]) -> f32 {
+    dot_by(q.len(), |k| q[k], |k| f16_at(row, k))
+}
+
+pub(crate) fn dot_bf16(q: &[f32], row: &[u8]) -> f32 {
+    dot_by(q.len(), |k| q[k], |k| bf16_at(row, k))
+}
+
+/// `Σ q·e4m3(code)` (unscaled).
+pub(crate) fn dot_e4m3(q: &[f32], codes: &[u8]) -> f32 {
+    dot_by(q.len(), |k| q[k], |k| e4m3_to_f32(codes[k]))
+}
+
+/// `Σ q·code` over 8-bit codes.
+pub(crate) fn dot_u8(q: &[f32], codes: &[u8]) -> f32 {
+    dot_by(q.len(), |k| q[k], |k| f32::from(codes[k]))
+}
+
+/// `Σ q·code` over packed 4-bit codes.
+pub(crate) fn dot_u4(q: &[f32], codes: &[u8]) -> f32 {
+    dot_by(q.len(), |k| q[k], |k| f32::from(u4_at(codes, k)))
+}
+
+#[inline(always)]
+fn axpy_by(w: f32, acc: &mut [f32], x: impl Fn(usize) -> f32) {
+    for (i, a) in acc.iter_mut().enumerate() {
+        *a = w.mul_add(x(i), *a);
+    }
+}
+
+pub(crate) fn axpy_f32(w: f32, row: &[u8], acc: &mut [f32]) {
+    axpy_by(w, acc, |i| f32_at(row, i));
+}
+
+pub(crate) fn axpy_f16(w: f32, row: &[u8], acc: &mut [f32]) {
+    axpy_by(w, acc, |i| f16_at(row, i));
+}
+
+pub(crate) fn axpy_bf16(w: f32, row: &[u8], acc: &mut [f32]) {
+    axpy_by(w, acc, |i| bf16_at(row, i));
+}
+
+pub(crate) fn axpy_e4m3(w: f32, scale: f32, codes: &[u8], acc: &mut [f32]) {
+    axpy_by(w, acc, |i| e4m3_to_f32(codes[i]) * scale);
+}
+
+pub(crate) fn axpy_u8(w: f32, scale: f32, offset: f32, codes: &[u8], acc: &mut [f32]) {
+    axpy_by(w, acc, |i| dequant(codes[i], scale, offset));
+}
+
+pub(crate) fn axpy_u4(w: f32, scale: f32, offset: f32, codes: &[u8], acc: &mut [f32]) {
+    axpy_by(w, acc, |i| dequant(u4_at(codes, i), scale, offset));
+}
+
+pub(crate) fn decode_f32(row: &[u8], out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = f32_at(row, i);
+    }
+}
+
+pub(crate) fn decode_f16(row: &[u8], out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = f16_at(row, i);
+    }
+}
+
+pub(crate) fn decode_bf16(row: &[u8], out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = bf16_at(row, i);
+    }
+}
+
+pub(crate) fn decode_e4m3(scale: f32, codes: &[u8], out: &mut [f32]) {
+    for (o, &c) in out.iter_mut().zip(codes) {
+        *o = e4m3_to_f32(c) * scale;
+    }
+}
+
+pub(crate) fn decode_u8(scale: f32, offset: f32, codes: &[u8], out: &mut [f32]) {
+    for (o, &c) in out.iter_mut().zip(codes) {
+        *o = dequant(c, scale, offset);
+    }
+}
+
+pub(crate) fn decode_u4(scale: f32, offset: f32, codes: &[u8], out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = dequant(u4_at(codes, i), scale, offset);
+    }
+}
+
+crate::dispatch::int_row_drivers!();

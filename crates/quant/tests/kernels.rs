@@ -1,0 +1,164 @@
+//! The row kernels against each other and against decode + f32 arithmetic: portable vs AVX2
+//! (bit-identical), `PreparedQuery` vs `dot_row` (bit-identical), `axpy_row` vs decode + fused
+//! axpy (bit-identical), `dot_row` vs an f64 dot of the decoded row (within rounding), and the
+//! shape errors. On AVX2 machines these run every `unsafe` SIMD loader.
+
+use quant::{
+    axpy_row_with, decode_row_with, dot_row, dot_row_with, encode_row, encode_row_to_vec, Isa,
+    KvCodecKind, PreparedQuery, QuantError,
+};
+use rand::{Rng, SeedableRng};
+
+fn kinds_for(head_dim: usize) -> Vec<KvCodecKind> {
+    let mut kinds = vec![
+        KvCodecKind::F32,
+        KvCodecKind::F16,
+        KvCodecKind::Bf16,
+        KvCodecKind::Fp8E4m3,
+    ];
+    for group in [8, 16, 32, 64, 128] {
+        for kind in [KvCodecKind::Int8 { group }, KvCodecKind::Int4 { group }] {
+            if kind.validate(head_dim).is_ok() {
+                kinds.push(kind);
+            }
+        }
+    }
+    kinds
+}
+
+fn random_row(rng: &mut rand_chacha::ChaCha8Rng, n: usize) -> Vec<f32> {
+    let center = rng.gen_range(-3.0f32..3.0);
+    let spread = 10f32.powi(rng.gen_range(-3..3));
+    (0..n)
+        .map(|_| center + spread * rng.gen_range(-1.0f32..1.0))
+        .collect()
+}
+
+#[test]
+fn paths_are_bit_identical_and_match_decoded_arithmetic() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    for head_dim in [1usize, 7, 8, 13, 32, 40, 64, 100, 128] {
+        for kind in kinds_for(head_dim) {
+            for _ in 0..20 {
+                let x = random_row(&mut rng, head_dim);
+                let q = random_row(&mut rng, head_dim);
+                let row = encode_row_to_vec(kind, &x).unwrap();
+
+                let mut dec_p = vec![0f32; head_dim];
+                let mut dec_v = vec![0f32; head_dim];
+                decode_row_with(Isa::Portable, kind, &row, &mut dec_p).unwrap();
+                decode_row_with(Isa::Avx2, kind, &row, &mut dec_v).unwrap();
+                assert_eq!(bits(&dec_p), bits(&dec_v), "{kind} decode d={head_dim}");
+
+                let dot_p = dot_row_with(Isa::Portable, kind, &q, &row);
+                let dot_v = dot_row_with(Isa::Avx2, kind, &q, &row);
+                assert_eq!(dot_p.to_bits(), dot_v.to_bits(), "{kind} dot d={head_dim}");
+                assert_eq!(dot_p.to_bits(), dot_row(kind, &q, &row).to_bits());
+                for isa in [Isa::Portable, Isa::Avx2] {
+                    let prep = PreparedQuery::new_with(isa, kind, &q).unwrap();
+                    assert_eq!(prep.dot(&row).to_bits(), dot_p.to_bits(), "{kind} prepared");
+                }
+                let exact: f64 = q
+                    .iter()
+                    .zip(&dec_p)
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum();
+                let magnitude: f64 = q
+                    .iter()
+                    .zip(&dec_p)
+                    .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+                    .sum();
+                assert!(
+                    (f64::from(dot_p) - exact).abs() <= 1e-5 * magnitude + 1e-30,
+                    "{kind} d={head_dim}: dot {dot_p} vs decoded {exact} (|terms| {magnitude})"
+                );
+
+                let w = rng.gen_range(-1.0f32..1.0);
+                let acc0: Vec<f32> = (0..head_dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+                let mut acc_p = acc0.clone();
+                let mut acc_v = acc0.clone();
+                axpy_row_with(Isa::Portable, kind, w, &row, &mut acc_p);
+                axpy_row_with(Isa::Avx2, kind, w, &row, &mut acc_v);
+                assert_eq!(bits(&acc_p), bits(&acc_v), "{kind} axpy d={head_dim}");
+                let fused: Vec<f32> = acc0
+                    .iter()
+                    .zip(&dec_p)
+                    .map(|(a, x)| w.mul_add(*x, *a))
+                    .collect();
+                assert_eq!(bits(&acc_p), bits(&fused), "{kind} axpy = decode + fma");
+            }
+        }
+    }
+}
+
+#[test]
+fn results_are_repeatable_call_after_call() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
+    for kind in kinds_for(64) {
+        let x = random_row(&mut rng, 64);
+        let q = random_row(&mut rng, 64);
+        let row = encode_row_to_vec(kind, &x).unwrap();
+        assert_eq!(row, encode_row_to_vec(kind, &x).unwrap(), "{kind} encode");
+        let first = dot_row(kind, &q, &row);
+        for _ in 0..3 {
+            assert_eq!(dot_row(kind, &q, &row).to_bits(), first.to_bits());
+        }
+    }
+}
+
+#[test]
+fn int_dot_uses_scale_and_offset_of_each_group() {
+    // Two groups with very different ranges: a wrong group index would show up at once.
+    let kind = KvCodecKind::Int8 { group: 32 };
+    let x: Vec<f32> = (0..64)
+        .map(|i| {
+            if i < 32 {
+                100.0 + i as f32
+            } else {
+                -0.5 + 0.01 * i as f32
+            }
+        })
+        .collect();
+    let q = vec![1.0f32; 64];
+    let row = encode_row_to_vec(kind, &x).unwrap();
+    let want: f32 = x.iter().sum();
+    assert!(
+        (dot_row(kind, &q, &row) - want).abs() < 0.2,
+        "{}",
+        dot_row(kind, &q, &row)
+    );
+}
+
+#[test]
+fn bad_shapes_are_errors_not_panics_for_encode_and_decode() {
+    let kind = KvCodecKind::Int4 { group: 32 };
+    let mut out = vec![0u8; 39];
+    assert_eq!(
+        encode_row(kind, &[0.0; 64], &mut out),
+        Err(QuantError::LengthMismatch {
+            what: "encoded row bytes",
+            expected: 40,
+            got: 39
+        })
+    );
+    let mut dec = vec![0f32; 48];
+    assert!(matches!(
+        decode_row_with(Isa::Portable, kind, &[0u8; 40], &mut dec),
+        Err(QuantError::BadGroup { .. })
+    ));
+    assert_eq!(
+        encode_row(KvCodecKind::F16, &[], &mut []),
+        Err(QuantError::ZeroHeadDim)
+    );
+    assert!(PreparedQuery::new(KvCodecKind::Int8 { group: 12 }, &[0.0; 48]).is_err());
+}
+
+#[test]
+#[should_panic(expected = "invalid row")]
+fn dot_on_a_row_of_the_wrong_length_is_a_caller_bug() {
+    dot_row(KvCodecKind::Fp8E4m3, &[0.0; 64], &[0u8; 64]);
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}

@@ -1,0 +1,250 @@
+//! Round-trip property tests: every codec's documented error bound (see `quant::row`) holds for
+//! random rows over a wide magnitude range, asymmetric rows, constant rows, and rows with NaN,
+//! ±inf, huge and tiny values mixed in (which must never panic). Also checks that the integer
+//! codecs' online scale is tight, not merely safe.
+
+use proptest::prelude::*;
+use quant::{
+    decode_row, dot_row, encode_row_to_vec, KvCodecKind, F16_MAX, FP8_SCALE_BYTES,
+    INT_PARAM_BYTES_PER_GROUP,
+};
+
+const HEAD_DIM: usize = 64;
+
+fn kinds() -> Vec<KvCodecKind> {
+    vec![
+        KvCodecKind::F32,
+        KvCodecKind::F16,
+        KvCodecKind::Bf16,
+        KvCodecKind::Fp8E4m3,
+        KvCodecKind::Int8 { group: 64 },
+        KvCodecKind::Int8 { group: 32 },
+        KvCodecKind::Int4 { group: 64 },
+        KvCodecKind::Int4 { group: 32 },
+    ]
+}
+
+/// Rows `(center + v)·2^e` with v in [-1, 1]: covers symmetric and offset rows at any scale.
+fn scaled_row() -> impl Strategy<Value = Vec<f32>> {
+    (
+        -60i32..60,
+        -4.0f32..4.0,
+        prop::collection::vec(-1.0f32..1.0, HEAD_DIM),
+    )
+        .prop_map(|(e, center, v)| {
+            let m = 2f32.powi(e);
+            v.into_iter().map(|x| (center + x) * m).collect()
+        })
+}
+
+fn constant_row() -> impl Strategy<Value = Vec<f32>> {
+    prop_oneof![
+        Just(0.0f32),
+        -1e6f32..1e6,
+        -1e-3f32..1e-3,
+        Just(1.0f32),
+        Just(-65504.0f32)
+    ]
+    .prop_map(|c| vec![c; HEAD_DIM])
+}
+
+fn special_value() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        Just(f32::NAN),
+        Just(f32::INFINITY),
+        Just(f32::NEG_INFINITY),
+        Just(f32::MAX),
+        Just(-1e38f32),
+        Just(1e-40f32),
+        Just(-0.0f32),
+        Just(70000.0f32),
+    ]
+}
+
+/// A scaled row with up to 4 special values written over random positions.
+fn row_with_specials() -> impl Strategy<Value = Vec<f32>> {
+    (
+        scaled_row(),
+        prop::collection::vec((0..HEAD_DIM, special_value()), 0..4),
+    )
+        .prop_map(|(mut row, specials)| {
+            for (i, s) in specials {
+                row[i] = s;
+            }
+            row
+        })
+}
+
+fn any_row() -> impl Strategy<Value = Vec<f32>> {
+    prop_oneof![6 => scaled_row(), 2 => constant_row(), 2 => row_with_specials()]
+}
+
+fn f16_param(bytes: &[u8], i: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+}
+
+/// Checks the bound of `kind` on one row; returns an error message on violation.
+fn check_bound(kind: KvCodecKind, x: &[f32]) -> Result<(), String> {
+    let bytes = encode_row_to_vec(kind, x).map_err(|e| e.to_string())?;
+    let mut xh = vec![0f32; x.len()];
+    decode_row(kind, &bytes, &mut xh).map_err(|e| e.to_string())?;
+    let fail = |i: usize, bound: f64| {
+        format!(
+            "{kind}: x[{i}] = {:e} decoded {:e}, error {:e} > bound {bound:e}",
+            x[i],
+            xh[i],
+            (f64::from(x[i]) - f64::from(xh[i])).abs()
+        )
+    };
+    let err = |i: usize, reference: f32| (f64::from(reference) - f64::from(xh[i])).abs();
+    match kind {
+        KvCodecKind::F32 => {
+            for i in 0..x.len() {
+                if x[i].to_bits() != xh[i].to_bits() {
+                    return Err(fail(i, 0.0));
+                }
+            }
+        }
+        KvCodecKind::F16 | KvCodecKind::Bf16 => {
+            let (rel, abs, limit) = if kind == KvCodecKind::F16 {
+                (2f64.powi(-11), 2f64.powi(-25), 65504.0f32)
+            } else {
+                (2f64.powi(-8), 2f64.powi(-134), 3.0e38f32)
+            };
+            for i in 0..x.len() {
+                if x[i].is_nan() {
+                    if !xh[i].is_nan() {
+                        return Err(format!("{kind}: NaN did not stay NaN"));
+                    }
+                } else if x[i].abs() <= limit {
+                    let bound = rel * f64::from(x[i].abs()) + abs;
+                    if err(i, x[i]) > bound {
+                        return Err(fail(i, bound));
+                    }
+                } else if x[i].is_infinite() && xh[i] != x[i] {
+                    return Err(format!("{kind}: inf did not stay inf"));
+                }
+            }
+        }
+        KvCodecKind::Fp8E4m3 => {
+            let scale = f32::from_le_bytes(bytes[..FP8_SCALE_BYTES].try_into().unwrap());
+            let amax = x
+                .iter()
+                .filter(|v| v.is_finite())
+                .fold(0f32, |m, v| m.max(v.abs()));
+            if scale != amax / 448.0 {
+                return Err(format!("{kind}: scale {scale} is not amax/448 ({amax})"));
+            }
+            for i in 0..x.len() {
+                if !xh[i].is_finite() {
+                    return Err(format!("{kind}: decoded a non-finite value at {i}"));
+                }
+                if !x[i].is_finite() {
+                    continue;
+                }
+                let bound = if scale >= f32::MIN_POSITIVE {
+                    let (xa, s) = (f64::from(x[i].abs()), f64::from(scale));
+                    2f64.powi(-4) * xa + 2f64.powi(-10) * s + 2f64.powi(-22) * xa
+                } else {
+                    f64::from(amax)
+                };
+                if err(i, x[i]) > bound {
+                    return Err(fail(i, bound));
+                }
+            }
+        }
+        KvCodecKind::Int8 { group } | KvCodecKind::Int4 { group } => {
+            let qmax = if matches!(kind, KvCodecKind::Int8 { .. }) {
+                255.0
+            } else {
+                15.0
+            };
+            let params = &bytes[..INT_PARAM_BYTES_PER_GROUP * (x.len() / group)];
+            for (g, xg) in x.chunks_exact(group).enumerate() {
+                let (s, o) = (f16_param(params, 2 * g), f16_param(params, 2 * g + 1));
+                let clamped: Vec<f32> = xg
+                    .iter()
+                    .filter(|v| !v.is_nan())
+                    .map(|v| v.clamp(-F16_MAX, F16_MAX))
+                    .collect();
+                // The scale is tight: at most one f16 ulp over (max − offset)/qmax, and the offset
+                // is the minimum rounded down by at most one f16 ulp.
+                if let (Some(min), Some(max)) = (
+                    clamped.iter().copied().reduce(f32::min),
+                    clamped.iter().copied().reduce(f32::max),
+                ) {
+                    let ulp_min = f64::from(min.abs()) * 2f64.powi(-10) + 2f64.powi(-24);
+                    if f64::from(o) > f64::from(min) || f64::from(o) < f64::from(min) - ulp_min {
+                        return Err(format!("{kind}: offset {o} vs min {min}"));
+                    }
+                    let wanted = (f64::from(max) - f64::from(o)) / qmax;
+                    if f64::from(s) < wanted
+                        || f64::from(s) > wanted * (1.0 + 2f64.powi(-10)) + 2f64.powi(-24)
+                    {
+                        return Err(format!("{kind}: scale {s} vs needed {wanted}"));
+                    }
+                }
+                for (k, &v) in xg.iter().enumerate() {
+                    let i = g * group + k;
+                    if !xh[i].is_finite() {
+                        return Err(format!("{kind}: decoded a non-finite value at {i}"));
+                    }
+                    if v.is_nan() {
+                        if xh[i] != o {
+                            return Err(format!("{kind}: NaN should decode to the offset"));
+                        }
+                        continue;
+                    }
+                    let bound = f64::from(s) / 2.0 + 2f64.powi(-24) * f64::from(xh[i].abs());
+                    if err(i, v.clamp(-F16_MAX, F16_MAX)) > bound {
+                        return Err(fail(i, bound));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn every_codec_meets_its_documented_bound(x in any_row()) {
+        for kind in kinds() {
+            if let Err(msg) = check_bound(kind, &x) {
+                prop_assert!(false, "{}", msg);
+            }
+        }
+    }
+
+    #[test]
+    fn kernels_never_panic_on_special_values(x in row_with_specials(), q in scaled_row()) {
+        for kind in kinds() {
+            let bytes = encode_row_to_vec(kind, &x).unwrap();
+            let d = dot_row(kind, &q, &bytes);
+            let finite_codec = !matches!(kind, KvCodecKind::F32 | KvCodecKind::F16 | KvCodecKind::Bf16);
+            if finite_codec && q.iter().all(|v| v.is_finite()) {
+                // Quantised codecs only ever hold finite values; the dot can still overflow f32
+                // for huge q, so only NaN is ruled out.
+                prop_assert!(!d.is_nan(), "{} gave NaN", kind);
+            }
+        }
+    }
+}
+
+#[test]
+fn constant_f16_exact_rows_are_exact_in_int_codecs() {
+    for c in [0.0f32, 1.5, -3.25, 65504.0] {
+        for kind in [
+            KvCodecKind::Int8 { group: 32 },
+            KvCodecKind::Int4 { group: 64 },
+        ] {
+            let bytes = encode_row_to_vec(kind, &[c; HEAD_DIM]).unwrap();
+            let mut xh = [0f32; HEAD_DIM];
+            decode_row(kind, &bytes, &mut xh).unwrap();
+            assert!(xh.iter().all(|&v| v == c), "{kind} {c}: {xh:?}");
+            assert_eq!(f16_param(&bytes, 0), 0.0, "scale of a constant row is 0");
+        }
+    }
+}
