@@ -1,6 +1,7 @@
 //! The `agentkv` binary: command-line parsing and wiring. The only crate that uses `anyhow`.
 
 mod cmd;
+mod config;
 
 use clap::{Parser, Subcommand};
 
@@ -19,6 +20,8 @@ struct Cli {
 enum Command {
     /// Download the default model (SmolLM2-135M-Instruct Q4_1) into models/ and verify it.
     FetchModel(cmd::fetch_model::FetchModelArgs),
+    /// Serve the OpenAI-compatible API (chat, completions, streaming, tenants, /metrics).
+    Serve(cmd::serve::ServeArgs),
     /// Print what a GGUF model is: architecture, sizes, tokenizer, KV bytes per token.
     Info(cmd::info::InfoArgs),
     /// Generate text from a prompt, streamed to stdout.
@@ -39,6 +42,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::FetchModel(a) => cmd::fetch_model::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Generate(a) => cmd::generate::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),

@@ -8,4 +8,5 @@ pub mod fetch_model;
 pub mod generate;
 pub mod info;
 pub mod perplexity;
+pub mod serve;
 pub mod trace_gen;

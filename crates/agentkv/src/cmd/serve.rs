@@ -1,0 +1,271 @@
+//! `agentkv serve`: loads the YAML config (flags override it), sizes the KV pool from
+//! `kv_cache_config.max_size`, starts the engine, prefills and pins the warm-up prompts (with a
+//! progress bar), prints `listening on http://ADDR` on stdout and serves until Ctrl-C / SIGTERM.
+//! Owns the wiring only: routes live in the `server` crate, scheduling in `engine`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use engine::{Engine, EngineConfig, EngineCore};
+use server::{AppState, Limits, ServerSettings, TenantSpec};
+
+use crate::config::{parse_size, FileConfig, PromptDef};
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// YAML config: server, model, kv_cache_config, prompts, tenants, limits (see README,
+    /// "Serving"). Flags below override it.
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    /// Address to bind (default 127.0.0.1).
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Port to bind; 0 picks a free one (default 8000).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// GGUF model file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf, or $AGENTKV_MODEL).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// Compute threads (default: all cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Turn prefix reuse off (for comparisons): every prompt is computed in full.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// KV memory, e.g. 2GB or 512MiB (overrides kv_cache_config.max_size; default 2048 blocks).
+    #[arg(long)]
+    pub max_size: Option<String>,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let file = match &args.config {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig::default(),
+    };
+    let model_path = args
+        .model
+        .clone()
+        .or_else(|| file.model.path.clone())
+        .unwrap_or_else(model::default_model_path);
+    let model = Arc::new(
+        model::Model::load(&model_path)
+            .with_context(|| format!("loading model {}", model_path.display()))?,
+    );
+    let engine_cfg = engine_config(&args, &file, &model)?;
+    let settings = server_settings(&file, &model_path);
+    settings.validate().context("config")?;
+    eprintln!(
+        "agentkv: {} KV blocks of {} tokens ({}), prefix cache {}",
+        engine_cfg.num_blocks,
+        engine_cfg.block_size,
+        if engine_cfg.kv_dtype == model::KvDtype::F16 {
+            "f16"
+        } else {
+            "f32"
+        },
+        if engine_cfg.prefix_caching {
+            "on"
+        } else {
+            "off"
+        }
+    );
+    let engine = Engine::start(EngineCore::new(Arc::clone(&model), engine_cfg)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let host = args
+        .host
+        .clone()
+        .or_else(|| file.server.host.clone())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let port = args.port.or(file.server.port).unwrap_or(8000);
+    let result = runtime.block_on(async {
+        warm_up(&engine, &model, &file, &settings).await?;
+        let state = AppState::new(engine.handle(), Arc::clone(&model), settings)?;
+        let listener = tokio::net::TcpListener::bind((host.as_str(), port))
+            .await
+            .with_context(|| format!("binding {host}:{port}"))?;
+        let addr: SocketAddr = listener.local_addr()?;
+        println!("listening on http://{addr}");
+        std::io::stdout().flush()?;
+        server::serve(listener, state, shutdown_signal()).await?;
+        eprintln!("agentkv: shut down");
+        anyhow::Ok(())
+    });
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    drop(engine);
+    result
+}
+
+fn engine_config(
+    args: &ServeArgs,
+    file: &FileConfig,
+    model: &Arc<model::Model>,
+) -> Result<EngineConfig> {
+    let kv = &file.kv_cache_config;
+    let mut cfg = EngineConfig::default();
+    if let Some(t) = args.threads.or(file.model.threads) {
+        cfg.threads = t.max(1);
+    }
+    if let Some(b) = kv.block_size {
+        cfg.block_size = b;
+    }
+    if let Some(q) = kv.quantization {
+        cfg.kv_dtype = q.to_dtype();
+    }
+    if let Some(p) = kv.replacement_policy {
+        cfg.policy = p.to_cache();
+    }
+    cfg.prefix_caching = kv.prefix_caching.unwrap_or(true) && !args.no_prefix_cache;
+    if let Some(n) = file.limits.max_running_requests {
+        cfg.max_seqs = n;
+    }
+    if let Some(n) = file.limits.max_batch_tokens {
+        cfg.max_batch_tokens = n;
+    }
+    let max_size = match &args.max_size {
+        Some(s) => Some(
+            parse_size(s)
+                .map_err(anyhow::Error::msg)
+                .context("--max-size")?,
+        ),
+        None => kv.max_size.map(|b| b.0),
+    };
+    if let Some(bytes) = max_size {
+        // The engine's own figure: a one-block probe of this model and KV codec.
+        let probe = EngineCore::new(
+            Arc::clone(model),
+            EngineConfig {
+                num_blocks: 1,
+                ..cfg.clone()
+            },
+        )?;
+        let block_bytes = probe.memory().bytes_per_token() * cfg.block_size;
+        cfg.num_blocks = (bytes / block_bytes as u64) as usize;
+        if cfg.num_blocks == 0 {
+            bail!("kv_cache_config.max_size: {bytes} bytes is less than one KV block ({block_bytes} bytes)");
+        }
+    }
+    Ok(cfg)
+}
+
+fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSettings {
+    let l = &file.limits;
+    let d = Limits::default();
+    ServerSettings {
+        model_name: file.server.model_name.clone().unwrap_or_else(|| {
+            model_path
+                .file_stem()
+                .map_or_else(|| "agentkv".into(), |s| s.to_string_lossy().into_owned())
+        }),
+        tenants: file
+            .tenants
+            .iter()
+            .map(|t| TenantSpec {
+                name: t.name.clone(),
+                api_keys: t.api_keys.clone(),
+                salt: t.salt.clone(),
+            })
+            .collect(),
+        admin_api_keys: file.server.admin_api_keys.clone(),
+        trusted_tenant_header: file.server.trusted_tenant_header.clone(),
+        limits: Limits {
+            max_body_bytes: l.max_body_bytes.unwrap_or(d.max_body_bytes),
+            max_requests: l.max_requests.unwrap_or(d.max_requests),
+            max_tokens: l.max_tokens.unwrap_or(d.max_tokens),
+            max_requests_per_tenant: l
+                .max_requests_per_tenant
+                .unwrap_or(d.max_requests_per_tenant),
+            max_tokens_per_tenant: l.max_tokens_per_tenant.unwrap_or(d.max_tokens_per_tenant),
+            default_max_tokens: l.default_max_tokens.unwrap_or(d.default_max_tokens),
+            retry_after_secs: l.retry_after_s.unwrap_or(d.retry_after_secs),
+        },
+        shutdown_timeout: Duration::from_secs(file.server.shutdown_timeout_s.unwrap_or(30)),
+    }
+}
+
+/// Token ids of a warm-up prompt, rendered exactly as a request that starts with it would be.
+fn prompt_tokens(model: &model::Model, p: &PromptDef) -> Result<Vec<u32>> {
+    Ok(match (&p.system, &p.text) {
+        (Some(s), _) => {
+            let text = model.chat_template_or_fallback().render(
+                &[model::chat::ChatMessage::new("system", s)],
+                None,
+                false,
+            )?;
+            model.tokenizer.encode(&text, false, true)?
+        }
+        (None, Some(t)) => model.tokenizer.encode(t, true, false)?,
+        (None, None) => Vec::new(),
+    })
+}
+
+/// Prefills and pins each warm-up prompt for its tenant(s), with a progress bar.
+async fn warm_up(
+    engine: &Engine,
+    model: &model::Model,
+    file: &FileConfig,
+    settings: &ServerSettings,
+) -> Result<()> {
+    let names = &file.kv_cache_config.warmup_prompts;
+    if names.is_empty() {
+        return Ok(());
+    }
+    let tenants = server::tenants::Tenants::new(settings);
+    let mut jobs = Vec::new();
+    for name in names {
+        let def = &file.prompts[name];
+        let tokens = prompt_tokens(model, def)?;
+        for t in tenants.serving() {
+            if def.tenant.as_ref().is_none_or(|want| *want == t.name) {
+                jobs.push((name.clone(), tokens.clone(), t.clone()));
+            }
+        }
+    }
+    let bar = indicatif::ProgressBar::new(jobs.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("warm-up {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    for (name, tokens, tenant) in jobs {
+        bar.set_message(format!("{name} ({}, {} tokens)", tenant.name, tokens.len()));
+        let pinned = engine
+            .handle()
+            .warmup(&name, tokens, tenant.id, tenant.request_salt(None))?
+            .await
+            .context("engine stopped during warm-up")?
+            .with_context(|| format!("warm-up prompt {name:?}"))?;
+        bar.inc(1);
+        bar.println(format!(
+            "pinned {pinned} tokens of {name:?} for tenant {}",
+            tenant.name
+        ));
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("agentkv: shutting down (running requests may finish)");
+}

@@ -1,0 +1,276 @@
+//! `agentkv serve --config agentkv.yaml`: the YAML shape, its parsing (unknown or bad keys fail
+//! naming the key) and its translation into engine and server settings. Never starts anything.
+//!
+//! ```yaml
+//! server: {host: 127.0.0.1, port: 8000, model_name: agentkv, admin_api_keys: [..],
+//!          trusted_tenant_header: x-agentkv-tenant, shutdown_timeout_s: 30}
+//! model: {path: models/SmolLM2-135M-Instruct.Q4_1.gguf, threads: 4}
+//! kv_cache_config:
+//!   max_size: 2GB            # bytes of KV memory (KB/MB/GB = 1000^k, KiB/MiB/GiB = 1024^k)
+//!   replacement_policy: segmented_lru   # lru | lfu | segmented_lru
+//!   warmup_prompts: [system]  # names of `prompts` below
+//!   quantization: f16         # f16 | f32
+//!   block_size: 16
+//!   prefix_caching: true
+//! prompts:
+//!   system: {system: "You are a coding agent."}   # or {text: "raw prompt text"}
+//! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional"}]
+//! limits: {max_body_bytes: 4194304, max_requests: 256, max_tokens: 1048576,
+//!          max_requests_per_tenant: 64, max_tokens_per_tenant: 262144, default_max_tokens: 1024,
+//!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512}
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub server: ServerSection,
+    #[serde(default)]
+    pub model: ModelSection,
+    #[serde(default)]
+    pub kv_cache_config: KvCacheSection,
+    #[serde(default)]
+    pub prompts: BTreeMap<String, PromptDef>,
+    #[serde(default)]
+    pub tenants: Vec<TenantSection>,
+    #[serde(default)]
+    pub limits: LimitsSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub model_name: Option<String>,
+    #[serde(default)]
+    pub admin_api_keys: Vec<String>,
+    pub trusted_tenant_header: Option<String>,
+    pub shutdown_timeout_s: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub path: Option<PathBuf>,
+    pub threads: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvCacheSection {
+    /// "2GB", "512MiB" or a number of bytes.
+    pub max_size: Option<ByteSize>,
+    pub replacement_policy: Option<Policy>,
+    #[serde(default)]
+    pub warmup_prompts: Vec<String>,
+    pub quantization: Option<Quantization>,
+    pub block_size: Option<usize>,
+    pub prefix_caching: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    Lru,
+    Lfu,
+    SegmentedLru,
+}
+
+impl Policy {
+    pub fn to_cache(self) -> cache::EvictionPolicy {
+        match self {
+            Policy::Lru => cache::EvictionPolicy::Lru,
+            Policy::Lfu => cache::EvictionPolicy::Lfu,
+            Policy::SegmentedLru => cache::EvictionPolicy::SegmentedLru {
+                protected_fraction: 0.8,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Quantization {
+    F16,
+    F32,
+}
+
+impl Quantization {
+    pub fn to_dtype(self) -> model::KvDtype {
+        match self {
+            Quantization::F16 => model::KvDtype::F16,
+            Quantization::F32 => model::KvDtype::F32,
+        }
+    }
+}
+
+/// A warm-up prompt: a system message rendered with the chat template (so chats that start with
+/// it share its blocks), or raw text.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptDef {
+    pub system: Option<String>,
+    pub text: Option<String>,
+    /// Warm for this tenant only (default: every serving tenant).
+    pub tenant: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSection {
+    pub name: String,
+    #[serde(default)]
+    pub api_keys: Vec<String>,
+    pub salt: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    pub max_body_bytes: Option<usize>,
+    pub max_requests: Option<usize>,
+    pub max_tokens: Option<usize>,
+    pub max_requests_per_tenant: Option<usize>,
+    pub max_tokens_per_tenant: Option<usize>,
+    pub default_max_tokens: Option<usize>,
+    pub retry_after_s: Option<u64>,
+    /// Sequences per engine step.
+    pub max_running_requests: Option<usize>,
+    /// Tokens per engine step.
+    pub max_batch_tokens: Option<usize>,
+}
+
+/// A size in bytes written as `2GB`, `1.5GiB`, `512MB` or a plain number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => parse_size(&s)
+                .map(ByteSize)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Parses "2GB" (10^9), "2GiB" (2^30), "512 MB", "1024" (bytes).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = (t[..split].trim(), t[split..].trim());
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected e.g. 2GB, 512MiB or a byte count"))?;
+    let mult: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" | "k" => 1e3,
+        "mb" | "m" => 1e6,
+        "gb" | "g" => 1e9,
+        "tb" | "t" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024f64.powi(4),
+        other => return Err(format!("invalid size unit {other:?} in {s:?}")),
+    };
+    Ok((value * mult) as u64)
+}
+
+impl FileConfig {
+    pub fn parse(text: &str) -> Result<FileConfig> {
+        let cfg: FileConfig = serde_norway::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    pub fn load(path: &Path) -> Result<FileConfig> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        FileConfig::parse(&text).with_context(|| format!("config {}", path.display()))
+    }
+
+    /// Cross-field checks serde cannot express.
+    fn check(&self) -> Result<()> {
+        for name in &self.kv_cache_config.warmup_prompts {
+            if !self.prompts.contains_key(name) {
+                bail!("kv_cache_config.warmup_prompts: {name:?} is not defined under prompts");
+            }
+        }
+        for (name, p) in &self.prompts {
+            if p.system.is_some() == p.text.is_some() {
+                bail!("prompts.{name}: give exactly one of system and text");
+            }
+            if let Some(t) = &p.tenant {
+                if !self.tenants.iter().any(|x| &x.name == t) {
+                    bail!("prompts.{name}.tenant: no tenant named {t:?}");
+                }
+            }
+        }
+        if self.kv_cache_config.block_size == Some(0) {
+            bail!("kv_cache_config.block_size: must be positive");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_size("1.5 GiB"), Ok(1_610_612_736));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("2 parsecs").is_err());
+        assert!(parse_size("GB").is_err());
+    }
+
+    #[test]
+    fn the_issue_example_parses() {
+        let c = FileConfig::parse(
+            "kv_cache_config:\n  max_size: 2GB\n  replacement_policy: \"segmented_lru\"\n  \
+             warmup_prompts: [\"system\", \"common_actions\"]\n  quantization: \"f16\"\n\
+             prompts:\n  system: {system: \"You are helpful.\"}\n  common_actions: {text: \"ls\"}\n\
+             tenants: [{name: alpha, api_keys: [\"k1\"]}]\n",
+        )
+        .unwrap();
+        assert_eq!(c.kv_cache_config.max_size, Some(ByteSize(2_000_000_000)));
+        assert_eq!(
+            c.kv_cache_config.replacement_policy,
+            Some(Policy::SegmentedLru)
+        );
+        assert_eq!(c.tenants[0].api_keys, vec!["k1".to_string()]);
+    }
+
+    #[test]
+    fn bad_keys_are_named() {
+        let e = FileConfig::parse("kv_cache_config:\n  max_sise: 2GB\n").unwrap_err();
+        assert!(format!("{e:#}").contains("max_sise"), "{e:#}");
+        let e = FileConfig::parse("kv_cache_config:\n  replacement_policy: fifo\n").unwrap_err();
+        assert!(format!("{e:#}").contains("fifo"), "{e:#}");
+        let e = FileConfig::parse("limits: {max_requests: -3}\n").unwrap_err();
+        assert!(format!("{e:#}").contains("max_requests"), "{e:#}");
+        let e = FileConfig::parse("kv_cache_config: {warmup_prompts: [nope]}\n").unwrap_err();
+        assert!(format!("{e:#}").contains("nope"), "{e:#}");
+        let e = FileConfig::parse("kv_cache_config: {max_size: 2 parsecs}\n").unwrap_err();
+        assert!(format!("{e:#}").contains("parsecs"), "{e:#}");
+    }
+}

@@ -1,0 +1,165 @@
+//! `/v1/chat/completions`: request, full response and streaming chunk. Shapes only; never
+//! renders a chat template or talks HTTP.
+
+use serde::{Deserialize, Serialize};
+
+use crate::usage::{StreamOptions, Usage};
+
+/// Author of a chat message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    /// Newer name for `system` used by some OpenAI models.
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// One message of a conversation. `content` is plain text; the array-of-text-parts form is read
+/// too (parts joined).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: Role,
+    /// `None` only for assistant messages that carry tool calls.
+    #[serde(default, deserialize_with = "crate::lenient::text_or_parts")]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Required by OpenAI on `role: "tool"` messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// Tool calls of an assistant message (OpenAI format), kept as raw JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+}
+
+impl ChatMessage {
+    /// A text message without name or tool call id.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role,
+            content: Some(content.into()),
+            name: None,
+            tool_call_id: None,
+            tool_calls: None,
+        }
+    }
+}
+
+/// Body of `POST /v1/chat/completions`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    /// Upper bound on generated tokens (the older `max_tokens` name, which every server accepts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// A string or a list of strings on the wire.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::lenient::string_or_list"
+    )]
+    pub stop: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// End-user id; servers may use it as a tenant key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Number of choices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    /// Return the log-probability of each generated token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    /// Alternatives reported per token (0..=20; needs `logprobs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f32>,
+    /// Tool definitions, passed to the chat template as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<serde_json::Value>,
+    /// Sampling extras, named as vLLM names them.
+    #[serde(flatten)]
+    pub extra: crate::extras::SamplingExtras,
+}
+
+/// Full (non-streaming) response.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    /// Always `"chat.completion"`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_fingerprint: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: ChatMessage,
+    /// `"stop"`, `"length"`, …; `None` only while unfinished.
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    /// Present when the request asked for `logprobs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<crate::logprobs::ChatLogprobs>,
+}
+
+/// One server-sent event of a streaming response (`object: "chat.completion.chunk"`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    /// Empty in the final usage-only chunk.
+    #[serde(default)]
+    pub choices: Vec<ChatChunkChoice>,
+    /// Present (and non-null) only in the final chunk when `include_usage` was asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_fingerprint: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: ChatDelta,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    /// Present when the request asked for `logprobs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<crate::logprobs::ChatLogprobs>,
+}
+
+/// Incremental message content: the first chunk usually carries only `role`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}

@@ -1,0 +1,34 @@
+//! OpenAI-compatible wire types for `/v1/chat/completions` and `/v1/completions`: requests,
+//! full responses, streaming chunks (`stream: true`, server-sent events) and token usage.
+//!
+//! Serde only: this crate owns the JSON shapes, never HTTP, tokenisation or inference. Fields the
+//! OpenAI API documents as optional are `Option` and skipped when absent, so a client can tell
+//! "not reported" (e.g. `usage.prompt_tokens_details.cached_tokens`) from zero.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod chat;
+pub mod completion;
+pub mod error;
+pub mod extras;
+mod lenient;
+pub mod logprobs;
+pub mod models;
+pub mod tokenize;
+pub mod usage;
+
+pub use chat::{
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+    ChatCompletionResponse, ChatDelta, ChatMessage, Role,
+};
+pub use completion::{
+    CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse, Prompt,
+};
+pub use error::{ErrorBody, ErrorDetail};
+pub use extras::SamplingExtras;
+pub use logprobs::{ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob};
+pub use models::{ModelCard, ModelList};
+pub use usage::{CompletionTokensDetails, PromptTokensDetails, StreamOptions, Usage};
+
+/// The `data:` payload that ends an OpenAI event stream.
+pub const STREAM_DONE: &str = "[DONE]";

@@ -1,0 +1,147 @@
+//! Every way a request can fail, and the one place where failures become HTTP: status code,
+//! OpenAI error body and `Retry-After`. Handlers return [`ApiError`]; nothing else picks a status.
+
+use api::{ErrorBody, ErrorDetail};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use engine::EngineError;
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum ApiError {
+    /// A field has an invalid value or the body is not valid JSON for the route.
+    #[error("{message}")]
+    InvalidRequest {
+        message: String,
+        param: Option<String>,
+    },
+    #[error(
+        "the prompt has {prompt_tokens} tokens but the model's context is {context_length} tokens"
+    )]
+    PromptTooLong {
+        prompt_tokens: usize,
+        context_length: usize,
+    },
+    #[error("{0}")]
+    ContextExceeded(String),
+    #[error("request body exceeds the limit of {limit_bytes} bytes")]
+    BodyTooLarge { limit_bytes: usize },
+    #[error("invalid or missing API key")]
+    Unauthorized,
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("too many requests in flight for this tenant ({reason}); retry later")]
+    TenantOverloaded {
+        reason: String,
+        retry_after_secs: u64,
+    },
+    #[error("the server is at capacity ({reason}); retry later")]
+    ServerOverloaded {
+        reason: String,
+        retry_after_secs: u64,
+    },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>, param: &str) -> Self {
+        ApiError::InvalidRequest {
+            message: message.into(),
+            param: Some(param.to_string()),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidRequest { .. }
+            | ApiError::PromptTooLong { .. }
+            | ApiError::ContextExceeded(_) => StatusCode::BAD_REQUEST,
+            ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::TenantOverloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::ServerOverloaded { .. } | ApiError::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The OpenAI error body (also sent as an SSE event when a stream fails midway).
+    pub fn body(&self) -> ErrorBody {
+        let (kind, code, param) = match self {
+            ApiError::InvalidRequest { param, .. } => {
+                ("invalid_request_error", None, param.clone())
+            }
+            ApiError::PromptTooLong { .. } | ApiError::ContextExceeded(_) => (
+                "invalid_request_error",
+                Some("context_length_exceeded"),
+                Some("messages".to_string()),
+            ),
+            ApiError::BodyTooLarge { .. } => {
+                ("invalid_request_error", Some("body_too_large"), None)
+            }
+            ApiError::Unauthorized => ("authentication_error", Some("invalid_api_key"), None),
+            ApiError::Forbidden(_) => ("permission_error", None, None),
+            ApiError::NotFound(_) => ("not_found_error", None, None),
+            ApiError::TenantOverloaded { .. } => {
+                ("rate_limit_error", Some("rate_limit_exceeded"), None)
+            }
+            ApiError::ServerOverloaded { .. } | ApiError::ShuttingDown => {
+                ("server_error", Some("overloaded"), None)
+            }
+            ApiError::Internal(_) => ("server_error", None, None),
+        };
+        ErrorBody {
+            error: ErrorDetail {
+                message: self.to_string(),
+                kind: kind.to_string(),
+                param,
+                code: code.map(str::to_string),
+            },
+        }
+    }
+
+    /// Converts an engine failure (never an overload: the server's admission bounds the queue).
+    pub fn from_engine(e: EngineError) -> Self {
+        match e {
+            EngineError::EmptyPrompt => ApiError::invalid(e.to_string(), "prompt"),
+            EngineError::BadToken(_) => ApiError::invalid(e.to_string(), "prompt"),
+            EngineError::Sampling(_) => ApiError::InvalidRequest {
+                message: e.to_string(),
+                param: None,
+            },
+            EngineError::ContextTooLong { .. } => ApiError::ContextExceeded(e.to_string()),
+            EngineError::NeverFits { .. } => ApiError::ContextExceeded(e.to_string()),
+            EngineError::ShutDown => ApiError::ShuttingDown,
+            EngineError::Config(_) | EngineError::Internal(_) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let mut resp = (status, axum::Json(self.body())).into_response();
+        let retry_after = match &self {
+            ApiError::TenantOverloaded {
+                retry_after_secs, ..
+            }
+            | ApiError::ServerOverloaded {
+                retry_after_secs, ..
+            } => Some(*retry_after_secs),
+            ApiError::ShuttingDown => Some(1),
+            _ => None,
+        };
+        if let Some(secs) = retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}

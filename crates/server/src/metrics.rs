@@ -1,0 +1,373 @@
+//! Prometheus text exposition (`GET /metrics`, names prefixed `agentkv_`): latency histograms and
+//! token counters the server observes, plus the engine's cache and scheduler figures read from a
+//! snapshot at scrape time. Counters only grow; rates belong in Prometheus. Never computes a rate.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use engine::EngineSnapshot;
+
+/// Bucket upper bounds in seconds, shared by every latency histogram.
+const BUCKETS_S: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+#[derive(Debug, Clone, Default)]
+struct Histogram {
+    counts: [u64; BUCKETS_S.len()],
+    count: u64,
+    sum_s: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, d: Duration) {
+        let s = d.as_secs_f64();
+        for (c, b) in self.counts.iter_mut().zip(BUCKETS_S) {
+            if s <= b {
+                *c += 1;
+            }
+        }
+        self.count += 1;
+        self.sum_s += s;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (c, b) in self.counts.iter().zip(BUCKETS_S) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum_s);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+/// Per-tenant totals the server counts.
+#[derive(Debug, Clone, Default)]
+struct TenantTotals {
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    cached_prompt_tokens: u64,
+    requests_finished: u64,
+    requests_rejected: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    queue: Histogram,
+    tenants: BTreeMap<String, TenantTotals>,
+}
+
+/// The server's own observations.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+/// One finished request, as the server saw it.
+#[derive(Debug, Clone)]
+pub struct FinishedRequest<'a> {
+    pub tenant: &'a str,
+    pub prompt_tokens: usize,
+    pub generation_tokens: usize,
+    pub cached_tokens: usize,
+    pub ttft: Duration,
+    pub queue: Duration,
+    pub total: Duration,
+}
+
+impl Metrics {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn observe_inter_token(&self, d: Duration) {
+        self.lock().itl.observe(d);
+    }
+
+    pub fn observe_finished(&self, r: &FinishedRequest<'_>) {
+        let mut g = self.lock();
+        g.ttft.observe(r.ttft);
+        g.queue.observe(r.queue);
+        g.e2e.observe(r.total);
+        let t = g.tenants.entry(r.tenant.to_string()).or_default();
+        t.prompt_tokens += r.prompt_tokens as u64;
+        t.generation_tokens += r.generation_tokens as u64;
+        t.cached_prompt_tokens += r.cached_tokens as u64;
+        t.requests_finished += 1;
+    }
+
+    pub fn observe_rejected(&self, tenant: &str) {
+        self.lock()
+            .tenants
+            .entry(tenant.to_string())
+            .or_default()
+            .requests_rejected += 1;
+    }
+
+    /// The whole exposition; `tenant_name` labels the engine's per-tenant cache counters.
+    pub fn render(
+        &self,
+        snap: &EngineSnapshot,
+        tenant_name: impl Fn(cache::TenantId) -> String,
+    ) -> String {
+        let mut out = String::with_capacity(8 << 10);
+        {
+            let g = self.lock();
+            g.ttft.render(
+                &mut out,
+                "agentkv_time_to_first_token_seconds",
+                "Arrival to first token.",
+            );
+            g.itl.render(
+                &mut out,
+                "agentkv_inter_token_latency_seconds",
+                "Time between consecutive tokens of a request.",
+            );
+            g.e2e.render(
+                &mut out,
+                "agentkv_e2e_request_latency_seconds",
+                "Arrival to finish.",
+            );
+            g.queue.render(
+                &mut out,
+                "agentkv_queue_time_seconds",
+                "Arrival to admission into the running batch.",
+            );
+            type Field = fn(&TenantTotals) -> u64;
+            let per_tenant: [(&str, &str, Field); 5] = [
+                (
+                    "agentkv_prompt_tokens_total",
+                    "Prompt tokens of finished requests.",
+                    |t| t.prompt_tokens,
+                ),
+                (
+                    "agentkv_generation_tokens_total",
+                    "Generated tokens of finished requests.",
+                    |t| t.generation_tokens,
+                ),
+                (
+                    "agentkv_cached_prompt_tokens_total",
+                    "Prompt tokens served from the prefix cache, as reported in usage.",
+                    |t| t.cached_prompt_tokens,
+                ),
+                (
+                    "agentkv_requests_finished_total",
+                    "Requests that ran to completion.",
+                    |t| t.requests_finished,
+                ),
+                (
+                    "agentkv_requests_rejected_total",
+                    "Requests refused by the queue bounds (429/503).",
+                    |t| t.requests_rejected,
+                ),
+            ];
+            for (name, help, f) in per_tenant {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+                for (tenant, t) in &g.tenants {
+                    let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", escape(tenant), f(t));
+                }
+            }
+        }
+        render_engine(&mut out, snap, tenant_name);
+        out
+    }
+}
+
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+    );
+}
+
+fn render_engine(
+    out: &mut String,
+    s: &EngineSnapshot,
+    tenant_name: impl Fn(cache::TenantId) -> String,
+) {
+    let c = &s.cache;
+    metric(
+        out,
+        "agentkv_prefix_cache_lookups_total",
+        "counter",
+        "Prefix-cache lookups.",
+        c.lookups,
+    );
+    metric(
+        out,
+        "agentkv_prefix_cache_hit_tokens_total",
+        "counter",
+        "Prompt tokens found in the prefix cache.",
+        c.lookup_hit_tokens,
+    );
+    metric(
+        out,
+        "agentkv_prefix_cache_miss_tokens_total",
+        "counter",
+        "Prompt tokens not found in the prefix cache.",
+        c.lookup_miss_tokens,
+    );
+    type TField = fn(&cache::TenantCounters) -> u64;
+    let per_tenant: [(&str, &str, &str, TField); 5] = [
+        (
+            "agentkv_tenant_prefix_cache_lookups_total",
+            "counter",
+            "Prefix-cache lookups per tenant.",
+            |t| t.lookups,
+        ),
+        (
+            "agentkv_tenant_prefix_cache_hit_tokens_total",
+            "counter",
+            "Prompt tokens found in the prefix cache, per tenant.",
+            |t| t.hit_tokens,
+        ),
+        (
+            "agentkv_tenant_prefix_cache_miss_tokens_total",
+            "counter",
+            "Prompt tokens not found in the prefix cache, per tenant.",
+            |t| t.miss_tokens,
+        ),
+        (
+            "agentkv_tenant_kv_cached_blocks",
+            "gauge",
+            "Published KV blocks held per tenant.",
+            |t| u64::from(t.cached_blocks),
+        ),
+        (
+            "agentkv_tenant_kv_evicted_blocks_total",
+            "counter",
+            "KV blocks of the tenant evicted.",
+            |t| t.evicted_blocks,
+        ),
+    ];
+    for (name, kind, help, f) in per_tenant {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (id, t) in &s.tenants {
+            let _ = writeln!(
+                out,
+                "{name}{{tenant=\"{}\"}} {}",
+                escape(&tenant_name(*id)),
+                f(t)
+            );
+        }
+    }
+    let u = &s.usage;
+    let _ = writeln!(out, "# HELP agentkv_kv_blocks KV blocks by state (free + in_use + cached = total).\n# TYPE agentkv_kv_blocks gauge");
+    for (state, v) in [
+        ("free", u.free),
+        ("in_use", u.in_use),
+        ("cached", u.cached),
+        ("pinned", u.pinned),
+    ] {
+        let _ = writeln!(out, "agentkv_kv_blocks{{state=\"{state}\"}} {v}");
+    }
+    metric(
+        out,
+        "agentkv_kv_blocks_total",
+        "gauge",
+        "KV blocks in the pool.",
+        u.total,
+    );
+    metric(
+        out,
+        "agentkv_kv_fragmentation_ratio",
+        "gauge",
+        "Unused token slots in blocks held by requests / allocated slots.",
+        s.fragmentation,
+    );
+    let e = &c.evictions;
+    let _ = writeln!(out, "# HELP agentkv_kv_evictions_total KV blocks evicted, by cause.\n# TYPE agentkv_kv_evictions_total counter");
+    for (cause, v) in [
+        ("capacity", e.capacity),
+        ("watermark", e.watermark),
+        ("quota", e.quota),
+        ("flush", e.flush),
+    ] {
+        let _ = writeln!(out, "agentkv_kv_evictions_total{{cause=\"{cause}\"}} {v}");
+    }
+    metric(
+        out,
+        "agentkv_preemptions_total",
+        "counter",
+        "Requests preempted (recomputed later) for lack of KV blocks.",
+        s.stats.preemptions,
+    );
+    metric(
+        out,
+        "agentkv_kv_pins_created_total",
+        "counter",
+        "Prefix pins created (warm-up prompts).",
+        c.pins_created,
+    );
+    metric(
+        out,
+        "agentkv_kv_pins_released_total",
+        "counter",
+        "Prefix pins released.",
+        c.pins_released,
+    );
+    metric(
+        out,
+        "agentkv_requests_running",
+        "gauge",
+        "Requests in the running batch.",
+        s.num_running,
+    );
+    metric(
+        out,
+        "agentkv_requests_waiting",
+        "gauge",
+        "Requests queued in the engine.",
+        s.num_waiting,
+    );
+    metric(
+        out,
+        "agentkv_prefill_tokens_total",
+        "counter",
+        "Tokens computed in prefill.",
+        s.stats.prefill_tokens,
+    );
+    metric(
+        out,
+        "agentkv_decode_tokens_total",
+        "counter",
+        "Tokens computed in decode.",
+        s.stats.decode_tokens,
+    );
+}
+
+/// Escapes a label value (`\`, `"`, newline).
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let mut h = Histogram::default();
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_millis(300));
+        let mut out = String::new();
+        h.render(&mut out, "x", "h");
+        assert!(out.contains("x_bucket{le=\"0.005\"} 1\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"0.5\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 2\n"), "{out}");
+        assert!(out.contains("x_count 2\n"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,60 @@
+//! The router: which path goes to which handler, the body-size limit, and two helpers every
+//! handler shares (reading the body, taking an engine snapshot).
+
+mod admin;
+mod chat;
+mod completions;
+mod info;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::Router;
+use engine::EngineSnapshot;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Every route of the server.
+pub fn router(state: AppState) -> Router {
+    let limit = state.settings.limits.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(info::models))
+        .route("/health", get(info::health))
+        .route("/metrics", get(info::metrics))
+        .route("/tokenize", post(info::tokenize))
+        .route("/detokenize", post(info::detokenize))
+        .route("/v1/cache/flush", post(admin::flush))
+        .route("/v1/cache/stats", get(admin::stats))
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// The request body, or the OpenAI error for an oversized or unreadable one.
+pub(crate) fn body_bytes(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|rej| {
+        if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::BodyTooLarge {
+                limit_bytes: state.settings.limits.max_body_bytes,
+            }
+        } else {
+            ApiError::InvalidRequest {
+                message: format!("cannot read the request body: {rej}"),
+                param: None,
+            }
+        }
+    })
+}
+
+pub(crate) async fn snapshot(state: &AppState) -> Result<EngineSnapshot, ApiError> {
+    let rx = state.engine.snapshot().map_err(ApiError::from_engine)?;
+    rx.await.map_err(|_| ApiError::ShuttingDown)
+}

@@ -1,0 +1,211 @@
+//! One submitted request: admission, submission, and reading its engine events as [`Step`]s while
+//! recording metrics. Dropping a [`Running`] before it is done cancels the request in the engine
+//! (a client that disconnects drops it), so its KV blocks are freed before the next step.
+
+use std::time::{Duration, Instant};
+
+use engine::{EngineEvent, EngineHandle, EventReceiver, FinishReason, RequestId, TokenEvent};
+
+use crate::admission::Permit;
+use crate::error::ApiError;
+use crate::metrics::FinishedRequest;
+use crate::params::Prepared;
+use crate::state::AppState;
+use crate::tenants::Tenant;
+
+/// What a route sees of a running request.
+#[derive(Debug)]
+pub enum Step {
+    Token(TokenEvent),
+    /// Text released at the end of a choice (held back until then).
+    Text {
+        choice: u32,
+        text: String,
+    },
+    Finished {
+        choice: u32,
+        reason: FinishReason,
+    },
+    /// Every choice finished.
+    Done(api::Usage),
+}
+
+/// Cancels the engine request on drop unless it finished.
+struct CancelGuard {
+    engine: EngineHandle,
+    id: RequestId,
+    done: bool,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.engine.cancel(self.id);
+        }
+    }
+}
+
+pub struct Running {
+    state: AppState,
+    pub id: RequestId,
+    /// Alternatives per token when logprobs were asked.
+    pub logprobs: Option<usize>,
+    pub n: usize,
+    rx: EventReceiver,
+    guard: CancelGuard,
+    _permit: Permit,
+    tenant: String,
+    pending: Option<EngineEvent>,
+    finished: usize,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    cached_tokens: usize,
+    last_token_at: Vec<Option<Instant>>,
+    ttft: Option<Duration>,
+    queue: Duration,
+    total: Duration,
+}
+
+/// Admits (429/503 when over the bounds) and submits a validated request.
+pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running, ApiError> {
+    if state.is_shutting_down() {
+        return Err(ApiError::ShuttingDown);
+    }
+    let n = p.spec.n;
+    let tokens = p.spec.prompt.len() + p.spec.max_tokens * n;
+    let permit = state
+        .admission
+        .try_admit(tenant.id, tokens)
+        .inspect_err(|_| state.metrics.observe_rejected(&tenant.name))?;
+    let (id, rx) = state.engine.submit(p.spec).map_err(ApiError::from_engine)?;
+    Ok(Running {
+        state: state.clone(),
+        id,
+        logprobs: p.logprobs,
+        n,
+        rx,
+        guard: CancelGuard {
+            engine: state.engine.clone(),
+            id,
+            done: false,
+        },
+        _permit: permit,
+        tenant: tenant.name.clone(),
+        pending: None,
+        finished: 0,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        cached_tokens: 0,
+        last_token_at: vec![None; n],
+        ttft: None,
+        queue: Duration::ZERO,
+        total: Duration::ZERO,
+    })
+}
+
+impl Running {
+    /// Waits for the first event so that a request the engine refuses gets a proper HTTP error
+    /// (used before a stream's headers are sent).
+    pub async fn prime(&mut self) -> Result<(), ApiError> {
+        match self.rx.recv().await {
+            Some(EngineEvent::Error(e)) => Err(ApiError::from_engine(e)),
+            Some(ev) => {
+                self.pending = Some(ev);
+                Ok(())
+            }
+            None => Err(self.closed()),
+        }
+    }
+
+    fn closed(&self) -> ApiError {
+        if self.state.is_shutting_down() {
+            ApiError::ShuttingDown
+        } else {
+            ApiError::Internal("the engine dropped the request".into())
+        }
+    }
+
+    /// The next step; `Ok(None)` after `Done`.
+    pub async fn next(&mut self) -> Result<Option<Step>, ApiError> {
+        loop {
+            if self.guard.done {
+                return Ok(None);
+            }
+            if self.finished == self.n {
+                return Ok(Some(self.finish()));
+            }
+            let ev = match self.pending.take() {
+                Some(ev) => ev,
+                None => self.rx.recv().await.ok_or_else(|| self.closed())?,
+            };
+            match ev {
+                EngineEvent::Admitted { cached_tokens } => self.cached_tokens = cached_tokens,
+                EngineEvent::Token(t) => {
+                    let now = Instant::now();
+                    if let Some(slot) = self.last_token_at.get_mut(t.choice as usize) {
+                        if let Some(prev) = slot.replace(now) {
+                            self.state.metrics.observe_inter_token(now - prev);
+                        }
+                    }
+                    return Ok(Some(Step::Token(t)));
+                }
+                EngineEvent::Text { choice, text } => return Ok(Some(Step::Text { choice, text })),
+                EngineEvent::Finished {
+                    choice,
+                    reason,
+                    usage,
+                    timings,
+                    ..
+                } => {
+                    self.finished += 1;
+                    self.prompt_tokens = usage.prompt_tokens;
+                    self.cached_tokens = usage.cached_tokens;
+                    self.completion_tokens += usage.completion_tokens;
+                    self.ttft = Some(self.ttft.map_or(timings.ttft, |t| t.min(timings.ttft)));
+                    self.queue = timings.queue;
+                    self.total = self.total.max(timings.total);
+                    return Ok(Some(Step::Finished { choice, reason }));
+                }
+                EngineEvent::Error(e) => return Err(ApiError::from_engine(e)),
+            }
+        }
+    }
+
+    /// Every choice finished: records the request's metrics and reports its usage.
+    fn finish(&mut self) -> Step {
+        self.guard.done = true;
+        self.state.metrics.observe_finished(&FinishedRequest {
+            tenant: &self.tenant,
+            prompt_tokens: self.prompt_tokens,
+            generation_tokens: self.completion_tokens,
+            cached_tokens: self.cached_tokens,
+            ttft: self.ttft.unwrap_or_default(),
+            queue: self.queue,
+            total: self.total,
+        });
+        Step::Done(self.usage())
+    }
+
+    /// Usage so far; `cached_tokens` is always reported (0 when nothing was reused).
+    pub fn usage(&self) -> api::Usage {
+        api::Usage {
+            prompt_tokens: self.prompt_tokens as u64,
+            completion_tokens: self.completion_tokens as u64,
+            total_tokens: (self.prompt_tokens + self.completion_tokens) as u64,
+            prompt_tokens_details: Some(api::PromptTokensDetails {
+                cached_tokens: Some(self.cached_tokens as u64),
+                audio_tokens: None,
+            }),
+            completion_tokens_details: None,
+        }
+    }
+}
+
+/// The wire name of a finish reason.
+pub fn finish_reason_name(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Cancelled => "abort",
+    }
+}

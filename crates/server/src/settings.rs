@@ -1,0 +1,129 @@
+//! What the server is told at start: served model name, tenants and their keys, admin keys, the
+//! trusted-proxy header and the limits. Plain data plus validation; never reads files (the binary
+//! parses YAML into this).
+
+use std::time::Duration;
+
+/// One tenant: its API keys and the salt that enters its cache namespace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantSpec {
+    pub name: String,
+    pub api_keys: Vec<String>,
+    /// Server-side salt (default: none beyond the tenant id, which already separates namespaces).
+    pub salt: Option<String>,
+}
+
+/// Request and queue limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Requests in flight (running or queued) over all tenants; beyond it → 503.
+    pub max_requests: usize,
+    /// Tokens in flight (prompt + max_tokens) over all tenants; beyond it → 503.
+    pub max_tokens: usize,
+    /// Requests in flight of one tenant; beyond it → 429.
+    pub max_requests_per_tenant: usize,
+    /// Tokens in flight of one tenant; beyond it → 429.
+    pub max_tokens_per_tenant: usize,
+    /// `max_tokens` when a request gives none (capped by what the context leaves).
+    pub default_max_tokens: usize,
+    /// Seconds sent in `Retry-After` with 429 and 503.
+    pub retry_after_secs: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 4 << 20,
+            max_requests: 256,
+            max_tokens: 1 << 20,
+            max_requests_per_tenant: 64,
+            max_tokens_per_tenant: 256 << 10,
+            default_max_tokens: 1024,
+            retry_after_secs: 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerSettings {
+    /// The `model` id served in `/v1/models` and echoed in responses.
+    pub model_name: String,
+    /// No tenants with keys: the server runs open as one `default` tenant.
+    pub tenants: Vec<TenantSpec>,
+    /// Keys for `/v1/cache/*`. With none and no tenant keys, admin routes are open too.
+    pub admin_api_keys: Vec<String>,
+    /// When set, this header (sent by a trusted proxy) names the tenant of an authenticated call.
+    pub trusted_tenant_header: Option<String>,
+    pub limits: Limits,
+    /// How long running requests may take to finish after a shutdown signal.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        ServerSettings {
+            model_name: "agentkv".into(),
+            tenants: Vec::new(),
+            admin_api_keys: Vec::new(),
+            trusted_tenant_header: None,
+            limits: Limits::default(),
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum SettingsError {
+    #[error("tenant name {0:?} is used twice")]
+    DuplicateTenant(String),
+    #[error("an API key is given to both tenant {0:?} and tenant {1:?}")]
+    DuplicateKey(String, String),
+    #[error("tenant {0:?} has an empty API key")]
+    EmptyKey(String),
+    #[error("limit {0} must be positive")]
+    ZeroLimit(&'static str),
+    #[error("tenant name must not be empty")]
+    EmptyTenantName,
+}
+
+impl ServerSettings {
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let l = &self.limits;
+        for (name, v) in [
+            ("max_body_bytes", l.max_body_bytes),
+            ("max_requests", l.max_requests),
+            ("max_tokens", l.max_tokens),
+            ("max_requests_per_tenant", l.max_requests_per_tenant),
+            ("max_tokens_per_tenant", l.max_tokens_per_tenant),
+            ("default_max_tokens", l.default_max_tokens),
+        ] {
+            if v == 0 {
+                return Err(SettingsError::ZeroLimit(name));
+            }
+        }
+        let mut seen_keys: Vec<(&str, &str)> = Vec::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            if t.name.is_empty() {
+                return Err(SettingsError::EmptyTenantName);
+            }
+            if self.tenants[..i].iter().any(|o| o.name == t.name) {
+                return Err(SettingsError::DuplicateTenant(t.name.clone()));
+            }
+            for k in &t.api_keys {
+                if k.is_empty() {
+                    return Err(SettingsError::EmptyKey(t.name.clone()));
+                }
+                if let Some((_, other)) = seen_keys.iter().find(|(key, _)| key == k) {
+                    return Err(SettingsError::DuplicateKey(
+                        other.to_string(),
+                        t.name.clone(),
+                    ));
+                }
+                seen_keys.push((k, &t.name));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,73 @@
+//! Server-sent events for `stream: true`: each step of a [`Running`] request becomes zero or more
+//! `data: {json}` events, then `data: [DONE]`. A failure midway is sent as an error-body event
+//! before `[DONE]`. When the client goes away the stream (and with it the request) is dropped,
+//! which cancels the request in the engine.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::response::sse::{Event, Sse};
+use futures_util::Stream;
+
+use crate::run::{Running, Step};
+
+struct State<F> {
+    running: Running,
+    queued: VecDeque<String>,
+    ended: bool,
+    on_step: F,
+}
+
+/// Streams `prelude`, then what `on_step` makes of each step, then `[DONE]`.
+pub fn stream<F>(
+    running: Running,
+    prelude: Vec<String>,
+    on_step: F,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>>
+where
+    F: FnMut(&Running, Step) -> Vec<String> + Send + 'static,
+{
+    let state = State {
+        running,
+        queued: prelude.into(),
+        ended: false,
+        on_step,
+    };
+    let s = futures_util::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(data) = st.queued.pop_front() {
+                return Some((Ok(Event::default().data(data)), st));
+            }
+            if st.ended {
+                return None;
+            }
+            match st.running.next().await {
+                Ok(Some(step)) => {
+                    let done = matches!(step, Step::Done(_));
+                    let out = (st.on_step)(&st.running, step);
+                    st.queued.extend(out);
+                    if done {
+                        st.queued.push_back(api::STREAM_DONE.to_string());
+                        st.ended = true;
+                    }
+                }
+                Ok(None) => {
+                    st.queued.push_back(api::STREAM_DONE.to_string());
+                    st.ended = true;
+                }
+                Err(e) => {
+                    st.queued
+                        .push_back(serde_json::to_string(&e.body()).unwrap_or_default());
+                    st.queued.push_back(api::STREAM_DONE.to_string());
+                    st.ended = true;
+                }
+            }
+        }
+    });
+    Sse::new(s)
+}
+
+/// JSON of a serialisable chunk (serialising plain wire structs cannot fail).
+pub fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("wire types serialise to JSON")
+}

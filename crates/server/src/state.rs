@@ -1,0 +1,75 @@
+//! Shared state of every route: the engine handle, the model (tokenizer and chat template),
+//! tenants, the admission bounds and the metrics. Cheap to clone; owns no request state.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use engine::EngineHandle;
+use model::Model;
+
+use crate::admission::Admission;
+use crate::metrics::Metrics;
+use crate::settings::{ServerSettings, SettingsError};
+use crate::tenants::Tenants;
+
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+pub struct Inner {
+    pub engine: EngineHandle,
+    pub model: Arc<Model>,
+    pub settings: ServerSettings,
+    pub tenants: Tenants,
+    pub admission: Arc<Admission>,
+    pub metrics: Metrics,
+    /// Unix seconds at start (the `created` of `/v1/models`).
+    pub started_unix_s: u64,
+    shutting_down: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(
+        engine: EngineHandle,
+        model: Arc<Model>,
+        settings: ServerSettings,
+    ) -> Result<AppState, SettingsError> {
+        settings.validate()?;
+        Ok(AppState {
+            inner: Arc::new(Inner {
+                engine,
+                model,
+                tenants: Tenants::new(&settings),
+                admission: Admission::new(settings.limits.clone()),
+                settings,
+                metrics: Metrics::default(),
+                started_unix_s: unix_now(),
+                shutting_down: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// New generation requests get 503 from now on.
+    pub fn begin_shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,152 @@
+"""End-to-end checks of a running `agentkv serve` with the official `openai` client (unchanged).
+
+Usage: e2e_openai.py BASE_URL   (e.g. http://127.0.0.1:8000). The server must run the config
+written by crates/agentkv/tests/serve_openai.rs: tenants alpha (key ka) and beta (key kb), admin
+key "admin", max_requests_per_tenant 2, max_requests 3, warm-up prompt "system".
+Exits non-zero with a message on the first failed check.
+"""
+import json
+import sys
+import time
+import urllib.request
+
+import openai
+
+BASE = sys.argv[1]
+SYSTEM = "You are a careful coding agent. Read files before editing them and run the tests."
+
+
+def client(key):
+    return openai.OpenAI(base_url=BASE + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def get(path, key=None):
+    req = urllib.request.Request(BASE + path)
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read().decode()
+
+
+def stats():
+    return json.loads(get("/v1/cache/stats", "admin"))
+
+
+def tenant_hits(name):
+    for t in stats()["tenants"]:
+        if t["tenant"] == name:
+            return t["hit_tokens"]
+    return 0
+
+
+def check(cond, what):
+    if not cond:
+        sys.exit("FAILED: " + what)
+    print("ok:", what)
+
+
+alpha, beta = client("ka"), client("kb")
+msgs = lambda user: [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+# Models and a plain chat.
+check([m.id for m in alpha.models.list()] == ["agentkv-e2e"], "models.list")
+r = alpha.chat.completions.create(model="agentkv-e2e", messages=msgs("Say hello."), max_tokens=8, temperature=0)
+check(r.choices[0].message.role == "assistant" and r.usage.completion_tokens > 0, "chat completion")
+check(r.usage.prompt_tokens_details.cached_tokens is not None, "cached_tokens always present")
+
+# Warm-up prompts are pinned per tenant and reported.
+pinned = {(p["name"], p["tenant"]) for p in stats()["pinned_prompts"] if p["pinned_tokens"] > 0}
+check({("system", "alpha"), ("system", "beta")} <= pinned, "warm-up prompt pinned for each tenant")
+
+# A repeated prefix: cached_tokens > 0 and equal to the engine's per-tenant counter.
+prompt = msgs("List three steps to debug a failing unit test in a Rust project, briefly.")
+first = alpha.chat.completions.create(model="m", messages=prompt, max_tokens=4, temperature=0)
+before = tenant_hits("alpha")
+second = alpha.chat.completions.create(model="m", messages=prompt, max_tokens=4, temperature=0)
+cached = second.usage.prompt_tokens_details.cached_tokens
+check(cached > 0, f"repeated prefix reuses the cache ({cached} tokens)")
+check(tenant_hits("alpha") - before == cached, "cached_tokens equals the engine's hit-token counter")
+check(first.choices[0].message.content == second.choices[0].message.content, "greedy output same with cache")
+
+# Tenant isolation: same prompt under another key reuses nothing beyond its own warm-up pin...
+iso = msgs("A prompt only alpha has sent before: describe the layout of a Cargo workspace.")
+a1 = alpha.chat.completions.create(model="m", messages=iso, max_tokens=2, temperature=0)
+b1 = beta.chat.completions.create(model="m", messages=iso, max_tokens=2, temperature=0,
+                                  extra_body={"cache_salt": ""})
+a2 = alpha.chat.completions.create(model="m", messages=iso, max_tokens=2, temperature=0)
+pin = a1.usage.prompt_tokens_details.cached_tokens  # alpha's warm-up prefix only
+check(b1.usage.prompt_tokens_details.cached_tokens == pin, "other tenant: only its own warm-up prefix")
+check(a2.usage.prompt_tokens_details.cached_tokens > pin, "positive control: same tenant reuses more")
+plain = [{"role": "user", "content": "No system prompt here, just a question about caches and keys."}]
+alpha.chat.completions.create(model="m", messages=plain, max_tokens=2, temperature=0)
+b2 = beta.chat.completions.create(model="m", messages=plain, max_tokens=2, temperature=0)
+check(b2.usage.prompt_tokens_details.cached_tokens == 0, "same prompt under another key: 0 cached")
+try:
+    client("wrong").chat.completions.create(model="m", messages=plain, max_tokens=2)
+    check(False, "bad key refused")
+except openai.AuthenticationError:
+    check(True, "bad key gets 401")
+
+# Streaming with usage.
+chunks = list(alpha.chat.completions.create(model="m", messages=msgs("Count to five."), max_tokens=10,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+check(len(text) > 0 and chunks[-1].usage.completion_tokens == 10, "streaming with include_usage")
+check(chunks[-1].usage.prompt_tokens_details.cached_tokens > 0, "stream usage reports cached tokens")
+
+# Stop strings, n=2, logprobs, vLLM extras.
+r = alpha.completions.create(model="m", prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=[" 7"])
+check("7" not in r.choices[0].text and r.choices[0].finish_reason == "stop", "stop string")
+r = alpha.chat.completions.create(model="m", messages=msgs("Name a color."), max_tokens=6, n=2,
+                                  temperature=0.8, seed=7, logprobs=True, top_logprobs=2,
+                                  extra_body={"top_k": 20, "min_p": 0.01, "repetition_penalty": 1.1})
+check(len(r.choices) == 2 and r.usage.completion_tokens == sum(
+    len(c.logprobs.content) for c in r.choices), "n=2 with per-token logprobs")
+check(all(len(t.top_logprobs) == 2 for c in r.choices for t in c.logprobs.content), "top_logprobs=2")
+
+# Disconnect mid-stream frees the request's blocks.
+base_in_use = stats()["blocks"]["in_use"]
+stream = alpha.chat.completions.create(model="m", messages=msgs("Write a long story."), max_tokens=400,
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+for i, _ in enumerate(stream):
+    if i == 3:
+        break
+check(stats()["blocks"]["in_use"] > base_in_use, "blocks held while streaming")
+stream.close()
+deadline = time.time() + 10
+while time.time() < deadline and (stats()["blocks"]["in_use"] > base_in_use or stats()["num_running"] > 0):
+    time.sleep(0.05)
+s = stats()
+check(s["blocks"]["in_use"] == base_in_use and s["num_running"] == 0, "disconnect frees the blocks")
+
+# Overload: 2 per tenant (429), 3 overall (503), with Retry-After.
+def hold(c):
+    s = c.chat.completions.create(model="m", messages=msgs("Keep talking."), max_tokens=300,
+                                  stream=True, extra_body={"ignore_eos": True})
+    next(iter(s))
+    return s
+
+held = [hold(alpha), hold(alpha)]
+try:
+    alpha.chat.completions.create(model="m", messages=plain, max_tokens=2)
+    check(False, "third alpha request refused")
+except openai.RateLimitError as e:
+    check(e.response.headers.get("retry-after") is not None, "tenant over its bound gets 429 + Retry-After")
+held.append(hold(beta))
+try:
+    beta.chat.completions.create(model="m", messages=plain, max_tokens=2)
+    check(False, "fourth request refused")
+except openai.InternalServerError as e:
+    check(e.status_code == 503 and e.response.headers.get("retry-after"), "server over its bound gets 503")
+for s in held:
+    s.close()
+deadline = time.time() + 10
+while time.time() < deadline and stats()["num_running"] > 0:
+    time.sleep(0.05)
+r = alpha.chat.completions.create(model="m", messages=plain, max_tokens=2)
+check(r.usage.completion_tokens == 2, "capacity returns after the streams close")
+
+metrics = get("/metrics")
+check('agentkv_tenant_prefix_cache_hit_tokens_total{tenant="alpha"}' in metrics, "per-tenant metrics")
+print("ALL E2E CHECKS PASSED")
