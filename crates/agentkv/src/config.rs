@@ -12,6 +12,11 @@
 //!   quantization: f16         # f16 | f32
 //!   block_size: 16
 //!   prefix_caching: true
+//!   tier_write_through: false  # demote evicted blocks to every tier, not only the first
+//! tiers:                      # after the active pool, in lookup order (docs/tiers.md)
+//!   - {kind: ram, max_size: 4GB}
+//!   - {kind: disk, path: /var/cache/agentkv, max_size: 50GB}
+//!   - {kind: redis, url: "redis://127.0.0.1:6379", ttl_secs: 3600}
 //! prompts:
 //!   system: {system: "You are a coding agent."}   # or {text: "raw prompt text"}
 //! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional"}]
@@ -41,6 +46,9 @@ pub struct FileConfig {
     pub tenants: Vec<TenantSection>,
     #[serde(default)]
     pub limits: LimitsSection,
+    /// Storage tiers after the active pool, in lookup order.
+    #[serde(default)]
+    pub tiers: Vec<engine::tier::TierConfig>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -73,6 +81,8 @@ pub struct KvCacheSection {
     pub quantization: Option<Quantization>,
     pub block_size: Option<usize>,
     pub prefix_caching: Option<bool>,
+    /// Demote evicted blocks to every tier (default: only the first).
+    pub tier_write_through: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -258,6 +268,31 @@ mod tests {
             Some(Policy::SegmentedLru)
         );
         assert_eq!(c.tenants[0].api_keys, vec!["k1".to_string()]);
+    }
+
+    #[test]
+    fn tiers_parse_in_order_and_typos_are_named() {
+        let c = FileConfig::parse(
+            "kv_cache_config: {tier_write_through: true}\ntiers:\n  - {kind: ram, max_size: 4GB}\n  \
+             - {kind: disk, path: /tmp/agentkv-tier, max_size: 50GB}\n  \
+             - {kind: redis, url: \"redis://127.0.0.1:6379\", ttl_secs: 60}\n",
+        )
+        .unwrap();
+        assert_eq!(c.tiers.len(), 3);
+        assert!(matches!(
+            c.tiers[0],
+            engine::tier::TierConfig::Ram { max_size, .. } if max_size.0 == 4_000_000_000
+        ));
+        assert!(matches!(
+            c.tiers[2],
+            engine::tier::TierConfig::Redis {
+                ttl_secs: Some(60),
+                ..
+            }
+        ));
+        assert_eq!(c.kv_cache_config.tier_write_through, Some(true));
+        let e = FileConfig::parse("tiers: [{kind: ram, max_sise: 4GB}]\n").unwrap_err();
+        assert!(format!("{e:#}").contains("max_sise"), "{e:#}");
     }
 
     #[test]

@@ -32,6 +32,10 @@ enum Command {
     BenchModel(cmd::bench_model::BenchModelArgs),
     /// Engine throughput: decode at several concurrencies, prefill, TTFT with a cached prefix.
     BenchEngine(cmd::bench_engine::BenchEngineArgs),
+    /// Agent-workload benchmark against OpenAI-compatible endpoints (agent, replay, trace-to-sim).
+    Bench(cmd::bench_agent::BenchArgs),
+    /// KV-cache memory per token, per layer and in total for a model, context length and dtype.
+    KvSize(cmd::kv_size::KvSizeArgs),
     /// Replay a trace of model calls against the KV cache core and report the hit rate.
     CacheSim(cmd::cache_sim::CacheSimArgs),
     /// Generate a synthetic agent-workload trace (JSONL) for cache-sim.
@@ -48,6 +52,8 @@ fn main() -> anyhow::Result<()> {
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::BenchModel(a) => cmd::bench_model::run(a),
         Command::BenchEngine(a) => cmd::bench_engine::run(a),
+        Command::Bench(a) => cmd::bench_agent::run(a),
+        Command::KvSize(a) => cmd::kv_size::run(a),
         Command::CacheSim(a) => cmd::cache_sim::run(a),
         Command::TraceGen(a) => cmd::trace_gen::run(a),
     }

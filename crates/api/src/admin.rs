@@ -36,6 +36,42 @@ pub struct CacheStats {
     pub tenants: Vec<TenantCacheStats>,
     /// Warm-up prompts prefilled and pinned at start.
     pub pinned_prompts: Vec<PinnedPromptStats>,
+    /// Storage tiers after the active pool, in lookup order (empty when none are configured).
+    #[serde(default)]
+    pub tiers: Vec<TierCacheStats>,
+}
+
+/// One storage tier: the store's counters and what the engine did with it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TierCacheStats {
+    /// `ram`, `disk` or `redis`.
+    pub kind: String,
+    /// Prompt tokens served from this tier (loaded instead of recomputed).
+    pub hit_tokens: u64,
+    /// Objects found and verified.
+    pub hits: u64,
+    /// Objects asked for and not returned.
+    pub misses: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Objects dropped by the tier's own byte budget.
+    pub evictions: u64,
+    /// Failed or skipped tier operations.
+    pub errors: u64,
+    /// Objects rejected by verification (checksum, key, truncation).
+    pub corrupt: u64,
+    /// Objects / bytes held now, where the store knows.
+    pub stored_objects: Option<u64>,
+    pub stored_bytes: Option<u64>,
+    /// Blocks demoted into this tier from the active pool.
+    pub demoted_blocks: u64,
+    /// Hits the cost model loaded / recomputed instead.
+    pub load_decisions: u64,
+    pub recompute_decisions: u64,
+    /// Mean load latency in microseconds (0 before the first load).
+    pub mean_load_us: u64,
+    /// Measured load bandwidth (bytes/s), once measured.
+    pub load_bytes_per_s: Option<f64>,
 }
 
 /// `total == free + in_use + cached`.

@@ -1,7 +1,9 @@
-//! Engine configuration.
+//! Engine configuration (plain data; validated by `EngineCore::new`).
 
 use cache::EvictionPolicy;
 use model::KvDtype;
+
+use crate::tiering::TierLoadPolicy;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -18,6 +20,12 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     pub policy: EvictionPolicy,
     pub threads: usize,
+    /// Storage tiers after the active pool, consulted in order (needs `prefix_caching`).
+    pub tiers: Vec<tier::TierConfig>,
+    /// Demote evicted blocks to every tier (`true`) or only the first (write-back, `false`).
+    pub tier_write_through: bool,
+    /// When a tier hit is loaded rather than recomputed.
+    pub tier_load_policy: TierLoadPolicy,
 }
 
 impl Default for EngineConfig {
@@ -31,6 +39,9 @@ impl Default for EngineConfig {
             prefix_caching: true,
             policy: EvictionPolicy::Lru,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            tiers: Vec::new(),
+            tier_write_through: false,
+            tier_load_policy: TierLoadPolicy::CostModel,
         }
     }
 }

@@ -2,18 +2,22 @@
 //! with chunked prefill (decodes first), preemption by recompute, sampling, stop handling.
 //!
 //! Owns the model, the `cache` bookkeeping, the paged K/V memory and every request's state. One
-//! call to [`EngineCore::step`] runs one forward over a flattened batch. It never blocks on I/O
-//! and never talks to clients except through each request's event channel; the actor in
-//! `actor.rs` drives it from its own thread.
+//! call to [`EngineCore::step`] runs one forward over a flattened batch. It never talks to
+//! clients except through each request's event channel; the actor in `actor.rs` drives it from
+//! its own thread. With storage tiers configured it also demotes evicted blocks and loads tier
+//! hits on admission (`tiering.rs` decides and does the I/O, synchronously on this thread).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use cache::{CacheConfig, KvCache, Namespace, NamespaceKey, SeqError, TenantId, Tick};
+use cache::{
+    CacheConfig, CacheEvent, EvictionCause, KvCache, Namespace, NamespaceKey, SeqError, TenantId,
+    Tick,
+};
 use model::forward::{ForwardBatch, Scratch};
 use model::kv::SeqSlot;
-use model::{KvDtype, Model, ThreadPool};
+use model::{Model, ThreadPool};
 
 use crate::config::EngineConfig;
 use crate::error::EngineError;
@@ -23,6 +27,7 @@ use crate::request::{
 };
 use crate::sequence::Sequence;
 use crate::snapshot::{EngineSnapshot, PinnedPrompt};
+use crate::tiering::Tiering;
 
 /// Counters of the engine's own work (the cache keeps its own).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -64,10 +69,34 @@ pub struct EngineCore {
     started: Instant,
     stats: EngineStats,
     pinned: Vec<PinnedPrompt>,
+    /// Storage tiers (`None` when none are configured: no cache events are recorded).
+    tiers: Option<Tiering>,
 }
 
 impl EngineCore {
+    /// An engine over `model`; opens the stores of `cfg.tiers` (a disk tier scans its
+    /// directory; Redis connects lazily).
     pub fn new(model: Arc<Model>, cfg: EngineConfig) -> Result<Self, EngineError> {
+        let stores = tier::open_tiers(&cfg.tiers)
+            .map_err(|e| EngineError::Config(format!("tiers: {e}")))?
+            .into_iter()
+            .map(Arc::from)
+            .collect();
+        Self::with_tier_stores(model, cfg, stores)
+    }
+
+    /// Like [`EngineCore::new`] with already opened tier stores, in lookup order (`cfg.tiers`
+    /// is ignored). Lets callers keep handles to the stores (tests, shared stores).
+    pub fn with_tier_stores(
+        model: Arc<Model>,
+        cfg: EngineConfig,
+        stores: Vec<Arc<dyn tier::TierStore>>,
+    ) -> Result<Self, EngineError> {
+        if !stores.is_empty() && !cfg.prefix_caching {
+            return Err(EngineError::Config(
+                "storage tiers need prefix_caching (blocks are found by their prefix keys)".into(),
+            ));
+        }
         if cfg.max_batch_tokens == 0
             || cfg.max_seqs == 0
             || cfg.block_size == 0
@@ -80,6 +109,7 @@ impl EngineCore {
         let mut cache_cfg = CacheConfig::new(cfg.num_blocks as u32);
         cache_cfg.block_size = cfg.block_size as u32;
         cache_cfg.policy = cfg.policy;
+        cache_cfg.record_events = !stores.is_empty();
         let cache = KvCache::new(cache_cfg).map_err(|e| EngineError::Config(e.to_string()))?;
         let c = &model.config;
         let geo = KvGeometry {
@@ -89,8 +119,20 @@ impl EngineCore {
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
         };
-        let mem = PagedKvMemory::new(geo, cfg.kv_dtype);
+        let mem = PagedKvMemory::new(geo, cfg.kv_dtype)
+            .map_err(|e| EngineError::Config(e.to_string()))?;
         let model_fingerprint = *blake3::hash(model.gguf().file_bytes()).as_bytes();
+        let tiers = (!stores.is_empty()).then(|| {
+            Tiering::new(
+                stores,
+                cfg.tier_write_through,
+                cfg.tier_load_policy,
+                cfg.num_blocks,
+                cfg.block_size,
+                mem.block_num_bytes(),
+                cfg.kv_dtype.id(),
+            )
+        });
         Ok(EngineCore {
             pool: ThreadPool::new(cfg.threads.max(1)),
             model,
@@ -106,6 +148,7 @@ impl EngineCore {
             started: Instant::now(),
             stats: EngineStats::default(),
             pinned: Vec::new(),
+            tiers,
         })
     }
 
@@ -138,19 +181,17 @@ impl EngineCore {
         self.running.len()
     }
 
-    fn codec_name(&self) -> &'static str {
-        match self.cfg.kv_dtype {
-            KvDtype::F32 => "f32",
-            KvDtype::F16 => "f16",
-        }
+    /// The KV codec id (`f16`, `int8-g64`, `k=int8-g64,v=int4-g32`, …) as it enters the namespace.
+    fn codec_name(&self) -> String {
+        self.cfg.kv_dtype.id()
     }
 
     /// The cache namespace of a tenant (with its salt) under this model and KV codec.
     pub fn namespace(&self, tenant: TenantId, salt: &[u8]) -> NamespaceKey {
         Namespace {
             model_fingerprint: self.model_fingerprint,
-            codec_id: self.codec_name().to_string(),
-            codec_version: 1,
+            codec_id: self.codec_name(),
+            codec_version: self.cfg.kv_dtype.version(),
             kv_settings: Vec::new(),
             tenant,
             tenant_salt: salt.to_vec(),
@@ -176,18 +217,33 @@ impl EngineCore {
             block_size: self.cfg.block_size,
             num_blocks: self.cfg.num_blocks,
             kv_bytes_per_token: self.mem.bytes_per_token(),
-            kv_codec: self.codec_name().to_string(),
+            kv_codec: self.codec_name(),
             prefix_caching: self.cfg.prefix_caching,
             pinned: self.pinned.clone(),
+            tiers: self
+                .tiers
+                .as_ref()
+                .map(Tiering::snapshot)
+                .unwrap_or_default(),
         }
     }
 
     /// Drops cached blocks (all, or one tenant's); blocks in use stay with their requests.
     pub fn flush(&mut self, tenant: Option<TenantId>) -> u32 {
-        match tenant {
+        let n = match tenant {
             Some(t) => self.cache.flush_tenant(t),
             None => self.cache.flush_all(),
-        }
+        };
+        self.sync_tiers(None);
+        n
+    }
+
+    /// Handles the cache's events: records the namespace of blocks just published (`ns`: the
+    /// sequence whose `mark_written` published them) and demotes evicted blocks to the tiers.
+    /// Must run before anything overwrites an evicted block (forward pass, fork copy, tier load):
+    /// an evicted block's bytes are intact only until its next write.
+    fn sync_tiers(&mut self, ns: Option<NamespaceKey>) {
+        sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, ns);
     }
 
     /// Prefills `tokens` in the tenant's namespace and pins every full block (warm-up of a
@@ -231,12 +287,14 @@ impl EngineCore {
                     slots: &slots,
                     logits_for: &[],
                 };
+                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, None);
                 let mut kv = self.mem.view(&tables);
                 self.model
                     .forward(&self.pool, &batch, &mut kv, &mut self.scratch)
                     .map_err(|e| EngineError::Internal(e.to_string()))?;
                 done += len;
                 self.cache.mark_written(cs, done, tick).map_err(internal)?;
+                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns));
                 self.stats.prefill_tokens += len as u64;
             }
             Ok(())
@@ -332,6 +390,7 @@ impl EngineCore {
         let mut children = Vec::new();
         for choice in 1..n as u32 {
             let fork = self.cache.fork(cs, tick).map_err(internal)?;
+            self.sync_tiers(None);
             if let Some(copy) = fork.copy {
                 self.mem.copy_block(copy.src, copy.dst, copy.num_tokens);
             }
@@ -371,7 +430,14 @@ impl EngineCore {
             return Ok(0);
         }
         self.stats.steps += 1;
+        let prefill_before = self.stats.prefill_tokens;
+        let started = Instant::now();
         let logits = self.run_forward(&plan)?;
+        if let Some(t) = self.tiers.as_mut() {
+            let num_prefill = (self.stats.prefill_tokens - prefill_before) as usize;
+            let num_tokens = plan.iter().map(|w| w.len).sum();
+            t.observe_forward(num_tokens, num_prefill, started.elapsed());
+        }
         let vocab = self.model.config.vocab_size;
         let mut to_sample = Vec::new();
         for w in &plan {
@@ -380,9 +446,11 @@ impl EngineCore {
             let cs = s.cache_seq.expect("planned sequences hold blocks");
             if self.cfg.prefix_caching {
                 // Publishes every full block now written (visible to lookups from here on).
+                let ns = s.ns;
                 self.cache
                     .mark_written(cs, s.num_computed, tick)
                     .map_err(internal)?;
+                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns));
             }
             if s.num_computed == s.tokens.len() {
                 to_sample.push(w.id);
@@ -531,14 +599,49 @@ impl EngineCore {
         let s = self.seqs.get_mut(&id).expect("waiting sequences exist");
         let (cs, cached) = if self.cfg.prefix_caching {
             let m = self.cache.lookup(&s.ns, &s.tokens, tick);
-            let cached = m.num_cached_tokens();
-            let len = (s.tokens.len() - cached).min(budget);
-            let needed = (cached + len).div_ceil(bs) - m.blocks().len();
+            let active = m.num_cached_tokens();
+            // Continue the match in the tiers (full blocks, at least one token left to compute).
+            let plan = match self.tiers.as_mut() {
+                Some(t) => {
+                    let max_blocks = (s.tokens.len() - 1) / bs;
+                    t.plan(&s.ns, &s.tokens, m.blocks().len(), max_blocks)
+                }
+                None => Default::default(),
+            };
+            let planned = active + plan.num_blocks() * bs;
+            let len = (s.tokens.len() - planned).min(budget);
+            let needed = (planned + len).div_ceil(bs) - m.blocks().len();
             if !self.cache.can_allocate(needed as u32) {
                 self.cache.release_match(m, tick).map_err(internal)?;
                 return Ok(None);
             }
-            (self.cache.create_sequence(m).map_err(internal)?, cached)
+            // Fewer fetched blocks than planned only lowers the blocks needed.
+            let fetched = match self.tiers.as_mut() {
+                Some(t) if plan.num_blocks() > 0 => t.fetch(plan),
+                _ => Vec::new(),
+            };
+            let cs = self.cache.create_sequence(m).map_err(internal)?;
+            let mut cached = active;
+            if !fetched.is_empty() {
+                let loaded = fetched.len() * bs;
+                let new_blocks = self
+                    .cache
+                    .append_tokens(cs, &s.tokens[active..active + loaded], tick)
+                    .map_err(internal)?;
+                let ns = s.ns;
+                // The new blocks may have been evicted just now: demote before overwriting.
+                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, None);
+                for (block, bytes) in new_blocks.iter().zip(&fetched) {
+                    // Lengths were checked by `fetch`: a failure here is an engine bug.
+                    self.mem.load_block_bytes(*block, bytes).map_err(internal)?;
+                }
+                cached += loaded;
+                self.cache
+                    .mark_written(cs, cached, tick)
+                    .map_err(internal)?;
+                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns));
+            }
+            (cs, cached)
         } else {
             let len = s.tokens.len().min(budget);
             if !self.cache.can_allocate(len.div_ceil(bs) as u32) {
@@ -599,6 +702,8 @@ impl EngineCore {
     }
 
     fn run_forward(&mut self, plan: &[Work]) -> Result<Vec<f32>, EngineError> {
+        // Evicted blocks may be rewritten by this pass: demote them first.
+        self.sync_tiers(None);
         let mut tokens = Vec::new();
         let mut positions = Vec::new();
         let mut slots = Vec::new();
@@ -747,6 +852,34 @@ impl EngineCore {
             num_preemptions: s.num_preemptions,
         });
     }
+}
+
+/// See [`EngineCore::sync_tiers`] (a free function so callers can hold other field borrows).
+fn sync_tiers(
+    cache: &mut KvCache,
+    tiers: &mut Option<Tiering>,
+    mem: &PagedKvMemory,
+    ns: Option<NamespaceKey>,
+) {
+    let Some(t) = tiers.as_mut() else {
+        return;
+    };
+    let mut evicted = Vec::new();
+    for event in cache.drain_events() {
+        match event {
+            CacheEvent::BlockStored { block, .. } => match ns {
+                Some(ns) => t.record_published(block, ns.root()),
+                None => t.forget(block),
+            },
+            CacheEvent::BlockEvicted {
+                key, block, cause, ..
+            } => match cause {
+                EvictionCause::Flush => t.forget(block),
+                _ => evicted.push((key, block)),
+            },
+        }
+    }
+    t.demote(&evicted, |block| mem.block_bytes(block));
 }
 
 fn internal(e: impl std::fmt::Display) -> EngineError {

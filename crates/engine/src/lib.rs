@@ -14,6 +14,10 @@ pub mod request;
 mod sequence;
 pub mod snapshot;
 pub mod text;
+pub mod tiering;
+
+/// The storage-tier crate (its `TierConfig` is part of [`EngineConfig`]).
+pub use tier;
 
 pub use actor::{Engine, EngineHandle};
 pub use config::EngineConfig;
@@ -24,3 +28,4 @@ pub use request::{
     Timings, TokenEvent, Usage,
 };
 pub use snapshot::{EngineSnapshot, PinnedPrompt};
+pub use tiering::{TierCounters, TierLoadPolicy, TierSnapshot, TieringSnapshot};

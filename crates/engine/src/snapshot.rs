@@ -3,6 +3,7 @@
 use cache::{Counters, TenantCounters, TenantId, Usage};
 
 use crate::core::EngineStats;
+use crate::tiering::TieringSnapshot;
 
 /// One warm-up prompt pinned at start.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,4 +30,6 @@ pub struct EngineSnapshot {
     pub kv_codec: String,
     pub prefix_caching: bool,
     pub pinned: Vec<PinnedPrompt>,
+    /// Storage tiers: per-tier store counters and the engine's (empty without tiers).
+    pub tiers: TieringSnapshot,
 }

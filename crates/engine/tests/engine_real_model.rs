@@ -501,3 +501,42 @@ fn concurrent_requests_sharing_a_prefix_compute_it_once() {
     );
     assert_eq!(on.stats().prefill_tokens as usize, total - reused);
 }
+
+#[test]
+fn quantized_kv_gives_identical_output_with_the_cache_on_or_off() {
+    let p = prompts();
+    let order: Vec<usize> = (0..3).collect();
+    for spec in ["int8", "int4", "k=int8,v=int4"] {
+        let kv_dtype = model::KvDtype::parse(spec).unwrap();
+        let (off, _) = run(
+            EngineConfig {
+                kv_dtype,
+                ..cfg(false)
+            },
+            &p[..3],
+            &order,
+            1,
+            6,
+        );
+        let (on, core) = run(
+            EngineConfig {
+                kv_dtype,
+                ..cfg(true)
+            },
+            &p[..3],
+            &order,
+            1,
+            6,
+        );
+        assert_eq!(tokens_only(&on), tokens_only(&off), "{spec}");
+        assert!(
+            on.iter().map(|o| o.cached_tokens).sum::<usize>() > 0,
+            "{spec}: prefix reused"
+        );
+        assert_eq!(core.snapshot().kv_codec, kv_dtype.id());
+        assert_eq!(
+            core.memory().allocated_bytes(),
+            core.memory().bytes_per_token() * 16 * 256
+        );
+    }
+}

@@ -10,19 +10,18 @@
 //! reference): the query is rounded to f16 before the K dot products and the softmax weights are
 //! rounded to f16 before they weight V, as ggml converts the f32 operand to the f16 type.
 
-use crate::kernels::{axpy_f16, axpy_f32, dot_f32, dot_f32_f16};
+use crate::kernels::vec_f16::{accumulate_rows_f16, push_scores_f16, round_through_f16};
+use crate::kernels::{axpy_f32, dot_f32};
 use crate::kv::{KvChunk, KvStore, SeqSlot};
-use half::f16;
+use quant::PreparedQuery;
 
 /// Reusable per-task buffers.
 #[derive(Default)]
 pub struct AttnScratch {
     scores: Vec<f32>, // [num_positions]
     q16: Vec<f32>,    // [head_dim] — the query rounded to f16
-}
-
-fn round_f16(x: f32) -> f32 {
-    f16::from_f32(x).to_f32()
+    /// The query prepared for dot products with quantized keys (per-group sums of q).
+    prepared: Option<PreparedQuery>,
 }
 
 /// `out = softmax(q·Kᵀ · scale) · V` over positions `0..num_positions` of `kv_head`.
@@ -42,8 +41,9 @@ pub fn attend_one(
     let head_dim = q.len();
     scratch.scores.clear();
     scratch.q16.clear();
-    scratch.q16.extend(q.iter().map(|&x| round_f16(x)));
-    let (scores, q16) = (&mut scratch.scores, &scratch.q16);
+    scratch.q16.extend_from_slice(q);
+    round_through_f16(&mut scratch.q16);
+    let (scores, q16, prepared) = (&mut scratch.scores, &scratch.q16, &mut scratch.prepared);
     kv.for_each_chunk(
         layer,
         slot,
@@ -55,9 +55,21 @@ pub fn attend_one(
                     scores.push(dot_f32(q, key) * scale);
                 }
             }
-            KvChunk::F16 { k, .. } => {
-                for key in k.chunks_exact(head_dim) {
-                    scores.push(dot_f32_f16(q16, key) * scale);
+            KvChunk::F16 { k, .. } => push_scores_f16(q16, k, scale, scores),
+            KvChunk::Encoded { k, .. } => {
+                // Scores straight from the encoded bytes: q·x̂ = scale·(q·codes) + offset·Σq.
+                let prep = match prepared {
+                    Some(p) if p.kind() == k.kind() && p.head_dim() == head_dim => {
+                        p.reset(k.kind(), q)
+                            .expect("codec validated for this head_dim");
+                        p
+                    }
+                    _ => prepared.insert(
+                        PreparedQuery::new(k.kind(), q).expect("codec validated for this head_dim"),
+                    ),
+                };
+                for row in k.rows() {
+                    scores.push(prep.dot(row) * scale);
                 }
             }
         },
@@ -89,8 +101,13 @@ pub fn attend_one(
                 }
             }
             KvChunk::F16 { v, .. } => {
-                for val in v.chunks_exact(head_dim) {
-                    axpy_f16(round_f16(scores[pos] * inv), val, out);
+                let n = v.len() / head_dim;
+                accumulate_rows_f16(&scores[pos..pos + n], inv, v, out);
+                pos += n;
+            }
+            KvChunk::Encoded { v, .. } => {
+                for row in v.rows() {
+                    quant::axpy_row(v.kind(), scores[pos] * inv, row, out);
                     pos += 1;
                 }
             }
@@ -105,7 +122,7 @@ mod tests {
 
     #[test]
     fn single_position_returns_its_value() {
-        let mut kv = ContiguousKv::new(1, 1, 1, 4, 8, KvDtype::F32);
+        let mut kv = ContiguousKv::new(1, 1, 1, 4, 8, KvDtype::F32).unwrap();
         kv.write(
             0,
             SeqSlot(0),
@@ -132,7 +149,7 @@ mod tests {
     #[test]
     fn matches_naive_softmax_attention() {
         let (hd, n) = (8, 5);
-        let mut kv = ContiguousKv::new(1, 1, 1, hd, n, KvDtype::F32);
+        let mut kv = ContiguousKv::new(1, 1, 1, hd, n, KvDtype::F32).unwrap();
         let ks: Vec<Vec<f32>> = (0..n)
             .map(|p| {
                 (0..hd)

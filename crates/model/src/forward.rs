@@ -7,7 +7,7 @@
 
 use crate::attention::{attend_one, AttnScratch};
 use crate::config::ModelConfig;
-use crate::kernels::{matmul, KernelError, ThreadPool};
+use crate::kernels::{matmul, matmul_many, KernelError, ThreadPool};
 use crate::kv::{KvError, KvStore, SeqSlot};
 use crate::ops::{rms_norm, swiglu, Rope};
 use crate::par::DisjointRows;
@@ -114,9 +114,9 @@ pub fn forward(
         let q = grow(&mut s.q, n * qd);
         let k = grow(&mut s.k, n * kvd);
         let v = grow(&mut s.v, n * kvd);
-        matmul(pool, &w.qmatrix(&lw.wq), xn, n, q)?;
-        matmul(pool, &w.qmatrix(&lw.wk), xn, n, k)?;
-        matmul(pool, &w.qmatrix(&lw.wv), xn, n, v)?;
+        // One dispatch for Q, K and V (bit-identical to three `matmul` calls).
+        let qkv = [w.qmatrix(&lw.wq), w.qmatrix(&lw.wk), w.qmatrix(&lw.wv)];
+        matmul_many(pool, &qkv, xn, n, &mut [&mut *q, &mut *k, &mut *v])?;
         for t in 0..n {
             let (qt, kt, vt) = (
                 &mut q[t * qd..(t + 1) * qd],
@@ -173,8 +173,8 @@ pub fn forward(
         }
         let gate = grow(&mut s.gate, n * ffn);
         let up = grow(&mut s.up, n * ffn);
-        matmul(pool, &w.qmatrix(&lw.w_gate), xn, n, gate)?;
-        matmul(pool, &w.qmatrix(&lw.w_up), xn, n, up)?;
+        let gate_up = [w.qmatrix(&lw.w_gate), w.qmatrix(&lw.w_up)];
+        matmul_many(pool, &gate_up, xn, n, &mut [&mut *gate, &mut *up])?;
         swiglu(gate, up);
         let proj = grow(&mut s.proj, n * hd);
         matmul(pool, &w.qmatrix(&lw.w_down), gate, n, proj)?;

@@ -87,7 +87,9 @@ pub fn generate(
             context,
         });
     }
-    let mut kv = model.contiguous_kv(1, capacity, opts.kv_dtype);
+    let mut kv = model
+        .contiguous_kv(1, capacity, opts.kv_dtype)
+        .map_err(ForwardError::from)?;
     let mut scratch = Scratch::default();
     let mut sampler = Sampler::new(opts.sampling.clone());
     let mut stats = GenerateStats {

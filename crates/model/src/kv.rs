@@ -8,16 +8,29 @@
 //! evicts.
 
 use half::f16;
+use quant::EncodedRows;
 
 /// Which sequence of the batch a token belongs to, as the KV store knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqSlot(pub u32);
 
-/// A run of consecutive positions of one KV head: `k` and `v` are `[num_positions, head_dim]`.
+/// A run of consecutive positions of one KV head: `k` and `v` are `[num_positions, head_dim]`
+/// (or that many encoded rows).
 #[derive(Debug, Clone, Copy)]
 pub enum KvChunk<'a> {
-    F32 { k: &'a [f32], v: &'a [f32] },
-    F16 { k: &'a [f16], v: &'a [f16] },
+    F32 {
+        k: &'a [f32],
+        v: &'a [f32],
+    },
+    F16 {
+        k: &'a [f16],
+        v: &'a [f16],
+    },
+    /// Quantized rows (any `quant` codec; K and V may differ), read without dequantising a block.
+    Encoded {
+        k: EncodedRows<'a>,
+        v: EncodedRows<'a>,
+    },
 }
 
 impl KvChunk<'_> {
@@ -25,7 +38,43 @@ impl KvChunk<'_> {
         match self {
             KvChunk::F32 { k, .. } => k.len() / head_dim,
             KvChunk::F16 { k, .. } => k.len() / head_dim,
+            KvChunk::Encoded { k, .. } => k.num_rows(),
         }
+    }
+}
+
+/// The K/V element encodings: `quant::KvCodecs` (K and V separately). `KvDtype::F16` and
+/// `KvDtype::F32` use plain typed storage; every other codec stores encoded rows.
+pub type KvDtype = quant::KvCodecs;
+
+/// How a store lays out one codec's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvLayout {
+    F32,
+    F16,
+    /// Encoded rows of `k_row_bytes` / `v_row_bytes` bytes.
+    Encoded {
+        k_row_bytes: usize,
+        v_row_bytes: usize,
+    },
+}
+
+impl KvLayout {
+    /// The layout for `codecs` at `head_dim` (validating the codecs for that head size).
+    pub fn of(codecs: KvDtype, head_dim: usize) -> Result<KvLayout, KvError> {
+        codecs
+            .validate(head_dim)
+            .map_err(|e| KvError::Codec(e.to_string()))?;
+        Ok(if codecs == KvDtype::F32 {
+            KvLayout::F32
+        } else if codecs == KvDtype::F16 {
+            KvLayout::F16
+        } else {
+            KvLayout::Encoded {
+                k_row_bytes: codecs.k.bytes_per_row(head_dim),
+                v_row_bytes: codecs.v.bytes_per_row(head_dim),
+            }
+        })
     }
 }
 
@@ -39,6 +88,8 @@ pub enum KvError {
     },
     #[error("unknown KV slot {0}")]
     UnknownSlot(u32),
+    #[error("KV codec: {0}")]
+    Codec(String),
 }
 
 /// Storage of K/V for the sequences of a batch.
@@ -65,28 +116,36 @@ pub trait KvStore: Sync {
     );
 }
 
-/// Element type of a [`ContiguousKv`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvDtype {
-    F32,
-    F16,
-}
-
 /// One contiguous buffer per slot: `[num_layers, num_kv_heads, capacity, head_dim]` for K and V.
 pub struct ContiguousKv {
     num_layers: usize,
     num_kv_heads: usize,
     head_dim: usize,
     capacity: usize,
+    codecs: KvDtype,
+    layout: KvLayout,
     slots: Vec<SlotBuf>,
 }
 
 enum SlotBuf {
-    F32 { k: Vec<f32>, v: Vec<f32> },
-    F16 { k: Vec<f16>, v: Vec<f16> },
+    F32 {
+        k: Vec<f32>,
+        v: Vec<f32>,
+    },
+    F16 {
+        k: Vec<f16>,
+        v: Vec<f16>,
+    },
+    /// `[num_layers, num_kv_heads, capacity]` rows of the codecs' row sizes.
+    Encoded {
+        k: Vec<u8>,
+        v: Vec<u8>,
+    },
 }
 
 impl ContiguousKv {
+    /// A cache of `num_slots` sequences of up to `capacity` tokens; fails when `dtype`'s codecs
+    /// do not fit `head_dim` (e.g. a group size that does not divide it).
     pub fn new(
         num_slots: usize,
         num_layers: usize,
@@ -94,35 +153,47 @@ impl ContiguousKv {
         head_dim: usize,
         capacity: usize,
         dtype: KvDtype,
-    ) -> Self {
-        let n = num_layers * num_kv_heads * capacity * head_dim;
+    ) -> Result<Self, KvError> {
+        let layout = KvLayout::of(dtype, head_dim)?;
+        let rows = num_layers * num_kv_heads * capacity;
+        let n = rows * head_dim;
         let slots = (0..num_slots)
-            .map(|_| match dtype {
-                KvDtype::F32 => SlotBuf::F32 {
+            .map(|_| match layout {
+                KvLayout::F32 => SlotBuf::F32 {
                     k: vec![0.0; n],
                     v: vec![0.0; n],
                 },
-                KvDtype::F16 => SlotBuf::F16 {
+                KvLayout::F16 => SlotBuf::F16 {
                     k: vec![f16::ZERO; n],
                     v: vec![f16::ZERO; n],
                 },
+                KvLayout::Encoded {
+                    k_row_bytes,
+                    v_row_bytes,
+                } => SlotBuf::Encoded {
+                    k: vec![0; rows * k_row_bytes],
+                    v: vec![0; rows * v_row_bytes],
+                },
             })
             .collect();
-        ContiguousKv {
+        Ok(ContiguousKv {
             num_layers,
             num_kv_heads,
             head_dim,
             capacity,
+            codecs: dtype,
+            layout,
             slots,
-        }
+        })
     }
 
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
-    fn offset(&self, layer: usize, kv_head: usize, pos: usize) -> usize {
-        ((layer * self.num_kv_heads + kv_head) * self.capacity + pos) * self.head_dim
+    /// Row index of (layer, head, pos).
+    fn row(&self, layer: usize, kv_head: usize, pos: usize) -> usize {
+        (layer * self.num_kv_heads + kv_head) * self.capacity + pos
     }
 }
 
@@ -144,15 +215,17 @@ impl KvStore for ContiguousKv {
         }
         assert!(layer < self.num_layers, "layer {layer} out of range");
         let hd = self.head_dim;
-        let offsets: Vec<usize> = (0..self.num_kv_heads)
-            .map(|h| self.offset(layer, h, pos))
+        let rows: Vec<usize> = (0..self.num_kv_heads)
+            .map(|h| self.row(layer, h, pos))
             .collect();
+        let (codecs, layout) = (self.codecs, self.layout);
         let buf = self
             .slots
             .get_mut(slot.0 as usize)
             .ok_or(KvError::UnknownSlot(slot.0))?;
-        for (h, &off) in offsets.iter().enumerate() {
+        for (h, &row) in rows.iter().enumerate() {
             let (ks, vs) = (&k[h * hd..(h + 1) * hd], &v[h * hd..(h + 1) * hd]);
+            let off = row * hd;
             match buf {
                 SlotBuf::F32 { k: kb, v: vb } => {
                     kb[off..off + hd].copy_from_slice(ks);
@@ -163,6 +236,19 @@ impl KvStore for ContiguousKv {
                         kb[off + i] = f16::from_f32(ks[i]);
                         vb[off + i] = f16::from_f32(vs[i]);
                     }
+                }
+                SlotBuf::Encoded { k: kb, v: vb } => {
+                    let KvLayout::Encoded {
+                        k_row_bytes: kr,
+                        v_row_bytes: vr,
+                    } = layout
+                    else {
+                        unreachable!("encoded buffers have an encoded layout")
+                    };
+                    quant::encode_row(codecs.k, ks, &mut kb[row * kr..(row + 1) * kr])
+                        .map_err(|e| KvError::Codec(e.to_string()))?;
+                    quant::encode_row(codecs.v, vs, &mut vb[row * vr..(row + 1) * vr])
+                        .map_err(|e| KvError::Codec(e.to_string()))?;
                 }
             }
         }
@@ -178,23 +264,43 @@ impl KvStore for ContiguousKv {
         f: &mut dyn FnMut(usize, KvChunk<'_>),
     ) {
         let n = num_positions.min(self.capacity);
-        let start = self.offset(layer, kv_head, 0);
-        let end = start + n * self.head_dim;
+        let first = self.row(layer, kv_head, 0);
+        let hd = self.head_dim;
         match &self.slots[slot.0 as usize] {
             SlotBuf::F32 { k, v } => f(
                 0,
                 KvChunk::F32 {
-                    k: &k[start..end],
-                    v: &v[start..end],
+                    k: &k[first * hd..(first + n) * hd],
+                    v: &v[first * hd..(first + n) * hd],
                 },
             ),
             SlotBuf::F16 { k, v } => f(
                 0,
                 KvChunk::F16 {
-                    k: &k[start..end],
-                    v: &v[start..end],
+                    k: &k[first * hd..(first + n) * hd],
+                    v: &v[first * hd..(first + n) * hd],
                 },
             ),
+            SlotBuf::Encoded { k, v } => {
+                let KvLayout::Encoded {
+                    k_row_bytes: kr,
+                    v_row_bytes: vr,
+                } = self.layout
+                else {
+                    unreachable!("encoded buffers have an encoded layout")
+                };
+                let kr_rows = EncodedRows::new(self.codecs.k, hd, &k[first * kr..(first + n) * kr])
+                    .expect("whole rows");
+                let vr_rows = EncodedRows::new(self.codecs.v, hd, &v[first * vr..(first + n) * vr])
+                    .expect("whole rows");
+                f(
+                    0,
+                    KvChunk::Encoded {
+                        k: kr_rows,
+                        v: vr_rows,
+                    },
+                )
+            }
         }
     }
 }

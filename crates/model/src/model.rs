@@ -11,7 +11,7 @@ use crate::config::{ConfigError, ModelConfig};
 use crate::forward::{forward, ForwardBatch, ForwardError, Scratch};
 use crate::gguf::{GgufError, GgufFile};
 use crate::kernels::ThreadPool;
-use crate::kv::{ContiguousKv, KvDtype, KvStore};
+use crate::kv::{ContiguousKv, KvDtype, KvError, KvStore};
 use crate::ops::Rope;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use crate::weights::{Weights, WeightsError};
@@ -102,7 +102,12 @@ impl Model {
     }
 
     /// A contiguous K/V cache for `num_slots` sequences of up to `capacity` tokens.
-    pub fn contiguous_kv(&self, num_slots: usize, capacity: usize, dtype: KvDtype) -> ContiguousKv {
+    pub fn contiguous_kv(
+        &self,
+        num_slots: usize,
+        capacity: usize,
+        dtype: KvDtype,
+    ) -> Result<ContiguousKv, KvError> {
         let c = &self.config;
         ContiguousKv::new(
             num_slots,

@@ -8,7 +8,8 @@
 
 use crate::forward::{ForwardBatch, ForwardError, Scratch};
 use crate::kernels::ThreadPool;
-use crate::kv::{KvDtype, SeqSlot};
+use crate::kv::KvDtype;
+use crate::kv::SeqSlot;
 use crate::model::Model;
 use crate::ops::log_softmax_at;
 
@@ -20,6 +21,9 @@ pub struct PerplexityOptions {
     pub kv_dtype: KvDtype,
     /// Stop after this many windows (all when `None`).
     pub max_chunks: Option<usize>,
+    /// Also evaluate each window with this KV codec and report the mean KL divergence
+    /// `KL(p_reference ‖ p)` over the scored tokens (e.g. f32 KV as the reference).
+    pub kl_reference: Option<KvDtype>,
 }
 
 #[derive(Debug, Clone)]
@@ -33,6 +37,8 @@ pub struct PerplexityReport {
     pub running: Vec<f64>,
     /// Log-probabilities of every scored token, in order.
     pub token_logprobs: Vec<f32>,
+    /// Mean KL divergence from the reference codec's distribution (when requested).
+    pub mean_kl: Option<f64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +84,14 @@ pub fn perplexity(
     let slots = vec![SeqSlot(0); ctx];
     let logits_for: Vec<usize> = (first..ctx - 1).collect();
     let vocab = model.config.vocab_size;
-    let mut kv = model.contiguous_kv(1, ctx, opts.kv_dtype);
+    let mut kv = model
+        .contiguous_kv(1, ctx, opts.kv_dtype)
+        .map_err(ForwardError::from)?;
+    let mut ref_kv = match opts.kl_reference {
+        Some(d) => Some(model.contiguous_kv(1, ctx, d).map_err(ForwardError::from)?),
+        None => None,
+    };
+    let mut kl_sum = 0.0f64;
     let mut scratch = Scratch::default();
     let (mut nll, mut nll2) = (0.0f64, 0.0f64);
     let mut token_logprobs = Vec::new();
@@ -95,6 +108,13 @@ pub fn perplexity(
             logits_for: &logits_for,
         };
         let logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
+        if let Some(rkv) = ref_kv.as_mut() {
+            let reference = model.forward(pool, &batch, rkv, &mut scratch)?;
+            for j in 0..logits_for.len() {
+                let row = j * vocab..(j + 1) * vocab;
+                kl_sum += kl_divergence(&reference[row.clone()], &logits[row]);
+            }
+        }
         for (j, &t) in logits_for.iter().enumerate() {
             let target = window[t + 1] as usize;
             let lp = log_softmax_at(&logits[j * vocab..(j + 1) * vocab], target);
@@ -108,6 +128,7 @@ pub fn perplexity(
         on_chunk(c + 1, num_chunks, ppl);
     }
     let n = token_logprobs.len() as f64;
+    let mean_kl = ref_kv.as_ref().map(|_| kl_sum / n);
     let mean = nll / n;
     let var = (nll2 / n - mean * mean).max(0.0);
     let ppl = mean.exp();
@@ -123,5 +144,37 @@ pub fn perplexity(
         ppl_stderr,
         running,
         token_logprobs,
+        mean_kl,
     })
+}
+
+/// `KL(softmax(p) ‖ softmax(q))` of two logit rows, in nats, summed in f64.
+pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let lse = |l: &[f32]| {
+        let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        m + l.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln()
+    };
+    let (lp, lq) = (lse(p_logits), lse(q_logits));
+    p_logits
+        .iter()
+        .zip(q_logits)
+        .map(|(&a, &b)| {
+            let (la, lb) = (a as f64 - lp, b as f64 - lq);
+            la.exp() * (la - lb)
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kl_divergence;
+
+    #[test]
+    fn kl_is_zero_for_equal_rows_and_positive_otherwise() {
+        let a = [1.0f32, 2.0, 0.5];
+        assert!(kl_divergence(&a, &a).abs() < 1e-12);
+        assert!(kl_divergence(&a, &[0.0, 2.0, 0.5]) > 0.0);
+        // Shift invariance: logits are defined up to a constant.
+        assert!(kl_divergence(&a, &[11.0, 12.0, 10.5]).abs() < 1e-9);
+    }
 }

@@ -239,7 +239,7 @@ fn check(arch: &str, want_arch: Arch) {
     let positions: Vec<u32> = (0..tokens.len() as u32).collect();
     let slots = vec![SeqSlot(0); tokens.len()];
     let logits_for: Vec<usize> = (0..tokens.len()).collect();
-    let mut kv = ContiguousKv::new(1, LAYERS, KV_HEADS, HEAD_DIM, 16, KvDtype::F32);
+    let mut kv = ContiguousKv::new(1, LAYERS, KV_HEADS, HEAD_DIM, 16, KvDtype::F32).unwrap();
     let pool = ThreadPool::new(2);
     let batch = ForwardBatch {
         tokens: &tokens,

@@ -19,7 +19,7 @@ fn teacher_forced(m: &model::Model, pool: &ThreadPool, r: &common::Reference) ->
     let positions: Vec<u32> = (0..all.len() as u32).collect();
     let slots = vec![model::SeqSlot(0); all.len()];
     let logits_for: Vec<usize> = (r.prompt_ids.len() - 1..all.len()).take(n).collect();
-    let mut kv = m.contiguous_kv(1, all.len(), KvDtype::F16);
+    let mut kv = m.contiguous_kv(1, all.len(), KvDtype::F16).unwrap();
     let batch = ForwardBatch {
         tokens: &all,
         positions: &positions,
@@ -129,6 +129,7 @@ fn perplexity_matches_llama_cpp_f16_kv() {
         use_bos,
         kv_dtype: KvDtype::F16,
         max_chunks: None,
+        kl_reference: None,
     };
     let report = perplexity(m, &pool, &tokens, &opts, |_, _, _| {}).expect("perplexity");
     let rel = (report.ppl - LLAMA_CPP_PPL).abs() / LLAMA_CPP_PPL;

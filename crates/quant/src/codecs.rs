@@ -16,6 +16,17 @@ pub struct KvCodecs {
 }
 
 impl KvCodecs {
+    /// f32 K and V.
+    pub const F32: KvCodecs = KvCodecs {
+        k: KvCodecKind::F32,
+        v: KvCodecKind::F32,
+    };
+    /// f16 K and V (the default, as llama.cpp).
+    pub const F16: KvCodecs = KvCodecs {
+        k: KvCodecKind::F16,
+        v: KvCodecKind::F16,
+    };
+
     /// The same codec for K and V.
     pub fn uniform(kind: KvCodecKind) -> KvCodecs {
         KvCodecs { k: kind, v: kind }

@@ -131,6 +131,11 @@ impl KvCodecKind {
     }
 
     /// Checks that rows of `head_dim` values can use this codec.
+    /// [`KvCodecKind::parse`] with a `String` error (for command-line parsers).
+    pub fn parse_str(s: &str) -> Result<KvCodecKind, String> {
+        KvCodecKind::parse(s).map_err(|e| e.to_string())
+    }
+
     pub fn validate(&self, head_dim: usize) -> Result<(), QuantError> {
         if head_dim == 0 {
             return Err(QuantError::ZeroHeadDim);

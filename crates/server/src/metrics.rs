@@ -340,6 +340,129 @@ fn render_engine(
         "Tokens computed in decode.",
         s.stats.decode_tokens,
     );
+    render_tiers(out, s);
+}
+
+/// Per-tier series, labelled `tier` (position in the lookup order) and `kind`.
+fn render_tiers(out: &mut String, s: &EngineSnapshot) {
+    let tiers = &s.tiers.tiers;
+    if tiers.is_empty() {
+        return;
+    }
+    type Field = fn(&engine::TierSnapshot) -> u64;
+    let series: [(&str, &str, &str, Field); 11] = [
+        (
+            "agentkv_tier_hit_tokens_total",
+            "counter",
+            "Prompt tokens loaded from the tier instead of recomputed.",
+            |t| t.engine.hit_tokens,
+        ),
+        (
+            "agentkv_tier_hits_total",
+            "counter",
+            "Tier objects found and verified.",
+            |t| t.stats.hits,
+        ),
+        (
+            "agentkv_tier_misses_total",
+            "counter",
+            "Tier objects asked for and not returned.",
+            |t| t.stats.misses,
+        ),
+        (
+            "agentkv_tier_read_bytes_total",
+            "counter",
+            "Stored bytes read from the tier.",
+            |t| t.stats.bytes_read,
+        ),
+        (
+            "agentkv_tier_written_bytes_total",
+            "counter",
+            "Stored bytes written to the tier.",
+            |t| t.stats.bytes_written,
+        ),
+        (
+            "agentkv_tier_evictions_total",
+            "counter",
+            "Objects dropped by the tier's own byte budget.",
+            |t| t.stats.evictions,
+        ),
+        (
+            "agentkv_tier_errors_total",
+            "counter",
+            "Failed or skipped tier operations (the request recomputes).",
+            |t| t.stats.errors,
+        ),
+        (
+            "agentkv_tier_corrupt_total",
+            "counter",
+            "Tier objects rejected (checksum, key, truncation, wrong shape).",
+            |t| t.stats.corrupt + t.engine.rejected,
+        ),
+        (
+            "agentkv_tier_demoted_blocks_total",
+            "counter",
+            "KV blocks written to the tier on eviction from the active pool.",
+            |t| t.engine.demoted_blocks,
+        ),
+        (
+            "agentkv_tier_load_decisions_total",
+            "counter",
+            "Tier hits the cost model chose to load.",
+            |t| t.engine.load_decisions,
+        ),
+        (
+            "agentkv_tier_recompute_decisions_total",
+            "counter",
+            "Tier hits the cost model chose to recompute.",
+            |t| t.engine.recompute_decisions,
+        ),
+    ];
+    for (name, kind, help, f) in series {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}
+# TYPE {name} {kind}"
+        );
+        for (i, t) in tiers.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}{{tier=\"{i}\",kind=\"{}\"}} {}",
+                t.kind.as_str(),
+                f(t)
+            );
+        }
+    }
+    let name = "agentkv_tier_load_latency_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Latency of one batched load from the tier.\n# TYPE {name} histogram"
+    );
+    for (i, t) in tiers.iter().enumerate() {
+        let labels = format!("tier=\"{i}\",kind=\"{}\"", t.kind.as_str());
+        let mut cumulative = 0;
+        for (count, bound_us) in t
+            .stats
+            .load_buckets
+            .iter()
+            .zip(engine::tiering::LOAD_LATENCY_BUCKETS_US)
+        {
+            cumulative += count;
+            let le = bound_us as f64 / 1e6;
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels},le=\"+Inf\"}} {}",
+            t.stats.load_count
+        );
+        let _ = writeln!(
+            out,
+            "{name}_sum{{{labels}}} {}",
+            t.stats.load_sum_us as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", t.stats.load_count);
+    }
 }
 
 /// Escapes a label value (`\`, `"`, newline).

@@ -25,8 +25,8 @@ pub struct BenchEngineArgs {
     /// Prefix length for the time-to-first-token comparison.
     #[arg(long, default_value_t = 1024)]
     pub prefix_tokens: usize,
-    #[arg(long, default_value = "f16", value_parser = super::common::parse_kv_dtype)]
-    pub kv_dtype: model::KvDtype,
+    #[command(flatten)]
+    pub kv: super::common::KvArgs,
 }
 
 fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
@@ -56,7 +56,7 @@ fn new_core(
     let cfg = EngineConfig {
         num_blocks: 4096,
         max_seqs: 128,
-        kv_dtype: args.kv_dtype,
+        kv_dtype: args.kv.codecs()?,
         prefix_caching,
         threads,
         ..Default::default()

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use model::forward::{ForwardBatch, Scratch};
-use model::{KvDtype, SeqSlot};
+use model::SeqSlot;
 
 use super::common::ModelArgs;
 
@@ -22,8 +22,8 @@ pub struct BenchModelArgs {
     /// Repetitions (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
-    #[arg(long, default_value = "f16", value_parser = super::common::parse_kv_dtype)]
-    pub kv_dtype: KvDtype,
+    #[command(flatten)]
+    pub kv: super::common::KvArgs,
 }
 
 pub fn run(args: BenchModelArgs) -> Result<()> {
@@ -37,7 +37,8 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
     let mut pp = Vec::new();
     let mut tg = Vec::new();
     for _ in 0..args.reps.max(1) {
-        let mut kv = model.contiguous_kv(1, args.prompt_tokens + args.gen_tokens, args.kv_dtype);
+        let mut kv =
+            model.contiguous_kv(1, args.prompt_tokens + args.gen_tokens, args.kv.codecs()?)?;
         let mut scratch = Scratch::default();
         let positions: Vec<u32> = (0..args.prompt_tokens as u32).collect();
         let slots = vec![SeqSlot(0); args.prompt_tokens];
@@ -51,7 +52,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         model.forward(&pool, &batch, &mut kv, &mut scratch)?;
         pp.push(args.prompt_tokens as f64 / t0.elapsed().as_secs_f64());
 
-        let mut kv = model.contiguous_kv(1, args.gen_tokens + 1, args.kv_dtype);
+        let mut kv = model.contiguous_kv(1, args.gen_tokens + 1, args.kv.codecs()?)?;
         let t0 = Instant::now();
         let mut tok = 1u32;
         for pos in 0..args.gen_tokens {

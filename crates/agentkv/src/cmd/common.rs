@@ -32,13 +32,36 @@ impl ModelArgs {
     }
 }
 
-/// Parses `f32`, `f16` into a KV dtype.
+/// Parses a KV codec spec: `f16`, `f32`, `bf16`, `fp8`, `int8`, `int4`, `int8-g32`, or separate
+/// K and V codecs as `k=int8,v=int4`.
 pub fn parse_kv_dtype(s: &str) -> Result<model::KvDtype, String> {
-    match s {
-        "f32" => Ok(model::KvDtype::F32),
-        "f16" => Ok(model::KvDtype::F16),
-        other => Err(format!(
-            "unsupported KV dtype {other:?} (supported: f32, f16)"
-        )),
+    model::KvDtype::parse(s).map_err(|e| e.to_string())
+}
+
+/// KV codec flags shared by the commands that run the model.
+#[derive(clap::Args, Debug, Clone)]
+pub struct KvArgs {
+    /// KV codec for K and V: f16 (default), f32, bf16, fp8, int8, int4, int8-g32, … or
+    /// `k=int8,v=int4`.
+    #[arg(long, default_value = "f16", value_parser = parse_kv_dtype)]
+    pub kv_dtype: model::KvDtype,
+    /// Codec for K only (overrides --kv-dtype for K).
+    #[arg(long, value_parser = quant::KvCodecKind::parse_str)]
+    pub k_dtype: Option<quant::KvCodecKind>,
+    /// Codec for V only (overrides --kv-dtype for V).
+    #[arg(long, value_parser = quant::KvCodecKind::parse_str)]
+    pub v_dtype: Option<quant::KvCodecKind>,
+}
+
+impl KvArgs {
+    pub fn codecs(&self) -> Result<model::KvDtype> {
+        let mut c = self.kv_dtype;
+        if let Some(k) = self.k_dtype {
+            c.k = k;
+        }
+        if let Some(v) = self.v_dtype {
+            c.v = v;
+        }
+        Ok(c)
     }
 }

@@ -44,9 +44,8 @@ pub struct GenerateArgs {
     /// Keep generating past end-of-turn tokens.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// KV cache element type: f32 or f16.
-    #[arg(long, default_value = "f16", value_parser = super::common::parse_kv_dtype)]
-    pub kv_dtype: model::KvDtype,
+    #[command(flatten)]
+    pub kv: super::common::KvArgs,
     /// Print timing statistics to stderr.
     #[arg(long)]
     pub stats: bool,
@@ -86,7 +85,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let cfg = EngineConfig {
         num_blocks,
         block_size,
-        kv_dtype: args.kv_dtype,
+        kv_dtype: args.kv.codecs()?,
         threads: pool_threads(&args.model),
         ..Default::default()
     };

@@ -1,5 +1,6 @@
 //! One module per subcommand: argument structs and thin glue over the library crates.
 
+pub mod bench_agent;
 pub mod bench_engine;
 pub mod bench_model;
 pub mod cache_sim;
@@ -7,6 +8,7 @@ pub mod common;
 pub mod fetch_model;
 pub mod generate;
 pub mod info;
+pub mod kv_size;
 pub mod perplexity;
 pub mod serve;
 pub mod trace_gen;

@@ -24,9 +24,11 @@ pub struct PerplexityArgs {
     /// BOS handling: `auto` follows the tokenizer's add_bos flag (as llama.cpp does), `always`, `never`.
     #[arg(long, default_value = "auto")]
     pub bos: String,
-    /// KV cache element type: f32 or f16.
-    #[arg(long, default_value = "f16", value_parser = super::common::parse_kv_dtype)]
-    pub kv_dtype: model::KvDtype,
+    #[command(flatten)]
+    pub kv: super::common::KvArgs,
+    /// Also run each window with this KV codec (e.g. f32) and report the mean KL divergence.
+    #[arg(long, value_parser = super::common::parse_kv_dtype)]
+    pub kl_reference: Option<model::KvDtype>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -49,11 +51,13 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         tokens.len(),
         args.ctx
     );
+    let kv_dtype = args.kv.codecs()?;
     let opts = PerplexityOptions {
         ctx: args.ctx,
         use_bos,
-        kv_dtype: args.kv_dtype,
+        kv_dtype,
         max_chunks: args.chunks,
+        kl_reference: args.kl_reference,
     };
     let start = Instant::now();
     let report = perplexity(&model, &pool, &tokens, &opts, |i, n, ppl| {
@@ -67,6 +71,9 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             serde_json::json!({
                 "ppl": report.ppl, "stderr": report.ppl_stderr, "chunks": report.num_chunks,
                 "scored_tokens": report.num_scored, "ctx": args.ctx, "seconds": secs,
+                "kv_codecs": kv_dtype.id(), "kv_bytes_per_token": kv_dtype.bytes_per_token(
+                    model.config.num_layers, model.config.num_kv_heads, model.config.head_dim),
+                "mean_kl": report.mean_kl,
             })
         );
     } else {
@@ -80,6 +87,9 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             secs,
             (report.num_chunks * args.ctx) as f64 / secs
         );
+        if let Some(kl) = report.mean_kl {
+            println!("Mean KL divergence from the reference KV codec: {kl:.6}");
+        }
     }
     Ok(())
 }

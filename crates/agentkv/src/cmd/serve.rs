@@ -150,6 +150,9 @@ fn engine_config(
             bail!("kv_cache_config.max_size: {bytes} bytes is less than one KV block ({block_bytes} bytes)");
         }
     }
+    // Set after the probe above, which must not open the tiers.
+    cfg.tiers = file.tiers.clone();
+    cfg.tier_write_through = kv.tier_write_through.unwrap_or(false);
     Ok(cfg)
 }
 

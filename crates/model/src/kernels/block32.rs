@@ -290,18 +290,16 @@ pub(crate) mod avx2 {
         }
     }
 
-    fn pf_dist() -> usize {
-        static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        *D.get_or_init(|| {
-            std::env::var("PFD")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(2048)
-        })
-    }
+    /// How far (bytes) beyond the tile's own rows the decode tile prefetches: about one DRAM
+    /// latency of streaming at ~20 GB/s per core. Measured on Zen 3 (1 thread, real model
+    /// weights, Q4_1 layer matrices): 0 → 15.5 GB/s, 1024 → 17.5, 2048 → 18.8, 4096 → 20.7,
+    /// 16384 → 19 GB/s; the Q8_0 output head goes from 26 to 29 GB/s.
+    const PF_DIST: usize = 4096;
 
     /// `out[t][r] = dot(W[row0 + r], X[tok0 + t])` for a `T × R` tile, canonical order.
     /// `w` is the whole weight matrix with rows of `row_bytes` bytes.
+    ///
+    /// `PF` turns on software prefetching of the rows after the tile (for streaming, `T == 1`).
     ///
     /// Panics (internal bug) if the tile is out of range.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -329,11 +327,12 @@ pub(crate) mod avx2 {
         let mut wa = [_mm256_setzero_si256(); R];
         let mut dw = [_mm256_setzero_ps(); R];
         let mut mw = [0f32; R];
-        // Software prefetch (decode streams weights from DRAM; the interleaved short rows defeat
-        // the hardware prefetcher): while block `b` is read, fetch the matching slice of the
-        // bytes `PF_DIST` beyond the next tile, one request per cache line, never past `w`.
+        // Software prefetch when `PF` (decode streams every weight once from DRAM, and the
+        // interleaved short rows defeat the hardware prefetcher): while block `b` is read, fetch
+        // the matching slice of the bytes `PF_DIST` beyond this tile's rows, one request per
+        // cache line, never past `w`. Prefetching has no effect on results.
         let pf_step = R * B::BYTES;
-        let pf_start = (row0 + R) * row_bytes + pf_dist();
+        let pf_start = (row0 + R) * row_bytes + PF_DIST;
         let mut pf_next = pf_start;
         for b in 0..nb {
             if PF {

@@ -6,10 +6,11 @@
 //! Owns the driver: shape checks, quantising the activations once per call (into a reused
 //! thread-local [`ActQ8`]), splitting rows into contiguous ranges (one pool task each, so every
 //! thread streams its own slice of the weights), and walking each range in register tiles
-//! (1 token × 4 rows for decode, 4 tokens × 2 rows for batches, so a weight block is decoded once
-//! per 4 tokens). Types without an integer kernel take the "convert row to f32, then `dot_f32`"
-//! path. Every output element follows one fixed operation sequence, whatever the batch, tile or
-//! thread split (see the `kernels` module doc). It never allocates per task.
+//! (1 token × 4 rows for decode, with software prefetch of the weight stream; 4 tokens × 2 rows
+//! for batches, so a weight block is decoded once per 4 tokens). Types without an integer kernel
+//! take the "convert row to f32, then `dot_f32`" path. Every output element follows one fixed
+//! operation sequence, whatever the batch, tile or thread split (see the `kernels` module doc).
+//! It never allocates per task.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -82,6 +83,33 @@ pub fn matmul_with_features(
     y: &mut [f32],
     features: CpuFeatures,
 ) -> Result<(), KernelError> {
+    let Some((job, out)) = prepare(w, x, num_tokens, y, features)? else {
+        return Ok(());
+    };
+    match w.ty {
+        GgmlType::Q4_0 => job.run_quantized::<Q4_0>(pool, x, &out),
+        GgmlType::Q4_1 => job.run_quantized::<Q4_1>(pool, x, &out),
+        GgmlType::Q5_0 => job.run_quantized::<Q5_0>(pool, x, &out),
+        GgmlType::Q5_1 => job.run_quantized::<Q5_1>(pool, x, &out),
+        GgmlType::Q8_0 => job.run_quantized::<Q8_0>(pool, x, &out),
+        GgmlType::F32
+        | GgmlType::F16
+        | GgmlType::BF16
+        | GgmlType::Q4K
+        | GgmlType::Q5K
+        | GgmlType::Q6K => job.run_float_rows(pool, x, &out),
+    }
+    Ok(())
+}
+
+/// Checks `w`, `x` and `y` against each other; `None` when there is nothing to compute.
+pub(super) fn prepare<'a>(
+    w: &QMatrix<'a>,
+    x: &[f32],
+    num_tokens: usize,
+    y: &mut [f32],
+    features: CpuFeatures,
+) -> Result<Option<(Job<'a>, OutPtr)>, KernelError> {
     let row_bytes = w.checked_row_bytes()?;
     let x_len = num_tokens
         .checked_mul(w.row_len)
@@ -102,37 +130,31 @@ pub fn matmul_with_features(
         });
     }
     if num_tokens == 0 || w.num_rows == 0 {
-        return Ok(());
+        return Ok(None);
     }
-    let features = features.clamp_to_detected();
     let job = Job {
         w: *w,
         row_bytes,
         num_tokens,
-        features,
+        features: features.clamp_to_detected(),
     };
     let out = OutPtr {
         ptr: y.as_mut_ptr(),
         len: y.len(),
     };
-    match w.ty {
-        GgmlType::Q4_0 => job.run_quantized::<Q4_0>(pool, x, &out),
-        GgmlType::Q4_1 => job.run_quantized::<Q4_1>(pool, x, &out),
-        GgmlType::Q5_0 => job.run_quantized::<Q5_0>(pool, x, &out),
-        GgmlType::Q5_1 => job.run_quantized::<Q5_1>(pool, x, &out),
-        GgmlType::Q8_0 => job.run_quantized::<Q8_0>(pool, x, &out),
-        GgmlType::F32
-        | GgmlType::F16
-        | GgmlType::BF16
-        | GgmlType::Q4K
-        | GgmlType::Q5K
-        | GgmlType::Q6K => job.run_float_rows(pool, x, &out),
-    }
-    Ok(())
+    Ok(Some((job, out)))
+}
+
+/// Whether `ty` has an integer block kernel (and so uses quantised activations).
+pub(super) fn is_block32(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+    )
 }
 
 /// The output matrix shared by all tasks; each task writes only its own rows.
-struct OutPtr {
+pub(super) struct OutPtr {
     ptr: *mut f32,
     len: usize,
 }
@@ -167,7 +189,16 @@ thread_local! {
     static ROW_SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-struct Job<'a> {
+/// Runs `f` with this thread's reusable activation scratch (a fresh one on re-entrant use, e.g. a
+/// matmul inside a pool task).
+pub(super) fn with_act_scratch(f: impl FnOnce(&mut ActQ8)) {
+    ACT_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut act) => f(&mut act),
+        Err(_) => f(&mut ActQ8::default()),
+    });
+}
+
+pub(super) struct Job<'a> {
     w: QMatrix<'a>,
     row_bytes: usize,
     num_tokens: usize,
@@ -175,8 +206,35 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Contiguous row ranges, about 4 per thread (rows rounded to the tile height).
-    fn split(&self, pool: &ThreadPool) -> (usize, usize) {
+    pub(super) fn num_rows(&self) -> usize {
+        self.w.num_rows
+    }
+
+    pub(super) fn row_len(&self) -> usize {
+        self.w.row_len
+    }
+
+    pub(super) fn features(&self) -> CpuFeatures {
+        self.features
+    }
+
+    /// [`Self::rows_block32`] for the job's weight type, which must be [`is_block32`].
+    pub(super) fn rows_block32_any(&self, act: &ActQ8, rows: Range<usize>, out: &OutPtr) {
+        match self.w.ty {
+            GgmlType::Q4_0 => self.rows_block32::<Q4_0>(act, rows, out),
+            GgmlType::Q4_1 => self.rows_block32::<Q4_1>(act, rows, out),
+            GgmlType::Q5_0 => self.rows_block32::<Q5_0>(act, rows, out),
+            GgmlType::Q5_1 => self.rows_block32::<Q5_1>(act, rows, out),
+            GgmlType::Q8_0 => self.rows_block32::<Q8_0>(act, rows, out),
+            other => {
+                unreachable!("rows_block32_any called for {other:?}, which has no block kernel")
+            }
+        }
+    }
+
+    /// Contiguous row ranges, about 4 per thread (rows rounded to the tile height):
+    /// `(num_tasks, rows_per_task)`.
+    pub(super) fn split(&self, pool: &ThreadPool) -> (usize, usize) {
         let num_rows = self.w.num_rows;
         if pool.num_threads() == 1 {
             return (1, num_rows);
@@ -197,11 +255,7 @@ impl Job<'_> {
                 self.rows_block32::<B>(act, rows, out);
             });
         };
-        ACT_SCRATCH.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut act) => run(&mut act),
-            // Re-entrant call on this thread (a matmul inside a pool task): use a fresh buffer.
-            Err(_) => run(&mut ActQ8::default()),
-        });
+        with_act_scratch(run);
     }
 
     fn rows_block32<B: Kernel>(&self, act: &ActQ8, rows: Range<usize>, out: &OutPtr) {

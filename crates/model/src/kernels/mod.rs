@@ -1,10 +1,12 @@
 //! CPU compute kernels: the hot path of the forward pass.
 //!
 //! Owns the thread pool ([`pool`]), runtime CPU feature detection ([`cpu`]), f32 vector primitives
-//! ([`vec_f32`]: `dot_f32`, `axpy_f32`; [`vec_f16`]: the same with an f16 operand widened on load), activation quantisation to 8-bit blocks ([`act_quant`]),
+//! ([`vec_f32`]: `dot_f32`, `axpy_f32`; [`vec_f16`]: the same with an f16 operand widened on
+//! load, plus the batched attention loops), activation quantisation to 8-bit blocks ([`act_quant`]),
 //! per-block integer dot products for the 32-element quant types ([`block32`], with a portable
 //! scalar path and an AVX2 path), row conversion to f32 for everything else ([`row_f32`]) and the
-//! matrix-times-activations driver ([`matmul`]). It never reads files, never allocates per task,
+//! matrix-times-activations driver ([`matmul`]; several matrices sharing one input in one dispatch:
+//! [`matmul_many`]). It never reads files, never allocates per task,
 //! and never decides what a model layer is.
 //!
 //! Numerical contract (the engine relies on it):
@@ -19,6 +21,7 @@ pub mod act_quant;
 pub mod block32;
 pub mod cpu;
 pub mod matmul;
+pub mod matmul_many;
 pub mod pool;
 pub mod row_f32;
 pub mod vec_f16;
@@ -29,6 +32,7 @@ mod tests;
 
 pub use cpu::{cpu_features, set_force_portable, CpuFeatures};
 pub use matmul::{matmul, matmul_with_features, QMatrix};
+pub use matmul_many::{matmul_many, matmul_many_with_features, MAX_FUSED};
 pub use pool::ThreadPool;
 pub use vec_f16::{axpy_f16, dot_f32_f16};
 pub use vec_f32::{axpy_f32, dot_f32};
@@ -59,6 +63,9 @@ pub enum KernelError {
     /// The output slice is not `[num_tokens, num_rows]`.
     #[error("output has {actual} elements, expected {expected} = num_tokens * num_rows")]
     OutputLen { expected: usize, actual: usize },
+    /// A fused call got a different number of matrices and outputs.
+    #[error("{matrices} matrices but {outputs} outputs")]
+    FusedCount { matrices: usize, outputs: usize },
     /// A size computation overflowed `usize`.
     #[error("shape overflows usize")]
     Overflow,

@@ -15,6 +15,13 @@
 //! Re-entrant or concurrent calls on the same pool (a task calling `for_each`, two threads sharing
 //! a pool) do not deadlock either: a call that finds the pool busy runs its tasks inline.
 //! It never spawns threads after construction.
+//!
+//! Oversubscription: on a machine shared with other busy processes, a worker can lose its core
+//! while it holds a claimed task, and the caller then waits a whole scheduler time slice
+//! (milliseconds) for a microsecond task. When a call waits for workers longer than
+//! `STALL_THRESHOLD` plus twice the caller's own average task duration, the pool runs the calls
+//! of the next `STALL_BACKOFF` inline on the caller, then tries the workers again. This only
+//! changes which thread runs a task, never a result.
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -25,6 +32,12 @@ use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before parking.
 const SPIN_BEFORE_PARK: Duration = Duration::from_micros(300);
+/// A caller that waits this long (plus twice its own average task duration) for workers to
+/// finish their claimed tasks concludes that a worker was preempted (decode tasks take
+/// microseconds; a lost time slice takes milliseconds).
+const STALL_THRESHOLD: Duration = Duration::from_micros(100);
+/// After a stall, calls run on the caller alone for this long, then try the workers again.
+const STALL_BACKOFF: Duration = Duration::from_millis(100);
 /// Largest task count one published job may carry (the ticket keeps the index in 32 bits).
 const MAX_TASKS_PER_JOB: usize = 1 << 31;
 /// Ticket index meaning "generation announced, job fields being written: do not claim yet".
@@ -61,6 +74,12 @@ pub struct ThreadPool {
     busy: AtomicBool,
     /// Generation counter, only touched by the dispatching caller while `busy`.
     generation: UnsafeCell<u32>,
+    /// Oversubscription fallback: while `Instant::now() < epoch + inline_until_ns`, calls run
+    /// inline on the caller (see [`ThreadPool::for_each`]).
+    epoch: Instant,
+    inline_until_ns: AtomicU64,
+    stall_threshold: Duration,
+    stall_backoff: Duration,
 }
 
 // SAFETY: `generation` is only read/written by the thread that won the `busy` flag (an acquire
@@ -99,6 +118,10 @@ impl ThreadPool {
             num_threads,
             busy: AtomicBool::new(false),
             generation: UnsafeCell::new(0),
+            epoch: Instant::now(),
+            inline_until_ns: AtomicU64::new(0),
+            stall_threshold: STALL_THRESHOLD,
+            stall_backoff: STALL_BACKOFF,
         }
     }
 
@@ -107,13 +130,19 @@ impl ThreadPool {
         self.num_threads
     }
 
+    /// Whether calls currently run inline because a recent call stalled on a preempted worker.
+    pub fn backing_off(&self) -> bool {
+        let until = self.inline_until_ns.load(Ordering::Relaxed);
+        until != 0 && (self.epoch.elapsed().as_nanos() as u64) < until
+    }
+
     /// Runs `f(i)` for every `i` in `0..num_tasks`, spread over the pool, and returns when all
     /// calls have finished. Re-raises a task panic after all tasks are done (see module doc).
     pub fn for_each(&self, num_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         if num_tasks == 0 {
             return;
         }
-        if self.workers.is_empty() || num_tasks == 1 {
+        if self.workers.is_empty() || num_tasks == 1 || self.backing_off() {
             (0..num_tasks).for_each(f);
             return;
         }
@@ -163,10 +192,13 @@ impl ThreadPool {
             s.wake.notify_all();
         }
 
+        let own_start = Instant::now();
+        let mut own_tasks = 0u32;
         let own = catch_unwind(AssertUnwindSafe(|| {
             while let Some(i) = claim(s, generation, num_tasks) {
                 f(i);
                 s.completed.fetch_add(1, Ordering::Release);
+                own_tasks += 1;
             }
         }));
         if own.is_err() {
@@ -178,12 +210,24 @@ impl ThreadPool {
             }
         }
         let mut spins = 0u32;
+        let wait_start = (s.completed.load(Ordering::Acquire) < num_tasks).then(Instant::now);
         while s.completed.load(Ordering::Acquire) < num_tasks {
             spins += 1;
             if spins < 1 << 14 {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
+            }
+        }
+        if let Some(start) = wait_start {
+            // A running worker finishes within about one task duration of the caller running
+            // out of tasks; waiting much longer than that means it lost its core.
+            let waited = start.elapsed();
+            let own_avg = (start - own_start) / own_tasks.max(1);
+            if waited >= self.stall_threshold + 2 * own_avg {
+                let until = self.epoch.elapsed() + self.stall_backoff;
+                self.inline_until_ns
+                    .store(until.as_nanos() as u64, Ordering::Relaxed);
             }
         }
         // Every task is claimed and finished: no worker can run `f` again (claims for this
@@ -268,8 +312,13 @@ fn wait_for_new_generation(s: &Shared, seen: u32) -> Option<u32> {
         }
         spins = spins.wrapping_add(1);
         std::hint::spin_loop();
-        if spins.is_multiple_of(64) && start.elapsed() > SPIN_BEFORE_PARK {
-            break;
+        if spins.is_multiple_of(64) {
+            if start.elapsed() > SPIN_BEFORE_PARK {
+                break;
+            }
+            // Give the core away if anything else wants it (on an oversubscribed machine that
+            // may be our own caller); returns at once on an idle one.
+            std::thread::yield_now();
         }
     }
     let mut guard = s.park_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -376,6 +425,48 @@ mod tests {
             total.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(total.load(Ordering::Relaxed), 10);
+    }
+
+    #[test]
+    fn a_stalled_worker_makes_later_calls_run_inline_until_the_backoff_ends() {
+        let mut pool = ThreadPool::new(2);
+        pool.stall_threshold = Duration::from_millis(2);
+        pool.stall_backoff = Duration::from_secs(3600);
+        let caller = std::thread::current().id();
+        // Task bodies sleep; whichever task the worker claims outlasts the threshold. The worker
+        // may not get a core in time on a loaded machine, so retry until it claimed one.
+        let mut stalled = false;
+        for _ in 0..200 {
+            pool.for_each(2, &|_| {
+                if std::thread::current().id() == caller {
+                    std::thread::sleep(Duration::from_millis(1));
+                } else {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            });
+            if pool.backing_off() {
+                stalled = true;
+                break;
+            }
+        }
+        assert!(stalled, "the worker never claimed a task in 200 calls");
+        let ran: Vec<AtomicU32> = (0..64).map(|_| AtomicU32::new(0)).collect();
+        let off_caller = AtomicUsize::new(0);
+        pool.for_each(64, &|i| {
+            ran[i].fetch_add(1, Ordering::Relaxed);
+            if std::thread::current().id() != caller {
+                off_caller.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        assert!(ran.iter().all(|r| r.load(Ordering::Relaxed) == 1));
+        assert_eq!(
+            off_caller.load(Ordering::Relaxed),
+            0,
+            "backing off runs inline"
+        );
+        // Once the backoff is over, workers take part again.
+        pool.inline_until_ns.store(0, Ordering::Relaxed);
+        assert!(!pool.backing_off());
     }
 
     #[test]

@@ -302,3 +302,115 @@ fn matmul_rejects_bad_shapes() {
         Ok(())
     );
 }
+
+#[test]
+fn fused_matmul_equals_separate_matmuls_bit_for_bit() {
+    use super::matmul_many::matmul_many_with_features;
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let row_len = 96;
+    // Q/K/V-like group of block types (one fused dispatch), and a group with a float type
+    // (falls back to separate calls).
+    let groups: [&[(GgmlType, usize)]; 3] = [
+        &[
+            (GgmlType::Q4_1, 37),
+            (GgmlType::Q4_1, 9),
+            (GgmlType::Q8_0, 16),
+        ],
+        &[(GgmlType::Q5_0, 5), (GgmlType::F16, 7)],
+        &[
+            (GgmlType::Q4_0, 3),
+            (GgmlType::Q5_1, 0),
+            (GgmlType::Q8_0, 70),
+        ],
+    ];
+    for group in groups {
+        let datas: Vec<Vec<u8>> = group
+            .iter()
+            .map(|&(ty, rows)| random_matrix(&mut rng, ty, rows, row_len))
+            .collect();
+        let ws: Vec<QMatrix> = group
+            .iter()
+            .zip(&datas)
+            .map(|(&(ty, num_rows), data)| QMatrix {
+                ty,
+                num_rows,
+                row_len,
+                data,
+            })
+            .collect();
+        for num_tokens in [0usize, 1, 5] {
+            let x = random_acts(&mut rng, num_tokens, row_len);
+            for threads in [1usize, 2, 3] {
+                let pool = ThreadPool::new(threads);
+                for features in both_paths() {
+                    let want: Vec<Vec<f32>> = ws
+                        .iter()
+                        .map(|w| {
+                            let mut y = vec![0f32; num_tokens * w.num_rows];
+                            matmul_with_features(&pool, w, &x, num_tokens, &mut y, features)
+                                .expect("valid shapes");
+                            y
+                        })
+                        .collect();
+                    let mut got: Vec<Vec<f32>> = ws
+                        .iter()
+                        .map(|w| vec![f32::NAN; num_tokens * w.num_rows])
+                        .collect();
+                    let mut ys: Vec<&mut [f32]> = got.iter_mut().map(|y| &mut y[..]).collect();
+                    matmul_many_with_features(&pool, &ws, &x, num_tokens, &mut ys, features)
+                        .expect("valid shapes");
+                    for (g, w) in got.iter().zip(&want) {
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(g), bits(w), "threads={threads} tokens={num_tokens}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_matmul_rejects_bad_shapes_before_writing() {
+    use super::matmul_many::matmul_many;
+    let mut rng = ChaCha8Rng::seed_from_u64(22);
+    let row_len = 64;
+    let a = random_matrix(&mut rng, GgmlType::Q4_1, 4, row_len);
+    let b = random_matrix(&mut rng, GgmlType::Q8_0, 2, row_len);
+    let ws = [
+        QMatrix {
+            ty: GgmlType::Q4_1,
+            num_rows: 4,
+            row_len,
+            data: &a,
+        },
+        QMatrix {
+            ty: GgmlType::Q8_0,
+            num_rows: 2,
+            row_len,
+            data: &b,
+        },
+    ];
+    let pool = ThreadPool::new(2);
+    let x = random_acts(&mut rng, 1, row_len);
+    let (mut y0, mut y1) = (vec![7f32; 4], vec![7f32; 3]);
+    let err = matmul_many(&pool, &ws, &x, 1, &mut [&mut y0, &mut y1]).unwrap_err();
+    assert_eq!(
+        err,
+        KernelError::OutputLen {
+            expected: 2,
+            actual: 3
+        }
+    );
+    assert!(y0.iter().all(|&v| v == 7.0), "nothing written on error");
+    let err = matmul_many(&pool, &ws, &x, 1, &mut [&mut y0]).unwrap_err();
+    assert_eq!(
+        err,
+        KernelError::FusedCount {
+            matrices: 2,
+            outputs: 1
+        }
+    );
+    let mut y1 = vec![0f32; 2];
+    matmul_many(&pool, &ws, &x, 1, &mut [&mut y0, &mut y1]).expect("valid shapes");
+    assert!(y0.iter().chain(&y1).all(|v| v.is_finite() && *v != 7.0));
+}

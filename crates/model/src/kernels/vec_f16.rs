@@ -50,6 +50,97 @@ pub fn axpy_f16_with(features: CpuFeatures, a: f32, x: &[f16], y: &mut [f32]) {
     }
 }
 
+/// `x[i] = f32(f16(x[i]))`: rounds each value to the nearest f16 (ties to even) and back, exactly
+/// as `half::f16::from_f32(v).to_f32()` does.
+pub fn round_through_f16(x: &mut [f32]) {
+    round_through_f16_with(cpu_features(), x)
+}
+
+/// [`round_through_f16`] on an explicit path.
+pub fn round_through_f16_with(features: CpuFeatures, x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx2 {
+        // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
+        unsafe { avx2::round_through_f16(x) };
+        return;
+    }
+    let _ = features;
+    for v in x.iter_mut() {
+        *v = f16::from_f32(*v).to_f32();
+    }
+}
+
+/// Attention scores over a run of f16 keys: for each `[head_dim]` row `k_i` of `keys`
+/// (`[n, head_dim]`, `head_dim = q.len()`), pushes `dot_f32_f16(q, k_i) * scale` onto `scores`.
+/// Panics if `keys` is not whole rows.
+pub fn push_scores_f16(q: &[f32], keys: &[f16], scale: f32, scores: &mut Vec<f32>) {
+    push_scores_f16_with(cpu_features(), q, keys, scale, scores)
+}
+
+/// [`push_scores_f16`] on an explicit path.
+pub fn push_scores_f16_with(
+    features: CpuFeatures,
+    q: &[f32],
+    keys: &[f16],
+    scale: f32,
+    scores: &mut Vec<f32>,
+) {
+    let head_dim = q.len();
+    assert!(
+        head_dim > 0 && keys.len().is_multiple_of(head_dim),
+        "keys are whole [head_dim] rows"
+    );
+    scores.reserve(keys.len() / head_dim);
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx2 {
+        // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
+        unsafe { avx2::push_scores(q, keys, scale, scores) };
+        return;
+    }
+    let _ = features;
+    for key in keys.chunks_exact(head_dim) {
+        scores.push(dot_scalar_by(q, |k| key[k].to_f32()) * scale);
+    }
+}
+
+/// Weighted sum of a run of f16 values: for each `[head_dim]` row `v_i` of `vals` (`[n,
+/// head_dim]`, `head_dim = out.len()`, `n = weights.len()`), in order,
+/// `axpy_f16(f32(f16(weights[i] * inv)), v_i, out)`. Panics on a shape mismatch.
+pub fn accumulate_rows_f16(weights: &[f32], inv: f32, vals: &[f16], out: &mut [f32]) {
+    accumulate_rows_f16_with(cpu_features(), weights, inv, vals, out)
+}
+
+/// [`accumulate_rows_f16`] on an explicit path.
+pub fn accumulate_rows_f16_with(
+    features: CpuFeatures,
+    weights: &[f32],
+    inv: f32,
+    vals: &[f16],
+    out: &mut [f32],
+) {
+    assert_eq!(
+        Some(vals.len()),
+        weights.len().checked_mul(out.len()),
+        "vals is [weights.len(), out.len()]"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx2 {
+        // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
+        unsafe { avx2::accumulate_rows(weights, inv, vals, out) };
+        return;
+    }
+    let _ = features;
+    if out.is_empty() {
+        return;
+    }
+    for (&w, val) in weights.iter().zip(vals.chunks_exact(out.len())) {
+        let a = f16::from_f32(w * inv).to_f32();
+        for (yi, xi) in out.iter_mut().zip(val) {
+            *yi = a.mul_add(xi.to_f32(), *yi);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! AVX2 bodies; callers must have checked AVX2+FMA+F16C at runtime.
@@ -70,6 +161,7 @@ mod avx2 {
 
     /// Twin of `vec_f32::avx2::dot` with `b` widened on load (same accumulators, same order).
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
     pub(super) fn dot(a: &[f32], b: &[f16]) -> f32 {
         let n = a.len().min(b.len());
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
@@ -102,6 +194,7 @@ mod avx2 {
 
     /// Twin of `vec_f32::avx2::axpy` with `x` widened on load.
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
     pub(super) fn axpy(a: f32, x: &[f16], y: &mut [f32]) {
         let n = x.len().min(y.len());
         let av = _mm256_set1_ps(a);
@@ -118,6 +211,47 @@ mod avx2 {
         while i < n {
             y[i] = a.mul_add(x[i].to_f32(), y[i]);
             i += 1;
+        }
+    }
+
+    /// `f32(f16(x))` with round-to-nearest-even, the F16C instruction pair `half` uses.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn round1(x: f32) -> f32 {
+        let h = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(x));
+        _mm_cvtss_f32(_mm_cvtph_ps(h))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn round_through_f16(x: &mut [f32]) {
+        let mut chunks = x.chunks_exact_mut(8);
+        for c in &mut chunks {
+            // SAFETY: `c` holds exactly 8 floats; unaligned load and store.
+            unsafe {
+                let v = _mm256_loadu_ps(c.as_ptr());
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
+            }
+        }
+        for v in chunks.into_remainder() {
+            *v = round1(*v);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn push_scores(q: &[f32], keys: &[f16], scale: f32, scores: &mut Vec<f32>) {
+        for key in keys.chunks_exact(q.len()) {
+            scores.push(dot(q, key) * scale);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn accumulate_rows(weights: &[f32], inv: f32, vals: &[f16], out: &mut [f32]) {
+        if out.is_empty() {
+            return;
+        }
+        for (&w, val) in weights.iter().zip(vals.chunks_exact(out.len())) {
+            axpy(round1(w * inv), val, out);
         }
     }
 }
@@ -167,6 +301,98 @@ mod tests {
             let mut y = y0.clone();
             axpy_f16(-0.71, &x, &mut y);
             assert_eq!(y, want);
+        }
+    }
+
+    #[test]
+    fn round_through_f16_matches_half_on_both_paths() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+        let mut x: Vec<f32> = (0..1000)
+            .map(|i| {
+                let mag = 10f32.powi(rng.gen_range(-9..6));
+                let v = rng.gen_range(-1.0f32..1.0) * mag;
+                if i % 7 == 0 {
+                    // Exact ties between two f16 values: the midpoint of consecutive f16.
+                    let h = f16::from_f32(v);
+                    let next = f16::from_bits(h.to_bits() + 1);
+                    let mid = (h.to_f32() + next.to_f32()) / 2.0;
+                    if mid.is_finite() {
+                        mid
+                    } else {
+                        v
+                    }
+                } else {
+                    v
+                }
+            })
+            .collect();
+        x.extend([
+            0.0,
+            -0.0,
+            65504.0,
+            65520.0,
+            1e9,
+            -1e9,
+            6e-8,
+            3e-8,
+            f32::INFINITY,
+        ]);
+        for n in [0usize, 1, 7, 8, 9, x.len()] {
+            let want: Vec<u32> = x[..n]
+                .iter()
+                .map(|v| f16::from_f32(*v).to_f32().to_bits())
+                .collect();
+            for features in [CpuFeatures::PORTABLE, CpuFeatures::detect()] {
+                let mut y = x[..n].to_vec();
+                round_through_f16_with(features, &mut y);
+                let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "n={n}");
+            }
+        }
+        let mut y = x.clone();
+        round_through_f16(&mut y);
+        assert!(y
+            .iter()
+            .zip(&x)
+            .all(|(a, b)| a.to_bits() == f16::from_f32(*b).to_f32().to_bits()));
+    }
+
+    #[test]
+    fn batched_scores_and_weighted_rows_equal_the_per_row_primitives() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(14);
+        for (head_dim, n) in [(64usize, 0usize), (64, 1), (64, 37), (8, 5), (12, 3)] {
+            let q: Vec<f32> = (0..head_dim).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+            let keys = rand_f16(&mut rng, n * head_dim);
+            let vals = rand_f16(&mut rng, n * head_dim);
+            let weights: Vec<f32> = (0..n).map(|_| rng.gen_range(0.0f32..1.0)).collect();
+            let out0: Vec<f32> = (0..head_dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let (scale, inv) = (0.125f32, 1.0f32 / 3.7);
+            let want_scores: Vec<u32> = keys
+                .chunks_exact(head_dim)
+                .map(|k| (dot_f32_f16_with(CpuFeatures::PORTABLE, &q, k) * scale).to_bits())
+                .collect();
+            let mut want_out = out0.clone();
+            for (w, v) in weights.iter().zip(vals.chunks_exact(head_dim)) {
+                let a = f16::from_f32(w * inv).to_f32();
+                axpy_f16_with(CpuFeatures::PORTABLE, a, v, &mut want_out);
+            }
+            for features in [CpuFeatures::PORTABLE, CpuFeatures::detect()] {
+                let mut scores = vec![9.0f32];
+                push_scores_f16_with(features, &q, &keys, scale, &mut scores);
+                assert_eq!(scores[0], 9.0, "existing scores are kept");
+                let got: Vec<u32> = scores[1..].iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want_scores, "head_dim={head_dim} n={n}");
+                let mut out = out0.clone();
+                accumulate_rows_f16_with(features, &weights, inv, &vals, &mut out);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&out), bits(&want_out), "head_dim={head_dim} n={n}");
+            }
+            let mut scores = Vec::new();
+            push_scores_f16(&q, &keys, scale, &mut scores);
+            assert_eq!(scores.len(), n);
+            let mut out = out0.clone();
+            accumulate_rows_f16(&weights, inv, &vals, &mut out);
+            assert_eq!(out, want_out);
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use api::admin::{
     BlockUsage, CacheStats, FlushRequest, FlushResponse, PinnedPromptStats, TenantCacheStats,
+    TierCacheStats,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -91,6 +92,33 @@ pub async fn stats(
                 tenant: state.tenants.name_of(p.tenant),
                 num_tokens: p.num_tokens as u64,
                 pinned_tokens: p.pinned_tokens as u64,
+            })
+            .collect(),
+        tiers: s
+            .tiers
+            .tiers
+            .iter()
+            .map(|t| TierCacheStats {
+                kind: t.kind.as_str().to_string(),
+                hit_tokens: t.engine.hit_tokens,
+                hits: t.stats.hits,
+                misses: t.stats.misses,
+                bytes_read: t.stats.bytes_read,
+                bytes_written: t.stats.bytes_written,
+                evictions: t.stats.evictions,
+                errors: t.stats.errors,
+                corrupt: t.stats.corrupt + t.engine.rejected,
+                stored_objects: t.stats.stored_objects,
+                stored_bytes: t.stats.stored_bytes,
+                demoted_blocks: t.engine.demoted_blocks,
+                load_decisions: t.engine.load_decisions,
+                recompute_decisions: t.engine.recompute_decisions,
+                mean_load_us: t
+                    .stats
+                    .load_sum_us
+                    .checked_div(t.stats.load_count)
+                    .unwrap_or(0),
+                load_bytes_per_s: t.engine.load_bytes_per_s,
             })
             .collect(),
     }))

@@ -1,0 +1,304 @@
+//! `agentkv bench agent|replay|trace-to-sim`: argument parsing and glue over the `bench` crate
+//! (workload, driver, reports, traces); `trace-to-sim` tokenises a bench trace with the model's
+//! chat template and tokenizer into `cache-sim` JSONL. No measurement logic lives here.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use bench::client::Target;
+use bench::corpus::Corpus;
+use bench::driver::{run_blocking, DriverConfig, TaskPlan};
+use bench::report::{aggregate, table, write_all};
+use bench::workload::{generate, WorkloadConfig, WorkloadKind};
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Drive closed-loop agents against an OpenAI-compatible endpoint and report latencies.
+    Agent(AgentArgs),
+    /// Replay the requests of a trace saved with `bench agent --save-trace`.
+    Replay(ReplayArgs),
+    /// Tokenise a bench trace into `cache-sim` JSONL (`{"t","session","tenant","tokens"}`).
+    TraceToSim(TraceToSimArgs),
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum WorkloadArg {
+    React,
+    Webshop,
+    Swarm,
+}
+
+/// Where to send, shared by `agent` and `replay`.
+#[derive(clap::Args, Debug)]
+pub struct TargetArgs {
+    /// Base URL of the server, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    pub url: String,
+    /// Model name sent in requests (replay: default = the recorded one).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Second server: calls alternate between the two, and the report gives ratios.
+    #[arg(long)]
+    pub compare: Option<String>,
+    /// Model name for --compare (default: --model).
+    #[arg(long)]
+    pub compare_model: Option<String>,
+    /// Environment variable holding a bearer token for both servers.
+    #[arg(long)]
+    pub api_key_env: Option<String>,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub timeout_s: f64,
+    /// Stop starting calls after this many seconds (calls in flight finish); the report then
+    /// counts the rest as "not run".
+    #[arg(long)]
+    pub max_duration_s: Option<f64>,
+    /// Directory for results.json, table.txt and report.html.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// Also write the exact request sequence (JSONL) here.
+    #[arg(long)]
+    pub save_trace: Option<PathBuf>,
+    /// Hide the progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[arg(long, value_enum, default_value_t = WorkloadArg::React)]
+    pub workload: WorkloadArg,
+    /// Concurrent closed-loop agents.
+    #[arg(long, default_value_t = 4)]
+    pub agents: u32,
+    /// Tasks per agent, run one after another.
+    #[arg(long, default_value_t = 2)]
+    pub tasks: u32,
+    /// Calls per task (default: the workload's own range).
+    #[arg(long)]
+    pub steps: Option<u32>,
+    /// Simulated tool latency between calls, `LO..HI` or `N` milliseconds.
+    #[arg(long, value_parser = parse_range)]
+    pub tool_latency_ms: Option<(u64, u64)>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Sampling temperature (0 = greedy, so both targets of --compare see comparable answers).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    /// Trace written by `bench agent --save-trace`.
+    pub trace: PathBuf,
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// Which target's requests to replay from a --compare trace.
+    #[arg(long, default_value_t = 0)]
+    pub trace_target: usize,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TraceToSimArgs {
+    /// Bench trace (JSONL).
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// GGUF model whose chat template and tokenizer turn messages into token ids.
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// Output JSONL for `agentkv cache-sim --trace`.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Which target's requests to convert from a --compare trace.
+    #[arg(long, default_value_t = 0)]
+    pub trace_target: usize,
+}
+
+fn parse_range(s: &str) -> Result<(u64, u64), String> {
+    let parse = |x: &str| x.trim().parse::<u64>().map_err(|e| format!("{x:?}: {e}"));
+    let (lo, hi) = match s.split_once("..") {
+        Some((a, b)) => (parse(a)?, parse(b.trim_start_matches('='))?),
+        None => (parse(s)?, parse(s)?),
+    };
+    if lo > hi {
+        return Err(format!("empty range {lo}..{hi}"));
+    }
+    Ok((lo, hi))
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.command {
+        BenchCommand::Agent(a) => run_agent(a),
+        BenchCommand::Replay(a) => run_replay(a),
+        BenchCommand::TraceToSim(a) => trace_to_sim(a),
+    }
+}
+
+fn targets(t: &TargetArgs, default_model: &str) -> anyhow::Result<Vec<Target>> {
+    let api_key = match &t.api_key_env {
+        Some(var) => Some(std::env::var(var).with_context(|| format!("reading ${var}"))?),
+        None => None,
+    };
+    let model = t.model.clone().unwrap_or_else(|| default_model.to_string());
+    let mut v = vec![Target {
+        name: "base".into(),
+        base_url: t.url.clone(),
+        model: model.clone(),
+        api_key: api_key.clone(),
+    }];
+    if let Some(url) = &t.compare {
+        v[0].name = "A".into();
+        v.push(Target {
+            name: "B".into(),
+            base_url: url.clone(),
+            model: t.compare_model.clone().unwrap_or(model),
+            api_key,
+        });
+    }
+    Ok(v)
+}
+
+fn driver_config(
+    t: &TargetArgs,
+    targets: Vec<Target>,
+    temperature: f32,
+    seed: Option<u64>,
+) -> anyhow::Result<DriverConfig> {
+    if !(t.timeout_s > 0.0 && t.timeout_s.is_finite()) {
+        bail!("--timeout-s must be positive");
+    }
+    Ok(DriverConfig {
+        targets,
+        temperature,
+        seed,
+        request_timeout: std::time::Duration::from_secs_f64(t.timeout_s),
+        max_duration: t
+            .max_duration_s
+            .filter(|d| d.is_finite() && *d > 0.0)
+            .map(std::time::Duration::from_secs_f64),
+        progress: !t.no_progress,
+    })
+}
+
+fn finish(
+    t: &TargetArgs,
+    results: bench::report::BenchResults,
+    trace: &[bench::trace::TraceEntry],
+) -> anyhow::Result<()> {
+    if let Some(path) = &t.save_trace {
+        bench::trace::write_trace(path, trace)?;
+        eprintln!("trace: {} ({} requests)", path.display(), trace.len());
+    }
+    let files = write_all(&t.out, &results)?;
+    print!("{}", table::render(&results));
+    eprintln!(
+        "wrote {}, {}, {}",
+        files.json.display(),
+        files.table.display(),
+        files.html.display()
+    );
+    Ok(())
+}
+
+fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
+    let Some(model) = a.target.model.clone() else {
+        bail!("--model is required for `bench agent`");
+    };
+    let wl = WorkloadConfig {
+        kind: match a.workload {
+            WorkloadArg::React => WorkloadKind::React,
+            WorkloadArg::Webshop => WorkloadKind::Webshop,
+            WorkloadArg::Swarm => WorkloadKind::Swarm,
+        },
+        num_agents: a.agents,
+        tasks_per_agent: a.tasks,
+        steps_per_task: a.steps,
+        tool_latency_ms: a.tool_latency_ms,
+        seed: a.seed,
+    };
+    let workload = generate(&wl, &Corpus::builtin())?;
+    let targets = targets(&a.target, &model)?;
+    eprintln!(
+        "{} agents × {} tasks, {} calls per target, {} target(s)",
+        a.agents,
+        a.tasks,
+        workload.num_calls(),
+        targets.len()
+    );
+    let plans = workload
+        .agents
+        .into_iter()
+        .map(|tasks| tasks.into_iter().map(TaskPlan::Scripted).collect())
+        .collect();
+    let cfg = driver_config(&a.target, targets.clone(), a.temperature, Some(a.seed))?;
+    let mut out = run_blocking(cfg, plans)?;
+    let trace = std::mem::take(&mut out.trace);
+    let results = aggregate("agent".into(), Some(wl), &targets, out);
+    finish(&a.target, results, &trace)
+}
+
+fn run_replay(a: ReplayArgs) -> anyhow::Result<()> {
+    let entries = bench::trace::read_trace(&a.trace)?;
+    let plans = bench::replay::plans_from_trace(&entries, a.trace_target);
+    if plans.is_empty() {
+        bail!(
+            "{}: no requests for target {}",
+            a.trace.display(),
+            a.trace_target
+        );
+    }
+    // An empty model name keeps each recorded request's own model.
+    let targets = targets(&a.target, "")?;
+    let cfg = driver_config(&a.target, targets.clone(), 0.0, None)?;
+    let mut out = run_blocking(cfg, plans)?;
+    let trace = std::mem::take(&mut out.trace);
+    let source = format!("replay {}", a.trace.display());
+    let results = aggregate(source, None, &targets, out);
+    finish(&a.target, results, &trace)
+}
+
+fn trace_to_sim(a: TraceToSimArgs) -> anyhow::Result<()> {
+    let path = a.model.clone().unwrap_or_else(model::default_model_path);
+    let gguf = model::gguf::GgufFile::open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let tok = model::tokenizer::Tokenizer::from_gguf(gguf.metadata())?;
+    let template = model::chat::ChatTemplate::from_gguf(gguf.metadata(), &tok)?
+        .unwrap_or_else(model::chat::ChatTemplate::fallback);
+    let entries = bench::trace::read_trace(&a.trace)?;
+    let file =
+        std::fs::File::create(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut w = std::io::BufWriter::new(file);
+    let mut n = 0usize;
+    for e in entries.iter().filter(|e| e.target == a.trace_target) {
+        let messages: Vec<model::chat::ChatMessage> = e
+            .request
+            .messages
+            .iter()
+            .map(|m| {
+                let role = serde_json::to_value(m.role)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
+                model::chat::ChatMessage::new(role, m.content.clone().unwrap_or_default())
+            })
+            .collect();
+        let text = template.render(&messages, None, true)?;
+        let tokens = tok.encode(&text, true, true)?;
+        let line = serde_json::json!({"t": e.t, "session": e.session, "tenant": e.tenant, "tokens": tokens});
+        serde_json::to_writer(&mut w, &line)?;
+        w.write_all(b"\n")?;
+        n += 1;
+    }
+    w.flush()?;
+    eprintln!("{n} calls → {}", a.out.display());
+    Ok(())
+}

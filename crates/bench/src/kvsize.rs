@@ -1,0 +1,295 @@
+//! The KV-memory calculator's maths: model shapes (presets, HF `config.json`), KV element types
+//! with their quantisation overhead, block rounding, and the articles' naive formula for
+//! comparison. Pure; reading GGUF files is the caller's job (it fills a [`KvShape`]).
+//!
+//! Bytes per token per layer = Σ over K and V of `num_kv_heads × vector_bytes(head_dim)`, where a
+//! head vector of `d` elements costs `ceil(d × bits / 8)` bytes plus, for int8/int4, one f16 scale
+//! and one f16 offset per group of `group_size` elements, and for fp8 one f16 scale per token per
+//! head. Grouped-query attention is counted: KV heads, not query heads.
+
+use serde::{Deserialize, Serialize};
+
+use crate::BenchError;
+
+/// The attention shape that decides KV size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvShape {
+    pub name: String,
+    pub num_layers: u64,
+    pub num_query_heads: u64,
+    pub num_kv_heads: u64,
+    /// Elements per key head vector.
+    pub key_head_dim: u64,
+    /// Elements per value head vector.
+    pub value_head_dim: u64,
+}
+
+/// Presets: name → `[layers, query heads, KV heads, head dim]` (from each model's config.json).
+pub const PRESETS: [(&str, [u64; 4]); 11] = [
+    ("llama-3-8b", [32, 32, 8, 128]),
+    ("llama-3.1-8b", [32, 32, 8, 128]),
+    ("llama-3.1-70b", [80, 64, 8, 128]),
+    ("llama-3.2-1b", [16, 32, 8, 64]),
+    ("qwen2.5-0.5b", [24, 14, 2, 64]),
+    ("qwen2.5-7b", [28, 28, 4, 128]),
+    ("qwen2.5-72b", [80, 64, 8, 128]),
+    ("mistral-7b", [32, 32, 8, 128]),
+    ("smollm2-135m", [30, 9, 3, 64]),
+    ("smollm2-360m", [32, 15, 5, 64]),
+    ("smollm2-1.7b", [24, 32, 32, 64]),
+];
+
+/// The preset called `name`.
+pub fn preset(name: &str) -> Result<KvShape, BenchError> {
+    let (n, [l, q, kv, d]) = PRESETS
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .ok_or_else(|| {
+            let known: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
+            BenchError::UnknownPreset(name.to_string(), known.join(", "))
+        })?;
+    Ok(KvShape {
+        name: n.to_string(),
+        num_layers: *l,
+        num_query_heads: *q,
+        num_kv_heads: *kv,
+        key_head_dim: *d,
+        value_head_dim: *d,
+    })
+}
+
+/// Shape from a Hugging Face `config.json` (`num_hidden_layers`, `num_attention_heads`,
+/// `num_key_value_heads` defaulting to the query heads, `head_dim` defaulting to
+/// `hidden_size / num_attention_heads`).
+pub fn from_hf_config(json: &str) -> Result<KvShape, BenchError> {
+    let v: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| BenchError::HfConfig(e.to_string()))?;
+    // Multimodal configs nest the language model under `text_config`.
+    let v = v.get("text_config").unwrap_or(&v);
+    let get = |k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+    let need = |k: &str| {
+        get(k).ok_or_else(|| BenchError::HfConfig(format!("missing or non-integer {k:?}")))
+    };
+    let num_layers = need("num_hidden_layers")?;
+    let num_query_heads = need("num_attention_heads")?;
+    if num_query_heads == 0 || num_layers == 0 {
+        return Err(BenchError::HfConfig("zero layers or heads".into()));
+    }
+    let num_kv_heads = get("num_key_value_heads").unwrap_or(num_query_heads);
+    let head_dim = match get("head_dim") {
+        Some(d) => d,
+        None => need("hidden_size")? / num_query_heads,
+    };
+    let name = v
+        .get("model_type")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("hf-config")
+        .to_string();
+    Ok(KvShape {
+        name,
+        num_layers,
+        num_query_heads,
+        num_kv_heads,
+        key_head_dim: head_dim,
+        value_head_dim: head_dim,
+    })
+}
+
+/// Element type of the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    F32,
+    F16,
+    Bf16,
+    /// 8-bit float, one f16 scale per token per head.
+    Fp8,
+    /// 8-bit integer, f16 scale + f16 offset per group.
+    Int8,
+    /// 4-bit integer, f16 scale + f16 offset per group.
+    Int4,
+}
+
+impl KvDtype {
+    pub fn parse(s: &str) -> Option<KvDtype> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "f32" => KvDtype::F32,
+            "f16" => KvDtype::F16,
+            "bf16" => KvDtype::Bf16,
+            "fp8" => KvDtype::Fp8,
+            "int8" => KvDtype::Int8,
+            "int4" => KvDtype::Int4,
+            _ => return None,
+        })
+    }
+
+    pub fn bits(self) -> u64 {
+        match self {
+            KvDtype::F32 => 32,
+            KvDtype::F16 | KvDtype::Bf16 => 16,
+            KvDtype::Fp8 | KvDtype::Int8 => 8,
+            KvDtype::Int4 => 4,
+        }
+    }
+
+    /// Bytes of one head vector of `dim` elements, overhead included.
+    pub fn vector_bytes(self, dim: u64, group_size: u64) -> u64 {
+        let payload = (dim * self.bits()).div_ceil(8);
+        let overhead = match self {
+            KvDtype::F32 | KvDtype::F16 | KvDtype::Bf16 => 0,
+            KvDtype::Fp8 => 2,
+            KvDtype::Int8 | KvDtype::Int4 => dim.div_ceil(group_size.max(1)) * 4,
+        };
+        payload + overhead
+    }
+}
+
+/// What to size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvSizeParams {
+    /// Tokens per sequence.
+    pub num_tokens: u64,
+    /// Sequences held at once.
+    pub batch: u64,
+    pub dtype: KvDtype,
+    /// Tokens per KV block; each sequence occupies whole blocks (1 = no rounding).
+    pub block_size: u64,
+    /// Elements per int8/int4 quantisation group.
+    pub group_size: u64,
+}
+
+/// The figures, all in bytes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KvSizeReport {
+    pub shape: KvShape,
+    pub params: KvSizeParams,
+    pub bytes_per_token_per_layer: u64,
+    pub bytes_per_token: u64,
+    /// Tokens each sequence occupies after rounding up to whole blocks.
+    pub tokens_allocated_per_sequence: u64,
+    pub bytes_per_sequence: u64,
+    pub bytes_per_layer_total: u64,
+    pub total_bytes: u64,
+    /// The articles' formula: layers × query heads × head dim × 2 × element bytes, no overhead.
+    pub naive_bytes_per_token: u64,
+    pub naive_total_bytes: u64,
+}
+
+/// Sizes the cache; `Err` for zero block size or group size.
+pub fn compute(shape: &KvShape, params: KvSizeParams) -> Result<KvSizeReport, BenchError> {
+    if params.block_size == 0 || params.group_size == 0 {
+        return Err(BenchError::Config(
+            "block size and group size must be ≥ 1".into(),
+        ));
+    }
+    let d = params.dtype;
+    let per_layer = shape.num_kv_heads
+        * (d.vector_bytes(shape.key_head_dim, params.group_size)
+            + d.vector_bytes(shape.value_head_dim, params.group_size));
+    let per_token = per_layer * shape.num_layers;
+    let allocated = params.num_tokens.div_ceil(params.block_size) * params.block_size;
+    let per_seq = allocated * per_token;
+    let naive_per_token = (shape.num_layers
+        * shape.num_query_heads
+        * (shape.key_head_dim + shape.value_head_dim)
+        * d.bits())
+    .div_ceil(8);
+    Ok(KvSizeReport {
+        shape: shape.clone(),
+        params,
+        bytes_per_token_per_layer: per_layer,
+        bytes_per_token: per_token,
+        tokens_allocated_per_sequence: allocated,
+        bytes_per_sequence: per_seq,
+        bytes_per_layer_total: per_layer * allocated * params.batch,
+        total_bytes: per_seq * params.batch,
+        naive_bytes_per_token: naive_per_token,
+        naive_total_bytes: naive_per_token * params.num_tokens * params.batch,
+    })
+}
+
+/// `1536 B`, `1.50 KiB`, `8.00 GiB`, …
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut x = bytes as f64 / 1024.0;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < UNITS.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    format!("{x:.2} {}", UNITS[u])
+}
+
+/// The report as a text table.
+pub fn render_table(r: &KvSizeReport, naive: bool) -> String {
+    let s = &r.shape;
+    let p = &r.params;
+    let mut rows = vec![
+        ("model".to_string(), s.name.clone()),
+        (
+            "shape".into(),
+            format!(
+                "{} layers, {} query heads, {} KV heads, head dim {}/{}",
+                s.num_layers, s.num_query_heads, s.num_kv_heads, s.key_head_dim, s.value_head_dim
+            ),
+        ),
+        (
+            "dtype".into(),
+            format!(
+                "{:?} (group {}), block {} tokens",
+                p.dtype, p.group_size, p.block_size
+            )
+            .to_lowercase(),
+        ),
+        (
+            "bytes per token per layer".into(),
+            r.bytes_per_token_per_layer.to_string(),
+        ),
+        (
+            "bytes per token".into(),
+            format!("{} ({})", r.bytes_per_token, human_bytes(r.bytes_per_token)),
+        ),
+        (
+            "tokens per sequence".into(),
+            format!(
+                "{} ({} allocated)",
+                p.num_tokens, r.tokens_allocated_per_sequence
+            ),
+        ),
+        ("per sequence".into(), human_bytes(r.bytes_per_sequence)),
+        (
+            format!("per layer (batch {})", p.batch),
+            human_bytes(r.bytes_per_layer_total),
+        ),
+        (
+            format!("total (batch {})", p.batch),
+            format!("{} ({} B)", human_bytes(r.total_bytes), r.total_bytes),
+        ),
+    ];
+    if naive {
+        rows.push((
+            "naive bytes per token (query heads)".into(),
+            format!(
+                "{} ({:.2}× the true figure)",
+                r.naive_bytes_per_token,
+                ratio(r.naive_bytes_per_token, r.bytes_per_token)
+            ),
+        ));
+        rows.push(("naive total".into(), human_bytes(r.naive_total_bytes)));
+    }
+    let w = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0);
+    rows.iter()
+        .map(|(k, v)| format!("{k:<w$}  {v}\n"))
+        .collect()
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}

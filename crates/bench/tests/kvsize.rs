@@ -1,0 +1,99 @@
+//! KV-size figures checked against hand computation.
+
+use bench::kvsize::{compute, from_hf_config, preset, KvDtype, KvSizeParams, PRESETS};
+
+fn params(dtype: KvDtype, tokens: u64, batch: u64, block: u64) -> KvSizeParams {
+    KvSizeParams {
+        num_tokens: tokens,
+        batch,
+        dtype,
+        block_size: block,
+        group_size: 32,
+    }
+}
+
+#[test]
+fn llama3_8b_f16_matches_hand_figures() {
+    let s = preset("llama-3-8b").unwrap();
+    let r = compute(&s, params(KvDtype::F16, 8192, 1, 16)).unwrap();
+    // 32 layers × 8 KV heads × 128 × 2 (K, V) × 2 bytes.
+    assert_eq!(r.bytes_per_token, 131_072);
+    assert_eq!(r.bytes_per_token_per_layer, 4096);
+    // The articles' formula with 32 query heads.
+    assert_eq!(r.naive_bytes_per_token, 524_288);
+    assert_eq!(r.total_bytes, 131_072 * 8192); // 1 GiB
+    assert_eq!(r.bytes_per_layer_total, 4096 * 8192);
+}
+
+#[test]
+fn dtypes_and_overheads() {
+    let s = preset("llama-3-8b").unwrap();
+    let per_token = |d| compute(&s, params(d, 1, 1, 1)).unwrap().bytes_per_token;
+    assert_eq!(per_token(KvDtype::F32), 262_144);
+    assert_eq!(per_token(KvDtype::Bf16), 131_072);
+    // fp8: 128 bytes + one f16 scale per head vector = 130; × 8 heads × 2 × 32 layers.
+    assert_eq!(per_token(KvDtype::Fp8), 130 * 8 * 2 * 32);
+    // int8: 128 + 4 groups × (2 + 2) = 144.
+    assert_eq!(per_token(KvDtype::Int8), 144 * 8 * 2 * 32);
+    // int4: 64 + 16 = 80.
+    assert_eq!(per_token(KvDtype::Int4), 80 * 8 * 2 * 32);
+    let g64 = KvSizeParams {
+        group_size: 64,
+        ..params(KvDtype::Int4, 1, 1, 1)
+    };
+    assert_eq!(
+        compute(&s, g64).unwrap().bytes_per_token,
+        (64 + 8) * 8 * 2 * 32
+    );
+    // Naive formula ignores overhead: int4 naive = 32 × 32 × 256 × 4 bits.
+    assert_eq!(
+        compute(&s, params(KvDtype::Int4, 1, 1, 1))
+            .unwrap()
+            .naive_bytes_per_token,
+        131_072
+    );
+}
+
+#[test]
+fn block_rounding_and_batch() {
+    let s = preset("smollm2-135m").unwrap();
+    // 30 layers × 3 KV heads × 64 × 2 × 2 bytes = 23,040 B/token (the default model).
+    let r = compute(&s, params(KvDtype::F16, 1000, 4, 16)).unwrap();
+    assert_eq!(r.bytes_per_token, 23_040);
+    assert_eq!(r.tokens_allocated_per_sequence, 1008);
+    assert_eq!(r.total_bytes, 23_040 * 1008 * 4);
+    assert_eq!(r.naive_total_bytes, 30 * 9 * 64 * 2 * 2 * 1000 * 4);
+    assert!(compute(&s, params(KvDtype::F16, 1, 1, 0)).is_err());
+}
+
+#[test]
+fn presets_and_hf_config() {
+    for (name, _) in PRESETS {
+        assert!(preset(name).is_ok());
+    }
+    assert!(preset("gpt-9").is_err());
+    // Llama-3.1-70B: 80 × 8 × 128 × 2 × 2 = 327,680 B/token.
+    let r = compute(
+        &preset("llama-3.1-70b").unwrap(),
+        params(KvDtype::F16, 1, 1, 1),
+    )
+    .unwrap();
+    assert_eq!(r.bytes_per_token, 327_680);
+    let hf = r#"{"model_type":"qwen2","hidden_size":3584,"num_attention_heads":28,
+                 "num_hidden_layers":28,"num_key_value_heads":4}"#;
+    let s = from_hf_config(hf).unwrap();
+    assert_eq!(
+        s,
+        bench::kvsize::KvShape {
+            name: "qwen2".into(),
+            ..preset("qwen2.5-7b").unwrap()
+        }
+    );
+    let no_kv = r#"{"hidden_size":2048,"num_attention_heads":32,"num_hidden_layers":24}"#;
+    assert_eq!(from_hf_config(no_kv).unwrap().num_kv_heads, 32);
+    let explicit =
+        r#"{"hidden_size":2048,"num_attention_heads":16,"num_hidden_layers":2,"head_dim":256}"#;
+    assert_eq!(from_hf_config(explicit).unwrap().key_head_dim, 256);
+    assert!(from_hf_config(r#"{"hidden_size":1}"#).is_err());
+    assert!(from_hf_config("not json").is_err());
+}

@@ -1,0 +1,364 @@
+//! Storage tiers on the real default model: a prefix evicted from a small active pool is served
+//! from host RAM, disk or Redis with output identical (token ids and logprob bits) to a
+//! recompute with caching off; corrupt objects and a stopped Redis fall back to recomputing;
+//! tenants never see each other's objects (positive control included); two engines share one
+//! Redis; write-through fills every tier.
+
+use std::sync::{Arc, OnceLock};
+
+use cache::{NamespaceKey, TenantId};
+use engine::{EngineConfig, EngineCore, EngineEvent, RequestId, RequestSpec, TierLoadPolicy};
+use model::Model;
+use tier::testing::RedisServer;
+use tier::{
+    Compression, DiskConfig, DiskStore, RamConfig, RamStore, RawObjectAccess, RedisConfig,
+    RedisStore, TierKey, TierStore,
+};
+use tokio::sync::mpsc;
+
+fn model() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| {
+        let p = model::default_model_path();
+        Arc::new(
+            Model::load(&p)
+                .unwrap_or_else(|e| panic!("{e}: run `cargo run -p agentkv -- fetch-model`")),
+        )
+    })
+    .clone()
+}
+
+const BLOCK_SIZE: usize = 16;
+const PROMPT_TOKENS: usize = 100;
+/// Full blocks a 100-token prompt can take from a cache (one token is always computed).
+const CACHEABLE_TOKENS: usize = (PROMPT_TOKENS - 1) / BLOCK_SIZE * BLOCK_SIZE;
+const MAX_TOKENS: usize = 6;
+const A: u32 = 0;
+
+/// A deterministic 100-token prompt; different `i` share no leading block.
+fn prompt(i: u32) -> Vec<u32> {
+    (0..PROMPT_TOKENS as u32)
+        .map(|j| 1000 + (i * 7919 + j * 131 + j * j * 7) % 40_000)
+        .collect()
+}
+
+/// Greedy ids with logprob bits, and the reported cached prompt tokens.
+#[derive(Debug, Clone, PartialEq)]
+struct Outcome {
+    tokens: Vec<(u32, u32)>,
+    cached_tokens: usize,
+}
+
+/// A 24-block pool (five 7-block requests overflow it), tiers always loaded.
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        num_blocks: 24,
+        block_size: BLOCK_SIZE,
+        threads: 2,
+        tier_load_policy: TierLoadPolicy::Always,
+        ..Default::default()
+    }
+}
+
+fn request(core: &mut EngineCore, p: &[u32], tenant: u32) -> Outcome {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut spec = RequestSpec::greedy(p.to_vec(), MAX_TOKENS);
+    spec.ignore_eos = true;
+    spec.tenant = TenantId(tenant);
+    spec.cache_salt = format!("salt-{tenant}").into_bytes();
+    core.submit(RequestId(id), spec, tx).unwrap();
+    while core.has_work() {
+        core.step().unwrap();
+        core.cache().check_invariants().unwrap();
+    }
+    let mut out = Outcome {
+        tokens: Vec::new(),
+        cached_tokens: usize::MAX,
+    };
+    while let Ok(ev) = rx.try_recv() {
+        match ev {
+            EngineEvent::Token(t) => out.tokens.push((t.id, t.logprob.to_bits())),
+            EngineEvent::Finished { usage, .. } => out.cached_tokens = usage.cached_tokens,
+            EngineEvent::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    assert_eq!(out.tokens.len(), MAX_TOKENS);
+    out
+}
+
+/// Output of prompt `i` computed from scratch (caching off, no tiers).
+fn reference(i: u32) -> Vec<(u32, u32)> {
+    let mut core = EngineCore::new(
+        model(),
+        EngineConfig {
+            prefix_caching: false,
+            ..cfg()
+        },
+    )
+    .unwrap();
+    request(&mut core, &prompt(i), 1).tokens
+}
+
+fn reference_a() -> Vec<(u32, u32)> {
+    static R: OnceLock<Vec<(u32, u32)>> = OnceLock::new();
+    R.get_or_init(|| reference(A)).clone()
+}
+
+/// Runs five other prompts so every block of the earlier ones leaves the 24-block pool.
+fn flood(core: &mut EngineCore, first: u32) {
+    for i in first..first + 5 {
+        request(core, &prompt(i), 1);
+    }
+}
+
+fn ns(core: &EngineCore, tenant: u32) -> NamespaceKey {
+    core.namespace(TenantId(tenant), format!("salt-{tenant}").as_bytes())
+}
+
+/// Tier keys of the cacheable blocks of `p` for `tenant`.
+fn tier_keys(core: &EngineCore, p: &[u32], tenant: u32) -> Vec<TierKey> {
+    let ns = ns(core, tenant);
+    cache::key::chain_keys(&ns, p, BLOCK_SIZE, CACHEABLE_TOKENS / BLOCK_SIZE)
+        .iter()
+        .map(|k| TierKey::new(ns.root().0, k.0))
+        .collect()
+}
+
+/// Tokens the engine loaded from tier `i` so far.
+fn tier_hit_tokens(core: &EngineCore, i: usize) -> u64 {
+    core.snapshot().tiers.tiers[i].engine.hit_tokens
+}
+
+fn ram() -> Arc<RamStore> {
+    Arc::new(RamStore::new(RamConfig {
+        max_bytes: 256 << 20,
+        compression: Compression::None,
+    }))
+}
+
+fn disk(dir: &tempfile::TempDir) -> Arc<DiskStore> {
+    let mut c = DiskConfig::new(dir.path(), 256 << 20);
+    c.fsync = false;
+    Arc::new(DiskStore::open(c).unwrap())
+}
+
+fn redis(server: &RedisServer) -> Arc<RedisStore> {
+    Arc::new(RedisStore::open(RedisConfig::single(server.url())).unwrap())
+}
+
+/// The core scenario on one tier: A is computed, evicted by a flood, and re-requested by another
+/// tenant (miss: isolation) and by its own tenant (served from the tier, identical output).
+fn evicted_prefix_is_served_from(store: Arc<dyn TierStore>) {
+    let mut core = EngineCore::with_tier_stores(model(), cfg(), vec![store.clone()]).unwrap();
+    let a = prompt(A);
+    let first = request(&mut core, &a, 1);
+    assert_eq!(first.tokens, reference_a());
+    assert_eq!(first.cached_tokens, 0);
+    flood(&mut core, 100);
+    assert_eq!(
+        core.cache().peek_prefix(&ns(&core, 1), &a),
+        0,
+        "the flood evicted A from the active pool"
+    );
+    let snap = core.snapshot();
+    assert!(snap.tiers.tiers[0].engine.demoted_blocks >= 6);
+    assert_eq!(
+        store.contains_prefix(&tier_keys(&core, &a, 1)).unwrap(),
+        6,
+        "A's blocks were demoted"
+    );
+
+    // Another tenant: same tokens, different namespace → nothing from the tier.
+    let other = request(&mut core, &a, 2);
+    assert_eq!(
+        other.cached_tokens, 0,
+        "tenant 2 must not hit tenant 1's tier objects"
+    );
+    assert_eq!(tier_hit_tokens(&core, 0), 0);
+    assert_eq!(
+        other.tokens,
+        reference_a(),
+        "the model's output is tenant-independent"
+    );
+
+    // Positive control: the owner hits every cacheable block in the tier.
+    let again = request(&mut core, &a, 1);
+    assert_eq!(again.cached_tokens, CACHEABLE_TOKENS);
+    assert_eq!(tier_hit_tokens(&core, 0), CACHEABLE_TOKENS as u64);
+    assert_eq!(
+        again.tokens,
+        reference_a(),
+        "loaded K/V gives identical output"
+    );
+    let snap = core.snapshot();
+    assert!(snap.tiers.tiers[0].stats.hits >= 6);
+    assert_eq!(snap.tiers.tiers[0].engine.loaded_blocks, 6);
+    assert_eq!(snap.tiers.tiers[0].engine.errors, 0);
+}
+
+#[test]
+fn ram_tier_serves_an_evicted_prefix_with_identical_output_per_tenant() {
+    evicted_prefix_is_served_from(ram());
+}
+
+#[test]
+fn disk_tier_serves_an_evicted_prefix_with_identical_output_per_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    evicted_prefix_is_served_from(disk(&dir));
+}
+
+#[test]
+fn redis_tier_serves_an_evicted_prefix_with_identical_output_per_tenant() {
+    let server = RedisServer::start().unwrap();
+    evicted_prefix_is_served_from(redis(&server));
+}
+
+/// A is demoted, then every one of its objects gets one flipped byte at rest: the re-request
+/// rejects them (counted corrupt), recomputes, and still matches the reference.
+fn corrupt_objects_are_recomputed<S: TierStore + RawObjectAccess + 'static>(store: Arc<S>) {
+    let mut core = EngineCore::with_tier_stores(model(), cfg(), vec![store.clone()]).unwrap();
+    let a = prompt(A);
+    request(&mut core, &a, 1);
+    flood(&mut core, 200);
+    let keys = tier_keys(&core, &a, 1);
+    for key in &keys {
+        let mut raw = store.read_raw(key).unwrap().expect("demoted object");
+        let mid = raw.len() / 2;
+        raw[mid] ^= 0x10;
+        store.write_raw(key, &raw).unwrap();
+    }
+    let again = request(&mut core, &a, 1);
+    assert_eq!(again.tokens, reference_a(), "recomputed output is correct");
+    assert_eq!(again.cached_tokens, 0, "no corrupt block is used");
+    assert_eq!(tier_hit_tokens(&core, 0), 0);
+    assert!(core.snapshot().tiers.tiers[0].stats.corrupt >= 1);
+}
+
+#[test]
+fn corrupt_objects_on_disk_are_recomputed_with_identical_output() {
+    let dir = tempfile::tempdir().unwrap();
+    corrupt_objects_are_recomputed(disk(&dir));
+}
+
+#[test]
+fn corrupt_objects_in_redis_are_recomputed_with_identical_output() {
+    let server = RedisServer::start().unwrap();
+    corrupt_objects_are_recomputed(redis(&server));
+}
+
+#[test]
+fn redis_stopped_mid_run_the_engine_keeps_serving() {
+    let mut server = RedisServer::start().unwrap();
+    let store = redis(&server);
+    let mut core = EngineCore::with_tier_stores(model(), cfg(), vec![store]).unwrap();
+    let a = prompt(A);
+    request(&mut core, &a, 1);
+    flood(&mut core, 300);
+    server.stop();
+    // Prefix lookups and demotions fail; requests are recomputed and keep being served.
+    let again = request(&mut core, &a, 1);
+    assert_eq!(again.tokens, reference_a());
+    assert_eq!(again.cached_tokens, 0);
+    flood(&mut core, 400);
+    let snap = core.snapshot();
+    let t = &snap.tiers.tiers[0];
+    assert!(t.engine.errors >= 1, "{t:?}");
+    assert!(t.engine.demote_errors >= 1, "{t:?}");
+    assert_eq!(core.cache().usage().in_use, 0);
+}
+
+#[test]
+fn two_engines_sharing_one_redis_the_second_hits_the_first_prefix() {
+    let server = RedisServer::start().unwrap();
+    let mut first = EngineCore::with_tier_stores(model(), cfg(), vec![redis(&server)]).unwrap();
+    let a = prompt(A);
+    request(&mut first, &a, 1);
+    flood(&mut first, 500);
+    // A fresh engine (own pool, own connection) over the same Redis.
+    let mut second = EngineCore::with_tier_stores(model(), cfg(), vec![redis(&server)]).unwrap();
+    let other_tenant = request(&mut second, &a, 2);
+    assert_eq!(
+        other_tenant.cached_tokens, 0,
+        "isolation holds across engines"
+    );
+    let hit = request(&mut second, &a, 1);
+    assert_eq!(hit.cached_tokens, CACHEABLE_TOKENS);
+    assert_eq!(tier_hit_tokens(&second, 0), CACHEABLE_TOKENS as u64);
+    assert_eq!(hit.tokens, reference_a());
+}
+
+#[test]
+fn write_through_fills_every_tier_and_a_lower_tier_serves_what_the_first_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (r, d) = (ram(), disk(&dir));
+    let stores: Vec<Arc<dyn TierStore>> = vec![r.clone(), d.clone()];
+    let mut core = EngineCore::with_tier_stores(
+        model(),
+        EngineConfig {
+            tier_write_through: true,
+            ..cfg()
+        },
+        stores,
+    )
+    .unwrap();
+    let a = prompt(A);
+    request(&mut core, &a, 1);
+    flood(&mut core, 600);
+    let keys = tier_keys(&core, &a, 1);
+    assert_eq!(r.contains_prefix(&keys).unwrap(), 6);
+    assert_eq!(d.contains_prefix(&keys).unwrap(), 6);
+    // The RAM tier loses A's last three blocks: the chain continues in the disk tier.
+    r.remove(&keys[3..]).unwrap();
+    let again = request(&mut core, &a, 1);
+    assert_eq!(again.cached_tokens, CACHEABLE_TOKENS);
+    assert_eq!(tier_hit_tokens(&core, 0), 3 * BLOCK_SIZE as u64);
+    assert_eq!(tier_hit_tokens(&core, 1), 3 * BLOCK_SIZE as u64);
+    assert_eq!(again.tokens, reference_a());
+}
+
+#[test]
+fn the_cost_model_decides_and_counts_and_output_is_identical_either_way() {
+    let mut core = EngineCore::with_tier_stores(
+        model(),
+        EngineConfig {
+            tier_load_policy: TierLoadPolicy::CostModel,
+            ..cfg()
+        },
+        vec![ram() as Arc<dyn TierStore>],
+    )
+    .unwrap();
+    let a = prompt(A);
+    request(&mut core, &a, 1);
+    flood(&mut core, 700);
+    let again = request(&mut core, &a, 1);
+    assert_eq!(again.tokens, reference_a());
+    let snap = core.snapshot();
+    let e = &snap.tiers.tiers[0].engine;
+    assert_eq!(e.load_decisions + e.recompute_decisions, 1, "{e:?}");
+    assert!(
+        snap.tiers.prefill_tokens_per_s.is_some(),
+        "prefill speed measured"
+    );
+    let want = if e.load_decisions == 1 {
+        CACHEABLE_TOKENS
+    } else {
+        0
+    };
+    assert_eq!(again.cached_tokens, want);
+}
+
+#[test]
+fn tiers_without_prefix_caching_are_a_config_error() {
+    let err = EngineCore::with_tier_stores(
+        model(),
+        EngineConfig {
+            prefix_caching: false,
+            ..cfg()
+        },
+        vec![ram() as Arc<dyn TierStore>],
+    );
+    assert!(matches!(err, Err(engine::EngineError::Config(_))));
+}

@@ -1,0 +1,94 @@
+//! Fused matmuls: several weight matrices applied to the same activations in one pool dispatch,
+//! `ys[i][t, r] = dot(W_i[r, :], x[t, :])` (e.g. the Q, K and V projections, or FFN gate and up).
+//!
+//! Owns only the fusing: the activations are quantised once, and the row ranges of all matrices
+//! become the tasks of a single [`ThreadPool::for_each`], so one decode step pays one dispatch
+//! and one barrier instead of one per matrix. Every output element is computed by the same tile
+//! code as [`super::matmul`], so results are bit-identical to separate `matmul` calls. Matrices
+//! without an integer block kernel, or more than [`MAX_FUSED`] of them, fall back to separate
+//! calls. It never allocates.
+
+use super::act_quant::ActQ8;
+use super::cpu::{cpu_features, CpuFeatures};
+use super::matmul::{is_block32, matmul_with_features, prepare, with_act_scratch, Job, OutPtr};
+use super::pool::ThreadPool;
+use super::{KernelError, QMatrix};
+
+/// Most matrices one fused dispatch takes.
+pub const MAX_FUSED: usize = 4;
+
+/// `ys[i] = W_i · x` for every `i`, in one dispatch where possible. `x` is `[num_tokens,
+/// row_len]`; `ys[i]` is `[num_tokens, ws[i].num_rows]`. Bit-identical to calling
+/// [`super::matmul`] once per matrix.
+pub fn matmul_many(
+    pool: &ThreadPool,
+    ws: &[QMatrix],
+    x: &[f32],
+    num_tokens: usize,
+    ys: &mut [&mut [f32]],
+) -> Result<(), KernelError> {
+    matmul_many_with_features(pool, ws, x, num_tokens, ys, cpu_features())
+}
+
+/// [`matmul_many`] on an explicit path (`features` is clamped to what the CPU has).
+pub fn matmul_many_with_features(
+    pool: &ThreadPool,
+    ws: &[QMatrix],
+    x: &[f32],
+    num_tokens: usize,
+    ys: &mut [&mut [f32]],
+    features: CpuFeatures,
+) -> Result<(), KernelError> {
+    if ws.len() != ys.len() {
+        return Err(KernelError::FusedCount {
+            matrices: ws.len(),
+            outputs: ys.len(),
+        });
+    }
+    let fusable = ws.len() <= MAX_FUSED && ws.iter().all(|w| is_block32(w.ty));
+    if !fusable {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            matmul_with_features(pool, w, x, num_tokens, y, features)?;
+        }
+        return Ok(());
+    }
+    // Validate everything before computing anything.
+    let mut jobs: [Option<(Job, OutPtr)>; MAX_FUSED] = [None, None, None, None];
+    for ((slot, w), y) in jobs.iter_mut().zip(ws).zip(ys.iter_mut()) {
+        *slot = prepare(w, x, num_tokens, y, features)?;
+    }
+    // `prepare` checked `x.len() == num_tokens * row_len` for every matrix, so with
+    // `num_tokens > 0` all row lengths agree.
+    let Some(first) = jobs.iter().flatten().next() else {
+        return Ok(());
+    };
+    let (row_len, features) = (first.0.row_len(), first.0.features());
+    // Task ranges: matrix `i` owns tasks `task_start[i]..task_start[i] + splits[i].0`.
+    let mut splits = [(0usize, 0usize); MAX_FUSED];
+    let mut task_start = [0usize; MAX_FUSED];
+    let mut total_tasks = 0;
+    for (i, job) in jobs.iter().enumerate() {
+        if let Some((job, _)) = job {
+            splits[i] = job.split(pool);
+            task_start[i] = total_tasks;
+            total_tasks += splits[i].0;
+        }
+    }
+    with_act_scratch(|act: &mut ActQ8| {
+        act.quantize(features, x, num_tokens, row_len);
+        let act = &*act;
+        pool.for_each(total_tasks, &|task| {
+            // The matrix owning `task`: the last one whose range starts at or before it.
+            let i = (0..MAX_FUSED)
+                .rev()
+                .find(|&i| jobs[i].is_some() && task_start[i] <= task)
+                .expect("task indices lie in some matrix's range");
+            let (job, out) = jobs[i].as_ref().expect("checked is_some above");
+            let (_, rows_per_task) = splits[i];
+            let start = (task - task_start[i]) * rows_per_task;
+            let rows = start..(start + rows_per_task).min(job.num_rows());
+            job.rows_block32_any(act, rows, out);
+        });
+    });
+    Ok(())
+}
