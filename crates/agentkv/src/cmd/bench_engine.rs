@@ -106,12 +106,14 @@ fn ttft(core: &mut EngineCore, prompt: Vec<u32>) -> Result<Duration> {
     let start = Instant::now();
     while core.has_work() {
         core.step()?;
-        if let Ok(EngineEvent::Token(_)) = rx.try_recv() {
-            let t = start.elapsed();
-            while core.has_work() {
-                core.step()?;
+        while let Ok(ev) = rx.try_recv() {
+            if let EngineEvent::Token(_) = ev {
+                let t = start.elapsed();
+                while core.has_work() {
+                    core.step()?;
+                }
+                return Ok(t);
             }
-            return Ok(t);
         }
     }
     anyhow::bail!("no token produced")
