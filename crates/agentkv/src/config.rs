@@ -9,7 +9,7 @@
 //!   max_size: 2GB            # bytes of KV memory (KB/MB/GB = 1000^k, KiB/MiB/GiB = 1024^k)
 //!   replacement_policy: segmented_lru   # lru | lfu | segmented_lru
 //!   warmup_prompts: [system]  # names of `prompts` below
-//!   quantization: f16         # f16 | f32
+//!   quantization: f16         # a KV codec (int8, k=int8,v=int4, …) or a preset: code | chat | math
 //!   block_size: 16
 //!   prefix_caching: true
 //!   tier_write_through: false  # demote evicted blocks to every tier, not only the first
@@ -98,26 +98,38 @@ impl Policy {
         match self {
             Policy::Lru => cache::EvictionPolicy::Lru,
             Policy::Lfu => cache::EvictionPolicy::Lfu,
+            // 20% protected: never below LRU on the simulated agent traces, where a large
+            // protected segment behaves like LFU (docs/benchmarks.md, "Hit rate by policy").
             Policy::SegmentedLru => cache::EvictionPolicy::SegmentedLru {
-                protected_fraction: 0.8,
+                protected_fraction: 0.2,
             },
         }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Quantization {
-    F16,
-    F32,
-}
+/// `kv_cache_config.quantization`: a KV codec (`f16`, `f32`, `bf16`, `fp8`, `int8`, `int4`,
+/// `int8-g32`, `k=int8,v=int4`, …) or a task preset: `code` → int8 (K and V), `chat` → int8 K +
+/// int4 V, `math` → f16. The measured quality of each is in docs/benchmarks.md ("KV quantization").
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Quantization(pub String);
 
 impl Quantization {
-    pub fn to_dtype(self) -> model::KvDtype {
-        match self {
-            Quantization::F16 => model::KvDtype::F16,
-            Quantization::F32 => model::KvDtype::F32,
-        }
+    /// The codecs this names; the error says what is accepted.
+    pub fn to_dtype(&self) -> Result<model::KvDtype> {
+        let spec = match self.0.as_str() {
+            "code" => "int8",
+            "chat" => "k=int8,v=int4",
+            "math" => "f16",
+            other => other,
+        };
+        model::KvDtype::parse(spec).map_err(|e| {
+            anyhow::anyhow!(
+                "kv_cache_config.quantization: {:?}: {e} (use f16, f32, bf16, fp8, int8, int4, \
+                 int8-g32, k=int8,v=int4, or a preset: code, chat, math)",
+                self.0
+            )
+        })
     }
 }
 
@@ -236,6 +248,9 @@ impl FileConfig {
         if self.kv_cache_config.block_size == Some(0) {
             bail!("kv_cache_config.block_size: must be positive");
         }
+        if let Some(q) = &self.kv_cache_config.quantization {
+            q.to_dtype()?;
+        }
         Ok(())
     }
 }
@@ -307,5 +322,22 @@ mod tests {
         assert!(format!("{e:#}").contains("nope"), "{e:#}");
         let e = FileConfig::parse("kv_cache_config: {max_size: 2 parsecs}\n").unwrap_err();
         assert!(format!("{e:#}").contains("parsecs"), "{e:#}");
+    }
+
+    #[test]
+    fn quantization_accepts_codecs_and_presets_and_names_the_key_when_bad() {
+        let q = |s: &str| Quantization(s.to_string()).to_dtype();
+        assert_eq!(q("code").unwrap(), model::KvDtype::parse("int8").unwrap());
+        assert_eq!(
+            q("chat").unwrap(),
+            model::KvDtype::parse("k=int8,v=int4").unwrap()
+        );
+        assert_eq!(q("math").unwrap(), model::KvDtype::F16);
+        assert_eq!(
+            q("int4-g32").unwrap(),
+            model::KvDtype::parse("int4-g32").unwrap()
+        );
+        let err = q("int3").unwrap_err().to_string();
+        assert!(err.contains("kv_cache_config.quantization"), "{err}");
     }
 }

@@ -114,8 +114,8 @@ fn engine_config(
     if let Some(b) = kv.block_size {
         cfg.block_size = b;
     }
-    if let Some(q) = kv.quantization {
-        cfg.kv_dtype = q.to_dtype();
+    if let Some(q) = &kv.quantization {
+        cfg.kv_dtype = q.to_dtype()?;
     }
     if let Some(p) = kv.replacement_policy {
         cfg.policy = p.to_cache();
