@@ -274,6 +274,11 @@ fn render_engine(
         "KV blocks in the pool.",
         u.total,
     );
+    let _ = writeln!(
+        out,
+        "# HELP agentkv_kv_bytes_per_token KV bytes per token of the configured codecs (all layers, K and V, scales included).\n# TYPE agentkv_kv_bytes_per_token gauge\nagentkv_kv_bytes_per_token{{codec=\"{}\"}} {}",
+        s.kv_codec, s.kv_bytes_per_token
+    );
     metric(
         out,
         "agentkv_kv_fragmentation_ratio",

@@ -142,6 +142,7 @@ async fn models_health_metrics_and_flush() {
         "agentkv_tenant_prefix_cache_miss_tokens_total{tenant=\"default\"}",
         "agentkv_kv_blocks{state=\"free\"}",
         "agentkv_kv_fragmentation_ratio",
+        "agentkv_kv_bytes_per_token{codec=\"f16\"} 23040",
         "agentkv_kv_evictions_total{cause=\"capacity\"}",
         "agentkv_preemptions_total",
         "agentkv_requests_running 0",
