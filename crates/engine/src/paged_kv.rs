@@ -7,9 +7,7 @@
 //! `cache` crate's business; this module only reads and writes the blocks a table names.
 
 use cache::BlockId;
-use half::f16;
-use model::kv::{KvChunk, KvDtype, KvError, KvLayout, KvStore, SeqSlot};
-use quant::EncodedRows;
+use model::kv::{KvChunk, KvDtype, KvError, KvRows, KvStore, SeqSlot};
 
 /// Geometry of the K/V memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,56 +26,20 @@ impl KvGeometry {
     }
 }
 
-enum Buf {
-    F32 {
-        k: Vec<f32>,
-        v: Vec<f32>,
-    },
-    F16 {
-        k: Vec<f16>,
-        v: Vec<f16>,
-    },
-    /// Encoded rows (`quant` codecs): `k_row_bytes` / `v_row_bytes` per row.
-    Encoded {
-        k: Vec<u8>,
-        v: Vec<u8>,
-        k_row_bytes: usize,
-        v_row_bytes: usize,
-    },
-}
-
-/// All K/V memory of the pool.
+/// All K/V memory of the pool: rows ordered `[block, layer, kv_head, row in block]`.
 pub struct PagedKvMemory {
     geo: KvGeometry,
-    dtype: KvDtype,
-    buf: Buf,
+    rows: KvRows,
 }
 
 impl PagedKvMemory {
     /// Allocates the pool; fails when the codecs do not fit the head size.
     pub fn new(geo: KvGeometry, dtype: KvDtype) -> Result<Self, KvError> {
-        let rows = geo.num_blocks * geo.num_layers * geo.num_kv_heads * geo.block_size;
-        let n = rows * geo.head_dim;
-        let buf = match KvLayout::of(dtype, geo.head_dim)? {
-            KvLayout::F32 => Buf::F32 {
-                k: vec![0.0; n],
-                v: vec![0.0; n],
-            },
-            KvLayout::F16 => Buf::F16 {
-                k: vec![f16::ZERO; n],
-                v: vec![f16::ZERO; n],
-            },
-            KvLayout::Encoded {
-                k_row_bytes,
-                v_row_bytes,
-            } => Buf::Encoded {
-                k: vec![0; rows * k_row_bytes],
-                v: vec![0; rows * v_row_bytes],
-                k_row_bytes,
-                v_row_bytes,
-            },
-        };
-        Ok(PagedKvMemory { geo, dtype, buf })
+        let num_rows = geo.num_blocks * geo.num_layers * geo.num_kv_heads * geo.block_size;
+        Ok(PagedKvMemory {
+            geo,
+            rows: KvRows::new(dtype, geo.head_dim, num_rows)?,
+        })
     }
 
     pub fn geometry(&self) -> KvGeometry {
@@ -85,13 +47,13 @@ impl PagedKvMemory {
     }
 
     pub fn dtype(&self) -> KvDtype {
-        self.dtype
+        self.rows.codecs()
     }
 
     /// Bytes of K and V per token over all layers, scales and offsets included.
     pub fn bytes_per_token(&self) -> usize {
         let g = &self.geo;
-        self.dtype
+        self.dtype()
             .bytes_per_token(g.num_layers, g.num_kv_heads, g.head_dim)
     }
 
@@ -102,11 +64,12 @@ impl PagedKvMemory {
 
     /// Bytes actually allocated for K and V (equals `total_bytes`; kept to prove the accounting).
     pub fn allocated_bytes(&self) -> usize {
-        match &self.buf {
-            Buf::F32 { k, v } => (k.len() + v.len()) * 4,
-            Buf::F16 { k, v } => (k.len() + v.len()) * 2,
-            Buf::Encoded { k, v, .. } => k.len() + v.len(),
-        }
+        self.rows.allocated_bytes()
+    }
+
+    /// Rows in one block (every layer and head).
+    fn rows_per_block(&self) -> usize {
+        self.geo.num_layers * self.geo.num_kv_heads * self.geo.block_size
     }
 
     /// Index of the row of (block, layer, kv_head, row within the block).
@@ -117,30 +80,10 @@ impl PagedKvMemory {
 
     /// Copies the first `num_rows` token rows of `src` into `dst` (copy-on-write of a partial block).
     pub fn copy_block(&mut self, src: BlockId, dst: BlockId, num_rows: usize) {
-        let g = self.geo;
-        for layer in 0..g.num_layers {
-            for h in 0..g.num_kv_heads {
+        for layer in 0..self.geo.num_layers {
+            for h in 0..self.geo.num_kv_heads {
                 let (s, d) = (self.row(src, layer, h, 0), self.row(dst, layer, h, 0));
-                let hd = g.head_dim;
-                match &mut self.buf {
-                    Buf::F32 { k, v } => {
-                        k.copy_within(s * hd..(s + num_rows) * hd, d * hd);
-                        v.copy_within(s * hd..(s + num_rows) * hd, d * hd);
-                    }
-                    Buf::F16 { k, v } => {
-                        k.copy_within(s * hd..(s + num_rows) * hd, d * hd);
-                        v.copy_within(s * hd..(s + num_rows) * hd, d * hd);
-                    }
-                    Buf::Encoded {
-                        k,
-                        v,
-                        k_row_bytes: kr,
-                        v_row_bytes: vr,
-                    } => {
-                        k.copy_within(s * *kr..(s + num_rows) * *kr, d * *kr);
-                        v.copy_within(s * *vr..(s + num_rows) * *vr, d * *vr);
-                    }
-                }
+                self.rows.copy_rows(s, d, num_rows);
             }
         }
     }
@@ -185,34 +128,11 @@ impl KvStore for StepKv<'_> {
         let block = self.block_of(slot, pos)?;
         let g = self.mem.geo;
         let hd = g.head_dim;
-        let codecs = self.mem.dtype;
         for h in 0..g.num_kv_heads {
             let row = self.mem.row(block, layer, h, pos % g.block_size);
-            let (ks, vs) = (&k[h * hd..(h + 1) * hd], &v[h * hd..(h + 1) * hd]);
-            match &mut self.mem.buf {
-                Buf::F32 { k: kb, v: vb } => {
-                    kb[row * hd..(row + 1) * hd].copy_from_slice(ks);
-                    vb[row * hd..(row + 1) * hd].copy_from_slice(vs);
-                }
-                Buf::F16 { k: kb, v: vb } => {
-                    for i in 0..hd {
-                        kb[row * hd + i] = f16::from_f32(ks[i]);
-                        vb[row * hd + i] = f16::from_f32(vs[i]);
-                    }
-                }
-                Buf::Encoded {
-                    k: kb,
-                    v: vb,
-                    k_row_bytes: kr,
-                    v_row_bytes: vr,
-                } => {
-                    let (kr, vr) = (*kr, *vr);
-                    quant::encode_row(codecs.k, ks, &mut kb[row * kr..(row + 1) * kr])
-                        .map_err(|e| KvError::Codec(e.to_string()))?;
-                    quant::encode_row(codecs.v, vs, &mut vb[row * vr..(row + 1) * vr])
-                        .map_err(|e| KvError::Codec(e.to_string()))?;
-                }
-            }
+            self.mem
+                .rows
+                .write(row, &k[h * hd..(h + 1) * hd], &v[h * hd..(h + 1) * hd])?;
         }
         Ok(())
     }
@@ -225,52 +145,20 @@ impl KvStore for StepKv<'_> {
         num_positions: usize,
         f: &mut dyn FnMut(usize, KvChunk<'_>),
     ) {
-        let g = self.mem.geo;
-        let hd = g.head_dim;
-        let table = self.tables[slot.0 as usize];
+        let bs = self.mem.geo.block_size;
         let mut pos = 0;
-        for &block in table {
+        for &block in self.tables[slot.0 as usize] {
             if pos >= num_positions {
                 break;
             }
-            let rows = (num_positions - pos).min(g.block_size);
-            let r0 = self.mem.row(block, layer, kv_head, 0);
-            match &self.mem.buf {
-                Buf::F32 { k, v } => f(
-                    pos,
-                    KvChunk::F32 {
-                        k: &k[r0 * hd..(r0 + rows) * hd],
-                        v: &v[r0 * hd..(r0 + rows) * hd],
-                    },
-                ),
-                Buf::F16 { k, v } => f(
-                    pos,
-                    KvChunk::F16 {
-                        k: &k[r0 * hd..(r0 + rows) * hd],
-                        v: &v[r0 * hd..(r0 + rows) * hd],
-                    },
-                ),
-                Buf::Encoded {
-                    k,
-                    v,
-                    k_row_bytes: kr,
-                    v_row_bytes: vr,
-                } => {
-                    let kb = &k[r0 * kr..(r0 + rows) * kr];
-                    let vb = &v[r0 * vr..(r0 + rows) * vr];
-                    let codecs = self.mem.dtype;
-                    f(
-                        pos,
-                        KvChunk::Encoded {
-                            k: EncodedRows::new(codecs.k, hd, kb)
-                                .expect("whole rows of a validated codec"),
-                            v: EncodedRows::new(codecs.v, hd, vb)
-                                .expect("whole rows of a validated codec"),
-                        },
-                    )
-                }
-            }
-            pos += rows;
+            let n = (num_positions - pos).min(bs);
+            f(
+                pos,
+                self.mem
+                    .rows
+                    .chunk(self.mem.row(block, layer, kv_head, 0), n),
+            );
+            pos += n;
         }
     }
 }
@@ -398,7 +286,7 @@ mod tests {
 /// Why serialised block bytes cannot be loaded into a block.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BlockBytesError {
-    /// The byte count differs from one block's K and V in this memory's element type.
+    /// The byte count differs from one block's K and V in this memory's codecs.
     #[error("block bytes have length {got}, expected {expected}")]
     WrongLength { got: usize, expected: usize },
     /// The block id is outside the pool.
@@ -406,57 +294,23 @@ pub enum BlockBytesError {
     NoSuchBlock { block: usize, num_blocks: usize },
 }
 
-// Block serialisation for the storage tiers: one block's K then V, little-endian elements of the
-// memory's own type (the cache namespace commits to the codec, so bytes never cross codecs).
+// Block serialisation for the storage tiers: one block's K rows then V rows, as stored (f32/f16
+// little-endian, or the encoded bytes). The cache namespace commits to the codecs, so bytes never
+// cross codecs.
 impl PagedKvMemory {
-    /// Serialised bytes of one block (K then V, exactly what [`PagedKvMemory::block_bytes`]
-    /// returns).
+    /// Serialised bytes of one block (exactly what [`PagedKvMemory::block_bytes`] returns).
     pub fn block_num_bytes(&self) -> usize {
-        let n = self.geo.block_elems();
-        match &self.buf {
-            Buf::F32 { .. } => 2 * n * 4,
-            Buf::F16 { .. } => 2 * n * 2,
-            Buf::Encoded {
-                k_row_bytes,
-                v_row_bytes,
-                ..
-            } => n / self.geo.head_dim * (k_row_bytes + v_row_bytes),
-        }
+        self.rows_per_block() * self.rows.row_pair_bytes()
     }
 
-    /// One block's K then V as little-endian bytes (every layer, head and row).
+    /// One block's K then V (every layer, head and row).
     pub fn block_bytes(&self, block: BlockId) -> Vec<u8> {
-        let n = self.geo.block_elems();
-        let start = block.index() * n;
-        let mut out = Vec::with_capacity(self.block_num_bytes());
-        match &self.buf {
-            Buf::F32 { k, v } => {
-                for x in k[start..start + n].iter().chain(&v[start..start + n]) {
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-            }
-            Buf::F16 { k, v } => {
-                for x in k[start..start + n].iter().chain(&v[start..start + n]) {
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-            }
-            Buf::Encoded {
-                k,
-                v,
-                k_row_bytes: kr,
-                v_row_bytes: vr,
-            } => {
-                let rows = n / self.geo.head_dim;
-                let r0 = block.index() * rows;
-                out.extend_from_slice(&k[r0 * kr..(r0 + rows) * kr]);
-                out.extend_from_slice(&v[r0 * vr..(r0 + rows) * vr]);
-            }
-        }
-        out
+        let n = self.rows_per_block();
+        self.rows.rows_bytes(block.index() * n, n)
     }
 
     /// Overwrites one block with bytes from [`PagedKvMemory::block_bytes`] of the same geometry
-    /// and element type. Checks length and block id; nothing is written on error.
+    /// and codecs. Checks length and block id; nothing is written on error.
     pub fn load_block_bytes(
         &mut self,
         block: BlockId,
@@ -475,40 +329,8 @@ impl PagedKvMemory {
                 expected,
             });
         }
-        let n = self.geo.block_elems();
-        let start = block.index() * n;
-        match &mut self.buf {
-            Buf::F32 { k, v } => {
-                let (kb, vb) = bytes.split_at(n * 4);
-                for (dst, src) in k[start..start + n].iter_mut().zip(kb.chunks_exact(4)) {
-                    *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
-                }
-                for (dst, src) in v[start..start + n].iter_mut().zip(vb.chunks_exact(4)) {
-                    *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
-                }
-            }
-            Buf::Encoded {
-                k,
-                v,
-                k_row_bytes: kr,
-                v_row_bytes: vr,
-            } => {
-                let rows = n / self.geo.head_dim;
-                let r0 = block.index() * rows;
-                let (kb, vb) = bytes.split_at(rows * *kr);
-                k[r0 * *kr..(r0 + rows) * *kr].copy_from_slice(kb);
-                v[r0 * *vr..(r0 + rows) * *vr].copy_from_slice(vb);
-            }
-            Buf::F16 { k, v } => {
-                let (kb, vb) = bytes.split_at(n * 2);
-                for (dst, src) in k[start..start + n].iter_mut().zip(kb.chunks_exact(2)) {
-                    *dst = f16::from_le_bytes([src[0], src[1]]);
-                }
-                for (dst, src) in v[start..start + n].iter_mut().zip(vb.chunks_exact(2)) {
-                    *dst = f16::from_le_bytes([src[0], src[1]]);
-                }
-            }
-        }
+        let n = self.rows_per_block();
+        self.rows.load_rows_bytes(block.index() * n, n, bytes);
         Ok(())
     }
 }

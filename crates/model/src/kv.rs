@@ -10,6 +10,8 @@
 use half::f16;
 use quant::EncodedRows;
 
+pub use crate::kv_rows::KvRows;
+
 /// Which sequence of the batch a token belongs to, as the KV store knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqSlot(pub u32);
@@ -116,31 +118,12 @@ pub trait KvStore: Sync {
     );
 }
 
-/// One contiguous buffer per slot: `[num_layers, num_kv_heads, capacity, head_dim]` for K and V.
+/// One contiguous buffer per slot: rows ordered `[num_layers, num_kv_heads, capacity]`.
 pub struct ContiguousKv {
     num_layers: usize,
     num_kv_heads: usize,
-    head_dim: usize,
     capacity: usize,
-    codecs: KvDtype,
-    layout: KvLayout,
-    slots: Vec<SlotBuf>,
-}
-
-enum SlotBuf {
-    F32 {
-        k: Vec<f32>,
-        v: Vec<f32>,
-    },
-    F16 {
-        k: Vec<f16>,
-        v: Vec<f16>,
-    },
-    /// `[num_layers, num_kv_heads, capacity]` rows of the codecs' row sizes.
-    Encoded {
-        k: Vec<u8>,
-        v: Vec<u8>,
-    },
+    slots: Vec<KvRows>,
 }
 
 impl ContiguousKv {
@@ -154,35 +137,14 @@ impl ContiguousKv {
         capacity: usize,
         dtype: KvDtype,
     ) -> Result<Self, KvError> {
-        let layout = KvLayout::of(dtype, head_dim)?;
         let rows = num_layers * num_kv_heads * capacity;
-        let n = rows * head_dim;
         let slots = (0..num_slots)
-            .map(|_| match layout {
-                KvLayout::F32 => SlotBuf::F32 {
-                    k: vec![0.0; n],
-                    v: vec![0.0; n],
-                },
-                KvLayout::F16 => SlotBuf::F16 {
-                    k: vec![f16::ZERO; n],
-                    v: vec![f16::ZERO; n],
-                },
-                KvLayout::Encoded {
-                    k_row_bytes,
-                    v_row_bytes,
-                } => SlotBuf::Encoded {
-                    k: vec![0; rows * k_row_bytes],
-                    v: vec![0; rows * v_row_bytes],
-                },
-            })
-            .collect();
+            .map(|_| KvRows::new(dtype, head_dim, rows))
+            .collect::<Result<_, _>>()?;
         Ok(ContiguousKv {
             num_layers,
             num_kv_heads,
-            head_dim,
             capacity,
-            codecs: dtype,
-            layout,
             slots,
         })
     }
@@ -214,43 +176,16 @@ impl KvStore for ContiguousKv {
             });
         }
         assert!(layer < self.num_layers, "layer {layer} out of range");
-        let hd = self.head_dim;
+        let hd = k.len() / self.num_kv_heads;
         let rows: Vec<usize> = (0..self.num_kv_heads)
             .map(|h| self.row(layer, h, pos))
             .collect();
-        let (codecs, layout) = (self.codecs, self.layout);
         let buf = self
             .slots
             .get_mut(slot.0 as usize)
             .ok_or(KvError::UnknownSlot(slot.0))?;
         for (h, &row) in rows.iter().enumerate() {
-            let (ks, vs) = (&k[h * hd..(h + 1) * hd], &v[h * hd..(h + 1) * hd]);
-            let off = row * hd;
-            match buf {
-                SlotBuf::F32 { k: kb, v: vb } => {
-                    kb[off..off + hd].copy_from_slice(ks);
-                    vb[off..off + hd].copy_from_slice(vs);
-                }
-                SlotBuf::F16 { k: kb, v: vb } => {
-                    for i in 0..hd {
-                        kb[off + i] = f16::from_f32(ks[i]);
-                        vb[off + i] = f16::from_f32(vs[i]);
-                    }
-                }
-                SlotBuf::Encoded { k: kb, v: vb } => {
-                    let KvLayout::Encoded {
-                        k_row_bytes: kr,
-                        v_row_bytes: vr,
-                    } = layout
-                    else {
-                        unreachable!("encoded buffers have an encoded layout")
-                    };
-                    quant::encode_row(codecs.k, ks, &mut kb[row * kr..(row + 1) * kr])
-                        .map_err(|e| KvError::Codec(e.to_string()))?;
-                    quant::encode_row(codecs.v, vs, &mut vb[row * vr..(row + 1) * vr])
-                        .map_err(|e| KvError::Codec(e.to_string()))?;
-                }
-            }
+            buf.write(row, &k[h * hd..(h + 1) * hd], &v[h * hd..(h + 1) * hd])?;
         }
         Ok(())
     }
@@ -264,43 +199,9 @@ impl KvStore for ContiguousKv {
         f: &mut dyn FnMut(usize, KvChunk<'_>),
     ) {
         let n = num_positions.min(self.capacity);
-        let first = self.row(layer, kv_head, 0);
-        let hd = self.head_dim;
-        match &self.slots[slot.0 as usize] {
-            SlotBuf::F32 { k, v } => f(
-                0,
-                KvChunk::F32 {
-                    k: &k[first * hd..(first + n) * hd],
-                    v: &v[first * hd..(first + n) * hd],
-                },
-            ),
-            SlotBuf::F16 { k, v } => f(
-                0,
-                KvChunk::F16 {
-                    k: &k[first * hd..(first + n) * hd],
-                    v: &v[first * hd..(first + n) * hd],
-                },
-            ),
-            SlotBuf::Encoded { k, v } => {
-                let KvLayout::Encoded {
-                    k_row_bytes: kr,
-                    v_row_bytes: vr,
-                } = self.layout
-                else {
-                    unreachable!("encoded buffers have an encoded layout")
-                };
-                let kr_rows = EncodedRows::new(self.codecs.k, hd, &k[first * kr..(first + n) * kr])
-                    .expect("whole rows");
-                let vr_rows = EncodedRows::new(self.codecs.v, hd, &v[first * vr..(first + n) * vr])
-                    .expect("whole rows");
-                f(
-                    0,
-                    KvChunk::Encoded {
-                        k: kr_rows,
-                        v: vr_rows,
-                    },
-                )
-            }
-        }
+        f(
+            0,
+            self.slots[slot.0 as usize].chunk(self.row(layer, kv_head, 0), n),
+        )
     }
 }

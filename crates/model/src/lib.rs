@@ -13,6 +13,7 @@ pub mod generate;
 pub mod gguf;
 pub mod kernels;
 pub mod kv;
+pub mod kv_rows;
 pub mod model;
 pub mod ops;
 pub mod par;

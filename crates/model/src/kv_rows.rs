@@ -1,0 +1,272 @@
+//! [`KvRows`]: K and V rows of one codec pair in flat buffers — the storage both the contiguous
+//! cache (`kv.rs`) and the engine's paged memory are built on.
+//!
+//! A row is one token × one KV head (`head_dim` values). f32 and f16 codecs are stored as typed
+//! values; every other `quant` codec as encoded bytes (scales included). Owns writing a row,
+//! handing out runs of rows as a [`KvChunk`], copying rows, and serialising runs of rows (for the
+//! storage tiers). Never decides which rows belong to whom.
+
+use half::f16;
+use quant::EncodedRows;
+
+use crate::kv::{KvChunk, KvDtype, KvError, KvLayout};
+
+enum RowBuf {
+    F32 {
+        k: Vec<f32>,
+        v: Vec<f32>,
+    },
+    F16 {
+        k: Vec<f16>,
+        v: Vec<f16>,
+    },
+    Encoded {
+        k: Vec<u8>,
+        v: Vec<u8>,
+        k_row_bytes: usize,
+        v_row_bytes: usize,
+    },
+}
+
+/// `num_rows` K rows and V rows of `head_dim` values under `codecs`.
+pub struct KvRows {
+    codecs: KvDtype,
+    head_dim: usize,
+    num_rows: usize,
+    buf: RowBuf,
+}
+
+impl KvRows {
+    /// Zeroed rows; fails when the codecs do not fit `head_dim`.
+    pub fn new(codecs: KvDtype, head_dim: usize, num_rows: usize) -> Result<Self, KvError> {
+        let n = num_rows * head_dim;
+        let buf = match KvLayout::of(codecs, head_dim)? {
+            KvLayout::F32 => RowBuf::F32 {
+                k: vec![0.0; n],
+                v: vec![0.0; n],
+            },
+            KvLayout::F16 => RowBuf::F16 {
+                k: vec![f16::ZERO; n],
+                v: vec![f16::ZERO; n],
+            },
+            KvLayout::Encoded {
+                k_row_bytes,
+                v_row_bytes,
+            } => RowBuf::Encoded {
+                k: vec![0; num_rows * k_row_bytes],
+                v: vec![0; num_rows * v_row_bytes],
+                k_row_bytes,
+                v_row_bytes,
+            },
+        };
+        Ok(KvRows {
+            codecs,
+            head_dim,
+            num_rows,
+            buf,
+        })
+    }
+
+    pub fn codecs(&self) -> KvDtype {
+        self.codecs
+    }
+
+    pub fn num_rows(&self) -> usize {
+        self.num_rows
+    }
+
+    /// Bytes of one K row plus one V row.
+    pub fn row_pair_bytes(&self) -> usize {
+        self.codecs.k.bytes_per_row(self.head_dim) + self.codecs.v.bytes_per_row(self.head_dim)
+    }
+
+    /// Bytes held by the buffers (equals `num_rows · row_pair_bytes()`).
+    pub fn allocated_bytes(&self) -> usize {
+        match &self.buf {
+            RowBuf::F32 { k, v } => (k.len() + v.len()) * 4,
+            RowBuf::F16 { k, v } => (k.len() + v.len()) * 2,
+            RowBuf::Encoded { k, v, .. } => k.len() + v.len(),
+        }
+    }
+
+    /// Stores one token's K and V (`[head_dim]` each) at `row`.
+    pub fn write(&mut self, row: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
+        assert!(row < self.num_rows, "row {row} out of {}", self.num_rows);
+        let hd = self.head_dim;
+        let codecs = self.codecs;
+        match &mut self.buf {
+            RowBuf::F32 { k: kb, v: vb } => {
+                kb[row * hd..(row + 1) * hd].copy_from_slice(k);
+                vb[row * hd..(row + 1) * hd].copy_from_slice(v);
+            }
+            RowBuf::F16 { k: kb, v: vb } => {
+                for i in 0..hd {
+                    kb[row * hd + i] = f16::from_f32(k[i]);
+                    vb[row * hd + i] = f16::from_f32(v[i]);
+                }
+            }
+            RowBuf::Encoded {
+                k: kb,
+                v: vb,
+                k_row_bytes: kr,
+                v_row_bytes: vr,
+            } => {
+                let (kr, vr) = (*kr, *vr);
+                quant::encode_row(codecs.k, k, &mut kb[row * kr..(row + 1) * kr])
+                    .map_err(|e| KvError::Codec(e.to_string()))?;
+                quant::encode_row(codecs.v, v, &mut vb[row * vr..(row + 1) * vr])
+                    .map_err(|e| KvError::Codec(e.to_string()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows `first..first + n` as one attention chunk.
+    pub fn chunk(&self, first: usize, n: usize) -> KvChunk<'_> {
+        let hd = self.head_dim;
+        match &self.buf {
+            RowBuf::F32 { k, v } => KvChunk::F32 {
+                k: &k[first * hd..(first + n) * hd],
+                v: &v[first * hd..(first + n) * hd],
+            },
+            RowBuf::F16 { k, v } => KvChunk::F16 {
+                k: &k[first * hd..(first + n) * hd],
+                v: &v[first * hd..(first + n) * hd],
+            },
+            RowBuf::Encoded {
+                k,
+                v,
+                k_row_bytes: kr,
+                v_row_bytes: vr,
+            } => KvChunk::Encoded {
+                k: EncodedRows::new(self.codecs.k, hd, &k[first * kr..(first + n) * kr])
+                    .expect("whole rows of a validated codec"),
+                v: EncodedRows::new(self.codecs.v, hd, &v[first * vr..(first + n) * vr])
+                    .expect("whole rows of a validated codec"),
+            },
+        }
+    }
+
+    /// Copies rows `src..src + n` over rows `dst..dst + n`.
+    pub fn copy_rows(&mut self, src: usize, dst: usize, n: usize) {
+        let hd = self.head_dim;
+        match &mut self.buf {
+            RowBuf::F32 { k, v } => {
+                k.copy_within(src * hd..(src + n) * hd, dst * hd);
+                v.copy_within(src * hd..(src + n) * hd, dst * hd);
+            }
+            RowBuf::F16 { k, v } => {
+                k.copy_within(src * hd..(src + n) * hd, dst * hd);
+                v.copy_within(src * hd..(src + n) * hd, dst * hd);
+            }
+            RowBuf::Encoded {
+                k,
+                v,
+                k_row_bytes: kr,
+                v_row_bytes: vr,
+            } => {
+                k.copy_within(src * *kr..(src + n) * *kr, dst * *kr);
+                v.copy_within(src * *vr..(src + n) * *vr, dst * *vr);
+            }
+        }
+    }
+
+    /// Rows `first..first + n` serialised: all K rows, then all V rows, little-endian values (or
+    /// the encoded bytes as stored). Exactly `n · row_pair_bytes()` bytes.
+    pub fn rows_bytes(&self, first: usize, n: usize) -> Vec<u8> {
+        let hd = self.head_dim;
+        let (a, b) = (first * hd, (first + n) * hd);
+        let mut out = Vec::with_capacity(n * self.row_pair_bytes());
+        match &self.buf {
+            RowBuf::F32 { k, v } => k[a..b]
+                .iter()
+                .chain(&v[a..b])
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            RowBuf::F16 { k, v } => k[a..b]
+                .iter()
+                .chain(&v[a..b])
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            RowBuf::Encoded {
+                k,
+                v,
+                k_row_bytes: kr,
+                v_row_bytes: vr,
+            } => {
+                out.extend_from_slice(&k[first * kr..(first + n) * kr]);
+                out.extend_from_slice(&v[first * vr..(first + n) * vr]);
+            }
+        }
+        out
+    }
+
+    /// Overwrites rows `first..first + n` from [`KvRows::rows_bytes`] output of the same codecs.
+    /// `bytes.len()` must be `n · row_pair_bytes()` (the caller checks; panics otherwise).
+    pub fn load_rows_bytes(&mut self, first: usize, n: usize, bytes: &[u8]) {
+        assert_eq!(
+            bytes.len(),
+            n * self.row_pair_bytes(),
+            "caller checks the length"
+        );
+        let hd = self.head_dim;
+        let (a, b) = (first * hd, (first + n) * hd);
+        match &mut self.buf {
+            RowBuf::F32 { k, v } => {
+                let (kb, vb) = bytes.split_at(n * hd * 4);
+                for (d, s) in k[a..b]
+                    .iter_mut()
+                    .chain(v[a..b].iter_mut())
+                    .zip(kb.chunks_exact(4).chain(vb.chunks_exact(4)))
+                {
+                    *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+                }
+            }
+            RowBuf::F16 { k, v } => {
+                let (kb, vb) = bytes.split_at(n * hd * 2);
+                for (d, s) in k[a..b]
+                    .iter_mut()
+                    .chain(v[a..b].iter_mut())
+                    .zip(kb.chunks_exact(2).chain(vb.chunks_exact(2)))
+                {
+                    *d = f16::from_le_bytes([s[0], s[1]]);
+                }
+            }
+            RowBuf::Encoded {
+                k,
+                v,
+                k_row_bytes: kr,
+                v_row_bytes: vr,
+            } => {
+                let (kb, vb) = bytes.split_at(n * *kr);
+                k[first * *kr..(first + n) * *kr].copy_from_slice(kb);
+                v[first * *vr..(first + n) * *vr].copy_from_slice(vb);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_round_trip_through_bytes_for_every_layout() {
+        for spec in ["f32", "f16", "int8", "k=int8,v=int4"] {
+            let codecs = KvDtype::parse(spec).unwrap();
+            let mut a = KvRows::new(codecs, 64, 6).unwrap();
+            assert_eq!(a.allocated_bytes(), 6 * a.row_pair_bytes(), "{spec}");
+            for r in 0..6 {
+                let k: Vec<f32> = (0..64).map(|i| (r * 64 + i) as f32 / 97.0 - 1.0).collect();
+                let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                a.write(r, &k, &v).unwrap();
+            }
+            let bytes = a.rows_bytes(1, 3);
+            assert_eq!(bytes.len(), 3 * a.row_pair_bytes());
+            let mut b = KvRows::new(codecs, 64, 6).unwrap();
+            b.load_rows_bytes(2, 3, &bytes);
+            assert_eq!(b.rows_bytes(2, 3), bytes, "{spec}");
+            a.copy_rows(1, 3, 3);
+            assert_eq!(a.rows_bytes(3, 3), bytes, "{spec}");
+            assert_eq!(a.chunk(0, 4).num_positions(64), 4);
+        }
+    }
+}
