@@ -8,6 +8,7 @@
 mod actor;
 pub mod config;
 mod core;
+mod demoter;
 pub mod error;
 pub mod paged_kv;
 pub mod request;

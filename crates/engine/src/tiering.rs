@@ -5,14 +5,18 @@
 //! Owns the tier stores (opened from `EngineConfig::tiers`) and the namespace root of every
 //! published block (tier keys need it; cache events only carry the chain key). Never touches the
 //! block table or the K/V memory itself: `core.rs` allocates blocks and writes the bytes this
-//! module returns, and hands it the bytes of evicted blocks. All tier I/O here is synchronous,
-//! on the caller's (the engine) thread.
+//! module returns, and hands it the bytes of evicted blocks. Demotion writes run on a background
+//! thread (`demoter.rs`); lookups and loads are synchronous on the engine thread and first wait
+//! for queued demotions, so what a lookup finds never depends on the writer's timing.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cache::{BlockId, BlockKey, NamespaceKey};
-use tier::{BlockRef, TierKey, TierStore};
+use tier::{TierKey, TierStore};
+
+use crate::demoter::Demoter;
+use std::sync::atomic::Ordering;
 
 pub use tier::{TierKind, TierStats, LOAD_LATENCY_BUCKETS_US};
 
@@ -144,6 +148,7 @@ pub(crate) struct Tiering {
     /// Namespace root of each published block, by block index (`None`: not published by us).
     block_ns: Vec<Option<[u8; 32]>>,
     unknown_namespace: u64,
+    demoter: Demoter,
 }
 
 impl Tiering {
@@ -157,7 +162,9 @@ impl Tiering {
         codec_id: String,
     ) -> Tiering {
         let n = stores.len();
+        let demoter = Demoter::new(stores.clone(), block_size, codec_id.clone());
         Tiering {
+            demoter,
             stores,
             counters: vec![TierCounters::default(); n],
             bandwidth: vec![Ewma::default(); n],
@@ -201,29 +208,13 @@ impl Tiering {
                 None => self.unknown_namespace += 1,
             }
         }
-        if keyed.is_empty() {
-            return;
-        }
-        let refs: Vec<BlockRef<'_>> = keyed
-            .iter()
-            .map(|(key, payload)| BlockRef {
-                key: *key,
-                num_tokens: self.block_size as u32,
-                codec_id: &self.codec_id,
-                payload,
-            })
-            .collect();
         let targets = if self.write_through {
             self.stores.len()
         } else {
             1
         };
-        for (store, counters) in self.stores.iter().zip(&mut self.counters).take(targets) {
-            match store.put_many(&refs) {
-                Ok(()) => counters.demoted_blocks += refs.len() as u64,
-                Err(_) => counters.demote_errors += 1,
-            }
-        }
+        // The bytes are copied already; the writes happen on the demotion thread.
+        self.demoter.submit(keyed, targets);
     }
 
     /// A forward pass computed `num_tokens` tokens, `num_prefill` of them prefill, in `elapsed`.
@@ -244,6 +235,8 @@ impl Tiering {
         first_block: usize,
         max_blocks: usize,
     ) -> TierPlan {
+        // A lookup must see every demotion issued before it.
+        self.demoter.barrier();
         let mut plan = TierPlan::default();
         if first_block >= max_blocks || self.stores.is_empty() {
             return plan;
@@ -349,17 +342,22 @@ impl Tiering {
     }
 
     pub fn snapshot(&self) -> TieringSnapshot {
+        // Report what has been written, not what is still queued.
+        self.demoter.barrier();
         TieringSnapshot {
             tiers: self
                 .stores
                 .iter()
                 .zip(&self.counters)
                 .zip(&self.bandwidth)
-                .map(|((store, counters), bw)| TierSnapshot {
+                .zip(self.demoter.counts.iter())
+                .map(|(((store, counters), bw), d)| TierSnapshot {
                     kind: store.kind(),
                     stats: store.stats(),
                     engine: TierCounters {
                         load_bytes_per_s: bw.0,
+                        demoted_blocks: d.demoted_blocks.load(Ordering::Relaxed),
+                        demote_errors: d.demote_errors.load(Ordering::Relaxed),
                         ..counters.clone()
                     },
                 })

@@ -1,0 +1,180 @@
+//! Write-back of demoted blocks off the engine thread.
+//!
+//! Owns one background thread that performs `put_many` on the tier stores for blocks the engine
+//! evicted, so disk fsyncs and Redis round trips overlap the forward passes instead of stalling
+//! them. The engine copies a block's bytes before handing them over (the block may be reused at
+//! once), and calls [`Demoter::barrier`] before any tier lookup, so a lookup always sees every
+//! demotion issued before it — results never depend on the writer's timing. Never decides what
+//! to demote.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use tier::{BlockRef, TierKey, TierStore};
+
+/// One batch of evicted blocks for the first `targets` stores.
+struct Job {
+    blocks: Vec<(TierKey, Vec<u8>)>,
+    targets: usize,
+}
+
+/// Per-store results of the writes, read by snapshots.
+#[derive(Default)]
+pub struct DemoteCounts {
+    pub demoted_blocks: AtomicU64,
+    pub demote_errors: AtomicU64,
+}
+
+pub struct Demoter {
+    tx: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    /// Jobs sent and not yet finished, with a condvar signalled when it drops to zero.
+    pending: Arc<(Mutex<usize>, Condvar)>,
+    pub counts: Arc<Vec<DemoteCounts>>,
+}
+
+impl Demoter {
+    pub fn new(stores: Vec<Arc<dyn TierStore>>, block_size: usize, codec_id: String) -> Demoter {
+        let counts: Arc<Vec<DemoteCounts>> =
+            Arc::new((0..stores.len()).map(|_| DemoteCounts::default()).collect());
+        let pending = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (c, p) = (counts.clone(), pending.clone());
+        let thread = std::thread::Builder::new()
+            .name("agentkv-demote".into())
+            .spawn(move || run(rx, stores, block_size, codec_id, c, p))
+            .expect("spawning the demotion thread");
+        Demoter {
+            tx: Some(tx),
+            thread: Some(thread),
+            pending,
+            counts,
+        }
+    }
+
+    /// Queues `blocks` for the first `targets` stores.
+    pub fn submit(&self, blocks: Vec<(TierKey, Vec<u8>)>, targets: usize) {
+        if blocks.is_empty() {
+            return;
+        }
+        *self.pending.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        if let Some(tx) = &self.tx {
+            if tx.send(Job { blocks, targets }).is_err() {
+                self.finish_one();
+            }
+        }
+    }
+
+    /// Waits until every queued demotion has been written (or failed).
+    pub fn barrier(&self) {
+        let (lock, cv) = &*self.pending;
+        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while *n > 0 {
+            n = cv.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn finish_one(&self) {
+        finish(&self.pending);
+    }
+}
+
+fn finish(pending: &(Mutex<usize>, Condvar)) {
+    let mut n = pending.0.lock().unwrap_or_else(|e| e.into_inner());
+    *n = n.saturating_sub(1);
+    if *n == 0 {
+        pending.1.notify_all();
+    }
+}
+
+fn run(
+    rx: Receiver<Job>,
+    stores: Vec<Arc<dyn TierStore>>,
+    block_size: usize,
+    codec_id: String,
+    counts: Arc<Vec<DemoteCounts>>,
+    pending: Arc<(Mutex<usize>, Condvar)>,
+) {
+    for job in rx {
+        let refs: Vec<BlockRef<'_>> = job
+            .blocks
+            .iter()
+            .map(|(key, payload)| BlockRef {
+                key: *key,
+                num_tokens: block_size as u32,
+                codec_id: &codec_id,
+                payload,
+            })
+            .collect();
+        for (store, c) in stores.iter().zip(counts.iter()).take(job.targets) {
+            match store.put_many(&refs) {
+                Ok(()) => c
+                    .demoted_blocks
+                    .fetch_add(refs.len() as u64, Ordering::Relaxed),
+                Err(_) => c.demote_errors.fetch_add(1, Ordering::Relaxed),
+            };
+        }
+        finish(&pending);
+    }
+}
+
+impl Drop for Demoter {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread after it has written what was queued.
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tier::{Compression, FaultStore, RamConfig, RamStore};
+
+    fn key(i: u8) -> TierKey {
+        TierKey::new([7; 32], [i; 32])
+    }
+
+    #[test]
+    fn barrier_makes_queued_writes_visible_and_counts_them() {
+        let slow = Arc::new(FaultStore::new(RamStore::new(RamConfig {
+            max_bytes: 1 << 20,
+            compression: Compression::None,
+        })));
+        slow.set_delay(Duration::from_millis(50));
+        let stores: Vec<Arc<dyn TierStore>> = vec![slow.clone()];
+        let d = Demoter::new(stores, 16, "f16".into());
+        for i in 0..3u8 {
+            d.submit(vec![(key(i), vec![i; 64])], 1);
+        }
+        d.barrier();
+        slow.set_delay(Duration::ZERO);
+        let keys: Vec<TierKey> = (0..3).map(key).collect();
+        // All three writes landed before the barrier returned.
+        let present = (0..3)
+            .filter(|&i| slow.contains_prefix(&keys[i..i + 1]).unwrap() == 1)
+            .count();
+        assert_eq!(present, 3);
+        assert_eq!(d.counts[0].demoted_blocks.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn failed_writes_are_counted_and_never_block_the_barrier() {
+        let failing = Arc::new(FaultStore::new(RamStore::new(RamConfig {
+            max_bytes: 1 << 20,
+            compression: Compression::None,
+        })));
+        failing.set_failing(true);
+        let stores: Vec<Arc<dyn TierStore>> = vec![failing];
+        let d = Demoter::new(stores, 16, "f16".into());
+        d.submit(vec![(key(1), vec![1; 64])], 1);
+        d.barrier();
+        assert_eq!(d.counts[0].demote_errors.load(Ordering::Relaxed), 1);
+        drop(d); // joins the thread
+    }
+}
