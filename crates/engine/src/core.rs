@@ -200,6 +200,15 @@ impl EngineCore {
         .key()
     }
 
+    /// Waits until every block demoted so far is written to the tiers (demotion runs on a
+    /// background thread; this engine's own lookups already wait, other engines sharing a store
+    /// or a shutdown may need it).
+    pub fn wait_for_demotions(&self) {
+        if let Some(t) = &self.tiers {
+            t.wait_for_demotions();
+        }
+    }
+
     /// Everything the server exports, now.
     pub fn snapshot(&self) -> EngineSnapshot {
         EngineSnapshot {

@@ -341,6 +341,11 @@ impl Tiering {
         out
     }
 
+    /// Waits until every queued demotion is written (or failed).
+    pub fn wait_for_demotions(&self) {
+        self.demoter.barrier();
+    }
+
     pub fn snapshot(&self) -> TieringSnapshot {
         // Report what has been written, not what is still queued.
         self.demoter.barrier();
@@ -417,6 +422,8 @@ mod tests {
         let mut t1 = tiering(vec![b.clone()], TierLoadPolicy::Always);
         t1.record_published(BlockId(2), ns.root());
         t1.demote(&[(keys[2], BlockId(2))], |_| vec![9; 4]);
+        // Another engine's writes: `t`'s lookups only wait for its own demotions.
+        t1.wait_for_demotions();
         let plan = t.plan(&ns, &tokens, 0, 4);
         assert_eq!(plan.num_blocks(), 3);
         let got = t.fetch(plan);

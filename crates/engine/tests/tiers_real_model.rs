@@ -112,6 +112,8 @@ fn flood(core: &mut EngineCore, first: u32) {
     for i in first..first + 5 {
         request(core, &prompt(i), 1);
     }
+    // Demotion is asynchronous: tests that inspect or share the stores wait for it.
+    core.wait_for_demotions();
 }
 
 fn ns(core: &EngineCore, tenant: u32) -> NamespaceKey {
