@@ -13,6 +13,8 @@
 //!   block_size: 16
 //!   prefix_caching: true
 //!   tier_write_through: false  # demote evicted blocks to every tier, not only the first
+//!   tier_write_on_publish: false  # write blocks to the tiers when computed (shared Redis)
+//!   tier_prefetch_max_size: 1GiB  # host memory for tier loads of queued requests
 //! tiers:                      # after the active pool, in lookup order (docs/tiers.md)
 //!   - {kind: ram, max_size: 4GB}
 //!   - {kind: disk, path: /var/cache/agentkv, max_size: 50GB}
@@ -83,6 +85,11 @@ pub struct KvCacheSection {
     pub prefix_caching: Option<bool>,
     /// Demote evicted blocks to every tier (default: only the first).
     pub tier_write_through: Option<bool>,
+    /// Write each block to the tiers when first computed, not only on eviction (default:
+    /// false; set it when servers share a Redis tier, so they see each other's prefixes at once).
+    pub tier_write_on_publish: Option<bool>,
+    /// Cap on host memory held by tier prefetches of queued requests (default 1GiB).
+    pub tier_prefetch_max_size: Option<ByteSize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -306,6 +313,15 @@ mod tests {
             }
         ));
         assert_eq!(c.kv_cache_config.tier_write_through, Some(true));
+        let c = FileConfig::parse(
+            "kv_cache_config: {tier_write_on_publish: true, tier_prefetch_max_size: 64MiB}\n",
+        )
+        .unwrap();
+        assert_eq!(c.kv_cache_config.tier_write_on_publish, Some(true));
+        assert_eq!(
+            c.kv_cache_config.tier_prefetch_max_size,
+            Some(ByteSize(64 << 20))
+        );
         let e = FileConfig::parse("tiers: [{kind: ram, max_sise: 4GB}]\n").unwrap_err();
         assert!(format!("{e:#}").contains("max_sise"), "{e:#}");
     }

@@ -24,8 +24,15 @@ pub struct EngineConfig {
     pub tiers: Vec<tier::TierConfig>,
     /// Demote evicted blocks to every tier (`true`) or only the first (write-back, `false`).
     pub tier_write_through: bool,
+    /// Also write each block to the tiers as soon as it is computed, not only when it is
+    /// evicted: other servers sharing a tier (Redis) then find it at once, at the cost of
+    /// writing every block once.
+    pub tier_write_on_publish: bool,
     /// When a tier hit is loaded rather than recomputed.
     pub tier_load_policy: TierLoadPolicy,
+    /// Cap on K/V bytes that prefetches of not-yet-admitted requests may hold in host memory
+    /// (past it, a request's lookup starts when it reaches admission).
+    pub tier_prefetch_max_bytes: usize,
 }
 
 impl Default for EngineConfig {
@@ -41,7 +48,9 @@ impl Default for EngineConfig {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             tiers: Vec::new(),
             tier_write_through: false,
+            tier_write_on_publish: false,
             tier_load_policy: TierLoadPolicy::CostModel,
+            tier_prefetch_max_bytes: crate::tiering::DEFAULT_PREFETCH_MAX_BYTES,
         }
     }
 }

@@ -4,8 +4,10 @@
 //! Owns the model, the `cache` bookkeeping, the paged K/V memory and every request's state. One
 //! call to [`EngineCore::step`] runs one forward over a flattened batch. It never talks to
 //! clients except through each request's event channel; the actor in `actor.rs` drives it from
-//! its own thread. With storage tiers configured it also demotes evicted blocks and loads tier
-//! hits on admission (`tiering.rs` decides and does the I/O, synchronously on this thread).
+//! its own thread. With storage tiers configured it also hands evicted (or newly published)
+//! blocks to the tiers, starts each request's tier lookup when it is submitted, and admits the
+//! request once its tier blocks are in host memory, copying them into fresh blocks
+//! (`tiering.rs` decides; the I/O runs on the demotion and loader threads).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -27,7 +29,7 @@ use crate::request::{
 };
 use crate::sequence::Sequence;
 use crate::snapshot::{EngineSnapshot, PinnedPrompt};
-use crate::tiering::Tiering;
+use crate::tiering::{PrefetchState, Tiering, WritePolicy};
 
 /// Counters of the engine's own work (the cache keeps its own).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -51,6 +53,15 @@ struct Work {
     id: SeqKey,
     start: usize,
     len: usize,
+}
+
+/// What admission did with a waiting request.
+enum Admission {
+    Run(Work),
+    /// Not enough free blocks now: stop admitting.
+    NoBlocks,
+    /// Its tier blocks are still loading: try the next request.
+    Later,
 }
 
 pub struct EngineCore {
@@ -125,12 +136,16 @@ impl EngineCore {
         let tiers = (!stores.is_empty()).then(|| {
             Tiering::new(
                 stores,
-                cfg.tier_write_through,
+                WritePolicy {
+                    write_through: cfg.tier_write_through,
+                    on_publish: cfg.tier_write_on_publish,
+                },
                 cfg.tier_load_policy,
                 cfg.num_blocks,
                 cfg.block_size,
                 mem.block_num_bytes(),
                 cfg.kv_dtype.id(),
+                cfg.tier_prefetch_max_bytes,
             )
         });
         Ok(EngineCore {
@@ -252,7 +267,7 @@ impl EngineCore {
     /// Must run before anything overwrites an evicted block (forward pass, fork copy, tier load):
     /// an evicted block's bytes are intact only until its next write.
     fn sync_tiers(&mut self, ns: Option<NamespaceKey>) {
-        sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, ns);
+        sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, ns, true);
     }
 
     /// Prefills `tokens` in the tenant's namespace and pins every full block (warm-up of a
@@ -296,14 +311,14 @@ impl EngineCore {
                     slots: &slots,
                     logits_for: &[],
                 };
-                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, None);
+                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, None, true);
                 let mut kv = self.mem.view(&tables);
                 self.model
                     .forward(&self.pool, &batch, &mut kv, &mut self.scratch)
                     .map_err(|e| EngineError::Internal(e.to_string()))?;
                 done += len;
                 self.cache.mark_written(cs, done, tick).map_err(internal)?;
-                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns));
+                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns), true);
                 self.stats.prefill_tokens += len as u64;
             }
             Ok(())
@@ -378,7 +393,21 @@ impl EngineCore {
         }
         self.seqs.insert(key, Sequence::new(spec, ns, sink));
         self.waiting.push_back(key);
+        self.start_prefetch(key, false);
         Ok(())
+    }
+
+    /// Starts the tier lookup of `id`'s full prompt blocks beyond what the active pool holds
+    /// now (at least one token is always computed). `force` ignores the prefetch byte cap.
+    fn start_prefetch(&mut self, id: SeqKey, force: bool) -> bool {
+        let Some(t) = self.tiers.as_mut() else {
+            return false;
+        };
+        let s = &self.seqs[&id];
+        let bs = self.cfg.block_size;
+        let first_block = self.cache.peek_prefix(&s.ns, &s.tokens) / bs;
+        let max_blocks = (s.tokens.len() - 1) / bs;
+        t.prefetch(id, s.ns, &s.tokens, first_block, max_blocks, force)
     }
 
     /// Cancels a request (every choice): its blocks are freed now, before the next step.
@@ -436,6 +465,10 @@ impl EngineCore {
         self.cache.expire(tick);
         let plan = self.schedule(tick)?;
         if plan.is_empty() {
+            if let Some(t) = self.tiers.as_mut() {
+                // Only tier loads are outstanding: wait for one instead of spinning.
+                t.wait_for_prefetch();
+            }
             return Ok(0);
         }
         self.stats.steps += 1;
@@ -459,7 +492,7 @@ impl EngineCore {
                 self.cache
                     .mark_written(cs, s.num_computed, tick)
                     .map_err(internal)?;
-                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns));
+                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns), true);
             }
             if s.num_computed == s.tokens.len() {
                 to_sample.push(w.id);
@@ -551,14 +584,15 @@ impl EngineCore {
                 continue;
             }
             match self.admit(id, budget, tick)? {
-                Some(w) => {
+                Admission::Run(w) => {
                     budget -= w.len;
                     plan.push(w);
                 }
-                None => {
+                Admission::NoBlocks => {
                     self.waiting.push_front(id);
                     break;
                 }
+                Admission::Later => skipped.push_back(id),
             }
         }
         while let Some(id) = skipped.pop_back() {
@@ -597,67 +631,85 @@ impl EngineCore {
         })
     }
 
-    /// Gives `id` blocks and its first chunk; `None` when blocks are short now.
-    fn admit(
-        &mut self,
-        id: SeqKey,
-        budget: usize,
-        tick: Tick,
-    ) -> Result<Option<Work>, EngineError> {
+    /// Gives `id` blocks and its first chunk, with its prompt's cached prefix from the active
+    /// pool and then from its tier prefetch; waits (`Later`) while the prefetch is in flight.
+    fn admit(&mut self, id: SeqKey, budget: usize, tick: Tick) -> Result<Admission, EngineError> {
         let bs = self.cfg.block_size;
-        let s = self.seqs.get_mut(&id).expect("waiting sequences exist");
         let (cs, cached) = if self.cfg.prefix_caching {
-            let m = self.cache.lookup(&s.ns, &s.tokens, tick);
+            let s = &self.seqs[&id];
+            let (ns, num_tokens) = (s.ns, s.tokens.len());
+            let m = self.cache.lookup(&ns, &s.tokens, tick);
             let active = m.num_cached_tokens();
-            // Continue the match in the tiers (full blocks, at least one token left to compute).
-            let plan = match self.tiers.as_mut() {
-                Some(t) => {
-                    let max_blocks = (s.tokens.len() - 1) / bs;
-                    t.plan(&s.ns, &s.tokens, m.blocks().len(), max_blocks)
+            let active_blocks = m.blocks().len();
+            let max_blocks = (num_tokens - 1) / bs;
+            // Continue the match with the request's tier prefetch (full blocks, adjacent).
+            let mut loaded = None;
+            if let Some(t) = self.tiers.as_mut() {
+                let later = match t.take_prefetch(id) {
+                    PrefetchState::Pending => true,
+                    PrefetchState::None => {
+                        active_blocks < max_blocks
+                            && t.prefetch(id, ns, &s.tokens, active_blocks, max_blocks, true)
+                    }
+                    PrefetchState::Ready(l) if l.first_block > active_blocks => {
+                        // The active pool lost blocks since the lookup: look again from here.
+                        t.refetch(id, ns, &s.tokens, active_blocks, max_blocks);
+                        true
+                    }
+                    PrefetchState::Ready(l) => {
+                        loaded = Some(l);
+                        false
+                    }
+                };
+                if later {
+                    self.cache.release_match(m, tick).map_err(internal)?;
+                    return Ok(Admission::Later);
                 }
-                None => Default::default(),
-            };
-            let planned = active + plan.num_blocks() * bs;
-            let len = (s.tokens.len() - planned).min(budget);
-            let needed = (planned + len).div_ceil(bs) - m.blocks().len();
+            }
+            // Blocks the active pool already holds are skipped; the rest continue the chain.
+            let skip = loaded.as_ref().map_or(0, |l| active_blocks - l.first_block);
+            let num_loaded = loaded
+                .as_ref()
+                .map_or(0, |l| l.payloads.len().saturating_sub(skip));
+            let planned = active + num_loaded * bs;
+            let len = (num_tokens - planned).min(budget);
+            let needed = (planned + len).div_ceil(bs) - active_blocks;
             if !self.cache.can_allocate(needed as u32) {
                 self.cache.release_match(m, tick).map_err(internal)?;
-                return Ok(None);
+                if let (Some(t), Some(l)) = (self.tiers.as_mut(), loaded) {
+                    t.put_back(id, l);
+                }
+                return Ok(Admission::NoBlocks);
             }
-            // Fewer fetched blocks than planned only lowers the blocks needed.
-            let fetched = match self.tiers.as_mut() {
-                Some(t) if plan.num_blocks() > 0 => t.fetch(plan),
-                _ => Vec::new(),
-            };
             let cs = self.cache.create_sequence(m).map_err(internal)?;
             let mut cached = active;
-            if !fetched.is_empty() {
-                let loaded = fetched.len() * bs;
-                let new_blocks = self
-                    .cache
-                    .append_tokens(cs, &s.tokens[active..active + loaded], tick)
-                    .map_err(internal)?;
-                let ns = s.ns;
+            if num_loaded > 0 {
+                let payloads = &loaded.as_ref().expect("num_loaded > 0").payloads[skip..];
+                let toks = &self.seqs[&id].tokens[active..active + num_loaded * bs];
+                let new_blocks = self.cache.append_tokens(cs, toks, tick).map_err(internal)?;
                 // The new blocks may have been evicted just now: demote before overwriting.
-                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, None);
-                for (block, bytes) in new_blocks.iter().zip(&fetched) {
-                    // Lengths were checked by `fetch`: a failure here is an engine bug.
+                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, None, true);
+                for (block, bytes) in new_blocks.iter().zip(payloads) {
+                    // Lengths were checked by the fetch: a failure here is an engine bug.
                     self.mem.load_block_bytes(*block, bytes).map_err(internal)?;
                 }
-                cached += loaded;
+                cached += num_loaded * bs;
                 self.cache
                     .mark_written(cs, cached, tick)
                     .map_err(internal)?;
-                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns));
+                // Loaded blocks came from a tier: publish them without writing them back.
+                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns), false);
             }
             (cs, cached)
         } else {
+            let s = &self.seqs[&id];
             let len = s.tokens.len().min(budget);
             if !self.cache.can_allocate(len.div_ceil(bs) as u32) {
-                return Ok(None);
+                return Ok(Admission::NoBlocks);
             }
             (self.cache.create_empty_sequence(&s.ns), 0)
         };
+        let s = self.seqs.get_mut(&id).expect("waiting sequences exist");
         s.cache_seq = Some(cs);
         s.num_computed = cached;
         if s.cached_tokens.is_none() {
@@ -674,7 +726,7 @@ impl EngineCore {
                 "allocation failed after can_allocate".into(),
             ));
         }
-        Ok(Some(Work {
+        Ok(Admission::Run(Work {
             id,
             start: cached,
             len,
@@ -810,6 +862,9 @@ impl EngineCore {
         let Some(mut s) = self.seqs.remove(&id) else {
             return;
         };
+        if let Some(t) = self.tiers.as_mut() {
+            t.cancel_prefetch(id);
+        }
         if let Some(cs) = s.cache_seq.take() {
             let tick = Tick(self.tick);
             if let (Some(r), true) = (&s.spec.retention, reason != FinishReason::Cancelled) {
@@ -864,31 +919,46 @@ impl EngineCore {
 }
 
 /// See [`EngineCore::sync_tiers`] (a free function so callers can hold other field borrows).
+/// `write`: blocks published now may be written to the tiers (when writing on publish); `false`
+/// for blocks just loaded from a tier.
 fn sync_tiers(
     cache: &mut KvCache,
     tiers: &mut Option<Tiering>,
     mem: &PagedKvMemory,
     ns: Option<NamespaceKey>,
+    write: bool,
 ) {
     let Some(t) = tiers.as_mut() else {
         return;
     };
-    let mut evicted = Vec::new();
+    let mut writes = Vec::new();
     for event in cache.drain_events() {
-        match event {
-            CacheEvent::BlockStored { block, .. } => match ns {
-                Some(ns) => t.record_published(block, ns.root()),
-                None => t.forget(block),
+        let to_write = match event {
+            CacheEvent::BlockStored { key, block, .. } => match ns {
+                Some(ns) => t
+                    .published(key, block, ns.root(), write)
+                    .map(|k| (k, block)),
+                None => {
+                    t.forget(block);
+                    None
+                }
             },
             CacheEvent::BlockEvicted {
                 key, block, cause, ..
             } => match cause {
-                EvictionCause::Flush => t.forget(block),
-                _ => evicted.push((key, block)),
+                EvictionCause::Flush => {
+                    t.forget(block);
+                    None
+                }
+                _ => t.evicted(key, block).map(|k| (k, block)),
             },
+        };
+        if let Some((tier_key, block)) = to_write {
+            // Copied now: an evicted block's bytes are intact only until its next write.
+            writes.push((tier_key, mem.block_bytes(block)));
         }
     }
-    t.demote(&evicted, |block| mem.block_bytes(block));
+    t.write(writes);
 }
 
 fn internal(e: impl std::fmt::Display) -> EngineError {

@@ -1,11 +1,12 @@
-//! Write-back of demoted blocks off the engine thread.
+//! Tier writes (demoted or newly published blocks) off the engine thread.
 //!
 //! Owns one background thread that performs `put_many` on the tier stores for blocks the engine
-//! evicted, so disk fsyncs and Redis round trips overlap the forward passes instead of stalling
-//! them. The engine copies a block's bytes before handing them over (the block may be reused at
-//! once), and calls [`Demoter::barrier`] before any tier lookup, so a lookup always sees every
-//! demotion issued before it — results never depend on the writer's timing. Never decides what
-//! to demote.
+//! hands over, so disk fsyncs and Redis round trips overlap the forward passes instead of
+//! stalling them. The engine copies a block's bytes before handing them over (the block may be
+//! reused at once). Jobs are numbered (tickets) and finish in order; every tier lookup waits for
+//! the ticket current when it was issued ([`DemoteProgress::wait_until`]), so a lookup always
+//! sees every write issued before it — results never depend on the writer's timing. Never
+//! decides what to write.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -27,11 +28,38 @@ pub struct DemoteCounts {
     pub demote_errors: AtomicU64,
 }
 
+/// How far the demotion thread has got: jobs are numbered from 1 in submission order and run in
+/// that order, so "job `t` is done" means every job up to `t` is. Shared with the tier loader,
+/// whose lookups wait for the demotions issued before them.
+#[derive(Default)]
+pub struct DemoteProgress {
+    /// Jobs finished (written or failed), with a condvar signalled on each.
+    completed: (Mutex<u64>, Condvar),
+}
+
+impl DemoteProgress {
+    /// Waits until the first `ticket` jobs are finished.
+    pub fn wait_until(&self, ticket: u64) {
+        let (lock, cv) = &self.completed;
+        let mut done = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while *done < ticket {
+            done = cv.wait(done).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn finish_one(&self) {
+        let (lock, cv) = &self.completed;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        cv.notify_all();
+    }
+}
+
 pub struct Demoter {
     tx: Option<Sender<Job>>,
     thread: Option<JoinHandle<()>>,
-    /// Jobs sent and not yet finished, with a condvar signalled when it drops to zero.
-    pending: Arc<(Mutex<usize>, Condvar)>,
+    /// Jobs submitted so far (the ticket of the latest).
+    submitted: u64,
+    progress: Arc<DemoteProgress>,
     pub counts: Arc<Vec<DemoteCounts>>,
 }
 
@@ -39,9 +67,9 @@ impl Demoter {
     pub fn new(stores: Vec<Arc<dyn TierStore>>, block_size: usize, codec_id: String) -> Demoter {
         let counts: Arc<Vec<DemoteCounts>> =
             Arc::new((0..stores.len()).map(|_| DemoteCounts::default()).collect());
-        let pending = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let progress = Arc::new(DemoteProgress::default());
         let (tx, rx) = mpsc::channel::<Job>();
-        let (c, p) = (counts.clone(), pending.clone());
+        let (c, p) = (counts.clone(), progress.clone());
         let thread = std::thread::Builder::new()
             .name("agentkv-demote".into())
             .spawn(move || run(rx, stores, block_size, codec_id, c, p))
@@ -49,43 +77,38 @@ impl Demoter {
         Demoter {
             tx: Some(tx),
             thread: Some(thread),
-            pending,
+            submitted: 0,
+            progress,
             counts,
         }
     }
 
     /// Queues `blocks` for the first `targets` stores.
-    pub fn submit(&self, blocks: Vec<(TierKey, Vec<u8>)>, targets: usize) {
+    pub fn submit(&mut self, blocks: Vec<(TierKey, Vec<u8>)>, targets: usize) {
         if blocks.is_empty() {
             return;
         }
-        *self.pending.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.submitted += 1;
         if let Some(tx) = &self.tx {
             if tx.send(Job { blocks, targets }).is_err() {
-                self.finish_one();
+                self.progress.finish_one();
             }
         }
     }
 
+    /// The ticket of the latest submitted job: `progress().wait_until(ticket())` waits for
+    /// every demotion issued so far.
+    pub fn ticket(&self) -> u64 {
+        self.submitted
+    }
+
+    pub fn progress(&self) -> Arc<DemoteProgress> {
+        self.progress.clone()
+    }
+
     /// Waits until every queued demotion has been written (or failed).
     pub fn barrier(&self) {
-        let (lock, cv) = &*self.pending;
-        let mut n = lock.lock().unwrap_or_else(|e| e.into_inner());
-        while *n > 0 {
-            n = cv.wait(n).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    fn finish_one(&self) {
-        finish(&self.pending);
-    }
-}
-
-fn finish(pending: &(Mutex<usize>, Condvar)) {
-    let mut n = pending.0.lock().unwrap_or_else(|e| e.into_inner());
-    *n = n.saturating_sub(1);
-    if *n == 0 {
-        pending.1.notify_all();
+        self.progress.wait_until(self.submitted);
     }
 }
 
@@ -95,7 +118,7 @@ fn run(
     block_size: usize,
     codec_id: String,
     counts: Arc<Vec<DemoteCounts>>,
-    pending: Arc<(Mutex<usize>, Condvar)>,
+    progress: Arc<DemoteProgress>,
 ) {
     for job in rx {
         let refs: Vec<BlockRef<'_>> = job
@@ -116,7 +139,7 @@ fn run(
                 Err(_) => c.demote_errors.fetch_add(1, Ordering::Relaxed),
             };
         }
-        finish(&pending);
+        progress.finish_one();
     }
 }
 
@@ -148,7 +171,7 @@ mod tests {
         })));
         slow.set_delay(Duration::from_millis(50));
         let stores: Vec<Arc<dyn TierStore>> = vec![slow.clone()];
-        let d = Demoter::new(stores, 16, "f16".into());
+        let mut d = Demoter::new(stores, 16, "f16".into());
         for i in 0..3u8 {
             d.submit(vec![(key(i), vec![i; 64])], 1);
         }
@@ -171,7 +194,7 @@ mod tests {
         })));
         failing.set_failing(true);
         let stores: Vec<Arc<dyn TierStore>> = vec![failing];
-        let d = Demoter::new(stores, 16, "f16".into());
+        let mut d = Demoter::new(stores, 16, "f16".into());
         d.submit(vec![(key(1), vec![1; 64])], 1);
         d.barrier();
         assert_eq!(d.counts[0].demote_errors.load(Ordering::Relaxed), 1);

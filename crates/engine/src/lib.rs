@@ -10,6 +10,7 @@ pub mod config;
 mod core;
 mod demoter;
 pub mod error;
+mod loader;
 pub mod paged_kv;
 pub mod request;
 mod sequence;

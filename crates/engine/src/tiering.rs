@@ -1,22 +1,26 @@
-//! The engine side of the storage tiers: which evicted blocks are demoted where, which tier
-//! hits are worth loading (the cost model), fetching and validating tier objects, and the
-//! engine's tier counters.
+//! The engine side of the storage tiers: which blocks are written where (on eviction, or on
+//! publish), which tier hits are worth loading (the cost model), fetching and validating tier
+//! objects, prefetch bookkeeping per request, and the engine's tier counters.
 //!
 //! Owns the tier stores (opened from `EngineConfig::tiers`) and the namespace root of every
 //! published block (tier keys need it; cache events only carry the chain key). Never touches the
 //! block table or the K/V memory itself: `core.rs` allocates blocks and writes the bytes this
-//! module returns, and hands it the bytes of evicted blocks. Demotion writes run on a background
-//! thread (`demoter.rs`); lookups and loads are synchronous on the engine thread and first wait
-//! for queued demotions, so what a lookup finds never depends on the writer's timing.
+//! module returns, and hands it the bytes of blocks to write. All tier I/O is off the engine
+//! thread: writes on the demotion thread (`demoter.rs`), lookups and reads on the loader thread
+//! (`loader.rs`), which first waits for the writes issued before the lookup, so what a lookup
+//! finds never depends on the writer's timing.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cache::{BlockId, BlockKey, NamespaceKey};
 use tier::{TierKey, TierStore};
 
+use crate::core::SeqKey;
 use crate::demoter::Demoter;
-use std::sync::atomic::Ordering;
+use crate::loader::{JobId, LoadJob, Loaded, Loader};
 
 pub use tier::{TierKind, TierStats, LOAD_LATENCY_BUCKETS_US};
 
@@ -85,11 +89,19 @@ pub struct TieringSnapshot {
     /// Evicted blocks not demoted because their namespace was unknown (published outside the
     /// engine's bookkeeping; expected 0).
     pub unknown_namespace: u64,
+    /// Blocks are written to the tiers when first computed (`true`), not only on eviction.
+    pub write_on_publish: bool,
+    /// Tier lookups started for requests (on submission, or on admission when none was usable).
+    pub prefetches: u64,
+    /// Prefetches started again because the active pool lost blocks while one was in flight.
+    pub refetches: u64,
+    /// Engine steps that found nothing to run but a prefetch in flight (and waited for it).
+    pub prefetch_wait_steps: u64,
 }
 
 /// Which blocks of a prompt to fetch from which tier: consecutive segments of the chain.
 #[derive(Debug, Default)]
-pub(crate) struct TierPlan {
+pub struct TierPlan {
     segments: Vec<(usize, Vec<TierKey>)>,
 }
 
@@ -134,119 +146,35 @@ pub fn load_is_faster(
     }
 }
 
-pub(crate) struct Tiering {
-    stores: Vec<Arc<dyn TierStore>>,
+/// What the engine and the loader thread share: the stores, the cost model's measurements and the
+/// engine's per-tier counters. The lock is never held across tier I/O.
+pub(crate) struct TierShared {
+    pub stores: Vec<Arc<dyn TierStore>>,
+    policy: TierLoadPolicy,
+    pub block_size: usize,
+    block_bytes: usize,
+    codec_id: String,
+    state: Mutex<CostState>,
+}
+
+#[derive(Default)]
+struct CostState {
     counters: Vec<TierCounters>,
     bandwidth: Vec<Ewma>,
     declines_in_row: Vec<u32>,
     prefill: Ewma,
-    write_through: bool,
-    policy: TierLoadPolicy,
-    block_size: usize,
-    block_bytes: usize,
-    codec_id: String,
-    /// Namespace root of each published block, by block index (`None`: not published by us).
-    block_ns: Vec<Option<[u8; 32]>>,
-    unknown_namespace: u64,
-    demoter: Demoter,
 }
 
-impl Tiering {
-    pub fn new(
-        stores: Vec<Arc<dyn TierStore>>,
-        write_through: bool,
-        policy: TierLoadPolicy,
-        num_blocks: usize,
-        block_size: usize,
-        block_bytes: usize,
-        codec_id: String,
-    ) -> Tiering {
-        let n = stores.len();
-        let demoter = Demoter::new(stores.clone(), block_size, codec_id.clone());
-        Tiering {
-            demoter,
-            stores,
-            counters: vec![TierCounters::default(); n],
-            bandwidth: vec![Ewma::default(); n],
-            declines_in_row: vec![0; n],
-            prefill: Ewma::default(),
-            write_through,
-            policy,
-            block_size,
-            block_bytes,
-            codec_id,
-            block_ns: vec![None; num_blocks],
-            unknown_namespace: 0,
-        }
+impl TierShared {
+    fn lock(&self) -> MutexGuard<'_, CostState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A block was published in namespace `root`.
-    pub fn record_published(&mut self, block: BlockId, root: BlockKey) {
-        if let Some(slot) = self.block_ns.get_mut(block.index()) {
-            *slot = Some(root.0);
-        }
-    }
-
-    /// A block was unpublished without demotion (flush).
-    pub fn forget(&mut self, block: BlockId) {
-        if let Some(slot) = self.block_ns.get_mut(block.index()) {
-            *slot = None;
-        }
-    }
-
-    /// Demotes evicted blocks: `bytes_of(block)` must still return the block's published bytes.
-    /// Write-back puts to the first tier, write-through to every tier. Errors are counted.
-    pub fn demote(
-        &mut self,
-        evicted: &[(BlockKey, BlockId)],
-        bytes_of: impl Fn(BlockId) -> Vec<u8>,
-    ) {
-        let mut keyed = Vec::with_capacity(evicted.len());
-        for &(key, block) in evicted {
-            match self.block_ns.get_mut(block.index()).and_then(Option::take) {
-                Some(root) => keyed.push((TierKey::new(root, key.0), bytes_of(block))),
-                None => self.unknown_namespace += 1,
-            }
-        }
-        let targets = if self.write_through {
-            self.stores.len()
-        } else {
-            1
-        };
-        // The bytes are copied already; the writes happen on the demotion thread.
-        self.demoter.submit(keyed, targets);
-    }
-
-    /// A forward pass computed `num_tokens` tokens, `num_prefill` of them prefill, in `elapsed`.
-    pub fn observe_forward(&mut self, num_tokens: usize, num_prefill: usize, elapsed: Duration) {
-        if num_prefill >= MIN_PREFILL_SAMPLE_TOKENS {
-            self.prefill
-                .observe(num_tokens as f64 / elapsed.as_secs_f64().max(1e-9));
-        }
-    }
-
-    /// Plans which of the full blocks `first_block..max_blocks` of `tokens` (in `ns`) to load:
-    /// tiers in order, each continuing the chain where the previous stopped. Asks only
-    /// `contains_prefix` (no payload); a failing tier is skipped, a declined one ends the plan.
-    pub fn plan(
-        &mut self,
-        ns: &NamespaceKey,
-        tokens: &[u32],
-        first_block: usize,
-        max_blocks: usize,
-    ) -> TierPlan {
-        // A lookup must see every demotion issued before it.
-        self.demoter.barrier();
+    /// Plans which of `keys` (consecutive chain keys) to load: tiers in order, each continuing
+    /// the chain where the previous stopped. Asks only `contains_prefix` (no payload); a failing
+    /// tier is skipped, a declined one ends the plan.
+    pub fn plan(&self, keys: &[TierKey]) -> TierPlan {
         let mut plan = TierPlan::default();
-        if first_block >= max_blocks || self.stores.is_empty() {
-            return plan;
-        }
-        let root = ns.root().0;
-        let keys: Vec<TierKey> = cache::key::chain_keys(ns, tokens, self.block_size, max_blocks)
-            [first_block..]
-            .iter()
-            .map(|k| TierKey::new(root, k.0))
-            .collect();
         let mut pos = 0;
         for tier in 0..self.stores.len() {
             if pos == keys.len() {
@@ -255,7 +183,7 @@ impl Tiering {
             let present = match self.stores[tier].contains_prefix(&keys[pos..]) {
                 Ok(n) => n.min(keys.len() - pos),
                 Err(_) => {
-                    self.counters[tier].errors += 1;
+                    self.lock().counters[tier].errors += 1;
                     continue;
                 }
             };
@@ -272,66 +200,68 @@ impl Tiering {
         plan
     }
 
-    fn decide(&mut self, tier: usize, num_blocks: usize) -> bool {
-        let c = &mut self.counters[tier];
+    fn decide(&self, tier: usize, num_blocks: usize) -> bool {
+        let mut st = self.lock();
+        let st = &mut *st;
         if self.policy == TierLoadPolicy::Always
             || load_is_faster(
                 num_blocks,
                 self.block_bytes,
                 self.block_size,
-                self.bandwidth[tier].0,
-                self.prefill.0,
+                st.bandwidth[tier].0,
+                st.prefill.0,
             )
         {
-            self.declines_in_row[tier] = 0;
-            c.load_decisions += 1;
+            st.declines_in_row[tier] = 0;
+            st.counters[tier].load_decisions += 1;
             return true;
         }
-        self.declines_in_row[tier] += 1;
-        if self.declines_in_row[tier] >= PROBE_EVERY {
-            self.declines_in_row[tier] = 0;
-            c.load_decisions += 1;
-            c.probe_loads += 1;
+        st.declines_in_row[tier] += 1;
+        if st.declines_in_row[tier] >= PROBE_EVERY {
+            st.declines_in_row[tier] = 0;
+            st.counters[tier].load_decisions += 1;
+            st.counters[tier].probe_loads += 1;
             return true;
         }
-        c.recompute_decisions += 1;
+        st.counters[tier].recompute_decisions += 1;
         false
     }
 
     /// Fetches a plan: the payloads of the leading run of blocks that arrived verified and fit
     /// this engine (codec, token count, byte length), in chain order. Stops at the first miss,
     /// error or rejection (the rest is recomputed); measures each tier's load bandwidth.
-    pub fn fetch(&mut self, plan: TierPlan) -> Vec<Vec<u8>> {
+    pub fn fetch(&self, plan: TierPlan) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         for (tier, keys) in plan.segments {
-            let c = &mut self.counters[tier];
-            c.load_calls += 1;
+            self.lock().counters[tier].load_calls += 1;
             let start = Instant::now();
             let got = match self.stores[tier].get_prefix(&keys) {
                 Ok(got) => got,
                 Err(_) => {
-                    c.errors += 1;
+                    self.lock().counters[tier].errors += 1;
                     return out;
                 }
             };
             let elapsed = start.elapsed();
-            let mut num_ok = 0;
-            let mut bytes = 0;
+            let (mut num_ok, mut bytes, mut rejected) = (0, 0, 0);
             for block in got {
                 if block.num_tokens as usize != self.block_size
                     || block.codec_id != self.codec_id
                     || block.payload.len() != self.block_bytes
                 {
-                    c.rejected += 1;
+                    rejected += 1;
                     break;
                 }
                 bytes += block.payload.len();
                 out.push(block.payload);
                 num_ok += 1;
             }
+            let mut st = self.lock();
             if bytes > 0 {
-                self.bandwidth[tier].observe(bytes as f64 / elapsed.as_secs_f64().max(1e-9));
+                st.bandwidth[tier].observe(bytes as f64 / elapsed.as_secs_f64().max(1e-9));
             }
+            let c = &mut st.counters[tier];
+            c.rejected += rejected;
             c.loaded_blocks += num_ok as u64;
             c.hit_tokens += (num_ok * self.block_size) as u64;
             if num_ok < keys.len() {
@@ -340,8 +270,300 @@ impl Tiering {
         }
         out
     }
+}
 
-    /// Waits until every queued demotion is written (or failed).
+/// A request's tier lookup: in flight, or done and waiting for the request's admission.
+enum Prefetch {
+    Pending { job: JobId, reserved_bytes: usize },
+    Ready(Loaded),
+}
+
+/// What admission finds for a request.
+pub(crate) enum PrefetchState {
+    /// No lookup was started (or its result was used already).
+    None,
+    /// A lookup is in flight: admit the request later.
+    Pending,
+    /// Done: blocks `first_block..first_block + payloads.len()` of the prompt's chain.
+    Ready(Loaded),
+}
+
+/// Default cap on K/V bytes held by prefetches of requests not admitted yet.
+pub const DEFAULT_PREFETCH_MAX_BYTES: usize = 1 << 30;
+
+/// How long a step with nothing to run waits for an in-flight prefetch before returning.
+const PREFETCH_WAIT: Duration = Duration::from_millis(20);
+
+pub(crate) struct Tiering {
+    shared: Arc<TierShared>,
+    write_through: bool,
+    write_on_publish: bool,
+    /// Namespace root of each published block, by block index (`None`: not published by us).
+    block_ns: Vec<Option<[u8; 32]>>,
+    unknown_namespace: u64,
+    demoter: Demoter,
+    loader: Loader,
+    prefetches: HashMap<SeqKey, Prefetch>,
+    /// Upper bound of the bytes held by pending and ready prefetches.
+    reserved_bytes: usize,
+    prefetch_max_bytes: usize,
+    num_prefetches: u64,
+    num_refetches: u64,
+    prefetch_wait_steps: u64,
+}
+
+/// How `Tiering` writes blocks: to which tiers, and when.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WritePolicy {
+    /// Every tier (`true`) or only the first.
+    pub write_through: bool,
+    /// Also when a block is first computed, not only when it is evicted.
+    pub on_publish: bool,
+}
+
+impl Tiering {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        stores: Vec<Arc<dyn TierStore>>,
+        writes: WritePolicy,
+        policy: TierLoadPolicy,
+        num_blocks: usize,
+        block_size: usize,
+        block_bytes: usize,
+        codec_id: String,
+        prefetch_max_bytes: usize,
+    ) -> Tiering {
+        let n = stores.len();
+        let demoter = Demoter::new(stores.clone(), block_size, codec_id.clone());
+        let shared = Arc::new(TierShared {
+            stores,
+            policy,
+            block_size,
+            block_bytes,
+            codec_id,
+            state: Mutex::new(CostState {
+                counters: vec![TierCounters::default(); n],
+                bandwidth: vec![Ewma::default(); n],
+                declines_in_row: vec![0; n],
+                prefill: Ewma::default(),
+            }),
+        });
+        let loader = Loader::new(shared.clone(), demoter.progress());
+        Tiering {
+            shared,
+            write_through: writes.write_through,
+            write_on_publish: writes.on_publish,
+            block_ns: vec![None; num_blocks],
+            unknown_namespace: 0,
+            demoter,
+            loader,
+            prefetches: HashMap::new(),
+            reserved_bytes: 0,
+            prefetch_max_bytes,
+            num_prefetches: 0,
+            num_refetches: 0,
+            prefetch_wait_steps: 0,
+        }
+    }
+
+    /// Block `block` was published under chain key `key` in namespace `root`: remembers the
+    /// namespace; returns the tier key to write the block under when blocks are written on
+    /// publish and `write` is set (not for blocks just loaded from a tier).
+    pub fn published(
+        &mut self,
+        key: BlockKey,
+        block: BlockId,
+        root: BlockKey,
+        write: bool,
+    ) -> Option<TierKey> {
+        if let Some(slot) = self.block_ns.get_mut(block.index()) {
+            *slot = Some(root.0);
+        }
+        (write && self.write_on_publish).then(|| TierKey::new(root.0, key.0))
+    }
+
+    /// A block was unpublished without demotion (flush), or published outside any namespace.
+    pub fn forget(&mut self, block: BlockId) {
+        if let Some(slot) = self.block_ns.get_mut(block.index()) {
+            *slot = None;
+        }
+    }
+
+    /// Block `block` (chain key `key`) was evicted from the active pool: returns the tier key
+    /// to demote it under (`None` when it was written on publish already, or its namespace is
+    /// unknown).
+    pub fn evicted(&mut self, key: BlockKey, block: BlockId) -> Option<TierKey> {
+        match self.block_ns.get_mut(block.index()).and_then(Option::take) {
+            Some(_) if self.write_on_publish => None,
+            Some(root) => Some(TierKey::new(root, key.0)),
+            None => {
+                self.unknown_namespace += 1;
+                None
+            }
+        }
+    }
+
+    /// Queues blocks (their bytes copied already: the blocks may be reused at once) for the
+    /// first tier, or every tier with write-through. The writes happen on the demotion thread;
+    /// errors are counted.
+    pub fn write(&mut self, blocks: Vec<(TierKey, Vec<u8>)>) {
+        let targets = if self.write_through {
+            self.shared.stores.len()
+        } else {
+            1
+        };
+        self.demoter.submit(blocks, targets);
+    }
+
+    /// A forward pass computed `num_tokens` tokens, `num_prefill` of them prefill, in `elapsed`.
+    pub fn observe_forward(&mut self, num_tokens: usize, num_prefill: usize, elapsed: Duration) {
+        if num_prefill >= MIN_PREFILL_SAMPLE_TOKENS {
+            self.shared
+                .lock()
+                .prefill
+                .observe(num_tokens as f64 / elapsed.as_secs_f64().max(1e-9));
+        }
+    }
+
+    /// Starts the tier lookup of request `id`: blocks `first_block..max_blocks` of `tokens`'
+    /// chain in `ns`, loaded in the background. Unless `force`, declines (returns `false`) when
+    /// the prefetches already held would exceed the byte cap; admission then forces it.
+    pub fn prefetch(
+        &mut self,
+        id: SeqKey,
+        ns: NamespaceKey,
+        tokens: &[u32],
+        first_block: usize,
+        max_blocks: usize,
+        force: bool,
+    ) -> bool {
+        if first_block >= max_blocks {
+            return false;
+        }
+        let bytes_per_block = self.shared.block_bytes.max(1);
+        let mut max_load_blocks = max_blocks - first_block;
+        let room = self.prefetch_max_bytes.saturating_sub(self.reserved_bytes) / bytes_per_block;
+        if !force {
+            if room == 0 {
+                return false;
+            }
+            max_load_blocks = max_load_blocks.min(room);
+        }
+        self.cancel_prefetch(id);
+        let reserved_bytes = max_load_blocks * bytes_per_block;
+        let job = self.loader.submit(LoadJob {
+            ns,
+            tokens: tokens[..max_blocks * self.shared.block_size].to_vec(),
+            first_block,
+            max_blocks: first_block + max_load_blocks,
+            demote_ticket: self.demoter.ticket(),
+        });
+        self.reserved_bytes += reserved_bytes;
+        self.num_prefetches += 1;
+        self.prefetches.insert(
+            id,
+            Prefetch::Pending {
+                job,
+                reserved_bytes,
+            },
+        );
+        true
+    }
+
+    /// Like [`Tiering::prefetch`] (forced) for a prefetch that became stale: the active pool
+    /// lost blocks while it was in flight.
+    pub fn refetch(
+        &mut self,
+        id: SeqKey,
+        ns: NamespaceKey,
+        tokens: &[u32],
+        first_block: usize,
+        max_blocks: usize,
+    ) {
+        self.num_refetches += 1;
+        self.prefetch(id, ns, tokens, first_block, max_blocks, true);
+    }
+
+    /// Takes the prefetch of `id` if it is done (a pending one stays pending).
+    pub fn take_prefetch(&mut self, id: SeqKey) -> PrefetchState {
+        let job = match self.prefetches.get(&id) {
+            None => return PrefetchState::None,
+            Some(Prefetch::Ready(_)) => None,
+            Some(Prefetch::Pending { job, .. }) => Some(*job),
+        };
+        if let Some(job) = job {
+            let Some(loaded) = self.loader.take(job) else {
+                return PrefetchState::Pending;
+            };
+            if let Some(Prefetch::Pending { reserved_bytes, .. }) = self.prefetches.remove(&id) {
+                self.reserved_bytes -= reserved_bytes;
+            }
+            return PrefetchState::Ready(loaded);
+        }
+        match self.prefetches.remove(&id) {
+            Some(Prefetch::Ready(l)) => {
+                self.reserved_bytes -= l.num_bytes();
+                PrefetchState::Ready(l)
+            }
+            _ => unreachable!("checked above"),
+        }
+    }
+
+    /// Gives a taken result back (the request could not be admitted now after all).
+    pub fn put_back(&mut self, id: SeqKey, loaded: Loaded) {
+        self.reserved_bytes += loaded.num_bytes();
+        self.prefetches.insert(id, Prefetch::Ready(loaded));
+    }
+
+    /// Drops the prefetch of `id` (finished, cancelled, or replaced).
+    pub fn cancel_prefetch(&mut self, id: SeqKey) {
+        match self.prefetches.remove(&id) {
+            Some(Prefetch::Pending {
+                job,
+                reserved_bytes,
+            }) => {
+                self.loader.discard(job);
+                self.reserved_bytes -= reserved_bytes;
+            }
+            Some(Prefetch::Ready(l)) => self.reserved_bytes -= l.num_bytes(),
+            None => {}
+        }
+    }
+
+    /// A step found nothing to run: waits (briefly) until an in-flight lookup completes.
+    pub fn wait_for_prefetch(&mut self) {
+        let jobs: Vec<JobId> = self
+            .prefetches
+            .values()
+            .filter_map(|p| match p {
+                Prefetch::Pending { job, .. } => Some(*job),
+                Prefetch::Ready(_) => None,
+            })
+            .collect();
+        if !jobs.is_empty() {
+            self.prefetch_wait_steps += 1;
+            self.loader.wait_any(&jobs, PREFETCH_WAIT);
+        }
+    }
+
+    /// Plans and fetches blocks `first_block..max_blocks` of `tokens`' chain now, on the calling
+    /// thread, after the queued writes (unit tests; the engine prefetches).
+    #[cfg(test)]
+    pub fn load_now(
+        &mut self,
+        ns: &NamespaceKey,
+        tokens: &[u32],
+        first_block: usize,
+        max_blocks: usize,
+    ) -> Vec<Vec<u8>> {
+        self.demoter.barrier();
+        let keys =
+            crate::loader::tier_keys(ns, tokens, self.shared.block_size, first_block, max_blocks);
+        let plan = self.shared.plan(&keys);
+        self.shared.fetch(plan)
+    }
+
+    /// Waits until every queued write is done (or failed).
     pub fn wait_for_demotions(&self) {
         self.demoter.barrier();
     }
@@ -349,12 +571,14 @@ impl Tiering {
     pub fn snapshot(&self) -> TieringSnapshot {
         // Report what has been written, not what is still queued.
         self.demoter.barrier();
+        let st = self.shared.lock();
         TieringSnapshot {
             tiers: self
+                .shared
                 .stores
                 .iter()
-                .zip(&self.counters)
-                .zip(&self.bandwidth)
+                .zip(&st.counters)
+                .zip(&st.bandwidth)
                 .zip(self.demoter.counts.iter())
                 .map(|(((store, counters), bw), d)| TierSnapshot {
                     kind: store.kind(),
@@ -368,8 +592,12 @@ impl Tiering {
                 })
                 .collect(),
             write_through: self.write_through,
-            prefill_tokens_per_s: self.prefill.0,
+            prefill_tokens_per_s: st.prefill.0,
             unknown_namespace: self.unknown_namespace,
+            write_on_publish: self.write_on_publish,
+            prefetches: self.num_prefetches,
+            refetches: self.num_refetches,
+            prefetch_wait_steps: self.prefetch_wait_steps,
         }
     }
 }
@@ -388,7 +616,18 @@ mod tests {
     }
 
     fn tiering(stores: Vec<Arc<dyn TierStore>>, policy: TierLoadPolicy) -> Tiering {
-        Tiering::new(stores, false, policy, 8, 2, 4, "f16".into())
+        let writes = WritePolicy {
+            write_through: false,
+            on_publish: false,
+        };
+        Tiering::new(stores, writes, policy, 8, 2, 4, "f16".into(), 1 << 20)
+    }
+
+    /// Publishes `block` under `key` in `root`, evicts it and demotes it with `bytes`.
+    fn demote(t: &mut Tiering, key: BlockKey, block: BlockId, root: BlockKey, bytes: Vec<u8>) {
+        assert_eq!(t.published(key, block, root, true), None, "write-back");
+        let tier_key = t.evicted(key, block).expect("a published block is demoted");
+        t.write(vec![(tier_key, bytes)]);
     }
 
     #[test]
@@ -416,17 +655,13 @@ mod tests {
         let keys = cache::key::chain_keys(&ns, &tokens, 2, 4);
         // Blocks 0 and 1 in tier 0; block 2 only in tier 1 (write-back into tier 0 first).
         for (i, key) in keys.iter().take(2).enumerate() {
-            t.record_published(BlockId(i as u32), ns.root());
-            t.demote(&[(*key, BlockId(i as u32))], |blk| vec![blk.0 as u8; 4]);
+            demote(&mut t, *key, BlockId(i as u32), ns.root(), vec![i as u8; 4]);
         }
         let mut t1 = tiering(vec![b.clone()], TierLoadPolicy::Always);
-        t1.record_published(BlockId(2), ns.root());
-        t1.demote(&[(keys[2], BlockId(2))], |_| vec![9; 4]);
+        demote(&mut t1, keys[2], BlockId(2), ns.root(), vec![9; 4]);
         // Another engine's writes: `t`'s lookups only wait for its own demotions.
         t1.wait_for_demotions();
-        let plan = t.plan(&ns, &tokens, 0, 4);
-        assert_eq!(plan.num_blocks(), 3);
-        let got = t.fetch(plan);
+        let got = t.load_now(&ns, &tokens, 0, 4);
         assert_eq!(got, vec![vec![0; 4], vec![1; 4], vec![9; 4]]);
         let snap = t.snapshot();
         assert_eq!(snap.tiers[0].engine.hit_tokens, 4);
@@ -438,9 +673,100 @@ mod tests {
         );
         // Another tenant's namespace finds nothing (positive control above).
         let other = Namespace::for_tenant(TenantId(2)).key();
-        assert_eq!(t.plan(&other, &tokens, 0, 4).num_blocks(), 0);
-        // Starting past the demoted blocks plans nothing more.
-        assert_eq!(t.plan(&ns, &tokens, 3, 4).num_blocks(), 0);
+        assert!(t.load_now(&other, &tokens, 0, 4).is_empty());
+        // Starting past the demoted blocks finds nothing more.
+        assert!(t.load_now(&ns, &tokens, 3, 4).is_empty());
+    }
+
+    #[test]
+    fn write_on_publish_writes_once_and_never_on_eviction() {
+        let store = ram();
+        let writes = WritePolicy {
+            write_through: false,
+            on_publish: true,
+        };
+        let mut t = Tiering::new(
+            vec![store.clone()],
+            writes,
+            TierLoadPolicy::Always,
+            8,
+            2,
+            4,
+            "f16".into(),
+            1 << 20,
+        );
+        let ns = Namespace::for_tenant(TenantId(1)).key();
+        let tokens: Vec<u32> = (0..5).collect();
+        let keys = cache::key::chain_keys(&ns, &tokens, 2, 2);
+        let k0 = t.published(keys[0], BlockId(0), ns.root(), true).unwrap();
+        // A block loaded from a tier is not written back.
+        assert_eq!(t.published(keys[1], BlockId(1), ns.root(), false), None);
+        t.write(vec![(k0, vec![5; 4])]);
+        assert_eq!(t.evicted(keys[0], BlockId(0)), None, "written already");
+        assert_eq!(t.load_now(&ns, &tokens, 0, 2), vec![vec![5; 4]]);
+        assert_eq!(t.snapshot().tiers[0].engine.demoted_blocks, 1);
+    }
+
+    #[test]
+    fn prefetch_runs_in_the_background_and_is_taken_once() {
+        let mut t = tiering(vec![ram()], TierLoadPolicy::Always);
+        let ns = Namespace::for_tenant(TenantId(1)).key();
+        let tokens: Vec<u32> = (0..9).collect();
+        let keys = cache::key::chain_keys(&ns, &tokens, 2, 4);
+        for (i, key) in keys.iter().take(3).enumerate() {
+            demote(&mut t, *key, BlockId(i as u32), ns.root(), vec![i as u8; 4]);
+        }
+        let id = SeqKey(crate::RequestId(7), 0);
+        assert!(t.prefetch(id, ns, &tokens, 1, 4, false));
+        let loaded = loop {
+            match t.take_prefetch(id) {
+                PrefetchState::Ready(l) => break l,
+                PrefetchState::Pending => t.wait_for_prefetch(),
+                PrefetchState::None => panic!("the prefetch was lost"),
+            }
+        };
+        // Blocks 1 and 2 (block 0 is assumed in the active pool; block 3 was never written).
+        assert_eq!(loaded.first_block, 1);
+        assert_eq!(loaded.payloads, vec![vec![1; 4], vec![2; 4]]);
+        assert!(matches!(t.take_prefetch(id), PrefetchState::None));
+        // Put back (admission failed) and cancelled: the reservation returns to zero.
+        t.put_back(id, loaded);
+        assert_eq!(t.reserved_bytes, 8);
+        t.cancel_prefetch(id);
+        assert_eq!(t.reserved_bytes, 0);
+        assert_eq!(t.snapshot().prefetches, 1);
+    }
+
+    #[test]
+    fn prefetches_beyond_the_byte_cap_wait_for_admission() {
+        let mut t = Tiering::new(
+            vec![ram()],
+            WritePolicy {
+                write_through: false,
+                on_publish: false,
+            },
+            TierLoadPolicy::Always,
+            8,
+            2,
+            4,
+            "f16".into(),
+            8, // two blocks of 4 bytes
+        );
+        let ns = Namespace::for_tenant(TenantId(1)).key();
+        let tokens: Vec<u32> = (0..9).collect();
+        let (a, b) = (
+            SeqKey(crate::RequestId(1), 0),
+            SeqKey(crate::RequestId(2), 0),
+        );
+        assert!(t.prefetch(a, ns, &tokens, 0, 2, false));
+        assert!(!t.prefetch(b, ns, &tokens, 0, 2, false), "over the cap");
+        assert!(
+            t.prefetch(b, ns, &tokens, 0, 2, true),
+            "admission forces it"
+        );
+        t.cancel_prefetch(a);
+        t.cancel_prefetch(b);
+        assert_eq!(t.reserved_bytes, 0);
     }
 
     #[test]
@@ -457,30 +783,29 @@ mod tests {
         let ns = Namespace::for_tenant(TenantId(1)).key();
         let tokens: Vec<u32> = (0..5).collect();
         let keys = cache::key::chain_keys(&ns, &tokens, 2, 2);
-        t.record_published(BlockId(0), ns.root());
-        t.record_published(BlockId(1), ns.root());
         // Block 1 has the wrong length for this engine.
-        t.demote(&[(keys[0], BlockId(0)), (keys[1], BlockId(1))], |b| {
-            vec![1; 4 + b.index()]
-        });
-        let plan = t.plan(&ns, &tokens, 0, 2);
-        assert_eq!(plan.num_blocks(), 2);
-        assert_eq!(t.fetch(plan), vec![vec![1; 4]]);
+        demote(&mut t, keys[0], BlockId(0), ns.root(), vec![1; 4]);
+        demote(&mut t, keys[1], BlockId(1), ns.root(), vec![1; 5]);
+        assert_eq!(t.load_now(&ns, &tokens, 0, 2), vec![vec![1; 4]]);
         assert_eq!(t.snapshot().tiers[0].engine.rejected, 1);
         faulty.set_failing(true);
-        assert_eq!(t.plan(&ns, &tokens, 0, 2).num_blocks(), 0);
+        assert!(t.load_now(&ns, &tokens, 0, 2).is_empty());
         assert!(t.snapshot().tiers[0].engine.errors >= 1);
     }
 
     #[test]
     fn declining_tier_is_probed_periodically() {
-        let mut t = tiering(vec![ram()], TierLoadPolicy::CostModel);
-        t.bandwidth[0].observe(1.0); // 1 byte/s: hopeless
-        t.prefill.observe(1e6);
-        let decisions: Vec<bool> = (0..PROBE_EVERY).map(|_| t.decide(0, 1)).collect();
+        let t = tiering(vec![ram()], TierLoadPolicy::CostModel);
+        {
+            let mut st = t.shared.lock();
+            st.bandwidth[0].observe(1.0); // 1 byte/s: hopeless
+            st.prefill.observe(1e6);
+        }
+        let decisions: Vec<bool> = (0..PROBE_EVERY).map(|_| t.shared.decide(0, 1)).collect();
         assert!(decisions[..PROBE_EVERY as usize - 1].iter().all(|d| !d));
         assert!(decisions[PROBE_EVERY as usize - 1]);
-        let c = &t.counters[0];
+        let st = t.shared.lock();
+        let c = &st.counters[0];
         assert_eq!(c.recompute_decisions, u64::from(PROBE_EVERY) - 1);
         assert_eq!((c.load_decisions, c.probe_loads), (1, 1));
     }

@@ -11,8 +11,8 @@ use engine::{EngineConfig, EngineCore, EngineEvent, RequestId, RequestSpec, Tier
 use model::Model;
 use tier::testing::RedisServer;
 use tier::{
-    Compression, DiskConfig, DiskStore, RamConfig, RamStore, RawObjectAccess, RedisConfig,
-    RedisStore, TierKey, TierStore,
+    Compression, DiskConfig, DiskStore, FaultStore, RamConfig, RamStore, RawObjectAccess,
+    RedisConfig, RedisStore, TierKey, TierStore,
 };
 use tokio::sync::mpsc;
 
@@ -363,4 +363,101 @@ fn tiers_without_prefix_caching_are_a_config_error() {
         vec![ram() as Arc<dyn TierStore>],
     );
     assert!(matches!(err, Err(engine::EngineError::Config(_))));
+}
+
+#[test]
+fn written_on_publish_a_second_engine_hits_a_prefix_the_first_still_holds() {
+    let server = RedisServer::start().unwrap();
+    let publish = || EngineConfig {
+        tier_write_on_publish: true,
+        ..cfg()
+    };
+    let mut first = EngineCore::with_tier_stores(model(), publish(), vec![redis(&server)]).unwrap();
+    let a = prompt(A);
+    request(&mut first, &a, 1);
+    first.wait_for_demotions();
+    assert_eq!(
+        first.cache().peek_prefix(&ns(&first, 1), &a),
+        CACHEABLE_TOKENS,
+        "the first engine still holds A (nothing was evicted)"
+    );
+    let written = first.snapshot().tiers.tiers[0].engine.demoted_blocks;
+    assert_eq!(written, (CACHEABLE_TOKENS / BLOCK_SIZE) as u64);
+    let mut second =
+        EngineCore::with_tier_stores(model(), publish(), vec![redis(&server)]).unwrap();
+    let hit = request(&mut second, &a, 1);
+    assert_eq!(hit.cached_tokens, CACHEABLE_TOKENS);
+    assert_eq!(hit.tokens, reference_a());
+    // Blocks loaded from the tier are not written back; evictions write nothing more.
+    flood(&mut second, 800);
+    let snap = second.snapshot();
+    let t = &snap.tiers.tiers[0].engine;
+    assert_eq!(t.hit_tokens, CACHEABLE_TOKENS as u64);
+    assert_eq!(
+        t.demoted_blocks,
+        5 * (CACHEABLE_TOKENS / BLOCK_SIZE) as u64,
+        "only the flood's own blocks were written, once each"
+    );
+}
+
+#[test]
+fn a_slow_tier_load_never_stalls_other_requests() {
+    let slow = Arc::new(FaultStore::new(RamStore::new(RamConfig {
+        max_bytes: 256 << 20,
+        compression: Compression::None,
+    })));
+    let mut core =
+        EngineCore::with_tier_stores(model(), cfg(), vec![slow.clone() as Arc<dyn TierStore>])
+            .unwrap();
+    let a = prompt(A);
+    request(&mut core, &a, 1);
+    flood(&mut core, 900);
+    // B decodes 40 tokens; A's tier load takes 400 ms per store call meanwhile.
+    let (btx, mut brx) = mpsc::unbounded_channel();
+    let mut spec_b = RequestSpec::greedy(prompt(950), 40);
+    spec_b.ignore_eos = true;
+    core.submit(RequestId(9_000_001), spec_b, btx).unwrap();
+    while core.num_running() == 0 {
+        core.step().unwrap();
+    }
+    slow.set_delay(std::time::Duration::from_millis(400));
+    let (atx, mut arx) = mpsc::unbounded_channel();
+    let mut spec_a = RequestSpec::greedy(a.clone(), MAX_TOKENS);
+    spec_a.ignore_eos = true;
+    spec_a.tenant = TenantId(1);
+    spec_a.cache_salt = b"salt-1".to_vec();
+    core.submit(RequestId(9_000_002), spec_a, atx).unwrap();
+    let mut b_tokens_before_a_admitted = 0;
+    let mut a_admitted = false;
+    let mut a_out = Vec::new();
+    let mut a_cached = None;
+    while core.has_work() {
+        core.step().unwrap();
+        while let Ok(ev) = brx.try_recv() {
+            if matches!(ev, EngineEvent::Token(_)) && !a_admitted {
+                b_tokens_before_a_admitted += 1;
+            }
+        }
+        while let Ok(ev) = arx.try_recv() {
+            match ev {
+                EngineEvent::Admitted { .. } => a_admitted = true,
+                EngineEvent::Token(t) => a_out.push((t.id, t.logprob.to_bits())),
+                EngineEvent::Finished { usage, .. } => a_cached = Some(usage.cached_tokens),
+                EngineEvent::Error(e) => panic!("{e}"),
+                _ => {}
+            }
+        }
+    }
+    slow.set_delay(std::time::Duration::ZERO);
+    assert!(
+        b_tokens_before_a_admitted >= 1,
+        "B kept decoding while A's blocks were loading"
+    );
+    assert_eq!(
+        a_cached,
+        Some(CACHEABLE_TOKENS),
+        "A was served from the tier"
+    );
+    assert_eq!(a_out, reference_a());
+    assert!(core.snapshot().tiers.prefetches >= 1);
 }

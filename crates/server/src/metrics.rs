@@ -407,7 +407,7 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
         (
             "agentkv_tier_demoted_blocks_total",
             "counter",
-            "KV blocks written to the tier on eviction from the active pool.",
+            "KV blocks written to the tier (on eviction from the active pool, or when computed).",
             |t| t.engine.demoted_blocks,
         ),
         (

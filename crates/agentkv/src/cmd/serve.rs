@@ -153,6 +153,10 @@ fn engine_config(
     // Set after the probe above, which must not open the tiers.
     cfg.tiers = file.tiers.clone();
     cfg.tier_write_through = kv.tier_write_through.unwrap_or(false);
+    cfg.tier_write_on_publish = kv.tier_write_on_publish.unwrap_or(false);
+    if let Some(b) = kv.tier_prefetch_max_size {
+        cfg.tier_prefetch_max_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
+    }
     Ok(cfg)
 }
 
