@@ -196,5 +196,6 @@ fn two_servers_share_one_redis_the_second_hits_the_first_servers_prefix() {
         p_blocks * 16
     );
     assert_eq!(again, reply, "loaded K/V gives the first server's output");
+    assert!(metric(&second, "agentkv_tier_prefetches_total") >= 2);
     assert_eq!(metric(&second, "agentkv_tier_corrupt_total"), 0);
 }

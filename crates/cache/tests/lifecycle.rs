@@ -294,3 +294,29 @@ fn unknown_handles_are_errors_not_panics() {
     };
     assert!(KvCache::new(bad).is_err());
 }
+
+#[test]
+fn a_released_match_is_not_counted_as_a_lookup() {
+    let mut cache = KvCache::new(config(8, 4, EvictionPolicy::Lru)).unwrap();
+    let ns = ns(1);
+    call(&mut cache, &ns, &toks(0, 9), 1);
+    let before = *cache.counters();
+    let tenant_before = cache.tenant_counters(ns.tenant());
+    // A request retried while it waits for blocks: looked up and given back, several times.
+    for t in 2..5 {
+        let m = cache.lookup(&ns, &toks(0, 9), Tick(t));
+        assert_eq!(m.num_cached_tokens(), 8);
+        cache.release_match(m, Tick(t)).unwrap();
+    }
+    assert_eq!(*cache.counters(), before);
+    assert_eq!(cache.tenant_counters(ns.tenant()), tenant_before);
+    // Admitted: counted once.
+    let m = cache.lookup(&ns, &toks(0, 9), Tick(6));
+    let s = cache.create_sequence(m).unwrap();
+    let c = cache.counters();
+    assert_eq!(c.lookups, before.lookups + 1);
+    assert_eq!(c.lookup_hit_tokens, before.lookup_hit_tokens + 8);
+    assert_eq!(c.lookup_miss_tokens, before.lookup_miss_tokens + 1);
+    cache.free(s, Tick(7)).unwrap();
+    cache.check_invariants().unwrap();
+}

@@ -6,12 +6,25 @@
 //! depends only on the query and the stored K/V — never on how the store splits positions into
 //! chunks (blocks) or which other tokens share the batch. It never writes K/V.
 //!
-//! With f16 K/V the arithmetic follows ggml's `mul_mat` path (llama.cpp, our correctness
-//! reference): the query is rounded to f16 before the K dot products and the softmax weights are
-//! rounded to f16 before they weight V, as ggml converts the f32 operand to the f16 type.
+//! With f16 K/V the arithmetic is that of llama.cpp's (our correctness reference) CPU flash
+//! attention, `ggml_compute_forward_flash_attn_ext_f16_one_chunk`, which llama.cpp uses by default
+//! (`-fa auto` resolves to on for the CPU): the query rounded to f16, f16·f16 scores, an online
+//! softmax (running maximum `M`, sum `S = S·ms + vs`, `expf`) and an f16 accumulator for the
+//! weighted values, divided by `S` at the end. Positions are visited in order, so the result is
+//! still independent of chunking. llama.cpp only runs that kernel while the (256-padded) cache
+//! is under 512 cells for a one-token decode — longer contexts take its split-KV path, which
+//! accumulates in f32 — so beyond [`F16_ACC_MAX_POSITIONS`] positions we accumulate in f32 too
+//! (same online softmax, no f16 rounding), which also keeps long contexts clear of f16 overflow.
 
-use crate::kernels::vec_f16::{accumulate_rows_f16, push_scores_f16, round_through_f16};
+use half::f16;
+
+use crate::kernels::flash_f16::{accumulate_rows, OnlineSoftmax};
 use crate::kernels::{axpy_f32, dot_f32};
+
+/// Up to this many attended positions the weighted-value accumulator is rounded to f16 after
+/// every step, as llama.cpp's `flash_attn_ext_f16_one_chunk` does for a decode over a cache of
+/// 256 (padded) cells; above it, f32.
+pub const F16_ACC_MAX_POSITIONS: usize = 256;
 use crate::kv::{KvChunk, KvStore, SeqSlot};
 use quant::PreparedQuery;
 
@@ -19,7 +32,7 @@ use quant::PreparedQuery;
 #[derive(Default)]
 pub struct AttnScratch {
     scores: Vec<f32>, // [num_positions]
-    q16: Vec<f32>,    // [head_dim] — the query rounded to f16
+    q16: Vec<f32>,    // [head_dim] — the query rounded to f16 (held as f32)
     /// The query prepared for dot products with quantized keys (per-group sums of q).
     prepared: Option<PreparedQuery>,
 }
@@ -41,9 +54,14 @@ pub fn attend_one(
     let head_dim = q.len();
     scratch.scores.clear();
     scratch.q16.clear();
-    scratch.q16.extend_from_slice(q);
-    round_through_f16(&mut scratch.q16);
+    scratch
+        .q16
+        .extend(q.iter().map(|&x| f16::from_f32(x).to_f32()));
     let (scores, q16, prepared) = (&mut scratch.scores, &scratch.q16, &mut scratch.prepared);
+    out.fill(0.0);
+    let mut online = OnlineSoftmax::default();
+    let round_f16 = num_positions <= F16_ACC_MAX_POSITIONS;
+    let mut is_f16 = false;
     kv.for_each_chunk(
         layer,
         slot,
@@ -55,7 +73,10 @@ pub fn attend_one(
                     scores.push(dot_f32(q, key) * scale);
                 }
             }
-            KvChunk::F16 { k, .. } => push_scores_f16(q16, k, scale, scores),
+            KvChunk::F16 { k, v } => {
+                is_f16 = true;
+                accumulate_rows(&mut online, out, q16, k, v, scale, round_f16);
+            }
             KvChunk::Encoded { k, .. } => {
                 // Scores straight from the encoded bytes: q·x̂ = scale·(q·codes) + offset·Σq.
                 let prep = match prepared {
@@ -74,6 +95,17 @@ pub fn attend_one(
             }
         },
     );
+    if is_f16 {
+        let inv = if online.sum == 0.0 {
+            0.0
+        } else {
+            1.0 / online.sum
+        };
+        for o in out.iter_mut() {
+            *o *= inv;
+        }
+        return;
+    }
     debug_assert_eq!(
         scores.len(),
         num_positions,
@@ -86,7 +118,6 @@ pub fn attend_one(
         sum += *s as f64;
     }
     let inv = (1.0 / sum) as f32;
-    out.fill(0.0);
     let mut pos = 0usize;
     kv.for_each_chunk(
         layer,
@@ -100,11 +131,7 @@ pub fn attend_one(
                     pos += 1;
                 }
             }
-            KvChunk::F16 { v, .. } => {
-                let n = v.len() / head_dim;
-                accumulate_rows_f16(&scores[pos..pos + n], inv, v, out);
-                pos += n;
-            }
+            KvChunk::F16 { .. } => unreachable!("f16 chunks are handled by the online pass"),
             KvChunk::Encoded { v, .. } => {
                 for row in v.rows() {
                     quant::axpy_row(v.kind(), scores[pos] * inv, row, out);
@@ -199,6 +226,66 @@ mod tests {
                 out[i],
                 want[i]
             );
+        }
+    }
+
+    /// The f16 online path (both the f16-accumulator and the f32-accumulator regimes) against
+    /// exact softmax attention over the same f16-stored K/V.
+    #[test]
+    fn f16_online_softmax_matches_naive_attention() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(41);
+        let hd = 64;
+        for n in [
+            1usize,
+            37,
+            F16_ACC_MAX_POSITIONS,
+            F16_ACC_MAX_POSITIONS + 45,
+        ] {
+            let mut kv = ContiguousKv::new(1, 1, 1, hd, n, KvDtype::F16).unwrap();
+            let mut ks = Vec::new();
+            let mut vs = Vec::new();
+            for p in 0..n {
+                let k: Vec<f32> = (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+                let v: Vec<f32> = (0..hd).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+                kv.write(0, SeqSlot(0), p, &k, &v).unwrap();
+                let r16 = |x: &[f32]| -> Vec<f64> {
+                    x.iter()
+                        .map(|&a| f16::from_f32(a).to_f32() as f64)
+                        .collect()
+                };
+                ks.push(r16(&k));
+                vs.push(r16(&v));
+            }
+            let q: Vec<f32> = (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+            let scale = 0.125f32;
+            let s: Vec<f64> = ks
+                .iter()
+                .map(|k| k.iter().zip(&q).map(|(a, &b)| a * b as f64).sum::<f64>() * 0.125)
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            let mut out = vec![0.0f32; hd];
+            attend_one(
+                &kv,
+                0,
+                SeqSlot(0),
+                0,
+                n,
+                &q,
+                scale,
+                &mut AttnScratch::default(),
+                &mut out,
+            );
+            for i in 0..hd {
+                let want: f64 = (0..n).map(|p| (s[p] - m).exp() / z * vs[p][i]).sum();
+                // f16 query and (for short runs) an f16 accumulator: a few f16 ulps of 3.0.
+                assert!(
+                    (out[i] as f64 - want).abs() < 1e-2,
+                    "n={n} i={i}: {} vs {want}",
+                    out[i]
+                );
+            }
         }
     }
 }

@@ -6,10 +6,10 @@
 
 use crate::config::RopeStyle;
 
-/// `out = x / sqrt(mean(x²) + eps) * weight`, the mean accumulated in f64 as llama.cpp does.
-/// Shapes: `x`, `weight`, `out` are `[hidden]`.
+/// `out = x / sqrt(mean(x²) + eps) * weight` as ggml computes it: each square rounded to f32,
+/// the squares summed in f64, the mean rounded to f32. Shapes: `x`, `weight`, `out` are `[hidden]`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let sum_sq: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let sum_sq: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
     let mean = (sum_sq / x.len() as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
     for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
@@ -55,7 +55,9 @@ impl Rope {
         RopeAngles { cos, sin }
     }
 
-    /// Rotates every head of `x` (`[num_heads * head_dim]`) in place.
+    /// Rotates every head of `x` (`[num_heads * head_dim]`) in place: `x0·cos − x1·sin` and
+    /// `x0·sin + x1·cos`, each with its first product fused (`fma(x0, cos, −x1·sin)`), which is
+    /// how the compiler contracts ggml's `rotate_pairs` (llama.cpp is built with FMA enabled).
     pub fn apply(&self, x: &mut [f32], angles: &RopeAngles) {
         for head in x.chunks_exact_mut(self.head_dim) {
             match self.style {
@@ -63,8 +65,8 @@ impl Rope {
                     for i in 0..self.rope_dim / 2 {
                         let (c, s) = (angles.cos[i], angles.sin[i]);
                         let (a, b) = (head[2 * i], head[2 * i + 1]);
-                        head[2 * i] = a * c - b * s;
-                        head[2 * i + 1] = a * s + b * c;
+                        head[2 * i] = a.mul_add(c, -(b * s));
+                        head[2 * i + 1] = a.mul_add(s, b * c);
                     }
                 }
                 RopeStyle::Neox => {
@@ -72,8 +74,8 @@ impl Rope {
                     for i in 0..half {
                         let (c, s) = (angles.cos[i], angles.sin[i]);
                         let (a, b) = (head[i], head[i + half]);
-                        head[i] = a * c - b * s;
-                        head[i + half] = a * s + b * c;
+                        head[i] = a.mul_add(c, -(b * s));
+                        head[i + half] = a.mul_add(s, b * c);
                     }
                 }
             }
@@ -81,12 +83,10 @@ impl Rope {
     }
 }
 
-/// `gate[i] = silu(gate[i]) * up[i]`, in place. Shapes: `[ffn]`.
+/// `gate[i] = silu(gate[i]) * up[i]`, in place, with ggml's arithmetic (see
+/// [`crate::kernels::swiglu`]). Shapes: `[ffn]`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        *g = x / (1.0 + (-x).exp()) * u;
-    }
+    crate::kernels::swiglu::swiglu(gate, up)
 }
 
 /// Log-softmax of `logits` at `index`: `logits[index] - logsumexp(logits)`, summed in f64.

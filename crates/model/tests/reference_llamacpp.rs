@@ -46,6 +46,7 @@ fn greedy_tokens_and_logprobs_match_llama_cpp() {
     let m = model();
     let pool = ThreadPool::new(2);
     let (mut abs_err, mut compared, mut prompts_exact) = (0.0f64, 0usize, 0usize);
+    let mut confident_misses = Vec::new();
     let refs = references();
     for r in &refs {
         // Free-running greedy generation: ids equal over the stable prefix?
@@ -57,38 +58,51 @@ fn greedy_tokens_and_logprobs_match_llama_cpp() {
         let (out, _) = generate(m, &pool, &r.prompt_ids, &opts, |_| true).expect("generation");
         let got: Vec<u32> = out.iter().map(|t| t.id).collect();
         let n = r.stable_len;
+        let same = got
+            .iter()
+            .zip(&r.greedy_ids)
+            .take_while(|(a, b)| a == b)
+            .count();
         if got[..n] == r.greedy_ids[..n] {
             prompts_exact += 1;
-        } else {
-            eprintln!(
-                "{}: greedy ids diverge inside the stable prefix of {n}",
-                r.id
-            );
         }
+        let mut prompt_err = 0.0f64;
         for (j, (lp, argmax)) in teacher_forced(m, &pool, r).into_iter().enumerate() {
             let want = &r.top_logprobs[j];
             abs_err += (lp - want.logprob).abs() as f64;
+            prompt_err += (lp - want.logprob).abs() as f64;
             compared += 1;
             let gap = want.top[0].logprob - want.top[1].logprob;
             // Where llama.cpp is confident (gap ≥ 0.3 nats) our argmax must be its token.
-            assert!(
-                argmax == want.id || gap < 0.3,
-                "{} position {j}: argmax {argmax} vs llama.cpp {} (gap {gap:.3})",
-                r.id,
-                want.id
-            );
+            if !(argmax == want.id || gap < 0.3) {
+                confident_misses.push(format!(
+                    "{} position {j}: argmax {argmax} vs llama.cpp {} (gap {gap:.3})",
+                    r.id, want.id
+                ));
+            }
         }
+        eprintln!(
+            "{:<22} stable {n:>2}, first {same:>2} greedy ids equal{}; mean |logprob error| {:.4}",
+            r.id,
+            if same >= n { "" } else { " (DIVERGES)" },
+            prompt_err / n.max(1) as f64
+        );
     }
     let mean = abs_err / compared as f64;
+    // Where llama.cpp is confident (top-2 gap ≥ 0.3 nats) our argmax must be its token.
+    assert!(confident_misses.is_empty(), "{confident_misses:#?}");
     eprintln!("greedy ids equal over the stable prefix for {prompts_exact}/{} prompts; mean |logprob − llama.cpp| {mean:.4} over {compared} positions", refs.len());
-    // The issue asks for every prompt and a mean of 0.03; we measure 0.031 and 8–9/10 prompts
-    // (divergences only where llama.cpp's own top-2 gap is small) — see docs/benchmarks.md.
-    assert!(
-        prompts_exact + 2 >= refs.len(),
+    // The issue's acceptance: every prompt, mean below 0.03. We reproduce llama.cpp's arithmetic
+    // (see `attention`, `kernels::act_quant`, `kernels::swiglu`, `ops::Rope::apply`) and measure
+    // 10/10 and 0.0011: positions are exact to the reference's printing except where llama.cpp
+    // prefilled a prompt of 64+ tokens with its tiled flash-attention kernel.
+    assert_eq!(
+        prompts_exact,
+        refs.len(),
         "only {prompts_exact}/{} prompts match",
         refs.len()
     );
-    assert!(mean < 0.035, "mean logprob error {mean:.4} ≥ 0.035");
+    assert!(mean < 0.03, "mean logprob error {mean:.4} ≥ 0.03");
 }
 
 #[test]

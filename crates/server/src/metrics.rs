@@ -468,6 +468,29 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
         );
         let _ = writeln!(out, "{name}_count{{{labels}}} {}", t.stats.load_count);
     }
+    let prefetch: [(&str, &str, u64); 3] = [
+        (
+            "agentkv_tier_prefetches_total",
+            "Tier lookups started for requests (loaded off the engine thread).",
+            s.tiers.prefetches,
+        ),
+        (
+            "agentkv_tier_refetches_total",
+            "Tier lookups started again because the active pool lost blocks meanwhile.",
+            s.tiers.refetches,
+        ),
+        (
+            "agentkv_tier_prefetch_wait_steps_total",
+            "Engine steps with nothing to run but a tier load in flight.",
+            s.tiers.prefetch_wait_steps,
+        ),
+    ];
+    for (name, help, v) in prefetch {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+        );
+    }
 }
 
 /// Escapes a label value (`\`, `"`, newline).

@@ -75,7 +75,9 @@ impl KvCache {
     }
 
     /// Find the longest cached prefix of `tokens` in `ns`, reference its blocks and count a hit on
-    /// each. Counts the lookup in the global and tenant counters.
+    /// each. Counts the lookup in the global and tenant counters (until it is released: a match
+    /// given back with [`KvCache::release_match`] is not counted, so a request retried while it
+    /// waits for blocks counts once, when it is admitted).
     pub fn lookup(&mut self, ns: &NamespaceKey, tokens: &[u32], tick: Tick) -> PrefixMatch {
         let now = self.advance(tick);
         let (blocks, keys) = self.walk(ns, tokens, self.max_lookup_blocks(tokens.len()));
@@ -100,6 +102,8 @@ impl KvCache {
                 ns: *ns,
                 blocks: blocks.clone(),
                 sealed: false,
+                hit_tokens,
+                miss_tokens,
             },
         );
         PrefixMatch {
@@ -152,6 +156,19 @@ impl KvCache {
         for &id in outstanding.blocks.iter().rev() {
             self.release(id, now);
         }
+        // Not used: take back what `lookup` counted (same step, so no scrape sees the difference).
+        let (hit, miss) = (
+            outstanding.hit_tokens as u64,
+            outstanding.miss_tokens as u64,
+        );
+        let c = &mut self.counters;
+        c.lookups = c.lookups.saturating_sub(1);
+        c.lookup_hit_tokens = c.lookup_hit_tokens.saturating_sub(hit);
+        c.lookup_miss_tokens = c.lookup_miss_tokens.saturating_sub(miss);
+        let t = self.tenants.get_mut(outstanding.ns.tenant());
+        t.lookups = t.lookups.saturating_sub(1);
+        t.hit_tokens = t.hit_tokens.saturating_sub(hit);
+        t.miss_tokens = t.miss_tokens.saturating_sub(miss);
         self.enforce_watermark();
         Ok(())
     }

@@ -36,6 +36,9 @@ pub(crate) struct OutstandingMatch {
     pub blocks: Vec<BlockId>,
     /// Its namespace was flushed since the lookup: a sequence made from it never publishes.
     pub sealed: bool,
+    /// What the lookup added to the hit and miss counters (taken back if it is released).
+    pub hit_tokens: usize,
+    pub miss_tokens: usize,
 }
 
 /// Paged KV-cache bookkeeping: block pool, block tables, prefix index, eviction, retention,

@@ -1,10 +1,13 @@
 //! Activation quantisation: f32 rows `[num_tokens, row_len]` to 8-bit blocks of 32.
 //!
 //! Owns [`ActQ8`], the per-matmul scratch holding, for every token and every 32-element block,
-//! the scale `d = amax / 127`, the signed 8-bit values `q = round_ties_even(x / d)` and the scaled
-//! sum `s = d * Σq` (the Q8_1 "sum term" that zero-point weight types need). Scales are kept in
-//! f32 (ggml rounds them to f16; f32 is strictly more accurate). The AVX2 and scalar paths perform
-//! the same IEEE operations and give bit-identical blocks (for inputs without NaN).
+//! the scale `d = f16(amax / 127)`, the signed 8-bit values `q = round_ties_even(x * (127 / amax))`
+//! and the scaled sum `s = f16((amax / 127) * Σq)` (the Q8_1 "sum term" that zero-point weight
+//! types need). This is exactly ggml's `quantize_row_q8_0` / `quantize_row_q8_1` (x86 AVX2 path):
+//! the multiplier is `127 / amax` (not `1 / d`), and `d` and `s` are rounded to f16 (stored as the
+//! f32 value of that f16), so our integer dot products see the same operands as llama.cpp's.
+//! The AVX2 and scalar paths perform the same IEEE operations and give bit-identical blocks (for
+//! inputs without NaN).
 //! It never allocates once its buffers have grown to the largest shape seen.
 
 use super::cpu::CpuFeatures;
@@ -60,12 +63,25 @@ impl ActQ8 {
     }
 }
 
-/// Scale for a block whose largest magnitude is `amax`, and its inverse (0 for an all-zero block).
+/// Scale for a block whose largest magnitude is `amax` (unrounded f32), and the quantisation
+/// multiplier `127 / amax` (0 for an all-zero block), as ggml computes them.
 #[inline(always)]
 fn scale_and_inverse(amax: f32) -> (f32, f32) {
     let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     (d, id)
+}
+
+/// `f32(f16(x))`, round to nearest even (what ggml's `GGML_CPU_FP32_TO_FP16` does with F16C).
+#[inline(always)]
+fn through_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// The stored `(d, s)` of a block: both rounded to f16, `s` computed from the unrounded `d`.
+#[inline(always)]
+fn stored_scales(d: f32, sum: i32) -> (f32, f32) {
+    (through_f16(d), through_f16(d * sum as f32))
 }
 
 pub(crate) fn quantize_block_scalar(x: &[f32; QK8], q: &mut [i8; QK8]) -> (f32, f32) {
@@ -77,12 +93,12 @@ pub(crate) fn quantize_block_scalar(x: &[f32; QK8], q: &mut [i8; QK8]) -> (f32, 
         *qi = v as i8;
         sum += v;
     }
-    (d, d * sum as f32)
+    stored_scales(d, sum)
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{scale_and_inverse, QK8};
+    use super::{scale_and_inverse, stored_scales, QK8};
     use std::arch::x86_64::*;
 
     /// AVX2 twin of [`super::quantize_block_scalar`].
@@ -128,7 +144,7 @@ mod avx2 {
         let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         // SAFETY: `q` holds exactly 32 bytes.
         unsafe { _mm256_storeu_si256(q.as_mut_ptr().cast(), p) };
-        (d, d * sum as f32)
+        stored_scales(d, sum)
     }
 }
 
@@ -162,14 +178,25 @@ mod tests {
         );
         for blk in 0..num_tokens * row_len / QK8 {
             let d = a.d[blk];
+            let amax = x[blk * QK8..(blk + 1) * QK8]
+                .iter()
+                .fold(0f32, |m, v| m.max(v.abs()));
+            assert_eq!(
+                d,
+                half::f16::from_f32(amax / 127.0).to_f32(),
+                "d is f16-rounded"
+            );
             let mut sum = 0i32;
             for k in 0..QK8 {
                 let q = a.qs[blk * QK8 + k];
                 assert!(q != i8::MIN);
-                assert!((f32::from(q) * d - x[blk * QK8 + k]).abs() <= 0.5 * d * 1.0001 + 1e-7);
+                // Within half a step of the unrounded scale, plus the f16 rounding of d.
+                let err = (f32::from(q) * d - x[blk * QK8 + k]).abs();
+                assert!(err <= 0.5 * d * 1.0001 + 127.0 * d / 1024.0 + 1e-7);
                 sum += i32::from(q);
             }
-            assert_eq!(a.s[blk], d * sum as f32);
+            let s_want = half::f16::from_f32((amax / 127.0) * sum as f32).to_f32();
+            assert_eq!(a.s[blk], s_want, "s is f16((amax / 127) * sum)");
         }
         assert_eq!(a.d[1], 0.0);
         assert!(a.qs[32..64].iter().all(|q| *q == 0));

@@ -2,7 +2,8 @@
 //!
 //! Owns the thread pool ([`pool`]), runtime CPU feature detection ([`cpu`]), f32 vector primitives
 //! ([`vec_f32`]: `dot_f32`, `axpy_f32`; [`vec_f16`]: the same with an f16 operand widened on
-//! load, plus the batched attention loops), activation quantisation to 8-bit blocks ([`act_quant`]),
+//! load; [`flash_f16`]: ggml's flash-attention primitives with an f16 accumulator), SwiGLU with
+//! ggml's vectorised `expf` ([`swiglu`]), activation quantisation to 8-bit blocks ([`act_quant`]),
 //! per-block integer dot products for the 32-element quant types ([`block32`], with a portable
 //! scalar path and an AVX2 path), row conversion to f32 for everything else ([`row_f32`]) and the
 //! matrix-times-activations driver ([`matmul`]; several matrices sharing one input in one dispatch:
@@ -20,10 +21,12 @@
 pub mod act_quant;
 pub mod block32;
 pub mod cpu;
+pub mod flash_f16;
 pub mod matmul;
 pub mod matmul_many;
 pub mod pool;
 pub mod row_f32;
+pub mod swiglu;
 pub mod vec_f16;
 pub mod vec_f32;
 

@@ -1,0 +1,488 @@
+//! The three vector primitives of ggml's CPU flash attention over an f16 K/V cache
+//! (`ggml_compute_forward_flash_attn_ext_f16_one_chunk` in llama.cpp's `ggml-cpu/ops.cpp`), with
+//! ggml's exact operation order so our attention rounds the way llama.cpp's does:
+//!
+//! - [`dot_f16`]: `ggml_vec_dot_f16` (`vec.cpp`): both operands f16, four 8-lane f32 accumulators
+//!   fed by fused multiply-adds over 32-element strides, reduced as `(a0 + a2) + (a1 + a3)`, then
+//!   `lo128 + hi128` and two horizontal adds; leftovers (`n % 32`) summed in f64.
+//! - [`mad_f16`]: `ggml_vec_mad_f16`: `y[i] = f16(fma(x[i], v, y[i]))` — the accumulator is f16.
+//! - [`scale_f16`]: `ggml_vec_scale_f16`: `y[i] = f16(y[i] * v)`.
+//!
+//! [`accumulate_rows`] runs the whole online-softmax loop of that kernel over a run of K/V rows
+//! (one dispatch per run, so the per-position work inlines): `s = dot(q, k) * scale`; on a new
+//! maximum `M` the accumulator is scaled by `ms = expf(M_old - s)` and `vs = 1`, otherwise
+//! `vs = expf(s - M)`; then `acc += v * vs` and `S = fma(S, ms, vs)`. With `round_f16 == false`
+//! the accumulator stays f32 (no rounding), everything else unchanged.
+//!
+//! The f16 accumulator is held as f32 values that are exactly representable in f16. The AVX2
+//! path and the portable path perform the same IEEE operations and agree bit for bit (tests pin
+//! this). It never allocates and never parallelises.
+
+use half::f16;
+
+use super::cpu::{cpu_features, CpuFeatures};
+
+#[inline(always)]
+fn round16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+/// Running maximum and sum of ggml's online softmax for one query row.
+#[derive(Debug, Clone, Copy)]
+pub struct OnlineSoftmax {
+    pub max: f32,
+    pub sum: f32,
+}
+
+impl Default for OnlineSoftmax {
+    fn default() -> Self {
+        OnlineSoftmax {
+            max: f32::NEG_INFINITY,
+            sum: 0.0,
+        }
+    }
+}
+
+impl OnlineSoftmax {
+    /// The `(ms, vs)` factors for score `s`, updating the maximum.
+    #[inline(always)]
+    fn factors(&mut self, s: f32) -> (f32, f32) {
+        if s > self.max {
+            let ms = (self.max - s).exp();
+            self.max = s;
+            (ms, 1.0)
+        } else {
+            (1.0, (s - self.max).exp())
+        }
+    }
+}
+
+/// The online-softmax loop over `keys`/`vals` (`[n, head_dim]` each, `head_dim = q.len() =
+/// acc.len()`): see the module doc. `q` holds the query already rounded to f16 (as f32 values).
+/// Panics on a shape mismatch.
+pub fn accumulate_rows(
+    st: &mut OnlineSoftmax,
+    acc: &mut [f32],
+    q: &[f32],
+    keys: &[f16],
+    vals: &[f16],
+    scale: f32,
+    round_f16: bool,
+) {
+    accumulate_rows_with(cpu_features(), st, acc, q, keys, vals, scale, round_f16)
+}
+
+/// [`accumulate_rows`] on an explicit path.
+#[allow(clippy::too_many_arguments)]
+pub fn accumulate_rows_with(
+    features: CpuFeatures,
+    st: &mut OnlineSoftmax,
+    acc: &mut [f32],
+    q: &[f32],
+    keys: &[f16],
+    vals: &[f16],
+    scale: f32,
+    round_f16: bool,
+) {
+    let hd = q.len();
+    assert!(
+        hd > 0 && acc.len() == hd && keys.len() == vals.len() && keys.len().is_multiple_of(hd),
+        "keys and vals are whole [head_dim] rows"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx2 {
+        // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
+        unsafe {
+            if round_f16 {
+                avx2::accumulate_rows::<true>(st, acc, q, keys, vals, scale)
+            } else {
+                avx2::accumulate_rows::<false>(st, acc, q, keys, vals, scale)
+            }
+        }
+        return;
+    }
+    let _ = features;
+    let p = CpuFeatures::PORTABLE;
+    let q16: Vec<f16> = q.iter().map(|&x| f16::from_f32(x)).collect();
+    for (k, v) in keys.chunks_exact(hd).zip(vals.chunks_exact(hd)) {
+        let (ms, vs) = st.factors(dot_f16_with(p, &q16, k) * scale);
+        if round_f16 {
+            if ms != 1.0 {
+                scale_f16_with(p, acc, ms);
+            }
+            mad_f16_with(p, acc, v, vs);
+        } else {
+            if ms != 1.0 {
+                acc.iter_mut().for_each(|a| *a *= ms);
+            }
+            for (a, x) in acc.iter_mut().zip(v) {
+                *a = x.to_f32().mul_add(vs, *a);
+            }
+        }
+        st.sum = st.sum.mul_add(ms, vs);
+    }
+}
+
+/// `Σ a[i] * b[i]` over f16 operands in `ggml_vec_dot_f16`'s order. Panics if lengths differ.
+pub fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
+    dot_f16_with(cpu_features(), a, b)
+}
+
+/// [`dot_f16`] on an explicit path (`features` is clamped to what the CPU has).
+pub fn dot_f16_with(features: CpuFeatures, a: &[f16], b: &[f16]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f16 needs equal lengths");
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx2 {
+        // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
+        return unsafe { avx2::dot(a, b) };
+    }
+    let _ = features;
+    let n = a.len();
+    let np = n & !31;
+    let mut acc = [[0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, accj) in acc.iter_mut().enumerate() {
+            for (l, lane) in accj.iter_mut().enumerate() {
+                let k = i + 8 * j + l;
+                *lane = a[k].to_f32().mul_add(b[k].to_f32(), *lane);
+            }
+        }
+    }
+    let mut s = [0f32; 8];
+    for (l, sl) in s.iter_mut().enumerate() {
+        *sl = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let t = [s[0] + s[4], s[1] + s[5], s[2] + s[6], s[3] + s[7]];
+    finish_dot((t[0] + t[1]) + (t[2] + t[3]), &a[np..], &b[np..])
+}
+
+/// ggml's leftover loop: the SIMD sum and each f32 product of the tail added in f64.
+#[inline(always)]
+fn finish_dot(simd: f32, a: &[f16], b: &[f16]) -> f32 {
+    let mut sum = f64::from(simd);
+    for (x, y) in a.iter().zip(b) {
+        sum += f64::from(x.to_f32() * y.to_f32());
+    }
+    sum as f32
+}
+
+/// `y[i] = f32(f16(fma(x[i], v, y[i])))`. Panics if lengths differ.
+pub fn mad_f16(y: &mut [f32], x: &[f16], v: f32) {
+    mad_f16_with(cpu_features(), y, x, v)
+}
+
+/// [`mad_f16`] on an explicit path.
+pub fn mad_f16_with(features: CpuFeatures, y: &mut [f32], x: &[f16], v: f32) {
+    assert_eq!(x.len(), y.len(), "mad_f16 needs equal lengths");
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx2 {
+        // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
+        unsafe { avx2::mad(y, x, v) };
+        return;
+    }
+    let _ = features;
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi = round16(xi.to_f32().mul_add(v, *yi));
+    }
+}
+
+/// `y[i] = f32(f16(y[i] * v))`.
+pub fn scale_f16(y: &mut [f32], v: f32) {
+    scale_f16_with(cpu_features(), y, v)
+}
+
+/// [`scale_f16`] on an explicit path.
+pub fn scale_f16_with(features: CpuFeatures, y: &mut [f32], v: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx2 {
+        // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
+        unsafe { avx2::scale(y, v) };
+        return;
+    }
+    let _ = features;
+    for yi in y.iter_mut() {
+        *yi = round16(*yi * v);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! AVX2 bodies; callers must have checked AVX2+FMA+F16C at runtime.
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// Eight f16 at `p` widened to f32.
+    ///
+    /// # Safety
+    /// `p` points at 8 readable `f16` (16 bytes).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load8(p: *const f16) -> __m256 {
+        // SAFETY: the caller guarantees 16 readable bytes; unaligned load.
+        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) })
+    }
+
+    /// Rounds 8 lanes to f16 and back (round to nearest even).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn round8(v: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+    }
+
+    /// `ggml_vec_dot_f16` with the first operand already widened (exact) to f32.
+    ///
+    /// # Safety
+    /// `a` and `b` hold at least `n` elements.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dot_wide(a: *const f32, b: *const f16, n: usize) -> f32 {
+        let np = n & !31;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i < np {
+            for (j, accj) in acc.iter_mut().enumerate() {
+                // SAFETY: `i + 8 * j + 8 <= np <= n`; the caller guarantees `n` elements.
+                let (x, y) =
+                    unsafe { (_mm256_loadu_ps(a.add(i + 8 * j)), load8(b.add(i + 8 * j))) };
+                *accj = _mm256_fmadd_ps(x, y, *accj);
+            }
+            i += 32;
+        }
+        let r = reduce(acc);
+        let mut sum = f64::from(r);
+        while i < n {
+            // SAFETY: `i < n`.
+            sum += f64::from(unsafe { *a.add(i) * (*b.add(i)).to_f32() });
+            i += 1;
+        }
+        sum as f32
+    }
+
+    /// GGML_F32x8_REDUCE: pairs at distance 2, then 1, then halves and two hadds.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn reduce(acc: [__m256; 4]) -> f32 {
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        let t1 = _mm_hadd_ps(t0, t0);
+        _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn accumulate_rows<const ROUND: bool>(
+        st: &mut super::OnlineSoftmax,
+        acc: &mut [f32],
+        q: &[f32],
+        keys: &[f16],
+        vals: &[f16],
+        kq_scale: f32,
+    ) {
+        let hd = q.len().min(acc.len());
+        // Scores do not depend on the running state: compute a group of them first (independent
+        // dot products pipeline well), then run the sequential online update over the group.
+        const GROUP: usize = 16;
+        let mut scores = [0f32; GROUP];
+        for (kg, vg) in keys.chunks(GROUP * hd).zip(vals.chunks(GROUP * hd)) {
+            for (sc, k) in scores.iter_mut().zip(kg.chunks_exact(hd)) {
+                // SAFETY: `q` and `k` hold `hd` elements.
+                *sc = unsafe { dot_wide(q.as_ptr(), k.as_ptr(), hd) } * kq_scale;
+            }
+            for (&s, v) in scores.iter().zip(vg.chunks_exact(hd)) {
+                let (ms, vs) = st.factors(s);
+                if ms != 1.0 {
+                    if ROUND {
+                        scale(acc, ms);
+                    } else {
+                        acc.iter_mut().for_each(|a| *a *= ms);
+                    }
+                }
+                if ROUND {
+                    mad(acc, v, vs);
+                } else {
+                    let vv = _mm256_set1_ps(vs);
+                    let mut i = 0;
+                    while i + 8 <= hd {
+                        // SAFETY: `i + 8 <= hd` and both slices hold `hd` elements.
+                        unsafe {
+                            let xv = load8(v.as_ptr().add(i));
+                            let yv = _mm256_loadu_ps(acc.as_ptr().add(i));
+                            _mm256_storeu_ps(acc.as_mut_ptr().add(i), _mm256_fmadd_ps(xv, vv, yv));
+                        }
+                        i += 8;
+                    }
+                    for j in i..hd {
+                        acc[j] = v[j].to_f32().mul_add(vs, acc[j]);
+                    }
+                }
+                st.sum = st.sum.mul_add(ms, vs);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn dot(a: &[f16], b: &[f16]) -> f32 {
+        let n = a.len().min(b.len());
+        let np = n & !31;
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i < np {
+            for (j, accj) in acc.iter_mut().enumerate() {
+                // SAFETY: `i + 8 * j + 8 <= np <= n` and both slices hold at least `n` elements.
+                let (x, y) = unsafe { (load8(pa.add(i + 8 * j)), load8(pb.add(i + 8 * j))) };
+                *accj = _mm256_fmadd_ps(x, y, *accj);
+            }
+            i += 32;
+        }
+        super::finish_dot(reduce(acc), &a[np..n], &b[np..n])
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn mad(y: &mut [f32], x: &[f16], v: f32) {
+        let n = x.len().min(y.len());
+        let vv = _mm256_set1_ps(v);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: `i + 8 <= n` and both slices hold at least `n` elements.
+            unsafe {
+                let xv = load8(x.as_ptr().add(i));
+                let yv = _mm256_loadu_ps(y.as_ptr().add(i));
+                _mm256_storeu_ps(y.as_mut_ptr().add(i), round8(_mm256_fmadd_ps(xv, vv, yv)));
+            }
+            i += 8;
+        }
+        while i < n {
+            y[i] = super::round16(x[i].to_f32().mul_add(v, y[i]));
+            i += 1;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn scale(y: &mut [f32], v: f32) {
+        let n = y.len();
+        let vv = _mm256_set1_ps(v);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: `i + 8 <= n = y.len()`.
+            unsafe {
+                let yv = _mm256_loadu_ps(y.as_ptr().add(i));
+                _mm256_storeu_ps(y.as_mut_ptr().add(i), round8(_mm256_mul_ps(yv, vv)));
+            }
+            i += 8;
+        }
+        while i < n {
+            y[i] = super::round16(y[i] * v);
+            i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn rand_f16(rng: &mut rand_chacha::ChaCha8Rng, n: usize) -> Vec<f16> {
+        (0..n)
+            .map(|_| f16::from_f32(rng.gen_range(-2.0f32..2.0)))
+            .collect()
+    }
+
+    #[test]
+    fn dot_paths_agree_and_match_f64() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+        for n in [0usize, 1, 7, 31, 32, 33, 64, 80, 128, 130] {
+            let a = rand_f16(&mut rng, n);
+            let b = rand_f16(&mut rng, n);
+            let exact: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| f64::from(x.to_f32()) * f64::from(y.to_f32()))
+                .sum();
+            let scalar = dot_f16_with(CpuFeatures::PORTABLE, &a, &b);
+            assert!((f64::from(scalar) - exact).abs() <= 1e-5 * (1.0 + n as f64));
+            assert_eq!(
+                scalar.to_bits(),
+                dot_f16_with(CpuFeatures::detect(), &a, &b).to_bits()
+            );
+            assert_eq!(scalar.to_bits(), dot_f16(&a, &b).to_bits(), "n={n}");
+        }
+    }
+
+    #[test]
+    fn mad_and_scale_round_to_f16_on_both_paths() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(22);
+        for n in [0usize, 3, 8, 17, 64] {
+            let x = rand_f16(&mut rng, n);
+            let y0: Vec<f32> = rand_f16(&mut rng, n).iter().map(|v| v.to_f32()).collect();
+            let want_mad: Vec<u32> = x
+                .iter()
+                .zip(&y0)
+                .map(|(xi, yi)| round16(xi.to_f32().mul_add(0.37, *yi)).to_bits())
+                .collect();
+            let want_scale: Vec<u32> = y0.iter().map(|yi| round16(yi * 0.61).to_bits()).collect();
+            for features in [CpuFeatures::PORTABLE, CpuFeatures::detect()] {
+                let mut y = y0.clone();
+                mad_f16_with(features, &mut y, &x, 0.37);
+                assert_eq!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want_mad);
+                let mut y = y0.clone();
+                scale_f16_with(features, &mut y, 0.61);
+                assert_eq!(
+                    y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want_scale
+                );
+            }
+            let mut y = y0.clone();
+            mad_f16(&mut y, &x, 0.37);
+            scale_f16(&mut y, 0.61);
+            assert!(y.iter().all(|v| round16(*v) == *v), "values stay f16");
+        }
+    }
+
+    #[test]
+    fn accumulate_rows_paths_agree_and_compose_the_primitives() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
+        for (hd, n) in [(64usize, 0usize), (64, 1), (64, 40), (40, 9), (8, 3)] {
+            let q: Vec<f32> = rand_f16(&mut rng, hd).iter().map(|v| v.to_f32()).collect();
+            let keys = rand_f16(&mut rng, n * hd);
+            let vals = rand_f16(&mut rng, n * hd);
+            for round in [true, false] {
+                // The composition of the public primitives, written out.
+                let q16: Vec<f16> = q.iter().map(|&x| f16::from_f32(x)).collect();
+                let (mut m, mut sum) = (f32::NEG_INFINITY, 0f32);
+                let mut want = vec![0f32; hd];
+                for (k, v) in keys.chunks_exact(hd).zip(vals.chunks_exact(hd)) {
+                    let s = dot_f16(&q16, k) * 0.3;
+                    let (ms, vs) = if s > m {
+                        let ms = (m - s).exp();
+                        m = s;
+                        (ms, 1.0)
+                    } else {
+                        (1.0, (s - m).exp())
+                    };
+                    if round {
+                        scale_f16(&mut want, ms);
+                        mad_f16(&mut want, v, vs);
+                    } else {
+                        want.iter_mut().for_each(|a| *a *= ms);
+                        for (a, x) in want.iter_mut().zip(v) {
+                            *a = x.to_f32().mul_add(vs, *a);
+                        }
+                    }
+                    sum = sum.mul_add(ms, vs);
+                }
+                for features in [CpuFeatures::PORTABLE, CpuFeatures::detect()] {
+                    let mut st = OnlineSoftmax::default();
+                    let mut acc = vec![0f32; hd];
+                    accumulate_rows_with(features, &mut st, &mut acc, &q, &keys, &vals, 0.3, round);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&acc), bits(&want), "hd={hd} n={n} round={round}");
+                    assert_eq!(st.sum.to_bits(), sum.to_bits());
+                    assert_eq!(st.max.to_bits(), m.to_bits());
+                }
+            }
+        }
+    }
+}
