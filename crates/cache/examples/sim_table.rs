@@ -58,6 +58,7 @@ fn main() {
                 protected_fraction: 0.8,
             },
         ),
+        ("adaptive SLRU", EvictionPolicy::ADAPTIVE_SEGMENTED_LRU),
     ];
     println!("agents={agents} tasks={tasks} seed={seed} block_size={BLOCK_SIZE}\n");
     print!("| trace | capacity (blocks) |");

@@ -18,6 +18,37 @@ pub enum EvictionPolicy {
         /// Fraction of `num_blocks` the protected segment may hold, in `[0, 1]`.
         protected_fraction: f64,
     },
+    /// Segmented LRU whose protected capacity adapts to the workload (ARC's rule, see
+    /// `evict/adaptive.rs`): it starts at `initial_protected_fraction` of the pool and moves within
+    /// `[min_protected_fraction, max_protected_fraction]`, growing when a lookup misses a block
+    /// recently evicted from the protected (frequent) class and shrinking when it misses one
+    /// recently evicted from probation. Order within the segments is exactly `SegmentedLru`'s.
+    AdaptiveSegmentedLru {
+        /// Starting fraction of `num_blocks` the protected segment may hold.
+        initial_protected_fraction: f64,
+        /// Lower bound of the protected fraction, in `[0, initial_protected_fraction]`.
+        min_protected_fraction: f64,
+        /// Upper bound of the protected fraction, in `[initial_protected_fraction, 1]`.
+        max_protected_fraction: f64,
+    },
+}
+
+impl EvictionPolicy {
+    /// Adaptive segmented LRU starting at 20% protected (the safest fixed setting on the simulated
+    /// agent traces, see docs/benchmarks.md), free to move over the whole `[0, 1]` range.
+    pub const ADAPTIVE_SEGMENTED_LRU: EvictionPolicy = EvictionPolicy::AdaptiveSegmentedLru {
+        initial_protected_fraction: 0.2,
+        min_protected_fraction: 0.0,
+        max_protected_fraction: 1.0,
+    };
+
+    /// Whether blocks are split into probation and protected segments (fixed or adaptive).
+    pub fn is_segmented(&self) -> bool {
+        matches!(
+            self,
+            EvictionPolicy::SegmentedLru { .. } | EvictionPolicy::AdaptiveSegmentedLru { .. }
+        )
+    }
 }
 
 /// Configuration of one [`crate::KvCache`].
@@ -73,19 +104,143 @@ impl CacheConfig {
                 return Err(ConfigError::FractionOutOfRange { name, value });
             }
         }
-        if let EvictionPolicy::SegmentedLru { protected_fraction } = self.policy {
-            if !(0.0..=1.0).contains(&protected_fraction) {
-                return Err(ConfigError::FractionOutOfRange {
-                    name: "protected_fraction",
-                    value: protected_fraction,
-                });
+        match self.policy {
+            EvictionPolicy::Lru | EvictionPolicy::Lfu => Ok(()),
+            EvictionPolicy::SegmentedLru { protected_fraction } => {
+                check_fraction("protected_fraction", protected_fraction)
+            }
+            EvictionPolicy::AdaptiveSegmentedLru {
+                initial_protected_fraction: initial,
+                min_protected_fraction: min,
+                max_protected_fraction: max,
+            } => {
+                check_fraction("initial_protected_fraction", initial)?;
+                check_fraction("min_protected_fraction", min)?;
+                check_fraction("max_protected_fraction", max)?;
+                if min <= initial && initial <= max {
+                    Ok(())
+                } else {
+                    Err(ConfigError::ProtectedBoundsOrder { min, initial, max })
+                }
             }
         }
-        Ok(())
     }
 
-    /// `floor(fraction · num_blocks)`.
+    /// Protected-segment capacity in blocks: `(initial, min, max)`; all zero for LRU and LFU, all
+    /// equal for fixed segmented LRU.
+    pub(crate) fn protected_capacity_bounds(&self) -> (u32, u32, u32) {
+        match self.policy {
+            EvictionPolicy::Lru | EvictionPolicy::Lfu => (0, 0, 0),
+            EvictionPolicy::SegmentedLru { protected_fraction } => {
+                let c = self.blocks_of(protected_fraction);
+                (c, c, c)
+            }
+            EvictionPolicy::AdaptiveSegmentedLru {
+                initial_protected_fraction,
+                min_protected_fraction,
+                max_protected_fraction,
+            } => (
+                self.blocks_of(initial_protected_fraction),
+                self.blocks_of(min_protected_fraction),
+                self.blocks_of(max_protected_fraction),
+            ),
+        }
+    }
+
+    /// `floor(fraction · num_blocks)` (monotone in `fraction`, so ordered bounds stay ordered).
     pub(crate) fn blocks_of(&self, fraction: f64) -> u32 {
         (fraction * f64::from(self.num_blocks)).floor() as u32
+    }
+}
+
+fn check_fraction(name: &'static str, value: f64) -> Result<(), ConfigError> {
+    if (0.0..=1.0).contains(&value) {
+        Ok(())
+    } else {
+        Err(ConfigError::FractionOutOfRange { name, value })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(policy: EvictionPolicy) -> CacheConfig {
+        let mut c = CacheConfig::new(100);
+        c.policy = policy;
+        c
+    }
+
+    fn adaptive(initial: f64, min: f64, max: f64) -> CacheConfig {
+        with(EvictionPolicy::AdaptiveSegmentedLru {
+            initial_protected_fraction: initial,
+            min_protected_fraction: min,
+            max_protected_fraction: max,
+        })
+    }
+
+    #[test]
+    fn adaptive_bounds_are_validated() {
+        assert_eq!(adaptive(0.2, 0.1, 0.9).validate(), Ok(()));
+        assert_eq!(adaptive(0.0, 0.0, 0.0).validate(), Ok(()));
+        assert_eq!(
+            with(EvictionPolicy::ADAPTIVE_SEGMENTED_LRU).validate(),
+            Ok(())
+        );
+        assert_eq!(
+            adaptive(0.05, 0.1, 0.9).validate(),
+            Err(ConfigError::ProtectedBoundsOrder {
+                min: 0.1,
+                initial: 0.05,
+                max: 0.9
+            })
+        );
+        assert_eq!(
+            adaptive(0.95, 0.1, 0.9).validate(),
+            Err(ConfigError::ProtectedBoundsOrder {
+                min: 0.1,
+                initial: 0.95,
+                max: 0.9
+            })
+        );
+        assert_eq!(
+            adaptive(0.2, -0.1, 0.9).validate(),
+            Err(ConfigError::FractionOutOfRange {
+                name: "min_protected_fraction",
+                value: -0.1
+            })
+        );
+        assert!(matches!(
+            adaptive(0.2, 0.1, 1.5).validate(),
+            Err(ConfigError::FractionOutOfRange {
+                name: "max_protected_fraction",
+                ..
+            })
+        ));
+        assert!(matches!(
+            adaptive(f64::NAN, 0.1, 0.9).validate(),
+            Err(ConfigError::FractionOutOfRange {
+                name: "initial_protected_fraction",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn capacity_bounds_in_blocks() {
+        assert_eq!(
+            adaptive(0.25, 0.1, 0.9).protected_capacity_bounds(),
+            (25, 10, 90)
+        );
+        let slru = with(EvictionPolicy::SegmentedLru {
+            protected_fraction: 0.5,
+        });
+        assert_eq!(slru.protected_capacity_bounds(), (50, 50, 50));
+        assert_eq!(
+            with(EvictionPolicy::Lru).protected_capacity_bounds(),
+            (0, 0, 0)
+        );
+        assert!(EvictionPolicy::ADAPTIVE_SEGMENTED_LRU.is_segmented());
+        assert!(!EvictionPolicy::Lfu.is_segmented());
     }
 }

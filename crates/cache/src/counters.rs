@@ -32,7 +32,7 @@ impl EvictionCounts {
     }
 }
 
-/// Global counters (monotonic unless noted).
+/// Global counters (monotonic unless noted; `slru_protected_capacity_blocks` is a gauge).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     pub lookups: u64,
@@ -55,6 +55,19 @@ pub struct Counters {
     pub retention_refused_blocks: u64,
     pub slru_promotions: u64,
     pub slru_demotions: u64,
+    /// Gauge: the protected segment's current capacity in blocks (segmented LRU: fixed; adaptive
+    /// segmented LRU: moved by ghost hits; LRU and LFU: 0).
+    pub slru_protected_capacity_blocks: u64,
+    /// Adaptive segmented LRU: ghost hits that grew the protected capacity (not counted when it
+    /// was already at its maximum).
+    pub slru_adaptations_up: u64,
+    /// Adaptive segmented LRU: ghost hits that shrank the protected capacity.
+    pub slru_adaptations_down: u64,
+    /// Adaptive segmented LRU: lookups that stopped at a key recently evicted from probation.
+    pub slru_ghost_probation_hits: u64,
+    /// Adaptive segmented LRU: lookups that stopped at a key recently evicted from the protected
+    /// class (protected or demoted from it).
+    pub slru_ghost_protected_hits: u64,
 }
 
 /// Where every block of the pool is. `free + in_use + cached == total` always.

@@ -13,6 +13,10 @@ pub enum ConfigError {
     ZeroBlockSize,
     #[error("{name} = {value} is outside [0, 1]")]
     FractionOutOfRange { name: &'static str, value: f64 },
+    #[error(
+        "adaptive protected fractions must satisfy min {min} <= initial {initial} <= max {max}"
+    )]
+    ProtectedBoundsOrder { min: f64, initial: f64, max: f64 },
 }
 
 /// An allocation could not be satisfied. Nothing was changed.

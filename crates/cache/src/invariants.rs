@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::cache::KvCache;
+use crate::config::EvictionPolicy;
 use crate::error::InvariantViolation;
 use crate::evict::slru::ProtectedSegment;
 use crate::evict::{order_key, BlockStats};
@@ -19,6 +20,56 @@ macro_rules! ensure {
 }
 
 impl KvCache {
+    /// The protected capacity, its gauge and the ghost lists.
+    fn check_adaptive(&self) -> Result<(), InvariantViolation> {
+        let capacity = self.protected.capacity;
+        ensure!(
+            self.counters.slru_protected_capacity_blocks == u64::from(capacity),
+            "protected capacity gauge {} but capacity {capacity}",
+            self.counters.slru_protected_capacity_blocks
+        );
+        let (initial, min, max) = self.config.protected_capacity_bounds();
+        let Some(a) = &self.adaptive else {
+            ensure!(
+                !matches!(
+                    self.config.policy,
+                    EvictionPolicy::AdaptiveSegmentedLru { .. }
+                ),
+                "adaptive policy without its state"
+            );
+            ensure!(
+                capacity == initial,
+                "fixed protected capacity {capacity} moved from {initial}"
+            );
+            return Ok(());
+        };
+        ensure!(
+            (a.min_capacity, a.max_capacity) == (min, max) && (min..=max).contains(&capacity),
+            "protected capacity {capacity} outside [{min}, {max}]"
+        );
+        for (name, ghost, other) in [
+            ("probation", &a.probation, &a.protected),
+            ("protected", &a.protected, &a.probation),
+        ] {
+            ensure!(
+                ghost.cap() == self.pool.blocks.len(),
+                "{name} ghost cap {} is not num_blocks",
+                ghost.cap()
+            );
+            if let Err(e) = ghost.check() {
+                return Err(InvariantViolation(format!("{name} ghost: {e}")));
+            }
+            for key in ghost.keys() {
+                ensure!(
+                    self.index.get(key).is_none(),
+                    "{key:?} both resident and in the {name} ghost"
+                );
+                ensure!(!other.contains(key), "{key:?} in both ghost lists");
+            }
+        }
+        Ok(())
+    }
+
     /// Verify every structural invariant:
     /// - free + in use + cached = total, and each figure matches a recount;
     /// - no block twice in the free list; free blocks are unreferenced, unpublished, unretained;
@@ -31,7 +82,10 @@ impl KvCache {
     /// - block tables: `ceil(tokens / block_size)` blocks, a partial last block is not shared,
     ///   the published prefix of an unsealed sequence is published under the sequence's keys;
     /// - the protected segment, retention records and gauges, tenant gauges, the watermark and the
-    ///   fragmentation counter match a recount.
+    ///   fragmentation counter match a recount;
+    /// - the protected capacity (and its gauge) is the configured one, or for the adaptive policy
+    ///   within its bounds; ghost lists are within their cap, consistent, disjoint, and hold no
+    ///   resident key.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         let n = self.pool.blocks.len();
         let bs = self.block_size;
@@ -257,6 +311,7 @@ impl KvCache {
             self.protected.set.len() <= self.protected.capacity as usize,
             "protected segment over capacity"
         );
+        self.check_adaptive()?;
         ensure!(
             retained == self.registry.num_retained_blocks
                 && pinned == self.registry.num_pinned_blocks,

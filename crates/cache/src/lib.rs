@@ -1,6 +1,8 @@
 //! Pure KV-cache bookkeeping for agentkv: a paged block pool, per-sequence block tables, a
-//! hash-chained prefix index, LRU / LFU / segmented-LRU eviction, pins and session retention,
-//! tenants, counters and events — plus a cache simulator and agent-trace generators on top.
+//! hash-chained prefix index, LRU / LFU / segmented-LRU eviction (fixed or adaptive protected
+//! segment: ghost lists of recently evicted keys move its capacity, ARC-style), pins and session
+//! retention, tenants, counters and events — plus a cache simulator and agent-trace generators on
+//! top.
 //!
 //! Absences (architecture invariants): no async, no I/O, no threads, no tensors, no wall clock
 //! (time is a logical [`Tick`] passed in), no `unsafe`. Running out of blocks is a value

@@ -30,11 +30,17 @@ struct Harness {
 }
 
 fn policy_for(seed: u64) -> EvictionPolicy {
-    match seed % 3 {
+    match seed % 4 {
         0 => EvictionPolicy::Lru,
         1 => EvictionPolicy::Lfu,
-        _ => EvictionPolicy::SegmentedLru {
+        2 => EvictionPolicy::SegmentedLru {
             protected_fraction: 0.125,
+        },
+        // 8 of 32 blocks to start, within [2, 24]; one ghost hit moves at most 2.
+        _ => EvictionPolicy::AdaptiveSegmentedLru {
+            initial_protected_fraction: 0.25,
+            min_protected_fraction: 0.0625,
+            max_protected_fraction: 0.75,
         },
     }
 }
@@ -246,6 +252,27 @@ impl Harness {
             ids(&self.model.eviction_order()),
             "step {step}: eviction order"
         );
+        assert_eq!(
+            (
+                self.cache.protected_capacity() as usize,
+                self.cache.ghost_lens()
+            ),
+            (self.model.protected_cap, self.model.ghost_lens()),
+            "step {step}: protected capacity and ghost lists"
+        );
+        if let Some(a) = &self.model.adaptive {
+            let c = self.cache.counters();
+            assert_eq!(
+                [
+                    c.slru_ghost_probation_hits,
+                    c.slru_ghost_protected_hits,
+                    c.slru_adaptations_up,
+                    c.slru_adaptations_down
+                ],
+                a.counts,
+                "step {step}: adaptation counters"
+            );
+        }
         for (seq, mseq) in &self.seqs {
             assert_eq!(
                 self.cache.block_table(*seq).unwrap(),
@@ -292,11 +319,16 @@ fn assert_coverage(all: &[cache::Counters]) {
     assert!(sum(|c| c.slru_demotions) > 500);
     assert!(sum(|c| c.retention_refused_blocks) > 300);
     assert!(sum(|c| c.retention_expiries) > 1000);
+    assert!(sum(|c| c.slru_ghost_probation_hits) > 600);
+    assert!(sum(|c| c.slru_ghost_protected_hits) > 350);
+    assert!(sum(|c| c.slru_adaptations_up) > 300);
+    assert!(sum(|c| c.slru_adaptations_down) > 600);
 }
 
 #[test]
 fn random_ops_match_reference_model_400k_steps() {
-    // 40 seeds × 10k steps: every policy, with and without watermark / retention cap.
+    // 40 seeds × 10k steps: every policy (adaptive SLRU included), with and without watermark /
+    // retention cap.
     let counters: Vec<_> = (0..40).map(|seed| run(seed, 10_000)).collect();
     assert_coverage(&counters);
 }

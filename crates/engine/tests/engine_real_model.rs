@@ -542,3 +542,50 @@ fn quantized_kv_gives_identical_output_with_the_cache_on_or_off() {
         );
     }
 }
+
+#[test]
+fn every_eviction_policy_gives_identical_output_under_pressure() {
+    // Six agents with their own system prompts (~6 blocks each), twice, through a 20-block
+    // pool: blocks are evicted and re-requested under each policy, including the adaptive one.
+    let m = model();
+    let t = m.chat_template.as_ref().unwrap();
+    let own: Vec<Vec<u32>> = (0..6)
+        .map(|i| {
+            let msgs = vec![
+                ChatMessage::new("system", format!("You are agent number {i}. {SYSTEM}")),
+                ChatMessage::new("user", "What should I do next?"),
+            ];
+            m.tokenizer
+                .encode(&t.render(&msgs, None, true).unwrap(), false, true)
+                .unwrap()
+        })
+        .collect();
+    let p: Vec<Vec<u32>> = own.iter().cycle().take(12).cloned().collect();
+    let order: Vec<usize> = (0..p.len()).collect();
+    let small = |policy, prefix_caching| EngineConfig {
+        num_blocks: 20,
+        policy,
+        ..cfg(prefix_caching)
+    };
+    let (off, _) = run(small(cache::EvictionPolicy::Lru, false), &p, &order, 1, 6);
+    for policy in [
+        cache::EvictionPolicy::Lru,
+        cache::EvictionPolicy::Lfu,
+        cache::EvictionPolicy::SegmentedLru {
+            protected_fraction: 0.2,
+        },
+        cache::EvictionPolicy::ADAPTIVE_SEGMENTED_LRU,
+    ] {
+        let (on, core) = run(small(policy, true), &p, &order, 1, 6);
+        assert_eq!(tokens_only(&on), tokens_only(&off), "{policy:?}");
+        let c = core.cache().counters();
+        assert!(c.evictions.capacity > 0, "{policy:?}: the pool overflowed");
+        assert!(
+            c.lookup_hit_tokens > 0,
+            "{policy:?}: the system prompt is reused"
+        );
+        if policy.is_segmented() {
+            assert!(c.slru_protected_capacity_blocks <= 20);
+        }
+    }
+}

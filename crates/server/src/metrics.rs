@@ -319,6 +319,30 @@ fn render_engine(
     );
     metric(
         out,
+        "agentkv_kv_protected_capacity_blocks",
+        "gauge",
+        "Blocks the segmented-LRU protected segment may hold now (adapts with adaptive_segmented_lru; 0 for lru/lfu).",
+        c.slru_protected_capacity_blocks,
+    );
+    let _ = writeln!(out, "# HELP agentkv_kv_protected_adaptations_total Changes of the adaptive protected segment's size, by direction.\n# TYPE agentkv_kv_protected_adaptations_total counter");
+    for (dir, v) in [
+        ("up", c.slru_adaptations_up),
+        ("down", c.slru_adaptations_down),
+    ] {
+        let _ = writeln!(
+            out,
+            "agentkv_kv_protected_adaptations_total{{direction=\"{dir}\"}} {v}"
+        );
+    }
+    let _ = writeln!(out, "# HELP agentkv_kv_ghost_hits_total Lookups that missed a recently evicted block, by the segment it left (adaptive policy).\n# TYPE agentkv_kv_ghost_hits_total counter");
+    for (seg, v) in [
+        ("probation", c.slru_ghost_probation_hits),
+        ("protected", c.slru_ghost_protected_hits),
+    ] {
+        let _ = writeln!(out, "agentkv_kv_ghost_hits_total{{segment=\"{seg}\"}} {v}");
+    }
+    metric(
+        out,
         "agentkv_requests_running",
         "gauge",
         "Requests in the running batch.",

@@ -13,6 +13,8 @@ pub enum PolicyArg {
     Lru,
     Lfu,
     Slru,
+    /// Segmented LRU with an adaptive protected fraction (starts at `--slru-protected`).
+    AdaptiveSlru,
 }
 
 /// Replay an agent trace through the KV-cache simulator.
@@ -30,7 +32,7 @@ pub struct CacheSimArgs {
     /// Eviction policy.
     #[arg(long, value_enum, default_value_t = PolicyArg::Lru)]
     pub policy: PolicyArg,
-    /// Fraction of the pool the protected segment may hold (slru only).
+    /// Fraction of the pool the protected segment may hold (slru; adaptive-slru's start).
     #[arg(long, default_value_t = 0.5)]
     pub slru_protected: f64,
 }
@@ -53,6 +55,11 @@ pub fn run(args: CacheSimArgs) -> anyhow::Result<()> {
         PolicyArg::Lfu => EvictionPolicy::Lfu,
         PolicyArg::Slru => EvictionPolicy::SegmentedLru {
             protected_fraction: args.slru_protected,
+        },
+        PolicyArg::AdaptiveSlru => EvictionPolicy::AdaptiveSegmentedLru {
+            initial_protected_fraction: args.slru_protected,
+            min_protected_fraction: 0.0,
+            max_protected_fraction: 1.0,
         },
     };
     let report = simulate(

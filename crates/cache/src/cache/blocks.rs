@@ -3,7 +3,6 @@
 //! `attach`, so the candidate sets and the protected segment never hold a stale key.
 
 use super::KvCache;
-use crate::config::EvictionPolicy;
 use crate::counters::EvictionCause;
 use crate::error::AllocError;
 use crate::events::CacheEvent;
@@ -63,7 +62,7 @@ impl KvCache {
     }
 
     /// Demote protected blocks while the segment is over capacity.
-    fn rebalance_protected(&mut self) {
+    pub(crate) fn rebalance_protected(&mut self) {
         while let Some(victim) = self.protected.overflow() {
             self.detach(victim);
             self.pool.get_mut(victim).protected = false;
@@ -75,7 +74,7 @@ impl KvCache {
     /// Record a use at `now`; a `hit` also counts toward LFU and SLRU promotion.
     pub(crate) fn touch(&mut self, id: BlockId, now: Tick, hit: bool) {
         self.detach(id);
-        let slru = matches!(self.config.policy, EvictionPolicy::SegmentedLru { .. });
+        let slru = self.config.policy.is_segmented();
         let b = self.pool.get_mut(id);
         b.last_use = b.last_use.max(now);
         let mut promoted = false;
@@ -134,6 +133,7 @@ impl KvCache {
         let b = self.pool.get_mut(id);
         let Some(p) = b.published.take() else { return };
         let holders = std::mem::take(&mut b.holders);
+        let (was_protected, hits) = (b.protected, b.hits);
         b.protected = false;
         b.hits = 0;
         let unreferenced = b.ref_count == 0;
@@ -160,6 +160,7 @@ impl KvCache {
             if rank != RetentionRank::NONE {
                 e.retained += 1;
             }
+            self.ghost_on_evict(p.key, p.ns, was_protected, hits);
         }
         if self.config.record_events {
             self.events.push(CacheEvent::BlockEvicted {

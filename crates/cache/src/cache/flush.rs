@@ -1,6 +1,7 @@
 //! Explicit flushes: everything, one namespace, one tenant. Unpublishes every block in scope
 //! (deepest first); referenced ones stay with their sequences as private blocks and those
-//! sequences never publish again.
+//! sequences never publish again. The flushed namespaces' keys also leave the adaptive policy's
+//! ghost lists (a flush is never a ghost: it says nothing about segment sizes).
 
 use super::KvCache;
 use crate::counters::EvictionCause;
@@ -33,6 +34,7 @@ impl KvCache {
                 m.sealed = true;
             }
         }
+        self.ghost_on_flush(&in_scope);
         victims.len() as u32
     }
 

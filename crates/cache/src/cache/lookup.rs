@@ -36,30 +36,37 @@ impl PrefixMatch {
     }
 }
 
+/// Result of walking a prompt's hash chain through the index.
+#[derive(Debug, Default)]
+struct Walk {
+    blocks: Vec<BlockId>,
+    keys: Vec<BlockKey>,
+    /// Key of the first block (within the lookup limit) that is not cached.
+    missed: Option<BlockKey>,
+}
+
 impl KvCache {
     /// Walk the chain of `tokens` in `ns`; return the cached blocks of the longest prefix of at most
-    /// `max_blocks` full blocks, with their keys.
-    fn walk(
-        &self,
-        ns: &NamespaceKey,
-        tokens: &[u32],
-        max_blocks: usize,
-    ) -> (Vec<BlockId>, Vec<BlockKey>) {
-        let mut blocks = Vec::new();
-        let mut keys = Vec::new();
+    /// `max_blocks` full blocks, with their keys, and the key of the first block within
+    /// `max_blocks` that is not cached (already computed by the walk, so free).
+    fn walk(&self, ns: &NamespaceKey, tokens: &[u32], max_blocks: usize) -> Walk {
+        let mut walk = Walk::default();
         let mut parent = ns.root();
         for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
             let key = BlockKey::chain(&parent, chunk);
             match self.index.get(&key) {
                 Some(id) => {
-                    blocks.push(id);
-                    keys.push(key);
+                    walk.blocks.push(id);
+                    walk.keys.push(key);
                     parent = key;
                 }
-                None => break,
+                None => {
+                    walk.missed = Some(key);
+                    break;
+                }
             }
         }
-        (blocks, keys)
+        walk
     }
 
     /// Full blocks a lookup may match: whole blocks only, and at least one prompt token left to
@@ -70,8 +77,8 @@ impl KvCache {
 
     /// Cached prompt tokens `lookup` would return, without referencing or touching anything.
     pub fn peek_prefix(&self, ns: &NamespaceKey, tokens: &[u32]) -> usize {
-        let (blocks, _) = self.walk(ns, tokens, self.max_lookup_blocks(tokens.len()));
-        blocks.len() * self.block_size
+        let walk = self.walk(ns, tokens, self.max_lookup_blocks(tokens.len()));
+        walk.blocks.len() * self.block_size
     }
 
     /// Find the longest cached prefix of `tokens` in `ns`, reference its blocks and count a hit on
@@ -80,10 +87,18 @@ impl KvCache {
     /// waits for blocks counts once, when it is admitted).
     pub fn lookup(&mut self, ns: &NamespaceKey, tokens: &[u32], tick: Tick) -> PrefixMatch {
         let now = self.advance(tick);
-        let (blocks, keys) = self.walk(ns, tokens, self.max_lookup_blocks(tokens.len()));
+        let Walk {
+            blocks,
+            keys,
+            missed,
+        } = self.walk(ns, tokens, self.max_lookup_blocks(tokens.len()));
         for &id in &blocks {
             self.acquire(id);
             self.touch(id, now, true);
+        }
+        if let Some(key) = missed {
+            // Adaptive segmented LRU: stopping at a recently evicted key adapts the segment.
+            self.ghost_on_miss(&key);
         }
         let hit_tokens = blocks.len() * self.block_size;
         let miss_tokens = tokens.len() - hit_tokens;

@@ -2,6 +2,7 @@
 //! in the sibling files (one concern each); the state transitions of a single block live in
 //! `blocks.rs`. Never does I/O, never reads a clock, never touches K/V bytes.
 
+mod adapt;
 mod blocks;
 mod flush;
 mod lookup;
@@ -14,6 +15,7 @@ use crate::config::{CacheConfig, EvictionPolicy};
 use crate::counters::{Counters, Fragmentation, Usage};
 use crate::error::{ConfigError, SeqError};
 use crate::events::CacheEvent;
+use crate::evict::adaptive::Adaptive;
 use crate::evict::slru::ProtectedSegment;
 use crate::evict::Candidates;
 use crate::ids::{BlockId, SeqId, TenantId, Tick};
@@ -51,6 +53,8 @@ pub struct KvCache {
     pub(crate) index: PrefixIndex,
     pub(crate) candidates: Candidates,
     pub(crate) protected: ProtectedSegment,
+    /// Ghost lists and bounds of the adaptive segmented LRU (`None` for every other policy).
+    pub(crate) adaptive: Option<Adaptive>,
     pub(crate) seqs: Sequences,
     pub(crate) matches: BTreeMap<u64, OutstandingMatch>,
     pub(crate) next_match: u64,
@@ -73,12 +77,9 @@ impl KvCache {
     /// A cache with every block free.
     pub fn new(config: CacheConfig) -> Result<KvCache, ConfigError> {
         config.validate()?;
-        let protected_capacity = match config.policy {
-            EvictionPolicy::SegmentedLru { protected_fraction } => {
-                config.blocks_of(protected_fraction)
-            }
-            EvictionPolicy::Lru | EvictionPolicy::Lfu => 0,
-        };
+        let (protected_capacity, min_capacity, max_capacity) = config.protected_capacity_bounds();
+        let adaptive = matches!(config.policy, EvictionPolicy::AdaptiveSegmentedLru { .. })
+            .then(|| Adaptive::new(min_capacity, max_capacity, config.num_blocks));
         Ok(KvCache {
             block_size: config.block_size as usize,
             pool: Pool::new(config.num_blocks),
@@ -88,6 +89,7 @@ impl KvCache {
                 capacity: protected_capacity,
                 set: Default::default(),
             },
+            adaptive,
             seqs: Sequences::default(),
             matches: BTreeMap::new(),
             next_match: 0,
@@ -96,7 +98,10 @@ impl KvCache {
                 counters: BTreeMap::new(),
                 quotas: config.tenant_quota_blocks.clone(),
             },
-            counters: Counters::default(),
+            counters: Counters {
+                slru_protected_capacity_blocks: u64::from(protected_capacity),
+                ..Counters::default()
+            },
             events: Vec::new(),
             clock: Tick(0),
             num_in_use: 0,

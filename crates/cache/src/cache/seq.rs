@@ -181,6 +181,7 @@ impl KvCache {
             self.attach(p);
         }
         self.index.insert(key, own);
+        self.ghost_on_publish(&key);
         self.tenants.get_mut(tenant).cached_blocks += 1;
         self.counters.blocks_published += 1;
         report.num_published += 1;

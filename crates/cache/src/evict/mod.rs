@@ -11,11 +11,14 @@
 //! `(retention rank, policy primary, last_use, Reverse(depth))`, then `BlockId`:
 //! 1. retention rank (see `retention.rs`): unretained blocks first, then session-retained blocks
 //!    (lower priority first, then earlier expiry), pinned blocks last;
-//! 2. the policy's primary key ([`lru`], [`lfu`], [`slru`]);
+//! 2. the policy's primary key ([`lru`], [`lfu`], [`slru`]; [`adaptive`] segmented LRU orders
+//!    exactly as [`slru`] and only moves the protected capacity);
 //! 3. least recent `last_use` first;
 //! 4. deeper chain position first;
 //! 5. lower `BlockId` first.
 
+pub mod adaptive;
+pub mod ghost;
 pub mod lfu;
 pub mod lru;
 pub mod slru;
@@ -50,7 +53,9 @@ pub(crate) fn primary_key(policy: EvictionPolicy, stats: &BlockStats) -> u64 {
     match policy {
         EvictionPolicy::Lru => lru::primary_key(stats),
         EvictionPolicy::Lfu => lfu::primary_key(stats),
-        EvictionPolicy::SegmentedLru { .. } => slru::primary_key(stats),
+        EvictionPolicy::SegmentedLru { .. } | EvictionPolicy::AdaptiveSegmentedLru { .. } => {
+            slru::primary_key(stats)
+        }
     }
 }
 

@@ -6,6 +6,9 @@
 //! `floor(protected_fraction · num_blocks)` published blocks (referenced or not); when a promotion
 //! overflows it, the protected block with the least recent `last_use` (ties: deeper, then lower
 //! `BlockId`) is demoted back to probation.
+//!
+//! With the adaptive policy the capacity moves at run time (`adaptive.rs`); a capacity that shrinks
+//! below the segment's size demotes the same way, least recent first.
 
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
@@ -23,6 +26,7 @@ pub(crate) const PROMOTION_HITS: u32 = 2;
 /// Membership of the protected segment in demotion order.
 #[derive(Debug, Default)]
 pub(crate) struct ProtectedSegment {
+    /// Current capacity in blocks (fixed for segmented LRU, moved by the adaptive policy).
     pub capacity: u32,
     pub set: BTreeSet<(Tick, Reverse<u32>, BlockId)>,
 }

@@ -34,6 +34,8 @@ pub struct SimReport {
     pub hit_tokens: u64,
     pub hit_rate: f64,
     pub evictions: u64,
+    /// The protected segment's capacity in blocks at the end (moved by the adaptive policy).
+    pub protected_capacity_blocks: u32,
 }
 
 /// A trace the simulated cache cannot run.
@@ -86,5 +88,6 @@ pub fn simulate(calls: &[TraceCall], config: SimConfig) -> Result<SimReport, Sim
             hit_tokens as f64 / prompt_tokens as f64
         },
         evictions: cache.counters().evictions.total_pressure(),
+        protected_capacity_blocks: cache.protected_capacity(),
     })
 }

@@ -1,6 +1,7 @@
 //! A naive reference model of the cache: flat vectors and linear scans, every order recomputed from
 //! scratch. It implements the documented semantics independently of the real data structures
 //! (no candidate sets, no protected-set index, no child counters, no incremental gauges).
+//! The adaptive segmented LRU's ghost lists are plain vectors (oldest first) scanned linearly.
 #![allow(dead_code)]
 
 use std::cmp::Reverse;
@@ -41,6 +42,9 @@ pub struct Model {
     pub bs: usize,
     pub policy: EvictionPolicy,
     pub protected_cap: usize,
+    /// Adaptive segmented LRU: (min, max) capacity, largest step, and the ghost lists (key,
+    /// tenant), oldest first; `None` for the other policies.
+    pub adaptive: Option<AdaptiveModel>,
     pub max_cached: usize,
     pub max_retained: usize,
     pub blocks: Vec<RBlock>,
@@ -51,6 +55,18 @@ pub struct Model {
     pub records: BTreeMap<Holder, (Rank, Vec<usize>)>,
     pub next_pin: u64,
     pub clock: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct AdaptiveModel {
+    pub min_cap: usize,
+    pub max_cap: usize,
+    pub max_step: usize,
+    pub ghost_cap: usize,
+    pub probation: Vec<(BlockKey, TenantId)>,
+    pub protected: Vec<(BlockKey, TenantId)>,
+    /// (probation ghost hits, protected ghost hits, adaptations up, adaptations down)
+    pub counts: [u64; 4],
 }
 
 pub type AllocResult = Result<Vec<usize>, (u32, u32)>;
@@ -67,9 +83,23 @@ impl Model {
         max_cached_fraction: f64,
         max_retained_fraction: f64,
     ) -> Model {
+        let blocks_of = |f: f64| (f * n as f64).floor() as usize;
+        let mut adaptive = None;
         let protected_cap = match policy {
-            EvictionPolicy::SegmentedLru { protected_fraction } => {
-                (protected_fraction * n as f64).floor() as usize
+            EvictionPolicy::SegmentedLru { protected_fraction } => blocks_of(protected_fraction),
+            EvictionPolicy::AdaptiveSegmentedLru {
+                initial_protected_fraction,
+                min_protected_fraction,
+                max_protected_fraction,
+            } => {
+                adaptive = Some(AdaptiveModel {
+                    min_cap: blocks_of(min_protected_fraction),
+                    max_cap: blocks_of(max_protected_fraction),
+                    max_step: (n / 16).max(1),
+                    ghost_cap: n,
+                    ..AdaptiveModel::default()
+                });
+                blocks_of(initial_protected_fraction)
             }
             _ => 0,
         };
@@ -77,6 +107,7 @@ impl Model {
             bs,
             policy,
             protected_cap,
+            adaptive,
             max_cached: (max_cached_fraction * n as f64).floor() as usize,
             max_retained: (max_retained_fraction * n as f64).floor() as usize,
             blocks: vec![RBlock::default(); n],
@@ -122,7 +153,9 @@ impl Model {
         let primary = match self.policy {
             EvictionPolicy::Lru => 0,
             EvictionPolicy::Lfu => u64::from(b.hits),
-            EvictionPolicy::SegmentedLru { .. } => u64::from(b.protected),
+            EvictionPolicy::SegmentedLru { .. } | EvictionPolicy::AdaptiveSegmentedLru { .. } => {
+                u64::from(b.protected)
+            }
         };
         (self.rank(id), primary, b.last_use, Reverse(b.depth), id)
     }
@@ -137,30 +170,67 @@ impl Model {
     }
 
     fn touch(&mut self, id: usize, now: u64, hit: bool) {
-        let slru = matches!(self.policy, EvictionPolicy::SegmentedLru { .. });
+        let slru = self.policy.is_segmented();
         let b = &mut self.blocks[id];
         b.last_use = b.last_use.max(now);
         if hit {
             b.hits += 1;
             if slru && !b.protected && b.hits >= 2 && b.key.is_some() {
                 b.protected = true;
-                loop {
-                    let prot: Vec<usize> = (0..self.blocks.len())
-                        .filter(|&i| self.blocks[i].protected)
-                        .collect();
-                    if prot.len() <= self.protected_cap {
-                        break;
-                    }
-                    let victim = *prot
-                        .iter()
-                        .min_by_key(|&&i| {
-                            (self.blocks[i].last_use, Reverse(self.blocks[i].depth), i)
-                        })
-                        .unwrap();
-                    self.blocks[victim].protected = false;
-                }
+                self.demote_to_cap();
             }
         }
+    }
+
+    /// Demote the least recent protected block while the segment is over its capacity.
+    fn demote_to_cap(&mut self) {
+        loop {
+            let prot: Vec<usize> = (0..self.blocks.len())
+                .filter(|&i| self.blocks[i].protected)
+                .collect();
+            if prot.len() <= self.protected_cap {
+                break;
+            }
+            let victim = *prot
+                .iter()
+                .min_by_key(|&&i| (self.blocks[i].last_use, Reverse(self.blocks[i].depth), i))
+                .unwrap();
+            self.blocks[victim].protected = false;
+        }
+    }
+
+    /// A lookup stopped at `key`: ARC's rule on the protected capacity if it is a ghost.
+    fn ghost_hit(&mut self, key: &BlockKey) {
+        let cap = self.protected_cap;
+        let Some(a) = &mut self.adaptive else { return };
+        let (np, nq) = (a.probation.len(), a.protected.len());
+        let new_cap = if let Some(i) = a.probation.iter().position(|g| g.0 == *key) {
+            a.probation.remove(i);
+            a.counts[0] += 1;
+            let step = (nq / np).max(1).min(a.max_step);
+            cap.saturating_sub(step).max(a.min_cap)
+        } else if let Some(i) = a.protected.iter().position(|g| g.0 == *key) {
+            a.protected.remove(i);
+            a.counts[1] += 1;
+            let step = (np / nq).max(1).min(a.max_step);
+            (cap + step).min(a.max_cap)
+        } else {
+            return;
+        };
+        if new_cap > cap {
+            a.counts[2] += 1;
+        } else if new_cap < cap {
+            a.counts[3] += 1;
+        }
+        self.protected_cap = new_cap;
+        self.demote_to_cap();
+    }
+
+    /// (probation, protected) ghost lengths, if adaptive.
+    pub fn ghost_lens(&self) -> Option<(usize, usize)> {
+        self.adaptive
+            .as_ref()
+            .map(|a| (a.probation.len(), a.protected.len()))
     }
 
     fn release(&mut self, id: usize, now: u64) {
@@ -176,7 +246,21 @@ impl Model {
         }
     }
 
-    fn unpublish(&mut self, id: usize) {
+    fn unpublish(&mut self, id: usize, pressure: bool) {
+        if pressure {
+            let b = &self.blocks[id];
+            if let (Some(a), Some(key), Some(ns)) = (&mut self.adaptive, b.key, b.ns) {
+                let list = if b.protected || b.hits >= 2 {
+                    &mut a.protected
+                } else {
+                    &mut a.probation
+                };
+                list.push((key, ns.tenant()));
+                if list.len() > a.ghost_cap {
+                    list.remove(0);
+                }
+            }
+        }
         let holders = std::mem::take(&mut self.blocks[id].holders);
         for h in holders {
             if let Some(r) = self.records.get_mut(&h) {
@@ -197,7 +281,7 @@ impl Model {
 
     fn evict_one(&mut self) {
         let victim = self.eviction_order()[0];
-        self.unpublish(victim);
+        self.unpublish(victim, true);
     }
 
     pub fn cached(&self) -> usize {
@@ -237,9 +321,13 @@ impl Model {
         let mut parent = ns.root();
         let mut blocks = Vec::new();
         let mut keys = Vec::new();
+        let mut missed = None;
         for chunk in tokens.chunks_exact(self.bs).take(max_blocks) {
             let key = BlockKey::chain(&parent, chunk);
-            let Some(id) = self.find(&key) else { break };
+            let Some(id) = self.find(&key) else {
+                missed = Some(key);
+                break;
+            };
             blocks.push(id);
             keys.push(key);
             parent = key;
@@ -247,6 +335,9 @@ impl Model {
         for &id in &blocks {
             self.blocks[id].refs += 1;
             self.touch(id, now, true);
+        }
+        if let Some(key) = missed {
+            self.ghost_hit(&key);
         }
         let cached = blocks.len() * self.bs;
         let id = self.next_seq;
@@ -336,6 +427,10 @@ impl Model {
                 b.last_use = last_use;
                 b.hits = 1;
                 published += 1;
+                if let Some(a) = &mut self.adaptive {
+                    a.probation.retain(|g| g.0 != key);
+                    a.protected.retain(|g| g.0 != key);
+                }
             }
             self.seqs.get_mut(&seq).unwrap().keys.push(key);
         }
@@ -475,7 +570,11 @@ impl Model {
             .collect();
         victims.sort_by(|a, b| b.cmp(a));
         for &(_, id) in &victims {
-            self.unpublish(id);
+            self.unpublish(id, false);
+        }
+        if let Some(a) = &mut self.adaptive {
+            a.probation.retain(|g| g.1 != tenant);
+            a.protected.retain(|g| g.1 != tenant);
         }
         for s in self.seqs.values_mut() {
             if s.ns.tenant() == tenant {
