@@ -28,7 +28,9 @@ pub use error::{ErrorBody, ErrorDetail};
 pub use extras::SamplingExtras;
 pub use logprobs::{ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob};
 pub use models::{ModelCard, ModelList};
-pub use usage::{CompletionTokensDetails, PromptTokensDetails, StreamOptions, Usage};
+pub use usage::{
+    CacheMissDetails, CompletionTokensDetails, PromptTokensDetails, StreamOptions, Usage,
+};
 
 /// The `data:` payload that ends an OpenAI event stream.
 pub const STREAM_DONE: &str = "[DONE]";

@@ -31,6 +31,20 @@ pub struct PromptTokensDetails {
     pub cached_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audio_tokens: Option<u64>,
+    /// agentkv extension: where and why the cached prefix ended before the prompt's last full
+    /// block (absent when every full block was cached or caching is off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_miss: Option<CacheMissDetails>,
+}
+
+/// Why a prompt's cached prefix ended where it did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheMissDetails {
+    /// `diverged` (a cached continuation of the same prefix differs from this token on),
+    /// `evicted` (the next block was cached and has been evicted) or `uncached` (never cached).
+    pub reason: String,
+    /// Index of the first prompt token not served from the cache by that entry.
+    pub at_token: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

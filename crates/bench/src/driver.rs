@@ -70,6 +70,8 @@ pub struct DriverConfig {
 /// Outcome of one call.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
+// One per call (thousands per run at most): the size of the Ok variant does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum CallOutcome {
     Ok(CallMetrics),
     Error(CallError),

@@ -90,6 +90,11 @@ impl KvCache {
         let n = self.pool.blocks.len();
         let bs = self.block_size;
 
+        // Miss diagnostics mirror the published set.
+        self.divergence
+            .check(|id| self.pool.get(id).published.is_some())
+            .map_err(|e| InvariantViolation(format!("miss diagnostics: {e}")))?;
+
         // Free list.
         let mut seen = vec![false; n];
         for &id in &self.pool.free {

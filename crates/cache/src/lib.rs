@@ -37,8 +37,8 @@ mod table;
 pub mod tenant;
 
 pub use cache::{
-    BlockCopy, BlockReplacement, Fork, KvCache, PinOutcome, PrefixMatch, PublishReport,
-    RetainOutcome,
+    BlockCopy, BlockReplacement, Fork, KvCache, MissReason, PinOutcome, PrefixMatch, PrefixMiss,
+    PublishReport, RetainOutcome,
 };
 pub use config::{CacheConfig, EvictionPolicy};
 pub use counters::{Counters, EvictionCause, EvictionCounts, Fragmentation, Usage};

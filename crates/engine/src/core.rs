@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cache::{
-    CacheConfig, CacheEvent, EvictionCause, KvCache, Namespace, NamespaceKey, SeqError, TenantId,
-    Tick,
+    CacheConfig, CacheEvent, EvictionCause, KvCache, MissReason, Namespace, NamespaceKey,
+    PrefixMiss, SeqError, TenantId, Tick,
 };
 use model::forward::{ForwardBatch, Scratch};
 use model::kv::SeqSlot;
@@ -441,6 +441,7 @@ impl EngineCore {
             child.arrival = parent.arrival;
             child.admitted_at = parent.admitted_at;
             child.cached_tokens = parent.cached_tokens;
+            child.cache_miss = parent.cache_miss;
             children.push(SeqKey(key.0, choice));
             self.seqs.insert(SeqKey(key.0, choice), child);
         }
@@ -635,11 +636,12 @@ impl EngineCore {
     /// pool and then from its tier prefetch; waits (`Later`) while the prefetch is in flight.
     fn admit(&mut self, id: SeqKey, budget: usize, tick: Tick) -> Result<Admission, EngineError> {
         let bs = self.cfg.block_size;
-        let (cs, cached) = if self.cfg.prefix_caching {
+        let (cs, cached, miss) = if self.cfg.prefix_caching {
             let s = &self.seqs[&id];
             let (ns, num_tokens) = (s.ns, s.tokens.len());
             let m = self.cache.lookup(&ns, &s.tokens, tick);
             let active = m.num_cached_tokens();
+            let active_miss = m.miss();
             let active_blocks = m.blocks().len();
             let max_blocks = (num_tokens - 1) / bs;
             // Continue the match with the request's tier prefetch (full blocks, adjacent).
@@ -700,20 +702,29 @@ impl EngineCore {
                 // Loaded blocks came from a tier: publish them without writing them back.
                 sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns), false);
             }
-            (cs, cached)
+            // With tier blocks loaded, the prefix ends where the tiers' chain ended.
+            let miss = match active_miss {
+                Some(_) if num_loaded > 0 => (cached < max_blocks * bs).then_some(PrefixMiss {
+                    at_token: cached,
+                    reason: MissReason::Uncached,
+                }),
+                m => m,
+            };
+            (cs, cached, miss)
         } else {
             let s = &self.seqs[&id];
             let len = s.tokens.len().min(budget);
             if !self.cache.can_allocate(len.div_ceil(bs) as u32) {
                 return Ok(Admission::NoBlocks);
             }
-            (self.cache.create_empty_sequence(&s.ns), 0)
+            (self.cache.create_empty_sequence(&s.ns), 0, None)
         };
         let s = self.seqs.get_mut(&id).expect("waiting sequences exist");
         s.cache_seq = Some(cs);
         s.num_computed = cached;
         if s.cached_tokens.is_none() {
             s.cached_tokens = Some(cached);
+            s.cache_miss = miss;
             s.admitted_at = Some(Instant::now());
             let _ = s.send(EngineEvent::Admitted {
                 cached_tokens: cached,
@@ -907,6 +918,7 @@ impl EngineCore {
             prompt_tokens: s.spec.prompt.len(),
             completion_tokens: s.num_generated,
             cached_tokens: s.cached_tokens.unwrap_or(0),
+            cache_miss: s.cache_miss,
         };
         let _ = s.send(EngineEvent::Finished {
             choice: id.1,

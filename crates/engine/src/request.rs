@@ -87,6 +87,9 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens whose K/V came from the prefix cache at first admission.
     pub cached_tokens: usize,
+    /// Why the cached prefix ended where it did (first admission; `None` when every full prompt
+    /// block was cached, or caching is off).
+    pub cache_miss: Option<cache::PrefixMiss>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use cache::{NamespaceKey, SeqId};
+use cache::{NamespaceKey, PrefixMiss, SeqId};
 use model::Sampler;
 
 use crate::request::{EngineEvent, EventSender, RequestSpec};
@@ -27,6 +27,9 @@ pub(crate) struct Sequence {
     pub first_token_at: Option<Instant>,
     /// Cached prompt tokens at first admission (what `usage.cached_tokens` reports).
     pub cached_tokens: Option<usize>,
+    /// Why the cached prefix ended where it did at first admission (`None`: it covered every
+    /// full prompt block, or caching is off).
+    pub cache_miss: Option<PrefixMiss>,
     pub num_preemptions: u32,
 }
 
@@ -46,6 +49,7 @@ impl Sequence {
             admitted_at: None,
             first_token_at: None,
             cached_tokens: None,
+            cache_miss: None,
             num_preemptions: 0,
         }
     }

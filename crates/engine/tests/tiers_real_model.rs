@@ -461,3 +461,63 @@ fn a_slow_tier_load_never_stalls_other_requests() {
     assert_eq!(a_out, reference_a());
     assert!(core.snapshot().tiers.prefetches >= 1);
 }
+
+#[test]
+fn preempted_requests_come_back_from_the_tier_with_identical_output() {
+    // Six 100-token prompts generating 40 tokens each (9 blocks apiece) in a 24-block pool: three
+    // are admitted and outgrow it, so the engine preempts; a preempted request's blocks are evicted and demoted while it waits, and
+    // its re-admission loads them from the RAM tier instead of recomputing (swap to a tier).
+    let run = |stores: Vec<Arc<dyn TierStore>>, prefix_caching: bool| {
+        let mut core = EngineCore::with_tier_stores(
+            model(),
+            EngineConfig {
+                prefix_caching,
+                ..cfg()
+            },
+            stores,
+        )
+        .unwrap();
+        let mut rxs = Vec::new();
+        for i in 0..6u32 {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let mut spec = RequestSpec::greedy(prompt(1000 + i), 40);
+            spec.ignore_eos = true;
+            core.submit(RequestId(u64::from(i) + 1), spec, tx).unwrap();
+            rxs.push(rx);
+        }
+        while core.has_work() {
+            core.step().unwrap();
+            core.cache().check_invariants().unwrap();
+        }
+        let outs: Vec<Vec<(u32, u32)>> = rxs
+            .iter_mut()
+            .map(|rx| {
+                let mut toks = Vec::new();
+                while let Ok(ev) = rx.try_recv() {
+                    if let EngineEvent::Token(t) = ev {
+                        toks.push((t.id, t.logprob.to_bits()));
+                    }
+                }
+                toks
+            })
+            .collect();
+        (outs, core)
+    };
+    let (reference, _) = run(Vec::new(), false);
+    let (outs, core) = run(vec![ram() as Arc<dyn TierStore>], true);
+    assert!(
+        core.stats().preemptions > 0,
+        "the pool is too small: preemption"
+    );
+    assert_eq!(
+        outs, reference,
+        "identical output after preemption and tier loads"
+    );
+    let snap = core.snapshot();
+    assert!(
+        snap.tiers.tiers[0].engine.hit_tokens > 0,
+        "re-admitted requests loaded their blocks from the tier: {:?}",
+        snap.tiers
+    );
+    assert_eq!(core.cache().usage().in_use, 0);
+}

@@ -61,6 +61,8 @@ struct Inner {
     e2e: Histogram,
     queue: Histogram,
     tenants: BTreeMap<String, TenantTotals>,
+    /// Finished requests whose cached prefix ended early, by reason.
+    cache_misses: BTreeMap<&'static str, u64>,
 }
 
 /// The server's own observations.
@@ -76,6 +78,8 @@ pub struct FinishedRequest<'a> {
     pub prompt_tokens: usize,
     pub generation_tokens: usize,
     pub cached_tokens: usize,
+    /// Why the cached prefix ended early (`diverged`, `evicted`, `uncached`), if it did.
+    pub cache_miss: Option<&'static str>,
     pub ttft: Duration,
     pub queue: Duration,
     pub total: Duration,
@@ -100,6 +104,9 @@ impl Metrics {
         t.generation_tokens += r.generation_tokens as u64;
         t.cached_prompt_tokens += r.cached_tokens as u64;
         t.requests_finished += 1;
+        if let Some(reason) = r.cache_miss {
+            *g.cache_misses.entry(reason).or_default() += 1;
+        }
     }
 
     pub fn observe_rejected(&self, tenant: &str) {
@@ -172,6 +179,15 @@ impl Metrics {
                 for (tenant, t) in &g.tenants {
                     let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", escape(tenant), f(t));
                 }
+            }
+            let name = "agentkv_prefix_cache_misses_total";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Finished requests whose cached prefix ended before the prompt's last full block, by reason (diverged: the prompt changed; evicted: the next block was evicted; uncached: never cached).\n# TYPE {name} counter"
+            );
+            for reason in ["diverged", "evicted", "uncached"] {
+                let v = g.cache_misses.get(reason).copied().unwrap_or(0);
+                let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {v}");
             }
         }
         render_engine(&mut out, snap, tenant_name);

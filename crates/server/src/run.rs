@@ -60,6 +60,7 @@ pub struct Running {
     prompt_tokens: usize,
     completion_tokens: usize,
     cached_tokens: usize,
+    cache_miss: Option<cache::PrefixMiss>,
     last_token_at: Vec<Option<Instant>>,
     ttft: Option<Duration>,
     queue: Duration,
@@ -96,6 +97,7 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
         prompt_tokens: 0,
         completion_tokens: 0,
         cached_tokens: 0,
+        cache_miss: None,
         last_token_at: vec![None; n],
         ttft: None,
         queue: Duration::ZERO,
@@ -160,6 +162,7 @@ impl Running {
                     self.finished += 1;
                     self.prompt_tokens = usage.prompt_tokens;
                     self.cached_tokens = usage.cached_tokens;
+                    self.cache_miss = usage.cache_miss;
                     self.completion_tokens += usage.completion_tokens;
                     self.ttft = Some(self.ttft.map_or(timings.ttft, |t| t.min(timings.ttft)));
                     self.queue = timings.queue;
@@ -179,6 +182,7 @@ impl Running {
             prompt_tokens: self.prompt_tokens,
             generation_tokens: self.completion_tokens,
             cached_tokens: self.cached_tokens,
+            cache_miss: self.cache_miss.map(|m| m.reason.as_str()),
             ttft: self.ttft.unwrap_or_default(),
             queue: self.queue,
             total: self.total,
@@ -195,6 +199,10 @@ impl Running {
             prompt_tokens_details: Some(api::PromptTokensDetails {
                 cached_tokens: Some(self.cached_tokens as u64),
                 audio_tokens: None,
+                cache_miss: self.cache_miss.map(|m| api::CacheMissDetails {
+                    reason: m.reason.as_str().to_string(),
+                    at_token: m.at_token as u64,
+                }),
             }),
             completion_tokens_details: None,
         }

@@ -183,3 +183,103 @@ async fn grafana_dashboard_plots_only_exported_metrics() {
     }
     assert!(names > 20, "{names}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_says_where_and_why_the_cached_prefix_ended() {
+    let (_e, _s, r) = app(ServerSettings::default());
+    let with_time = |time: &str| {
+        serde_json::json!({
+            "model": "m",
+            "max_tokens": 2,
+            "temperature": 0,
+            "messages": [
+                {"role": "system", "content": format!(
+                    "You are a coding agent working in a large repository. Current time: {time}. \
+                     Read files before editing them, run the tests after every change, and \
+                     report what you changed and why in one short paragraph.")},
+                {"role": "user", "content": "Fix the failing test in parser.rs."},
+            ],
+        })
+    };
+    let miss = |v: &serde_json::Value| v["usage"]["prompt_tokens_details"]["cache_miss"].clone();
+    let first = call(
+        &r,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &with_time("10:00:01").to_string(),
+    )
+    .await
+    .json();
+    assert_eq!(
+        miss(&first),
+        serde_json::json!({"reason": "uncached", "at_token": 0}),
+        "a cold cache"
+    );
+    // Same agent, next call: only the timestamp in the system prompt changed.
+    let second = call(
+        &r,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &with_time("10:00:02").to_string(),
+    )
+    .await
+    .json();
+    let m = common::model();
+    let ids = |time: &str| {
+        let msgs: Vec<model::chat::ChatMessage> = with_time(time)["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| {
+                model::chat::ChatMessage::new(
+                    x["role"].as_str().unwrap(),
+                    x["content"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        let text = m
+            .chat_template
+            .as_ref()
+            .unwrap()
+            .render(&msgs, None, true)
+            .unwrap();
+        m.tokenizer.encode(&text, false, true).unwrap()
+    };
+    let (a, b) = (ids("10:00:01"), ids("10:00:02"));
+    let changed_at = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(
+        changed_at > 16,
+        "the change is past the first block ({changed_at})"
+    );
+    assert_eq!(
+        miss(&second),
+        serde_json::json!({"reason": "diverged", "at_token": changed_at}),
+        "the exact token where the prompt changed"
+    );
+    assert_eq!(
+        second["usage"]["prompt_tokens_details"]["cached_tokens"],
+        changed_at / 16 * 16,
+        "whole blocks before the change were reused"
+    );
+    // The same prompt again: every full block hits, nothing to explain.
+    let third = call(
+        &r,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &with_time("10:00:02").to_string(),
+    )
+    .await
+    .json();
+    assert!(miss(&third).is_null(), "{third}");
+    let metrics = call(&r, "GET", "/metrics", None, "").await.body;
+    for line in [
+        "agentkv_prefix_cache_misses_total{reason=\"diverged\"} 1",
+        "agentkv_prefix_cache_misses_total{reason=\"uncached\"} 1",
+        "agentkv_prefix_cache_misses_total{reason=\"evicted\"} 0",
+    ] {
+        assert!(metrics.contains(line), "{line} missing");
+    }
+}

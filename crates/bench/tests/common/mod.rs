@@ -158,6 +158,7 @@ async fn chat(State(st): State<Arc<St>>, Json(req): Json<ChatCompletionRequest>)
                 prompt_tokens_details: st.cfg.report_cached.then_some(PromptTokensDetails {
                     cached_tokens: Some(50 * msgs),
                     audio_tokens: None,
+                    cache_miss: None,
                 }),
                 completion_tokens_details: None,
             };

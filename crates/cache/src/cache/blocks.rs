@@ -139,6 +139,10 @@ impl KvCache {
         let unreferenced = b.ref_count == 0;
         let rank = self.registry.rank_of(&holders);
         self.index.remove(&p.key);
+        self.divergence.on_unpublish(id);
+        if cause != EvictionCause::Flush {
+            self.divergence.on_evict(p.key, p.ns);
+        }
         if let Some(parent) = p.parent {
             self.detach(parent);
             let pb = self.pool.get_mut(parent);

@@ -35,6 +35,7 @@ impl KvCache {
             }
         }
         self.ghost_on_flush(&in_scope);
+        self.divergence.on_flush(&in_scope);
         victims.len() as u32
     }
 

@@ -1,7 +1,7 @@
 //! Longest-prefix lookup and the hand-off from a lookup to a sequence. Walks the hash chain from
 //! the namespace root, one index probe per full block: O(prefix length).
 
-use super::{KvCache, OutstandingMatch};
+use super::{KvCache, OutstandingMatch, PrefixMiss};
 use crate::error::SeqError;
 use crate::ids::{BlockId, SeqId, Tick};
 use crate::key::{BlockKey, NamespaceKey};
@@ -19,6 +19,8 @@ pub struct PrefixMatch {
     pub(crate) keys: Vec<BlockKey>,
     /// The matched tokens (`blocks.len() · block_size`).
     pub(crate) tokens: Vec<u32>,
+    /// Why the match ended before the prompt's last full block (`None`: it did not).
+    pub(crate) miss: Option<PrefixMiss>,
 }
 
 impl PrefixMatch {
@@ -33,6 +35,10 @@ impl PrefixMatch {
     /// The namespace looked up.
     pub fn namespace(&self) -> NamespaceKey {
         self.ns
+    }
+    /// Why the cached prefix ended where it did, if it ended before the prompt's last full block.
+    pub fn miss(&self) -> Option<PrefixMiss> {
+        self.miss
     }
 }
 
@@ -71,7 +77,7 @@ impl KvCache {
 
     /// Full blocks a lookup may match: whole blocks only, and at least one prompt token left to
     /// compute (a fully cached prompt still recomputes its last token for logits).
-    fn max_lookup_blocks(&self, num_tokens: usize) -> usize {
+    pub(crate) fn max_lookup_blocks(&self, num_tokens: usize) -> usize {
         num_tokens.saturating_sub(1) / self.block_size
     }
 
@@ -92,6 +98,8 @@ impl KvCache {
             keys,
             missed,
         } = self.walk(ns, tokens, self.max_lookup_blocks(tokens.len()));
+        let parent = keys.last().copied().unwrap_or_else(|| ns.root());
+        let miss = self.explain_miss(tokens, blocks.len(), &parent, missed.as_ref());
         for &id in &blocks {
             self.acquire(id);
             self.touch(id, now, true);
@@ -127,6 +135,7 @@ impl KvCache {
             blocks,
             keys,
             tokens: tokens[..hit_tokens].to_vec(),
+            miss,
         }
     }
 

@@ -4,6 +4,7 @@
 
 mod adapt;
 mod blocks;
+mod diverge;
 mod flush;
 mod lookup;
 mod retain;
@@ -26,6 +27,7 @@ use crate::retention::Registry;
 use crate::table::Sequences;
 use crate::tenant::{TenantCounters, Tenants};
 
+pub use diverge::{MissReason, PrefixMiss};
 pub use lookup::PrefixMatch;
 pub use retain::{PinOutcome, RetainOutcome};
 pub use seq::{BlockCopy, BlockReplacement, Fork, PublishReport};
@@ -55,6 +57,8 @@ pub struct KvCache {
     pub(crate) protected: ProtectedSegment,
     /// Ghost lists and bounds of the adaptive segmented LRU (`None` for every other policy).
     pub(crate) adaptive: Option<Adaptive>,
+    /// Miss diagnostics: sibling blocks and recently evicted keys.
+    pub(crate) divergence: diverge::Divergence,
     pub(crate) seqs: Sequences,
     pub(crate) matches: BTreeMap<u64, OutstandingMatch>,
     pub(crate) next_match: u64,
@@ -90,6 +94,7 @@ impl KvCache {
                 set: Default::default(),
             },
             adaptive,
+            divergence: diverge::Divergence::new(config.num_blocks as usize),
             seqs: Sequences::default(),
             matches: BTreeMap::new(),
             next_match: 0,

@@ -182,6 +182,10 @@ impl KvCache {
         }
         self.index.insert(key, own);
         self.ghost_on_publish(&key);
+        let s = &self.seqs.map[&seq];
+        let block_tokens = &s.tokens[i * bs..(i + 1) * bs];
+        self.divergence
+            .on_publish(parent_key, &key, own, block_tokens);
         self.tenants.get_mut(tenant).cached_blocks += 1;
         self.counters.blocks_published += 1;
         report.num_published += 1;
