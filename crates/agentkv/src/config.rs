@@ -137,7 +137,7 @@ impl Quantization {
         model::KvDtype::parse(spec).map_err(|e| {
             anyhow::anyhow!(
                 "kv_cache_config.quantization: {:?}: {e} (use f16, f32, bf16, fp8, int8, int4, \
-                 int8-g32, k=int8,v=int4, or a preset: code, chat, math)",
+                 int8-g32, int4h, int8h, k=int8,v=int4, or a preset: code, chat, math)",
                 self.0
             )
         })

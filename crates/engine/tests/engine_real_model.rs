@@ -508,7 +508,16 @@ fn concurrent_requests_sharing_a_prefix_compute_it_once() {
 fn quantized_kv_gives_identical_output_with_the_cache_on_or_off() {
     let p = prompts();
     let order: Vec<usize> = (0..3).collect();
-    for spec in ["int8", "int4", "k=int8,v=int4", "fp8", "bf16", "f32"] {
+    for spec in [
+        "int8",
+        "int4",
+        "k=int8,v=int4",
+        "k=int4h,v=int4",
+        "int8h",
+        "fp8",
+        "bf16",
+        "f32",
+    ] {
         let kv_dtype = model::KvDtype::parse(spec).unwrap();
         let (off, _) = run(
             EngineConfig {

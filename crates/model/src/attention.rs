@@ -15,6 +15,10 @@
 //! is under 512 cells for a one-token decode — longer contexts take its split-KV path, which
 //! accumulates in f32 — so beyond [`F16_ACC_MAX_POSITIONS`] positions we accumulate in f32 too
 //! (same online softmax, no f16 rounding), which also keeps long contexts clear of f16 overflow.
+//!
+//! Hadamard-rotated codecs (`int4h`, `int8h`): the query is rotated once per call (when it is
+//! prepared) and dotted with the stored, rotated keys; rotated values are summed as stored and
+//! the sum is rotated back once at the end. Every reader of K/V goes through this function.
 
 use half::f16;
 
@@ -78,7 +82,8 @@ pub fn attend_one(
                 accumulate_rows(&mut online, out, q16, k, v, scale, round_f16);
             }
             KvChunk::Encoded { k, .. } => {
-                // Scores straight from the encoded bytes: q·x̂ = scale·(q·codes) + offset·Σq.
+                // Scores straight from the encoded bytes: q·x̂ = scale·(q·codes) + offset·Σq
+                // (for rotated codecs the prepared query is Hq, rotated once here).
                 let prep = match prepared {
                     Some(p) if p.kind() == k.kind() && p.head_dim() == head_dim => {
                         p.reset(k.kind(), q)
@@ -119,6 +124,7 @@ pub fn attend_one(
     }
     let inv = (1.0 / sum) as f32;
     let mut pos = 0usize;
+    let mut v_kind = None;
     kv.for_each_chunk(
         layer,
         slot,
@@ -133,13 +139,18 @@ pub fn attend_one(
             }
             KvChunk::F16 { .. } => unreachable!("f16 chunks are handled by the online pass"),
             KvChunk::Encoded { v, .. } => {
+                // Rows as stored (rotated for rotated codecs), rotated back once below.
+                v_kind = Some(v.kind());
                 for row in v.rows() {
-                    quant::axpy_row(v.kind(), scores[pos] * inv, row, out);
+                    quant::axpy_row_stored(v.kind(), scores[pos] * inv, row, out);
                     pos += 1;
                 }
             }
         },
     );
+    if let Some(kind) = v_kind {
+        quant::unrotate_stored_sum(kind, out);
+    }
 }
 
 #[cfg(test)]
@@ -226,6 +237,69 @@ mod tests {
                 out[i],
                 want[i]
             );
+        }
+    }
+
+    /// Encoded K/V (rotated or not, K and V codecs differing) against exact softmax attention
+    /// over the rows as they decode: the rotated query and the once-rotated-back value sum must
+    /// give what attention over the unrotated decoded rows gives.
+    #[test]
+    fn encoded_and_rotated_codecs_match_attention_over_decoded_rows() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(43);
+        let (hd, n) = (64, 29);
+        for spec in [
+            "int4",
+            "int4h",
+            "int8h",
+            "k=int4h,v=int4",
+            "k=int8,v=int4h-g64",
+        ] {
+            let codecs = KvDtype::parse(spec).unwrap();
+            let mut kv = ContiguousKv::new(1, 1, 1, hd, n, codecs).unwrap();
+            let (mut ks, mut vs) = (Vec::new(), Vec::new());
+            for p in 0..n {
+                // K rows with an outlier channel, as the real model has.
+                let mut k: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+                k[7] += 12.0;
+                let v: Vec<f32> = (0..hd).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+                kv.write(0, SeqSlot(0), p, &k, &v).unwrap();
+                let decoded = |kind, x: &[f32]| -> Vec<f64> {
+                    let bytes = quant::encode_row_to_vec(kind, x).unwrap();
+                    let mut out = vec![0f32; hd];
+                    quant::decode_row(kind, &bytes, &mut out).unwrap();
+                    out.into_iter().map(f64::from).collect()
+                };
+                ks.push(decoded(codecs.k, &k));
+                vs.push(decoded(codecs.v, &v));
+            }
+            let q: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let s: Vec<f64> = ks
+                .iter()
+                .map(|k| k.iter().zip(&q).map(|(a, &b)| a * b as f64).sum::<f64>() * 0.125)
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            let mut out = vec![0.0f32; hd];
+            attend_one(
+                &kv,
+                0,
+                SeqSlot(0),
+                0,
+                n,
+                &q,
+                0.125,
+                &mut AttnScratch::default(),
+                &mut out,
+            );
+            for i in 0..hd {
+                let want: f64 = (0..n).map(|p| (s[p] - m).exp() / z * vs[p][i]).sum();
+                assert!(
+                    (out[i] as f64 - want).abs() < 1e-4,
+                    "{spec} i={i}: {} vs {want}",
+                    out[i]
+                );
+            }
         }
     }
 

@@ -250,7 +250,14 @@ mod tests {
 
     #[test]
     fn rows_round_trip_through_bytes_for_every_layout() {
-        for spec in ["f32", "f16", "int8", "k=int8,v=int4"] {
+        for spec in [
+            "f32",
+            "f16",
+            "int8",
+            "k=int8,v=int4",
+            "int4h",
+            "k=int4h,v=int8",
+        ] {
             let codecs = KvDtype::parse(spec).unwrap();
             let mut a = KvRows::new(codecs, 64, 6).unwrap();
             assert_eq!(a.allocated_bytes(), 6 * a.row_pair_bytes(), "{spec}");

@@ -21,6 +21,9 @@ fn codecs() -> Vec<KvCodecKind> {
         KvCodecKind::Int8 { group: 32 },
         KvCodecKind::Int4 { group: 64 },
         KvCodecKind::Int4 { group: 32 },
+        KvCodecKind::Int8Hadamard { group: 64 },
+        KvCodecKind::Int4Hadamard { group: 64 },
+        KvCodecKind::Int4Hadamard { group: 32 },
     ]
 }
 

@@ -44,6 +44,9 @@ fn main() {
         KvCodecKind::Int8 { group: 32 },
         KvCodecKind::Int4 { group: 64 },
         KvCodecKind::Int4 { group: 32 },
+        KvCodecKind::Int8Hadamard { group: 64 },
+        KvCodecKind::Int4Hadamard { group: 64 },
+        KvCodecKind::Int4Hadamard { group: 32 },
     ] {
         let (mut err2, mut norm2, mut worst, mut score_err) = (0f64, 0f64, 0f64, 0f64);
         let mut xh = vec![0f32; HEAD_DIM];

@@ -4,11 +4,14 @@
 //! product. fp8 computes `scale · Σ q·e4m3(code)`. Integer codecs never materialise x̂: per group
 //! `q·x̂ = scale·(q·codes) + offset·Σq`, accumulated over groups in order with fused
 //! multiply-adds; [`PreparedQuery`] computes the `Σq` per group once per query instead of once
-//! per row. Every result depends only on its inputs (fixed order; the portable and AVX2 paths are
+//! per row. Rotated codecs (`int8h`, `int4h`) score `(Hq)·dequant(row)`: [`PreparedQuery`]
+//! rotates the query once, [`dot_row`] rotates it on every call (into a stack buffer). Every
+//! result depends only on its inputs (fixed order; the portable and AVX2 paths are
 //! bit-identical). It never writes rows.
 
 use crate::dispatch::pick;
 use crate::error::QuantError;
+use crate::hadamard;
 use crate::isa::Isa;
 use crate::kind::KvCodecKind;
 use crate::layout::{assert_row, split_fp8, split_int};
@@ -27,17 +30,25 @@ pub fn dot_row(kind: KvCodecKind, q: &[f32], bytes: &[u8]) -> f32 {
 #[track_caller]
 pub fn dot_row_with(isa: Isa, kind: KvCodecKind, q: &[f32], bytes: &[u8]) -> f32 {
     assert_row(kind, q.len(), bytes.len());
+    if kind.is_rotated() {
+        return hadamard::with_scratch(q.len(), |rotated| {
+            rotated.copy_from_slice(q);
+            hadamard::fwht(rotated);
+            dot_checked(isa, kind, rotated, None, bytes)
+        });
+    }
     dot_checked(isa, kind, q, None, bytes)
 }
 
-/// A query prepared for scoring many rows of one codec: keeps `q` and, for integer codecs, the
-/// per-group sums `Σq` of the identity `q·x̂ = scale·(q·codes) + offset·Σq`.
+/// A query prepared for scoring many rows of one codec: keeps `q` (rotated, `Hq`, for the
+/// rotated codecs) and, for integer codecs, the per-group sums `Σq` of the identity
+/// `q·x̂ = scale·(q·codes) + offset·Σq`.
 /// Reuse one per attention task with [`PreparedQuery::reset`] to avoid allocating.
 #[derive(Debug, Clone)]
 pub struct PreparedQuery {
     isa: Isa,
     kind: KvCodecKind,
-    q: Vec<f32>,          // [head_dim]
+    q: Vec<f32>,          // [head_dim] (Hq for rotated codecs)
     group_sums: Vec<f32>, // [head_dim / group] (empty for float codecs)
 }
 
@@ -65,11 +76,14 @@ impl PreparedQuery {
         self.kind = kind;
         self.q.clear();
         self.q.extend_from_slice(q);
+        if kind.is_rotated() {
+            hadamard::fwht(&mut self.q);
+        }
         self.group_sums.clear();
         if let Some(group) = kind.group() {
             let isa = self.isa;
             self.group_sums
-                .extend(q.chunks_exact(group).map(|qg| pick!(isa, sum(qg))));
+                .extend(self.q.chunks_exact(group).map(|qg| pick!(isa, sum(qg))));
         }
         Ok(())
     }
@@ -93,7 +107,7 @@ impl PreparedQuery {
     }
 }
 
-/// The score of one row whose shape has been checked.
+/// The score of one row whose shape has been checked; `q` is already rotated for rotated codecs.
 fn dot_checked(
     isa: Isa,
     kind: KvCodecKind,
@@ -109,8 +123,11 @@ fn dot_checked(
             let (scale, codes) = split_fp8(bytes);
             pick!(isa, dot_e4m3(q, codes)) * scale
         }
-        KvCodecKind::Int8 { group } | KvCodecKind::Int4 { group } => {
-            let four_bit = matches!(kind, KvCodecKind::Int4 { .. });
+        KvCodecKind::Int8 { group }
+        | KvCodecKind::Int4 { group }
+        | KvCodecKind::Int8Hadamard { group }
+        | KvCodecKind::Int4Hadamard { group } => {
+            let four_bit = matches!(kind.storage(), KvCodecKind::Int4 { .. });
             let (params, codes) = split_int(bytes, q.len(), group);
             pick!(
                 isa,

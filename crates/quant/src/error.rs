@@ -5,8 +5,8 @@
 pub enum QuantError {
     /// `KvCodecKind::parse` got a name it does not know.
     #[error(
-        "unknown KV codec {0:?} (expected f32, f16, bf16, fp8, int8, int4, optionally with a \
-         group suffix such as int8-g32)"
+        "unknown KV codec {0:?} (expected f32, f16, bf16, fp8, int8, int4, or the \
+         Hadamard-rotated int8h, int4h, optionally with a group suffix such as int8-g32)"
     )]
     UnknownCodec(String),
     /// A row must hold at least one value.
@@ -17,6 +17,12 @@ pub enum QuantError {
         "group size {group} must be a positive multiple of 8 that divides head_dim {head_dim}"
     )]
     BadGroup { group: usize, head_dim: usize },
+    /// The Hadamard-rotated codecs (`int8h`, `int4h`) rotate a row with the fast Walsh–Hadamard
+    /// transform, which needs a power-of-two length.
+    #[error(
+        "Hadamard-rotated KV codecs (int8h, int4h) need a power-of-two head_dim, got {head_dim}"
+    )]
+    RotationNeedsPowerOfTwo { head_dim: usize },
     /// A slice passed to a row function has the wrong length.
     #[error("{what}: expected {expected} elements, got {got}")]
     LengthMismatch {

@@ -25,6 +25,12 @@ pub const DEFAULT_INT4_GROUP: usize = 32;
 ///   `2j` in the low nibble of byte `j`, element `2j+1` in the high nibble.
 ///
 /// Integer codecs dequantise as `x̂ = code·scale + offset` (asymmetric, unsigned codes).
+///
+/// `Int8Hadamard` / `Int4Hadamard` (ids `int8h-g64`, `int4h-g32`) store `H·x` — the row rotated
+/// by the normalised Walsh–Hadamard matrix (see `hadamard`) — with exactly the layout of
+/// `Int8` / `Int4`. Outlier channels of K are spread over the whole row before the per-group
+/// range is chosen. Scores read them as `(Hq)·dequant(row)` (the query is rotated once, when it
+/// is prepared); decoding returns the unrotated values. `head_dim` must be a power of two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KvCodecKind {
     F32,
@@ -37,6 +43,14 @@ pub enum KvCodecKind {
     },
     /// 4-bit codes packed two per byte, one f16 scale and f16 offset per `group` channels.
     Int4 {
+        group: usize,
+    },
+    /// `Int8` of the Hadamard-rotated row.
+    Int8Hadamard {
+        group: usize,
+    },
+    /// `Int4` of the Hadamard-rotated row.
+    Int4Hadamard {
         group: usize,
     },
 }
@@ -61,7 +75,17 @@ impl KvCodecKind {
         },
     ];
 
-    /// Short family name: `f32`, `f16`, `bf16`, `fp8`, `int8`, `int4`.
+    /// The Hadamard-rotated codecs at their default groups.
+    pub const ROTATED_DEFAULTS: [KvCodecKind; 2] = [
+        KvCodecKind::Int8Hadamard {
+            group: DEFAULT_INT8_GROUP,
+        },
+        KvCodecKind::Int4Hadamard {
+            group: DEFAULT_INT4_GROUP,
+        },
+    ];
+
+    /// Short family name: `f32`, `f16`, `bf16`, `fp8`, `int8`, `int4`, `int8h`, `int4h`.
     pub fn name(&self) -> &'static str {
         match self {
             KvCodecKind::F32 => "f32",
@@ -70,16 +94,21 @@ impl KvCodecKind {
             KvCodecKind::Fp8E4m3 => "fp8",
             KvCodecKind::Int8 { .. } => "int8",
             KvCodecKind::Int4 { .. } => "int4",
+            KvCodecKind::Int8Hadamard { .. } => "int8h",
+            KvCodecKind::Int4Hadamard { .. } => "int4h",
         }
     }
 
     /// Stable identifier that fully determines the byte layout together with [`Self::version`]:
-    /// `f32`, `f16`, `bf16`, `fp8-e4m3`, `int8-g64`, `int4-g32`, … Goes into the cache namespace.
+    /// `f32`, `f16`, `bf16`, `fp8-e4m3`, `int8-g64`, `int4-g32`, `int4h-g32`, … Goes into the
+    /// cache namespace (a rotated codec never shares an id with its unrotated layout).
     pub fn id(&self) -> String {
         match self {
             KvCodecKind::Fp8E4m3 => "fp8-e4m3".to_string(),
             KvCodecKind::Int8 { group } => format!("int8-g{group}"),
             KvCodecKind::Int4 { group } => format!("int4-g{group}"),
+            KvCodecKind::Int8Hadamard { group } => format!("int8h-g{group}"),
+            KvCodecKind::Int4Hadamard { group } => format!("int4h-g{group}"),
             other => other.name().to_string(),
         }
     }
@@ -90,16 +119,38 @@ impl KvCodecKind {
         1
     }
 
-    /// The channel group of an integer codec.
+    /// The channel group of an integer codec (rotated or not).
     pub fn group(&self) -> Option<usize> {
         match self {
-            KvCodecKind::Int8 { group } | KvCodecKind::Int4 { group } => Some(*group),
+            KvCodecKind::Int8 { group }
+            | KvCodecKind::Int4 { group }
+            | KvCodecKind::Int8Hadamard { group }
+            | KvCodecKind::Int4Hadamard { group } => Some(*group),
             _ => None,
         }
     }
 
+    /// Whether rows are Hadamard-rotated before they are stored.
+    pub fn is_rotated(&self) -> bool {
+        matches!(
+            self,
+            KvCodecKind::Int8Hadamard { .. } | KvCodecKind::Int4Hadamard { .. }
+        )
+    }
+
+    /// The codec that stores the (rotated) values: `Int4 { group }` for `Int4Hadamard { group }`,
+    /// `Int8 { group }` for `Int8Hadamard { group }`, the codec itself otherwise.
+    pub fn storage(&self) -> KvCodecKind {
+        match *self {
+            KvCodecKind::Int8Hadamard { group } => KvCodecKind::Int8 { group },
+            KvCodecKind::Int4Hadamard { group } => KvCodecKind::Int4 { group },
+            other => other,
+        }
+    }
+
     /// Parses a family name (`int8` → default group) or a full id (`int8-g32`, `fp8-e4m3`).
-    /// Case-insensitive; `fp8`, `e4m3`, `fp8-e4m3` and `q8`/`q4` aliases are accepted.
+    /// Case-insensitive; `fp8`, `e4m3`, `fp8-e4m3` and `q8`/`q4` aliases are accepted. The
+    /// Hadamard-rotated codecs are `int8h` / `int4h` (`int4h-g64`, …).
     pub fn parse(s: &str) -> Result<KvCodecKind, QuantError> {
         let lower = s.trim().to_ascii_lowercase();
         let unknown = || QuantError::UnknownCodec(s.to_string());
@@ -125,17 +176,24 @@ impl KvCodecKind {
             ("int4" | "q4", g) => KvCodecKind::Int4 {
                 group: g.unwrap_or(DEFAULT_INT4_GROUP),
             },
+            ("int8h" | "q8h", g) => KvCodecKind::Int8Hadamard {
+                group: g.unwrap_or(DEFAULT_INT8_GROUP),
+            },
+            ("int4h" | "q4h", g) => KvCodecKind::Int4Hadamard {
+                group: g.unwrap_or(DEFAULT_INT4_GROUP),
+            },
             _ => return Err(unknown()),
         };
         Ok(kind)
     }
 
-    /// Checks that rows of `head_dim` values can use this codec.
     /// [`KvCodecKind::parse`] with a `String` error (for command-line parsers).
     pub fn parse_str(s: &str) -> Result<KvCodecKind, String> {
         KvCodecKind::parse(s).map_err(|e| e.to_string())
     }
 
+    /// Checks that rows of `head_dim` values can use this codec: integer groups must be positive
+    /// multiples of 8 dividing `head_dim`; rotated codecs need a power-of-two `head_dim`.
     pub fn validate(&self, head_dim: usize) -> Result<(), QuantError> {
         if head_dim == 0 {
             return Err(QuantError::ZeroHeadDim);
@@ -144,6 +202,9 @@ impl KvCodecKind {
             if group == 0 || !group.is_multiple_of(8) || !head_dim.is_multiple_of(group) {
                 return Err(QuantError::BadGroup { group, head_dim });
             }
+        }
+        if self.is_rotated() && !head_dim.is_power_of_two() {
+            return Err(QuantError::RotationNeedsPowerOfTwo { head_dim });
         }
         Ok(())
     }
@@ -160,6 +221,9 @@ impl KvCodecKind {
             }
             KvCodecKind::Int4 { group } => {
                 INT_PARAM_BYTES_PER_GROUP * num_groups(head_dim, *group) + head_dim.div_ceil(2)
+            }
+            KvCodecKind::Int8Hadamard { .. } | KvCodecKind::Int4Hadamard { .. } => {
+                self.storage().bytes_per_row(head_dim)
             }
         }
     }
@@ -188,10 +252,15 @@ mod tests {
 
     #[test]
     fn ids_round_trip_through_parse() {
-        for kind in KvCodecKind::ALL_DEFAULTS.into_iter().chain([
-            KvCodecKind::Int8 { group: 32 },
-            KvCodecKind::Int4 { group: 64 },
-        ]) {
+        for kind in KvCodecKind::ALL_DEFAULTS
+            .into_iter()
+            .chain(KvCodecKind::ROTATED_DEFAULTS)
+            .chain([
+                KvCodecKind::Int8 { group: 32 },
+                KvCodecKind::Int4 { group: 64 },
+                KvCodecKind::Int4Hadamard { group: 64 },
+            ])
+        {
             assert_eq!(KvCodecKind::parse(&kind.id()), Ok(kind));
             assert_eq!(kind.to_string().parse::<KvCodecKind>(), Ok(kind));
             assert_eq!(kind.version(), 1);
@@ -205,6 +274,15 @@ mod tests {
             Ok(KvCodecKind::Int4 { group: 32 })
         );
         assert_eq!(KvCodecKind::parse("fp8"), Ok(KvCodecKind::Fp8E4m3));
+        let rotated = KvCodecKind::parse("int4h").unwrap();
+        assert_eq!(rotated, KvCodecKind::Int4Hadamard { group: 32 });
+        assert_eq!(rotated.id(), "int4h-g32");
+        assert_ne!(rotated.id(), rotated.storage().id());
+        assert_eq!(rotated.storage(), KvCodecKind::Int4 { group: 32 });
+        assert_eq!(
+            KvCodecKind::parse("INT8H-g32"),
+            Ok(KvCodecKind::Int8Hadamard { group: 32 })
+        );
         for bad in [
             "",
             "int3",
@@ -212,6 +290,8 @@ mod tests {
             "int8-g",
             "int8-gx",
             "int8-g99999999999999999999999",
+            "int4hh",
+            "f16h",
         ] {
             assert!(KvCodecKind::parse(bad).is_err(), "{bad:?}");
         }
@@ -229,6 +309,8 @@ mod tests {
             (KvCodecKind::Int8 { group: 32 }, 72),
             (KvCodecKind::Int4 { group: 64 }, 36),
             (KvCodecKind::Int4 { group: 32 }, 40),
+            (KvCodecKind::Int8Hadamard { group: 64 }, 68),
+            (KvCodecKind::Int4Hadamard { group: 32 }, 40),
         ];
         for (kind, bytes) in expect {
             assert_eq!(kind.bytes_per_row(d), bytes, "{kind}");
@@ -249,5 +331,12 @@ mod tests {
                 })
             );
         }
+        let rotated = KvCodecKind::Int4Hadamard { group: 8 };
+        assert!(rotated.validate(64).is_ok());
+        assert!(rotated.storage().validate(48).is_ok());
+        assert_eq!(
+            rotated.validate(48),
+            Err(QuantError::RotationNeedsPowerOfTwo { head_dim: 48 })
+        );
     }
 }

@@ -19,11 +19,17 @@
 //! Non-finite input never panics: NaN encodes as 0 (f32/f16/bf16 keep NaN; fp8 → +0; int → code
 //! 0, i.e. the group offset) and is ignored when choosing scales; ±inf stays ±inf in
 //! f32/f16/bf16, saturates to ±448·scale (of the finite values) in fp8 and to ±65504 in int.
+//!
+//! Rotated codecs (`int8h`, `int4h`) encode `H·x` (NaN → 0 and ±65504 clamping applied *before*
+//! the rotation, so one bad channel never spreads) with their storage codec, and decode by
+//! rotating the decoded values back (`H` is its own inverse): the stored values obey the integer
+//! bound above, and since `H` is orthogonal the decoded row's error has the same Euclidean norm.
 
 use crate::affine;
 use crate::dispatch::pick;
 use crate::error::QuantError;
 use crate::fp8::{f32_to_e4m3, E4M3_MAX};
+use crate::hadamard;
 use crate::isa::Isa;
 use crate::kind::{KvCodecKind, FP8_SCALE_BYTES};
 use crate::layout::{check_row, split_fp8, split_int};
@@ -51,6 +57,12 @@ pub fn encode_row(kind: KvCodecKind, x: &[f32], out: &mut [u8]) -> Result<(), Qu
         KvCodecKind::Fp8E4m3 => encode_fp8(x, out),
         KvCodecKind::Int8 { group } => encode_int(x, out, group, 255),
         KvCodecKind::Int4 { group } => encode_int(x, out, group, 15),
+        KvCodecKind::Int8Hadamard { .. } | KvCodecKind::Int4Hadamard { .. } => {
+            hadamard::with_scratch(x.len(), |rotated| {
+                hadamard::rotate_sanitised(x, rotated);
+                encode_row(kind.storage(), rotated, out)
+            })?
+        }
     }
     Ok(())
 }
@@ -126,6 +138,10 @@ pub fn decode_row_with(
             let four_bit = matches!(kind, KvCodecKind::Int4 { .. });
             let (params, codes) = split_int(bytes, head_dim, group);
             pick!(isa, decode_int_row(params, codes, group, four_bit, out))
+        }
+        KvCodecKind::Int8Hadamard { .. } | KvCodecKind::Int4Hadamard { .. } => {
+            decode_row_with(isa, kind.storage(), bytes, out)?;
+            hadamard::fwht(out);
         }
     }
     Ok(())

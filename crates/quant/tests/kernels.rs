@@ -4,8 +4,9 @@
 //! shape errors. On AVX2 machines these run every `unsafe` SIMD loader.
 
 use quant::{
-    axpy_row_with, decode_row_with, dot_row, dot_row_with, encode_row, encode_row_to_vec, Isa,
-    KvCodecKind, PreparedQuery, QuantError,
+    axpy_row, axpy_row_stored_with, axpy_row_with, decode_row_with, dot_row, dot_row_with,
+    encode_row, encode_row_to_vec, unrotate_stored_sum, Isa, KvCodecKind, PreparedQuery,
+    QuantError,
 };
 use rand::{Rng, SeedableRng};
 
@@ -17,7 +18,12 @@ fn kinds_for(head_dim: usize) -> Vec<KvCodecKind> {
         KvCodecKind::Fp8E4m3,
     ];
     for group in [8, 16, 32, 64, 128] {
-        for kind in [KvCodecKind::Int8 { group }, KvCodecKind::Int4 { group }] {
+        for kind in [
+            KvCodecKind::Int8 { group },
+            KvCodecKind::Int4 { group },
+            KvCodecKind::Int8Hadamard { group },
+            KvCodecKind::Int4Hadamard { group },
+        ] {
             if kind.validate(head_dim).is_ok() {
                 kinds.push(kind);
             }
@@ -89,6 +95,54 @@ fn paths_are_bit_identical_and_match_decoded_arithmetic() {
             }
         }
     }
+}
+
+/// Rotated codecs: a weighted sum of rows as stored, rotated back once, equals the sum of
+/// `axpy_row` (which rotates each row back) within rounding, on both paths; unrotated codecs are
+/// unchanged by the stored-domain kernels.
+#[test]
+fn stored_sums_rotated_back_once_match_per_row_axpy() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+    for kind in kinds_for(64) {
+        let rows: Vec<Vec<u8>> = (0..9)
+            .map(|_| encode_row_to_vec(kind, &random_row(&mut rng, 64)).unwrap())
+            .collect();
+        let ws: Vec<f32> = (0..9).map(|_| rng.gen_range(0.0f32..1.0)).collect();
+        let mut want = vec![0f32; 64];
+        for (w, row) in ws.iter().zip(&rows) {
+            axpy_row(kind, *w, row, &mut want);
+        }
+        for isa in [Isa::Portable, Isa::Avx2] {
+            let mut got = vec![0f32; 64];
+            for (w, row) in ws.iter().zip(&rows) {
+                axpy_row_stored_with(isa, kind, *w, row, &mut got);
+            }
+            unrotate_stored_sum(kind, &mut got);
+            if !kind.is_rotated() {
+                assert_eq!(bits(&got), bits(&want), "{kind}");
+                continue;
+            }
+            let scale = want.iter().map(|v| v.abs()).fold(0f32, f32::max);
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() <= 1e-5 * scale, "{kind}: {g} vs {w}");
+            }
+        }
+    }
+}
+
+#[test]
+fn rotated_codecs_refuse_non_power_of_two_head_dims() {
+    let kind = KvCodecKind::Int4Hadamard { group: 8 };
+    let err = QuantError::RotationNeedsPowerOfTwo { head_dim: 40 };
+    assert_eq!(kind.validate(40), Err(err.clone()));
+    let mut out = vec![0u8; kind.bytes_per_row(40)];
+    assert_eq!(encode_row(kind, &[1.0; 40], &mut out), Err(err.clone()));
+    assert_eq!(
+        decode_row_with(Isa::Portable, kind, &out, &mut [0.0; 40]),
+        Err(err.clone())
+    );
+    assert_eq!(PreparedQuery::new(kind, &[0.0; 40]).unwrap_err(), err);
+    assert!(err.to_string().contains("power-of-two head_dim"));
 }
 
 #[test]

@@ -1,11 +1,12 @@
 //! Round-trip property tests: every codec's documented error bound (see `quant::row`) holds for
 //! random rows over a wide magnitude range, asymmetric rows, constant rows, and rows with NaN,
 //! ±inf, huge and tiny values mixed in (which must never panic). Also checks that the integer
-//! codecs' online scale is tight, not merely safe.
+//! codecs' online scale is tight, not merely safe. Rotated codecs (`int8h`, `int4h`) are exactly
+//! their storage codec applied to the rotated row, and decode with the same Euclidean error.
 
 use proptest::prelude::*;
 use quant::{
-    decode_row, dot_row, encode_row_to_vec, KvCodecKind, F16_MAX, FP8_SCALE_BYTES,
+    decode_row, dot_row, encode_row_to_vec, hadamard_rotate, KvCodecKind, F16_MAX, FP8_SCALE_BYTES,
     INT_PARAM_BYTES_PER_GROUP,
 };
 
@@ -21,6 +22,9 @@ fn kinds() -> Vec<KvCodecKind> {
         KvCodecKind::Int8 { group: 32 },
         KvCodecKind::Int4 { group: 64 },
         KvCodecKind::Int4 { group: 32 },
+        KvCodecKind::Int8Hadamard { group: 64 },
+        KvCodecKind::Int4Hadamard { group: 32 },
+        KvCodecKind::Int4Hadamard { group: 64 },
     ]
 }
 
@@ -83,8 +87,69 @@ fn f16_param(bytes: &[u8], i: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
 }
 
+fn norm(v: impl Iterator<Item = f64>) -> f64 {
+    v.map(|e| e * e).sum::<f64>().sqrt()
+}
+
+/// A rotated codec stores exactly what its storage codec stores for the rotated, sanitised row
+/// (NaN → 0, ±65504 clamp), meeting that codec's bound; decoding rotates back, so the decoded
+/// row's Euclidean error (against the rotated-back stored reference) is the stored error's.
+fn check_rotated_bound(kind: KvCodecKind, x: &[f32]) -> Result<(), String> {
+    let storage = kind.storage();
+    let mut rotated: Vec<f32> = x
+        .iter()
+        .map(|&v| {
+            if v.is_nan() {
+                0.0
+            } else {
+                v.clamp(-F16_MAX, F16_MAX)
+            }
+        })
+        .collect();
+    hadamard_rotate(&mut rotated).map_err(|e| e.to_string())?;
+    let bytes = encode_row_to_vec(kind, x).map_err(|e| e.to_string())?;
+    if bytes != encode_row_to_vec(storage, &rotated).map_err(|e| e.to_string())? {
+        return Err(format!(
+            "{kind}: bytes differ from {storage} of the rotated row"
+        ));
+    }
+    check_bound(storage, &rotated)?;
+    let mut stored = vec![0f32; x.len()];
+    decode_row(storage, &bytes, &mut stored).map_err(|e| e.to_string())?;
+    let mut xh = vec![0f32; x.len()];
+    decode_row(kind, &bytes, &mut xh).map_err(|e| e.to_string())?;
+    if xh.iter().any(|v| !v.is_finite()) {
+        return Err(format!("{kind}: decoded a non-finite value"));
+    }
+    // The reference: the stored row's target (saturated as the storage codec does), rotated back.
+    let mut reference: Vec<f32> = rotated.iter().map(|v| v.clamp(-F16_MAX, F16_MAX)).collect();
+    let stored_err = norm(
+        stored
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| f64::from(*a) - f64::from(*b)),
+    );
+    hadamard_rotate(&mut reference).map_err(|e| e.to_string())?;
+    let decoded_err = norm(
+        xh.iter()
+            .zip(&reference)
+            .map(|(a, b)| f64::from(*a) - f64::from(*b)),
+    );
+    let scale =
+        norm(xh.iter().map(|&v| f64::from(v))) + norm(reference.iter().map(|&v| f64::from(v)));
+    if decoded_err > stored_err + 1e-6 * scale + 1e-30 {
+        return Err(format!(
+            "{kind}: decoded error {decoded_err:e} > stored error {stored_err:e} (+ rounding)"
+        ));
+    }
+    Ok(())
+}
+
 /// Checks the bound of `kind` on one row; returns an error message on violation.
 fn check_bound(kind: KvCodecKind, x: &[f32]) -> Result<(), String> {
+    if kind.is_rotated() {
+        return check_rotated_bound(kind, x);
+    }
     let bytes = encode_row_to_vec(kind, x).map_err(|e| e.to_string())?;
     let mut xh = vec![0f32; x.len()];
     decode_row(kind, &bytes, &mut xh).map_err(|e| e.to_string())?;
@@ -201,6 +266,9 @@ fn check_bound(kind: KvCodecKind, x: &[f32]) -> Result<(), String> {
                     }
                 }
             }
+        }
+        KvCodecKind::Int8Hadamard { .. } | KvCodecKind::Int4Hadamard { .. } => {
+            unreachable!("rotated codecs are checked by check_rotated_bound")
         }
     }
     Ok(())

@@ -41,8 +41,8 @@ pub fn parse_kv_dtype(s: &str) -> Result<model::KvDtype, String> {
 /// KV codec flags shared by the commands that run the model.
 #[derive(clap::Args, Debug, Clone)]
 pub struct KvArgs {
-    /// KV codec for K and V: f16 (default), f32, bf16, fp8, int8, int4, int8-g32, … or
-    /// `k=int8,v=int4`.
+    /// KV codec for K and V: f16 (default), f32, bf16, fp8, int8, int4, int8-g32, the
+    /// Hadamard-rotated int4h / int8h, … or `k=int8,v=int4`.
     #[arg(long, default_value = "f16", value_parser = parse_kv_dtype)]
     pub kv_dtype: model::KvDtype,
     /// Codec for K only (overrides --kv-dtype for K).
