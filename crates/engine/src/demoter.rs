@@ -8,6 +8,7 @@
 //! sees every write issued before it — results never depend on the writer's timing. Never
 //! decides what to write.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -132,11 +133,14 @@ fn run(
             })
             .collect();
         for (store, c) in stores.iter().zip(counts.iter()).take(job.targets) {
-            match store.put_many(&refs) {
-                Ok(()) => c
+            // A store that panics counts as a failed write: the job still finishes, so lookups
+            // waiting for its ticket never hang.
+            let put = std::panic::catch_unwind(AssertUnwindSafe(|| store.put_many(&refs)));
+            match put {
+                Ok(Ok(())) => c
                     .demoted_blocks
                     .fetch_add(refs.len() as u64, Ordering::Relaxed),
-                Err(_) => c.demote_errors.fetch_add(1, Ordering::Relaxed),
+                Ok(Err(_)) | Err(_) => c.demote_errors.fetch_add(1, Ordering::Relaxed),
             };
         }
         progress.finish_one();

@@ -8,6 +8,7 @@
 //! block table or the K/V memory, and never decides what to prefetch.
 
 use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -168,19 +169,24 @@ fn run(
             continue;
         }
         demotions.wait_until(job.demote_ticket);
-        let keys = tier_keys(
-            &job.ns,
-            &job.tokens,
-            shared.block_size,
-            job.first_block,
-            job.max_blocks,
-        );
-        let plan = shared.plan(&keys);
-        let payloads = if plan.num_blocks() > 0 {
-            shared.fetch(plan)
-        } else {
-            Vec::new()
-        };
+        // A store that panics yields an empty result (the request recomputes), never a request
+        // waiting forever for its prefetch.
+        let payloads = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let keys = tier_keys(
+                &job.ns,
+                &job.tokens,
+                shared.block_size,
+                job.first_block,
+                job.max_blocks,
+            );
+            let plan = shared.plan(&keys);
+            if plan.num_blocks() > 0 {
+                shared.fetch(plan)
+            } else {
+                Vec::new()
+            }
+        }))
+        .unwrap_or_default();
         let mut r = results.0.lock().unwrap_or_else(|e| e.into_inner());
         if !r.discarded.remove(&id) {
             r.done.insert(

@@ -793,6 +793,54 @@ mod tests {
         assert!(t.snapshot().tiers[0].engine.errors >= 1);
     }
 
+    /// A store whose every call panics (a bug in a store must not hang requests).
+    struct PanickingStore;
+
+    impl TierStore for PanickingStore {
+        fn kind(&self) -> TierKind {
+            TierKind::Ram
+        }
+        fn contains_prefix(&self, _: &[TierKey]) -> Result<usize, tier::TierError> {
+            panic!("injected: contains_prefix")
+        }
+        fn get_many(
+            &self,
+            _: &[TierKey],
+        ) -> Result<Vec<Option<tier::StoredBlock>>, tier::TierError> {
+            panic!("injected: get_many")
+        }
+        fn put_many(&self, _: &[tier::BlockRef<'_>]) -> Result<(), tier::TierError> {
+            panic!("injected: put_many")
+        }
+        fn remove(&self, _: &[TierKey]) -> Result<(), tier::TierError> {
+            panic!("injected: remove")
+        }
+        fn stats(&self) -> TierStats {
+            TierStats::default()
+        }
+    }
+
+    #[test]
+    fn a_panicking_store_fails_writes_and_prefetches_but_never_hangs() {
+        let mut t = tiering(vec![Arc::new(PanickingStore)], TierLoadPolicy::Always);
+        let ns = Namespace::for_tenant(TenantId(1)).key();
+        let tokens: Vec<u32> = (0..9).collect();
+        let keys = cache::key::chain_keys(&ns, &tokens, 2, 4);
+        demote(&mut t, keys[0], BlockId(0), ns.root(), vec![1; 4]);
+        t.wait_for_demotions();
+        assert_eq!(t.snapshot().tiers[0].engine.demote_errors, 1);
+        let id = SeqKey(crate::RequestId(3), 0);
+        assert!(t.prefetch(id, ns, &tokens, 0, 4, true));
+        let loaded = loop {
+            match t.take_prefetch(id) {
+                PrefetchState::Ready(l) => break l,
+                PrefetchState::Pending => t.wait_for_prefetch(),
+                PrefetchState::None => panic!("the prefetch was lost"),
+            }
+        };
+        assert!(loaded.payloads.is_empty(), "nothing loaded: recompute");
+    }
+
     #[test]
     fn declining_tier_is_probed_periodically() {
         let t = tiering(vec![ram()], TierLoadPolicy::CostModel);
