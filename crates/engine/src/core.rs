@@ -511,6 +511,9 @@ impl EngineCore {
     }
 
     fn schedule(&mut self, tick: Tick) -> Result<Vec<Work>, EngineError> {
+        if let Some(t) = self.tiers.as_mut() {
+            t.begin_step();
+        }
         let mut plan: Vec<Work> = Vec::new();
         let mut budget = self.cfg.max_batch_tokens;
         // 1. Decodes first, oldest first, so inter-token latency stays flat under long prefills.

@@ -120,6 +120,11 @@ impl Loader {
         id
     }
 
+    /// Whether `job` is done (its result waits to be taken).
+    pub fn is_done(&self, job: JobId) -> bool {
+        self.lock().done.contains_key(&job)
+    }
+
     /// The result of `job` once it is done.
     pub fn take(&self, job: JobId) -> Option<Loaded> {
         self.lock().done.remove(&job)

@@ -294,6 +294,9 @@ pub const DEFAULT_PREFETCH_MAX_BYTES: usize = 1 << 30;
 /// How long a step with nothing to run waits for an in-flight prefetch before returning.
 const PREFETCH_WAIT: Duration = Duration::from_millis(20);
 
+/// How long one step's admissions may wait in all for prefetches still in flight.
+const ADMISSION_GRACE: Duration = Duration::from_millis(2);
+
 pub(crate) struct Tiering {
     shared: Arc<TierShared>,
     write_through: bool,
@@ -310,6 +313,8 @@ pub(crate) struct Tiering {
     num_prefetches: u64,
     num_refetches: u64,
     prefetch_wait_steps: u64,
+    /// What is left of this step's [`ADMISSION_GRACE`].
+    grace_left: Duration,
 }
 
 /// How `Tiering` writes blocks: to which tiers, and when.
@@ -363,6 +368,7 @@ impl Tiering {
             num_prefetches: 0,
             num_refetches: 0,
             prefetch_wait_steps: 0,
+            grace_left: ADMISSION_GRACE,
         }
     }
 
@@ -484,8 +490,30 @@ impl Tiering {
         self.prefetch(id, ns, tokens, first_block, max_blocks, true);
     }
 
-    /// Takes the prefetch of `id` if it is done (a pending one stays pending).
+    /// A new engine step: resets the time admission may wait for nearly finished prefetches.
+    pub fn begin_step(&mut self) {
+        self.grace_left = ADMISSION_GRACE;
+    }
+
+    /// Takes the prefetch of `id` if it is done; a pending one is waited for while this step's
+    /// grace lasts (a RAM-tier lookup takes microseconds: deferring the request a whole step for
+    /// it would cost more), and otherwise stays pending.
     pub fn take_prefetch(&mut self, id: SeqKey) -> PrefetchState {
+        let job = match self.prefetches.get(&id) {
+            Some(Prefetch::Pending { job, .. }) if !self.grace_left.is_zero() => *job,
+            _ => return self.try_take_prefetch(id),
+        };
+        if self.loader.is_done(job) {
+            return self.try_take_prefetch(id);
+        }
+        let start = Instant::now();
+        self.loader.wait_any(&[job], self.grace_left);
+        self.grace_left = self.grace_left.saturating_sub(start.elapsed());
+        self.try_take_prefetch(id)
+    }
+
+    /// Takes the prefetch of `id` if it is done (a pending one stays pending).
+    fn try_take_prefetch(&mut self, id: SeqKey) -> PrefetchState {
         let job = match self.prefetches.get(&id) {
             None => return PrefetchState::None,
             Some(Prefetch::Ready(_)) => None,
