@@ -33,6 +33,11 @@ pub struct EngineConfig {
     /// Cap on K/V bytes that prefetches of not-yet-admitted requests may hold in host memory
     /// (past it, a request's lookup starts when it reaches admission).
     pub tier_prefetch_max_bytes: usize,
+    /// How long one step's admissions may wait in all for tier lookups still in flight before
+    /// deferring those requests to a later step (default 2 ms: a RAM-tier lookup takes
+    /// microseconds). A large value makes admission wait for every lookup, so scheduling no
+    /// longer depends on tier timing (deterministic tests).
+    pub tier_admission_wait: std::time::Duration,
 }
 
 impl Default for EngineConfig {
@@ -51,6 +56,7 @@ impl Default for EngineConfig {
             tier_write_on_publish: false,
             tier_load_policy: TierLoadPolicy::CostModel,
             tier_prefetch_max_bytes: crate::tiering::DEFAULT_PREFETCH_MAX_BYTES,
+            tier_admission_wait: crate::tiering::DEFAULT_ADMISSION_WAIT,
         }
     }
 }

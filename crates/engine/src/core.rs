@@ -146,6 +146,7 @@ impl EngineCore {
                 mem.block_num_bytes(),
                 cfg.kv_dtype.id(),
                 cfg.tier_prefetch_max_bytes,
+                cfg.tier_admission_wait,
             )
         });
         Ok(EngineCore {
@@ -400,6 +401,11 @@ impl EngineCore {
     /// Starts the tier lookup of `id`'s full prompt blocks beyond what the active pool holds
     /// now (at least one token is always computed). `force` ignores the prefetch byte cap.
     fn start_prefetch(&mut self, id: SeqKey, force: bool) -> bool {
+        if self.tiers.is_none() {
+            return false;
+        }
+        // Pending evictions are queued for demotion first: the lookup must see them.
+        self.sync_tiers(None);
         let Some(t) = self.tiers.as_mut() else {
             return false;
         };
@@ -639,6 +645,10 @@ impl EngineCore {
     /// pool and then from its tier prefetch; waits (`Later`) while the prefetch is in flight.
     fn admit(&mut self, id: SeqKey, budget: usize, tick: Tick) -> Result<Admission, EngineError> {
         let bs = self.cfg.block_size;
+        // Blocks evicted earlier in this step go to the demotion queue first, so a tier lookup
+        // started now sees them (a preempted request re-admitted in the step that evicted its
+        // blocks must find them in the tier).
+        self.sync_tiers(None);
         let (cs, cached, miss) = if self.cfg.prefix_caching {
             let s = &self.seqs[&id];
             let (ns, num_tokens) = (s.ns, s.tokens.len());

@@ -294,8 +294,8 @@ pub const DEFAULT_PREFETCH_MAX_BYTES: usize = 1 << 30;
 /// How long a step with nothing to run waits for an in-flight prefetch before returning.
 const PREFETCH_WAIT: Duration = Duration::from_millis(20);
 
-/// How long one step's admissions may wait in all for prefetches still in flight.
-const ADMISSION_GRACE: Duration = Duration::from_millis(2);
+/// Default of `EngineConfig::tier_admission_wait`.
+pub const DEFAULT_ADMISSION_WAIT: Duration = Duration::from_millis(2);
 
 pub(crate) struct Tiering {
     shared: Arc<TierShared>,
@@ -313,7 +313,9 @@ pub(crate) struct Tiering {
     num_prefetches: u64,
     num_refetches: u64,
     prefetch_wait_steps: u64,
-    /// What is left of this step's [`ADMISSION_GRACE`].
+    /// How long one step's admissions may wait in all for prefetches in flight.
+    admission_wait: Duration,
+    /// What is left of this step's `admission_wait`.
     grace_left: Duration,
 }
 
@@ -337,6 +339,7 @@ impl Tiering {
         block_bytes: usize,
         codec_id: String,
         prefetch_max_bytes: usize,
+        admission_wait: Duration,
     ) -> Tiering {
         let n = stores.len();
         let demoter = Demoter::new(stores.clone(), block_size, codec_id.clone());
@@ -368,7 +371,8 @@ impl Tiering {
             num_prefetches: 0,
             num_refetches: 0,
             prefetch_wait_steps: 0,
-            grace_left: ADMISSION_GRACE,
+            admission_wait,
+            grace_left: admission_wait,
         }
     }
 
@@ -492,7 +496,7 @@ impl Tiering {
 
     /// A new engine step: resets the time admission may wait for nearly finished prefetches.
     pub fn begin_step(&mut self) {
-        self.grace_left = ADMISSION_GRACE;
+        self.grace_left = self.admission_wait;
     }
 
     /// Takes the prefetch of `id` if it is done; a pending one is waited for while this step's
@@ -648,7 +652,17 @@ mod tests {
             write_through: false,
             on_publish: false,
         };
-        Tiering::new(stores, writes, policy, 8, 2, 4, "f16".into(), 1 << 20)
+        Tiering::new(
+            stores,
+            writes,
+            policy,
+            8,
+            2,
+            4,
+            "f16".into(),
+            1 << 20,
+            DEFAULT_ADMISSION_WAIT,
+        )
     }
 
     /// Publishes `block` under `key` in `root`, evicts it and demotes it with `bytes`.
@@ -722,6 +736,7 @@ mod tests {
             4,
             "f16".into(),
             1 << 20,
+            DEFAULT_ADMISSION_WAIT,
         );
         let ns = Namespace::for_tenant(TenantId(1)).key();
         let tokens: Vec<u32> = (0..5).collect();
@@ -779,6 +794,7 @@ mod tests {
             4,
             "f16".into(),
             8, // two blocks of 4 bytes
+            DEFAULT_ADMISSION_WAIT,
         );
         let ns = Namespace::for_tenant(TenantId(1)).key();
         let tokens: Vec<u32> = (0..9).collect();

@@ -49,13 +49,15 @@ struct Outcome {
     cached_tokens: usize,
 }
 
-/// A 24-block pool (five 7-block requests overflow it), tiers always loaded.
+/// A 24-block pool (five 7-block requests overflow it), tiers always loaded, admission waiting
+/// for every tier lookup (scheduling independent of tier timing: deterministic).
 fn cfg() -> EngineConfig {
     EngineConfig {
         num_blocks: 24,
         block_size: BLOCK_SIZE,
         threads: 2,
         tier_load_policy: TierLoadPolicy::Always,
+        tier_admission_wait: std::time::Duration::from_secs(600),
         ..Default::default()
     }
 }
@@ -406,8 +408,13 @@ fn a_slow_tier_load_never_stalls_other_requests() {
         max_bytes: 256 << 20,
         compression: Compression::None,
     })));
+    // The default admission wait (2 ms): a slow lookup defers its request, not the batch.
+    let async_cfg = EngineConfig {
+        tier_admission_wait: EngineConfig::default().tier_admission_wait,
+        ..cfg()
+    };
     let mut core =
-        EngineCore::with_tier_stores(model(), cfg(), vec![slow.clone() as Arc<dyn TierStore>])
+        EngineCore::with_tier_stores(model(), async_cfg, vec![slow.clone() as Arc<dyn TierStore>])
             .unwrap();
     let a = prompt(A);
     request(&mut core, &a, 1);
