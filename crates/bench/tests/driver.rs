@@ -159,6 +159,14 @@ async fn timings_usage_and_cached_fraction() {
     assert_eq!(t.calls_ok, 16);
     assert_eq!(t.generated_tokens, 48);
     assert_eq!(t.cached_fraction, Some(0.5));
+    // 4 tasks of 4 calls: each task's first call is uncached, the other three diverged.
+    assert_eq!(
+        t.cache_misses,
+        [("diverged".to_string(), 12), ("uncached".to_string(), 4)].into()
+    );
+    let table = bench::report::table::render(&r);
+    assert!(table.contains("cache misses d / e / u"), "{table}");
+    assert!(table.contains("12 / 0 / 4"), "{table}");
     // prompt tokens = 100 × messages; step s has 2 + 2s messages; 4 tasks.
     assert_eq!(t.prompt_tokens, 4 * 100 * (2 + 4 + 6 + 8));
     assert_eq!(t.ttft_s.unwrap().count, 16);

@@ -58,6 +58,11 @@ pub struct TargetSummary {
     pub cached_tokens: Option<u64>,
     /// cached / prompt tokens over the calls that reported cached tokens.
     pub cached_fraction: Option<f64>,
+    /// Calls whose usage said why their cached prefix ended early, by reason (`diverged`,
+    /// `evicted`, `uncached`: agentkv's `prompt_tokens_details.cache_miss`); empty when the
+    /// server does not report it.
+    #[serde(default)]
+    pub cache_misses: BTreeMap<String, u64>,
 }
 
 /// Builds the results of `out`, run against `targets` (indices as in the records).
@@ -135,6 +140,13 @@ fn summarize_target(
         .collect();
     let cached_tokens = (!with_cached.is_empty()).then(|| with_cached.iter().map(|c| c.0).sum());
     let cached_prompt: u64 = with_cached.iter().map(|c| c.1).sum();
+    let mut cache_misses = BTreeMap::new();
+    for miss in with_usage
+        .iter()
+        .filter_map(|u| u.prompt_tokens_details.as_ref()?.cache_miss.as_ref())
+    {
+        *cache_misses.entry(miss.reason.clone()).or_insert(0) += 1;
+    }
     let per_s = |x: f64| if wall_s > 0.0 { x / wall_s } else { 0.0 };
     TargetSummary {
         target,
@@ -160,6 +172,7 @@ fn summarize_target(
         cached_fraction: cached_tokens
             .filter(|_| cached_prompt > 0)
             .map(|c| c as f64 / cached_prompt as f64),
+        cache_misses,
     }
 }
 

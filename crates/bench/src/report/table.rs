@@ -115,6 +115,19 @@ pub fn rows(r: &BenchResults) -> (Vec<String>, Vec<TableRow>) {
             }),
             None,
         ),
+        (
+            // agentkv's per-call miss reasons: diverged / evicted / uncached.
+            "cache misses d / e / u".into(),
+            each(&|s| {
+                if s.cache_misses.is_empty() {
+                    "—".into()
+                } else {
+                    let n = |r: &str| s.cache_misses.get(r).copied().unwrap_or(0);
+                    format!("{} / {} / {}", n("diverged"), n("evicted"), n("uncached"))
+                }
+            }),
+            None,
+        ),
     ]);
     let rows = rows
         .into_iter()

@@ -158,7 +158,12 @@ async fn chat(State(st): State<Arc<St>>, Json(req): Json<ChatCompletionRequest>)
                 prompt_tokens_details: st.cfg.report_cached.then_some(PromptTokensDetails {
                     cached_tokens: Some(50 * msgs),
                     audio_tokens: None,
-                    cache_miss: None,
+                    // Like agentkv: the first call of a task (2 messages) is new, later ones
+                    // diverge where the previous answer was appended.
+                    cache_miss: Some(api::CacheMissDetails {
+                        reason: if msgs == 2 { "uncached" } else { "diverged" }.into(),
+                        at_token: 50 * msgs,
+                    }),
                 }),
                 completion_tokens_details: None,
             };
