@@ -4,9 +4,10 @@
 //! Owns the rounding rules that make the documented bound hold *with the stored (f16)
 //! parameters*: the offset is the group minimum rounded **down** to f16, the scale is
 //! `(max − offset)/qmax` rounded **up** to f16, so every in-range value has a code within half a
-//! step. Non-finite input: NaN takes code 0 (decodes to the offset) and is ignored when choosing
-//! the range; ±inf and finite values beyond ±65504 saturate to ±65504 (the f16 range). Never
-//! touches row layout.
+//! step. [`choose_clipped`] (int4) instead searches a few shrunk ranges for the smallest squared
+//! error of the group, trading a larger error on clipped extremes for a finer step. Non-finite
+//! input: NaN takes code 0 (decodes to the offset) and is ignored when choosing the range; ±inf
+//! and finite values beyond ±65504 saturate to ±65504 (the f16 range). Never touches row layout.
 
 use half::f16;
 
@@ -48,32 +49,123 @@ pub(crate) fn sanitize(x: f32) -> Option<f32> {
     }
 }
 
-/// Parameters for `values` with codes `0..=qmax`.
+/// Parameters for `values` with codes `0..=qmax`, covering the whole finite range `[min, max]`.
 pub(crate) fn choose(values: &[f32], qmax: u32) -> Affine {
+    match finite_range(values) {
+        Some((min, max)) => covering(min, max, qmax),
+        None => ALL_NAN,
+    }
+}
+
+/// Clipping candidates of [`choose_clipped`]: `(low, high)` shrink fractions of the range
+/// `max − min`, the range tried being `[min + low·range, max − high·range]`. The first is the
+/// full range, so the search can only lower the squared error.
+pub(crate) const CLIP_CANDIDATES: &[(f32, f32)] = &[
+    (0.0, 0.0),
+    (0.025, 0.025),
+    (0.05, 0.05),
+    (0.075, 0.075),
+    (0.1, 0.1),
+    (0.125, 0.125),
+    (0.15, 0.15),
+];
+
+/// Parameters for `values` with codes `0..=qmax` minimising the group's squared reconstruction
+/// error over the ranges of [`CLIP_CANDIDATES`] (the full range wins ties). Values outside the
+/// chosen range clamp to code 0 or `qmax`.
+pub(crate) fn choose_clipped(values: &[f32], qmax: u32) -> Affine {
+    let Some((min, max)) = finite_range(values) else {
+        return ALL_NAN;
+    };
+    let full = covering(min, max, qmax);
+    if min == max {
+        return full;
+    }
+    let range = max - min;
+    let mut best = (squared_error(values, full, qmax), full);
+    for &(low, high) in &CLIP_CANDIDATES[1..] {
+        let p = covering(min + low * range, max - high * range, qmax);
+        let e = squared_error(values, p, qmax);
+        if e < best.0 {
+            best = (e, p);
+        }
+    }
+    best.1
+}
+
+const ALL_NAN: Affine = Affine {
+    scale: f16::ZERO,
+    offset: f16::ZERO,
+};
+
+/// `(min, max)` of the sanitised values, or `None` when all are NaN.
+fn finite_range(values: &[f32]) -> Option<(f32, f32)> {
     let (mut min, mut max) = (f32::INFINITY, f32::NEG_INFINITY);
     for x in values.iter().filter_map(|&x| sanitize(x)) {
         min = min.min(x);
         max = max.max(x);
     }
-    if min > max {
-        // All NaN: every code is 0 and decodes to 0.
-        return Affine {
-            scale: f16::ZERO,
-            offset: f16::ZERO,
-        };
-    }
-    let mut offset = f16::from_f32(min);
-    if offset.to_f32() > min {
+    (min <= max).then_some((min, max))
+}
+
+/// Stored parameters whose grid covers `[lo, hi]` (`lo ≤ hi`, both within the f16 range):
+/// offset = `lo` rounded down to f16, scale = `(hi − offset)/qmax` rounded up.
+fn covering(lo: f32, hi: f32, qmax: u32) -> Affine {
+    let mut offset = f16::from_f32(lo);
+    if offset.to_f32() > lo {
         offset = f16_next_down(offset);
     }
     // Exact in f64: both operands are f32 values within the f16 range.
-    let range = f64::from(max) - offset.to_f64();
+    let range = f64::from(hi) - offset.to_f64();
     let wanted = range / f64::from(qmax);
     let mut scale = f16::from_f64(wanted);
     if scale.to_f64() < wanted {
         scale = f16_next_up(scale);
     }
     Affine { scale, offset }
+}
+
+/// Sum of squared errors of `values` (NaN skipped) decoded with `p`. Branch-free over lanes of
+/// 8 so it vectorises; uses an f32 reciprocal, `2^23`-addition rounding and an unfused
+/// multiply-add (no libm `fmaf` call), so a code or reconstruction may
+/// differ from [`code`]'s on near-ties, which only affects the ranking, never the stored codes
+/// (those always come from [`code`]).
+fn squared_error(values: &[f32], p: Affine, qmax: u32) -> f32 {
+    const LANES: usize = 8;
+    // Adding and subtracting 2^23 rounds a value in [0, 2^23) to the nearest integer, ties to
+    // even (the default rounding mode), without a libm call on targets lacking `roundps`.
+    const ROUND: f32 = 8_388_608.0;
+    let (scale, offset) = (p.scale.to_f32(), p.offset.to_f32());
+    let inv = if scale == 0.0 { 0.0 } else { 1.0 / scale };
+    let top = qmax as f32;
+    // Error of one value within ±F16_MAX. Plain comparisons rather than `clamp`/`max`/`min`
+    // (whose NaN rules keep LLVM from vectorising the lanes below).
+    let err = |x: f32| -> f32 {
+        let y = (x - offset) * inv;
+        let y = if y > 0.0 { y } else { 0.0 };
+        let y = if y < top { y } else { top };
+        let c = (y + ROUND) - ROUND;
+        x - (c * scale + offset)
+    };
+    if values.iter().any(|x| x.is_nan() || x.abs() > F16_MAX) {
+        // Rare: NaN (contributes nothing) or values to saturate first.
+        return values
+            .iter()
+            .filter_map(|&x| sanitize(x))
+            .map(|x| err(x) * err(x))
+            .sum();
+    }
+    let mut acc = [0f32; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().map(|&x| err(x) * err(x)).sum();
+    for chunk in chunks {
+        let lanes: &[f32; LANES] = chunk.try_into().expect("chunks_exact yields LANES values");
+        for (a, &x) in acc.iter_mut().zip(lanes) {
+            let d = err(x);
+            *a += d * d;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// `p`'s scale and offset widened to f64 once per group, for [`code`].
@@ -129,6 +221,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn exact_squared_error(values: &[f32], p: Affine, qmax: u32) -> f64 {
+        let (s, o) = (p.scale.to_f32(), p.offset.to_f32());
+        values
+            .iter()
+            .map(|&x| f64::from(x - dequant(code(x, widen(p), qmax), s, o)).powi(2))
+            .sum()
+    }
+
+    #[test]
+    fn clipping_lowers_the_error_of_a_group_with_an_outlier() {
+        // 31 values spread over [-1, 1] and one outlier at 6: the full range wastes most codes.
+        let mut vals: Vec<f32> = (0..31).map(|i| -1.0 + i as f32 / 15.0).collect();
+        vals.push(6.0);
+        let full = choose(&vals, 15);
+        let clipped = choose_clipped(&vals, 15);
+        assert_ne!(clipped, full);
+        assert!(clipped.offset.to_f32() + 15.0 * clipped.scale.to_f32() < 6.0);
+        let (e_full, e_clip) = (
+            exact_squared_error(&vals, full, 15),
+            exact_squared_error(&vals, clipped, 15),
+        );
+        assert!(e_clip < e_full, "{e_clip} !< {e_full}");
+    }
+
+    #[test]
+    fn values_on_the_full_grid_keep_the_full_range() {
+        // Exactly representable on the min/max grid: zero error, no candidate can beat it.
+        let vals: Vec<f32> = (0..32).map(|i| (i % 16) as f32 * 0.25 - 1.0).collect();
+        assert_eq!(choose_clipped(&vals, 15), choose(&vals, 15));
+        assert_eq!(exact_squared_error(&vals, choose(&vals, 15), 15), 0.0);
+        // Constant and all-NaN groups too.
+        assert_eq!(choose_clipped(&[2.5; 8], 15), choose(&[2.5; 8], 15));
+        assert_eq!(
+            choose_clipped(&[f32::NAN; 8], 15),
+            choose(&[f32::NAN; 8], 15)
+        );
     }
 
     #[test]

@@ -114,7 +114,7 @@ mod tests {
         let mixed = KvCodecs::parse("k=int8, v=int4-g64").unwrap();
         assert_eq!(mixed.id(), "k=int8-g64,v=int4-g64");
         assert_eq!(KvCodecs::parse(&mixed.id()), Ok(mixed));
-        assert_eq!(mixed.version(), 0x0001_0001);
+        assert_eq!(mixed.version(), 0x0001_0002);
         // The default model: 30 layers, 3 KV heads, head_dim 64.
         assert_eq!(
             KvCodecs::uniform(KvCodecKind::F16).bytes_per_token(30, 3, 64),

@@ -115,8 +115,13 @@ impl KvCodecKind {
 
     /// Version of the byte layout and rounding rules; bumped whenever encoded bytes of the same
     /// input could change, so cached blocks of an older version are never read as the new one.
+    /// `int4` / `int4h` are at 2: their encoder searches clipped ranges (same layout, same
+    /// decoder, different bytes); every other codec is at 1.
     pub fn version(&self) -> u32 {
-        1
+        match self {
+            KvCodecKind::Int4 { .. } | KvCodecKind::Int4Hadamard { .. } => 2,
+            _ => 1,
+        }
     }
 
     /// The channel group of an integer codec (rotated or not).
@@ -263,7 +268,11 @@ mod tests {
         {
             assert_eq!(KvCodecKind::parse(&kind.id()), Ok(kind));
             assert_eq!(kind.to_string().parse::<KvCodecKind>(), Ok(kind));
-            assert_eq!(kind.version(), 1);
+            let clipped = matches!(
+                kind,
+                KvCodecKind::Int4 { .. } | KvCodecKind::Int4Hadamard { .. }
+            );
+            assert_eq!(kind.version(), if clipped { 2 } else { 1 });
         }
         assert_eq!(
             KvCodecKind::parse("INT8"),

@@ -15,6 +15,13 @@
 //!   + 2^-24·|x̂|`, where the stored `scale ≥ (max − min)/qmax` is at most one f16 ulp above
 //!   it plus the offset's downward rounding (`≤ 2^-11·|min|/qmax`); a constant, f16-exact group
 //!   has `scale = 0` and is exact. Inputs beyond ±65504 saturate to ±65504 first.
+//! - `int4` additionally clips: its encoder tries the ranges `[min + a·r, max − b·r]`
+//!   (`r = max − min`, `(a, b)` from `affine::CLIP_CANDIDATES`, all `≤ 0.15`, the full range
+//!   first) and keeps the one with the smallest squared error of the group, so the group's
+//!   squared error never exceeds the min/max encoding's (up to f32 rounding of the ranking).
+//!   Per element: `|x − x̂| ≤ max(scale/2, d) + 2^-24·|x̂|`, where `d` is the distance from `x`
+//!   to the stored range `[offset, offset + 15·scale]` (clipped values err by `d ≤ 0.15·r`,
+//!   which can exceed `scale/2`); `scale` is tight for the chosen range as above.
 //!
 //! Non-finite input never panics: NaN encodes as 0 (f32/f16/bf16 keep NaN; fp8 → +0; int → code
 //! 0, i.e. the group offset) and is ignored when choosing scales; ±inf stays ±inf in
@@ -96,7 +103,11 @@ fn encode_int(x: &[f32], out: &mut [u8], group: usize, qmax: u32) {
         .zip(params.chunks_exact_mut(4))
         .enumerate()
     {
-        let p = affine::choose(xg, qmax);
+        let p = if qmax == 15 {
+            affine::choose_clipped(xg, qmax)
+        } else {
+            affine::choose(xg, qmax)
+        };
         let wide = affine::widen(p);
         pg[..2].copy_from_slice(&p.scale.to_bits().to_le_bytes());
         pg[2..].copy_from_slice(&p.offset.to_bits().to_le_bytes());

@@ -1,7 +1,8 @@
 //! Round-trip property tests: every codec's documented error bound (see `quant::row`) holds for
 //! random rows over a wide magnitude range, asymmetric rows, constant rows, and rows with NaN,
 //! ±inf, huge and tiny values mixed in (which must never panic). Also checks that the integer
-//! codecs' online scale is tight, not merely safe. Rotated codecs (`int8h`, `int4h`) are exactly
+//! codecs' online scale is tight, not merely safe (int4: tight for its clipped range, and its
+//! squared error never above the min/max encoding's). Rotated codecs (`int8h`, `int4h`) are exactly
 //! their storage codec applied to the rotated row, and decode with the same Euclidean error.
 
 use proptest::prelude::*;
@@ -11,6 +12,9 @@ use quant::{
 };
 
 const HEAD_DIM: usize = 64;
+/// The largest fraction of a group's range the int4 encoder may clip off either end (see
+/// `quant::row`).
+const CLIP: f64 = 0.15;
 
 fn kinds() -> Vec<KvCodecKind> {
     vec![
@@ -219,11 +223,8 @@ fn check_bound(kind: KvCodecKind, x: &[f32]) -> Result<(), String> {
             }
         }
         KvCodecKind::Int8 { group } | KvCodecKind::Int4 { group } => {
-            let qmax = if matches!(kind, KvCodecKind::Int8 { .. }) {
-                255.0
-            } else {
-                15.0
-            };
+            let clipped = matches!(kind, KvCodecKind::Int4 { .. });
+            let qmax = if clipped { 15.0 } else { 255.0 };
             let params = &bytes[..INT_PARAM_BYTES_PER_GROUP * (x.len() / group)];
             for (g, xg) in x.chunks_exact(group).enumerate() {
                 let (s, o) = (f16_param(params, 2 * g), f16_param(params, 2 * g + 1));
@@ -239,14 +240,36 @@ fn check_bound(kind: KvCodecKind, x: &[f32]) -> Result<(), String> {
                     clamped.iter().copied().reduce(f32::max),
                 ) {
                     let ulp_min = f64::from(min.abs()) * 2f64.powi(-10) + 2f64.powi(-24);
-                    if f64::from(o) > f64::from(min) || f64::from(o) < f64::from(min) - ulp_min {
+                    // int4 may clip up to CLIP·range off either end (f32 slack on the ends).
+                    let (min64, max64) = (f64::from(min), f64::from(max));
+                    let clip = if clipped { CLIP * (max64 - min64) } else { 0.0 };
+                    let slack = 2f64.powi(-22) * min64.abs().max(max64.abs());
+                    let (o64, s64) = (f64::from(o), f64::from(s));
+                    if o64 > min64 + clip + slack || o64 < min64 - ulp_min {
                         return Err(format!("{kind}: offset {o} vs min {min}"));
                     }
-                    let wanted = (f64::from(max) - f64::from(o)) / qmax;
-                    if f64::from(s) < wanted
-                        || f64::from(s) > wanted * (1.0 + 2f64.powi(-10)) + 2f64.powi(-24)
-                    {
+                    let wanted = (max64 - o64) / qmax;
+                    let least = (max64 - clip - slack - o64) / qmax;
+                    if s64 < least || s64 > wanted * (1.0 + 2f64.powi(-10)) + 2f64.powi(-24) {
                         return Err(format!("{kind}: scale {s} vs needed {wanted}"));
+                    }
+                    if clipped {
+                        // Never worse than the min/max encoding, whose error per element is at
+                        // most half its (tight) scale.
+                        let omm = min64 - ulp_min;
+                        let smm = (max64 - omm) / qmax * (1.0 + 2f64.powi(-10)) + 2f64.powi(-24);
+                        let (mut sse, mut sse_mm) = (0f64, 0f64);
+                        for (k, &v) in xg.iter().enumerate() {
+                            if !v.is_nan() {
+                                let i = g * group + k;
+                                sse += err(i, v.clamp(-F16_MAX, F16_MAX)).powi(2);
+                                let e = smm / 2.0 + 2f64.powi(-24) * f64::from(xh[i].abs());
+                                sse_mm += e * e;
+                            }
+                        }
+                        if sse > sse_mm * (1.0 + 1e-4) {
+                            return Err(format!("{kind}: group {g} squared error {sse:e} above the min/max bound {sse_mm:e}"));
+                        }
                     }
                 }
                 for (k, &v) in xg.iter().enumerate() {
@@ -260,8 +283,13 @@ fn check_bound(kind: KvCodecKind, x: &[f32]) -> Result<(), String> {
                         }
                         continue;
                     }
-                    let bound = f64::from(s) / 2.0 + 2f64.powi(-24) * f64::from(xh[i].abs());
-                    if err(i, v.clamp(-F16_MAX, F16_MAX)) > bound {
+                    let v = v.clamp(-F16_MAX, F16_MAX);
+                    // Distance to the stored range: non-zero only for values int4 clipped.
+                    let (lo, hi) = (f64::from(o), f64::from(o) + qmax * f64::from(s));
+                    let d = (lo - f64::from(v)).max(f64::from(v) - hi).max(0.0);
+                    let bound =
+                        (f64::from(s) / 2.0).max(d) + 2f64.powi(-24) * f64::from(xh[i].abs());
+                    if err(i, v) > bound {
                         return Err(fail(i, bound));
                     }
                 }
