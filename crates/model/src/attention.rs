@@ -240,6 +240,19 @@ mod tests {
         }
     }
 
+    /// Softmax attention of `q` over rows `ks` / `vs` in f64: `[head_dim]` output.
+    fn exact_attention(ks: &[Vec<f64>], vs: &[Vec<f64>], q: &[f32], scale: f64) -> Vec<f64> {
+        let s: Vec<f64> = ks
+            .iter()
+            .map(|k| k.iter().zip(q).map(|(a, &b)| a * b as f64).sum::<f64>() * scale)
+            .collect();
+        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+        (0..q.len())
+            .map(|i| (0..s.len()).map(|p| (s[p] - m).exp() / z * vs[p][i]).sum())
+            .collect()
+    }
+
     /// Encoded K/V (rotated or not, K and V codecs differing) against exact softmax attention
     /// over the rows as they decode: the rotated query and the once-rotated-back value sum must
     /// give what attention over the unrotated decoded rows gives.
@@ -274,12 +287,7 @@ mod tests {
                 vs.push(decoded(codecs.v, &v));
             }
             let q: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-            let s: Vec<f64> = ks
-                .iter()
-                .map(|k| k.iter().zip(&q).map(|(a, &b)| a * b as f64).sum::<f64>() * 0.125)
-                .collect();
-            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            let want = exact_attention(&ks, &vs, &q, 0.125);
             let mut out = vec![0.0f32; hd];
             attend_one(
                 &kv,
@@ -293,11 +301,11 @@ mod tests {
                 &mut out,
             );
             for i in 0..hd {
-                let want: f64 = (0..n).map(|p| (s[p] - m).exp() / z * vs[p][i]).sum();
                 assert!(
-                    (out[i] as f64 - want).abs() < 1e-4,
-                    "{spec} i={i}: {} vs {want}",
-                    out[i]
+                    (out[i] as f64 - want[i]).abs() < 1e-4,
+                    "{spec} i={i}: {} vs {}",
+                    out[i],
+                    want[i]
                 );
             }
         }
@@ -333,12 +341,7 @@ mod tests {
             }
             let q: Vec<f32> = (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
             let scale = 0.125f32;
-            let s: Vec<f64> = ks
-                .iter()
-                .map(|k| k.iter().zip(&q).map(|(a, &b)| a * b as f64).sum::<f64>() * 0.125)
-                .collect();
-            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            let want = exact_attention(&ks, &vs, &q, 0.125);
             let mut out = vec![0.0f32; hd];
             attend_one(
                 &kv,
@@ -352,12 +355,12 @@ mod tests {
                 &mut out,
             );
             for i in 0..hd {
-                let want: f64 = (0..n).map(|p| (s[p] - m).exp() / z * vs[p][i]).sum();
                 // f16 query and (for short runs) an f16 accumulator: a few f16 ulps of 3.0.
                 assert!(
-                    (out[i] as f64 - want).abs() < 1e-2,
-                    "n={n} i={i}: {} vs {want}",
-                    out[i]
+                    (out[i] as f64 - want[i]).abs() < 1e-2,
+                    "n={n} i={i}: {} vs {}",
+                    out[i],
+                    want[i]
                 );
             }
         }

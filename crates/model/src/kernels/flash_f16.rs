@@ -208,19 +208,9 @@ pub fn scale_f16_with(features: CpuFeatures, y: &mut [f32], v: f32) {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! AVX2 bodies; callers must have checked AVX2+FMA+F16C at runtime.
+    use super::super::vec_f16::avx2::{axpy, load8};
     use half::f16;
     use std::arch::x86_64::*;
-
-    /// Eight f16 at `p` widened to f32.
-    ///
-    /// # Safety
-    /// `p` points at 8 readable `f16` (16 bytes).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn load8(p: *const f16) -> __m256 {
-        // SAFETY: the caller guarantees 16 readable bytes; unaligned load.
-        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) })
-    }
 
     /// Rounds 8 lanes to f16 and back (round to nearest even).
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -299,20 +289,7 @@ mod avx2 {
                 if ROUND {
                     mad(acc, v, vs);
                 } else {
-                    let vv = _mm256_set1_ps(vs);
-                    let mut i = 0;
-                    while i + 8 <= hd {
-                        // SAFETY: `i + 8 <= hd` and both slices hold `hd` elements.
-                        unsafe {
-                            let xv = load8(v.as_ptr().add(i));
-                            let yv = _mm256_loadu_ps(acc.as_ptr().add(i));
-                            _mm256_storeu_ps(acc.as_mut_ptr().add(i), _mm256_fmadd_ps(xv, vv, yv));
-                        }
-                        i += 8;
-                    }
-                    for j in i..hd {
-                        acc[j] = v[j].to_f32().mul_add(vs, acc[j]);
-                    }
+                    axpy(vs, v, acc);
                 }
                 st.sum = st.sum.mul_add(ms, vs);
             }

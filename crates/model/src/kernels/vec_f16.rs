@@ -51,7 +51,7 @@ pub fn axpy_f16_with(features: CpuFeatures, a: f32, x: &[f16], y: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     //! AVX2 bodies; callers must have checked AVX2+FMA+F16C at runtime.
     use super::super::vec_f32::avx2::hsum8_ps;
     use half::f16;
@@ -63,7 +63,7 @@ mod avx2 {
     /// `p` points at 8 readable `f16` (16 bytes); F16C is available.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn load8(p: *const f16) -> __m256 {
+    pub(in crate::kernels) unsafe fn load8(p: *const f16) -> __m256 {
         // SAFETY: the caller guarantees 16 readable bytes; `f16` is a plain `u16`, unaligned load.
         _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) })
     }
@@ -104,7 +104,7 @@ mod avx2 {
     /// Twin of `vec_f32::avx2::axpy` with `x` widened on load.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(super) fn axpy(a: f32, x: &[f16], y: &mut [f32]) {
+    pub(in crate::kernels) fn axpy(a: f32, x: &[f16], y: &mut [f32]) {
         let n = x.len().min(y.len());
         let av = _mm256_set1_ps(a);
         let mut i = 0;
