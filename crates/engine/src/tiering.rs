@@ -647,11 +647,18 @@ mod tests {
         }))
     }
 
-    fn tiering(stores: Vec<Arc<dyn TierStore>>, policy: TierLoadPolicy) -> Tiering {
+    /// 8 blocks of 2 tokens, 4 bytes each, f16.
+    fn tiering_with(
+        stores: Vec<Arc<dyn TierStore>>,
+        policy: TierLoadPolicy,
+        on_publish: bool,
+        prefetch_max_bytes: usize,
+    ) -> Tiering {
         let writes = WritePolicy {
             write_through: false,
-            on_publish: false,
+            on_publish,
         };
+        let wait = DEFAULT_ADMISSION_WAIT;
         Tiering::new(
             stores,
             writes,
@@ -660,9 +667,13 @@ mod tests {
             2,
             4,
             "f16".into(),
-            1 << 20,
-            DEFAULT_ADMISSION_WAIT,
+            prefetch_max_bytes,
+            wait,
         )
+    }
+
+    fn tiering(stores: Vec<Arc<dyn TierStore>>, policy: TierLoadPolicy) -> Tiering {
+        tiering_with(stores, policy, false, 1 << 20)
     }
 
     /// Publishes `block` under `key` in `root`, evicts it and demotes it with `bytes`.
@@ -723,21 +734,7 @@ mod tests {
     #[test]
     fn write_on_publish_writes_once_and_never_on_eviction() {
         let store = ram();
-        let writes = WritePolicy {
-            write_through: false,
-            on_publish: true,
-        };
-        let mut t = Tiering::new(
-            vec![store.clone()],
-            writes,
-            TierLoadPolicy::Always,
-            8,
-            2,
-            4,
-            "f16".into(),
-            1 << 20,
-            DEFAULT_ADMISSION_WAIT,
-        );
+        let mut t = tiering_with(vec![store.clone()], TierLoadPolicy::Always, true, 1 << 20);
         let ns = Namespace::for_tenant(TenantId(1)).key();
         let tokens: Vec<u32> = (0..5).collect();
         let keys = cache::key::chain_keys(&ns, &tokens, 2, 2);
@@ -782,20 +779,8 @@ mod tests {
 
     #[test]
     fn prefetches_beyond_the_byte_cap_wait_for_admission() {
-        let mut t = Tiering::new(
-            vec![ram()],
-            WritePolicy {
-                write_through: false,
-                on_publish: false,
-            },
-            TierLoadPolicy::Always,
-            8,
-            2,
-            4,
-            "f16".into(),
-            8, // two blocks of 4 bytes
-            DEFAULT_ADMISSION_WAIT,
-        );
+        // Room for two blocks of 4 bytes.
+        let mut t = tiering_with(vec![ram()], TierLoadPolicy::Always, false, 8);
         let ns = Namespace::for_tenant(TenantId(1)).key();
         let tokens: Vec<u32> = (0..9).collect();
         let (a, b) = (
