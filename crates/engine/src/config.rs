@@ -38,6 +38,12 @@ pub struct EngineConfig {
     /// microseconds). A large value makes admission wait for every lookup, so scheduling no
     /// longer depends on tier timing (deterministic tests).
     pub tier_admission_wait: std::time::Duration,
+    /// Target duration of a step that carries decodes: prefill chunks mixed into such a step
+    /// are cut to what the online cost model (`step_budget`) predicts fits, so inter-token
+    /// latency stays bounded while long prompts stream in. `None`: only `max_batch_tokens`.
+    pub step_time_target: Option<std::time::Duration>,
+    /// Prefill tokens a step with decodes may always carry (prompts never starve).
+    pub min_prefill_tokens_per_step: usize,
 }
 
 impl Default for EngineConfig {
@@ -57,6 +63,8 @@ impl Default for EngineConfig {
             tier_load_policy: TierLoadPolicy::CostModel,
             tier_prefetch_max_bytes: crate::tiering::DEFAULT_PREFETCH_MAX_BYTES,
             tier_admission_wait: crate::tiering::DEFAULT_ADMISSION_WAIT,
+            step_time_target: None,
+            min_prefill_tokens_per_step: 32,
         }
     }
 }

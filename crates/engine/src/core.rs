@@ -29,6 +29,7 @@ use crate::request::{
 };
 use crate::sequence::Sequence;
 use crate::snapshot::{EngineSnapshot, PinnedPrompt};
+use crate::step_budget::{StepBudget, StepCostModel, StepLoad};
 use crate::tiering::{PrefetchState, Tiering, WritePolicy};
 
 /// Counters of the engine's own work (the cache keeps its own).
@@ -82,6 +83,8 @@ pub struct EngineCore {
     pinned: Vec<PinnedPrompt>,
     /// Storage tiers (`None` when none are configured: no cache events are recorded).
     tiers: Option<Tiering>,
+    /// Online model of step time, for the prefill cap of steps that carry decodes.
+    cost: StepCostModel,
 }
 
 impl EngineCore {
@@ -164,6 +167,7 @@ impl EngineCore {
             started: Instant::now(),
             stats: EngineStats::default(),
             pinned: Vec::new(),
+            cost: StepCostModel::default(),
             tiers,
         })
     }
@@ -482,6 +486,10 @@ impl EngineCore {
         let prefill_before = self.stats.prefill_tokens;
         let started = Instant::now();
         let logits = self.run_forward(&plan)?;
+        let mut load = StepLoad::default();
+        for w in &plan {
+            load.add(w.start, w.len);
+        }
         if let Some(t) = self.tiers.as_mut() {
             let num_prefill = (self.stats.prefill_tokens - prefill_before) as usize;
             let num_tokens = plan.iter().map(|w| w.len).sum();
@@ -513,6 +521,7 @@ impl EngineCore {
             }
             self.sample_and_emit(id, &mut l);
         }
+        self.cost.observe(load, started.elapsed());
         Ok(plan.iter().map(|w| w.len).sum())
     }
 
@@ -522,6 +531,8 @@ impl EngineCore {
         }
         let mut plan: Vec<Work> = Vec::new();
         let mut budget = self.cfg.max_batch_tokens;
+        // What the step holds so far, for the prefill cap (`step_budget`).
+        let mut load = StepLoad::default();
         // 1. Decodes first, oldest first, so inter-token latency stays flat under long prefills.
         let mut i = 0;
         while i < self.running.len() && budget > 0 && plan.len() < self.cfg.max_seqs {
@@ -533,6 +544,7 @@ impl EngineCore {
             match self.append(id, 1, tick)? {
                 true => {
                     let s = &self.seqs[&id];
+                    load.add(s.num_computed, 1);
                     plan.push(Work {
                         id,
                         start: s.num_computed,
@@ -565,6 +577,7 @@ impl EngineCore {
                 }
             }
         }
+        let has_decodes = !plan.is_empty();
         // 2. Prefill chunks of running requests.
         for idx in 0..self.running.len() {
             if budget == 0 || plan.len() >= self.cfg.max_seqs {
@@ -575,9 +588,10 @@ impl EngineCore {
             if s.is_decoding() || s.num_pending() == 0 {
                 continue;
             }
-            let len = s.num_pending().min(budget);
             let start = s.num_computed;
+            let len = self.prefill_cap(&load, has_decodes, start, s.num_pending().min(budget));
             if self.append(id, len, tick)? {
+                load.add(start, len);
                 plan.push(Work { id, start, len });
                 budget -= len;
             }
@@ -593,9 +607,10 @@ impl EngineCore {
                 skipped.push_back(id);
                 continue;
             }
-            match self.admit(id, budget, tick)? {
+            match self.admit(id, budget, &load, has_decodes, tick)? {
                 Admission::Run(w) => {
                     budget -= w.len;
+                    load.add(w.start, w.len);
                     plan.push(w);
                 }
                 Admission::NoBlocks => {
@@ -643,7 +658,23 @@ impl EngineCore {
 
     /// Gives `id` blocks and its first chunk, with its prompt's cached prefix from the active
     /// pool and then from its tier prefetch; waits (`Later`) while the prefetch is in flight.
-    fn admit(&mut self, id: SeqKey, budget: usize, tick: Tick) -> Result<Admission, EngineError> {
+    /// The prefill chunk allowed at `start` (at most `want` tokens) in a step holding `load`.
+    fn prefill_cap(&self, load: &StepLoad, has_decodes: bool, start: usize, want: usize) -> usize {
+        let budget = StepBudget {
+            target: self.cfg.step_time_target,
+            min_prefill_tokens: self.cfg.min_prefill_tokens_per_step,
+        };
+        budget.cap(&self.cost, load, has_decodes, start, want)
+    }
+
+    fn admit(
+        &mut self,
+        id: SeqKey,
+        budget: usize,
+        load: &StepLoad,
+        has_decodes: bool,
+        tick: Tick,
+    ) -> Result<Admission, EngineError> {
         let bs = self.cfg.block_size;
         // Blocks evicted earlier in this step go to the demotion queue first, so a tier lookup
         // started now sees them (a preempted request re-admitted in the step that evicted its
@@ -743,7 +774,8 @@ impl EngineCore {
                 cached_tokens: cached,
             });
         }
-        let len = (s.tokens.len() - cached).min(budget);
+        let want = (s.tokens.len() - cached).min(budget);
+        let len = self.prefill_cap(load, has_decodes, cached, want);
         self.running.push(id);
         if !self.append(id, len, tick)? {
             return Err(EngineError::Internal(

@@ -15,6 +15,7 @@ pub mod paged_kv;
 pub mod request;
 mod sequence;
 pub mod snapshot;
+pub mod step_budget;
 pub mod text;
 pub mod tiering;
 

@@ -137,6 +137,10 @@ impl KvStore for StepKv<'_> {
         Ok(())
     }
 
+    fn codecs(&self) -> KvDtype {
+        self.mem.rows.codecs()
+    }
+
     fn for_each_chunk(
         &self,
         layer: usize,

@@ -6,9 +6,11 @@
 //! attention always reads K/V back from the [`KvStore`]. It never decides what to batch.
 
 use crate::attention::{attend_one, AttnScratch};
+use crate::attention_plan::{self, AttnShape, AttnTask};
+use crate::attention_tiled::{run_tile_task, TileInputs, TileOutputs, TileScratch};
 use crate::config::ModelConfig;
 use crate::kernels::{matmul, matmul_many, KernelError, ThreadPool};
-use crate::kv::{KvError, KvStore, SeqSlot};
+use crate::kv::{KvDtype, KvError, KvStore, SeqSlot};
 use crate::ops::{rms_norm, swiglu, Rope};
 use crate::par::DisjointRows;
 use crate::weights::{Weights, WeightsError};
@@ -49,11 +51,14 @@ pub struct Scratch {
     proj: Vec<f32>, // [num_tokens, hidden]
     gate: Vec<f32>, // [num_tokens, ffn]
     up: Vec<f32>,   // [num_tokens, ffn]
+    /// `[partial_rows, head_dim + 2]`: tiled attention's per-segment states.
+    partials: Vec<f32>,
 }
 
 thread_local! {
     /// Per-thread attention buffers (the pool's workers are persistent, so these are reused).
     static ATTN_SCRATCH: std::cell::RefCell<AttnScratch> = std::cell::RefCell::new(AttnScratch::default());
+    static TILE_SCRATCH: std::cell::RefCell<TileScratch> = std::cell::RefCell::new(TileScratch::default());
 }
 
 fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -99,6 +104,16 @@ pub fn forward(
     let angles: Vec<_> = batch.positions.iter().map(|&p| rope.angles(p)).collect();
     let attn_scale = 1.0 / (head_dim as f32).sqrt();
     let group = cfg.num_heads / cfg.num_kv_heads;
+    let plan = attention_plan::plan(
+        &AttnShape {
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim,
+            kv_is_f16: kv.codecs() == KvDtype::F16,
+        },
+        batch.slots,
+        batch.positions,
+    );
 
     for (l, lw) in w.layers.iter().enumerate() {
         // Attention block.
@@ -131,30 +146,51 @@ pub fn forward(
             kv.write(l, batch.slots[t], batch.positions[t] as usize, kt, vt)?;
         }
         let att = grow(&mut s.att, n * qd);
+        let partials = grow(&mut s.partials, plan.partial_rows * (head_dim + 2));
         {
             let rows = DisjointRows::new(att, head_dim);
+            let outputs = TileOutputs::new(&plan, partials, head_dim, &rows);
             let kv_ro: &dyn KvStore = &*kv;
             let q_ro: &[f32] = q;
-            let num_tasks = n * cfg.num_heads;
-            pool.for_each(num_tasks, &|task| {
-                let (t, head) = (task / cfg.num_heads, task % cfg.num_heads);
-                // SAFETY: task index ↔ (token, head) ↔ output row is a bijection, so each row
-                // of `att` has exactly one writer.
-                let out = unsafe { rows.row_mut(task) };
-                let qh = &q_ro[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
-                ATTN_SCRATCH.with_borrow_mut(|scratch| {
-                    attend_one(
-                        kv_ro,
-                        l,
-                        batch.slots[t],
-                        head / group,
-                        batch.positions[t] as usize + 1,
-                        qh,
-                        attn_scale,
-                        scratch,
-                        out,
-                    )
-                });
+            let inputs = TileInputs {
+                kv: kv_ro,
+                layer: l,
+                q: q_ro,
+                slots: batch.slots,
+                positions: batch.positions,
+                num_heads: cfg.num_heads,
+                num_kv_heads: cfg.num_kv_heads,
+                head_dim,
+                scale: attn_scale,
+            };
+            pool.for_each(plan.tasks.len(), &|i| match plan.tasks[i] {
+                AttnTask::Row { token, head } => {
+                    let (t, head) = (token as usize, head as usize);
+                    // SAFETY: the plan holds one `Row` task per (token, head) of the exact
+                    // regime and those rows are written by no other task, so each row of `att`
+                    // has exactly one writer.
+                    let out = unsafe { rows.row_mut(t * cfg.num_heads + head) };
+                    let qh = &q_ro[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
+                    ATTN_SCRATCH.with_borrow_mut(|scratch| {
+                        attend_one(
+                            kv_ro,
+                            l,
+                            batch.slots[t],
+                            head / group,
+                            batch.positions[t] as usize + 1,
+                            qh,
+                            attn_scale,
+                            scratch,
+                            out,
+                        )
+                    });
+                }
+                task @ AttnTask::Tile { .. } => TILE_SCRATCH.with_borrow_mut(|scratch| {
+                    // SAFETY: the plan gives every (token, head, segment) partial row to exactly
+                    // one task and every tiled output row to one group, merged by its last task
+                    // (tested in `attention_plan`); `Row` tasks write only exact-regime rows.
+                    unsafe { run_tile_task(&inputs, &plan, task, &outputs, scratch) }
+                }),
             });
         }
         let proj = grow(&mut s.proj, n * hd);

@@ -106,6 +106,9 @@ pub trait KvStore: Sync {
         v: &[f32],
     ) -> Result<(), KvError>;
 
+    /// The K and V encodings of every row (the attention plan tiles f16 stores).
+    fn codecs(&self) -> KvDtype;
+
     /// Calls `f(first_pos, chunk)` for consecutive chunks covering positions `0..num_positions`
     /// of `kv_head` in `layer`, in increasing position order.
     fn for_each_chunk(
@@ -120,6 +123,7 @@ pub trait KvStore: Sync {
 
 /// One contiguous buffer per slot: rows ordered `[num_layers, num_kv_heads, capacity]`.
 pub struct ContiguousKv {
+    codecs: KvDtype,
     num_layers: usize,
     num_kv_heads: usize,
     capacity: usize,
@@ -142,6 +146,7 @@ impl ContiguousKv {
             .map(|_| KvRows::new(dtype, head_dim, rows))
             .collect::<Result<_, _>>()?;
         Ok(ContiguousKv {
+            codecs: dtype,
             num_layers,
             num_kv_heads,
             capacity,
@@ -188,6 +193,10 @@ impl KvStore for ContiguousKv {
             buf.write(row, &k[h * hd..(h + 1) * hd], &v[h * hd..(h + 1) * hd])?;
         }
         Ok(())
+    }
+
+    fn codecs(&self) -> KvDtype {
+        self.codecs
     }
 
     fn for_each_chunk(

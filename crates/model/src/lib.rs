@@ -6,6 +6,8 @@
 //! [`kv::KvStore`] trait that the engine implements) and never touches the network.
 
 pub mod attention;
+pub mod attention_plan;
+pub mod attention_tiled;
 pub mod chat;
 pub mod config;
 pub mod forward;

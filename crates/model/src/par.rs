@@ -37,6 +37,16 @@ impl<'a> DisjointRows<'a> {
         self.num_rows
     }
 
+    /// Shared access to row `row`.
+    ///
+    /// # Safety
+    /// No live reference from [`DisjointRows::row_mut`] may refer to the same row meanwhile.
+    pub unsafe fn row(&self, row: usize) -> &[f32] {
+        assert!(row < self.num_rows, "row {row} out of {}", self.num_rows);
+        // SAFETY: in bounds as in `row_mut`; no writer of this row exists (caller's contract).
+        unsafe { std::slice::from_raw_parts(self.ptr.add(row * self.row_len), self.row_len) }
+    }
+
     /// Mutable access to row `row`.
     ///
     /// # Safety

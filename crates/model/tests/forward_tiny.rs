@@ -304,3 +304,104 @@ fn unsupported_architecture_and_missing_tensors_are_clear_errors() {
     let err = Weights::load(file, &cfg).err().expect("no tensors");
     assert!(err.to_string().contains("token_embd.weight"), "{err}");
 }
+
+/// Long contexts take the tiled attention regime (f16 K/V, more than 256 positions, segments
+/// of 512): each position's logits are bit-identical whether the prompt is prefilled at once,
+/// in uneven chunks, one token at a time, or batched with another sequence — and close to the
+/// naive f64 reference.
+#[test]
+fn long_context_logits_do_not_depend_on_chunking_or_batching() {
+    let tiny = tiny("llama", 11);
+    let file = Arc::new(GgufFile::from_bytes(tiny.bytes.clone()).unwrap());
+    let cfg = ModelConfig::from_metadata(file.metadata()).unwrap();
+    let w = Weights::load(file, &cfg).unwrap();
+    let rope = Rope {
+        rope_dim: cfg.rope_dim,
+        head_dim: cfg.head_dim,
+        base: cfg.rope_base,
+        style: cfg.rope_style,
+        linear_scale: 1.0,
+        freq_factors: None,
+    };
+    let n = 1100; // three segments
+    let tokens: Vec<u32> = (0..n as u32)
+        .map(|i| (i * 7 + i / 13) % VOCAB as u32)
+        .collect();
+    let other: Vec<u32> = (0..n as u32).map(|i| (i * 5 + 1) % VOCAB as u32).collect();
+    let pool = ThreadPool::new(2);
+    // Runs `chunks` (slot, first position, length) in one batch; returns logits per token.
+    let run = |kv: &mut ContiguousKv, chunks: &[(u32, usize, usize)]| -> Vec<Vec<f32>> {
+        let (mut toks, mut pos, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        for &(slot, start, len) in chunks {
+            let src = if slot == 0 { &tokens } else { &other };
+            toks.extend_from_slice(&src[start..start + len]);
+            pos.extend(start as u32..(start + len) as u32);
+            slots.extend(std::iter::repeat_n(SeqSlot(slot), len));
+        }
+        let logits_for: Vec<usize> = (0..toks.len()).collect();
+        let batch = ForwardBatch {
+            tokens: &toks,
+            positions: &pos,
+            slots: &slots,
+            logits_for: &logits_for,
+        };
+        let out = forward(&cfg, &w, &rope, &pool, &batch, kv, &mut Scratch::default()).unwrap();
+        out.chunks(VOCAB).map(|r| r.to_vec()).collect()
+    };
+    let new_kv = || ContiguousKv::new(2, LAYERS, KV_HEADS, HEAD_DIM, n, KvDtype::F16).unwrap();
+    let mut kv = new_kv();
+    let whole: Vec<Vec<f32>> = {
+        // Prefill in pieces of up to 512 tokens, all logits kept.
+        let mut out = Vec::new();
+        let mut s = 0;
+        while s < n {
+            let len = (n - s).min(512);
+            out.extend(run(&mut kv, &[(0, s, len)]));
+            s += len;
+        }
+        out
+    };
+    // Uneven chunks, each batched with the other sequence's chunk (in either order).
+    let mut kv = new_kv();
+    let mut chunked = Vec::new();
+    let mut s = 0;
+    for (i, len) in [300usize, 37, 1, 250, 129, 200, 183]
+        .into_iter()
+        .enumerate()
+    {
+        let mine = (0, s, len);
+        let theirs = (1, s, len);
+        let out = if i % 2 == 0 {
+            run(&mut kv, &[mine, theirs])
+        } else {
+            let mut o = run(&mut kv, &[theirs, mine]);
+            o.drain(..len);
+            o
+        };
+        chunked.extend(out.into_iter().take(len));
+        s += len;
+    }
+    assert_eq!(s, n);
+    // The last positions again, one token per step (decode).
+    let mut decoded = Vec::new();
+    for p in n - 8..n {
+        decoded.extend(run(&mut kv, &[(0, p, 1)]));
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for p in 0..n {
+        assert_eq!(bits(&whole[p]), bits(&chunked[p]), "position {p}: chunked");
+    }
+    for (i, p) in (n - 8..n).enumerate() {
+        assert_eq!(bits(&whole[p]), bits(&decoded[i]), "position {p}: decoded");
+    }
+    // Close to the f64 reference (f16 K/V storage costs about three decimal digits).
+    let want = reference(&tiny, "llama", &tokens);
+    for p in [0usize, 255, 256, 300, 511, 512, 700, 1024, n - 1] {
+        let err = want[p]
+            .iter()
+            .zip(&whole[p])
+            .map(|(r, &g)| (g as f64 - r).abs() / (1.0 + r.abs()))
+            .fold(0.0, f64::max);
+        assert!(err < 2e-2, "position {p}: relative error {err}");
+    }
+}

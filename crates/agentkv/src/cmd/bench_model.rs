@@ -1,5 +1,9 @@
 //! `agentkv bench-model`: prefill and decode speed of the model runtime, as llama-bench measures
 //! them (prefill of a P-token prompt; decode of N tokens at batch 1), median of several runs.
+//!
+//! `--depth D` measures what an agent call does (llama-bench's `-d`): D tokens are already in the
+//! KV cache (filled untimed), then P new tokens are prefilled on top of them and, separately, N
+//! tokens are decoded starting at position D. It never touches the engine or the server.
 
 use std::time::Instant;
 
@@ -19,6 +23,9 @@ pub struct BenchModelArgs {
     /// Generated tokens for the decode measurement.
     #[arg(long, default_value_t = 128)]
     pub gen_tokens: usize,
+    /// Tokens already in the KV cache before each measurement (an agent call's cached prefix).
+    #[arg(long, default_value_t = 0)]
+    pub depth: usize,
     /// Repetitions (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
@@ -30,32 +37,49 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
     let model = args.model.load()?;
     let pool = args.model.pool();
     let vocab = model.config.vocab_size as u32;
+    let depth = args.depth;
     // Deterministic pseudo-random tokens, as llama-bench uses random tokens.
-    let tokens: Vec<u32> = (0..args.prompt_tokens as u64)
-        .map(|i| ((i * 2_654_435_761) % vocab as u64) as u32)
-        .collect();
+    let token_at = |i: usize| ((i as u64 * 2_654_435_761) % vocab as u64) as u32;
+    let capacity = depth + args.prompt_tokens.max(args.gen_tokens) + 1;
     let mut pp = Vec::new();
     let mut tg = Vec::new();
-    for _ in 0..args.reps.max(1) {
-        let mut kv =
-            model.contiguous_kv(1, args.prompt_tokens + args.gen_tokens, args.kv.codecs()?)?;
-        let mut scratch = Scratch::default();
-        let positions: Vec<u32> = (0..args.prompt_tokens as u32).collect();
-        let slots = vec![SeqSlot(0); args.prompt_tokens];
-        let t0 = Instant::now();
+    let mut scratch = Scratch::default();
+    // One forward pass over positions `start..start + len` of slot 0.
+    let run = |kv: &mut model::kv::ContiguousKv,
+               scratch: &mut Scratch,
+               start: usize,
+               len: usize|
+     -> Result<Vec<f32>> {
+        let tokens: Vec<u32> = (start..start + len).map(token_at).collect();
+        let positions: Vec<u32> = (start as u32..(start + len) as u32).collect();
+        let slots = vec![SeqSlot(0); len];
         let batch = ForwardBatch {
             tokens: &tokens,
             positions: &positions,
             slots: &slots,
-            logits_for: &[args.prompt_tokens - 1],
+            logits_for: &[len - 1],
         };
-        model.forward(&pool, &batch, &mut kv, &mut scratch)?;
-        pp.push(args.prompt_tokens as f64 / t0.elapsed().as_secs_f64());
-
-        let mut kv = model.contiguous_kv(1, args.gen_tokens + 1, args.kv.codecs()?)?;
+        Ok(model.forward(&pool, &batch, kv, scratch)?)
+    };
+    for _ in 0..args.reps.max(1) {
+        let mut kv = model.contiguous_kv(1, capacity, args.kv.codecs()?)?;
+        // The cached prefix, untimed, in 512-token chunks (bounded activation memory).
+        let mut filled = 0;
+        while filled < depth {
+            let len = (depth - filled).min(512);
+            run(&mut kv, &mut scratch, filled, len)?;
+            filled += len;
+        }
+        if args.prompt_tokens > 0 {
+            let t0 = Instant::now();
+            run(&mut kv, &mut scratch, depth, args.prompt_tokens)?;
+            pp.push(args.prompt_tokens as f64 / t0.elapsed().as_secs_f64());
+        }
+        // Decode from position `depth` (overwriting the prefill above: attention at position p
+        // reads positions 0..=p only).
         let t0 = Instant::now();
         let mut tok = 1u32;
-        for pos in 0..args.gen_tokens {
+        for pos in depth..depth + args.gen_tokens {
             let batch = ForwardBatch {
                 tokens: &[tok],
                 positions: &[pos as u32],
@@ -71,16 +95,17 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let (pp_med, tg_med) = (med(&mut pp), med(&mut tg));
+    let pp_med = if pp.is_empty() { 0.0 } else { med(&mut pp) };
+    let tg_med = med(&mut tg);
     println!(
         "{}",
         serde_json::json!({
-            "threads": pool.num_threads(), "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+            "threads": pool.num_threads(), "depth": depth, "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
             "prefill_tok_s": pp_med, "decode_tok_s": tg_med, "prefill_runs": pp, "decode_runs": tg,
         })
     );
     eprintln!(
-        "prefill {} tokens: {pp_med:.1} tok/s; decode {} tokens: {tg_med:.1} tok/s ({} threads)",
+        "depth {depth}: prefill {} tokens: {pp_med:.1} tok/s; decode {} tokens: {tg_med:.1} tok/s ({} threads)",
         args.prompt_tokens,
         args.gen_tokens,
         pool.num_threads()

@@ -22,6 +22,7 @@ pub mod act_quant;
 pub mod block32;
 pub mod cpu;
 pub mod flash_f16;
+pub mod flash_tile;
 pub mod matmul;
 pub mod matmul_many;
 pub mod pool;

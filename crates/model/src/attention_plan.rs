@@ -1,0 +1,303 @@
+//! Which attention tasks one forward step runs: pure data computed from the batch's slots and
+//! positions, testable without a model or a KV store.
+//!
+//! Owns the split of a step's attention into parallel tasks and the arithmetic regime of each
+//! query row. It never touches K/V bytes and never runs anything.
+//!
+//! Regimes (a function of the row's own position count `n = pos + 1`, the head size and the K/V
+//! encoding only — never of the batch, so a sequence's output does not depend on batching):
+//! - **exact** (`n ≤ F16_ACC_MAX_POSITIONS`, or K/V not f16, or `head_dim % 8 != 0`): one task
+//!   per (token, query head) through `attention::attend_one`, llama.cpp's decode arithmetic;
+//! - **tiled** (otherwise): the query rows of all heads of a GQA group and up to
+//!   [`QUERY_TILE_TOKENS`] consecutive tokens of one sequence share each K/V tile
+//!   (`attention_tiled`); positions are split into segments of [`SEGMENT_POSITIONS`] whose
+//!   partial states are merged in order. A one-token tile (a decode) gets one task per
+//!   segment (split-K, flash-decoding style); a longer tile runs its segments in one task. The
+//!   segment split is part of the arithmetic (always applied), only the task grouping differs.
+
+use crate::attention::F16_ACC_MAX_POSITIONS;
+use crate::kv::SeqSlot;
+
+/// Positions per segment of the tiled regime (a multiple of the softmax tile).
+pub const SEGMENT_POSITIONS: usize = 512;
+/// Tokens of one sequence whose query rows share a K/V tile.
+pub const QUERY_TILE_TOKENS: usize = 8;
+
+const _: () = assert!(SEGMENT_POSITIONS.is_multiple_of(crate::kernels::flash_tile::TILE_POSITIONS));
+
+/// One parallel attention task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnTask {
+    /// Exact regime: token `token` (index into the batch), query head `head`.
+    Row { token: u32, head: u32 },
+    /// Tiled regime: batch tokens `tokens.0..tokens.1` (one sequence, consecutive positions),
+    /// all query heads of `kv_head`, segments `segments.0..segments.1`. The tasks of one
+    /// (tile, kv_head) share `group`; the last of them to finish merges the group's segments
+    /// into output rows.
+    Tile {
+        tokens: (u32, u32),
+        kv_head: u32,
+        segments: (u32, u32),
+        group: u32,
+    },
+}
+
+/// The attention work of one step.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AttnPlan {
+    pub tasks: Vec<AttnTask>,
+    /// Per batch token: index of its first partial row (tiled tokens), else `None`. Token `t`'s
+    /// partial row for query head `h` and segment `j` is `first + h * segments[t] + j`.
+    pub partial_base: Vec<Option<u32>>,
+    /// Per batch token: its number of segments (0 for exact-regime tokens).
+    pub segments: Vec<u32>,
+    /// Total partial rows (`[hd + 2]` floats each: acc, max, sum).
+    pub partial_rows: usize,
+    /// Per (tile, kv_head) group: how many tasks it has.
+    pub group_tasks: Vec<u32>,
+}
+
+/// Shapes the plan depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Whether K/V are stored as f16 (the tiled regime's input).
+    pub kv_is_f16: bool,
+}
+
+impl AttnShape {
+    /// Whether a row attending over `n` positions takes the tiled regime.
+    pub fn tiled(&self, n: usize) -> bool {
+        self.kv_is_f16 && self.head_dim.is_multiple_of(8) && n > F16_ACC_MAX_POSITIONS
+    }
+}
+
+/// Number of segments covering `n` positions.
+pub fn num_segments(n: usize) -> usize {
+    n.div_ceil(SEGMENT_POSITIONS)
+}
+
+/// Plans one step. `slots` and `positions` are `[num_tokens]`.
+pub fn plan(shape: &AttnShape, slots: &[SeqSlot], positions: &[u32]) -> AttnPlan {
+    let n = slots.len();
+    let mut p = AttnPlan {
+        tasks: Vec::new(),
+        partial_base: vec![None; n],
+        segments: vec![0; n],
+        partial_rows: 0,
+        group_tasks: Vec::new(),
+    };
+    let mut t = 0;
+    while t < n {
+        let npos = positions[t] as usize + 1;
+        if !shape.tiled(npos) {
+            for head in 0..shape.num_heads {
+                p.tasks.push(AttnTask::Row {
+                    token: t as u32,
+                    head: head as u32,
+                });
+            }
+            t += 1;
+            continue;
+        }
+        // A tile: following tokens of the same sequence at the next positions.
+        let mut end = t + 1;
+        while end < n
+            && end - t < QUERY_TILE_TOKENS
+            && slots[end] == slots[t]
+            && positions[end] == positions[end - 1] + 1
+        {
+            end += 1;
+        }
+        for (u, &pos) in positions.iter().enumerate().take(end).skip(t) {
+            let segs = num_segments(pos as usize + 1);
+            p.segments[u] = segs as u32;
+            p.partial_base[u] = Some(p.partial_rows as u32);
+            p.partial_rows += shape.num_heads * segs;
+        }
+        let max_segs = p.segments[end - 1];
+        for kv_head in 0..shape.num_kv_heads as u32 {
+            let group = p.group_tasks.len() as u32;
+            let split = if end - t == 1 { 1 } else { max_segs };
+            let mut j = 0;
+            while j < max_segs {
+                p.tasks.push(AttnTask::Tile {
+                    tokens: (t as u32, end as u32),
+                    kv_head,
+                    segments: (j, (j + split).min(max_segs)),
+                    group,
+                });
+                j += split;
+            }
+            p.group_tasks.push(max_segs.div_ceil(split));
+        }
+        t = end;
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHAPE: AttnShape = AttnShape {
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 64,
+        kv_is_f16: true,
+    };
+
+    #[test]
+    fn short_contexts_take_the_exact_regime_one_task_per_head() {
+        let p = plan(&SHAPE, &[SeqSlot(0), SeqSlot(1)], &[10, 255]);
+        assert_eq!(p.tasks.len(), 8);
+        assert_eq!(p.tasks[5], AttnTask::Row { token: 1, head: 1 });
+        assert_eq!(p.partial_rows, 0);
+        assert_eq!(p.partial_base, vec![None, None]);
+    }
+
+    #[test]
+    fn a_decode_at_depth_splits_into_segments_per_kv_head() {
+        // Position 1100 attends 1101 positions: 3 segments.
+        let p = plan(&SHAPE, &[SeqSlot(3)], &[1100]);
+        assert_eq!(p.segments, vec![3]);
+        assert_eq!(p.partial_rows, 4 * 3);
+        let want: Vec<AttnTask> = (0..2)
+            .flat_map(|kv_head| {
+                (0..3).map(move |j| AttnTask::Tile {
+                    tokens: (0, 1),
+                    kv_head,
+                    segments: (j, j + 1),
+                    group: kv_head,
+                })
+            })
+            .collect();
+        assert_eq!(p.tasks, want);
+        assert_eq!(p.group_tasks, vec![3, 3]);
+    }
+
+    #[test]
+    fn a_prefill_run_is_cut_into_query_tiles_at_regime_and_sequence_boundaries() {
+        // Sequence 0: positions 250..=265 (6 exact tokens, then 10 tiled: tiles of 8 and 2);
+        // sequence 1: positions 600, 601.
+        let mut slots = vec![SeqSlot(0); 16];
+        let mut positions: Vec<u32> = (250..266).collect();
+        slots.extend([SeqSlot(1), SeqSlot(1)]);
+        positions.extend([600, 601]);
+        let p = plan(&SHAPE, &slots, &positions);
+        let rows = p
+            .tasks
+            .iter()
+            .filter(|t| matches!(t, AttnTask::Row { .. }))
+            .count();
+        assert_eq!(rows, 6 * 4, "positions 250..=255 attend ≤ 256 positions");
+        let tiles: Vec<_> = p
+            .tasks
+            .iter()
+            .filter_map(|t| match *t {
+                AttnTask::Tile {
+                    tokens, segments, ..
+                } => Some((tokens, segments)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            tiles,
+            vec![
+                ((6, 14), (0, 1)),
+                ((6, 14), (0, 1)),
+                ((14, 16), (0, 1)),
+                ((14, 16), (0, 1)),
+                ((16, 18), (0, 2)),
+                ((16, 18), (0, 2)),
+            ]
+        );
+        assert_eq!(p.partial_base[6], Some(0));
+        assert_eq!(p.partial_base[7], Some(4));
+        assert_eq!(p.partial_base[16], Some(10 * 4));
+        assert_eq!(p.partial_base[17], Some(10 * 4 + 8));
+        assert_eq!(p.partial_rows, 10 * 4 + 2 * 8);
+        assert_eq!(p.group_tasks, vec![1; 6]);
+    }
+
+    #[test]
+    fn quantized_kv_or_odd_head_sizes_stay_exact() {
+        for shape in [
+            AttnShape {
+                kv_is_f16: false,
+                ..SHAPE
+            },
+            AttnShape {
+                head_dim: 60,
+                ..SHAPE
+            },
+        ] {
+            let p = plan(&shape, &[SeqSlot(0)], &[4000]);
+            assert!(p.tasks.iter().all(|t| matches!(t, AttnTask::Row { .. })));
+        }
+    }
+
+    /// Seeded random batches: every (token, head) is covered exactly once — by a `Row` task or
+    /// by exactly one task per segment of its tile.
+    #[test]
+    fn random_batches_cover_every_row_and_segment_exactly_once() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for _ in 0..200 {
+            let mut slots = Vec::new();
+            let mut positions = Vec::new();
+            for s in 0..rng.gen_range(1..5u32) {
+                let start = rng.gen_range(0..3000u32);
+                for i in 0..rng.gen_range(1..20u32) {
+                    slots.push(SeqSlot(s));
+                    positions.push(start + i);
+                }
+            }
+            let p = plan(&SHAPE, &slots, &positions);
+            let group = SHAPE.num_heads / SHAPE.num_kv_heads;
+            let mut seen = std::collections::HashMap::new();
+            let mut tasks_of_group = std::collections::HashMap::new();
+            for task in &p.tasks {
+                match *task {
+                    AttnTask::Row { token, head } => {
+                        *seen.entry((token, head, u32::MAX)).or_insert(0) += 1;
+                    }
+                    AttnTask::Tile {
+                        tokens,
+                        kv_head,
+                        segments,
+                        group: g,
+                    } => {
+                        *tasks_of_group.entry(g).or_insert(0u32) += 1;
+                        for t in tokens.0..tokens.1 {
+                            assert_eq!(slots[t as usize], slots[tokens.0 as usize]);
+                            for j in segments.0..segments.1.min(p.segments[t as usize]) {
+                                for g in 0..group as u32 {
+                                    let head = kv_head * group as u32 + g;
+                                    *seen.entry((t, head, j)).or_insert(0) += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            for (g, &n) in p.group_tasks.iter().enumerate() {
+                assert_eq!(tasks_of_group.get(&(g as u32)), Some(&n), "group {g}");
+            }
+            for (t, &pos) in positions.iter().enumerate() {
+                let npos = pos as usize + 1;
+                for h in 0..SHAPE.num_heads as u32 {
+                    if SHAPE.tiled(npos) {
+                        for j in 0..num_segments(npos) as u32 {
+                            assert_eq!(seen.get(&(t as u32, h, j)), Some(&1));
+                        }
+                    } else {
+                        assert_eq!(seen.get(&(t as u32, h, u32::MAX)), Some(&1));
+                    }
+                }
+            }
+        }
+    }
+}

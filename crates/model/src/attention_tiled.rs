@@ -1,0 +1,263 @@
+//! Attention at depth, tiled: runs one [`AttnTask::Tile`] of an [`AttnPlan`] and merges the
+//! resulting per-segment partial states into output rows.
+//!
+//! The query rows are rounded to f16 first (llama.cpp's CPU flash attention converts Q to the K
+//! type). Owns streaming K/V from a [`KvStore`] into tiles (each f16 K/V row widened once, then
+//! used by every query row of the task: all query heads of the GQA group and up to
+//! `QUERY_TILE_TOKENS` tokens) and the causal limits per row. The arithmetic is that of
+//! `kernels::flash_tile`; it never writes K/V and never decides the task split (see
+//! `attention_plan`).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use half::f16;
+
+use crate::attention_plan::{AttnPlan, AttnTask, SEGMENT_POSITIONS};
+use crate::kernels::flash_tile::{
+    merge_segments, tile_update, widen_f16, TileElem, TileSoftmax, TILE_POSITIONS,
+};
+use crate::kv::{KvChunk, KvStore, SeqSlot};
+use crate::par::DisjointRows;
+
+/// From this many query rows sharing a tile on, the tile is widened to f32 once instead of
+/// widening each element on load for every row (same bits either way).
+const WIDEN_MIN_ROWS: usize = 8;
+
+/// Reusable per-thread buffers: one K and one V tile as stored (f16) and widened (f32).
+#[derive(Default)]
+pub struct TileScratch {
+    keys16: Vec<f16>, // [TILE_POSITIONS, head_dim]
+    vals16: Vec<f16>, // [TILE_POSITIONS, head_dim]
+    keys32: Vec<f32>, // [TILE_POSITIONS, head_dim]
+    vals32: Vec<f32>, // [TILE_POSITIONS, head_dim]
+    /// The task's query rows rounded to f16 (as llama.cpp's CPU flash attention converts the
+    /// query to the K type), `[rows, head_dim]`.
+    q16: Vec<f32>,
+}
+
+/// What a tile task reads: one layer's queries and the step's token positions.
+#[derive(Clone, Copy)]
+pub struct TileInputs<'a> {
+    pub kv: &'a dyn KvStore,
+    pub layer: usize,
+    /// `[num_tokens, num_heads * head_dim]`, after RoPE.
+    pub q: &'a [f32],
+    pub slots: &'a [SeqSlot],
+    pub positions: &'a [u32],
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+/// One participating query row of a segment: its query, causal position count and partial row
+/// (`[head_dim]` accumulator, then max and sum).
+struct Row<'a> {
+    q: &'a [f32],
+    n: usize,
+    partial: &'a mut [f32],
+}
+
+impl Row<'_> {
+    fn update<E: TileElem>(
+        &mut self,
+        hd: usize,
+        keys: &[E],
+        vals: &[E],
+        tile_start: usize,
+        tile_end: usize,
+        scale: f32,
+    ) {
+        let end = self.n.min(tile_end);
+        if end <= tile_start {
+            return;
+        }
+        let (acc, st) = self.partial.split_at_mut(hd);
+        let mut sm = TileSoftmax {
+            max: st[0],
+            sum: st[1],
+        };
+        tile_update(&mut sm, acc, self.q, keys, vals, end - tile_start, scale);
+        st[0] = sm.max;
+        st[1] = sm.sum;
+    }
+}
+
+/// Where tile tasks write: per-segment partial rows, the output rows (`[num_tokens *
+/// num_heads, head_dim]`) and one countdown per (tile, kv_head) group (`plan.group_tasks`).
+pub struct TileOutputs<'a> {
+    pub partials: DisjointRows<'a>,
+    pub out: &'a DisjointRows<'a>,
+    pub pending: Vec<AtomicU32>,
+}
+
+impl<'a> TileOutputs<'a> {
+    pub fn new(
+        plan: &AttnPlan,
+        partials: &'a mut [f32],
+        head_dim: usize,
+        out: &'a DisjointRows<'a>,
+    ) -> Self {
+        TileOutputs {
+            partials: DisjointRows::new(partials, head_dim + 2),
+            out,
+            pending: plan
+                .group_tasks
+                .iter()
+                .map(|&n| AtomicU32::new(n))
+                .collect(),
+        }
+    }
+}
+
+/// Runs `task` (a `Tile`): writes its partial rows and, when it is the last task of its group
+/// to finish, merges the group's segments into the output rows (in segment order, so the
+/// result does not depend on which task merges).
+///
+/// # Safety
+/// The partial rows and output rows this task owns must not be accessed by any other running
+/// task: the plan gives every (token, head, segment) partial row to exactly one task and every
+/// tiled (token, head) output row to exactly one group (tested in `attention_plan`), and the
+/// group's countdown lets exactly one task merge, after all others have released their writes.
+pub unsafe fn run_tile_task(
+    inp: &TileInputs<'_>,
+    plan: &AttnPlan,
+    task: AttnTask,
+    outputs: &TileOutputs<'_>,
+    scratch: &mut TileScratch,
+) {
+    let partials = &outputs.partials;
+    let AttnTask::Tile {
+        tokens,
+        kv_head,
+        segments,
+        group: tile_group,
+    } = task
+    else {
+        unreachable!("run_tile_task takes Tile tasks");
+    };
+    let hd = inp.head_dim;
+    let group = inp.num_heads / inp.num_kv_heads;
+    let qd = inp.num_heads * hd;
+    let slot = inp.slots[tokens.0 as usize];
+    for buf in [&mut scratch.keys16, &mut scratch.vals16] {
+        buf.resize(TILE_POSITIONS * hd, f16::ZERO);
+    }
+    for buf in [&mut scratch.keys32, &mut scratch.vals32] {
+        buf.resize(TILE_POSITIONS * hd, 0.0);
+    }
+    let TileScratch {
+        keys16,
+        vals16,
+        keys32,
+        vals32,
+        q16,
+    } = scratch;
+    // Every query row of the task, rounded to f16 once.
+    q16.clear();
+    for t in tokens.0 as usize..tokens.1 as usize {
+        let first = t * qd + kv_head as usize * group * hd;
+        q16.extend(
+            inp.q[first..first + group * hd]
+                .iter()
+                .map(|&x| f16::from_f32(x).to_f32()),
+        );
+    }
+    let q16: &[f32] = q16;
+    for j in segments.0..segments.1 {
+        let seg_start = j as usize * SEGMENT_POSITIONS;
+        let mut rows: Vec<Row<'_>> = Vec::new();
+        for t in tokens.0 as usize..tokens.1 as usize {
+            let segs = plan.segments[t];
+            if j >= segs {
+                continue;
+            }
+            let base = plan.partial_base[t].expect("tiled token has partial rows") as usize;
+            for g in 0..group {
+                let head = kv_head as usize * group + g;
+                // SAFETY: row (t, head, j) belongs to this task alone (caller's contract).
+                let partial = unsafe { partials.row_mut(base + head * segs as usize + j as usize) };
+                partial[..hd].fill(0.0);
+                partial[hd] = f32::NEG_INFINITY;
+                partial[hd + 1] = 0.0;
+                let at = ((t - tokens.0 as usize) * group + g) * hd;
+                rows.push(Row {
+                    q: &q16[at..at + hd],
+                    n: inp.positions[t] as usize + 1,
+                    partial,
+                });
+            }
+        }
+        let Some(seg_end) = rows
+            .iter()
+            .map(|r| r.n.min(seg_start + SEGMENT_POSITIONS))
+            .max()
+        else {
+            continue;
+        };
+        inp.kv.for_each_chunk(
+            inp.layer,
+            slot,
+            kv_head as usize,
+            seg_end,
+            &mut |start, chunk| {
+                let KvChunk::F16 { k, v } = chunk else {
+                    unreachable!("the plan tiles only f16 K/V stores");
+                };
+                let chunk_end = start + k.len() / hd;
+                let mut a = start.max(seg_start);
+                while a < chunk_end.min(seg_end) {
+                    let tile_start = seg_start + (a - seg_start) / TILE_POSITIONS * TILE_POSITIONS;
+                    let tile_end = (tile_start + TILE_POSITIONS).min(seg_end);
+                    let b = chunk_end.min(tile_end);
+                    let (src, dst) = (
+                        (a - start) * hd..(b - start) * hd,
+                        (a - tile_start) * hd..(b - tile_start) * hd,
+                    );
+                    keys16[dst.clone()].copy_from_slice(&k[src.clone()]);
+                    vals16[dst].copy_from_slice(&v[src]);
+                    a = b;
+                    if a == tile_end {
+                        let filled = (tile_end - tile_start) * hd;
+                        if rows.len() >= WIDEN_MIN_ROWS {
+                            widen_f16(&keys16[..filled], &mut keys32[..filled]);
+                            widen_f16(&vals16[..filled], &mut vals32[..filled]);
+                            for row in rows.iter_mut() {
+                                row.update(hd, keys32, vals32, tile_start, tile_end, inp.scale);
+                            }
+                        } else {
+                            for row in rows.iter_mut() {
+                                row.update(hd, keys16, vals16, tile_start, tile_end, inp.scale);
+                            }
+                        }
+                    }
+                }
+            },
+        );
+    }
+    // The last task of the group merges (AcqRel: every other task's partial rows, released by
+    // its decrement, are visible here).
+    if outputs.pending[tile_group as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+        for t in tokens.0 as usize..tokens.1 as usize {
+            let segs = plan.segments[t] as usize;
+            let base = plan.partial_base[t].expect("tiled token has partial rows") as usize;
+            for g in 0..group {
+                let head = kv_head as usize * group + g;
+                // SAFETY: this group's rows are owned by this task now (countdown reached 0).
+                let out = unsafe { outputs.out.row_mut(t * inp.num_heads + head) };
+                let states = (0..segs).map(|j| {
+                    // SAFETY: as above; no task writes these rows any more.
+                    let row = unsafe { partials.row(base + head * segs + j) };
+                    (
+                        TileSoftmax {
+                            max: row[hd],
+                            sum: row[hd + 1],
+                        },
+                        &row[..hd],
+                    )
+                });
+                merge_segments(states, out);
+            }
+        }
+    }
+}

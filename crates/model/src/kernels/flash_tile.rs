@@ -1,0 +1,621 @@
+//! The tiled online-softmax kernel for attention at depth: one query row against a tile of up to
+//! [`TILE_POSITIONS`] K/V rows already widened to f32, with a vectorised exponential.
+//!
+//! Owns the arithmetic of one tile step and of merging position segments; it never reads a KV
+//! store, never allocates and never parallelises (the caller — `attention::tiled` — streams
+//! each K/V tile once for all query rows of a GQA group and a run of tokens, and splits long
+//! contexts into segments that run in parallel).
+//!
+//! The arithmetic of one tile step for a row with state `(m, l, acc[hd])` and `valid` positions:
+//! 1. scores `s[t] = dot(q, k[t]) · scale`, where `dot` keeps eight lane sums, each a chain of
+//!    fused multiply-adds over `hd / 8` chunks in order, reduced as
+//!    `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))`;
+//! 2. `m' = max(m, max_t s[t])`; when `m' > m`: `f = exp(m − m')`, `acc *= f`, `l *= f`;
+//! 3. `p[t] = exp(s[t] − m')`; `l += Σ_g hsum8(p[8g..8g+8])` (groups in order, masked lanes 0);
+//! 4. `acc[e] = fma(p[t], v[t][e], acc[e])` for `t` in order.
+//!
+//! `exp` is [`exp_poly`] (Cephes' single-precision polynomial with fused multiply-adds; ≤ 2 ulp
+//! over the range used, 0 below −87). Segments `(m_j, l_j, acc_j)` are merged in order by
+//! [`merge_segments`]. The AVX2 path performs exactly these IEEE operations, so both paths give
+//! bit-identical results (tests pin this), and a row's result depends only on its query, its
+//! K/V and its position count — never on which other rows share the tile.
+
+use half::f16;
+
+use super::cpu::{cpu_features, CpuFeatures};
+
+/// A K/V element the tile kernel reads: f32, or f16 widened on load (exact, so both give the
+/// same bits).
+pub trait TileElem: Copy + Default + Send + Sync + 'static {
+    fn widen(self) -> f32;
+    /// Eight elements at `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// AVX2+F16C present; `p` points to 8 readable elements.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl TileElem for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller guarantees 8 readable floats.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+impl TileElem for f16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees 8 readable halves (16 bytes).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+}
+
+/// `dst[i] = f32(src[i])` (exact). Panics if lengths differ.
+pub fn widen_f16(src: &[f16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "widen_f16 needs equal lengths");
+    #[cfg(target_arch = "x86_64")]
+    if cpu_features().avx2 {
+        // SAFETY: AVX2+F16C presence was checked at runtime just above.
+        unsafe { avx2::widen(src, dst) };
+        return;
+    }
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = s.to_f32();
+    }
+}
+
+/// Positions per softmax tile (tiles start at multiples of this, counted from position 0).
+pub const TILE_POSITIONS: usize = 32;
+
+/// Running maximum and sum of the tiled online softmax for one query row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TileSoftmax {
+    pub max: f32,
+    pub sum: f32,
+}
+
+impl Default for TileSoftmax {
+    fn default() -> Self {
+        TileSoftmax {
+            max: f32::NEG_INFINITY,
+            sum: 0.0,
+        }
+    }
+}
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+const EXP_MIN: f32 = -87.0;
+const P0: f32 = 1.987_569_1e-4;
+const P1: f32 = 1.398_199_9e-3;
+const P2: f32 = 8.333_452e-3;
+const P3: f32 = 4.166_579_6e-2;
+const P4: f32 = 1.666_666_5e-1;
+const P5: f32 = 0.5;
+
+/// `e^x` for `x ≤ 0` (the only arguments softmax needs): 0 below −87, else Cephes' polynomial.
+/// The AVX2 lanes compute exactly this.
+#[inline]
+pub fn exp_poly(x: f32) -> f32 {
+    if x.is_nan() || x < EXP_MIN {
+        return if x.is_nan() { x } else { 0.0 };
+    }
+    let x = x.min(0.0);
+    let n = (x * LOG2E).round_ties_even();
+    let r = n.mul_add(-LN2_HI, x);
+    let r = n.mul_add(-LN2_LO, r);
+    let z = r * r;
+    let mut y = P0.mul_add(r, P1);
+    y = y.mul_add(r, P2);
+    y = y.mul_add(r, P3);
+    y = y.mul_add(r, P4);
+    y = y.mul_add(r, P5);
+    y = y.mul_add(z, r);
+    y += 1.0;
+    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+/// `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))`.
+#[inline(always)]
+fn hsum8(x: &[f32; 8]) -> f32 {
+    ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))
+}
+
+/// One tile step (module doc) for one query row: `q`, `acc` are `[hd]` (`hd` a multiple of 8);
+/// `keys`, `vals` hold at least `valid` rows of `hd` (keys rounded up to a multiple of 8 rows:
+/// rows past `valid` are read but masked). Panics on a shape mismatch.
+#[allow(clippy::too_many_arguments)]
+pub fn tile_update<E: TileElem>(
+    st: &mut TileSoftmax,
+    acc: &mut [f32],
+    q: &[f32],
+    keys: &[E],
+    vals: &[E],
+    valid: usize,
+    scale: f32,
+) {
+    tile_update_with(cpu_features(), st, acc, q, keys, vals, valid, scale)
+}
+
+/// [`tile_update`] on an explicit path.
+#[allow(clippy::too_many_arguments)]
+pub fn tile_update_with<E: TileElem>(
+    features: CpuFeatures,
+    st: &mut TileSoftmax,
+    acc: &mut [f32],
+    q: &[f32],
+    keys: &[E],
+    vals: &[E],
+    valid: usize,
+    scale: f32,
+) {
+    let hd = q.len();
+    let groups = valid.div_ceil(8);
+    assert!(
+        hd > 0
+            && hd.is_multiple_of(8)
+            && acc.len() == hd
+            && (1..=TILE_POSITIONS).contains(&valid)
+            && keys.len() >= groups * 8 * hd
+            && vals.len() >= valid * hd,
+        "tile shapes: hd={hd} valid={valid} keys={} vals={}",
+        keys.len(),
+        vals.len()
+    );
+    let mut scores = [0f32; TILE_POSITIONS];
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx2 {
+        // SAFETY: AVX2+FMA presence was checked at runtime just above; shapes were checked by
+        // the assertion (keys hold `groups * 8` rows, vals `valid` rows, q/acc `hd`).
+        unsafe { avx2::tile(st, acc, q, keys, vals, valid, scale, &mut scores) };
+        return;
+    }
+    let _ = features;
+    // Scores, eight lane chains per position.
+    for (t, s) in scores.iter_mut().enumerate().take(valid) {
+        let k = &keys[t * hd..(t + 1) * hd];
+        let mut lanes = [0f32; 8];
+        for (qc, kc) in q.chunks_exact(8).zip(k.chunks_exact(8)) {
+            for l in 0..8 {
+                lanes[l] = qc[l].mul_add(kc[l].widen(), lanes[l]);
+            }
+        }
+        *s = hsum8(&lanes) * scale;
+    }
+    let tile_max = scores[..valid]
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    if tile_max > st.max {
+        let f = exp_poly(st.max - tile_max);
+        acc.iter_mut().for_each(|a| *a *= f);
+        st.sum *= f;
+        st.max = tile_max;
+    }
+    let mut p = [0f32; TILE_POSITIONS];
+    for t in 0..valid {
+        p[t] = exp_poly(scores[t] - st.max);
+    }
+    let mut tile_sum = 0f32;
+    for g in 0..groups {
+        tile_sum += hsum8(p[g * 8..g * 8 + 8].try_into().expect("8 lanes"));
+    }
+    st.sum += tile_sum;
+    for (t, &pt) in p.iter().enumerate().take(valid) {
+        for (a, &v) in acc.iter_mut().zip(&vals[t * hd..(t + 1) * hd]) {
+            *a = pt.mul_add(v.widen(), *a);
+        }
+    }
+}
+
+/// Merges per-segment states in segment order into `out` (`[hd]`): with `M = max_j m_j` and
+/// `e_j = exp(m_j − M)`, `L = Σ fma(l_j, e_j, ·)`, `O = Σ fma(acc_j, e_j, ·)`, `out = O · (1/L)`
+/// (0 when `L` is 0). `segments` yields `(state, acc_j)`.
+pub fn merge_segments<'a>(
+    segments: impl Iterator<Item = (TileSoftmax, &'a [f32])> + Clone,
+    out: &mut [f32],
+) {
+    let m = segments
+        .clone()
+        .map(|(s, _)| s.max)
+        .fold(f32::NEG_INFINITY, f32::max);
+    out.fill(0.0);
+    let mut l = 0f32;
+    for (st, acc) in segments {
+        let e = if st.max == f32::NEG_INFINITY {
+            0.0
+        } else {
+            exp_poly(st.max - m)
+        };
+        l = st.sum.mul_add(e, l);
+        for (o, &a) in out.iter_mut().zip(acc) {
+            *o = a.mul_add(e, *o);
+        }
+    }
+    let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! AVX2 bodies; callers must have checked AVX2+FMA at runtime.
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// [`exp_poly`] on eight lanes (arguments ≤ 0 or −∞; NaN lanes are not expected).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn exp8(x: __m256) -> __m256 {
+        let below = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(EXP_MIN));
+        let x = _mm256_min_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN)),
+            _mm256_setzero_ps(),
+        );
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
+        );
+        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
+        let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+        let z = _mm256_mul_ps(r, r);
+        let mut y = _mm256_fmadd_ps(_mm256_set1_ps(P0), r, _mm256_set1_ps(P1));
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(P2));
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(P3));
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(P4));
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(P5));
+        y = _mm256_fmadd_ps(y, z, r);
+        y = _mm256_add_ps(y, _mm256_set1_ps(1.0));
+        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        let res = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+        _mm256_andnot_ps(below, res)
+    }
+
+    /// `dst[i] = f32(src[i])`, eight at a time.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) fn widen(src: &[half::f16], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: `i + 8 <= n` elements remain in both slices.
+            unsafe {
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().add(i).cast()));
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), x);
+            }
+            i += 8;
+        }
+        for j in i..n {
+            dst[j] = src[j].to_f32();
+        }
+    }
+
+    /// [`exp8`] for the lane-equality test.
+    #[cfg(test)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn exp8_for_test(x: __m256) -> __m256 {
+        exp8(x)
+    }
+
+    /// Eight vectors' lane sums `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))`, lane `j` from `a[j]`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn reduce8x8(a: &[__m256; 8]) -> __m256 {
+        let h01 = _mm256_hadd_ps(a[0], a[1]);
+        let h23 = _mm256_hadd_ps(a[2], a[3]);
+        let h45 = _mm256_hadd_ps(a[4], a[5]);
+        let h67 = _mm256_hadd_ps(a[6], a[7]);
+        let ha = _mm256_hadd_ps(h01, h23); // [a0..a3: 0123 | a0..a3: 4567]
+        let hb = _mm256_hadd_ps(h45, h67); // [a4..a7: 0123 | a4..a7: 4567]
+        let lo = _mm256_permute2f128_ps::<0x20>(ha, hb);
+        let hi = _mm256_permute2f128_ps::<0x31>(ha, hb);
+        _mm256_add_ps(lo, hi)
+    }
+
+    /// One vector's `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn hsum(x: __m256) -> f32 {
+        let h = _mm256_hadd_ps(x, x); // [x0+x1, x2+x3, .. | x4+x5, x6+x7, ..]
+        let h = _mm256_hadd_ps(h, h); // [(01)+(23) .. | (45)+(67) ..]
+        _mm_cvtss_f32(_mm_add_ss(
+            _mm256_castps256_ps128(h),
+            _mm256_extractf128_ps::<1>(h),
+        ))
+    }
+
+    /// The whole tile step; see the module doc. `scores` is scratch of `TILE_POSITIONS`.
+    ///
+    /// # Safety
+    /// `q`, `acc` hold `hd` (a multiple of 8) elements, `keys` `ceil(valid/8)*8` rows of `hd`,
+    /// `vals` `valid` rows of `hd` (checked by the caller).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile<E: TileElem>(
+        st: &mut TileSoftmax,
+        acc: &mut [f32],
+        q: &[f32],
+        keys: &[E],
+        vals: &[E],
+        valid: usize,
+        scale: f32,
+        scores: &mut [f32; TILE_POSITIONS],
+    ) {
+        let hd = q.len();
+        let chunks = hd / 8;
+        let groups = valid.div_ceil(8);
+        let (qp, kp, vp, ap) = (q.as_ptr(), keys.as_ptr(), vals.as_ptr(), acc.as_mut_ptr());
+        let vscale = _mm256_set1_ps(scale);
+        let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
+        let lane_ids = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
+        for g in 0..groups {
+            let mut a = [_mm256_setzero_ps(); 8];
+            for c in 0..chunks {
+                // SAFETY: `c < hd / 8`, so `8c + 8 <= hd`.
+                let qc = unsafe { _mm256_loadu_ps(qp.add(8 * c)) };
+                for (j, aj) in a.iter_mut().enumerate() {
+                    // SAFETY: row `8g + j < groups * 8`, which `keys` holds.
+                    let kc = unsafe { E::load8(kp.add((8 * g + j) * hd + 8 * c)) };
+                    *aj = _mm256_fmadd_ps(qc, kc, *aj);
+                }
+            }
+            let s = _mm256_mul_ps(reduce8x8(&a), vscale);
+            // Lanes at or past `valid` become −∞ (weight exactly 0, never the maximum).
+            let limit = _mm256_set1_ps((valid - 8 * g) as f32);
+            let live = _mm256_cmp_ps::<_CMP_LT_OQ>(lane_ids, limit);
+            let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, live);
+            // SAFETY: `8g + 8 <= groups * 8 <= TILE_POSITIONS`.
+            unsafe { _mm256_storeu_ps(scores.as_mut_ptr().add(8 * g), s) };
+            vmax = _mm256_max_ps(vmax, s);
+        }
+        let mut m8 = [0f32; 8];
+        // SAFETY: `m8` holds 8 floats.
+        unsafe { _mm256_storeu_ps(m8.as_mut_ptr(), vmax) };
+        let tile_max = m8.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if tile_max > st.max {
+            let f = exp_poly(st.max - tile_max);
+            let vf = _mm256_set1_ps(f);
+            for c in 0..chunks {
+                // SAFETY: `8c + 8 <= hd = acc.len()`.
+                unsafe {
+                    let x = _mm256_loadu_ps(ap.add(8 * c));
+                    _mm256_storeu_ps(ap.add(8 * c), _mm256_mul_ps(x, vf));
+                }
+            }
+            st.sum *= f;
+            st.max = tile_max;
+        }
+        let vm = _mm256_set1_ps(st.max);
+        let mut tile_sum = 0f32;
+        let mut p = [0f32; TILE_POSITIONS];
+        for g in 0..groups {
+            // SAFETY: `8g + 8 <= TILE_POSITIONS` for both arrays.
+            unsafe {
+                let s = _mm256_loadu_ps(scores.as_ptr().add(8 * g));
+                let e = exp8(_mm256_sub_ps(s, vm));
+                tile_sum += hsum(e);
+                _mm256_storeu_ps(p.as_mut_ptr().add(8 * g), e);
+            }
+        }
+        st.sum += tile_sum;
+        // acc += Σ_t p[t]·v[t], eight chunks (64 floats) held in registers at a time.
+        let mut c0 = 0;
+        while c0 < chunks {
+            let width = (chunks - c0).min(8);
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (i, ri) in r.iter_mut().enumerate().take(width) {
+                // SAFETY: `8(c0 + i) + 8 <= hd`.
+                *ri = unsafe { _mm256_loadu_ps(ap.add(8 * (c0 + i))) };
+            }
+            for (t, &pt) in p.iter().enumerate().take(valid) {
+                let vpt = _mm256_set1_ps(pt);
+                for (i, ri) in r.iter_mut().enumerate().take(width) {
+                    // SAFETY: row `t < valid`, which `vals` holds; `8(c0 + i) + 8 <= hd`.
+                    let v = unsafe { E::load8(vp.add(t * hd + 8 * (c0 + i))) };
+                    *ri = _mm256_fmadd_ps(vpt, v, *ri);
+                }
+            }
+            for (i, ri) in r.iter().enumerate().take(width) {
+                // SAFETY: as above.
+                unsafe { _mm256_storeu_ps(ap.add(8 * (c0 + i)), *ri) };
+            }
+            c0 += width;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn exp_poly_is_accurate_and_exact_at_zero() {
+        assert_eq!(exp_poly(0.0), 1.0);
+        assert_eq!(exp_poly(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_poly(-100.0), 0.0);
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x <= 0.0 {
+            let want = (x as f64).exp();
+            let rel = ((exp_poly(x) as f64 - want) / want).abs();
+            worst = worst.max(rel);
+            x += 0.0137;
+        }
+        assert!(
+            worst < 3.0 * f32::EPSILON as f64,
+            "worst relative error {worst}"
+        );
+    }
+
+    #[test]
+    fn exp_lanes_match_the_scalar_function() {
+        #[cfg(target_arch = "x86_64")]
+        if CpuFeatures::detect().avx2 {
+            use std::arch::x86_64::*;
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+            for _ in 0..2000 {
+                let xs: [f32; 8] = std::array::from_fn(|_| -rng.gen_range(0.0f32..95.0));
+                let mut got = [0f32; 8];
+                #[target_feature(enable = "avx2,fma")]
+                fn run(xs: &[f32; 8], got: &mut [f32; 8]) {
+                    // SAFETY: both arrays hold 8 floats.
+                    unsafe {
+                        let x = _mm256_loadu_ps(xs.as_ptr());
+                        _mm256_storeu_ps(got.as_mut_ptr(), avx2::exp8_for_test(x));
+                    }
+                }
+                // SAFETY: AVX2+FMA presence was checked at runtime above.
+                unsafe { run(&xs, &mut got) };
+                for (x, g) in xs.iter().zip(got) {
+                    assert_eq!(exp_poly(*x).to_bits(), g.to_bits(), "x={x}");
+                }
+            }
+        }
+    }
+
+    /// Softmax attention in f64 over `n` rows.
+    fn exact(q: &[f32], ks: &[f32], vs: &[f32], n: usize, scale: f64) -> Vec<f64> {
+        let hd = q.len();
+        let s: Vec<f64> = (0..n)
+            .map(|t| {
+                (0..hd)
+                    .map(|e| q[e] as f64 * ks[t * hd + e] as f64)
+                    .sum::<f64>()
+                    * scale
+            })
+            .collect();
+        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+        (0..hd)
+            .map(|e| {
+                (0..n)
+                    .map(|t| (s[t] - m).exp() / z * vs[t * hd + e] as f64)
+                    .sum()
+            })
+            .collect()
+    }
+
+    fn run_tiles<E: TileElem>(
+        features: CpuFeatures,
+        q: &[f32],
+        ks: &[E],
+        vs: &[E],
+        n: usize,
+    ) -> Vec<f32> {
+        let hd = q.len();
+        let mut st = TileSoftmax::default();
+        let mut acc = vec![0f32; hd];
+        let mut kbuf = vec![E::default(); TILE_POSITIONS * hd];
+        let mut vbuf = vec![E::default(); TILE_POSITIONS * hd];
+        let mut t0 = 0;
+        while t0 < n {
+            let valid = (n - t0).min(TILE_POSITIONS);
+            kbuf[..valid * hd].copy_from_slice(&ks[t0 * hd..(t0 + valid) * hd]);
+            vbuf[..valid * hd].copy_from_slice(&vs[t0 * hd..(t0 + valid) * hd]);
+            tile_update_with(features, &mut st, &mut acc, q, &kbuf, &vbuf, valid, 0.125);
+            t0 += valid;
+        }
+        let mut out = vec![0f32; hd];
+        merge_segments(std::iter::once((st, &acc[..])), &mut out);
+        out
+    }
+
+    #[test]
+    fn tiles_match_exact_attention_and_paths_agree_bitwise() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
+        for (hd, n) in [
+            (64usize, 1usize),
+            (64, 7),
+            (64, 32),
+            (64, 33),
+            (128, 300),
+            (8, 65),
+            (72, 40),
+        ] {
+            let q: Vec<f32> = (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+            let ks: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+            let vs: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+            // K/V exactly representable in f16, so the f16 tiles must give the same bits.
+            let ks: Vec<f32> = ks.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+            let vs: Vec<f32> = vs.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+            let want = exact(&q, &ks, &vs, n, 0.125);
+            let portable = run_tiles(CpuFeatures::PORTABLE, &q, &ks, &vs, n);
+            let native = run_tiles(CpuFeatures::detect(), &q, &ks, &vs, n);
+            let ks16: Vec<f16> = ks.iter().map(|&x| f16::from_f32(x)).collect();
+            let vs16: Vec<f16> = vs.iter().map(|&x| f16::from_f32(x)).collect();
+            let native16 = run_tiles(CpuFeatures::detect(), &q, &ks16, &vs16, n);
+            let portable16 = run_tiles(CpuFeatures::PORTABLE, &q, &ks16, &vs16, n);
+            let mut widened = vec![0f32; ks16.len()];
+            widen_f16(&ks16, &mut widened);
+            assert_eq!(widened, ks);
+            for e in 0..hd {
+                assert!(
+                    (portable[e] as f64 - want[e]).abs() < 1e-4,
+                    "hd={hd} n={n} e={e}"
+                );
+                assert_eq!(
+                    portable[e].to_bits(),
+                    native[e].to_bits(),
+                    "hd={hd} n={n} e={e}"
+                );
+                assert_eq!(
+                    native16[e].to_bits(),
+                    native[e].to_bits(),
+                    "hd={hd} n={n} e={e}"
+                );
+                assert_eq!(
+                    portable16[e].to_bits(),
+                    native[e].to_bits(),
+                    "hd={hd} n={n} e={e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn segments_merge_to_the_unsplit_result() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(18);
+        let (hd, n) = (64, 200);
+        let q: Vec<f32> = (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+        let ks: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+        let vs: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+        let want = exact(&q, &ks, &vs, n, 0.125);
+        // Three segments of 64, 64 and 72 positions.
+        let mut states = Vec::new();
+        for (a, b) in [(0, 64), (64, 128), (128, 200)] {
+            let mut st = TileSoftmax::default();
+            let mut acc = vec![0f32; hd];
+            let mut t0 = a;
+            while t0 < b {
+                let valid = (b - t0).min(TILE_POSITIONS);
+                let mut kbuf = vec![0f32; TILE_POSITIONS * hd];
+                kbuf[..valid * hd].copy_from_slice(&ks[t0 * hd..(t0 + valid) * hd]);
+                tile_update(&mut st, &mut acc, &q, &kbuf, &vs[t0 * hd..], valid, 0.125);
+                t0 += valid;
+            }
+            states.push((st, acc));
+        }
+        let mut out = vec![0f32; hd];
+        merge_segments(states.iter().map(|(s, a)| (*s, &a[..])), &mut out);
+        for e in 0..hd {
+            assert!((out[e] as f64 - want[e]).abs() < 1e-4, "e={e}");
+        }
+    }
+}
