@@ -28,6 +28,9 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// How many top alternatives to report with each token (0 = none).
     pub top_logprobs: usize,
+    /// `(token id, bias)` added to those logits after the penalties, before choosing
+    /// (OpenAI's `logit_bias`, each in [-100, 100]; ids beyond the vocabulary are ignored).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -42,6 +45,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             seed: None,
             top_logprobs: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -95,6 +99,13 @@ impl SamplingParams {
         }
         if self.top_logprobs > 20 {
             return bad("top_logprobs", "at most 20", self.top_logprobs as f64);
+        }
+        if let Some(&(_, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return bad("logit_bias", "in [-100, 100]", b as f64);
         }
         Ok(())
     }
@@ -169,6 +180,11 @@ impl Sampler {
                 if let Some(l) = work.get_mut(id as usize) {
                     *l -= p.presence_penalty + p.frequency_penalty * count as f32;
                 }
+            }
+        }
+        for &(id, bias) in &p.logit_bias {
+            if let Some(l) = work.get_mut(id as usize) {
+                *l += bias;
             }
         }
         let id = if p.is_greedy() {
@@ -381,7 +397,42 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_moves_the_choice_and_leaves_logprobs_raw() {
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: vec![(1, -100.0), (3, -100.0)],
+            ..Default::default()
+        });
+        let t = s.sample(&logits(), &[]);
+        assert_eq!(t.id, 2);
+        let plain = Sampler::new(SamplingParams::default()).sample(&logits(), &[]);
+        let (raw, _) = logprobs(&logits(), 2, 0);
+        assert_eq!(t.logprob, raw);
+        assert_eq!(plain.id, 1);
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: vec![(5, 100.0), (999, 100.0)],
+            temperature: 1.0,
+            seed: Some(1),
+            ..Default::default()
+        });
+        for _ in 0..50 {
+            assert_eq!(s.sample(&logits(), &[]).id, 5);
+        }
+    }
+
+    #[test]
     fn validation_rejects_bad_values() {
+        assert!(SamplingParams {
+            logit_bias: vec![(1, 100.5)],
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+        assert!(SamplingParams {
+            logit_bias: vec![(1, f32::NAN)],
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
         assert!(SamplingParams {
             temperature: -1.0,
             ..Default::default()
