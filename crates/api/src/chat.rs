@@ -94,9 +94,61 @@ pub struct ChatCompletionRequest {
     /// Tool definitions, passed to the chat template as is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<serde_json::Value>,
+    /// Whether and which tool the model must call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether the model may call several tools in one reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// Token id (as a decimal string) → bias added to its logit before sampling (-100..=100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<LogitBias>,
     /// Sampling extras, named as vLLM names them.
     #[serde(flatten)]
     pub extra: crate::extras::SamplingExtras,
+}
+
+/// `logit_bias` on the wire: token ids as decimal strings (JSON object keys) → bias.
+pub type LogitBias = std::collections::BTreeMap<String, f32>;
+
+/// `tool_choice`: a mode, or one named function the model must call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    Mode(ToolChoiceMode),
+    Named(NamedToolChoice),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolChoiceMode {
+    /// Never call a tool.
+    None,
+    /// The model decides.
+    Auto,
+    /// The model must call at least one tool.
+    Required,
+}
+
+/// `{"type": "function", "function": {"name": "…"}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedToolChoice {
+    /// Always `"function"`.
+    #[serde(rename = "type")]
+    pub kind: FunctionKind,
+    pub function: FunctionName,
+}
+
+/// The only tool type: `"function"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FunctionKind {
+    Function,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionName {
+    pub name: String,
 }
 
 /// Full (non-streaming) response.
