@@ -22,7 +22,7 @@ use std::future::{Future, IntoFuture};
 
 pub use error::ApiError;
 pub use routes::router;
-pub use settings::{Limits, ServerSettings, SettingsError, TenantSpec};
+pub use settings::{Limits, ServerSettings, SettingsError, TenantSpec, UnknownFields};
 pub use state::AppState;
 
 /// Serves until `shutdown` resolves; then stops accepting, lets running requests finish for up to

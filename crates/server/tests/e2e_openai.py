@@ -2,7 +2,8 @@
 
 Usage: e2e_openai.py BASE_URL   (e.g. http://127.0.0.1:8000). The server must run the config
 written by crates/agentkv/tests/serve_openai.rs: tenants alpha (key ka) and beta (key kb), admin
-key "admin", max_requests_per_tenant 2, max_requests 3, warm-up prompt "system".
+key "admin", max_requests_per_tenant 2, max_requests 3, warm-up prompt "system", model name
+"agentkv-e2e" with the alias "m", unknown fields rejected (the default).
 Exits non-zero with a message on the first failed check.
 """
 import json
@@ -48,11 +49,68 @@ def check(cond, what):
 alpha, beta = client("ka"), client("kb")
 msgs = lambda user: [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
-# Models and a plain chat.
-check([m.id for m in alpha.models.list()] == ["agentkv-e2e"], "models.list")
+def post(path, body, key):
+    req = urllib.request.Request(BASE + path, data=json.dumps(body).encode(), method="POST")
+    req.add_header("Authorization", "Bearer " + key)
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read().decode())
+
+
+# Models ("m" is an alias from the config) and a plain chat.
+check([m.id for m in alpha.models.list()] == ["agentkv-e2e", "m"], "models.list: name and alias")
+check(alpha.models.retrieve("agentkv-e2e").id == "agentkv-e2e", "models.retrieve")
+try:
+    alpha.models.retrieve("gpt-4o")
+    check(False, "unknown model id refused")
+except openai.NotFoundError as e:
+    check(e.code == "model_not_found", "models.retrieve of an unknown id gets 404 model_not_found")
 r = alpha.chat.completions.create(model="agentkv-e2e", messages=msgs("Say hello."), max_tokens=8, temperature=0)
 check(r.choices[0].message.role == "assistant" and r.usage.completion_tokens > 0, "chat completion")
 check(r.usage.prompt_tokens_details.cached_tokens is not None, "cached_tokens always present")
+
+# Strict parameters: an unknown model is 404, an unsupported or unknown field is 400 naming it.
+try:
+    alpha.chat.completions.create(model="gpt-4o", messages=msgs("Hi."), max_tokens=2)
+    check(False, "wrong model refused")
+except openai.NotFoundError as e:
+    check(e.status_code == 404 and e.code == "model_not_found" and e.param == "model",
+          "wrong model gets 404 model_not_found")
+for field, value in [("best_of", 2), ("guided_json", {"type": "object"}), ("frobnicate", 1)]:
+    try:
+        alpha.chat.completions.create(model="m", messages=msgs("Hi."), max_tokens=2,
+                                      extra_body={field: value})
+        check(False, f"{field} refused")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and e.param == field, f"unknown/unsupported {field} gets 400 naming it")
+try:
+    alpha.completions.create(model="m", prompt="def f(", suffix="return 1", max_tokens=2)
+    check(False, "suffix refused")
+except openai.BadRequestError as e:
+    check(e.param == "suffix", "completions suffix gets 400 naming it")
+try:
+    alpha.chat.completions.create(model="m", messages=msgs("Hi."), max_tokens=2, tool_choice=12345)
+    check(False, "tool_choice of the wrong type refused")
+except openai.BadRequestError as e:
+    check(e.param == "tool_choice", "tool_choice: 12345 gets 400 naming it")
+
+# logit_bias: banning the greedy first token changes the output.
+question = msgs("What is the capital of France?")
+greedy = alpha.chat.completions.create(model="m", messages=question, max_tokens=6, temperature=0)
+first = alpha.chat.completions.create(model="m", messages=question, max_tokens=1, temperature=0)
+ids = post("/tokenize", {"prompt": first.choices[0].message.content, "add_special_tokens": False}, "ka")["tokens"]
+check(len(ids) == 1, f"the greedy first token is one token ({ids})")
+banned = alpha.chat.completions.create(model="m", messages=question, max_tokens=6, temperature=0,
+                                       logit_bias={str(ids[0]): -100})
+check(banned.choices[0].message.content != greedy.choices[0].message.content and
+      not banned.choices[0].message.content.startswith(first.choices[0].message.content),
+      f"logit_bias -100 on the greedy token changes the output "
+      f"({greedy.choices[0].message.content!r} -> {banned.choices[0].message.content!r})")
+try:
+    alpha.chat.completions.create(model="m", messages=question, max_tokens=1, logit_bias={str(ids[0]): -150})
+    check(False, "logit_bias out of range refused")
+except openai.BadRequestError as e:
+    check(e.param == "logit_bias", "logit_bias outside [-100, 100] gets 400")
 
 # Warm-up prompts are pinned per tenant and reported.
 pinned = {(p["name"], p["tenant"]) for p in stats()["pinned_prompts"] if p["pinned_tokens"] > 0}

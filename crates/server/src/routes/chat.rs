@@ -13,7 +13,7 @@ use axum::Json;
 
 use crate::error::ApiError;
 use crate::output::{chat_logprobs, collect};
-use crate::params::{chat_prompt, parse_json, prepare, GenOptions};
+use crate::params::{chat_prompt, check_model, parse_request, prepare, GenOptions};
 use crate::routes::body_bytes;
 use crate::run::{finish_reason_name, submit, Step};
 use crate::sse::{self, json};
@@ -26,7 +26,8 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let tenant = state.tenants.authenticate(&headers)?.clone();
     let body = body_bytes(&state, body)?;
-    let req: ChatCompletionRequest = parse_json(&body)?;
+    let req: ChatCompletionRequest = parse_request(&body, state.settings.unknown_fields)?;
+    check_model(&state, &req.model)?;
     let opts = GenOptions::from_chat(&req)?;
     let prompt = chat_prompt(&state, &req)?;
     let prepared = prepare(&state, &tenant, prompt, &opts)?;
