@@ -30,9 +30,9 @@ pub struct ChatMessage {
     /// Required by OpenAI on `role: "tool"` messages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
-    /// Tool calls of an assistant message (OpenAI format), kept as raw JSON.
+    /// Tool calls of an assistant message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<serde_json::Value>,
+    pub tool_calls: Option<Vec<crate::tools::ToolCall>>,
 }
 
 impl ChatMessage {
@@ -91,9 +91,9 @@ pub struct ChatCompletionRequest {
     pub presence_penalty: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frequency_penalty: Option<f32>,
-    /// Tool definitions, passed to the chat template as is.
+    /// Functions the model may call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<serde_json::Value>,
+    pub tools: Option<Vec<crate::tools::Tool>>,
     /// Whether and which tool the model must call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
@@ -214,4 +214,6 @@ pub struct ChatDelta {
     pub role: Option<Role>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<crate::tools::ToolCallDelta>>,
 }

@@ -16,6 +16,7 @@ mod lenient;
 pub mod logprobs;
 pub mod models;
 pub mod tokenize;
+pub mod tools;
 pub mod usage;
 
 pub use chat::{
@@ -31,6 +32,7 @@ pub use extras::SamplingExtras;
 pub use fields::KnownFields;
 pub use logprobs::{ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob};
 pub use models::{ModelCard, ModelList};
+pub use tools::{FunctionCall, FunctionCallDelta, FunctionDef, Tool, ToolCall, ToolCallDelta};
 pub use usage::{
     CacheMissDetails, CompletionTokensDetails, PromptTokensDetails, StreamOptions, Usage,
 };

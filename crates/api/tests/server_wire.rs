@@ -79,7 +79,7 @@ fn known_fields_are_exactly_the_serialised_fields() {
         top_logprobs: Some(0),
         presence_penalty: Some(0.0),
         frequency_penalty: Some(0.0),
-        tools: Some(serde_json::json!([])),
+        tools: Some(Vec::new()),
         tool_choice: Some(ToolChoice::Mode(ToolChoiceMode::Auto)),
         parallel_tool_calls: Some(true),
         logit_bias: Some(LogitBias::new()),
@@ -143,4 +143,37 @@ fn tool_choice_is_a_mode_or_a_named_function() {
         serde_json::from_str(r#"{"model":"m","messages":[],"logit_bias":{"42":-100,"7":5.5}}"#)
             .unwrap();
     assert_eq!(r.logit_bias.unwrap()["42"], -100.0);
+}
+
+#[test]
+fn tool_calls_and_their_deltas_have_the_openai_shape() {
+    let m: ChatMessage = serde_json::from_value(serde_json::json!({"role": "assistant",
+        "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}))
+    .unwrap();
+    let calls = m.tool_calls.as_ref().unwrap();
+    assert_eq!(
+        (calls[0].id.as_str(), calls[0].function.arguments.as_str()),
+        ("call_1", "{\"a\": 1}")
+    );
+    let d = ChatDelta {
+        tool_calls: Some(vec![ToolCallDelta {
+            index: 0,
+            id: Some("call_1".into()),
+            kind: Some(FunctionKind::Function),
+            function: Some(FunctionCallDelta {
+                name: Some("f".into()),
+                arguments: Some("{}".into()),
+            }),
+        }]),
+        ..Default::default()
+    };
+    assert_eq!(
+        serde_json::to_value(&d).unwrap(),
+        serde_json::json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "f", "arguments": "{}"}}]})
+    );
+    let bad = serde_json::from_value::<Tool>(serde_json::json!({"type": "retrieval",
+        "function": {"name": "f"}}));
+    assert!(bad.is_err());
 }

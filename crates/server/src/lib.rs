@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod error;
+pub mod grammar;
 pub mod metrics;
 mod output;
 pub mod params;
@@ -17,6 +18,7 @@ pub mod settings;
 mod sse;
 pub mod state;
 pub mod tenants;
+pub mod tools;
 
 use std::future::{Future, IntoFuture};
 

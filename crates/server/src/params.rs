@@ -3,16 +3,16 @@
 
 use api::{
     ChatCompletionRequest, CompletionRequest, KnownFields, LogitBias, Prompt, SamplingExtras,
-    ToolChoice, ToolChoiceMode,
 };
 use engine::RequestSpec;
-use model::SamplingParams;
+use model::{ConstraintSpec, SamplingParams};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 use crate::settings::UnknownFields;
 use crate::state::AppState;
 use crate::tenants::Tenant;
+use crate::tools::{self, ToolPlan};
 
 /// Parses a JSON body (tokenize, detokenize, admin routes); unknown fields are ignored, bad values
 /// are a 400. Generation requests go through [`parse_request`].
@@ -135,6 +135,8 @@ pub struct GenOptions {
     /// `None`: no logprobs; `Some(k)`: logprobs with `k` alternatives.
     pub logprobs: Option<u32>,
     pub logit_bias: Option<LogitBias>,
+    /// Structured output (the generic tool mode's grammar).
+    pub constraint: Option<ConstraintSpec>,
     pub extra: SamplingExtras,
 }
 
@@ -169,6 +171,7 @@ impl GenOptions {
             frequency_penalty: r.frequency_penalty,
             logprobs,
             logit_bias: r.logit_bias.clone(),
+            constraint: None,
             extra: r.extra.clone(),
         })
     }
@@ -185,6 +188,7 @@ impl GenOptions {
             frequency_penalty: r.frequency_penalty,
             logprobs: r.logprobs,
             logit_bias: r.logit_bias.clone(),
+            constraint: None,
             extra: r.extra.clone(),
         }
     }
@@ -236,117 +240,46 @@ fn check(ok: bool, param: &str, rule: &str, value: impl std::fmt::Display) -> Re
     }
 }
 
-/// Renders the chat template over `messages` and tokenises the result.
-pub fn chat_prompt(state: &AppState, r: &ChatCompletionRequest) -> Result<Vec<u32>, ApiError> {
+/// Renders the chat template over `messages` (with the generic tool mode's plan when the request
+/// may call tools) and tokenises the result.
+pub fn chat_prompt(
+    state: &AppState,
+    r: &ChatCompletionRequest,
+) -> Result<(Vec<u32>, Option<ToolPlan>), ApiError> {
     if r.messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty", "messages"));
     }
-    render_chat(state, &r.messages, template_tools(state, r)?, true)
+    let plan = tools::plan(r)?;
+    let prompt = render_chat(state, &r.messages, plan.as_ref(), true)?;
+    Ok((prompt, plan))
 }
 
-/// The `tools` to hand to the chat template, or the 400 for a tool request this server cannot
-/// honour: tools only reach a template that reads them, and only under `tool_choice` `auto`
-/// (calls are whatever the template makes the model write; `required` and named choices need
-/// constrained decoding).
-fn template_tools<'r>(
-    state: &AppState,
-    r: &'r ChatCompletionRequest,
-) -> Result<Option<&'r serde_json::Value>, ApiError> {
-    let tools = match &r.tools {
-        None | Some(serde_json::Value::Null) => None,
-        Some(serde_json::Value::Array(a)) if a.is_empty() => None,
-        Some(t @ serde_json::Value::Array(_)) => Some(t),
-        Some(_) => return Err(ApiError::invalid("tools must be an array", "tools")),
-    };
-    let unsupported = |param: &str, message: &str| ApiError::UnsupportedParameter {
-        param: param.to_string(),
-        message: message.to_string(),
-    };
-    let mode = match &r.tool_choice {
-        None => None,
-        Some(ToolChoice::Mode(m)) => Some(*m),
-        Some(ToolChoice::Named(_)) => {
-            return Err(unsupported(
-                "tool_choice",
-                "a named tool_choice is not supported by this server yet",
-            ))
-        }
-    };
-    let Some(tools) = tools else {
-        return match mode {
-            Some(ToolChoiceMode::Required) => Err(ApiError::invalid(
-                "tool_choice \"required\" needs tools",
-                "tool_choice",
-            )),
-            _ => Ok(None),
-        };
-    };
-    match mode {
-        Some(ToolChoiceMode::None) => return Ok(None),
-        Some(ToolChoiceMode::Required) => {
-            return Err(unsupported(
-                "tool_choice",
-                "tool_choice \"required\" is not supported by this server yet",
-            ))
-        }
-        Some(ToolChoiceMode::Auto) | None => {}
-    }
-    if !state
-        .model
-        .chat_template_or_fallback()
-        .source()
-        .contains("tools")
-    {
-        return Err(unsupported(
-            "tools",
-            "this model's chat template does not support tools",
-        ));
-    }
-    if r.parallel_tool_calls == Some(false) {
-        return Err(unsupported(
-            "parallel_tool_calls",
-            "parallel_tool_calls: false is not supported by this server yet",
-        ));
-    }
-    Ok(Some(tools))
+/// The constraint of a tool plan: a schema llguidance rejects is the client's (400 on `tools`).
+pub fn tool_constraint(state: &AppState, plan: &ToolPlan) -> Result<ConstraintSpec, ApiError> {
+    state
+        .grammars()?
+        .json_schema(&plan.schema)
+        .map_err(|e| ApiError::invalid(format!("the tools' parameters schema: {e}"), "tools"))
 }
 
 /// Chat messages → prompt token ids (special tokens in the rendered text are parsed).
 pub fn render_chat(
     state: &AppState,
     messages: &[api::ChatMessage],
-    tools: Option<&serde_json::Value>,
+    plan: Option<&ToolPlan>,
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
-    let msgs: Vec<model::chat::ChatMessage> = messages
-        .iter()
-        .map(|m| model::chat::ChatMessage {
-            role: role_name(m.role).to_string(),
-            content: m.content.clone().unwrap_or_default(),
-            name: m.name.clone(),
-            tool_calls: m.tool_calls.clone(),
-            tool_call_id: m.tool_call_id.clone(),
-        })
-        .collect();
+    let msgs = tools::render_messages(messages, plan)?;
     let text = state
         .model
         .chat_template_or_fallback()
-        .render(&msgs, tools, add_generation_prompt)
+        .render(&msgs, None, add_generation_prompt)
         .map_err(|e| ApiError::invalid(format!("chat template failed: {e}"), "messages"))?;
     state
         .model
         .tokenizer
         .encode(&text, false, true)
         .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))
-}
-
-fn role_name(r: api::Role) -> &'static str {
-    match r {
-        api::Role::System | api::Role::Developer => "system",
-        api::Role::User => "user",
-        api::Role::Assistant => "assistant",
-        api::Role::Tool => "tool",
-    }
 }
 
 /// A text completion's prompt → token ids (one prompt per request).
@@ -467,6 +400,7 @@ pub fn prepare(
         seed: o.seed,
         top_logprobs: o.logprobs.unwrap_or(0) as usize,
         logit_bias,
+        constraint: o.constraint.clone(),
     };
     sampling.validate().map_err(|e| ApiError::InvalidRequest {
         message: e.to_string(),

@@ -274,22 +274,17 @@ async fn unknown_and_unsupported_fields_get_400_naming_the_param_unless_lenient(
     .await
     .error(400);
     assert_eq!(e["param"], "tool_choice");
-    // The default model's template has no tool support: tools are refused, not ignored.
-    let tools =
-        serde_json::json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    let bad_tools = serde_json::json!([{"type": "function", "function": {"name": 7}}]);
     let e = call(
         &r,
         "POST",
         "/v1/chat/completions",
         None,
-        &chat_with("tools", tools),
+        &chat_with("tools", bad_tools),
     )
     .await
     .error(400);
-    assert_eq!(
-        (&e["param"], &e["code"]),
-        (&"tools".into(), &"unsupported_parameter".into())
-    );
+    assert_eq!(e["param"], "tools[0].function.name");
 
     // Lenient: unknown fields are ignored, wrong types of known fields still rejected.
     let lenient = ServerSettings {
