@@ -115,32 +115,11 @@ pub async fn chat_completions(
                 Step::Finished { choice, reason } if tool_mode => {
                     let text = std::mem::take(&mut held[choice as usize]);
                     let (message, finish) = tool_reply(text, reason, |j| call_id(choice, j));
-                    let mut out = Vec::new();
-                    let body = ChatDelta {
-                        content: message.content,
-                        tool_calls: message.tool_calls.map(|calls| {
-                            calls
-                                .into_iter()
-                                .enumerate()
-                                .map(|(j, c)| ToolCallDelta {
-                                    index: j as u32,
-                                    id: Some(c.id),
-                                    kind: Some(FunctionKind::Function),
-                                    function: Some(FunctionCallDelta {
-                                        name: Some(c.function.name),
-                                        arguments: Some(c.function.arguments),
-                                    }),
-                                })
-                                .collect()
-                        }),
-                        role: None,
-                    };
-                    out.push(chunk(vec![delta(choice, body, None, None)], None));
-                    out.push(chunk(
-                        vec![delta(choice, ChatDelta::default(), Some(&finish), None)],
-                        None,
-                    ));
-                    out
+                    let finished = ChatDelta::default();
+                    vec![
+                        chunk(vec![delta(choice, whole_delta(message), None, None)], None),
+                        chunk(vec![delta(choice, finished, Some(&finish), None)], None),
+                    ]
                 }
                 Step::Token(t) => {
                     let lp = r
@@ -213,6 +192,30 @@ pub async fn chat_completions(
         system_fingerprint: None,
     })
     .into_response())
+}
+
+/// A whole message as one streamed delta (`tool_calls` carry their index, id, type and name).
+fn whole_delta(message: ChatMessage) -> ChatDelta {
+    let tool_calls = message.tool_calls.map(|calls| {
+        calls
+            .into_iter()
+            .enumerate()
+            .map(|(j, c)| ToolCallDelta {
+                index: j as u32,
+                id: Some(c.id),
+                kind: Some(c.kind),
+                function: Some(FunctionCallDelta {
+                    name: Some(c.function.name),
+                    arguments: Some(c.function.arguments),
+                }),
+            })
+            .collect()
+    });
+    ChatDelta {
+        role: None,
+        content: message.content,
+        tool_calls,
+    }
 }
 
 /// A finished choice's reply in the generic tool mode: tool calls (`finish_reason:
