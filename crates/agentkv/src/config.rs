@@ -2,8 +2,9 @@
 //! naming the key) and its translation into engine and server settings. Never starts anything.
 //!
 //! ```yaml
-//! server: {host: 127.0.0.1, port: 8000, model_name: agentkv, admin_api_keys: [..],
-//!          trusted_tenant_header: x-agentkv-tenant, shutdown_timeout_s: 30}
+//! server: {host: 127.0.0.1, port: 8000, model_name: agentkv, model_aliases: [gpt-4o-mini],
+//!          unknown_fields: reject,   # or ignore: unknown request fields 400 / are ignored
+//!          admin_api_keys: [..], trusted_tenant_header: x-agentkv-tenant, shutdown_timeout_s: 30}
 //! model: {path: models/SmolLM2-135M-Instruct.Q4_1.gguf, threads: 4}
 //! kv_cache_config:
 //!   max_size: 2GB            # bytes of KV memory (KB/MB/GB = 1000^k, KiB/MiB/GiB = 1024^k)
@@ -59,10 +60,31 @@ pub struct ServerSection {
     pub host: Option<String>,
     pub port: Option<u16>,
     pub model_name: Option<String>,
+    /// Other names requests may use for the model.
+    #[serde(default)]
+    pub model_aliases: Vec<String>,
+    pub unknown_fields: Option<UnknownFieldsPolicy>,
     #[serde(default)]
     pub admin_api_keys: Vec<String>,
     pub trusted_tenant_header: Option<String>,
     pub shutdown_timeout_s: Option<u64>,
+}
+
+/// `server.unknown_fields`: `reject` (default: 400 naming the field) or `ignore`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownFieldsPolicy {
+    Reject,
+    Ignore,
+}
+
+impl UnknownFieldsPolicy {
+    pub fn to_server(self) -> server::UnknownFields {
+        match self {
+            UnknownFieldsPolicy::Reject => server::UnknownFields::Reject,
+            UnknownFieldsPolicy::Ignore => server::UnknownFields::Ignore,
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -328,6 +350,22 @@ mod tests {
         );
         let e = FileConfig::parse("tiers: [{kind: ram, max_sise: 4GB}]\n").unwrap_err();
         assert!(format!("{e:#}").contains("max_sise"), "{e:#}");
+    }
+
+    #[test]
+    fn model_aliases_and_unknown_fields_policy_parse() {
+        let c = FileConfig::parse(
+            "server: {model_name: a, model_aliases: [b, c], unknown_fields: ignore}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.server.model_aliases,
+            vec!["b".to_string(), "c".to_string()]
+        );
+        assert_eq!(c.server.unknown_fields, Some(UnknownFieldsPolicy::Ignore));
+        assert_eq!(FileConfig::parse("{}").unwrap().server.unknown_fields, None);
+        let e = FileConfig::parse("server: {unknown_fields: maybe}\n").unwrap_err();
+        assert!(format!("{e:#}").contains("maybe"), "{e:#}");
     }
 
     #[test]

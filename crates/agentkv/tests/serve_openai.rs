@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 const CONFIG: &str = r#"
 server:
   model_name: agentkv-e2e
+  model_aliases: [m]
   admin_api_keys: ["admin"]
 kv_cache_config:
   max_size: 64MiB

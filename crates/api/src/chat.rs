@@ -30,9 +30,9 @@ pub struct ChatMessage {
     /// Required by OpenAI on `role: "tool"` messages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
-    /// Tool calls of an assistant message (OpenAI format), kept as raw JSON.
+    /// Tool calls of an assistant message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_calls: Option<serde_json::Value>,
+    pub tool_calls: Option<Vec<crate::tools::ToolCall>>,
 }
 
 impl ChatMessage {
@@ -91,12 +91,64 @@ pub struct ChatCompletionRequest {
     pub presence_penalty: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frequency_penalty: Option<f32>,
-    /// Tool definitions, passed to the chat template as is.
+    /// Functions the model may call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<serde_json::Value>,
+    pub tools: Option<Vec<crate::tools::Tool>>,
+    /// Whether and which tool the model must call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether the model may call several tools in one reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// Token id (as a decimal string) → bias added to its logit before sampling (-100..=100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<LogitBias>,
     /// Sampling extras, named as vLLM names them.
     #[serde(flatten)]
     pub extra: crate::extras::SamplingExtras,
+}
+
+/// `logit_bias` on the wire: token ids as decimal strings (JSON object keys) → bias.
+pub type LogitBias = std::collections::BTreeMap<String, f32>;
+
+/// `tool_choice`: a mode, or one named function the model must call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    Mode(ToolChoiceMode),
+    Named(NamedToolChoice),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolChoiceMode {
+    /// Never call a tool.
+    None,
+    /// The model decides.
+    Auto,
+    /// The model must call at least one tool.
+    Required,
+}
+
+/// `{"type": "function", "function": {"name": "…"}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedToolChoice {
+    /// Always `"function"`.
+    #[serde(rename = "type")]
+    pub kind: FunctionKind,
+    pub function: FunctionName,
+}
+
+/// The only tool type: `"function"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FunctionKind {
+    Function,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionName {
+    pub name: String,
 }
 
 /// Full (non-streaming) response.
@@ -162,4 +214,6 @@ pub struct ChatDelta {
     pub role: Option<Role>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<crate::tools::ToolCallDelta>>,
 }

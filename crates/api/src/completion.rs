@@ -53,6 +53,9 @@ pub struct CompletionRequest {
     pub presence_penalty: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frequency_penalty: Option<f32>,
+    /// Token id (as a decimal string) → bias added to its logit before sampling (-100..=100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<crate::chat::LogitBias>,
     /// Sampling extras, named as vLLM names them.
     #[serde(flatten)]
     pub extra: crate::extras::SamplingExtras,

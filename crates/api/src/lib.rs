@@ -11,23 +11,28 @@ pub mod chat;
 pub mod completion;
 pub mod error;
 pub mod extras;
+pub mod fields;
 mod lenient;
 pub mod logprobs;
 pub mod models;
 pub mod tokenize;
+pub mod tools;
 pub mod usage;
 
 pub use chat::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatMessage, Role,
+    ChatCompletionResponse, ChatDelta, ChatMessage, FunctionKind, FunctionName, LogitBias,
+    NamedToolChoice, Role, ToolChoice, ToolChoiceMode,
 };
 pub use completion::{
     CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse, Prompt,
 };
 pub use error::{ErrorBody, ErrorDetail};
 pub use extras::SamplingExtras;
+pub use fields::KnownFields;
 pub use logprobs::{ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob};
 pub use models::{ModelCard, ModelList};
+pub use tools::{FunctionCall, FunctionCallDelta, FunctionDef, Tool, ToolCall, ToolCallDelta};
 pub use usage::{
     CacheMissDetails, CompletionTokensDetails, PromptTokensDetails, StreamOptions, Usage,
 };

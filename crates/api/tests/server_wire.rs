@@ -41,3 +41,139 @@ fn error_body_has_the_openai_shape() {
         serde_json::json!({"error":{"message":"m","type":"invalid_request_error","param":"n","code":null}})
     );
 }
+
+fn keys(v: serde_json::Value) -> std::collections::BTreeSet<String> {
+    v.as_object().unwrap().keys().cloned().collect()
+}
+
+fn extras() -> SamplingExtras {
+    SamplingExtras {
+        top_k: Some(1),
+        min_p: Some(0.1),
+        repetition_penalty: Some(1.1),
+        ignore_eos: Some(true),
+        min_tokens: Some(1),
+        stop_token_ids: Some(vec![1]),
+        cache_salt: Some("s".into()),
+    }
+}
+
+/// Every field is set (no `..Default::default()`), so a new field fails to compile here until it
+/// is added, and then fails the comparison until `KnownFields::FIELDS` names it.
+#[test]
+fn known_fields_are_exactly_the_serialised_fields() {
+    let chat = ChatCompletionRequest {
+        model: "m".into(),
+        messages: vec![ChatMessage::new(Role::User, "u")],
+        max_tokens: Some(1),
+        max_completion_tokens: Some(1),
+        temperature: Some(0.0),
+        top_p: Some(1.0),
+        seed: Some(1),
+        stop: Some(vec!["x".into()]),
+        stream: Some(false),
+        stream_options: Some(StreamOptions::default()),
+        user: Some("u".into()),
+        n: Some(1),
+        logprobs: Some(false),
+        top_logprobs: Some(0),
+        presence_penalty: Some(0.0),
+        frequency_penalty: Some(0.0),
+        tools: Some(Vec::new()),
+        tool_choice: Some(ToolChoice::Mode(ToolChoiceMode::Auto)),
+        parallel_tool_calls: Some(true),
+        logit_bias: Some(LogitBias::new()),
+        extra: extras(),
+    };
+    let expected: std::collections::BTreeSet<String> = ChatCompletionRequest::FIELDS
+        .iter()
+        .chain(SamplingExtras::FIELDS)
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(keys(serde_json::to_value(&chat).unwrap()), expected);
+    let completion = CompletionRequest {
+        model: "m".into(),
+        prompt: Prompt::Text("p".into()),
+        max_tokens: Some(1),
+        temperature: Some(0.0),
+        top_p: Some(1.0),
+        seed: Some(1),
+        stop: Some(vec!["x".into()]),
+        echo: Some(false),
+        stream: Some(false),
+        stream_options: Some(StreamOptions::default()),
+        user: Some("u".into()),
+        n: Some(1),
+        logprobs: Some(0),
+        presence_penalty: Some(0.0),
+        frequency_penalty: Some(0.0),
+        logit_bias: Some(LogitBias::new()),
+        extra: extras(),
+    };
+    let expected: std::collections::BTreeSet<String> = CompletionRequest::FIELDS
+        .iter()
+        .chain(SamplingExtras::FIELDS)
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(keys(serde_json::to_value(&completion).unwrap()), expected);
+    assert!(
+        ChatCompletionRequest::is_known("top_k") && !ChatCompletionRequest::is_known("best_of")
+    );
+    assert!(!CompletionRequest::is_known("suffix"));
+}
+
+#[test]
+fn tool_choice_is_a_mode_or_a_named_function() {
+    let parse = |v: serde_json::Value| serde_json::from_value::<ToolChoice>(v);
+    assert_eq!(
+        parse(serde_json::json!("required")).unwrap(),
+        ToolChoice::Mode(ToolChoiceMode::Required)
+    );
+    let named = parse(serde_json::json!({"type": "function", "function": {"name": "f"}})).unwrap();
+    assert_eq!(
+        named,
+        ToolChoice::Named(NamedToolChoice {
+            kind: FunctionKind::Function,
+            function: FunctionName { name: "f".into() },
+        })
+    );
+    assert!(parse(serde_json::json!(12345)).is_err());
+    assert!(parse(serde_json::json!("sometimes")).is_err());
+    let r: ChatCompletionRequest =
+        serde_json::from_str(r#"{"model":"m","messages":[],"logit_bias":{"42":-100,"7":5.5}}"#)
+            .unwrap();
+    assert_eq!(r.logit_bias.unwrap()["42"], -100.0);
+}
+
+#[test]
+fn tool_calls_and_their_deltas_have_the_openai_shape() {
+    let m: ChatMessage = serde_json::from_value(serde_json::json!({"role": "assistant",
+        "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}))
+    .unwrap();
+    let calls = m.tool_calls.as_ref().unwrap();
+    assert_eq!(
+        (calls[0].id.as_str(), calls[0].function.arguments.as_str()),
+        ("call_1", "{\"a\": 1}")
+    );
+    let d = ChatDelta {
+        tool_calls: Some(vec![ToolCallDelta {
+            index: 0,
+            id: Some("call_1".into()),
+            kind: Some(FunctionKind::Function),
+            function: Some(FunctionCallDelta {
+                name: Some("f".into()),
+                arguments: Some("{}".into()),
+            }),
+        }]),
+        ..Default::default()
+    };
+    assert_eq!(
+        serde_json::to_value(&d).unwrap(),
+        serde_json::json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "f", "arguments": "{}"}}]})
+    );
+    let bad = serde_json::from_value::<Tool>(serde_json::json!({"type": "retrieval",
+        "function": {"name": "f"}}));
+    assert!(bad.is_err());
+}

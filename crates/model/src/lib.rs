@@ -29,7 +29,9 @@ pub use forward::{ForwardBatch, ForwardError, Scratch};
 pub use kernels::ThreadPool;
 pub use kv::{KvDtype, KvStore, SeqSlot};
 pub use model::{LoadError, Model};
-pub use sampler::{SampledToken, Sampler, SamplingParams};
+pub use sampler::{
+    ConstraintFactory, ConstraintSpec, SampledToken, Sampler, SamplingParams, TokenConstraint,
+};
 
 use std::path::PathBuf;
 

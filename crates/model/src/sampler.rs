@@ -6,8 +6,45 @@
 //! the model's raw distribution (log-softmax of the unmodified logits), as vLLM reports by
 //! default. It never touches the model or the tokenizer.
 
+use std::sync::Arc;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
+
+/// Structured output: which tokens may come next for one sequence. Built per sequence by a
+/// [`ConstraintSpec`]; consulted by [`Sampler::sample`] at each step of that sequence only, so an
+/// unconstrained request never pays for it and never sees it.
+pub trait TokenConstraint: Send {
+    /// Sets the logits of every token that may not come next to `-inf` (`logits` is indexed by
+    /// token id; ids beyond the constraint's vocabulary are disallowed).
+    fn mask_logits(&mut self, logits: &mut [f32]);
+    /// Advances past the token that was chosen.
+    fn accept(&mut self, id: u32);
+}
+
+/// Starts a fresh [`TokenConstraint`] for each sequence of a request (each of `n` choices gets
+/// its own state).
+pub trait ConstraintFactory: Send + Sync {
+    fn start(&self) -> Box<dyn TokenConstraint>;
+    /// A short description for debugging output.
+    fn describe(&self) -> String;
+}
+
+/// A request's constraint, shared by its sequences. Equal only to itself (pointer identity).
+#[derive(Clone)]
+pub struct ConstraintSpec(pub Arc<dyn ConstraintFactory>);
+
+impl std::fmt::Debug for ConstraintSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ConstraintSpec({})", self.0.describe())
+    }
+}
+
+impl PartialEq for ConstraintSpec {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -28,6 +65,11 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// How many top alternatives to report with each token (0 = none).
     pub top_logprobs: usize,
+    /// `(token id, bias)` added to those logits after the penalties, before choosing
+    /// (OpenAI's `logit_bias`, each in [-100, 100]; ids beyond the vocabulary are ignored).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Restricts which tokens may come next (applied after `logit_bias`); `None` = free text.
+    pub constraint: Option<ConstraintSpec>,
 }
 
 impl Default for SamplingParams {
@@ -42,6 +84,8 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             seed: None,
             top_logprobs: 0,
+            logit_bias: Vec::new(),
+            constraint: None,
         }
     }
 }
@@ -96,6 +140,13 @@ impl SamplingParams {
         if self.top_logprobs > 20 {
             return bad("top_logprobs", "at most 20", self.top_logprobs as f64);
         }
+        if let Some(&(_, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return bad("logit_bias", "in [-100, 100]", b as f64);
+        }
         Ok(())
     }
 
@@ -115,6 +166,7 @@ pub struct SampledToken {
 /// Per-request sampler state.
 pub struct Sampler {
     params: SamplingParams,
+    constraint: Option<Box<dyn TokenConstraint>>,
     rng: ChaCha12Rng,
     output_counts: std::collections::HashMap<u32, u32>,
     work: Vec<f32>,
@@ -124,6 +176,7 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let seed = params.seed.unwrap_or_else(rand::random);
         Sampler {
+            constraint: params.constraint.as_ref().map(|c| c.0.start()),
             params,
             rng: ChaCha12Rng::seed_from_u64(seed),
             output_counts: Default::default(),
@@ -171,11 +224,22 @@ impl Sampler {
                 }
             }
         }
+        for &(id, bias) in &p.logit_bias {
+            if let Some(l) = work.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+        if let Some(c) = self.constraint.as_mut() {
+            c.mask_logits(work);
+        }
         let id = if p.is_greedy() {
             argmax(work)
         } else {
             sample_filtered(work, p, &mut self.rng)
         };
+        if let Some(c) = self.constraint.as_mut() {
+            c.accept(id);
+        }
         let (logprob, top) = logprobs(logits, id, p.top_logprobs);
         SampledToken { id, logprob, top }
     }
@@ -381,7 +445,92 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_moves_the_choice_and_leaves_logprobs_raw() {
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: vec![(1, -100.0), (3, -100.0)],
+            ..Default::default()
+        });
+        let t = s.sample(&logits(), &[]);
+        assert_eq!(t.id, 2);
+        let plain = Sampler::new(SamplingParams::default()).sample(&logits(), &[]);
+        let (raw, _) = logprobs(&logits(), 2, 0);
+        assert_eq!(t.logprob, raw);
+        assert_eq!(plain.id, 1);
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: vec![(5, 100.0), (999, 100.0)],
+            temperature: 1.0,
+            seed: Some(1),
+            ..Default::default()
+        });
+        for _ in 0..50 {
+            assert_eq!(s.sample(&logits(), &[]).id, 5);
+        }
+    }
+
+    /// Allows only the token after the last accepted one (starting at 4), wrapping at 6.
+    struct Counting(std::sync::Mutex<Vec<u32>>);
+    struct CountingState(u32, Arc<Counting>);
+    impl TokenConstraint for CountingState {
+        fn mask_logits(&mut self, logits: &mut [f32]) {
+            for (i, l) in logits.iter_mut().enumerate() {
+                if i as u32 != self.0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        fn accept(&mut self, id: u32) {
+            self.1 .0.lock().unwrap().push(id);
+            self.0 = (id + 1) % 6;
+        }
+    }
+    struct CountingFactory(Arc<Counting>);
+    impl ConstraintFactory for CountingFactory {
+        fn start(&self) -> Box<dyn TokenConstraint> {
+            Box::new(CountingState(4, self.0.clone()))
+        }
+        fn describe(&self) -> String {
+            "counting".into()
+        }
+    }
+
+    #[test]
+    fn a_constraint_decides_the_token_and_sees_every_choice() {
+        let seen = Arc::new(Counting(Default::default()));
+        let spec = ConstraintSpec(Arc::new(CountingFactory(seen.clone())));
+        for temperature in [0.0, 1.5] {
+            let mut s = Sampler::new(SamplingParams {
+                temperature,
+                seed: Some(9),
+                top_logprobs: 1,
+                constraint: Some(spec.clone()),
+                ..Default::default()
+            });
+            let ids: Vec<u32> = (0..4).map(|_| s.sample(&logits(), &[]).id).collect();
+            assert_eq!(ids, vec![4, 5, 0, 1]);
+            // Logprobs stay those of the raw distribution.
+            let t = s.sample(&logits(), &[]);
+            assert_eq!((t.id, t.top[0].0), (2, 1));
+        }
+        assert_eq!(seen.0.lock().unwrap().len(), 10);
+        assert_eq!(spec, spec.clone());
+        let other = ConstraintSpec(Arc::new(CountingFactory(seen)));
+        assert_ne!(spec, other);
+    }
+
+    #[test]
     fn validation_rejects_bad_values() {
+        assert!(SamplingParams {
+            logit_bias: vec![(1, 100.5)],
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+        assert!(SamplingParams {
+            logit_bias: vec![(1, f32::NAN)],
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
         assert!(SamplingParams {
             temperature: -1.0,
             ..Default::default()

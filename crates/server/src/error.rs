@@ -23,6 +23,15 @@ pub enum ApiError {
     },
     #[error("{0}")]
     ContextExceeded(String),
+    /// A top-level request field this server does not know (with `UnknownFields::Reject`).
+    #[error("unknown parameter: {param:?}")]
+    UnknownParameter { param: String },
+    /// A field this server knows of but does not honour (or not with this value).
+    #[error("{message}")]
+    UnsupportedParameter { param: String, message: String },
+    /// The request's `model` is none of the served names.
+    #[error("the model {model:?} does not exist (served: {served})")]
+    ModelNotFound { model: String, served: String },
     #[error("request body exceeds the limit of {limit_bytes} bytes")]
     BodyTooLarge { limit_bytes: usize },
     #[error("invalid or missing API key")]
@@ -59,7 +68,10 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { .. }
             | ApiError::PromptTooLong { .. }
-            | ApiError::ContextExceeded(_) => StatusCode::BAD_REQUEST,
+            | ApiError::ContextExceeded(_)
+            | ApiError::UnknownParameter { .. }
+            | ApiError::UnsupportedParameter { .. } => StatusCode::BAD_REQUEST,
+            ApiError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -83,6 +95,21 @@ impl ApiError {
                 Some("context_length_exceeded"),
                 Some("messages".to_string()),
             ),
+            ApiError::UnknownParameter { param } => (
+                "invalid_request_error",
+                Some("unknown_parameter"),
+                Some(param.clone()),
+            ),
+            ApiError::UnsupportedParameter { param, .. } => (
+                "invalid_request_error",
+                Some("unsupported_parameter"),
+                Some(param.clone()),
+            ),
+            ApiError::ModelNotFound { .. } => (
+                "invalid_request_error",
+                Some("model_not_found"),
+                Some("model".to_string()),
+            ),
             ApiError::BodyTooLarge { .. } => {
                 ("invalid_request_error", Some("body_too_large"), None)
             }
@@ -97,9 +124,14 @@ impl ApiError {
             }
             ApiError::Internal(_) => ("server_error", None, None),
         };
+        // Internal details (engine or tokenizer messages) go to the server's log, not the client.
+        let message = match self {
+            ApiError::Internal(_) => "internal server error".to_string(),
+            _ => self.to_string(),
+        };
         ErrorBody {
             error: ErrorDetail {
-                message: self.to_string(),
+                message,
                 kind: kind.to_string(),
                 param,
                 code: code.map(str::to_string),
@@ -127,6 +159,9 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
+        if let ApiError::Internal(detail) = &self {
+            eprintln!("agentkv: internal error: {detail}");
+        }
         let mut resp = (status, axum::Json(self.body())).into_response();
         let retry_after = match &self {
             ApiError::TenantOverloaded {

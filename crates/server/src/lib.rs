@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod error;
+pub mod grammar;
 pub mod metrics;
 mod output;
 pub mod params;
@@ -17,12 +18,13 @@ pub mod settings;
 mod sse;
 pub mod state;
 pub mod tenants;
+pub mod tools;
 
 use std::future::{Future, IntoFuture};
 
 pub use error::ApiError;
 pub use routes::router;
-pub use settings::{Limits, ServerSettings, SettingsError, TenantSpec};
+pub use settings::{Limits, ServerSettings, SettingsError, TenantSpec, UnknownFields};
 pub use state::AppState;
 
 /// Serves until `shutdown` resolves; then stops accepting, lets running requests finish for up to

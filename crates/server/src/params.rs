@@ -1,20 +1,123 @@
 //! Request bodies → engine requests: JSON parsing with OpenAI-style 400s, value validation naming
 //! the field, chat rendering and tokenisation, and the tenant's cache salt. Never submits.
 
-use api::{ChatCompletionRequest, CompletionRequest, Prompt, SamplingExtras};
+use api::{
+    ChatCompletionRequest, CompletionRequest, KnownFields, LogitBias, Prompt, SamplingExtras,
+};
 use engine::RequestSpec;
-use model::SamplingParams;
+use model::{ConstraintSpec, SamplingParams};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
+use crate::settings::UnknownFields;
 use crate::state::AppState;
 use crate::tenants::Tenant;
+use crate::tools::{self, ToolPlan};
 
-/// Parses a JSON body; unknown fields are ignored, bad values are a 400.
+/// Parses a JSON body (tokenize, detokenize, admin routes); unknown fields are ignored, bad values
+/// are a 400. Generation requests go through [`parse_request`].
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::InvalidRequest {
         message: format!("invalid request body: {e}"),
         param: None,
+    })
+}
+
+/// Fields of the OpenAI (and vLLM) APIs that this server knows of and does not implement: with
+/// `UnknownFields::Reject` they get a 400 that says so rather than "unknown".
+const NOT_IMPLEMENTED: &[&str] = &[
+    "best_of",
+    "suffix",
+    "response_format",
+    "functions",
+    "function_call",
+    "store",
+    "metadata",
+    "modalities",
+    "audio",
+    "prediction",
+    "reasoning_effort",
+    "service_tier",
+    "web_search_options",
+    "grammar",
+    "guided_json",
+    "guided_choice",
+    "guided_regex",
+    "guided_grammar",
+    "structured_outputs",
+];
+
+/// Parses a generation request body (`/v1/chat/completions`, `/v1/completions`): not JSON → 400;
+/// under `UnknownFields::Reject` a top-level field `T` does not read → 400 naming it (a `null`
+/// value counts as absent); a known field of the wrong type or shape → 400 naming it.
+pub fn parse_request<T: DeserializeOwned + KnownFields>(
+    body: &[u8],
+    policy: UnknownFields,
+) -> Result<T, ApiError> {
+    let value: serde_json::Value = parse_json(body)?;
+    let Some(fields) = value.as_object() else {
+        return Err(ApiError::InvalidRequest {
+            message: "the request body must be a JSON object".into(),
+            param: None,
+        });
+    };
+    if policy == UnknownFields::Reject {
+        if let Some(name) = fields
+            .iter()
+            .find(|(name, v)| !v.is_null() && !T::is_known(name))
+            .map(|(name, _)| name)
+        {
+            return Err(if NOT_IMPLEMENTED.contains(&name.as_str()) {
+                ApiError::UnsupportedParameter {
+                    param: name.clone(),
+                    message: format!("{name:?} is not supported by this server"),
+                }
+            } else {
+                ApiError::UnknownParameter {
+                    param: name.clone(),
+                }
+            });
+        }
+    }
+    serde_path_to_error::deserialize::<_, T>(&value).map_err(|e| {
+        let param = field_of(e.path()).or_else(|| {
+            // The flattened vLLM extras are deserialised from a buffer that loses the path:
+            // parse them on their own to find the field.
+            serde_path_to_error::deserialize::<_, SamplingExtras>(&value)
+                .err()
+                .and_then(|e| field_of(e.path()))
+        });
+        let inner = e.into_inner().to_string();
+        let param = param.or_else(|| missing_field(&inner));
+        let message = match &param {
+            Some(p) => format!("invalid value for {p}: {inner}"),
+            None => format!("invalid request body: {inner}"),
+        };
+        ApiError::InvalidRequest { message, param }
+    })
+}
+
+/// `messages[0].role` for a path inside the body; `None` at the top level.
+fn field_of(path: &serde_path_to_error::Path) -> Option<String> {
+    path.iter().next()?;
+    Some(path.to_string())
+}
+
+/// The field of serde's "missing field `model`".
+fn missing_field(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("missing field `")?;
+    Some(rest.split('`').next()?.to_string())
+}
+
+/// 404 `model_not_found` unless `model` is one of the served names.
+pub fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+    let served = state.settings.served_model_names();
+    if served.contains(&model) {
+        return Ok(());
+    }
+    Err(ApiError::ModelNotFound {
+        model: model.to_string(),
+        served: served.join(", "),
     })
 }
 
@@ -31,6 +134,9 @@ pub struct GenOptions {
     pub frequency_penalty: Option<f32>,
     /// `None`: no logprobs; `Some(k)`: logprobs with `k` alternatives.
     pub logprobs: Option<u32>,
+    pub logit_bias: Option<LogitBias>,
+    /// Structured output (the generic tool mode's grammar).
+    pub constraint: Option<ConstraintSpec>,
     pub extra: SamplingExtras,
 }
 
@@ -64,6 +170,8 @@ impl GenOptions {
             presence_penalty: r.presence_penalty,
             frequency_penalty: r.frequency_penalty,
             logprobs,
+            logit_bias: r.logit_bias.clone(),
+            constraint: None,
             extra: r.extra.clone(),
         })
     }
@@ -79,9 +187,46 @@ impl GenOptions {
             presence_penalty: r.presence_penalty,
             frequency_penalty: r.frequency_penalty,
             logprobs: r.logprobs,
+            logit_bias: r.logit_bias.clone(),
+            constraint: None,
             extra: r.extra.clone(),
         }
     }
+}
+
+/// `{"50256": -100, …}` → `(token id, bias)` sorted by id: ids inside the vocabulary, each once,
+/// biases in [-100, 100].
+fn logit_bias(bias: &LogitBias, vocab_size: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let mut out: Vec<(u32, f32)> = Vec::with_capacity(bias.len());
+    for (key, &b) in bias {
+        let id = match key.parse::<u32>() {
+            Ok(id) if (id as usize) < vocab_size => id,
+            _ => {
+                return Err(ApiError::invalid(
+                    format!(
+                        "logit_bias keys must be token ids below the vocabulary size \
+                         {vocab_size}, got {key:?}"
+                    ),
+                    "logit_bias",
+                ))
+            }
+        };
+        check(
+            (-100.0..=100.0).contains(&b),
+            "logit_bias",
+            "between -100 and 100",
+            b,
+        )?;
+        out.push((id, b));
+    }
+    out.sort_by_key(|&(id, _)| id);
+    if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(ApiError::invalid(
+            format!("logit_bias names token {} twice", w[0].0),
+            "logit_bias",
+        ));
+    }
+    Ok(out)
 }
 
 fn check(ok: bool, param: &str, rule: &str, value: impl std::fmt::Display) -> Result<(), ApiError> {
@@ -95,50 +240,46 @@ fn check(ok: bool, param: &str, rule: &str, value: impl std::fmt::Display) -> Re
     }
 }
 
-/// Renders the chat template over `messages` and tokenises the result.
-pub fn chat_prompt(state: &AppState, r: &ChatCompletionRequest) -> Result<Vec<u32>, ApiError> {
+/// Renders the chat template over `messages` (with the generic tool mode's plan when the request
+/// may call tools) and tokenises the result.
+pub fn chat_prompt(
+    state: &AppState,
+    r: &ChatCompletionRequest,
+) -> Result<(Vec<u32>, Option<ToolPlan>), ApiError> {
     if r.messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty", "messages"));
     }
-    render_chat(state, &r.messages, r.tools.as_ref(), true)
+    let plan = tools::plan(r)?;
+    let prompt = render_chat(state, &r.messages, plan.as_ref(), true)?;
+    Ok((prompt, plan))
+}
+
+/// The constraint of a tool plan: a schema llguidance rejects is the client's (400 on `tools`).
+pub fn tool_constraint(state: &AppState, plan: &ToolPlan) -> Result<ConstraintSpec, ApiError> {
+    state
+        .grammars()?
+        .json_schema(&plan.schema)
+        .map_err(|e| ApiError::invalid(format!("the tools' parameters schema: {e}"), "tools"))
 }
 
 /// Chat messages → prompt token ids (special tokens in the rendered text are parsed).
 pub fn render_chat(
     state: &AppState,
     messages: &[api::ChatMessage],
-    tools: Option<&serde_json::Value>,
+    plan: Option<&ToolPlan>,
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
-    let msgs: Vec<model::chat::ChatMessage> = messages
-        .iter()
-        .map(|m| model::chat::ChatMessage {
-            role: role_name(m.role).to_string(),
-            content: m.content.clone().unwrap_or_default(),
-            name: m.name.clone(),
-            tool_calls: m.tool_calls.clone(),
-            tool_call_id: m.tool_call_id.clone(),
-        })
-        .collect();
+    let msgs = tools::render_messages(messages, plan)?;
     let text = state
         .model
         .chat_template_or_fallback()
-        .render(&msgs, tools, add_generation_prompt)
+        .render(&msgs, None, add_generation_prompt)
         .map_err(|e| ApiError::invalid(format!("chat template failed: {e}"), "messages"))?;
     state
         .model
         .tokenizer
         .encode(&text, false, true)
         .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))
-}
-
-fn role_name(r: api::Role) -> &'static str {
-    match r {
-        api::Role::System | api::Role::Developer => "system",
-        api::Role::User => "user",
-        api::Role::Assistant => "assistant",
-        api::Role::Tool => "tool",
-    }
 }
 
 /// A text completion's prompt → token ids (one prompt per request).
@@ -244,6 +385,10 @@ pub fn prepare(
         "at most max_tokens",
         min_tokens,
     )?;
+    let logit_bias = match &o.logit_bias {
+        Some(b) => logit_bias(b, state.model.tokenizer.vocab_size())?,
+        None => Vec::new(),
+    };
     let sampling = SamplingParams {
         temperature,
         top_k: top_k.max(0) as usize,
@@ -254,6 +399,8 @@ pub fn prepare(
         frequency_penalty: frequency,
         seed: o.seed,
         top_logprobs: o.logprobs.unwrap_or(0) as usize,
+        logit_bias,
+        constraint: o.constraint.clone(),
     };
     sampling.validate().map_err(|e| ApiError::InvalidRequest {
         message: e.to_string(),
@@ -274,4 +421,117 @@ pub fn prepare(
         },
         logprobs: o.logprobs.map(|k| k as usize),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(
+        v: serde_json::Value,
+        policy: UnknownFields,
+    ) -> Result<ChatCompletionRequest, ApiError> {
+        parse_request(v.to_string().as_bytes(), policy)
+    }
+
+    fn param(e: ApiError) -> (String, Option<String>) {
+        let body = e.body();
+        (body.error.param.unwrap_or_default(), body.error.code)
+    }
+
+    fn base() -> serde_json::Value {
+        serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    }
+
+    fn with(field: &str, value: serde_json::Value) -> serde_json::Value {
+        let mut b = base();
+        b[field] = value;
+        b
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_naming_them_unless_ignored() {
+        use UnknownFields::{Ignore, Reject};
+        for (field, value, code) in [
+            ("frobnicate", serde_json::json!(1), "unknown_parameter"),
+            ("best_of", serde_json::json!(2), "unsupported_parameter"),
+            (
+                "guided_json",
+                serde_json::json!({}),
+                "unsupported_parameter",
+            ),
+            (
+                "grammar",
+                serde_json::json!("root ::= x"),
+                "unsupported_parameter",
+            ),
+            (
+                "response_format",
+                serde_json::json!({"type": "json_object"}),
+                "unsupported_parameter",
+            ),
+        ] {
+            let e = chat(with(field, value.clone()), Reject).unwrap_err();
+            assert_eq!(e.status(), 400);
+            assert_eq!(param(e), (field.to_string(), Some(code.to_string())));
+            assert!(chat(with(field, value), Ignore).is_ok(), "{field}");
+        }
+        // null is "not given".
+        assert!(chat(with("frobnicate", serde_json::Value::Null), Reject).is_ok());
+        let c: Result<CompletionRequest, _> =
+            parse_request(br#"{"model": "m", "prompt": "p", "suffix": "s"}"#, Reject);
+        assert_eq!(param(c.unwrap_err()).0, "suffix");
+    }
+
+    #[test]
+    fn wrong_types_are_rejected_naming_the_field_in_both_modes() {
+        for policy in [UnknownFields::Reject, UnknownFields::Ignore] {
+            for (field, value, expect) in [
+                ("tool_choice", serde_json::json!(12345), "tool_choice"),
+                ("tool_choice", serde_json::json!("sometimes"), "tool_choice"),
+                (
+                    "logit_bias",
+                    serde_json::json!({"42": "high"}),
+                    "logit_bias.42",
+                ),
+                ("temperature", serde_json::json!("hot"), "temperature"),
+                ("top_k", serde_json::json!("many"), "top_k"),
+                (
+                    "messages",
+                    serde_json::json!([{"role": "robot"}]),
+                    "messages[0].role",
+                ),
+            ] {
+                let e = chat(with(field, value), policy).unwrap_err();
+                assert_eq!(e.status(), 400);
+                assert_eq!(param(e).0, expect, "{field}");
+            }
+            let e = chat(serde_json::json!({"messages": []}), policy).unwrap_err();
+            assert_eq!(param(e).0, "model");
+            let e = parse_request::<ChatCompletionRequest>(b"[1]", policy).unwrap_err();
+            assert_eq!(e.status(), 400);
+            let e = parse_request::<ChatCompletionRequest>(b"{nope", policy).unwrap_err();
+            assert_eq!(e.status(), 400);
+        }
+    }
+
+    #[test]
+    fn logit_bias_is_parsed_checked_and_sorted() {
+        let b = |v: serde_json::Value| logit_bias(&serde_json::from_value(v).unwrap(), 100);
+        assert_eq!(
+            b(serde_json::json!({"7": 1.5, "3": -100})).unwrap(),
+            vec![(3, -100.0), (7, 1.5)]
+        );
+        for bad in [
+            serde_json::json!({"100": 1}),
+            serde_json::json!({"x": 1}),
+            serde_json::json!({"-1": 1}),
+            serde_json::json!({"5": 100.5}),
+            serde_json::json!({"5": -101}),
+            serde_json::json!({"5": 1, "05": 2}),
+        ] {
+            let e = b(bad.clone()).unwrap_err();
+            assert_eq!(param(e).0, "logit_bias", "{bad}");
+        }
+    }
 }

@@ -46,10 +46,25 @@ impl Default for Limits {
     }
 }
 
+/// What a generation request's unknown or unsupported top-level field gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnknownFields {
+    /// 400 naming the field (`param`), so a client learns the server would not honour it.
+    #[default]
+    Reject,
+    /// Ignored, as many OpenAI-compatible servers do; known fields are still type-checked.
+    Ignore,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerSettings {
     /// The `model` id served in `/v1/models` and echoed in responses.
     pub model_name: String,
+    /// Other names a request's `model` may give for the served model (listed in `/v1/models`
+    /// after `model_name`); any other name gets 404 `model_not_found`.
+    pub model_aliases: Vec<String>,
+    /// Policy for unknown fields on `/v1/chat/completions` and `/v1/completions`.
+    pub unknown_fields: UnknownFields,
     /// No tenants with keys: the server runs open as one `default` tenant.
     pub tenants: Vec<TenantSpec>,
     /// Keys for `/v1/cache/*`. With none and no tenant keys, admin routes are open too.
@@ -65,6 +80,8 @@ impl Default for ServerSettings {
     fn default() -> Self {
         ServerSettings {
             model_name: "agentkv".into(),
+            model_aliases: Vec::new(),
+            unknown_fields: UnknownFields::Reject,
             tenants: Vec::new(),
             admin_api_keys: Vec::new(),
             trusted_tenant_header: None,
@@ -86,9 +103,20 @@ pub enum SettingsError {
     ZeroLimit(&'static str),
     #[error("tenant name must not be empty")]
     EmptyTenantName,
+    #[error("model name must not be empty")]
+    EmptyModelName,
+    #[error("model name {0:?} is given twice (model_name and model_aliases)")]
+    DuplicateModelName(String),
 }
 
 impl ServerSettings {
+    /// Every name a request's `model` may give: `model_name`, then the aliases.
+    pub fn served_model_names(&self) -> Vec<&str> {
+        std::iter::once(self.model_name.as_str())
+            .chain(self.model_aliases.iter().map(String::as_str))
+            .collect()
+    }
+
     pub fn validate(&self) -> Result<(), SettingsError> {
         let l = &self.limits;
         for (name, v) in [
@@ -101,6 +129,15 @@ impl ServerSettings {
         ] {
             if v == 0 {
                 return Err(SettingsError::ZeroLimit(name));
+            }
+        }
+        let names = self.served_model_names();
+        for (i, name) in names.iter().enumerate() {
+            if name.is_empty() {
+                return Err(SettingsError::EmptyModelName);
+            }
+            if names[..i].contains(name) {
+                return Err(SettingsError::DuplicateModelName(name.to_string()));
             }
         }
         let mut seen_keys: Vec<(&str, &str)> = Vec::new();

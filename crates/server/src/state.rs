@@ -2,13 +2,15 @@
 //! tenants, the admission bounds and the metrics. Cheap to clone; owns no request state.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use engine::EngineHandle;
 use model::Model;
 
 use crate::admission::Admission;
+use crate::error::ApiError;
+use crate::grammar::{GrammarError, Grammars};
 use crate::metrics::Metrics;
 use crate::settings::{ServerSettings, SettingsError};
 use crate::tenants::Tenants;
@@ -28,6 +30,8 @@ pub struct Inner {
     /// Unix seconds at start (the `created` of `/v1/models`).
     pub started_unix_s: u64,
     shutting_down: AtomicBool,
+    /// The grammar compiler over the model's vocabulary, built on the first constrained request.
+    grammars: OnceLock<Result<Grammars, GrammarError>>,
 }
 
 impl AppState {
@@ -47,6 +51,7 @@ impl AppState {
                 metrics: Metrics::default(),
                 started_unix_s: unix_now(),
                 shutting_down: AtomicBool::new(false),
+                grammars: OnceLock::new(),
             }),
         })
     }
@@ -58,6 +63,15 @@ impl AppState {
 
     pub fn is_shutting_down(&self) -> bool {
         self.inner.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// The grammar compiler (built once; a model whose vocabulary it cannot take is a 500).
+    pub fn grammars(&self) -> Result<&Grammars, ApiError> {
+        self.inner
+            .grammars
+            .get_or_init(|| Grammars::new(Arc::clone(&self.inner.model)))
+            .as_ref()
+            .map_err(|e| ApiError::Internal(format!("grammar compiler: {e}")))
     }
 }
 

@@ -15,7 +15,7 @@ use server::ServerSettings;
 /// A request that would run for thousands of decode steps if nobody cancelled it.
 fn body(stream: bool, max_tokens: usize) -> String {
     serde_json::json!({
-        "model": "m",
+        "model": "agentkv",
         "messages": [{"role": "user", "content": "Count from one to one million."}],
         "max_tokens": max_tokens,
         "ignore_eos": true,

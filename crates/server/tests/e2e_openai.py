@@ -2,7 +2,8 @@
 
 Usage: e2e_openai.py BASE_URL   (e.g. http://127.0.0.1:8000). The server must run the config
 written by crates/agentkv/tests/serve_openai.rs: tenants alpha (key ka) and beta (key kb), admin
-key "admin", max_requests_per_tenant 2, max_requests 3, warm-up prompt "system".
+key "admin", max_requests_per_tenant 2, max_requests 3, warm-up prompt "system", model name
+"agentkv-e2e" with the alias "m", unknown fields rejected (the default).
 Exits non-zero with a message on the first failed check.
 """
 import json
@@ -48,11 +49,144 @@ def check(cond, what):
 alpha, beta = client("ka"), client("kb")
 msgs = lambda user: [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
-# Models and a plain chat.
-check([m.id for m in alpha.models.list()] == ["agentkv-e2e"], "models.list")
+def post(path, body, key):
+    req = urllib.request.Request(BASE + path, data=json.dumps(body).encode(), method="POST")
+    req.add_header("Authorization", "Bearer " + key)
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read().decode())
+
+
+# Models ("m" is an alias from the config) and a plain chat.
+check([m.id for m in alpha.models.list()] == ["agentkv-e2e", "m"], "models.list: name and alias")
+check(alpha.models.retrieve("agentkv-e2e").id == "agentkv-e2e", "models.retrieve")
+try:
+    alpha.models.retrieve("gpt-4o")
+    check(False, "unknown model id refused")
+except openai.NotFoundError as e:
+    check(e.code == "model_not_found", "models.retrieve of an unknown id gets 404 model_not_found")
 r = alpha.chat.completions.create(model="agentkv-e2e", messages=msgs("Say hello."), max_tokens=8, temperature=0)
 check(r.choices[0].message.role == "assistant" and r.usage.completion_tokens > 0, "chat completion")
 check(r.usage.prompt_tokens_details.cached_tokens is not None, "cached_tokens always present")
+
+# Strict parameters: an unknown model is 404, an unsupported or unknown field is 400 naming it.
+try:
+    alpha.chat.completions.create(model="gpt-4o", messages=msgs("Hi."), max_tokens=2)
+    check(False, "wrong model refused")
+except openai.NotFoundError as e:
+    check(e.status_code == 404 and e.code == "model_not_found" and e.param == "model",
+          "wrong model gets 404 model_not_found")
+for field, value in [("best_of", 2), ("guided_json", {"type": "object"}), ("frobnicate", 1)]:
+    try:
+        alpha.chat.completions.create(model="m", messages=msgs("Hi."), max_tokens=2,
+                                      extra_body={field: value})
+        check(False, f"{field} refused")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and e.param == field, f"unknown/unsupported {field} gets 400 naming it")
+try:
+    alpha.completions.create(model="m", prompt="def f(", suffix="return 1", max_tokens=2)
+    check(False, "suffix refused")
+except openai.BadRequestError as e:
+    check(e.param == "suffix", "completions suffix gets 400 naming it")
+try:
+    alpha.chat.completions.create(model="m", messages=msgs("Hi."), max_tokens=2, tool_choice=12345)
+    check(False, "tool_choice of the wrong type refused")
+except openai.BadRequestError as e:
+    check(e.param == "tool_choice", "tool_choice: 12345 gets 400 naming it")
+
+# logit_bias: banning the greedy first token changes the output.
+question = msgs("What is the capital of France?")
+greedy = alpha.chat.completions.create(model="m", messages=question, max_tokens=6, temperature=0)
+first = alpha.chat.completions.create(model="m", messages=question, max_tokens=1, temperature=0)
+ids = post("/tokenize", {"prompt": first.choices[0].message.content, "add_special_tokens": False}, "ka")["tokens"]
+check(len(ids) == 1, f"the greedy first token is one token ({ids})")
+banned = alpha.chat.completions.create(model="m", messages=question, max_tokens=6, temperature=0,
+                                       logit_bias={str(ids[0]): -100})
+check(banned.choices[0].message.content != greedy.choices[0].message.content and
+      not banned.choices[0].message.content.startswith(first.choices[0].message.content),
+      f"logit_bias -100 on the greedy token changes the output "
+      f"({greedy.choices[0].message.content!r} -> {banned.choices[0].message.content!r})")
+try:
+    alpha.chat.completions.create(model="m", messages=question, max_tokens=1, logit_bias={str(ids[0]): -150})
+    check(False, "logit_bias out of range refused")
+except openai.BadRequestError as e:
+    check(e.param == "logit_bias", "logit_bias outside [-100, 100] gets 400")
+
+# Tool calls (the generic mode: the default model's template has no tool support).
+tools = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"], "additionalProperties": False}}},
+         {"type": "function", "function": {
+    "name": "get_time", "description": "Current time in a time zone",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "enum": ["UTC", "CET"]}},
+                   "required": ["timezone"], "additionalProperties": False}}}]
+ask = msgs("What is the weather in Paris?")
+
+
+def valid_call(tc):
+    args = json.loads(tc.function.arguments)
+    if tc.function.name == "get_weather":
+        return tc.id.startswith("call_") and set(args) == {"city"} and isinstance(args["city"], str)
+    return tc.function.name == "get_time" and args == {"timezone": args.get("timezone")} and \
+        args["timezone"] in ("UTC", "CET")
+
+
+t1 = alpha.chat.completions.create(model="m", messages=ask, tools=tools, tool_choice="required",
+                                   parallel_tool_calls=False, max_tokens=64, temperature=0)
+c1 = t1.choices[0]
+check(c1.finish_reason == "tool_calls" and len(c1.message.tool_calls) == 1 and valid_call(c1.message.tool_calls[0]),
+      f"tool_choice required: a call whose arguments match the schema ({c1.message.tool_calls})")
+tn = alpha.chat.completions.create(model="m", messages=ask, tools=tools, parallel_tool_calls=False,
+                                   tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                   max_tokens=64, temperature=0)
+check(tn.choices[0].message.tool_calls[0].function.name == "get_time" and
+      valid_call(tn.choices[0].message.tool_calls[0]), "named tool_choice calls that tool")
+tp = alpha.chat.completions.create(model="m", messages=ask, tools=tools, tool_choice="required",
+                                   max_tokens=128, temperature=0)
+check(tp.choices[0].finish_reason == "tool_calls" and all(valid_call(t) for t in tp.choices[0].message.tool_calls),
+      f"parallel_tool_calls (default): {len(tp.choices[0].message.tool_calls)} valid call(s)")
+ta = alpha.chat.completions.create(model="m", messages=ask, tools=tools, tool_choice="auto", max_tokens=64,
+                                   temperature=0)
+check((ta.choices[0].message.tool_calls and all(valid_call(t) for t in ta.choices[0].message.tool_calls)) or
+      (ta.choices[0].message.content and not ta.choices[0].message.content.lstrip().startswith("{")),
+      "tool_choice auto: valid calls or plain text")
+tnone = alpha.chat.completions.create(model="m", messages=ask, tools=tools, tool_choice="none", max_tokens=8,
+                                      temperature=0)
+check(tnone.choices[0].message.tool_calls is None and tnone.choices[0].message.content, "tool_choice none: text")
+
+# The tool result goes back; the second call reuses the first call's prompt from the cache.
+call = c1.message.tool_calls[0]
+loop = ask + [{"role": "assistant", "content": None, "tool_calls": [
+    {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+    {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]
+t2 = alpha.chat.completions.create(model="m", messages=loop, tools=tools, tool_choice="auto",
+                                   parallel_tool_calls=False, max_tokens=48, temperature=0)
+cached = t2.usage.prompt_tokens_details.cached_tokens
+check(cached >= t1.usage.prompt_tokens // 16 * 16,
+      f"second call of the tool loop: {cached} of {t2.usage.prompt_tokens} prompt tokens cached "
+      f"(first call's prompt: {t1.usage.prompt_tokens})")
+try:
+    alpha.chat.completions.create(model="m", messages=ask + [{"role": "tool", "tool_call_id": "call_nope",
+                                                             "content": "x"}], tools=tools, max_tokens=4)
+    check(False, "tool result for an unknown call refused")
+except openai.BadRequestError as e:
+    check(e.param == "messages[2].tool_call_id", "a tool result for an unknown call id gets 400")
+
+# Streamed: OpenAI's tool_calls deltas, assembled by index.
+parts = {}
+finish = None
+for chunk in alpha.chat.completions.create(model="m", messages=ask, tools=tools, tool_choice="required",
+                                           parallel_tool_calls=False, max_tokens=64, temperature=0, stream=True):
+    for ch in chunk.choices:
+        for d in ch.delta.tool_calls or []:
+            p = parts.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            p["id"] = d.id or p["id"]
+            p["name"] += (d.function.name or "") if d.function else ""
+            p["arguments"] += (d.function.arguments or "") if d.function else ""
+        finish = ch.finish_reason or finish
+check(finish == "tool_calls" and parts and parts[0]["name"] == call.function.name and
+      parts[0]["arguments"] == call.function.arguments, "streamed tool call equals the whole one")
 
 # Warm-up prompts are pinned per tenant and reported.
 pinned = {(p["name"], p["tenant"]) for p in stats()["pinned_prompts"] if p["pinned_tokens"] > 0}

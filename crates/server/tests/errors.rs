@@ -4,7 +4,7 @@
 mod common;
 
 use common::{app, call, chat};
-use server::{Limits, ServerSettings, TenantSpec};
+use server::{Limits, ServerSettings, TenantSpec, UnknownFields};
 
 fn tenants() -> ServerSettings {
     ServerSettings {
@@ -49,8 +49,8 @@ async fn invalid_requests_get_400_naming_the_field() {
             .error(400);
         assert_eq!(e["param"], field, "{e}");
     }
-    // Unknown fields are ignored; text parts are read.
-    let b = serde_json::json!({"model":"m","max_tokens":2,"frobnicate":1,
+    // Text parts are read.
+    let b = serde_json::json!({"model":"agentkv","max_tokens":2,
         "messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]});
     assert_eq!(
         call(&r, "POST", "/v1/chat/completions", None, &b.to_string())
@@ -58,7 +58,7 @@ async fn invalid_requests_get_400_naming_the_field() {
             .status,
         200
     );
-    let b = serde_json::json!({"model":"m","prompt":[999999],"max_tokens":2});
+    let b = serde_json::json!({"model":"agentkv","prompt":[999999],"max_tokens":2});
     call(&r, "POST", "/v1/completions", None, &b.to_string())
         .await
         .error(400);
@@ -76,7 +76,7 @@ async fn context_and_size_limits() {
     let (_e, _s, r) = app(settings);
     let ctx = common::model().config.context_length;
     let ids: Vec<u32> = vec![42; ctx + 5];
-    let b = serde_json::json!({"model":"m","prompt":ids,"max_tokens":2});
+    let b = serde_json::json!({"model":"agentkv","prompt":ids,"max_tokens":2});
     let e = call(&r, "POST", "/v1/completions", None, &b.to_string())
         .await
         .error(400);
@@ -86,12 +86,15 @@ async fn context_and_size_limits() {
         "{msg}"
     );
     assert_eq!(e["code"], "context_length_exceeded");
-    let b = serde_json::json!({"model":"m","prompt":[42, 43],"max_tokens":ctx});
+    let b = serde_json::json!({"model":"agentkv","prompt":[42, 43],"max_tokens":ctx});
     let e = call(&r, "POST", "/v1/completions", None, &b.to_string())
         .await
         .error(400);
     assert_eq!(e["code"], "context_length_exceeded");
-    let big = format!(r#"{{"model":"m","prompt":"{}"}}"#, "a".repeat(300_000));
+    let big = format!(
+        r#"{{"model":"agentkv","prompt":"{}"}}"#,
+        "a".repeat(300_000)
+    );
     call(&r, "POST", "/v1/completions", None, &big)
         .await
         .error(413);
@@ -110,8 +113,9 @@ async fn overload_gives_429_per_tenant_and_503_overall_with_retry_after() {
         ..ServerSettings::default()
     };
     let (_e, _s, r) = app(settings);
-    let b =
-        |max: u32| serde_json::json!({"model":"m","prompt":"hello","max_tokens":max}).to_string();
+    let b = |max: u32| {
+        serde_json::json!({"model":"agentkv","prompt":"hello","max_tokens":max}).to_string()
+    };
     let reply = call(&r, "POST", "/v1/completions", None, &b(2000)).await;
     assert_eq!(reply.error(429)["type"], "rate_limit_error");
     assert_eq!(reply.headers["retry-after"], "3");
@@ -214,4 +218,274 @@ async fn keys_map_to_tenants_and_tenants_do_not_share_cache() {
         cached(call(&r, "POST", path, Some("ka"), &body).await.json()),
         0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_and_unsupported_fields_get_400_naming_the_param_unless_lenient() {
+    let (_e, _s, r) = app(ServerSettings::default());
+    let chat_with = |field: &str, value: serde_json::Value| {
+        let mut b: serde_json::Value = serde_json::from_str(&chat("hi", 2)).unwrap();
+        b[field] = value;
+        b.to_string()
+    };
+    let cases = [
+        ("best_of", serde_json::json!(2), "unsupported_parameter"),
+        (
+            "guided_json",
+            serde_json::json!({"type": "object"}),
+            "unsupported_parameter",
+        ),
+        (
+            "grammar",
+            serde_json::json!("root ::= \"a\""),
+            "unsupported_parameter",
+        ),
+        ("frobnicate", serde_json::json!(1), "unknown_parameter"),
+    ];
+    for (field, value, code) in &cases {
+        let e = call(
+            &r,
+            "POST",
+            "/v1/chat/completions",
+            None,
+            &chat_with(field, value.clone()),
+        )
+        .await
+        .error(400);
+        assert_eq!(
+            (&e["param"], &e["code"]),
+            (&(*field).into(), &(*code).into()),
+            "{e}"
+        );
+        assert_eq!(e["type"], "invalid_request_error");
+    }
+    let b = serde_json::json!({"model":"agentkv","prompt":"p","max_tokens":2,"suffix":"x"});
+    let e = call(&r, "POST", "/v1/completions", None, &b.to_string())
+        .await
+        .error(400);
+    assert_eq!(e["param"], "suffix");
+    let e = call(
+        &r,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &chat_with("tool_choice", 12345.into()),
+    )
+    .await
+    .error(400);
+    assert_eq!(e["param"], "tool_choice");
+    let bad_tools = serde_json::json!([{"type": "function", "function": {"name": 7}}]);
+    let e = call(
+        &r,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &chat_with("tools", bad_tools),
+    )
+    .await
+    .error(400);
+    assert_eq!(e["param"], "tools[0].function.name");
+
+    // Lenient: unknown fields are ignored, wrong types of known fields still rejected.
+    let lenient = ServerSettings {
+        unknown_fields: UnknownFields::Ignore,
+        ..ServerSettings::default()
+    };
+    let (_e2, _s2, r) = app(lenient);
+    for (field, value, _) in cases {
+        let reply = call(
+            &r,
+            "POST",
+            "/v1/chat/completions",
+            None,
+            &chat_with(field, value),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{field}: {}", reply.body);
+    }
+    let e = call(
+        &r,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &chat_with("tool_choice", 12345.into()),
+    )
+    .await
+    .error(400);
+    assert_eq!(e["param"], "tool_choice");
+    let e = call(
+        &r,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &chat_with("top_k", "many".into()),
+    )
+    .await
+    .error(400);
+    assert_eq!(e["param"], "top_k");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_must_be_a_served_name_or_alias() {
+    let settings = ServerSettings {
+        model_aliases: vec!["gpt-4o-mini".into(), "org/small".into()],
+        ..ServerSettings::default()
+    };
+    let (_e, _s, r) = app(settings);
+    let with_model = |m: &str| {
+        let mut b: serde_json::Value = serde_json::from_str(&chat("hi", 2)).unwrap();
+        b["model"] = m.into();
+        b.to_string()
+    };
+    let reply = call(
+        &r,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &with_model("gpt-5"),
+    )
+    .await;
+    let e = reply.error(404);
+    assert_eq!(
+        (&e["code"], &e["param"]),
+        (&"model_not_found".into(), &"model".into())
+    );
+    assert!(e["message"].as_str().unwrap().contains("gpt-5"), "{e}");
+    let b = serde_json::json!({"model":"nope","prompt":"p","max_tokens":2});
+    call(&r, "POST", "/v1/completions", None, &b.to_string())
+        .await
+        .error(404);
+    let ok = call(
+        &r,
+        "POST",
+        "/v1/chat/completions",
+        None,
+        &with_model("gpt-4o-mini"),
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(
+        ok.json()["model"],
+        "agentkv",
+        "responses name the model itself"
+    );
+    let ids: Vec<String> = call(&r, "GET", "/v1/models", None, "").await.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["agentkv", "gpt-4o-mini", "org/small"]);
+    for id in ["agentkv", "gpt-4o-mini", "org/small"] {
+        let card = call(&r, "GET", &format!("/v1/models/{id}"), None, "").await;
+        assert_eq!(card.status, 200, "{id}: {}", card.body);
+        assert_eq!(card.json()["id"], id);
+        assert_eq!(card.json()["object"], "model");
+    }
+    let e = call(&r, "GET", "/v1/models/gpt-5", None, "")
+        .await
+        .error(404);
+    assert_eq!(e["code"], "model_not_found");
+    let e = call(
+        &r,
+        "POST",
+        "/tokenize",
+        None,
+        r#"{"model":"gpt-5","prompt":"x"}"#,
+    )
+    .await
+    .error(404);
+    assert_eq!(e["code"], "model_not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_bans_and_forces_tokens_and_is_validated() {
+    let (_e, _s, r) = app(ServerSettings::default());
+    let complete = |bias: serde_json::Value| {
+        serde_json::json!({"model": "agentkv", "prompt": "The capital of France is",
+            "max_tokens": 1, "temperature": 0, "logit_bias": bias})
+        .to_string()
+    };
+    let text = |reply: common::Reply| {
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        reply.json()["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let token_id = |t: String| {
+        let r = &r;
+        async move {
+            let body = serde_json::json!({"prompt": t, "add_special_tokens": false});
+            let ids = call(r, "POST", "/tokenize", None, &body.to_string())
+                .await
+                .json()["tokens"]
+                .clone();
+            assert_eq!(
+                ids.as_array().unwrap().len(),
+                1,
+                "{t:?} is one token: {ids}"
+            );
+            ids[0].as_u64().unwrap()
+        }
+    };
+    let greedy = text(
+        call(
+            &r,
+            "POST",
+            "/v1/completions",
+            None,
+            &complete(serde_json::json!({})),
+        )
+        .await,
+    );
+    let greedy_id = token_id(greedy.clone()).await;
+    let banned = text(
+        call(
+            &r,
+            "POST",
+            "/v1/completions",
+            None,
+            &complete(serde_json::json!({greedy_id.to_string(): -100})),
+        )
+        .await,
+    );
+    assert_ne!(banned, greedy, "-100 bans the greedy token");
+    let forced_id = token_id(" banana".into()).await;
+    let forced = text(
+        call(
+            &r,
+            "POST",
+            "/v1/completions",
+            None,
+            &complete(serde_json::json!({forced_id.to_string(): 100})),
+        )
+        .await,
+    );
+    assert_eq!(forced, " banana", "+100 forces the token");
+    // The chat route reads it too.
+    let mut b: serde_json::Value = serde_json::from_str(&chat("Say hi.", 1)).unwrap();
+    let plain = call(&r, "POST", "/v1/chat/completions", None, &b.to_string())
+        .await
+        .json();
+    b["logit_bias"] = serde_json::json!({forced_id.to_string(): 100});
+    let biased = call(&r, "POST", "/v1/chat/completions", None, &b.to_string())
+        .await
+        .json();
+    assert_eq!(biased["choices"][0]["message"]["content"], " banana");
+    assert_ne!(
+        plain["choices"][0]["message"],
+        biased["choices"][0]["message"]
+    );
+    let vocab = common::model().tokenizer.vocab_size();
+    for bad in [
+        serde_json::json!({"42": 150}),
+        serde_json::json!({"forty-two": 1}),
+        serde_json::json!({vocab.to_string(): 1}),
+    ] {
+        let e = call(&r, "POST", "/v1/completions", None, &complete(bad))
+            .await
+            .error(400);
+        assert_eq!(e["param"], "logit_bias", "{e}");
+    }
 }

@@ -98,7 +98,7 @@ async fn completions_with_token_prompt_stop_n_and_logprobs() {
     .await
     .json();
     assert_eq!(back["prompt"], "The capital of France is");
-    let body = serde_json::json!({"model":"m","prompt":ids,"max_tokens":8,"temperature":0,
+    let body = serde_json::json!({"model":"agentkv","prompt":ids,"max_tokens":8,"temperature":0,
         "logprobs":3,"n":2,"stop":"."});
     let v = call(&r, "POST", "/v1/completions", None, &body.to_string()).await;
     assert_eq!(v.status, 200, "{}", v.body);
@@ -189,7 +189,7 @@ async fn usage_says_where_and_why_the_cached_prefix_ended() {
     let (_e, _s, r) = app(ServerSettings::default());
     let with_time = |time: &str| {
         serde_json::json!({
-            "model": "m",
+            "model": "agentkv",
             "max_tokens": 2,
             "temperature": 0,
             "messages": [

@@ -169,6 +169,11 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
                 .file_stem()
                 .map_or_else(|| "agentkv".into(), |s| s.to_string_lossy().into_owned())
         }),
+        model_aliases: file.server.model_aliases.clone(),
+        unknown_fields: file
+            .server
+            .unknown_fields
+            .map_or(server::UnknownFields::Reject, |p| p.to_server()),
         tenants: file
             .tenants
             .iter()

@@ -103,6 +103,7 @@ fn chunk(content: Option<String>, usage: Option<Usage>, finish: Option<&str>) ->
                 delta: ChatDelta {
                     role: Some(Role::Assistant),
                     content,
+                    ..Default::default()
                 },
                 finish_reason: finish.map(str::to_string),
                 logprobs: None,

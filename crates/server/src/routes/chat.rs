@@ -1,8 +1,11 @@
-//! `POST /v1/chat/completions`: whole answers and SSE chunks in the OpenAI chat shape.
+//! `POST /v1/chat/completions`: whole answers and SSE chunks in the OpenAI chat shape. With tools
+//! (the generic tool mode, `tools.rs`) each choice's reply is held until it ends, then parsed into
+//! `tool_calls` (`finish_reason: "tool_calls"`) or text.
 
 use api::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatMessage, Role,
+    ChatCompletionResponse, ChatDelta, ChatMessage, FunctionCall, FunctionCallDelta, FunctionKind,
+    Role, ToolCall, ToolCallDelta,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -10,14 +13,18 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use engine::FinishReason;
 
 use crate::error::ApiError;
 use crate::output::{chat_logprobs, collect};
-use crate::params::{chat_prompt, parse_json, prepare, GenOptions};
+use crate::params::{
+    chat_prompt, check_model, parse_request, prepare, tool_constraint, GenOptions,
+};
 use crate::routes::body_bytes;
 use crate::run::{finish_reason_name, submit, Step};
 use crate::sse::{self, json};
 use crate::state::{unix_now, AppState};
+use crate::tools::{parse_reply, Reply};
 
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -26,12 +33,31 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let tenant = state.tenants.authenticate(&headers)?.clone();
     let body = body_bytes(&state, body)?;
-    let req: ChatCompletionRequest = parse_json(&body)?;
-    let opts = GenOptions::from_chat(&req)?;
-    let prompt = chat_prompt(&state, &req)?;
+    let req: ChatCompletionRequest = parse_request(&body, state.settings.unknown_fields)?;
+    check_model(&state, &req.model)?;
+    let mut opts = GenOptions::from_chat(&req)?;
+    let (prompt, plan) = chat_prompt(&state, &req)?;
+    let tool_mode = plan.is_some();
+    if let Some(plan) = &plan {
+        let unsupported = |param: &str| ApiError::UnsupportedParameter {
+            param: param.to_string(),
+            message: format!("{param} is not supported together with tools"),
+        };
+        if opts.logprobs.is_some() {
+            return Err(unsupported("logprobs"));
+        }
+        if opts.extra.min_tokens.unwrap_or(0) > 0 {
+            return Err(unsupported("min_tokens"));
+        }
+        opts.constraint = Some(tool_constraint(&state, plan)?);
+    }
     let prepared = prepare(&state, &tenant, prompt, &opts)?;
     let mut running = submit(&state, &tenant, prepared)?;
     let id = format!("chatcmpl-{}", running.id.0);
+    let call_id = {
+        let (started, request) = (state.started_unix_s, running.id.0);
+        move |choice: u32, j: usize| format!("call_{started:x}{request:x}c{choice}n{j}")
+    };
     let created = unix_now();
     let model = state.settings.model_name.clone();
     if req.stream.unwrap_or(false) {
@@ -52,34 +78,49 @@ pub async fn chat_completions(
                 system_fingerprint: None,
             })
         };
+        let delta =
+            |index: u32, delta: ChatDelta, finish: Option<&str>, logprobs| ChatChunkChoice {
+                index,
+                delta,
+                finish_reason: finish.map(str::to_string),
+                logprobs,
+            };
+        let text_delta = |content: String| ChatDelta {
+            content: Some(content),
+            ..ChatDelta::default()
+        };
         let prelude = (0..running.n as u32)
             .map(|index| {
-                chunk(
-                    vec![ChatChunkChoice {
-                        index,
-                        delta: ChatDelta {
-                            role: Some(Role::Assistant),
-                            content: Some(String::new()),
-                        },
-                        finish_reason: None,
-                        logprobs: None,
-                    }],
-                    None,
-                )
+                let d = ChatDelta {
+                    role: Some(Role::Assistant),
+                    content: Some(String::new()),
+                    tool_calls: None,
+                };
+                chunk(vec![delta(index, d, None, None)], None)
             })
             .collect();
         let st = state.clone();
+        // Tool mode: each choice's text is held until it finishes.
+        let mut held: Vec<String> = vec![String::new(); running.n];
         let on_step = move |r: &crate::run::Running, step: Step| -> Vec<String> {
-            let delta = |index: u32, content: String, logprobs| ChatChunkChoice {
-                index,
-                delta: ChatDelta {
-                    role: None,
-                    content: Some(content),
-                },
-                finish_reason: None,
-                logprobs,
-            };
             match step {
+                Step::Token(t) if tool_mode => {
+                    held[t.choice as usize].push_str(&t.text);
+                    Vec::new()
+                }
+                Step::Text { choice, text } if tool_mode => {
+                    held[choice as usize].push_str(&text);
+                    Vec::new()
+                }
+                Step::Finished { choice, reason } if tool_mode => {
+                    let text = std::mem::take(&mut held[choice as usize]);
+                    let (message, finish) = tool_reply(text, reason, |j| call_id(choice, j));
+                    let finished = ChatDelta::default();
+                    vec![
+                        chunk(vec![delta(choice, whole_delta(message), None, None)], None),
+                        chunk(vec![delta(choice, finished, Some(&finish), None)], None),
+                    ]
+                }
                 Step::Token(t) => {
                     let lp = r
                         .logprobs
@@ -87,19 +128,25 @@ pub async fn chat_completions(
                     if t.text.is_empty() && lp.is_none() {
                         return Vec::new();
                     }
-                    vec![chunk(vec![delta(t.choice, t.text, lp)], None)]
+                    vec![chunk(
+                        vec![delta(t.choice, text_delta(t.text), None, lp)],
+                        None,
+                    )]
                 }
                 Step::Text { choice, text } if !text.is_empty() => {
-                    vec![chunk(vec![delta(choice, text, None)], None)]
+                    vec![chunk(
+                        vec![delta(choice, text_delta(text), None, None)],
+                        None,
+                    )]
                 }
                 Step::Text { .. } => Vec::new(),
                 Step::Finished { choice, reason } => vec![chunk(
-                    vec![ChatChunkChoice {
-                        index: choice,
-                        delta: ChatDelta::default(),
-                        finish_reason: Some(finish_reason_name(reason).into()),
-                        logprobs: None,
-                    }],
+                    vec![delta(
+                        choice,
+                        ChatDelta::default(),
+                        Some(finish_reason_name(reason)),
+                        None,
+                    )],
                     None,
                 )],
                 Step::Done(usage) if include_usage => vec![chunk(Vec::new(), Some(usage))],
@@ -113,13 +160,26 @@ pub async fn chat_completions(
         .choices
         .into_iter()
         .enumerate()
-        .map(|(i, c)| ChatChoice {
-            index: i as u32,
-            logprobs: running
+        .map(|(i, c)| {
+            let logprobs = running
                 .logprobs
-                .map(|_| chat_logprobs(&state.model, &c.tokens)),
-            message: ChatMessage::new(Role::Assistant, c.text),
-            finish_reason: c.finish_reason.map(|r| finish_reason_name(r).into()),
+                .map(|_| chat_logprobs(&state.model, &c.tokens));
+            let (message, finish_reason) = match c.finish_reason {
+                Some(reason) if tool_mode => {
+                    let (m, f) = tool_reply(c.text, reason, |j| call_id(i as u32, j));
+                    (m, Some(f))
+                }
+                reason => (
+                    ChatMessage::new(Role::Assistant, c.text),
+                    reason.map(|r| finish_reason_name(r).to_string()),
+                ),
+            };
+            ChatChoice {
+                index: i as u32,
+                logprobs,
+                message,
+                finish_reason,
+            }
         })
         .collect();
     Ok(Json(ChatCompletionResponse {
@@ -132,4 +192,68 @@ pub async fn chat_completions(
         system_fingerprint: None,
     })
     .into_response())
+}
+
+/// A whole message as one streamed delta (`tool_calls` carry their index, id, type and name).
+fn whole_delta(message: ChatMessage) -> ChatDelta {
+    let tool_calls = message.tool_calls.map(|calls| {
+        calls
+            .into_iter()
+            .enumerate()
+            .map(|(j, c)| ToolCallDelta {
+                index: j as u32,
+                id: Some(c.id),
+                kind: Some(c.kind),
+                function: Some(FunctionCallDelta {
+                    name: Some(c.function.name),
+                    arguments: Some(c.function.arguments),
+                }),
+            })
+            .collect()
+    });
+    ChatDelta {
+        role: None,
+        content: message.content,
+        tool_calls,
+    }
+}
+
+/// A finished choice's reply in the generic tool mode: tool calls (`finish_reason:
+/// "tool_calls"`), a text answer, or — when the reply is not the grammar's JSON (cut by
+/// `max_tokens` or a stop string) — the raw text with the engine's reason.
+fn tool_reply(
+    text: String,
+    reason: FinishReason,
+    call_id: impl Fn(usize) -> String,
+) -> (ChatMessage, String) {
+    match parse_reply(&text) {
+        Reply::Calls(calls) => {
+            let calls = calls
+                .into_iter()
+                .enumerate()
+                .map(|(j, c)| ToolCall {
+                    id: call_id(j),
+                    kind: FunctionKind::Function,
+                    function: FunctionCall {
+                        name: c.name,
+                        arguments: c.arguments,
+                    },
+                })
+                .collect();
+            let message = ChatMessage {
+                content: None,
+                tool_calls: Some(calls),
+                ..ChatMessage::new(Role::Assistant, "")
+            };
+            (message, "tool_calls".to_string())
+        }
+        Reply::Text(t) => (
+            ChatMessage::new(Role::Assistant, t),
+            finish_reason_name(reason).to_string(),
+        ),
+        Reply::Unparsed => (
+            ChatMessage::new(Role::Assistant, text),
+            finish_reason_name(reason).to_string(),
+        ),
+    }
 }

@@ -10,7 +10,7 @@ use axum::Json;
 
 use crate::error::ApiError;
 use crate::output::{collect, completion_logprobs};
-use crate::params::{completion_prompt, parse_json, prepare, GenOptions};
+use crate::params::{check_model, completion_prompt, parse_request, prepare, GenOptions};
 use crate::routes::body_bytes;
 use crate::run::{finish_reason_name, submit, Step};
 use crate::sse::{self, json};
@@ -23,7 +23,8 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let tenant = state.tenants.authenticate(&headers)?.clone();
     let body = body_bytes(&state, body)?;
-    let req: CompletionRequest = parse_json(&body)?;
+    let req: CompletionRequest = parse_request(&body, state.settings.unknown_fields)?;
+    check_model(&state, &req.model)?;
     if req.echo.unwrap_or(false) {
         return Err(ApiError::invalid("echo is not supported", "echo"));
     }

@@ -1,16 +1,17 @@
-//! `GET /health`, `GET /v1/models`, `GET /metrics`, `POST /tokenize`, `POST /detokenize`.
+//! `GET /health`, `GET /v1/models`, `GET /v1/models/{id}`, `GET /metrics`, `POST /tokenize`,
+//! `POST /detokenize`.
 
 use api::tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
 use api::{ModelCard, ModelList};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use crate::error::ApiError;
-use crate::params::{parse_json, render_chat};
+use crate::params::{check_model, parse_json, render_chat};
 use crate::routes::{body_bytes, snapshot};
 use crate::state::AppState;
 
@@ -22,6 +23,7 @@ pub async fn health(State(state): State<AppState>) -> Result<&'static str, ApiEr
     Ok("ok")
 }
 
+/// Every served name (the model name, then its aliases), all for the one loaded model.
 pub async fn models(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -29,14 +31,34 @@ pub async fn models(
     state.tenants.authenticate(&headers)?;
     Ok(Json(ModelList {
         object: "list".into(),
-        data: vec![ModelCard {
-            id: state.settings.model_name.clone(),
-            object: "model".into(),
-            created: state.started_unix_s,
-            owned_by: "agentkv".into(),
-            max_model_len: Some(state.model.config.context_length as u64),
-        }],
+        data: state
+            .settings
+            .served_model_names()
+            .into_iter()
+            .map(|id| model_card(&state, id))
+            .collect(),
     }))
+}
+
+/// One served name's card; 404 `model_not_found` for any other id.
+pub async fn model(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    state.tenants.authenticate(&headers)?;
+    check_model(&state, &id)?;
+    Ok(Json(model_card(&state, &id)))
+}
+
+fn model_card(state: &AppState, id: &str) -> ModelCard {
+    ModelCard {
+        id: id.to_string(),
+        object: "model".into(),
+        created: state.started_unix_s,
+        owned_by: "agentkv".into(),
+        max_model_len: Some(state.model.config.context_length as u64),
+    }
 }
 
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
@@ -59,6 +81,9 @@ pub async fn tokenize(
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     state.tenants.authenticate(&headers)?;
     let req: TokenizeRequest = parse_json(&body_bytes(&state, body)?)?;
+    if let Some(m) = &req.model {
+        check_model(&state, m)?;
+    }
     let tokens = match (&req.prompt, &req.messages) {
         (Some(p), None) => state
             .model
@@ -87,6 +112,9 @@ pub async fn detokenize(
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     state.tenants.authenticate(&headers)?;
     let req: DetokenizeRequest = parse_json(&body_bytes(&state, body)?)?;
+    if let Some(m) = &req.model {
+        check_model(&state, m)?;
+    }
     let vocab = state.model.tokenizer.vocab_size();
     if let Some(t) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::invalid(

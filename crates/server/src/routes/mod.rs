@@ -24,6 +24,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(info::models))
+        .route("/v1/models/{*id}", get(info::model))
         .route("/health", get(info::health))
         .route("/metrics", get(info::metrics))
         .route("/tokenize", post(info::tokenize))

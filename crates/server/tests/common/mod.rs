@@ -96,7 +96,7 @@ pub async fn call(
 /// A greedy chat request body.
 pub fn chat(content: &str, max_tokens: u32) -> String {
     serde_json::json!({
-        "model": "m",
+        "model": "agentkv",
         "messages": [{"role": "system", "content": "You are a terse assistant."},
                      {"role": "user", "content": content}],
         "max_tokens": max_tokens,

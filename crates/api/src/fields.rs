@@ -1,0 +1,84 @@
+//! The top-level JSON field names each request type reads, so a server can tell an unknown or
+//! unsupported field from a known one before it deserialises (serde's `deny_unknown_fields` does
+//! not combine with the flattened vLLM extras). Names only; what to do with an unknown field is
+//! the server's policy.
+
+use crate::chat::ChatCompletionRequest;
+use crate::completion::CompletionRequest;
+use crate::extras::SamplingExtras;
+
+/// A request body whose top-level fields are exactly [`KnownFields::FIELDS`] (the tests in
+/// `tests/server_wire.rs` serialise a fully populated value and compare).
+pub trait KnownFields {
+    const FIELDS: &'static [&'static str];
+
+    fn is_known(name: &str) -> bool {
+        Self::FIELDS.contains(&name)
+    }
+}
+
+impl KnownFields for SamplingExtras {
+    const FIELDS: &'static [&'static str] = &[
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "ignore_eos",
+        "min_tokens",
+        "stop_token_ids",
+        "cache_salt",
+    ];
+}
+
+impl KnownFields for ChatCompletionRequest {
+    const FIELDS: &'static [&'static str] = &[
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "user",
+        "n",
+        "logprobs",
+        "top_logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "logit_bias",
+    ];
+
+    fn is_known(name: &str) -> bool {
+        Self::FIELDS.contains(&name) || SamplingExtras::is_known(name)
+    }
+}
+
+impl KnownFields for CompletionRequest {
+    const FIELDS: &'static [&'static str] = &[
+        "model",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "echo",
+        "stream",
+        "stream_options",
+        "user",
+        "n",
+        "logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+    ];
+
+    fn is_known(name: &str) -> bool {
+        Self::FIELDS.contains(&name) || SamplingExtras::is_known(name)
+    }
+}

@@ -1,0 +1,153 @@
+//! Constrained decoding with `llguidance` over the model's own tokenizer: a JSON Schema is
+//! compiled once per request into a token parser, and each sequence of the request (each of `n`
+//! choices) gets its own copy as a [`model::TokenConstraint`]. The sampler asks it for the token
+//! mask at every step of that sequence only; unconstrained requests never touch it, and nothing
+//! here enters a cache key (the prompt, not the constraint, decides what is cached).
+
+use std::sync::{Arc, Mutex};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory, TokenParser};
+use model::{ConstraintFactory, ConstraintSpec, Model, TokenConstraint};
+
+/// The model's vocabulary as llguidance sees it: each token's bytes (special tokens behind
+/// toktrie's marker byte, so text never matches them) and the end-of-turn token as EOS.
+struct ModelTokEnv {
+    model: Arc<Model>,
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for ModelTokEnv {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<toktrie::TokenId> {
+        let text = String::from_utf8_lossy(s);
+        self.model
+            .tokenizer
+            .encode(&text, false, false)
+            .unwrap_or_default()
+    }
+}
+
+/// Compiles grammars for one model. Built once, on the first constrained request.
+pub struct Grammars {
+    factory: ParserFactory,
+}
+
+/// Why a grammar could not be compiled (shown to the client: the schema is theirs).
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+#[error("{0}")]
+pub struct GrammarError(pub String);
+
+impl Grammars {
+    pub fn new(model: Arc<Model>) -> Result<Grammars, GrammarError> {
+        let tok = &model.tokenizer;
+        let eos = tok
+            .eot_ids()
+            .first()
+            .copied()
+            .or_else(|| tok.eos_id())
+            .ok_or_else(|| GrammarError("the model has no end-of-turn token".into()))?;
+        let words: Vec<Vec<u8>> = (0..tok.vocab_size() as u32)
+            .map(|id| {
+                let bytes = tok.token_bytes(id).unwrap_or_default();
+                if tok.is_special(id) {
+                    let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    w.extend_from_slice(tok.token_text(id).unwrap_or_default().as_bytes());
+                    w
+                } else {
+                    bytes
+                }
+            })
+            .collect();
+        let info = TokRxInfo::new(words.len() as u32, eos);
+        let trie = TokTrie::from(&info, &words);
+        let env: TokEnv = Arc::new(ModelTokEnv { model, trie });
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| GrammarError(e.to_string()))?;
+        factory.set_stderr_log_level(0);
+        Ok(Grammars { factory })
+    }
+
+    /// A constraint to JSON matching `schema` (compact: `", "` and `": "` separators, no other
+    /// whitespace), or the reason the schema is not usable.
+    pub fn json_schema(&self, schema: &serde_json::Value) -> Result<ConstraintSpec, GrammarError> {
+        let mut schema = schema.clone();
+        if let Some(obj) = schema.as_object_mut() {
+            obj.insert(
+                "x-guidance".into(),
+                serde_json::json!({"whitespace_flexible": false, "item_separator": ", ",
+                                   "key_separator": ": "}),
+            );
+        }
+        let parser = self
+            .factory
+            .create_parser(TopLevelGrammar::from_json_schema(schema))
+            .map_err(|e| GrammarError(e.to_string()))?;
+        Ok(ConstraintSpec(Arc::new(CompiledGrammar {
+            parser: Mutex::new(parser),
+        })))
+    }
+}
+
+/// A compiled grammar; each sequence starts from a deep copy.
+struct CompiledGrammar {
+    parser: Mutex<TokenParser>,
+}
+
+impl ConstraintFactory for CompiledGrammar {
+    fn start(&self) -> Box<dyn TokenConstraint> {
+        let parser = match self.parser.lock() {
+            Ok(p) => p.deep_clone(),
+            Err(poisoned) => poisoned.into_inner().deep_clone(),
+        };
+        Box::new(GrammarState {
+            matcher: Matcher::new(Ok(parser)),
+        })
+    }
+
+    fn describe(&self) -> String {
+        "llguidance grammar".into()
+    }
+}
+
+struct GrammarState {
+    matcher: Matcher,
+}
+
+impl TokenConstraint for GrammarState {
+    fn mask_logits(&mut self, logits: &mut [f32]) {
+        // A matcher in an error state allows only EOS: the sequence ends rather than running
+        // unconstrained.
+        let eos = self
+            .matcher
+            .tok_env()
+            .map(|e| e.tok_trie().eos_token())
+            .ok();
+        match self.matcher.compute_mask_or_eos() {
+            Ok(mask) => {
+                let len = mask.len();
+                for (id, l) in logits.iter_mut().enumerate() {
+                    if id >= len || !mask.is_allowed(id as u32) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            Err(_) => {
+                for (id, l) in logits.iter_mut().enumerate() {
+                    if Some(id as u32) != eos {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+
+    fn accept(&mut self, id: u32) {
+        // An error leaves the matcher in its error state, which `mask_logits` handles.
+        let _ = self.matcher.consume_token(id);
+    }
+}

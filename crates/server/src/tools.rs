@@ -1,0 +1,496 @@
+//! Tool calls in the generic mode (as llama.cpp does for templates without tool support): the
+//! tools are described in the system prompt, the reply is constrained (see `grammar.rs`) to JSON
+//! that is either a call — `{"tool_call": {"name": …, "arguments": {…}}}`, or `{"tool_calls":
+//! [...]}` when parallel calls are allowed — or, under `tool_choice: auto`, a text reply
+//! `{"response": "…"}`; the server parses that JSON back into OpenAI `tool_calls`.
+//!
+//! The history is rendered in the same JSON the model wrote (arguments verbatim, the grammar's
+//! separators), so the prompt of call N+1 extends the prompt of call N token for token and the
+//! prefix cache serves it. Never tokenises or samples.
+
+use api::{ChatCompletionRequest, ChatMessage, Role, Tool, ToolChoice, ToolChoiceMode};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+
+/// How a request with tools is answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolPlan {
+    /// Appended to the system prompt (or sent as one when the conversation has none).
+    pub system_text: String,
+    /// The JSON Schema the reply is constrained to.
+    pub schema: Value,
+    /// Calls are written as a `tool_calls` list (else one `tool_call`).
+    pub parallel: bool,
+}
+
+/// One call parsed out of the model's reply: the name and the arguments' JSON text (verbatim).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// What the model's reply turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Calls(Vec<ParsedCall>),
+    Text(String),
+    /// Not the JSON the grammar asks for (cut by `max_tokens` or a stop string): returned as is.
+    Unparsed,
+}
+
+/// The plan for `r`'s `tools` and `tool_choice`, `None` when no tool may be called (no tools,
+/// or `tool_choice: "none"`); a 400 naming the field for anything inconsistent.
+pub fn plan(r: &ChatCompletionRequest) -> Result<Option<ToolPlan>, ApiError> {
+    let tools = r.tools.as_deref().unwrap_or_default();
+    check_tools(tools)?;
+    let (mode, named) = match &r.tool_choice {
+        None => (ToolChoiceMode::Auto, None),
+        Some(ToolChoice::Mode(m)) => (*m, None),
+        Some(ToolChoice::Named(n)) => (ToolChoiceMode::Required, Some(n.function.name.as_str())),
+    };
+    if tools.is_empty() {
+        if mode == ToolChoiceMode::Required {
+            return Err(ApiError::invalid(
+                "tool_choice \"required\" or a named tool needs tools",
+                "tool_choice",
+            ));
+        }
+        return Ok(None);
+    }
+    if mode == ToolChoiceMode::None {
+        return Ok(None);
+    }
+    let offered: Vec<&Tool> = match named {
+        Some(name) => {
+            let t = tools
+                .iter()
+                .find(|t| t.function.name == name)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("tool_choice names {name:?}, which is not among the tools"),
+                        "tool_choice",
+                    )
+                })?;
+            vec![t]
+        }
+        None => tools.iter().collect(),
+    };
+    let parallel = r.parallel_tool_calls.unwrap_or(true);
+    let one_call = {
+        let calls: Vec<Value> = offered.iter().map(|t| call_schema(t)).collect();
+        if calls.len() == 1 {
+            calls.into_iter().next().unwrap_or_default()
+        } else {
+            json!({"anyOf": calls})
+        }
+    };
+    let calls_schema = if parallel {
+        json!({"type": "object", "properties": {"tool_calls": {"type": "array",
+               "items": one_call, "minItems": 1}},
+               "required": ["tool_calls"], "additionalProperties": false})
+    } else {
+        json!({"type": "object", "properties": {"tool_call": one_call},
+               "required": ["tool_call"], "additionalProperties": false})
+    };
+    let schema = match (mode, named) {
+        (ToolChoiceMode::Auto, None) => json!({"anyOf": [calls_schema,
+            {"type": "object", "properties": {"response": {"type": "string"}},
+             "required": ["response"], "additionalProperties": false}]}),
+        _ => calls_schema,
+    };
+    Ok(Some(ToolPlan {
+        system_text: system_text(tools, parallel),
+        schema,
+        parallel,
+    }))
+}
+
+fn check_tools(tools: &[Tool]) -> Result<(), ApiError> {
+    for (i, t) in tools.iter().enumerate() {
+        let name = &t.function.name;
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !ok {
+            return Err(ApiError::invalid(
+                format!("tool names are 1 to 64 of a-z, A-Z, 0-9, _ and -, got {name:?}"),
+                &format!("tools[{i}].function.name"),
+            ));
+        }
+        if tools[..i].iter().any(|o| &o.function.name == name) {
+            return Err(ApiError::invalid(
+                format!("tool name {name:?} is used twice"),
+                &format!("tools[{i}].function.name"),
+            ));
+        }
+        if let Some(p) = &t.function.parameters {
+            if !p.is_object() {
+                return Err(ApiError::invalid(
+                    "parameters must be a JSON Schema object",
+                    &format!("tools[{i}].function.parameters"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `{"name": <const>, "arguments": <the tool's parameters schema>}`.
+fn call_schema(t: &Tool) -> Value {
+    let params = t
+        .function
+        .parameters
+        .clone()
+        .unwrap_or_else(|| json!({"type": "object"}));
+    json!({"type": "object",
+           "properties": {"name": {"const": t.function.name}, "arguments": params},
+           "required": ["name", "arguments"], "additionalProperties": false})
+}
+
+/// The same text whatever `tool_choice` says (the grammar enforces the choice), so an agent that
+/// switches between `auto`, `required` and a named tool keeps its prompt prefix cached.
+fn system_text(tools: &[Tool], parallel: bool) -> String {
+    let mut s = String::from("You can call these tools:\n");
+    for t in tools {
+        let mut d = serde_json::Map::new();
+        d.insert("name".into(), t.function.name.clone().into());
+        if let Some(desc) = &t.function.description {
+            d.insert("description".into(), desc.clone().into());
+        }
+        d.insert(
+            "parameters".into(),
+            t.function
+                .parameters
+                .clone()
+                .unwrap_or_else(|| json!({"type": "object"})),
+        );
+        s.push_str(&compact(&Value::Object(d)));
+        s.push('\n');
+    }
+    s.push_str("\nTo call a tool, reply with JSON only: ");
+    if parallel {
+        s.push_str(
+            "{\"tool_calls\": [{\"name\": \"<tool name>\", \"arguments\": {<arguments>}}]} \
+             (one or more calls).",
+        );
+    } else {
+        s.push_str("{\"tool_call\": {\"name\": \"<tool name>\", \"arguments\": {<arguments>}}}.");
+    }
+    s.push_str(
+        "\nTo answer the user instead, reply with JSON only: {\"response\": \"<your answer>\"}.",
+    );
+    s
+}
+
+/// JSON with the grammar's separators (`", "`, `": "`), keys in their order.
+fn compact(v: &Value) -> String {
+    match v {
+        Value::Object(m) => {
+            let items: Vec<String> = m
+                .iter()
+                .map(|(k, v)| format!("{}: {}", Value::from(k.as_str()), compact(v)))
+                .collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        Value::Array(a) => {
+            let items: Vec<String> = a.iter().map(compact).collect();
+            format!("[{}]", items.join(", "))
+        }
+        other => other.to_string(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplyWire<'a> {
+    #[serde(default, borrow)]
+    tool_call: Option<CallWire<'a>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<CallWire<'a>>>,
+    #[serde(default)]
+    response: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallWire<'a> {
+    name: String,
+    #[serde(borrow)]
+    arguments: &'a RawValue,
+}
+
+/// Parses a reply written under a [`ToolPlan`]'s grammar.
+pub fn parse_reply(text: &str) -> Reply {
+    let Ok(w) = serde_json::from_str::<ReplyWire>(text) else {
+        return Reply::Unparsed;
+    };
+    let call = |c: CallWire| ParsedCall {
+        name: c.name,
+        arguments: c.arguments.get().to_string(),
+    };
+    match (w.tool_call, w.tool_calls, w.response) {
+        (Some(c), None, None) => Reply::Calls(vec![call(c)]),
+        (None, Some(cs), None) if !cs.is_empty() => {
+            Reply::Calls(cs.into_iter().map(call).collect())
+        }
+        (None, None, Some(text)) => Reply::Text(text),
+        _ => Reply::Unparsed,
+    }
+}
+
+/// The messages as the chat template sees them: assistant tool calls and tool results become the
+/// JSON the model writes and reads in the generic mode (and, under a plan, plain assistant
+/// replies become `{"response": …}`), the plan's text joins the system prompt. A tool message
+/// must answer an earlier call (`tool_call_id`); call arguments must be JSON.
+pub fn render_messages(
+    messages: &[ChatMessage],
+    plan: Option<&ToolPlan>,
+) -> Result<Vec<model::chat::ChatMessage>, ApiError> {
+    let parallel = plan.is_some_and(|p| p.parallel);
+    let mut out: Vec<model::chat::ChatMessage> = Vec::with_capacity(messages.len() + 1);
+    let mut calls: Vec<(&str, &str)> = Vec::new(); // (id, name) of every earlier call
+    for (i, m) in messages.iter().enumerate() {
+        let text = m.content.clone().unwrap_or_default();
+        let content = match (m.role, &m.tool_calls) {
+            (Role::Assistant, Some(tc)) if !tc.is_empty() => {
+                let mut items = Vec::with_capacity(tc.len());
+                for (j, c) in tc.iter().enumerate() {
+                    let args = c.function.arguments.trim();
+                    if serde_json::from_str::<&RawValue>(args).is_err() {
+                        return Err(ApiError::invalid(
+                            "tool call arguments must be JSON text",
+                            &format!("messages[{i}].tool_calls[{j}].function.arguments"),
+                        ));
+                    }
+                    calls.push((c.id.as_str(), c.function.name.as_str()));
+                    items.push(format!(
+                        "{{\"name\": {}, \"arguments\": {args}}}",
+                        Value::from(c.function.name.as_str())
+                    ));
+                }
+                if parallel || items.len() > 1 {
+                    format!("{{\"tool_calls\": [{}]}}", items.join(", "))
+                } else {
+                    format!("{{\"tool_call\": {}}}", items[0])
+                }
+            }
+            (Role::Tool, _) => {
+                let id = m.tool_call_id.as_deref().ok_or_else(|| {
+                    ApiError::invalid(
+                        "a tool message needs the tool_call_id it answers",
+                        &format!("messages[{i}].tool_call_id"),
+                    )
+                })?;
+                let name = calls
+                    .iter()
+                    .rev()
+                    .find(|(cid, _)| *cid == id)
+                    .map(|(_, name)| *name)
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            format!("tool_call_id {id:?} answers no earlier tool call"),
+                            &format!("messages[{i}].tool_call_id"),
+                        )
+                    })?;
+                compact(&json!({"tool_response": {"name": name, "content": text}}))
+            }
+            (Role::Assistant, _) if plan.is_some() => compact(&json!({"response": text})),
+            _ => text,
+        };
+        out.push(model::chat::ChatMessage {
+            role: role_name(m.role).to_string(),
+            content,
+            name: m.name.clone(),
+            tool_calls: None,
+            tool_call_id: None,
+        });
+    }
+    if let Some(p) = plan {
+        match out.first_mut() {
+            Some(first) if first.role == "system" => {
+                first.content.push_str("\n\n");
+                first.content.push_str(&p.system_text);
+            }
+            _ => out.insert(0, model::chat::ChatMessage::new("system", &p.system_text)),
+        }
+    }
+    Ok(out)
+}
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::System | Role::Developer => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::{FunctionCall, FunctionDef, FunctionKind, FunctionName, NamedToolChoice, ToolCall};
+
+    fn weather() -> Tool {
+        Tool {
+            kind: FunctionKind::Function,
+            function: FunctionDef {
+                name: "get_weather".into(),
+                description: Some("Weather in a city".into()),
+                parameters: Some(json!({"type": "object",
+                    "properties": {"city": {"type": "string"}}, "required": ["city"]})),
+                strict: None,
+            },
+        }
+    }
+
+    fn request(choice: Option<ToolChoice>, parallel: Option<bool>) -> ChatCompletionRequest {
+        ChatCompletionRequest {
+            model: "m".into(),
+            messages: vec![ChatMessage::new(Role::User, "Weather in Paris?")],
+            tools: Some(vec![weather()]),
+            tool_choice: choice,
+            parallel_tool_calls: parallel,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn plans_follow_tool_choice() {
+        let auto = plan(&request(None, Some(false))).unwrap().unwrap();
+        assert!(auto.schema["anyOf"][1]["properties"]["response"].is_object());
+        assert!(auto.system_text.contains("\"response\""));
+        let req = plan(&request(
+            Some(ToolChoice::Mode(ToolChoiceMode::Required)),
+            Some(false),
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(req.schema["required"], json!(["tool_call"]));
+        assert_eq!(
+            req.system_text, auto.system_text,
+            "the prompt does not depend on the choice"
+        );
+        let par = plan(&request(
+            Some(ToolChoice::Mode(ToolChoiceMode::Required)),
+            None,
+        ))
+        .unwrap()
+        .unwrap();
+        assert!(par.parallel && par.schema["properties"]["tool_calls"]["minItems"] == 1);
+        assert_eq!(
+            plan(&request(Some(ToolChoice::Mode(ToolChoiceMode::None)), None)).unwrap(),
+            None
+        );
+        let named = |name: &str| {
+            Some(ToolChoice::Named(NamedToolChoice {
+                kind: FunctionKind::Function,
+                function: FunctionName { name: name.into() },
+            }))
+        };
+        let p = plan(&request(named("get_weather"), Some(false)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            p.schema["properties"]["tool_call"]["properties"]["name"]["const"],
+            "get_weather"
+        );
+        let e = plan(&request(named("nope"), None)).unwrap_err();
+        assert_eq!(e.body().error.param.as_deref(), Some("tool_choice"));
+        let mut r = request(Some(ToolChoice::Mode(ToolChoiceMode::Required)), None);
+        r.tools = None;
+        assert!(plan(&r).is_err());
+        let mut r = request(None, None);
+        r.tools.as_mut().unwrap()[0].function.name = "bad name".into();
+        assert_eq!(
+            plan(&r).unwrap_err().body().error.param.as_deref(),
+            Some("tools[0].function.name")
+        );
+    }
+
+    #[test]
+    fn replies_parse_into_calls_or_text() {
+        assert_eq!(
+            parse_reply(r#"{"tool_call": {"name": "f", "arguments": {"a": [1, 2]}}}"#),
+            Reply::Calls(vec![ParsedCall {
+                name: "f".into(),
+                arguments: r#"{"a": [1, 2]}"#.into()
+            }])
+        );
+        assert!(matches!(
+            parse_reply(r#"{"tool_calls": [{"name": "f", "arguments": {}}, {"name": "g", "arguments": {}}]}"#),
+            Reply::Calls(c) if c.len() == 2
+        ));
+        assert_eq!(
+            parse_reply(r#"{"response": "hi"}"#),
+            Reply::Text("hi".into())
+        );
+        assert_eq!(
+            parse_reply(r#"{"tool_call": {"name": "f", "argu"#),
+            Reply::Unparsed
+        );
+        assert_eq!(parse_reply("plain text"), Reply::Unparsed);
+    }
+
+    #[test]
+    fn history_renders_as_the_model_wrote_it() {
+        let p = plan(&request(None, Some(false))).unwrap().unwrap();
+        let args = r#"{"city": "Paris"}"#;
+        let msgs = vec![
+            ChatMessage::new(Role::System, "Be brief."),
+            ChatMessage::new(Role::User, "Weather in Paris?"),
+            ChatMessage {
+                tool_calls: Some(vec![ToolCall {
+                    id: "call_1".into(),
+                    kind: FunctionKind::Function,
+                    function: FunctionCall {
+                        name: "get_weather".into(),
+                        arguments: args.into(),
+                    },
+                }]),
+                content: None,
+                ..ChatMessage::new(Role::Assistant, "")
+            },
+            ChatMessage {
+                tool_call_id: Some("call_1".into()),
+                ..ChatMessage::new(Role::Tool, "18 C, \"sunny\"")
+            },
+            ChatMessage::new(Role::Assistant, "It is sunny."),
+        ];
+        let out = render_messages(&msgs, Some(&p)).unwrap();
+        assert!(out[0]
+            .content
+            .starts_with("Be brief.\n\nYou can call these tools:"));
+        let call = r#"{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}"#;
+        assert_eq!(out[2].content, call);
+        assert_eq!(parse_reply(&out[2].content), parse_reply(call));
+        assert_eq!(
+            out[3].content,
+            r#"{"tool_response": {"name": "get_weather", "content": "18 C, \"sunny\""}}"#
+        );
+        assert_eq!(
+            (out[3].role.as_str(), out[4].content.as_str()),
+            ("tool", r#"{"response": "It is sunny."}"#)
+        );
+        let mut bad = msgs.clone();
+        bad[3].tool_call_id = Some("call_9".into());
+        let e = render_messages(&bad, Some(&p)).unwrap_err();
+        assert_eq!(
+            e.body().error.param.as_deref(),
+            Some("messages[3].tool_call_id")
+        );
+        let mut bad = msgs;
+        bad[2].tool_calls.as_mut().unwrap()[0].function.arguments = "{nope".into();
+        let e = render_messages(&bad, Some(&p)).unwrap_err();
+        assert_eq!(
+            e.body().error.param.as_deref(),
+            Some("messages[2].tool_calls[0].function.arguments")
+        );
+    }
+}
