@@ -25,7 +25,8 @@
 //! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional"}]
 //! limits: {max_body_bytes: 4194304, max_requests: 256, max_tokens: 1048576,
 //!          max_requests_per_tenant: 64, max_tokens_per_tenant: 262144, default_max_tokens: 1024,
-//!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512}
+//!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512,
+//!          step_time_target_ms: 0, min_prefill_tokens_per_step: 32}
 //! ```
 
 use std::collections::BTreeMap;
@@ -200,6 +201,11 @@ pub struct LimitsSection {
     pub max_running_requests: Option<usize>,
     /// Tokens per engine step.
     pub max_batch_tokens: Option<usize>,
+    /// Target duration (ms) of an engine step that carries decodes: prefill chunks mixed into
+    /// it are cut to fit (0 turns the cap off).
+    pub step_time_target_ms: Option<u64>,
+    /// Prefill tokens a step with decodes may always carry.
+    pub min_prefill_tokens_per_step: Option<usize>,
 }
 
 /// A size in bytes written as `2GB`, `1.5GiB`, `512MB` or a plain number.

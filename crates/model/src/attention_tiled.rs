@@ -205,28 +205,40 @@ pub unsafe fn run_tile_task(
                     unreachable!("the plan tiles only f16 K/V stores");
                 };
                 let chunk_end = start + k.len() / hd;
+                let widen = rows.len() >= WIDEN_MIN_ROWS;
                 let mut a = start.max(seg_start);
                 while a < chunk_end.min(seg_end) {
                     let tile_start = seg_start + (a - seg_start) / TILE_POSITIONS * TILE_POSITIONS;
                     let tile_end = (tile_start + TILE_POSITIONS).min(seg_end);
+                    // The kernel reads whole groups of 8 key rows (the extra ones masked).
+                    let read_end = tile_start + (tile_end - tile_start).div_ceil(8) * 8;
+                    if !widen && a == tile_start && read_end <= chunk_end {
+                        // The whole tile lies in this chunk: read it in place.
+                        let (ks, vs) = (&k[(a - start) * hd..], &v[(a - start) * hd..]);
+                        for row in rows.iter_mut() {
+                            row.update(hd, ks, vs, tile_start, tile_end, inp.scale);
+                        }
+                        a = tile_end;
+                        continue;
+                    }
                     let b = chunk_end.min(tile_end);
                     let (src, dst) = (
                         (a - start) * hd..(b - start) * hd,
                         (a - tile_start) * hd..(b - tile_start) * hd,
                     );
-                    keys16[dst.clone()].copy_from_slice(&k[src.clone()]);
-                    vals16[dst].copy_from_slice(&v[src]);
+                    if widen {
+                        widen_f16(&k[src.clone()], &mut keys32[dst.clone()]);
+                        widen_f16(&v[src], &mut vals32[dst]);
+                    } else {
+                        keys16[dst.clone()].copy_from_slice(&k[src.clone()]);
+                        vals16[dst].copy_from_slice(&v[src]);
+                    }
                     a = b;
                     if a == tile_end {
-                        let filled = (tile_end - tile_start) * hd;
-                        if rows.len() >= WIDEN_MIN_ROWS {
-                            widen_f16(&keys16[..filled], &mut keys32[..filled]);
-                            widen_f16(&vals16[..filled], &mut vals32[..filled]);
-                            for row in rows.iter_mut() {
+                        for row in rows.iter_mut() {
+                            if widen {
                                 row.update(hd, keys32, vals32, tile_start, tile_end, inp.scale);
-                            }
-                        } else {
-                            for row in rows.iter_mut() {
+                            } else {
                                 row.update(hd, keys16, vals16, tile_start, tile_end, inp.scale);
                             }
                         }

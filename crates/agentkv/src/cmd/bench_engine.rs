@@ -1,6 +1,12 @@
 //! `agentkv bench-engine`: throughput of the engine (paged KV, continuous batching) — decode
 //! tok/s at several concurrencies, prefill tok/s, and time to first token with a cached 1K-token
 //! prefix vs without. Reports JSON on stdout and a table on stderr.
+//!
+//! `--depth D` runs the agent-shaped mix instead: `--decoders C` sequences decode at depth D
+//! while prefills of `--arrival-tokens P` new tokens on top of a cached D-token prefix keep
+//! arriving (one in flight at a time, the next submitted when the previous produced its
+//! token), once per `--step-target-ms` value (0 = no step-time target); it reports decoder
+//! inter-token latency p50/p99, arrival prefill tok/s and arrival time to first token.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +33,18 @@ pub struct BenchEngineArgs {
     pub prefix_tokens: usize,
     #[command(flatten)]
     pub kv: super::common::KvArgs,
+    /// Agent mix: depth of the decoders and of the arrivals' cached prefix (0 = classic mode).
+    #[arg(long, default_value_t = 0)]
+    pub depth: usize,
+    /// Agent mix: sequences decoding at depth.
+    #[arg(long, default_value_t = 4)]
+    pub decoders: usize,
+    /// Agent mix: new prompt tokens per arriving request.
+    #[arg(long, default_value_t = 256)]
+    pub arrival_tokens: usize,
+    /// Agent mix: step-time targets to compare, in ms (0 = none).
+    #[arg(long, value_delimiter = ',', default_value = "0,100")]
+    pub step_target_ms: Vec<u64>,
 }
 
 fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
@@ -119,8 +137,142 @@ fn ttft(core: &mut EngineCore, prompt: Vec<u32>) -> Result<Duration> {
     anyhow::bail!("no token produced")
 }
 
+/// Percentile `q` (0..=1) of `v` (sorted in place); 0 when empty.
+fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// The agent-shaped mix (module doc) under one step-time target.
+fn run_agent_mix(model: &Arc<Model>, args: &BenchEngineArgs, target_ms: u64) -> Result<serde_json::Value> {
+    let vocab = model.config.vocab_size;
+    let (depth, p, gen) = (args.depth, args.arrival_tokens, args.gen_tokens);
+    let threads = args
+        .model
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let per_seq_blocks = (depth + p.max(16) + gen).div_ceil(16) + 1;
+    let cfg = EngineConfig {
+        num_blocks: per_seq_blocks * (args.decoders + 4),
+        max_seqs: 128,
+        kv_dtype: args.kv.codecs()?,
+        prefix_caching: true,
+        threads,
+        step_time_target: (target_ms > 0).then(|| Duration::from_millis(target_ms)),
+        ..Default::default()
+    };
+    let mut core = EngineCore::new(model.clone(), cfg)?;
+    let prefix = tokens(4242, depth, vocab);
+    let with = |seed: u64, n: usize| {
+        let mut v = prefix.clone();
+        v.extend(tokens(seed, n, vocab));
+        v
+    };
+    // The shared prefix, computed once (cached from here on).
+    let (tx, _rx0) = unbounded_channel();
+    core.submit(RequestId(1), RequestSpec::greedy(with(1, 1), 1), tx)?;
+    while core.has_work() {
+        core.step()?;
+    }
+    // Decoders: each prefills a short suffix, then decodes `gen` tokens at depth.
+    let mut decoders = Vec::new();
+    for d in 0..args.decoders {
+        let (tx, rx) = unbounded_channel();
+        let mut spec = RequestSpec::greedy(with(100 + d as u64, 16), gen);
+        spec.ignore_eos = true;
+        core.submit(RequestId(100 + d as u64), spec, tx)?;
+        decoders.push(rx);
+    }
+    // Until every decoder has its first token.
+    let mut last: Vec<Option<Instant>> = vec![None; args.decoders];
+    while last.iter().any(|l| l.is_none()) {
+        core.step()?;
+        let now = Instant::now();
+        for (d, rx) in decoders.iter_mut().enumerate() {
+            while let Ok(ev) = rx.try_recv() {
+                if let EngineEvent::Token(_) = ev {
+                    last[d] = Some(now);
+                }
+            }
+        }
+    }
+    let mut itl = Vec::new();
+    let mut ttft = Vec::new();
+    let mut next_arrival = 1000u64;
+    let submit_arrival = |core: &mut EngineCore, id: u64| -> Result<_> {
+        let (tx, rx) = unbounded_channel();
+        core.submit(RequestId(id), RequestSpec::greedy(with(id, p), 1), tx)?;
+        Ok((rx, Instant::now()))
+    };
+    let mut arrival = submit_arrival(&mut core, next_arrival)?;
+    let started = Instant::now();
+    let prefill_before = core.stats().prefill_tokens;
+    let mut live = args.decoders;
+    while live > 0 {
+        core.step()?;
+        let now = Instant::now();
+        for (d, rx) in decoders.iter_mut().enumerate() {
+            while let Ok(ev) = rx.try_recv() {
+                match ev {
+                    EngineEvent::Token(_) => {
+                        if let Some(t) = last[d] {
+                            itl.push((now - t).as_secs_f64() * 1e3);
+                        }
+                        last[d] = Some(now);
+                    }
+                    EngineEvent::Finished { .. } => live -= 1,
+                    EngineEvent::Error(e) => anyhow::bail!("decoder failed: {e}"),
+                    _ => {}
+                }
+            }
+        }
+        let mut got = false;
+        while let Ok(ev) = arrival.0.try_recv() {
+            match ev {
+                EngineEvent::Token(_) => got = true,
+                EngineEvent::Error(e) => anyhow::bail!("arrival failed: {e}"),
+                _ => {}
+            }
+        }
+        if got {
+            ttft.push((now - arrival.1).as_secs_f64() * 1e3);
+            next_arrival += 1;
+            arrival = submit_arrival(&mut core, next_arrival)?;
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let prefill_tokens = core.stats().prefill_tokens - prefill_before;
+    let (p50, p99) = (percentile(&mut itl, 0.5), percentile(&mut itl, 0.99));
+    let ttft50 = percentile(&mut ttft, 0.5);
+    let prefill_tps = prefill_tokens as f64 / wall;
+    eprintln!(
+        "depth {depth}, {} decoders, {p}-token arrivals, step target {}: ITL p50 {p50:.1} ms p99 {p99:.1} ms; \
+         prefill {prefill_tps:.1} tok/s; arrival TTFT p50 {ttft50:.0} ms ({} arrivals, {wall:.1}s)",
+        args.decoders,
+        if target_ms == 0 { "none".to_string() } else { format!("{target_ms} ms") },
+        ttft.len(),
+    );
+    Ok(serde_json::json!({
+        "depth": depth, "decoders": args.decoders, "arrival_tokens": p, "gen_tokens": gen,
+        "step_target_ms": target_ms, "itl_ms_p50": p50, "itl_ms_p99": p99,
+        "prefill_tok_s": prefill_tps, "arrival_ttft_ms_p50": ttft50, "arrivals": ttft.len(),
+        "wall_s": wall,
+    }))
+}
+
 pub fn run(args: BenchEngineArgs) -> Result<()> {
     let model = Arc::new(args.model.load()?);
+    if args.depth > 0 {
+        let mut runs = Vec::new();
+        for &t in &args.step_target_ms {
+            runs.push(run_agent_mix(&model, &args, t)?);
+        }
+        println!("{}", serde_json::json!({ "agent_mix": runs }));
+        return Ok(());
+    }
     let vocab = model.config.vocab_size;
     let mut decode = serde_json::Map::new();
     for &c in &args.concurrency {

@@ -127,6 +127,12 @@ fn engine_config(
     if let Some(n) = file.limits.max_batch_tokens {
         cfg.max_batch_tokens = n;
     }
+    if let Some(ms) = file.limits.step_time_target_ms {
+        cfg.step_time_target = (ms > 0).then(|| std::time::Duration::from_millis(ms));
+    }
+    if let Some(n) = file.limits.min_prefill_tokens_per_step {
+        cfg.min_prefill_tokens_per_step = n;
+    }
     let max_size = match &args.max_size {
         Some(s) => Some(
             parse_size(s)

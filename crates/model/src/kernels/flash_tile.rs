@@ -80,7 +80,7 @@ pub fn widen_f16(src: &[f16], dst: &mut [f32]) {
 }
 
 /// Positions per softmax tile (tiles start at multiples of this, counted from position 0).
-pub const TILE_POSITIONS: usize = 32;
+pub const TILE_POSITIONS: usize = 16;
 
 /// Running maximum and sum of the tiled online softmax for one query row.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,6 +113,17 @@ const P5: f32 = 0.5;
 /// The AVX2 lanes compute exactly this.
 #[inline]
 pub fn exp_poly(x: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if cpu_features().avx2 && !x.is_nan() {
+        // SAFETY: AVX2+FMA presence was checked at runtime just above.
+        return unsafe { avx2::exp1(x) };
+    }
+    exp_poly_portable(x)
+}
+
+/// [`exp_poly`] in scalar operations.
+#[inline]
+pub fn exp_poly_portable(x: f32) -> f32 {
     if x.is_nan() || x < EXP_MIN {
         return if x.is_nan() { x } else { 0.0 };
     }
@@ -203,14 +214,14 @@ pub fn tile_update_with<E: TileElem>(
         .copied()
         .fold(f32::NEG_INFINITY, f32::max);
     if tile_max > st.max {
-        let f = exp_poly(st.max - tile_max);
+        let f = exp_poly_portable(st.max - tile_max);
         acc.iter_mut().for_each(|a| *a *= f);
         st.sum *= f;
         st.max = tile_max;
     }
     let mut p = [0f32; TILE_POSITIONS];
     for t in 0..valid {
-        p[t] = exp_poly(scores[t] - st.max);
+        p[t] = exp_poly_portable(scores[t] - st.max);
     }
     let mut tile_sum = 0f32;
     for g in 0..groups {
@@ -225,7 +236,7 @@ pub fn tile_update_with<E: TileElem>(
 }
 
 /// Merges per-segment states in segment order into `out` (`[hd]`): with `M = max_j m_j` and
-/// `e_j = exp(m_j − M)`, `L = Σ fma(l_j, e_j, ·)`, `O = Σ fma(acc_j, e_j, ·)`, `out = O · (1/L)`
+/// `e_j = exp(m_j − M)`, `L = Σ l_j·e_j`, `O = Σ acc_j·e_j` (multiply, then add), `out = O · (1/L)`
 /// (0 when `L` is 0). `segments` yields `(state, acc_j)`.
 pub fn merge_segments<'a>(
     segments: impl Iterator<Item = (TileSoftmax, &'a [f32])> + Clone,
@@ -243,9 +254,9 @@ pub fn merge_segments<'a>(
         } else {
             exp_poly(st.max - m)
         };
-        l = st.sum.mul_add(e, l);
+        l += st.sum * e;
         for (o, &a) in out.iter_mut().zip(acc) {
-            *o = a.mul_add(e, *o);
+            *o += a * e;
         }
     }
     let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
@@ -286,6 +297,46 @@ mod avx2 {
         ));
         let res = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
         _mm256_andnot_ps(below, res)
+    }
+
+    /// `acc[0..8W] = fma(p[t], v[t][0..8W], acc)` for `t < valid`, the `W` accumulators held in
+    /// registers; `v` rows are `row_stride` elements apart.
+    ///
+    /// # Safety
+    /// `acc` holds `8W` floats; `v + t·row_stride` holds `8W` elements for every `t < valid`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn axpy_block<const W: usize, E: TileElem>(
+        acc: *mut f32,
+        v: *const E,
+        row_stride: usize,
+        p: &[f32; TILE_POSITIONS],
+        valid: usize,
+    ) {
+        let mut r = [_mm256_setzero_ps(); W];
+        for (i, ri) in r.iter_mut().enumerate() {
+            // SAFETY: `8i + 8 <= 8W` floats of `acc`.
+            *ri = unsafe { _mm256_loadu_ps(acc.add(8 * i)) };
+        }
+        for (t, &pt) in p.iter().enumerate().take(valid) {
+            let vpt = _mm256_set1_ps(pt);
+            for (i, ri) in r.iter_mut().enumerate() {
+                // SAFETY: row `t < valid`, lanes `8i..8i + 8` of `8W` (caller's contract).
+                let x = unsafe { E::load8(v.add(t * row_stride + 8 * i)) };
+                *ri = _mm256_fmadd_ps(vpt, x, *ri);
+            }
+        }
+        for (i, ri) in r.iter().enumerate() {
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(acc.add(8 * i), *ri) };
+        }
+    }
+
+    /// [`exp_poly`] of one value through the vector lanes (same bits).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(super) fn exp1(x: f32) -> f32 {
+        _mm256_cvtss_f32(exp8(_mm256_set1_ps(x)))
     }
 
     /// `dst[i] = f32(src[i])`, eight at a time.
@@ -389,7 +440,7 @@ mod avx2 {
         unsafe { _mm256_storeu_ps(m8.as_mut_ptr(), vmax) };
         let tile_max = m8.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         if tile_max > st.max {
-            let f = exp_poly(st.max - tile_max);
+            let f = exp1(st.max - tile_max);
             let vf = _mm256_set1_ps(f);
             for c in 0..chunks {
                 // SAFETY: `8c + 8 <= hd = acc.len()`.
@@ -416,26 +467,15 @@ mod avx2 {
         st.sum += tile_sum;
         // acc += Σ_t p[t]·v[t], eight chunks (64 floats) held in registers at a time.
         let mut c0 = 0;
+        while c0 + 8 <= chunks {
+            // SAFETY: chunks `c0..c0 + 8` lie inside `acc` and every `vals` row.
+            unsafe { axpy_block::<8, E>(ap.add(8 * c0), vp.add(8 * c0), hd, &p, valid) };
+            c0 += 8;
+        }
         while c0 < chunks {
-            let width = (chunks - c0).min(8);
-            let mut r = [_mm256_setzero_ps(); 8];
-            for (i, ri) in r.iter_mut().enumerate().take(width) {
-                // SAFETY: `8(c0 + i) + 8 <= hd`.
-                *ri = unsafe { _mm256_loadu_ps(ap.add(8 * (c0 + i))) };
-            }
-            for (t, &pt) in p.iter().enumerate().take(valid) {
-                let vpt = _mm256_set1_ps(pt);
-                for (i, ri) in r.iter_mut().enumerate().take(width) {
-                    // SAFETY: row `t < valid`, which `vals` holds; `8(c0 + i) + 8 <= hd`.
-                    let v = unsafe { E::load8(vp.add(t * hd + 8 * (c0 + i))) };
-                    *ri = _mm256_fmadd_ps(vpt, v, *ri);
-                }
-            }
-            for (i, ri) in r.iter().enumerate().take(width) {
-                // SAFETY: as above.
-                unsafe { _mm256_storeu_ps(ap.add(8 * (c0 + i)), *ri) };
-            }
-            c0 += width;
+            // SAFETY: chunk `c0` lies inside `acc` and every `vals` row.
+            unsafe { axpy_block::<1, E>(ap.add(8 * c0), vp.add(8 * c0), hd, &p, valid) };
+            c0 += 1;
         }
     }
 }
@@ -484,6 +524,7 @@ mod tests {
                 // SAFETY: AVX2+FMA presence was checked at runtime above.
                 unsafe { run(&xs, &mut got) };
                 for (x, g) in xs.iter().zip(got) {
+                    assert_eq!(exp_poly_portable(*x).to_bits(), g.to_bits(), "x={x}");
                     assert_eq!(exp_poly(*x).to_bits(), g.to_bits(), "x={x}");
                 }
             }
