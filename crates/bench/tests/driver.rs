@@ -21,6 +21,9 @@ fn workload_cfg(agents: u32, tasks: u32, steps: u32) -> WorkloadConfig {
         steps_per_task: Some(steps),
         tool_latency_ms: None,
         seed: 3,
+        observation_tokens: None,
+        output_tokens: None,
+        system_tokens: None,
     }
 }
 

@@ -14,6 +14,9 @@ fn cfg(kind: WorkloadKind, seed: u64) -> WorkloadConfig {
         steps_per_task: None,
         tool_latency_ms: Some((200, 2000)),
         seed,
+        observation_tokens: None,
+        output_tokens: None,
+        system_tokens: None,
     }
 }
 

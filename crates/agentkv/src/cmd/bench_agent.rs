@@ -91,6 +91,15 @@ pub struct AgentArgs {
     pub tool_latency_ms: Option<(u64, u64)>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Tool observation tokens appended per call, `LO..HI` or `N` (default: the workload's).
+    #[arg(long, value_parser = parse_range)]
+    pub observation_tokens: Option<(u64, u64)>,
+    /// Output tokens (`max_tokens`) per call, `LO..HI` or `N` (default: the workload's).
+    #[arg(long, value_parser = parse_range)]
+    pub output_tokens: Option<(u64, u64)>,
+    /// Shared system prompt tokens (default: the workload's).
+    #[arg(long)]
+    pub system_tokens: Option<usize>,
     /// Sampling temperature (0 = greedy, so both targets of --compare see comparable answers).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
@@ -224,6 +233,9 @@ fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
         steps_per_task: a.steps,
         tool_latency_ms: a.tool_latency_ms,
         seed: a.seed,
+        observation_tokens: a.observation_tokens.map(|(l, h)| (l as usize, h as usize)),
+        output_tokens: a.output_tokens.map(|(l, h)| (l as usize, h as usize)),
+        system_tokens: a.system_tokens,
     };
     let workload = generate(&wl, &Corpus::builtin())?;
     let targets = targets(&a.target, &model)?;

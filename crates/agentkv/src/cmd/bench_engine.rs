@@ -147,7 +147,11 @@ fn percentile(v: &mut [f64], q: f64) -> f64 {
 }
 
 /// The agent-shaped mix (module doc) under one step-time target.
-fn run_agent_mix(model: &Arc<Model>, args: &BenchEngineArgs, target_ms: u64) -> Result<serde_json::Value> {
+fn run_agent_mix(
+    model: &Arc<Model>,
+    args: &BenchEngineArgs,
+    target_ms: u64,
+) -> Result<serde_json::Value> {
     let vocab = model.config.vocab_size;
     let (depth, p, gen) = (args.depth, args.arrival_tokens, args.gen_tokens);
     let threads = args

@@ -37,6 +37,14 @@ pub struct WorkloadConfig {
     /// Simulated tool latency between two calls of a task, inclusive range in ms; `None` = 0.
     pub tool_latency_ms: Option<(u64, u64)>,
     pub seed: u64,
+    /// Overrides of the shape: tool observation tokens (inclusive range), output tokens
+    /// (inclusive range, the calls' `max_tokens`) and shared system prompt tokens.
+    #[serde(default)]
+    pub observation_tokens: Option<(usize, usize)>,
+    #[serde(default)]
+    pub output_tokens: Option<(usize, usize)>,
+    #[serde(default)]
+    pub system_tokens: Option<usize>,
 }
 
 /// One model call of a task: what is appended after the model answers, and the answer's budget.
@@ -115,7 +123,27 @@ pub fn generate(cfg: &WorkloadConfig, corpus: &Corpus) -> Result<Workload, Bench
             )));
         }
     }
-    let shape = Shape::of(cfg.kind);
+    let mut shape = Shape::of(cfg.kind);
+    for (name, range, field) in [
+        (
+            "observation",
+            cfg.observation_tokens,
+            &mut shape.observation_tokens,
+        ),
+        ("output", cfg.output_tokens, &mut shape.output_tokens),
+    ] {
+        if let Some((lo, hi)) = range {
+            if lo > hi || hi == 0 {
+                return Err(BenchError::Config(format!(
+                    "{name} token range {lo}..{hi} is empty"
+                )));
+            }
+            *field = shape::TokenRange::new(lo, hi);
+        }
+    }
+    if let Some(n) = cfg.system_tokens {
+        shape.system_tokens = n;
+    }
     // Prompts shared across agents come from their own stream so they do not depend on counts.
     let mut shared_rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5348_4152_4544);
     let prompts = prompts::SharedPrompts::generate(&shape, corpus, &mut shared_rng);
