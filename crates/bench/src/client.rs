@@ -89,8 +89,11 @@ pub struct CallError {
 
 /// HTTP client with the settings the benchmark needs.
 pub fn http_client() -> Result<reqwest::Client, BenchError> {
+    // No connection reuse: servers close idle or long-lived keep-alive connections on their own
+    // schedule (llama-server after a few seconds or requests), and a POST sent on a connection
+    // the server just closed fails with no retry. A fresh loopback connection costs microseconds.
     reqwest::Client::builder()
-        .pool_max_idle_per_host(1024)
+        .pool_max_idle_per_host(0)
         .tcp_nodelay(true)
         .build()
         .map_err(|e| BenchError::Http(e.to_string()))

@@ -598,3 +598,42 @@ fn every_eviction_policy_gives_identical_output_under_pressure() {
         }
     }
 }
+
+/// Long prompts (tiled attention over paged K/V, several 512-position segments) arriving while
+/// others decode: with a step-time target so small that every step with decodes carries only
+/// `min_prefill_tokens_per_step` prompt tokens, the prompts are cut into many small chunks —
+/// and every request's tokens and logprob bits equal those of the uncapped run.
+#[test]
+fn a_step_time_target_chunks_prefills_without_changing_outputs() {
+    let m = model();
+    let t = m.chat_template.as_ref().unwrap();
+    let long: Vec<Vec<u32>> = (0..3)
+        .map(|i| {
+            let msgs = vec![
+                ChatMessage::new("system", SYSTEM.repeat(4 + i)),
+                ChatMessage::new("user", format!("Question {i}: what is {i} plus {i}?")),
+            ];
+            m.tokenizer
+                .encode(&t.render(&msgs, None, true).unwrap(), false, true)
+                .unwrap()
+        })
+        .collect();
+    assert!(long.iter().all(|p| p.len() > 600), "prompts reach the tiled regime");
+    let base = EngineConfig {
+        num_blocks: 512,
+        ..cfg(true)
+    };
+    let (uncapped, _) = run(base.clone(), &long, &[0, 1, 2], 1, 24);
+    let capped_cfg = EngineConfig {
+        step_time_target: Some(std::time::Duration::from_micros(1)),
+        min_prefill_tokens_per_step: 16,
+        ..base
+    };
+    let (capped, core) = run(capped_cfg, &long, &[0, 1, 2], 1, 24);
+    assert_eq!(tokens_only(&capped), tokens_only(&uncapped));
+    assert!(
+        core.stats().steps > 60,
+        "the cap cut prefills into small chunks ({} steps)",
+        core.stats().steps
+    );
+}
