@@ -26,6 +26,12 @@ impl KnownFields for SamplingExtras {
         "min_tokens",
         "stop_token_ids",
         "cache_salt",
+        "guided_json",
+        "guided_choice",
+        "guided_regex",
+        "guided_grammar",
+        "structured_outputs",
+        "grammar",
     ];
 }
 
@@ -51,6 +57,7 @@ impl KnownFields for ChatCompletionRequest {
         "tool_choice",
         "parallel_tool_calls",
         "logit_bias",
+        "response_format",
     ];
 
     fn is_known(name: &str) -> bool {
@@ -76,6 +83,7 @@ impl KnownFields for CompletionRequest {
         "presence_penalty",
         "frequency_penalty",
         "logit_bias",
+        "response_format",
     ];
 
     fn is_known(name: &str) -> bool {

@@ -12,6 +12,7 @@ pub mod completion;
 pub mod error;
 pub mod extras;
 pub mod fields;
+pub mod format;
 mod lenient;
 pub mod logprobs;
 pub mod models;
@@ -30,6 +31,7 @@ pub use completion::{
 pub use error::{ErrorBody, ErrorDetail};
 pub use extras::SamplingExtras;
 pub use fields::KnownFields;
+pub use format::{JsonSchemaFormat, ResponseFormat, StructuredOutputs};
 pub use logprobs::{ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob};
 pub use models::{ModelCard, ModelList};
 pub use tools::{FunctionCall, FunctionCallDelta, FunctionDef, Tool, ToolCall, ToolCallDelta};

@@ -55,6 +55,12 @@ fn extras() -> SamplingExtras {
         min_tokens: Some(1),
         stop_token_ids: Some(vec![1]),
         cache_salt: Some("s".into()),
+        guided_json: Some(serde_json::json!({"type": "object"})),
+        guided_choice: Some(vec!["a".into()]),
+        guided_regex: Some("a+".into()),
+        guided_grammar: Some("start: \"a\"".into()),
+        structured_outputs: Some(StructuredOutputs::default()),
+        grammar: Some("start: \"a\"".into()),
     }
 }
 
@@ -83,6 +89,7 @@ fn known_fields_are_exactly_the_serialised_fields() {
         tool_choice: Some(ToolChoice::Mode(ToolChoiceMode::Auto)),
         parallel_tool_calls: Some(true),
         logit_bias: Some(LogitBias::new()),
+        response_format: Some(ResponseFormat::JsonObject),
         extra: extras(),
     };
     let expected: std::collections::BTreeSet<String> = ChatCompletionRequest::FIELDS
@@ -108,6 +115,7 @@ fn known_fields_are_exactly_the_serialised_fields() {
         presence_penalty: Some(0.0),
         frequency_penalty: Some(0.0),
         logit_bias: Some(LogitBias::new()),
+        response_format: Some(ResponseFormat::JsonObject),
         extra: extras(),
     };
     let expected: std::collections::BTreeSet<String> = CompletionRequest::FIELDS
@@ -176,4 +184,34 @@ fn tool_calls_and_their_deltas_have_the_openai_shape() {
     let bad = serde_json::from_value::<Tool>(serde_json::json!({"type": "retrieval",
         "function": {"name": "f"}}));
     assert!(bad.is_err());
+}
+
+#[test]
+fn response_format_has_the_openai_shapes() {
+    let parse = |v: serde_json::Value| serde_json::from_value::<ResponseFormat>(v);
+    assert_eq!(
+        parse(serde_json::json!({"type": "json_object"})).unwrap(),
+        ResponseFormat::JsonObject
+    );
+    let f = parse(
+        serde_json::json!({"type": "json_schema", "json_schema": {"name": "p",
+        "schema": {"type": "object"}, "strict": true}}),
+    )
+    .unwrap();
+    assert_eq!(
+        f,
+        ResponseFormat::JsonSchema {
+            json_schema: JsonSchemaFormat {
+                name: "p".into(),
+                description: None,
+                schema: Some(serde_json::json!({"type": "object"})),
+                strict: Some(true),
+            }
+        }
+    );
+    assert!(parse(serde_json::json!({"type": "xml"})).is_err());
+    let s: StructuredOutputs =
+        serde_json::from_value(serde_json::json!({"choice": ["a", "b"]})).unwrap();
+    assert_eq!(s.choice.unwrap().len(), 2);
+    assert!(serde_json::from_value::<StructuredOutputs>(serde_json::json!({"nope": 1})).is_err());
 }

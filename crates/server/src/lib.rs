@@ -17,6 +17,7 @@ pub mod run;
 pub mod settings;
 mod sse;
 pub mod state;
+pub mod structured;
 pub mod tenants;
 pub mod tools;
 

@@ -76,7 +76,7 @@ try:
 except openai.NotFoundError as e:
     check(e.status_code == 404 and e.code == "model_not_found" and e.param == "model",
           "wrong model gets 404 model_not_found")
-for field, value in [("best_of", 2), ("guided_json", {"type": "object"}), ("frobnicate", 1)]:
+for field, value in [("best_of", 2), ("guided_decoding_backend", "xgrammar"), ("frobnicate", 1)]:
     try:
         alpha.chat.completions.create(model="m", messages=msgs("Hi."), max_tokens=2,
                                       extra_body={field: value})
@@ -187,6 +187,43 @@ for chunk in alpha.chat.completions.create(model="m", messages=ask, tools=tools,
         finish = ch.finish_reason or finish
 check(finish == "tool_calls" and parts and parts[0]["name"] == call.function.name and
       parts[0]["arguments"] == call.function.arguments, "streamed tool call equals the whole one")
+
+# Structured output: parse() with a Pydantic model; json_object; vLLM's guided_choice; bad schema.
+from typing import Literal
+
+import pydantic
+
+
+class Person(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=24)
+    age: int = pydantic.Field(ge=0, le=120)
+    city: Literal["Paris", "Rome", "Oslo"]
+
+
+parsed = alpha.chat.completions.parse(model="m", messages=msgs("Describe a person: name, age and city."),
+                                      response_format=Person, max_tokens=96, temperature=0)
+p = parsed.choices[0].message.parsed
+check(isinstance(p, Person) and Person.model_validate_json(parsed.choices[0].message.content) == p,
+      f"chat.completions.parse() with a Pydantic model: {p!r}")
+jo = alpha.chat.completions.create(model="m", messages=msgs("Return a JSON object with the keys city and country for Paris."),
+                                   response_format={"type": "json_object"}, max_tokens=128, temperature=0)
+check(jo.choices[0].finish_reason == "stop" and isinstance(json.loads(jo.choices[0].message.content), dict),
+      f"response_format json_object parses as a JSON object: {jo.choices[0].message.content}")
+parts = [c.choices[0].delta.content or "" for c in alpha.chat.completions.create(
+    model="m", messages=msgs("Describe a person: name, age and city."), max_tokens=96, temperature=0,
+    stream=True, response_format={"type": "json_schema", "json_schema": {
+        "name": "Person", "schema": Person.model_json_schema()}}) if c.choices]
+check(isinstance(Person.model_validate_json("".join(parts)), Person),
+      f"streamed structured output validates: {''.join(parts)}")
+gc = alpha.chat.completions.create(model="m", messages=msgs("Is the sky blue?"), max_tokens=4, temperature=0,
+                                   extra_body={"guided_choice": ["yes", "no"]})
+check(gc.choices[0].message.content in ("yes", "no"), "vLLM guided_choice")
+try:
+    alpha.chat.completions.create(model="m", messages=msgs("Hi."), max_tokens=4, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicated"}}})
+    check(False, "invalid schema refused")
+except openai.BadRequestError as e:
+    check(e.param == "response_format", "an invalid schema gets 400 naming response_format")
 
 # Warm-up prompts are pinned per tenant and reported.
 pinned = {(p["name"], p["tenant"]) for p in stats()["pinned_prompts"] if p["pinned_tokens"] > 0}
