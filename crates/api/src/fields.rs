@@ -6,6 +6,7 @@
 use crate::chat::ChatCompletionRequest;
 use crate::completion::CompletionRequest;
 use crate::extras::SamplingExtras;
+use crate::responses::ResponsesRequest;
 
 /// A request body whose top-level fields are exactly [`KnownFields::FIELDS`] (the tests in
 /// `tests/server_wire.rs` serialise a fully populated value and compare).
@@ -89,4 +90,25 @@ impl KnownFields for CompletionRequest {
     fn is_known(name: &str) -> bool {
         Self::FIELDS.contains(&name) || SamplingExtras::is_known(name)
     }
+}
+
+impl KnownFields for ResponsesRequest {
+    const FIELDS: &'static [&'static str] = &[
+        "model",
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "text",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "stream",
+        "store",
+        "previous_response_id",
+        "metadata",
+        "include",
+        "user",
+    ];
 }

@@ -12,6 +12,7 @@ pub mod grammar;
 pub mod metrics;
 mod output;
 pub mod params;
+pub mod response_store;
 mod routes;
 pub mod run;
 pub mod settings;
