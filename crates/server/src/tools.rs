@@ -259,6 +259,36 @@ pub fn parse_reply(text: &str) -> Reply {
     }
 }
 
+/// The text of a string answer cut short (by `max_tokens` or a stop string): what the model wrote
+/// inside `{"response": "…` so far, unescaped (an escape cut in the middle is dropped). `None`
+/// for anything else (a cut call stays raw JSON).
+pub fn partial_text(reply: &str) -> Option<String> {
+    let rest = reply.strip_prefix("{\"response\": \"")?;
+    // The string ends at the first quote not escaped.
+    let mut end = rest.len();
+    let mut escaped = false;
+    for (i, c) in rest.char_indices() {
+        match (escaped, c) {
+            (true, _) => escaped = false,
+            (false, '\\') => escaped = true,
+            (false, '"') => {
+                end = i;
+                break;
+            }
+            _ => {}
+        }
+    }
+    let mut body = &rest[..end];
+    loop {
+        if let Ok(s) = serde_json::from_str::<String>(&format!("\"{body}\"")) {
+            return Some(s);
+        }
+        // A cut escape (`\`, `\u00`): drop from its backslash on.
+        let cut = body.rfind('\\')?;
+        body = &body[..cut];
+    }
+}
+
 /// The messages as the chat template sees them: assistant tool calls and tool results become the
 /// JSON the model writes and reads in the generic mode (and, under a plan, plain assistant
 /// replies become `{"response": …}`), the plan's text joins the system prompt. A tool message
@@ -463,6 +493,16 @@ mod tests {
             Reply::Unparsed
         );
         assert_eq!(parse_reply("plain text"), Reply::Unparsed);
+        for (cut, text) in [
+            (r#"{"response": "It is sun"#, Some("It is sun")),
+            (r#"{"response": "a \"b\" c\"#, Some(r#"a "b" c"#)),
+            (r#"{"response": "x\u00e9y\u00"#, Some("xéy")),
+            (r#"{"response": "done""#, Some("done")),
+            (r#"{"response": "#, None),
+            (r#"{"tool_call": {"name": "f"#, None),
+        ] {
+            assert_eq!(partial_text(cut).as_deref(), text, "{cut}");
+        }
     }
 
     #[test]

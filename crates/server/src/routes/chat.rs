@@ -26,7 +26,7 @@ use crate::sse::{self, json};
 use crate::state::{unix_now, AppState};
 use crate::structured;
 use crate::tenants::Tenant;
-use crate::tools::{parse_reply, Reply};
+use crate::tools::{parse_reply, partial_text, Reply};
 
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -250,7 +250,8 @@ fn whole_delta(message: ChatMessage) -> ChatDelta {
 
 /// A finished choice's reply in the generic tool mode: tool calls (`finish_reason:
 /// "tool_calls"`), a text answer, or — when the reply is not the grammar's JSON (cut by
-/// `max_tokens` or a stop string) — the raw text with the engine's reason.
+/// `max_tokens` or a stop string) — the text answer written so far, or else the raw text, with
+/// the engine's reason.
 pub(crate) fn tool_reply(
     text: String,
     reason: FinishReason,
@@ -282,7 +283,7 @@ pub(crate) fn tool_reply(
             finish_reason_name(reason).to_string(),
         ),
         Reply::Unparsed => (
-            ChatMessage::new(Role::Assistant, text),
+            ChatMessage::new(Role::Assistant, partial_text(&text).unwrap_or(text)),
             finish_reason_name(reason).to_string(),
         ),
     }
