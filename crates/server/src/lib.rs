@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod error;
+pub mod gbnf;
 pub mod grammar;
 pub mod metrics;
 mod output;

@@ -10,6 +10,7 @@ use model::ConstraintSpec;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::gbnf;
 use crate::state::AppState;
 
 /// What the output must be.
@@ -153,25 +154,11 @@ fn choice(c: &[String], param: &str) -> Result<OutputFormat, ApiError> {
     Ok(OutputFormat::Choice(c.to_vec()))
 }
 
-/// A grammar in llguidance's Lark syntax. GBNF (`root ::= …`) is named as such: this
-/// llguidance version has no GBNF reader.
+/// A grammar in llguidance's Lark syntax, or GBNF (`root ::= …`, converted to Lark).
 fn lark(g: &str, param: &str) -> Result<OutputFormat, ApiError> {
-    let gbnf = g.lines().any(|l| {
-        let l = l.trim_start();
-        l.split_once("::=").is_some_and(|(name, _)| {
-            let name = name.trim();
-            !name.is_empty()
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        })
-    });
-    if gbnf {
-        return Err(ApiError::invalid(
-            "GBNF grammars (`root ::= …`) are not accepted: write the grammar in llguidance's \
-             Lark syntax (`start: …`)",
-            param,
-        ));
+    if gbnf::is_gbnf(g) {
+        let lark = gbnf::to_lark(g).map_err(|e| ApiError::invalid(e.to_string(), param))?;
+        return Ok(OutputFormat::Lark(lark));
     }
     Ok(OutputFormat::Lark(g.to_string()))
 }
@@ -294,7 +281,7 @@ mod tests {
             (None, json!({"guided_json": "{nope"}), "guided_json"),
             (None, json!({"guided_json": 3}), "guided_json"),
             (None, json!({"guided_choice": []}), "guided_choice"),
-            (None, json!({"grammar": "root ::= \"a\""}), "grammar"),
+            (None, json!({"grammar": "root ::= \"a"}), "grammar"),
             (
                 None,
                 json!({"structured_outputs": {}}),

@@ -218,6 +218,9 @@ check(isinstance(Person.model_validate_json("".join(parts)), Person),
 gc = alpha.chat.completions.create(model="m", messages=msgs("Is the sky blue?"), max_tokens=4, temperature=0,
                                    extra_body={"guided_choice": ["yes", "no"]})
 check(gc.choices[0].message.content in ("yes", "no"), "vLLM guided_choice")
+gg = alpha.chat.completions.create(model="m", messages=msgs("Is the sky blue?"), max_tokens=4, temperature=0,
+                                   extra_body={"grammar": 'root ::= "yes" | "no" # GBNF'})
+check(gg.choices[0].message.content in ("yes", "no"), "a GBNF grammar")
 try:
     alpha.chat.completions.create(model="m", messages=msgs("Hi."), max_tokens=4, response_format={
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicated"}}})

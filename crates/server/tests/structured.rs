@@ -151,8 +151,12 @@ async fn choice_regex_grammar_and_completions() {
         assert!(phone(&content(&v)), "{v}");
     }
     let lark = "start: \"The answer is \" ANSWER \".\"\nANSWER: /[0-9]{1,3}/";
+    let gbnf =
+        "root ::= \"The answer is \" Digits \".\"  # llama.cpp's format\nDigits ::= [0-9]{1,3}";
     for field in [
         json!({"grammar": lark}),
+        json!({"grammar": gbnf}),
+        json!({"guided_grammar": gbnf}),
         json!({"guided_grammar": lark}),
         json!({"structured_outputs": {"grammar": lark}}),
     ] {
@@ -225,8 +229,15 @@ async fn bad_formats_get_400_naming_the_field() {
         "grammar"
     );
     assert_eq!(
-        err(chat_body(json!({"grammar": "root ::= \"a\" | \"b\""}))).await,
+        err(chat_body(json!({"grammar": "root ::= \"a\" | [b-"}))).await,
         "grammar"
+    );
+    assert_eq!(
+        err(chat_body(
+            json!({"guided_grammar": "root ::= undefined-rule"})
+        ))
+        .await,
+        "guided_grammar"
     );
     assert_eq!(
         err(chat_body(
