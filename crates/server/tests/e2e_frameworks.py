@@ -3,10 +3,10 @@
 Usage: e2e_frameworks.py BASE_URL. The server must serve the model as "agentkv-e2e" without API
 keys (crates/agentkv/tests/serve_frameworks.rs writes that config).
 - langchain-openai: `ChatOpenAI(...).bind_tools([...])`, a loop that executes each call and sends
-  the result back until the model answers (at most 4 calls);
+  the result back until the model answers (at most 4 calls), and `with_structured_output`;
 - the OpenAI Agents SDK: an `Agent` with a `function_tool` under `Runner.run_sync`, once over the
   Responses API (`OpenAIResponsesModel`, the SDK's default path) and once over chat completions
-  (`OpenAIChatCompletionsModel`).
+  (`OpenAIChatCompletionsModel`), then an `Agent` with an `output_type` (structured output).
 Each asserts that the loop reaches a model call carrying the tool's result, that the call's
 arguments match the tool's schema, and that the later calls' prompts came from the prefix cache.
 A framework whose package cannot be imported is skipped with a message saying so (CI installs
@@ -69,6 +69,17 @@ def langchain_loop():
               f"langchain: call {i + 1} read {cached} of {usages[i]['input_tokens']} prompt tokens from "
               f"the cache (call {i}: {usages[i - 1]['input_tokens']})")
 
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=30)
+        country: str = Field(max_length=30)
+
+    for method in ["json_schema", "function_calling", "json_mode"]:
+        out = llm.with_structured_output(City, method=method).invoke(
+            "Where is the Eiffel tower? Answer as JSON with the keys name and country.")
+        check(isinstance(out, City), f"langchain: with_structured_output(method={method!r}) gives {out!r}")
+
 
 def agents_runs():
     try:
@@ -78,8 +89,14 @@ def agents_runs():
     except ImportError as e:
         print(f"SKIPPED openai-agents: cannot import it ({e}); pip install openai-agents")
         return
+    from pydantic import BaseModel, Field
+
     set_tracing_disabled(True)
     cities = []
+
+    class City(BaseModel):
+        name: str = Field(max_length=30)
+        country: str = Field(max_length=30)
 
     @function_tool
     def get_weather(city: str) -> str:
@@ -121,6 +138,13 @@ def agents_runs():
         check(len(hooks.cached) >= 2 and all(c > 0 for c in hooks.cached[1:]),
               f"agents ({kind}): later calls read their prompt from the cache "
               f"(cached {hooks.cached} of {hooks.prompt}); {ending}")
+        # output_type: the final answer is structured output (with a tool offered too).
+        agent = Agent(name="geo", instructions="Answer with the city and its country.", output_type=City,
+                      tools=[get_weather], model=model,
+                      model_settings=ModelSettings(temperature=0, max_tokens=96))
+        result = Runner.run_sync(agent, "Where is the Eiffel tower?", max_turns=3)
+        check(isinstance(result.final_output, City),
+              f"agents ({kind}): output_type gives a validated object {result.final_output!r}")
 
 
 langchain_loop()
