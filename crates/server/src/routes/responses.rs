@@ -370,7 +370,10 @@ impl Draft {
                 .iter()
                 .map(|c| {
                     OutputItem::FunctionCall(FunctionCallItem {
-                        id: Some(format!("fc_{}", &c.id["call_".len()..])),
+                        id: Some(format!(
+                            "fc_{}",
+                            c.id.strip_prefix("call_").unwrap_or(&c.id)
+                        )),
                         call_id: c.id.clone(),
                         name: c.function.name.clone(),
                         arguments: c.function.arguments.clone(),
