@@ -291,8 +291,10 @@ pub fn partial_text(reply: &str) -> Option<String> {
 
 /// The messages as the chat template sees them: assistant tool calls and tool results become the
 /// JSON the model writes and reads in the generic mode (and, under a plan, plain assistant
-/// replies become `{"response": …}`), the plan's text joins the system prompt. A tool message
-/// must answer an earlier call (`tool_call_id`); call arguments must be JSON.
+/// replies become `{"response": …}`), the plan's text joins the system prompt. A tool result is
+/// a user turn (`{"tool_response": …}`, as llama.cpp does for templates without a tool role): a
+/// model never trained on a `tool` role answers after it instead of calling the tool again. A
+/// tool message must answer an earlier call (`tool_call_id`); call arguments must be JSON.
 pub fn render_messages(
     messages: &[ChatMessage],
     plan: Option<&ToolPlan>,
@@ -381,7 +383,8 @@ fn role_name(r: Role) -> &'static str {
         Role::System | Role::Developer => "system",
         Role::User => "user",
         Role::Assistant => "assistant",
-        Role::Tool => "tool",
+        // The generic mode's templates have no tool role (see `render_messages`).
+        Role::Tool => "user",
     }
 }
 
@@ -565,7 +568,7 @@ mod tests {
         );
         assert_eq!(
             (out[3].role.as_str(), out[4].content.as_str()),
-            ("tool", r#"{"response": "It is sunny."}"#)
+            ("user", r#"{"response": "It is sunny."}"#)
         );
         let mut bad = msgs.clone();
         bad[3].tool_call_id = Some("call_9".into());

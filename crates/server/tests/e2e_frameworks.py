@@ -8,7 +8,8 @@ keys (crates/agentkv/tests/serve_frameworks.rs writes that config).
   Responses API (`OpenAIResponsesModel`, the SDK's default path) and once over chat completions
   (`OpenAIChatCompletionsModel`), then an `Agent` with an `output_type` (structured output).
 Each asserts that the loop reaches a model call carrying the tool's result, that the call's
-arguments match the tool's schema, and that the later calls' prompts came from the prefix cache.
+arguments match the tool's schema, that the later calls' prompts came from the prefix cache, and
+that the loop ends with an answer.
 A framework whose package cannot be imported is skipped with a message saying so (CI installs
 both). Exits non-zero with a message on the first failed check.
 """
@@ -63,6 +64,7 @@ def langchain_loop():
         usages.append(ai.usage_metadata)
     check(results >= 1 and len(usages) >= 2, f"langchain: the loop reached call {len(usages)} carrying "
           f"{results} tool result(s); last reply: {ai.content!r} {ai.tool_calls}")
+    check(not ai.tool_calls and ai.content, f"langchain: the loop ends with an answer: {ai.content!r}")
     for i in range(1, len(usages)):
         cached = usages[i]["input_token_details"]["cache_read"]
         check(cached > 0 and cached >= usages[i - 1]["input_tokens"] // 16 * 16,
@@ -130,7 +132,8 @@ def agents_runs():
             result = Runner.run_sync(agent, QUESTION, max_turns=3, hooks=hooks)
             ending = f"final output {result.final_output!r}"
         except MaxTurnsExceeded:
-            ending = "the model kept calling the tool until max_turns"
+            sys.exit(f"FAILED: agents ({kind}): the model kept calling the tool until max_turns "
+                     f"(calls sent {hooks.inputs})")
         check(cities and all(isinstance(c, str) and c for c in cities),
               f"agents ({kind}): the function tool ran with valid arguments {cities}")
         check(len(hooks.inputs) >= 2 and "function_call_output" in hooks.inputs[1],
