@@ -152,13 +152,20 @@ fn check_tools(tools: &[Tool]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `{"name": <const>, "arguments": <the tool's parameters schema>}`.
+/// `{"name": <const>, "arguments": <the tool's parameters schema>}`. Arguments that declare
+/// `properties` and say nothing of `additionalProperties` are held to the declared ones: a small
+/// model otherwise pads calls with keys copied from the schema (`"type": "string"`).
 fn call_schema(t: &Tool) -> Value {
-    let params = t
+    let mut params = t
         .function
         .parameters
         .clone()
         .unwrap_or_else(|| json!({"type": "object"}));
+    if let Some(obj) = params.as_object_mut() {
+        if obj.contains_key("properties") && !obj.contains_key("additionalProperties") {
+            obj.insert("additionalProperties".into(), false.into());
+        }
+    }
     json!({"type": "object",
            "properties": {"name": {"const": t.function.name}, "arguments": params},
            "required": ["name", "arguments"], "additionalProperties": false})
@@ -444,6 +451,17 @@ mod tests {
         .unwrap()
         .unwrap();
         assert!(par.parallel && par.schema["properties"]["tool_calls"]["minItems"] == 1);
+        // Declared properties only, unless the schema says otherwise.
+        let args = &req.schema["properties"]["tool_call"]["properties"]["arguments"];
+        assert_eq!(args["additionalProperties"], false);
+        let mut open = request(None, None);
+        open.tools.as_mut().unwrap()[0].function.parameters =
+            Some(json!({"type": "object", "additionalProperties": true,
+                        "properties": {"city": {"type": "string"}}}));
+        let p = plan_of(&open).unwrap().unwrap();
+        let args =
+            &p.schema["anyOf"][0]["properties"]["tool_calls"]["items"]["properties"]["arguments"];
+        assert_eq!(args["additionalProperties"], true);
         assert_eq!(
             plan_of(&request(Some(ToolChoice::Mode(ToolChoiceMode::None)), None)).unwrap(),
             None

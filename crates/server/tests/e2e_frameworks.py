@@ -56,7 +56,8 @@ def langchain_loop():
     while ai.tool_calls and len(usages) < 4:
         messages.append(ai)
         for tc in ai.tool_calls:
-            check(tc["name"] == "get_weather" and isinstance(tc["args"].get("city"), str),
+            check(tc["name"] == "get_weather" and set(tc["args"]) == {"city"} and
+                  isinstance(tc["args"]["city"], str),
                   f"langchain: call {len(usages)} matches the schema ({tc['args']})")
             messages.append(ToolMessage(get_weather.invoke(tc["args"]), tool_call_id=tc["id"]))
             results += 1
