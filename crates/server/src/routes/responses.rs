@@ -585,10 +585,12 @@ fn stream(
                         &draft.msg_id,
                         f.reply.content.clone().unwrap_or_default(),
                     );
-                    out.push(events.next(StreamEvent::OutputItemDone {
-                        output_index: 0,
-                        item: f.output[0].clone(),
-                    }));
+                    for item in &f.output {
+                        out.push(events.next(StreamEvent::OutputItemDone {
+                            output_index: 0,
+                            item: item.clone(),
+                        }));
+                    }
                     out
                 };
                 finished = Some(f);
