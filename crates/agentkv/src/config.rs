@@ -26,7 +26,8 @@
 //! limits: {max_body_bytes: 4194304, max_requests: 256, max_tokens: 1048576,
 //!          max_requests_per_tenant: 64, max_tokens_per_tenant: 262144, default_max_tokens: 1024,
 //!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512,
-//!          step_time_target_ms: 0, min_prefill_tokens_per_step: 32}
+//!          step_time_target_ms: 0, min_prefill_tokens_per_step: 32,
+//!          max_stored_responses_per_tenant: 1024, max_stored_response_bytes_per_tenant: 67108864}
 //! ```
 
 use std::collections::BTreeMap;
@@ -197,6 +198,10 @@ pub struct LimitsSection {
     pub max_tokens_per_tenant: Option<usize>,
     pub default_max_tokens: Option<usize>,
     pub retry_after_s: Option<u64>,
+    /// Stored Responses-API responses per tenant.
+    pub max_stored_responses_per_tenant: Option<usize>,
+    /// Bytes of stored responses per tenant.
+    pub max_stored_response_bytes_per_tenant: Option<usize>,
     /// Sequences per engine step.
     pub max_running_requests: Option<usize>,
     /// Tokens per engine step.

@@ -103,6 +103,9 @@ pub struct ChatCompletionRequest {
     /// Token id (as a decimal string) → bias added to its logit before sampling (-100..=100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logit_bias: Option<LogitBias>,
+    /// Structured output: free text, any JSON object, or JSON matching a schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<crate::format::ResponseFormat>,
     /// Sampling extras, named as vLLM names them.
     #[serde(flatten)]
     pub extra: crate::extras::SamplingExtras,

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+/// vLLM's sampling extras and its structured-output fields.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SamplingExtras {
     /// Keep only the k most likely tokens (0 or -1 disables).
@@ -26,4 +27,22 @@ pub struct SamplingExtras {
     /// Narrows prefix-cache sharing within the caller's tenant (never widens it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_salt: Option<String>,
+    /// Structured output, vLLM's older names: a JSON Schema (object or JSON text)…
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_json: Option<serde_json::Value>,
+    /// …one of these strings…
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_choice: Option<Vec<String>>,
+    /// …a regular expression…
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_regex: Option<String>,
+    /// …or a grammar (llguidance's Lark-like syntax).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_grammar: Option<String>,
+    /// Structured output, vLLM's current name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_outputs: Option<crate::format::StructuredOutputs>,
+    /// A grammar, as llama.cpp's server names the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
 }

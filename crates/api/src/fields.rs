@@ -6,6 +6,7 @@
 use crate::chat::ChatCompletionRequest;
 use crate::completion::CompletionRequest;
 use crate::extras::SamplingExtras;
+use crate::responses::ResponsesRequest;
 
 /// A request body whose top-level fields are exactly [`KnownFields::FIELDS`] (the tests in
 /// `tests/server_wire.rs` serialise a fully populated value and compare).
@@ -26,6 +27,12 @@ impl KnownFields for SamplingExtras {
         "min_tokens",
         "stop_token_ids",
         "cache_salt",
+        "guided_json",
+        "guided_choice",
+        "guided_regex",
+        "guided_grammar",
+        "structured_outputs",
+        "grammar",
     ];
 }
 
@@ -51,6 +58,7 @@ impl KnownFields for ChatCompletionRequest {
         "tool_choice",
         "parallel_tool_calls",
         "logit_bias",
+        "response_format",
     ];
 
     fn is_known(name: &str) -> bool {
@@ -76,9 +84,31 @@ impl KnownFields for CompletionRequest {
         "presence_penalty",
         "frequency_penalty",
         "logit_bias",
+        "response_format",
     ];
 
     fn is_known(name: &str) -> bool {
         Self::FIELDS.contains(&name) || SamplingExtras::is_known(name)
     }
+}
+
+impl KnownFields for ResponsesRequest {
+    const FIELDS: &'static [&'static str] = &[
+        "model",
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "text",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "stream",
+        "store",
+        "previous_response_id",
+        "metadata",
+        "include",
+        "user",
+    ];
 }

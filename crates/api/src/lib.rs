@@ -1,5 +1,6 @@
-//! OpenAI-compatible wire types for `/v1/chat/completions` and `/v1/completions`: requests,
-//! full responses, streaming chunks (`stream: true`, server-sent events) and token usage.
+//! OpenAI-compatible wire types for `/v1/chat/completions`, `/v1/completions` and
+//! `/v1/responses`: requests, full responses, streaming chunks and events (`stream: true`,
+//! server-sent events) and token usage.
 //!
 //! Serde only: this crate owns the JSON shapes, never HTTP, tokenisation or inference. Fields the
 //! OpenAI API documents as optional are `Option` and skipped when absent, so a client can tell
@@ -12,9 +13,11 @@ pub mod completion;
 pub mod error;
 pub mod extras;
 pub mod fields;
+pub mod format;
 mod lenient;
 pub mod logprobs;
 pub mod models;
+pub mod responses;
 pub mod tokenize;
 pub mod tools;
 pub mod usage;
@@ -30,6 +33,7 @@ pub use completion::{
 pub use error::{ErrorBody, ErrorDetail};
 pub use extras::SamplingExtras;
 pub use fields::KnownFields;
+pub use format::{JsonSchemaFormat, ResponseFormat, StructuredOutputs};
 pub use logprobs::{ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob};
 pub use models::{ModelCard, ModelList};
 pub use tools::{FunctionCall, FunctionCallDelta, FunctionDef, Tool, ToolCall, ToolCallDelta};

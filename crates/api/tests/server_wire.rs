@@ -55,6 +55,12 @@ fn extras() -> SamplingExtras {
         min_tokens: Some(1),
         stop_token_ids: Some(vec![1]),
         cache_salt: Some("s".into()),
+        guided_json: Some(serde_json::json!({"type": "object"})),
+        guided_choice: Some(vec!["a".into()]),
+        guided_regex: Some("a+".into()),
+        guided_grammar: Some("start: \"a\"".into()),
+        structured_outputs: Some(StructuredOutputs::default()),
+        grammar: Some("start: \"a\"".into()),
     }
 }
 
@@ -83,6 +89,7 @@ fn known_fields_are_exactly_the_serialised_fields() {
         tool_choice: Some(ToolChoice::Mode(ToolChoiceMode::Auto)),
         parallel_tool_calls: Some(true),
         logit_bias: Some(LogitBias::new()),
+        response_format: Some(ResponseFormat::JsonObject),
         extra: extras(),
     };
     let expected: std::collections::BTreeSet<String> = ChatCompletionRequest::FIELDS
@@ -108,6 +115,7 @@ fn known_fields_are_exactly_the_serialised_fields() {
         presence_penalty: Some(0.0),
         frequency_penalty: Some(0.0),
         logit_bias: Some(LogitBias::new()),
+        response_format: Some(ResponseFormat::JsonObject),
         extra: extras(),
     };
     let expected: std::collections::BTreeSet<String> = CompletionRequest::FIELDS
@@ -176,4 +184,95 @@ fn tool_calls_and_their_deltas_have_the_openai_shape() {
     let bad = serde_json::from_value::<Tool>(serde_json::json!({"type": "retrieval",
         "function": {"name": "f"}}));
     assert!(bad.is_err());
+}
+
+#[test]
+fn response_format_has_the_openai_shapes() {
+    let parse = |v: serde_json::Value| serde_json::from_value::<ResponseFormat>(v);
+    assert_eq!(
+        parse(serde_json::json!({"type": "json_object"})).unwrap(),
+        ResponseFormat::JsonObject
+    );
+    let f = parse(
+        serde_json::json!({"type": "json_schema", "json_schema": {"name": "p",
+        "schema": {"type": "object"}, "strict": true}}),
+    )
+    .unwrap();
+    assert_eq!(
+        f,
+        ResponseFormat::JsonSchema {
+            json_schema: JsonSchemaFormat {
+                name: "p".into(),
+                description: None,
+                schema: Some(serde_json::json!({"type": "object"})),
+                strict: Some(true),
+            }
+        }
+    );
+    assert!(parse(serde_json::json!({"type": "xml"})).is_err());
+    let s: StructuredOutputs =
+        serde_json::from_value(serde_json::json!({"choice": ["a", "b"]})).unwrap();
+    assert_eq!(s.choice.unwrap().len(), 2);
+    assert!(serde_json::from_value::<StructuredOutputs>(serde_json::json!({"nope": 1})).is_err());
+}
+
+#[test]
+fn responses_request_known_fields_and_items() {
+    use api::responses::*;
+    let req = ResponsesRequest {
+        model: "m".into(),
+        input: ResponseInput::Text("hi".into()),
+        instructions: Some("i".into()),
+        tools: Some(Vec::new()),
+        tool_choice: Some(ResponseToolChoice::Mode(ToolChoiceMode::Auto)),
+        parallel_tool_calls: Some(true),
+        text: Some(TextConfig::default()),
+        max_output_tokens: Some(1),
+        temperature: Some(0.0),
+        top_p: Some(1.0),
+        stream: Some(false),
+        store: Some(true),
+        previous_response_id: Some("resp_1".into()),
+        metadata: Some(Default::default()),
+        include: Some(Vec::new()),
+        user: Some("u".into()),
+    };
+    let expected: std::collections::BTreeSet<String> = ResponsesRequest::FIELDS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(keys(serde_json::to_value(&req).unwrap()), expected);
+    let input: ResponseInput = serde_json::from_value(serde_json::json!([
+        {"role": "user", "content": "a"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "b"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "r"}
+    ]))
+    .unwrap();
+    let ResponseInput::Items(items) = input else {
+        panic!("items")
+    };
+    assert_eq!(items.len(), 4);
+    assert!(matches!(&items[1], InputItem::Message(m) if m.content == "b"));
+    assert!(matches!(&items[3], InputItem::FunctionCallOutput(o) if o.output == "r"));
+    let e = serde_json::from_value::<ResponseInput>(serde_json::json!([{"type": "reasoning"}]));
+    assert!(e.unwrap_err().to_string().contains("reasoning"));
+    let f: TextFormat = serde_json::from_value(serde_json::json!({"type": "json_schema",
+        "name": "p", "schema": {"type": "object"}}))
+    .unwrap();
+    assert!(matches!(f, TextFormat::JsonSchema(s) if s.name == "p"));
+    let ev = ResponseEvent {
+        event: StreamEvent::FunctionCallArgumentsDelta {
+            item_id: "fc_1".into(),
+            output_index: 0,
+            delta: "{}".into(),
+        },
+        sequence_number: 3,
+    };
+    assert_eq!(
+        serde_json::to_value(&ev).unwrap(),
+        serde_json::json!({"type": "response.function_call_arguments.delta", "item_id": "fc_1",
+            "output_index": 0, "delta": "{}", "sequence_number": 3})
+    );
+    assert_eq!(ev.event.name(), "response.function_call_arguments.delta");
 }

@@ -1,4 +1,5 @@
-//! Constrained decoding with `llguidance` over the model's own tokenizer: a JSON Schema is
+//! Constrained decoding with `llguidance` over the model's own tokenizer: a JSON Schema, regular
+//! expression, list of choices or Lark grammar is
 //! compiled once per request into a token parser, and each sequence of the request (each of `n`
 //! choices) gets its own copy as a [`model::TokenConstraint`]. The sampler asks it for the token
 //! mask at every step of that sequence only; unconstrained requests never touch it, and nothing
@@ -10,6 +11,8 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory, TokenParser};
 use model::{ConstraintFactory, ConstraintSpec, Model, TokenConstraint};
+
+use crate::structured::OutputFormat;
 
 /// The model's vocabulary as llguidance sees it: each token's bytes (special tokens behind
 /// toktrie's marker byte, so text never matches them) and the end-of-turn token as EOS.
@@ -75,22 +78,49 @@ impl Grammars {
     /// A constraint to JSON matching `schema` (compact: `", "` and `": "` separators, no other
     /// whitespace), or the reason the schema is not usable.
     pub fn json_schema(&self, schema: &serde_json::Value) -> Result<ConstraintSpec, GrammarError> {
-        let mut schema = schema.clone();
-        if let Some(obj) = schema.as_object_mut() {
-            obj.insert(
-                "x-guidance".into(),
-                serde_json::json!({"whitespace_flexible": false, "item_separator": ", ",
-                                   "key_separator": ": "}),
-            );
-        }
+        self.build(TopLevelGrammar::from_json_schema(compact_json(schema)))
+    }
+
+    /// A constraint for a structured-output format (JSON as in [`Grammars::json_schema`]).
+    pub fn compile(&self, format: &OutputFormat) -> Result<ConstraintSpec, GrammarError> {
+        let grammar = match format {
+            OutputFormat::Json(schema) => TopLevelGrammar::from_json_schema(compact_json(schema)),
+            OutputFormat::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            OutputFormat::Choice(choices) => {
+                let alts: Vec<String> = choices
+                    .iter()
+                    .map(|c| serde_json::Value::from(c.as_str()).to_string())
+                    .collect();
+                TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
+            }
+            OutputFormat::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+        };
+        self.build(grammar)
+    }
+
+    fn build(&self, grammar: TopLevelGrammar) -> Result<ConstraintSpec, GrammarError> {
         let parser = self
             .factory
-            .create_parser(TopLevelGrammar::from_json_schema(schema))
+            .create_parser(grammar)
             .map_err(|e| GrammarError(e.to_string()))?;
         Ok(ConstraintSpec(Arc::new(CompiledGrammar {
             parser: Mutex::new(parser),
         })))
     }
+}
+
+/// The schema with llguidance's options for compact JSON (no free whitespace, which a small
+/// model can repeat until `max_tokens`), `oneOf` read as `anyOf`.
+fn compact_json(schema: &serde_json::Value) -> serde_json::Value {
+    let mut schema = schema.clone();
+    if let Some(obj) = schema.as_object_mut() {
+        obj.insert(
+            "x-guidance".into(),
+            serde_json::json!({"whitespace_flexible": false, "item_separator": ", ",
+                               "key_separator": ": ", "coerce_one_of": true}),
+        );
+    }
+    schema
 }
 
 /// A compiled grammar; each sequence starts from a deep copy.

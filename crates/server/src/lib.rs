@@ -8,15 +8,18 @@
 
 pub mod admission;
 pub mod error;
+pub mod gbnf;
 pub mod grammar;
 pub mod metrics;
 mod output;
 pub mod params;
+pub mod response_store;
 mod routes;
 pub mod run;
 pub mod settings;
 mod sse;
 pub mod state;
+pub mod structured;
 pub mod tenants;
 pub mod tools;
 

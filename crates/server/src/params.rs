@@ -28,7 +28,6 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 const NOT_IMPLEMENTED: &[&str] = &[
     "best_of",
     "suffix",
-    "response_format",
     "functions",
     "function_call",
     "store",
@@ -39,12 +38,6 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "reasoning_effort",
     "service_tier",
     "web_search_options",
-    "grammar",
-    "guided_json",
-    "guided_choice",
-    "guided_regex",
-    "guided_grammar",
-    "structured_outputs",
 ];
 
 /// Parses a generation request body (`/v1/chat/completions`, `/v1/completions`): not JSON → 400;
@@ -135,7 +128,7 @@ pub struct GenOptions {
     /// `None`: no logprobs; `Some(k)`: logprobs with `k` alternatives.
     pub logprobs: Option<u32>,
     pub logit_bias: Option<LogitBias>,
-    /// Structured output (the generic tool mode's grammar).
+    /// Structured output or the generic tool mode's grammar.
     pub constraint: Option<ConstraintSpec>,
     pub extra: SamplingExtras,
 }
@@ -241,15 +234,17 @@ fn check(ok: bool, param: &str, rule: &str, value: impl std::fmt::Display) -> Re
 }
 
 /// Renders the chat template over `messages` (with the generic tool mode's plan when the request
-/// may call tools) and tokenises the result.
+/// may call tools; `text_schema` is the structured-output schema of a text answer) and
+/// tokenises the result.
 pub fn chat_prompt(
     state: &AppState,
     r: &ChatCompletionRequest,
+    text_schema: Option<&serde_json::Value>,
 ) -> Result<(Vec<u32>, Option<ToolPlan>), ApiError> {
     if r.messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty", "messages"));
     }
-    let plan = tools::plan(r)?;
+    let plan = tools::plan(r, text_schema)?;
     let prompt = render_chat(state, &r.messages, plan.as_ref(), true)?;
     Ok((prompt, plan))
 }
@@ -456,20 +451,11 @@ mod tests {
             ("frobnicate", serde_json::json!(1), "unknown_parameter"),
             ("best_of", serde_json::json!(2), "unsupported_parameter"),
             (
-                "guided_json",
-                serde_json::json!({}),
-                "unsupported_parameter",
+                "guided_decoding_backend",
+                serde_json::json!("xgrammar"),
+                "unknown_parameter",
             ),
-            (
-                "grammar",
-                serde_json::json!("root ::= x"),
-                "unsupported_parameter",
-            ),
-            (
-                "response_format",
-                serde_json::json!({"type": "json_object"}),
-                "unsupported_parameter",
-            ),
+            ("functions", serde_json::json!([]), "unsupported_parameter"),
         ] {
             let e = chat(with(field, value.clone()), Reject).unwrap_err();
             assert_eq!(e.status(), 400);

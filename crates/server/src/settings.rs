@@ -30,6 +30,10 @@ pub struct Limits {
     pub default_max_tokens: usize,
     /// Seconds sent in `Retry-After` with 429 and 503.
     pub retry_after_secs: u64,
+    /// Stored Responses-API responses kept per tenant (oldest evicted beyond it).
+    pub max_stored_responses_per_tenant: usize,
+    /// Bytes of stored responses and their conversations kept per tenant.
+    pub max_stored_response_bytes_per_tenant: usize,
 }
 
 impl Default for Limits {
@@ -42,6 +46,8 @@ impl Default for Limits {
             max_tokens_per_tenant: 256 << 10,
             default_max_tokens: 1024,
             retry_after_secs: 1,
+            max_stored_responses_per_tenant: 1024,
+            max_stored_response_bytes_per_tenant: 64 << 20,
         }
     }
 }
@@ -126,6 +132,14 @@ impl ServerSettings {
             ("max_requests_per_tenant", l.max_requests_per_tenant),
             ("max_tokens_per_tenant", l.max_tokens_per_tenant),
             ("default_max_tokens", l.default_max_tokens),
+            (
+                "max_stored_responses_per_tenant",
+                l.max_stored_responses_per_tenant,
+            ),
+            (
+                "max_stored_response_bytes_per_tenant",
+                l.max_stored_response_bytes_per_tenant,
+            ),
         ] {
             if v == 0 {
                 return Err(SettingsError::ZeroLimit(name));

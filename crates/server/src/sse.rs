@@ -11,32 +11,51 @@ use futures_util::Stream;
 
 use crate::run::{Running, Step};
 
+/// One event: `data`, with an `event:` name when the API types its events (Responses API).
+pub struct SseData {
+    pub event: Option<&'static str>,
+    pub data: String,
+}
+
+impl From<String> for SseData {
+    fn from(data: String) -> Self {
+        SseData { event: None, data }
+    }
+}
+
 struct State<F> {
     running: Running,
-    queued: VecDeque<String>,
+    queued: VecDeque<SseData>,
     ended: bool,
     on_step: F,
 }
 
 /// Streams `prelude`, then what `on_step` makes of each step, then `[DONE]`.
-pub fn stream<F>(
+pub fn stream<F, T>(
     running: Running,
-    prelude: Vec<String>,
-    on_step: F,
+    prelude: Vec<T>,
+    mut on_step: F,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>>
 where
-    F: FnMut(&Running, Step) -> Vec<String> + Send + 'static,
+    F: FnMut(&Running, Step) -> Vec<T> + Send + 'static,
+    T: Into<SseData>,
 {
     let state = State {
         running,
-        queued: prelude.into(),
+        queued: prelude.into_iter().map(Into::into).collect(),
         ended: false,
-        on_step,
+        on_step: move |r: &Running, step: Step| -> Vec<SseData> {
+            on_step(r, step).into_iter().map(Into::into).collect()
+        },
     };
     let s = futures_util::stream::unfold(state, |mut st| async move {
         loop {
-            if let Some(data) = st.queued.pop_front() {
-                return Some((Ok(Event::default().data(data)), st));
+            if let Some(item) = st.queued.pop_front() {
+                let mut ev = Event::default();
+                if let Some(name) = item.event {
+                    ev = ev.event(name);
+                }
+                return Some((Ok(ev.data(item.data)), st));
             }
             if st.ended {
                 return None;
@@ -47,18 +66,18 @@ where
                     let out = (st.on_step)(&st.running, step);
                     st.queued.extend(out);
                     if done {
-                        st.queued.push_back(api::STREAM_DONE.to_string());
+                        st.queued.push_back(api::STREAM_DONE.to_string().into());
                         st.ended = true;
                     }
                 }
                 Ok(None) => {
-                    st.queued.push_back(api::STREAM_DONE.to_string());
+                    st.queued.push_back(api::STREAM_DONE.to_string().into());
                     st.ended = true;
                 }
                 Err(e) => {
                     st.queued
-                        .push_back(serde_json::to_string(&e.body()).unwrap_or_default());
-                    st.queued.push_back(api::STREAM_DONE.to_string());
+                        .push_back(serde_json::to_string(&e.body()).unwrap_or_default().into());
+                    st.queued.push_back(api::STREAM_DONE.to_string().into());
                     st.ended = true;
                 }
             }

@@ -1,5 +1,6 @@
 //! Shared state of every route: the engine handle, the model (tokenizer and chat template),
-//! tenants, the admission bounds and the metrics. Cheap to clone; owns no request state.
+//! tenants, the admission bounds, the metrics and the stored Responses-API conversations. Cheap to
+//! clone; owns no request state.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -12,6 +13,7 @@ use crate::admission::Admission;
 use crate::error::ApiError;
 use crate::grammar::{GrammarError, Grammars};
 use crate::metrics::Metrics;
+use crate::response_store::ResponseStore;
 use crate::settings::{ServerSettings, SettingsError};
 use crate::tenants::Tenants;
 
@@ -27,6 +29,8 @@ pub struct Inner {
     pub tenants: Tenants,
     pub admission: Arc<Admission>,
     pub metrics: Metrics,
+    /// Stored responses of the Responses API, per tenant.
+    pub responses: ResponseStore,
     /// Unix seconds at start (the `created` of `/v1/models`).
     pub started_unix_s: u64,
     shutting_down: AtomicBool,
@@ -47,6 +51,10 @@ impl AppState {
                 model,
                 tenants: Tenants::new(&settings),
                 admission: Admission::new(settings.limits.clone()),
+                responses: ResponseStore::new(
+                    settings.limits.max_stored_responses_per_tenant,
+                    settings.limits.max_stored_response_bytes_per_tenant,
+                ),
                 settings,
                 metrics: Metrics::default(),
                 started_unix_s: unix_now(),

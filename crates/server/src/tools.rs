@@ -24,6 +24,9 @@ pub struct ToolPlan {
     pub schema: Value,
     /// Calls are written as a `tool_calls` list (else one `tool_call`).
     pub parallel: bool,
+    /// A text answer is JSON matching the request's structured-output schema (`{"response":
+    /// {…}}`), not a string.
+    pub structured_text: bool,
 }
 
 /// One call parsed out of the model's reply: the name and the arguments' JSON text (verbatim).
@@ -43,8 +46,12 @@ pub enum Reply {
 }
 
 /// The plan for `r`'s `tools` and `tool_choice`, `None` when no tool may be called (no tools,
-/// or `tool_choice: "none"`); a 400 naming the field for anything inconsistent.
-pub fn plan(r: &ChatCompletionRequest) -> Result<Option<ToolPlan>, ApiError> {
+/// or `tool_choice: "none"`); a 400 naming the field for anything inconsistent. With
+/// `text_schema` (structured output) a text answer under `auto` is JSON matching it.
+pub fn plan(
+    r: &ChatCompletionRequest,
+    text_schema: Option<&Value>,
+) -> Result<Option<ToolPlan>, ApiError> {
     let tools = r.tools.as_deref().unwrap_or_default();
     check_tools(tools)?;
     let (mode, named) = match &r.tool_choice {
@@ -96,9 +103,12 @@ pub fn plan(r: &ChatCompletionRequest) -> Result<Option<ToolPlan>, ApiError> {
         json!({"type": "object", "properties": {"tool_call": one_call},
                "required": ["tool_call"], "additionalProperties": false})
     };
+    let text = text_schema
+        .cloned()
+        .unwrap_or_else(|| json!({"type": "string"}));
     let schema = match (mode, named) {
         (ToolChoiceMode::Auto, None) => json!({"anyOf": [calls_schema,
-            {"type": "object", "properties": {"response": {"type": "string"}},
+            {"type": "object", "properties": {"response": text},
              "required": ["response"], "additionalProperties": false}]}),
         _ => calls_schema,
     };
@@ -106,6 +116,7 @@ pub fn plan(r: &ChatCompletionRequest) -> Result<Option<ToolPlan>, ApiError> {
         system_text: system_text(tools, parallel),
         schema,
         parallel,
+        structured_text: text_schema.is_some(),
     }))
 }
 
@@ -141,13 +152,20 @@ fn check_tools(tools: &[Tool]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `{"name": <const>, "arguments": <the tool's parameters schema>}`.
+/// `{"name": <const>, "arguments": <the tool's parameters schema>}`. Arguments that declare
+/// `properties` and say nothing of `additionalProperties` are held to the declared ones: a small
+/// model otherwise pads calls with keys copied from the schema (`"type": "string"`).
 fn call_schema(t: &Tool) -> Value {
-    let params = t
+    let mut params = t
         .function
         .parameters
         .clone()
         .unwrap_or_else(|| json!({"type": "object"}));
+    if let Some(obj) = params.as_object_mut() {
+        if obj.contains_key("properties") && !obj.contains_key("additionalProperties") {
+            obj.insert("additionalProperties".into(), false.into());
+        }
+    }
     json!({"type": "object",
            "properties": {"name": {"const": t.function.name}, "arguments": params},
            "required": ["name", "arguments"], "additionalProperties": false})
@@ -213,8 +231,8 @@ struct ReplyWire<'a> {
     tool_call: Option<CallWire<'a>>,
     #[serde(default, borrow)]
     tool_calls: Option<Vec<CallWire<'a>>>,
-    #[serde(default)]
-    response: Option<String>,
+    #[serde(default, borrow)]
+    response: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -239,20 +257,57 @@ pub fn parse_reply(text: &str) -> Reply {
         (None, Some(cs), None) if !cs.is_empty() => {
             Reply::Calls(cs.into_iter().map(call).collect())
         }
-        (None, None, Some(text)) => Reply::Text(text),
+        // A string answer is returned as its text, a structured one as its JSON verbatim.
+        (None, None, Some(raw)) => match serde_json::from_str::<String>(raw.get()) {
+            Ok(text) => Reply::Text(text),
+            Err(_) => Reply::Text(raw.get().to_string()),
+        },
         _ => Reply::Unparsed,
+    }
+}
+
+/// The text of a string answer cut short (by `max_tokens` or a stop string): what the model wrote
+/// inside `{"response": "…` so far, unescaped (an escape cut in the middle is dropped). `None`
+/// for anything else (a cut call stays raw JSON).
+pub fn partial_text(reply: &str) -> Option<String> {
+    let rest = reply.strip_prefix("{\"response\": \"")?;
+    // The string ends at the first quote not escaped.
+    let mut end = rest.len();
+    let mut escaped = false;
+    for (i, c) in rest.char_indices() {
+        match (escaped, c) {
+            (true, _) => escaped = false,
+            (false, '\\') => escaped = true,
+            (false, '"') => {
+                end = i;
+                break;
+            }
+            _ => {}
+        }
+    }
+    let mut body = &rest[..end];
+    loop {
+        if let Ok(s) = serde_json::from_str::<String>(&format!("\"{body}\"")) {
+            return Some(s);
+        }
+        // A cut escape (`\`, `\u00`): drop from its backslash on.
+        let cut = body.rfind('\\')?;
+        body = &body[..cut];
     }
 }
 
 /// The messages as the chat template sees them: assistant tool calls and tool results become the
 /// JSON the model writes and reads in the generic mode (and, under a plan, plain assistant
-/// replies become `{"response": …}`), the plan's text joins the system prompt. A tool message
-/// must answer an earlier call (`tool_call_id`); call arguments must be JSON.
+/// replies become `{"response": …}`), the plan's text joins the system prompt. A tool result is
+/// a user turn (`{"tool_response": …}`, as llama.cpp does for templates without a tool role): a
+/// model never trained on a `tool` role answers after it instead of calling the tool again. A
+/// tool message must answer an earlier call (`tool_call_id`); call arguments must be JSON.
 pub fn render_messages(
     messages: &[ChatMessage],
     plan: Option<&ToolPlan>,
 ) -> Result<Vec<model::chat::ChatMessage>, ApiError> {
     let parallel = plan.is_some_and(|p| p.parallel);
+    let structured_text = plan.is_some_and(|p| p.structured_text);
     let mut out: Vec<model::chat::ChatMessage> = Vec::with_capacity(messages.len() + 1);
     let mut calls: Vec<(&str, &str)> = Vec::new(); // (id, name) of every earlier call
     for (i, m) in messages.iter().enumerate() {
@@ -300,6 +355,13 @@ pub fn render_messages(
                     })?;
                 compact(&json!({"tool_response": {"name": name, "content": text}}))
             }
+            // A structured answer goes back as the JSON the model wrote.
+            (Role::Assistant, _)
+                if structured_text
+                    && serde_json::from_str::<&RawValue>(&text).is_ok_and(|v| v.get() == text) =>
+            {
+                format!("{{\"response\": {text}}}")
+            }
             (Role::Assistant, _) if plan.is_some() => compact(&json!({"response": text})),
             _ => text,
         };
@@ -328,7 +390,8 @@ fn role_name(r: Role) -> &'static str {
         Role::System | Role::Developer => "system",
         Role::User => "user",
         Role::Assistant => "assistant",
-        Role::Tool => "tool",
+        // The generic mode's templates have no tool role (see `render_messages`).
+        Role::Tool => "user",
     }
 }
 
@@ -361,12 +424,16 @@ mod tests {
         }
     }
 
+    fn plan_of(r: &ChatCompletionRequest) -> Result<Option<ToolPlan>, ApiError> {
+        plan(r, None)
+    }
+
     #[test]
     fn plans_follow_tool_choice() {
-        let auto = plan(&request(None, Some(false))).unwrap().unwrap();
+        let auto = plan_of(&request(None, Some(false))).unwrap().unwrap();
         assert!(auto.schema["anyOf"][1]["properties"]["response"].is_object());
         assert!(auto.system_text.contains("\"response\""));
-        let req = plan(&request(
+        let req = plan_of(&request(
             Some(ToolChoice::Mode(ToolChoiceMode::Required)),
             Some(false),
         ))
@@ -377,15 +444,26 @@ mod tests {
             req.system_text, auto.system_text,
             "the prompt does not depend on the choice"
         );
-        let par = plan(&request(
+        let par = plan_of(&request(
             Some(ToolChoice::Mode(ToolChoiceMode::Required)),
             None,
         ))
         .unwrap()
         .unwrap();
         assert!(par.parallel && par.schema["properties"]["tool_calls"]["minItems"] == 1);
+        // Declared properties only, unless the schema says otherwise.
+        let args = &req.schema["properties"]["tool_call"]["properties"]["arguments"];
+        assert_eq!(args["additionalProperties"], false);
+        let mut open = request(None, None);
+        open.tools.as_mut().unwrap()[0].function.parameters =
+            Some(json!({"type": "object", "additionalProperties": true,
+                        "properties": {"city": {"type": "string"}}}));
+        let p = plan_of(&open).unwrap().unwrap();
+        let args =
+            &p.schema["anyOf"][0]["properties"]["tool_calls"]["items"]["properties"]["arguments"];
+        assert_eq!(args["additionalProperties"], true);
         assert_eq!(
-            plan(&request(Some(ToolChoice::Mode(ToolChoiceMode::None)), None)).unwrap(),
+            plan_of(&request(Some(ToolChoice::Mode(ToolChoiceMode::None)), None)).unwrap(),
             None
         );
         let named = |name: &str| {
@@ -394,22 +472,22 @@ mod tests {
                 function: FunctionName { name: name.into() },
             }))
         };
-        let p = plan(&request(named("get_weather"), Some(false)))
+        let p = plan_of(&request(named("get_weather"), Some(false)))
             .unwrap()
             .unwrap();
         assert_eq!(
             p.schema["properties"]["tool_call"]["properties"]["name"]["const"],
             "get_weather"
         );
-        let e = plan(&request(named("nope"), None)).unwrap_err();
+        let e = plan_of(&request(named("nope"), None)).unwrap_err();
         assert_eq!(e.body().error.param.as_deref(), Some("tool_choice"));
         let mut r = request(Some(ToolChoice::Mode(ToolChoiceMode::Required)), None);
         r.tools = None;
-        assert!(plan(&r).is_err());
+        assert!(plan_of(&r).is_err());
         let mut r = request(None, None);
         r.tools.as_mut().unwrap()[0].function.name = "bad name".into();
         assert_eq!(
-            plan(&r).unwrap_err().body().error.param.as_deref(),
+            plan_of(&r).unwrap_err().body().error.param.as_deref(),
             Some("tools[0].function.name")
         );
     }
@@ -436,11 +514,43 @@ mod tests {
             Reply::Unparsed
         );
         assert_eq!(parse_reply("plain text"), Reply::Unparsed);
+        for (cut, text) in [
+            (r#"{"response": "It is sun"#, Some("It is sun")),
+            (r#"{"response": "a \"b\" c\"#, Some(r#"a "b" c"#)),
+            (r#"{"response": "x\u00e9y\u00"#, Some("xéy")),
+            (r#"{"response": "done""#, Some("done")),
+            (r#"{"response": "#, None),
+            (r#"{"tool_call": {"name": "f"#, None),
+        ] {
+            assert_eq!(partial_text(cut).as_deref(), text, "{cut}");
+        }
+    }
+
+    #[test]
+    fn a_structured_text_answer_is_json_and_renders_back_verbatim() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let p = plan(&request(None, Some(false)), Some(&schema))
+            .unwrap()
+            .unwrap();
+        assert!(p.structured_text);
+        assert_eq!(p.schema["anyOf"][1]["properties"]["response"], schema);
+        let reply = r#"{"response": {"a": 1}}"#;
+        assert_eq!(parse_reply(reply), Reply::Text(r#"{"a": 1}"#.into()));
+        let msgs = vec![
+            ChatMessage::new(Role::User, "u"),
+            ChatMessage::new(Role::Assistant, r#"{"a": 1}"#),
+        ];
+        let out = render_messages(&msgs, Some(&p)).unwrap();
+        assert_eq!(out[2].content, reply);
+        // Not JSON: rendered as a string answer.
+        let msgs = vec![ChatMessage::new(Role::Assistant, "plain")];
+        let out = render_messages(&msgs, Some(&p)).unwrap();
+        assert_eq!(out[1].content, r#"{"response": "plain"}"#);
     }
 
     #[test]
     fn history_renders_as_the_model_wrote_it() {
-        let p = plan(&request(None, Some(false))).unwrap().unwrap();
+        let p = plan_of(&request(None, Some(false))).unwrap().unwrap();
         let args = r#"{"city": "Paris"}"#;
         let msgs = vec![
             ChatMessage::new(Role::System, "Be brief."),
@@ -476,7 +586,7 @@ mod tests {
         );
         assert_eq!(
             (out[3].role.as_str(), out[4].content.as_str()),
-            ("tool", r#"{"response": "It is sunny."}"#)
+            ("user", r#"{"response": "It is sunny."}"#)
         );
         let mut bad = msgs.clone();
         bad[3].tool_call_id = Some("call_9".into());

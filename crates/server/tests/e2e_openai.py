@@ -76,7 +76,7 @@ try:
 except openai.NotFoundError as e:
     check(e.status_code == 404 and e.code == "model_not_found" and e.param == "model",
           "wrong model gets 404 model_not_found")
-for field, value in [("best_of", 2), ("guided_json", {"type": "object"}), ("frobnicate", 1)]:
+for field, value in [("best_of", 2), ("guided_decoding_backend", "xgrammar"), ("frobnicate", 1)]:
     try:
         alpha.chat.completions.create(model="m", messages=msgs("Hi."), max_tokens=2,
                                       extra_body={field: value})
@@ -187,6 +187,102 @@ for chunk in alpha.chat.completions.create(model="m", messages=ask, tools=tools,
         finish = ch.finish_reason or finish
 check(finish == "tool_calls" and parts and parts[0]["name"] == call.function.name and
       parts[0]["arguments"] == call.function.arguments, "streamed tool call equals the whole one")
+
+# Structured output: parse() with a Pydantic model; json_object; vLLM's guided_choice; bad schema.
+from typing import Literal
+
+import pydantic
+
+
+class Person(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=24)
+    age: int = pydantic.Field(ge=0, le=120)
+    city: Literal["Paris", "Rome", "Oslo"]
+
+
+parsed = alpha.chat.completions.parse(model="m", messages=msgs("Describe a person: name, age and city."),
+                                      response_format=Person, max_tokens=96, temperature=0)
+p = parsed.choices[0].message.parsed
+check(isinstance(p, Person) and Person.model_validate_json(parsed.choices[0].message.content) == p,
+      f"chat.completions.parse() with a Pydantic model: {p!r}")
+jo = alpha.chat.completions.create(model="m", messages=msgs("Return a JSON object with the keys city and country for Paris."),
+                                   response_format={"type": "json_object"}, max_tokens=128, temperature=0)
+check(jo.choices[0].finish_reason == "stop" and isinstance(json.loads(jo.choices[0].message.content), dict),
+      f"response_format json_object parses as a JSON object: {jo.choices[0].message.content}")
+parts = [c.choices[0].delta.content or "" for c in alpha.chat.completions.create(
+    model="m", messages=msgs("Describe a person: name, age and city."), max_tokens=96, temperature=0,
+    stream=True, response_format={"type": "json_schema", "json_schema": {
+        "name": "Person", "schema": Person.model_json_schema()}}) if c.choices]
+check(isinstance(Person.model_validate_json("".join(parts)), Person),
+      f"streamed structured output validates: {''.join(parts)}")
+gc = alpha.chat.completions.create(model="m", messages=msgs("Is the sky blue?"), max_tokens=4, temperature=0,
+                                   extra_body={"guided_choice": ["yes", "no"]})
+check(gc.choices[0].message.content in ("yes", "no"), "vLLM guided_choice")
+gg = alpha.chat.completions.create(model="m", messages=msgs("Is the sky blue?"), max_tokens=4, temperature=0,
+                                   extra_body={"grammar": 'root ::= "yes" | "no" # GBNF'})
+check(gg.choices[0].message.content in ("yes", "no"), "a GBNF grammar")
+try:
+    alpha.chat.completions.create(model="m", messages=msgs("Hi."), max_tokens=4, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicated"}}})
+    check(False, "invalid schema refused")
+except openai.BadRequestError as e:
+    check(e.param == "response_format", "an invalid schema gets 400 naming response_format")
+
+# The Responses API: plain, a function tool with tool_choice required, a second turn through
+# previous_response_id carrying the function_call_output (its prompt a cached prefix), parse(),
+# streaming with typed events, retrieve and delete.
+weather = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"], "additionalProperties": False}, "strict": True}]
+r1 = alpha.responses.create(model="m", input="Say hello.", instructions="Be brief.", max_output_tokens=8,
+                            temperature=0)
+check(r1.object == "response" and r1.output_text and r1.output[0].type == "message" and
+      r1.usage.input_tokens_details.cached_tokens is not None, f"responses.create: {r1.output_text!r}")
+rt = alpha.responses.create(model="m", instructions=SYSTEM, input="What is the weather in Paris?",
+                            tools=weather, tool_choice="required", parallel_tool_calls=False,
+                            max_output_tokens=64, temperature=0)
+fc = rt.output[0]
+check(rt.status == "completed" and fc.type == "function_call" and fc.name == "get_weather" and
+      set(json.loads(fc.arguments)) == {"city"}, f"responses with a function tool, required: {fc.arguments}")
+rt2 = alpha.responses.create(model="m", instructions=SYSTEM, previous_response_id=rt.id, tools=weather,
+                             parallel_tool_calls=False,
+                             input=[{"type": "function_call_output", "call_id": fc.call_id,
+                                     "output": "18 C and sunny"}], max_output_tokens=48, temperature=0)
+cached = rt2.usage.input_tokens_details.cached_tokens
+check(cached > 0 and cached >= rt.usage.input_tokens // 16 * 16,
+      f"second turn via previous_response_id: {cached} of {rt2.usage.input_tokens} input tokens cached "
+      f"(first turn: {rt.usage.input_tokens}); output {rt2.output[0].type}")
+pr = alpha.responses.parse(model="m", input="Describe a person: name, age and city.", text_format=Person,
+                           max_output_tokens=96, temperature=0)
+check(isinstance(pr.output_parsed, Person), f"responses.parse() with a Pydantic model: {pr.output_parsed!r}")
+kinds, deltas, final = [], [], None
+for ev in alpha.responses.create(model="m", input="Count to three.", max_output_tokens=16, temperature=0,
+                                 stream=True):
+    kinds.append(ev.type)
+    if ev.type == "response.output_text.delta":
+        deltas.append(ev.delta)
+    if ev.type in ("response.completed", "response.incomplete"):
+        final = ev.response
+check(kinds[0] == "response.created" and "response.output_text.done" in kinds and final is not None and
+      final.output_text == "".join(deltas), f"responses streaming: {len(kinds)} typed events")
+got = alpha.responses.retrieve(final.id)
+check(got.id == final.id and got.output_text == final.output_text, "responses.retrieve")
+alpha.responses.delete(final.id)
+try:
+    alpha.responses.retrieve(final.id)
+    check(False, "deleted response gone")
+except openai.NotFoundError:
+    check(True, "responses.delete, then retrieve gets 404")
+try:
+    beta.responses.retrieve(rt.id)
+    check(False, "other tenant's response hidden")
+except openai.NotFoundError:
+    check(True, "another tenant cannot retrieve the response")
+try:
+    alpha.responses.create(model="m", input="Hi", extra_body={"frobnicate": 1})
+    check(False, "unknown responses field refused")
+except openai.BadRequestError as e:
+    check(e.param == "frobnicate", "responses: unknown field gets 400 naming it")
 
 # Warm-up prompts are pinned per tenant and reported.
 pinned = {(p["name"], p["tenant"]) for p in stats()["pinned_prompts"] if p["pinned_tokens"] > 0}

@@ -230,15 +230,11 @@ async fn unknown_and_unsupported_fields_get_400_naming_the_param_unless_lenient(
     };
     let cases = [
         ("best_of", serde_json::json!(2), "unsupported_parameter"),
+        ("functions", serde_json::json!([]), "unsupported_parameter"),
         (
-            "guided_json",
-            serde_json::json!({"type": "object"}),
-            "unsupported_parameter",
-        ),
-        (
-            "grammar",
-            serde_json::json!("root ::= \"a\""),
-            "unsupported_parameter",
+            "guided_decoding_backend",
+            serde_json::json!("xgrammar"),
+            "unknown_parameter",
         ),
         ("frobnicate", serde_json::json!(1), "unknown_parameter"),
     ];

@@ -201,6 +201,12 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
             max_tokens_per_tenant: l.max_tokens_per_tenant.unwrap_or(d.max_tokens_per_tenant),
             default_max_tokens: l.default_max_tokens.unwrap_or(d.default_max_tokens),
             retry_after_secs: l.retry_after_s.unwrap_or(d.retry_after_secs),
+            max_stored_responses_per_tenant: l
+                .max_stored_responses_per_tenant
+                .unwrap_or(d.max_stored_responses_per_tenant),
+            max_stored_response_bytes_per_tenant: l
+                .max_stored_response_bytes_per_tenant
+                .unwrap_or(d.max_stored_response_bytes_per_tenant),
         },
         shutdown_timeout: Duration::from_secs(file.server.shutdown_timeout_s.unwrap_or(30)),
     }

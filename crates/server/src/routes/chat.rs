@@ -18,13 +18,15 @@ use engine::FinishReason;
 use crate::error::ApiError;
 use crate::output::{chat_logprobs, collect};
 use crate::params::{
-    chat_prompt, check_model, parse_request, prepare, tool_constraint, GenOptions,
+    chat_prompt, check_model, parse_request, prepare, tool_constraint, GenOptions, Prepared,
 };
 use crate::routes::body_bytes;
 use crate::run::{finish_reason_name, submit, Step};
 use crate::sse::{self, json};
 use crate::state::{unix_now, AppState};
-use crate::tools::{parse_reply, Reply};
+use crate::structured;
+use crate::tenants::Tenant;
+use crate::tools::{parse_reply, partial_text, Reply};
 
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -35,23 +37,7 @@ pub async fn chat_completions(
     let body = body_bytes(&state, body)?;
     let req: ChatCompletionRequest = parse_request(&body, state.settings.unknown_fields)?;
     check_model(&state, &req.model)?;
-    let mut opts = GenOptions::from_chat(&req)?;
-    let (prompt, plan) = chat_prompt(&state, &req)?;
-    let tool_mode = plan.is_some();
-    if let Some(plan) = &plan {
-        let unsupported = |param: &str| ApiError::UnsupportedParameter {
-            param: param.to_string(),
-            message: format!("{param} is not supported together with tools"),
-        };
-        if opts.logprobs.is_some() {
-            return Err(unsupported("logprobs"));
-        }
-        if opts.extra.min_tokens.unwrap_or(0) > 0 {
-            return Err(unsupported("min_tokens"));
-        }
-        opts.constraint = Some(tool_constraint(&state, plan)?);
-    }
-    let prepared = prepare(&state, &tenant, prompt, &opts)?;
+    let (prepared, tool_mode) = prepare_chat(&state, &tenant, &req)?;
     let mut running = submit(&state, &tenant, prepared)?;
     let id = format!("chatcmpl-{}", running.id.0);
     let call_id = {
@@ -194,6 +180,50 @@ pub async fn chat_completions(
     .into_response())
 }
 
+/// Validates a chat request into an engine request: the prompt (with the generic tool mode's
+/// plan when tools may be called) and the constraint of its tool calls or structured output.
+/// Also `true` when the reply is in the tool mode (parsed back with [`tool_reply`]).
+pub(crate) fn prepare_chat(
+    state: &AppState,
+    tenant: &Tenant,
+    req: &ChatCompletionRequest,
+) -> Result<(Prepared, bool), ApiError> {
+    let mut opts = GenOptions::from_chat(req)?;
+    let format = structured::requested(req.response_format.as_ref(), &req.extra)?;
+    let (prompt, plan) = chat_prompt(state, req, format.as_ref().and_then(|f| f.json_schema()))?;
+    match (&plan, &format) {
+        (Some(plan), format) => {
+            if opts.logprobs.is_some() {
+                return Err(ApiError::UnsupportedParameter {
+                    param: "logprobs".into(),
+                    message: "logprobs is not supported together with tools".into(),
+                });
+            }
+            structured::check_eos_fields(&opts.extra, "tools")?;
+            if let Some(f) = format {
+                if f.json_schema().is_none() {
+                    return Err(ApiError::UnsupportedParameter {
+                        param: f.param.clone(),
+                        message: format!(
+                            "{} is not supported together with tools (only JSON formats are)",
+                            f.param
+                        ),
+                    });
+                }
+                // Compiled alone first, so that a bad schema is named after its own field.
+                structured::constraint(state, f)?;
+            }
+            opts.constraint = Some(tool_constraint(state, plan)?);
+        }
+        (None, Some(f)) => {
+            structured::check_eos_fields(&opts.extra, "structured output")?;
+            opts.constraint = Some(structured::constraint(state, f)?);
+        }
+        (None, None) => {}
+    }
+    Ok((prepare(state, tenant, prompt, &opts)?, plan.is_some()))
+}
+
 /// A whole message as one streamed delta (`tool_calls` carry their index, id, type and name).
 fn whole_delta(message: ChatMessage) -> ChatDelta {
     let tool_calls = message.tool_calls.map(|calls| {
@@ -220,8 +250,9 @@ fn whole_delta(message: ChatMessage) -> ChatDelta {
 
 /// A finished choice's reply in the generic tool mode: tool calls (`finish_reason:
 /// "tool_calls"`), a text answer, or — when the reply is not the grammar's JSON (cut by
-/// `max_tokens` or a stop string) — the raw text with the engine's reason.
-fn tool_reply(
+/// `max_tokens` or a stop string) — the text answer written so far, or else the raw text, with
+/// the engine's reason.
+pub(crate) fn tool_reply(
     text: String,
     reason: FinishReason,
     call_id: impl Fn(usize) -> String,
@@ -252,7 +283,7 @@ fn tool_reply(
             finish_reason_name(reason).to_string(),
         ),
         Reply::Unparsed => (
-            ChatMessage::new(Role::Assistant, text),
+            ChatMessage::new(Role::Assistant, partial_text(&text).unwrap_or(text)),
             finish_reason_name(reason).to_string(),
         ),
     }

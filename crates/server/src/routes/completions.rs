@@ -15,6 +15,7 @@ use crate::routes::body_bytes;
 use crate::run::{finish_reason_name, submit, Step};
 use crate::sse::{self, json};
 use crate::state::{unix_now, AppState};
+use crate::structured;
 
 pub async fn completions(
     State(state): State<AppState>,
@@ -28,7 +29,11 @@ pub async fn completions(
     if req.echo.unwrap_or(false) {
         return Err(ApiError::invalid("echo is not supported", "echo"));
     }
-    let opts = GenOptions::from_completion(&req);
+    let mut opts = GenOptions::from_completion(&req);
+    if let Some(f) = structured::requested(req.response_format.as_ref(), &req.extra)? {
+        structured::check_eos_fields(&opts.extra, "structured output")?;
+        opts.constraint = Some(structured::constraint(&state, &f)?);
+    }
     let prompt = completion_prompt(&state, &req.prompt)?;
     let prepared = prepare(&state, &tenant, prompt, &opts)?;
     let mut running = submit(&state, &tenant, prepared)?;

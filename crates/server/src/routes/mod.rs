@@ -5,6 +5,7 @@ mod admin;
 mod chat;
 mod completions;
 mod info;
+mod responses;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -23,6 +24,11 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         .route("/v1/models", get(info::models))
         .route("/v1/models/{*id}", get(info::model))
         .route("/health", get(info::health))

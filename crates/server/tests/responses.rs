@@ -1,0 +1,407 @@
+//! `/v1/responses` on the real default model: text and item input, instructions, function tools
+//! with `tool_choice`, a second turn through `previous_response_id` carrying the call's output
+//! (its prompt a cached prefix), `text.format`, the typed stream, store / GET / DELETE per tenant,
+//! bounded storage, and the 400s.
+
+mod common;
+
+use common::{app, call};
+use serde_json::{json, Value};
+use server::{Limits, ServerSettings, TenantSpec};
+
+const PATH: &str = "/v1/responses";
+
+fn settings() -> ServerSettings {
+    ServerSettings {
+        tenants: vec![
+            TenantSpec {
+                name: "alpha".into(),
+                api_keys: vec!["ka".into()],
+                salt: None,
+            },
+            TenantSpec {
+                name: "beta".into(),
+                api_keys: vec!["kb".into()],
+                salt: None,
+            },
+        ],
+        ..ServerSettings::default()
+    }
+}
+
+async fn post(r: &axum::Router, key: &str, b: &Value) -> Value {
+    let reply = call(r, "POST", PATH, Some(key), &b.to_string()).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    reply.json()
+}
+
+fn tools() -> Value {
+    json!([{"type": "function", "name": "get_weather", "description": "Current weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"], "additionalProperties": false}}])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_input_store_get_delete_per_tenant() {
+    let (_e, _s, r) = app(settings());
+    let v = post(
+        &r,
+        "ka",
+        &json!({"model": "agentkv", "input": "Say hello.", "instructions": "Be brief.",
+                "max_output_tokens": 12, "temperature": 0, "metadata": {"k": "v"}}),
+    )
+    .await;
+    println!("{v}");
+    let id = v["id"].as_str().unwrap();
+    assert!(id.starts_with("resp_"));
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["output"][0]["type"], "message");
+    assert_eq!(v["output"][0]["role"], "assistant");
+    let text = v["output"][0]["content"][0]["text"].as_str().unwrap();
+    assert_eq!(v["output"][0]["content"][0]["type"], "output_text");
+    assert_eq!(v["output_text"], text);
+    assert!(!text.is_empty());
+    assert!(["completed", "incomplete"].contains(&v["status"].as_str().unwrap()));
+    if v["status"] == "incomplete" {
+        assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens");
+        assert_eq!(v["usage"]["output_tokens"], 12);
+    }
+    assert_eq!(v["instructions"], "Be brief.");
+    assert_eq!(v["metadata"], json!({"k": "v"}));
+    assert!(v["usage"]["input_tokens_details"]["cached_tokens"].is_u64());
+    let path = format!("{PATH}/{id}");
+    let got = call(&r, "GET", &path, Some("ka"), "").await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.json(), v);
+    // Another tenant sees nothing, and cannot delete it.
+    call(&r, "GET", &path, Some("kb"), "").await.error(404);
+    call(&r, "DELETE", &path, Some("kb"), "").await.error(404);
+    let del = call(&r, "DELETE", &path, Some("ka"), "").await;
+    assert_eq!(
+        del.json(),
+        json!({"id": id, "object": "response.deleted", "deleted": true})
+    );
+    call(&r, "GET", &path, Some("ka"), "").await.error(404);
+    // store: false keeps nothing.
+    let v = post(
+        &r,
+        "ka",
+        &json!({"model": "agentkv", "input": "Hi", "max_output_tokens": 2, "store": false}),
+    )
+    .await;
+    assert_eq!(v["store"], false);
+    let path = format!("{PATH}/{}", v["id"].as_str().unwrap());
+    call(&r, "GET", &path, Some("ka"), "").await.error(404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_then_previous_response_id_with_the_output_is_a_cached_prefix() {
+    let (_e, _s, r) = app(settings());
+    let first = post(
+        &r,
+        "ka",
+        &json!({"model": "agentkv", "instructions": "You are a helpful assistant.",
+                "input": [{"role": "user", "content": "What is the weather in Paris?"}],
+                "tools": tools(), "tool_choice": "required", "temperature": 0,
+                "max_output_tokens": 64}),
+    )
+    .await;
+    println!("first: {first}");
+    assert_eq!(first["status"], "completed");
+    let call0 = &first["output"][0];
+    assert_eq!(call0["type"], "function_call");
+    assert_eq!(call0["name"], "get_weather");
+    assert!(call0["id"].as_str().unwrap().starts_with("fc_"));
+    let call_id = call0["call_id"].as_str().unwrap();
+    assert!(call_id.starts_with("call_"));
+    let args: Value = serde_json::from_str(call0["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].is_string() && args.as_object().unwrap().len() == 1);
+    assert_eq!(first["output_text"], "");
+
+    let second = post(
+        &r,
+        "ka",
+        &json!({"model": "agentkv", "instructions": "You are a helpful assistant.",
+                "previous_response_id": first["id"],
+                "input": [{"type": "function_call_output", "call_id": call_id,
+                           "output": "18 C and sunny"}],
+                "tools": tools(), "temperature": 0, "max_output_tokens": 48}),
+    )
+    .await;
+    println!("second: {second}");
+    let input1 = first["usage"]["input_tokens"].as_u64().unwrap();
+    let cached2 = second["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(second["usage"]["input_tokens"].as_u64().unwrap() > input1);
+    assert!(
+        cached2 >= input1 / 16 * 16 && cached2 > 0,
+        "the first turn's prompt is a cached prefix: {cached2} of {input1}"
+    );
+    assert_eq!(second["previous_response_id"], first["id"]);
+    // The same conversation sent in full (no previous_response_id) renders the same prompt.
+    let full = post(
+        &r,
+        "ka",
+        &json!({"model": "agentkv", "instructions": "You are a helpful assistant.",
+                "input": [{"role": "user", "content": "What is the weather in Paris?"},
+                          {"type": "function_call", "call_id": call_id, "name": "get_weather",
+                           "arguments": call0["arguments"]},
+                          {"type": "function_call_output", "call_id": call_id,
+                           "output": "18 C and sunny"}],
+                "tools": tools(), "temperature": 0, "max_output_tokens": 48, "store": false}),
+    )
+    .await;
+    assert_eq!(
+        full["usage"]["input_tokens"],
+        second["usage"]["input_tokens"]
+    );
+    assert_eq!(full["output"][0]["type"], second["output"][0]["type"]);
+    // Another tenant cannot continue alpha's conversation.
+    let e = call(
+        &r,
+        "POST",
+        PATH,
+        Some("kb"),
+        &json!({"model": "agentkv", "previous_response_id": first["id"], "input": "and?"})
+            .to_string(),
+    )
+    .await
+    .error(400);
+    assert_eq!(e["param"], "previous_response_id");
+}
+
+fn events(body: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let mut name = String::new();
+    for line in body.lines() {
+        if let Some(n) = line.strip_prefix("event: ") {
+            name = n.to_string();
+        } else if let Some(d) = line.strip_prefix("data: ") {
+            if d != "[DONE]" {
+                out.push((std::mem::take(&mut name), serde_json::from_str(d).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_typed_events_for_text_and_calls() {
+    let (_e, _s, r) = app(settings());
+    let body = json!({"model": "agentkv", "input": "Count to three.", "max_output_tokens": 16,
+                      "temperature": 0, "stream": true});
+    let reply = call(&r, "POST", PATH, Some("ka"), &body.to_string()).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let evs = events(&reply.body);
+    let names: Vec<&str> = evs.iter().map(|(n, _)| n.as_str()).collect();
+    println!("{names:?}");
+    for (i, (n, d)) in evs.iter().enumerate() {
+        assert_eq!(d["type"], n.as_str());
+        assert_eq!(d["sequence_number"], i);
+    }
+    assert_eq!(
+        names[..4],
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added"
+        ]
+    );
+    let tail = &names[names.len() - 4..];
+    assert_eq!(
+        tail[..3],
+        [
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done"
+        ]
+    );
+    assert!(["response.completed", "response.incomplete"].contains(&tail[3]));
+    let deltas: String = evs
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .map(|(_, d)| d["delta"].as_str().unwrap())
+        .collect();
+    let last = &evs.last().unwrap().1["response"];
+    assert_eq!(last["output_text"], deltas.as_str());
+    let done = evs
+        .iter()
+        .find(|(n, _)| n == "response.output_text.done")
+        .unwrap();
+    assert_eq!(done.1["text"], deltas.as_str());
+    // Stored as streamed; the whole answer is the same.
+    let got = call(
+        &r,
+        "GET",
+        &format!("{PATH}/{}", last["id"].as_str().unwrap()),
+        Some("ka"),
+        "",
+    )
+    .await
+    .json();
+    assert_eq!(&got, last);
+    let mut whole = body.clone();
+    whole["stream"] = false.into();
+    let whole = post(&r, "ka", &whole).await;
+    assert_eq!(whole["output_text"], deltas.as_str());
+
+    // A function call: its arguments as delta and done.
+    let body = json!({"model": "agentkv", "input": "What is the weather in Rome?",
+                      "tools": tools(), "tool_choice": {"type": "function", "name": "get_weather"},
+                      "parallel_tool_calls": false,
+                      "max_output_tokens": 64, "temperature": 0, "stream": true});
+    let reply = call(&r, "POST", PATH, Some("ka"), &body.to_string()).await;
+    let evs = events(&reply.body);
+    let names: Vec<&str> = evs.iter().map(|(n, _)| n.as_str()).collect();
+    println!("{names:?} {}", evs.last().unwrap().1);
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    let args = evs[4].1["arguments"].as_str().unwrap();
+    assert_eq!(evs[3].1["delta"], args);
+    assert_eq!(evs[4].1["name"], "get_weather");
+    assert_eq!(evs[5].1["item"]["arguments"], args);
+    assert_eq!(
+        evs[6].1["response"]["output"][0]["call_id"],
+        evs[5].1["item"]["call_id"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_format_json_schema_and_bad_requests() {
+    let (_e, _s, r) = app(settings());
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                        "country": {"type": "string", "maxLength": 20}},
+                        "required": ["city", "country"], "additionalProperties": false});
+    let v = post(
+        &r,
+        "ka",
+        &json!({"model": "agentkv", "input": "Where is the Eiffel tower? Answer as JSON.",
+                "text": {"format": {"type": "json_schema", "name": "place", "schema": schema,
+                                    "strict": true}},
+                "temperature": 0, "max_output_tokens": 64}),
+    )
+    .await;
+    println!("{}", v["output_text"]);
+    let out: Value = serde_json::from_str(v["output_text"].as_str().unwrap()).unwrap();
+    assert!(out["city"].is_string() && out["country"].is_string());
+    assert_eq!(v["text"]["format"]["type"], "json_schema");
+    assert_eq!(v["text"]["format"]["name"], "place");
+
+    let err = |b: Value| {
+        let r = &r;
+        async move {
+            let e = call(r, "POST", PATH, Some("ka"), &b.to_string())
+                .await
+                .error(400);
+            println!("{e}");
+            e["param"].as_str().unwrap_or("").to_string()
+        }
+    };
+    let base = json!({"model": "agentkv", "input": "hi"});
+    let with = |k: &str, v: Value| {
+        let mut b = base.clone();
+        b[k] = v;
+        b
+    };
+    assert_eq!(err(with("frobnicate", json!(1))).await, "frobnicate");
+    assert_eq!(
+        err(with("previous_response_id", json!("resp_nope"))).await,
+        "previous_response_id"
+    );
+    assert_eq!(
+        err(with("input", json!([{"type": "reasoning", "summary": []}]))).await,
+        "input[0]"
+    );
+    assert_eq!(err(with("input", json!([]))).await, "input");
+    assert!(err(with("tools", json!([{"type": "web_search"}])))
+        .await
+        .starts_with("tools[0]"));
+    assert_eq!(
+        err(with(
+            "tools",
+            json!([{"type": "function", "name": "two words"}])
+        ))
+        .await,
+        "tools[0].name"
+    );
+    assert_eq!(
+        err(with(
+            "text",
+            json!({"format": {"type": "json_schema", "name": "x",
+                                           "schema": {"type": "frobnicated"}}})
+        ))
+        .await,
+        "text.format"
+    );
+    assert_eq!(
+        err(with(
+            "input",
+            json!([{"type": "function_call_output", "call_id": "call_x",
+                                  "output": "r"}])
+        ))
+        .await,
+        "input"
+    );
+    assert_eq!(
+        err(with("include", json!(["file_search_call.results"]))).await,
+        "include"
+    );
+    assert_eq!(
+        err(with("max_output_tokens", json!(0))).await,
+        "max_output_tokens"
+    );
+    let e = call(
+        &r,
+        "POST",
+        PATH,
+        Some("ka"),
+        &with("model", json!("gpt-4o")).to_string(),
+    )
+    .await
+    .error(404);
+    assert_eq!(e["code"], "model_not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_is_bounded_per_tenant_oldest_first() {
+    let mut s = settings();
+    s.limits = Limits {
+        max_stored_responses_per_tenant: 2,
+        ..Limits::default()
+    };
+    let (_e, _s, r) = app(s);
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let v = post(
+            &r,
+            "ka",
+            &json!({"model": "agentkv", "input": format!("Number {i}"), "max_output_tokens": 1}),
+        )
+        .await;
+        ids.push(v["id"].as_str().unwrap().to_string());
+    }
+    let status = |id: String| {
+        let r = &r;
+        async move {
+            call(r, "GET", &format!("{PATH}/{id}"), Some("ka"), "")
+                .await
+                .status
+                .as_u16()
+        }
+    };
+    assert_eq!(status(ids[0].clone()).await, 404);
+    assert_eq!(status(ids[1].clone()).await, 200);
+    assert_eq!(status(ids[2].clone()).await, 200);
+}
