@@ -618,7 +618,10 @@ fn a_step_time_target_chunks_prefills_without_changing_outputs() {
                 .unwrap()
         })
         .collect();
-    assert!(long.iter().all(|p| p.len() > 600), "prompts reach the tiled regime");
+    assert!(
+        long.iter().all(|p| p.len() > 600),
+        "prompts reach the tiled regime"
+    );
     let base = EngineConfig {
         num_blocks: 512,
         ..cfg(true)

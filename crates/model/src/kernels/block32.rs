@@ -296,95 +296,124 @@ pub(crate) mod avx2 {
     /// 16384 → 19 GB/s; the Q8_0 output head goes from 26 to 29 GB/s.
     const PF_DIST: usize = 4096;
 
-    /// `out[t][r] = dot(W[row0 + r], X[tok0 + t])` for a `T × R` tile, canonical order.
-    /// `w` is the whole weight matrix with rows of `row_bytes` bytes.
-    ///
-    /// `PF` turns on software prefetching of the rows after the tile (for streaming, `T == 1`).
-    ///
-    /// Panics (internal bug) if the tile is out of range.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) fn tile<B: Block32Avx2, const T: usize, const R: usize, const PF: bool>(
-        w: &[u8],
-        row_bytes: usize,
-        row0: usize,
-        act: &ActQ8,
-        tok0: usize,
-        out: &mut [[f32; R]; T],
-    ) {
-        let nb = act.num_blocks;
-        assert!(
-            row_bytes == nb * B::BYTES && (row0 + R) * row_bytes <= w.len(),
-            "tile rows in range"
-        );
-        assert!(tok0 + T <= act.num_tokens, "tile tokens in range");
-        let row_len = nb * QK8;
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [[_mm256_setzero_ps(); R]; T];
-        let mut summs = [[0f32; R]; T];
-        let wbase = w.as_ptr();
-        let xq = act.qs.as_ptr();
-        let mut wv = [_mm256_setzero_si256(); R];
-        let mut wa = [_mm256_setzero_si256(); R];
-        let mut dw = [_mm256_setzero_ps(); R];
-        let mut mw = [0f32; R];
-        // Software prefetch when `PF` (decode streams every weight once from DRAM, and the
-        // interleaved short rows defeat the hardware prefetcher): while block `b` is read, fetch
-        // the matching slice of the bytes `PF_DIST` beyond this tile's rows, one request per
-        // cache line, never past `w`. Prefetching has no effect on results.
-        let pf_step = R * B::BYTES;
-        let pf_start = (row0 + R) * row_bytes + PF_DIST;
-        let mut pf_next = pf_start;
-        for b in 0..nb {
-            if PF {
-                let pf_end = (pf_start + (b + 1) * pf_step).min(w.len());
-                while pf_next < pf_end {
-                    // SAFETY: `pf_next < w.len()`, so the address lies inside `w`; a prefetch
-                    // never faults and has no architectural effect.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(wbase.add(pf_next).cast()) };
-                    pf_next += 64;
+    /// Defines one tile kernel: `$lanes(u8 weights, i8 activations, ones)` gives the eight
+    /// 32-bit sums of four products each (identical integers on every path).
+    macro_rules! define_tile {
+        ($name:ident, $features:literal, $lanes:ident) => {
+            /// `out[t][r] = dot(W[row0 + r], X[tok0 + t])` for a `T × R` tile, canonical order.
+            /// `w` is the whole weight matrix with rows of `row_bytes` bytes.
+            ///
+            /// `PF` turns on software prefetching of the rows after the tile (for streaming, `T == 1`).
+            ///
+            /// Panics (internal bug) if the tile is out of range.
+            #[target_feature(enable = $features)]
+            pub(crate) fn $name<B: Block32Avx2, const T: usize, const R: usize, const PF: bool>(
+                w: &[u8],
+                row_bytes: usize,
+                row0: usize,
+                act: &ActQ8,
+                tok0: usize,
+                out: &mut [[f32; R]; T],
+            ) {
+                let nb = act.num_blocks;
+                assert!(
+                    row_bytes == nb * B::BYTES && (row0 + R) * row_bytes <= w.len(),
+                    "tile rows in range"
+                );
+                assert!(tok0 + T <= act.num_tokens, "tile tokens in range");
+                let row_len = nb * QK8;
+                let ones = _mm256_set1_epi16(1);
+                let mut acc = [[_mm256_setzero_ps(); R]; T];
+                let mut summs = [[0f32; R]; T];
+                let wbase = w.as_ptr();
+                let xq = act.qs.as_ptr();
+                let mut wv = [_mm256_setzero_si256(); R];
+                let mut wa = [_mm256_setzero_si256(); R];
+                let mut dw = [_mm256_setzero_ps(); R];
+                let mut mw = [0f32; R];
+                // Software prefetch when `PF` (decode streams every weight once from DRAM, and the
+                // interleaved short rows defeat the hardware prefetcher): while block `b` is read, fetch
+                // the matching slice of the bytes `PF_DIST` beyond this tile's rows, one request per
+                // cache line, never past `w`. Prefetching has no effect on results.
+                let pf_step = R * B::BYTES;
+                let pf_start = (row0 + R) * row_bytes + PF_DIST;
+                let mut pf_next = pf_start;
+                for b in 0..nb {
+                    if PF {
+                        let pf_end = (pf_start + (b + 1) * pf_step).min(w.len());
+                        while pf_next < pf_end {
+                            // SAFETY: `pf_next < w.len()`, so the address lies inside `w`; a prefetch
+                            // never faults and has no architectural effect.
+                            unsafe { _mm_prefetch::<_MM_HINT_T0>(wbase.add(pf_next).cast()) };
+                            pf_next += 64;
+                        }
+                    }
+                    for r in 0..R {
+                        // SAFETY: `(row0 + r) * row_bytes + (b + 1) * B::BYTES <= w.len()` by the assert
+                        // above (b < nb, r < R), so the block is inside `w`.
+                        let (v, (d, m)) = unsafe {
+                            let p = wbase.add((row0 + r) * row_bytes + b * B::BYTES);
+                            (B::values_avx2(p), B::scales_avx2(p))
+                        };
+                        wv[r] = v;
+                        if B::SIGNED {
+                            wa[r] = _mm256_sign_epi8(v, v);
+                        }
+                        dw[r] = _mm256_set1_ps(d);
+                        mw[r] = m;
+                    }
+                    for t in 0..T {
+                        let tok = tok0 + t;
+                        // SAFETY: `tok < num_tokens` and `b < nb`, so the 32 bytes at
+                        // `tok * row_len + b * 32` lie inside `act.qs` (`num_tokens * row_len` long).
+                        let x =
+                            unsafe { _mm256_loadu_si256(xq.add(tok * row_len + b * QK8).cast()) };
+                        let dx = _mm256_set1_ps(act.d[tok * nb + b]);
+                        let sx = act.s[tok * nb + b];
+                        for r in 0..R {
+                            let isum = if B::SIGNED {
+                                $lanes(wa[r], _mm256_sign_epi8(x, wv[r]), ones)
+                            } else {
+                                $lanes(wv[r], x, ones)
+                            };
+                            let dd = _mm256_mul_ps(dw[r], dx);
+                            acc[t][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[t][r]);
+                            if B::HAS_MIN {
+                                summs[t][r] = mw[r].mul_add(sx, summs[t][r]);
+                            }
+                        }
+                    }
                 }
-            }
-            for r in 0..R {
-                // SAFETY: `(row0 + r) * row_bytes + (b + 1) * B::BYTES <= w.len()` by the assert
-                // above (b < nb, r < R), so the block is inside `w`.
-                let (v, (d, m)) = unsafe {
-                    let p = wbase.add((row0 + r) * row_bytes + b * B::BYTES);
-                    (B::values_avx2(p), B::scales_avx2(p))
-                };
-                wv[r] = v;
-                if B::SIGNED {
-                    wa[r] = _mm256_sign_epi8(v, v);
-                }
-                dw[r] = _mm256_set1_ps(d);
-                mw[r] = m;
-            }
-            for t in 0..T {
-                let tok = tok0 + t;
-                // SAFETY: `tok < num_tokens` and `b < nb`, so the 32 bytes at
-                // `tok * row_len + b * 32` lie inside `act.qs` (`num_tokens * row_len` long).
-                let x = unsafe { _mm256_loadu_si256(xq.add(tok * row_len + b * QK8).cast()) };
-                let dx = _mm256_set1_ps(act.d[tok * nb + b]);
-                let sx = act.s[tok * nb + b];
-                for r in 0..R {
-                    let p16 = if B::SIGNED {
-                        _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(x, wv[r]))
-                    } else {
-                        _mm256_maddubs_epi16(wv[r], x)
-                    };
-                    let isum = _mm256_madd_epi16(p16, ones);
-                    let dd = _mm256_mul_ps(dw[r], dx);
-                    acc[t][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[t][r]);
-                    if B::HAS_MIN {
-                        summs[t][r] = mw[r].mul_add(sx, summs[t][r]);
+                for t in 0..T {
+                    for r in 0..R {
+                        let s = hsum8_ps(acc[t][r]);
+                        out[t][r] = if B::HAS_MIN { s + summs[t][r] } else { s };
                     }
                 }
             }
-        }
-        for t in 0..T {
-            for r in 0..R {
-                let s = hsum8_ps(acc[t][r]);
-                out[t][r] = if B::HAS_MIN { s + summs[t][r] } else { s };
-            }
-        }
+        };
     }
+
+    /// Lane sums with `maddubs` (pairs into i16, no saturation for these value ranges) and
+    /// `madd` (pairs of i16 into i32).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn lanes_madd(u: __m256i, s: __m256i, ones: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones)
+    }
+
+    /// Lane sums with AVX-512 VNNI's `vpdpbusd` on 256 bits (exact 32-bit sums of the same four
+    /// products).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+    #[inline]
+    fn lanes_vnni(u: __m256i, s: __m256i, _ones: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+    }
+
+    define_tile!(tile, "avx2,fma,f16c", lanes_madd);
+    define_tile!(
+        tile_vnni,
+        "avx2,fma,f16c,avx512f,avx512vnni,avx512vl",
+        lanes_vnni
+    );
 }

@@ -1,6 +1,7 @@
 //! Runtime CPU feature detection and the switch that forces the portable path.
 //!
-//! Owns one process-wide decision: may kernels use the AVX2+FMA+F16C code paths? Detection runs
+//! Owns one process-wide decision: may kernels use the AVX2+FMA+F16C code paths, and within them
+//! AVX-512 VNNI's 256-bit integer dot product (`vpdpbusd`)? Detection runs
 //! once; `AGENTKV_NO_SIMD=1` (read once, at first use) or [`set_force_portable`] forces the scalar
 //! path. It never selects kernels itself (callers branch on [`CpuFeatures::avx2`]).
 
@@ -12,20 +13,35 @@ use std::sync::OnceLock;
 pub struct CpuFeatures {
     /// AVX2, FMA and F16C are all present (the x86-64 fast path).
     pub avx2: bool,
+    /// On top of `avx2`: AVX-512 VNNI with VL (256-bit `vpdpbusd`, one instruction for the
+    /// four-product integer lane sums of the quantized matmul; same integers, same results).
+    pub vnni: bool,
 }
 
 impl CpuFeatures {
     /// The portable scalar path only; always valid on every CPU.
-    pub const PORTABLE: CpuFeatures = CpuFeatures { avx2: false };
+    pub const PORTABLE: CpuFeatures = CpuFeatures {
+        avx2: false,
+        vnni: false,
+    };
+    /// AVX2 without the VNNI dot product (valid wherever `avx2` is detected).
+    pub const AVX2: CpuFeatures = CpuFeatures {
+        avx2: true,
+        vnni: false,
+    };
 
     /// What this CPU supports, ignoring any override.
     pub fn detect() -> CpuFeatures {
         #[cfg(target_arch = "x86_64")]
         {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
             CpuFeatures {
-                avx2: is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma")
-                    && is_x86_feature_detected!("f16c"),
+                avx2,
+                vnni: avx2
+                    && is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("avx512vl"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -36,8 +52,10 @@ impl CpuFeatures {
 
     /// `self` restricted to what the CPU really has (guards explicitly passed feature sets).
     pub fn clamp_to_detected(self) -> CpuFeatures {
+        let avx2 = self.avx2 && detected().avx2;
         CpuFeatures {
-            avx2: self.avx2 && detected().avx2,
+            avx2,
+            vnni: avx2 && self.vnni && detected().vnni,
         }
     }
 }
@@ -81,7 +99,11 @@ mod tests {
             CpuFeatures::PORTABLE.clamp_to_detected(),
             CpuFeatures::PORTABLE
         );
-        let all = CpuFeatures { avx2: true }.clamp_to_detected();
+        let all = CpuFeatures {
+            avx2: true,
+            vnni: true,
+        }
+        .clamp_to_detected();
         assert_eq!(all, CpuFeatures::detect());
     }
 

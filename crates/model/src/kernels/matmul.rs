@@ -261,8 +261,15 @@ impl Job<'_> {
     fn rows_block32<B: Kernel>(&self, act: &ActQ8, rows: Range<usize>, out: &OutPtr) {
         #[cfg(target_arch = "x86_64")]
         if self.features.avx2 {
-            // SAFETY: `features` was clamped to the detected CPU features, so AVX2+FMA+F16C exist.
-            unsafe { self.rows_block32_avx2::<B>(act, rows, out) };
+            // SAFETY: `features` was clamped to the detected CPU features, so AVX2+FMA+F16C (and
+            // AVX-512 VNNI+VL when `vnni`) exist.
+            unsafe {
+                if self.features.vnni {
+                    self.rows_block32_avx2::<B, true>(act, rows, out)
+                } else {
+                    self.rows_block32_avx2::<B, false>(act, rows, out)
+                }
+            };
             return;
         }
         let num_rows = self.w.num_rows;
@@ -276,21 +283,46 @@ impl Job<'_> {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn rows_block32_avx2<B: Kernel>(&self, act: &ActQ8, rows: Range<usize>, out: &OutPtr) {
-        use super::block32::avx2::tile;
+    fn rows_block32_avx2<B: Kernel, const VNNI: bool>(
+        &self,
+        act: &ActQ8,
+        rows: Range<usize>,
+        out: &OutPtr,
+    ) {
+        /// One tile on the integer-dot path `VNNI` selects (same results either way).
+        #[inline(always)]
+        fn tile<B: Kernel, const T: usize, const R: usize, const PF: bool, const VNNI: bool>(
+            w: &[u8],
+            row_bytes: usize,
+            row0: usize,
+            act: &ActQ8,
+            tok0: usize,
+            out: &mut [[f32; R]; T],
+        ) {
+            use super::block32::avx2;
+            // SAFETY: only reached from `rows_block32`, which checked AVX2+FMA+F16C and, for
+            // `VNNI`, AVX-512 VNNI+VL on this CPU.
+            unsafe {
+                if VNNI {
+                    avx2::tile_vnni::<B, T, R, PF>(w, row_bytes, row0, act, tok0, out)
+                } else {
+                    avx2::tile::<B, T, R, PF>(w, row_bytes, row0, act, tok0, out)
+                }
+            }
+        }
         let (w, rb, n) = (self.w.data, self.row_bytes, self.w.num_rows);
         let num_tokens = self.num_tokens;
         let mut r = rows.start;
         if num_tokens == 1 {
             let mut o = [[0f32; 4]; 1];
             while r + 4 <= rows.end {
-                tile::<B, 1, 4, true>(w, rb, r, act, 0, &mut o);
+                tile::<B, 1, 4, true, VNNI>(w, rb, r, act, 0, &mut o);
                 (0..4).for_each(|i| out.write(r + i, o[0][i]));
                 r += 4;
             }
             let mut o = [[0f32; 1]; 1];
             while r < rows.end {
-                tile::<B, 1, 1, true>(w, rb, r, act, 0, &mut o);
+                tile::<B, 1, 1, true, VNNI>(w, rb, r, act, 0, &mut o);
                 out.write(r, o[0][0]);
                 r += 1;
             }
@@ -300,7 +332,7 @@ impl Job<'_> {
             let mut t = 0;
             let mut o4 = [[0f32; 2]; 4];
             while t + 4 <= num_tokens {
-                tile::<B, 4, 2, false>(w, rb, r, act, t, &mut o4);
+                tile::<B, 4, 2, false, VNNI>(w, rb, r, act, t, &mut o4);
                 for (dt, row) in o4.iter().enumerate() {
                     out.write((t + dt) * n + r, row[0]);
                     out.write((t + dt) * n + r + 1, row[1]);
@@ -309,7 +341,7 @@ impl Job<'_> {
             }
             let mut o1 = [[0f32; 2]; 1];
             while t < num_tokens {
-                tile::<B, 1, 2, false>(w, rb, r, act, t, &mut o1);
+                tile::<B, 1, 2, false, VNNI>(w, rb, r, act, t, &mut o1);
                 out.write(t * n + r, o1[0][0]);
                 out.write(t * n + r + 1, o1[0][1]);
                 t += 1;
@@ -319,7 +351,7 @@ impl Job<'_> {
         if r < rows.end {
             let mut o = [[0f32; 1]; 1];
             for t in 0..num_tokens {
-                tile::<B, 1, 1, false>(w, rb, r, act, t, &mut o);
+                tile::<B, 1, 1, false, VNNI>(w, rb, r, act, t, &mut o);
                 out.write(t * n + r, o[0][0]);
             }
         }

@@ -26,8 +26,13 @@ const ALL_TYPES: [GgmlType; 11] = [
     GgmlType::Q6K,
 ];
 
-fn both_paths() -> [CpuFeatures; 2] {
-    [CpuFeatures::PORTABLE, CpuFeatures::detect()]
+/// Portable, AVX2 without VNNI, and everything detected (each clamped to this CPU).
+fn both_paths() -> [CpuFeatures; 3] {
+    [
+        CpuFeatures::PORTABLE,
+        CpuFeatures::AVX2.clamp_to_detected(),
+        CpuFeatures::detect(),
+    ]
 }
 
 /// Byte offsets of the f16 scale fields inside one block.
@@ -167,7 +172,8 @@ fn matmul_matches_f64_reference_within_quantisation_bound_and_paths_agree() {
                 ys.push(y);
             }
             let bits = |v: &Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&ys[0]), bits(&ys[1]), "{ty:?}: scalar and SIMD differ");
+            assert_eq!(bits(&ys[0]), bits(&ys[1]), "{ty:?}: scalar and AVX2 differ");
+            assert_eq!(bits(&ys[0]), bits(&ys[2]), "{ty:?}: scalar and VNNI differ");
             for t in 0..num_tokens {
                 let xt = &x[t * row_len..(t + 1) * row_len];
                 for r in 0..num_rows {
