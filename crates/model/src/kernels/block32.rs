@@ -364,10 +364,10 @@ pub(crate) mod avx2 {
                     }
                     for t in 0..T {
                         let tok = tok0 + t;
-                        // SAFETY: `tok < num_tokens` and `b < nb`, so the 32 bytes at
-                        // `tok * row_len + b * 32` lie inside `act.qs` (`num_tokens * row_len` long).
-                        let x =
-                            unsafe { _mm256_loadu_si256(xq.add(tok * row_len + b * QK8).cast()) };
+                        let at = tok * row_len + b * QK8;
+                        // SAFETY: `tok < num_tokens` and `b < nb`, so the 32 bytes at `at` lie
+                        // inside `act.qs` (`num_tokens * row_len` long).
+                        let x = unsafe { _mm256_loadu_si256(xq.add(at).cast()) };
                         let dx = _mm256_set1_ps(act.d[tok * nb + b]);
                         let sx = act.s[tok * nb + b];
                         for r in 0..R {
