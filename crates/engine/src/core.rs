@@ -588,6 +588,7 @@ impl EngineCore {
             }
         }
         let has_decodes = !plan.is_empty();
+        let mut prefill_in_step = 0;
         // 2. Prefill chunks of running requests.
         for idx in 0..self.running.len() {
             if budget == 0 || plan.len() >= self.cfg.max_seqs {
@@ -599,9 +600,14 @@ impl EngineCore {
                 continue;
             }
             let start = s.num_computed;
-            let len = self.prefill_cap(&load, has_decodes, start, s.num_pending().min(budget));
+            let want = s.num_pending().min(budget);
+            let len = self.prefill_cap(&load, has_decodes, prefill_in_step, start, want);
+            if len == 0 {
+                break; // no more prefill fits in this step
+            }
             if self.append(id, len, tick)? {
                 load.add(start, len);
+                prefill_in_step += len;
                 plan.push(Work { id, start, len });
                 budget -= len;
             }
@@ -610,6 +616,9 @@ impl EngineCore {
         let mut skipped = VecDeque::new();
         while budget > 0 && self.running.len() < self.cfg.max_seqs && plan.len() < self.cfg.max_seqs
         {
+            if self.prefill_cap(&load, has_decodes, prefill_in_step, 0, 1) == 0 {
+                break; // not even one more prompt token fits in this step
+            }
             let Some(id) = self.waiting.pop_front() else {
                 break;
             };
@@ -617,9 +626,10 @@ impl EngineCore {
                 skipped.push_back(id);
                 continue;
             }
-            match self.admit(id, budget, &load, has_decodes, tick)? {
+            match self.admit(id, budget, &load, (has_decodes, prefill_in_step), tick)? {
                 Admission::Run(w) => {
                     budget -= w.len;
+                    prefill_in_step += w.len;
                     load.add(w.start, w.len);
                     plan.push(w);
                 }
@@ -668,13 +678,21 @@ impl EngineCore {
 
     /// Gives `id` blocks and its first chunk, with its prompt's cached prefix from the active
     /// pool and then from its tier prefetch; waits (`Later`) while the prefetch is in flight.
-    /// The prefill chunk allowed at `start` (at most `want` tokens) in a step holding `load`.
-    fn prefill_cap(&self, load: &StepLoad, has_decodes: bool, start: usize, want: usize) -> usize {
+    /// The prefill chunk allowed at `start` (at most `want` tokens) in a step holding `load`
+    /// (with `prefill_in_step` prefill tokens so far); 0 when no more prefill fits.
+    fn prefill_cap(
+        &self,
+        load: &StepLoad,
+        has_decodes: bool,
+        prefill_in_step: usize,
+        start: usize,
+        want: usize,
+    ) -> usize {
         let budget = StepBudget {
             target: self.cfg.step_time_target,
             min_prefill_tokens: self.cfg.min_prefill_tokens_per_step,
         };
-        budget.cap(&self.cost, load, has_decodes, start, want)
+        budget.cap(&self.cost, load, has_decodes, prefill_in_step, start, want)
     }
 
     fn admit(
@@ -682,7 +700,7 @@ impl EngineCore {
         id: SeqKey,
         budget: usize,
         load: &StepLoad,
-        has_decodes: bool,
+        (has_decodes, prefill_in_step): (bool, usize),
         tick: Tick,
     ) -> Result<Admission, EngineError> {
         let bs = self.cfg.block_size;
@@ -785,7 +803,11 @@ impl EngineCore {
             });
         }
         let want = (s.tokens.len() - cached).min(budget);
-        let len = self.prefill_cap(load, has_decodes, cached, want);
+        // At least one token: admission already checked that the step has room for more prefill.
+        let len = self
+            .prefill_cap(load, has_decodes, prefill_in_step, cached, want)
+            .max(1)
+            .min(want);
         self.running.push(id);
         if !self.append(id, len, tick)? {
             return Err(EngineError::Internal(

@@ -133,20 +133,23 @@ fn solve_nonneg(a: &[[f64; 3]; 3], b: &[f64; 3]) -> Option<[f64; 3]> {
 pub struct StepBudget {
     /// Target duration of a step that carries decodes (`None`: no cap beyond the token budget).
     pub target: Option<Duration>,
-    /// Prefill tokens a step with decodes may always carry, so prompts never starve.
+    /// Prefill tokens (in all, over its chunks) a step with decodes may always carry, so
+    /// prompts never starve.
     pub min_prefill_tokens: usize,
 }
 
 impl StepBudget {
     /// The largest prefill chunk, at most `want` tokens starting at position `start`, that keeps
-    /// the step (already holding `load`) within the target: `want` when there is no target,
-    /// no decode in the step or no trusted model yet; never below `min_prefill_tokens` (nor
-    /// `want`).
+    /// the step (already holding `load`, of which `prefill_in_step` prefill tokens) within the
+    /// target: `want` when there is no target, no decode in the step or no trusted model yet;
+    /// never below what is left of `min_prefill_tokens` for the step (nor above `want`). 0 means
+    /// no more prefill fits in this step.
     pub fn cap(
         &self,
         model: &StepCostModel,
         load: &StepLoad,
         has_decodes: bool,
+        prefill_in_step: usize,
         start: usize,
         want: usize,
     ) -> usize {
@@ -159,7 +162,10 @@ impl StepBudget {
             l.add(start, len);
             model.predict(l).is_none_or(|t| t <= target)
         };
-        let floor = self.min_prefill_tokens.min(want);
+        let floor = self
+            .min_prefill_tokens
+            .saturating_sub(prefill_in_step)
+            .min(want);
         if fits(want) {
             return want;
         }
@@ -233,7 +239,7 @@ mod tests {
             min_prefill_tokens: 16,
         };
         let decodes = load(&[(4000, 1), (4000, 1)]);
-        let cap = b.cap(&m, &decodes, true, 4000, 512);
+        let cap = b.cap(&m, &decodes, true, 0, 4000, 512);
         let mut with = decodes;
         with.add(4000, cap);
         assert!(m.predict(with).unwrap() <= 0.1);
@@ -245,14 +251,17 @@ mod tests {
         );
         assert!(cap > 16 && cap < 512, "{cap}");
         // No decodes, no target or a tiny target.
-        assert_eq!(b.cap(&m, &StepLoad::default(), false, 4000, 512), 512);
+        assert_eq!(b.cap(&m, &StepLoad::default(), false, 0, 4000, 512), 512);
         let none = StepBudget { target: None, ..b };
-        assert_eq!(none.cap(&m, &decodes, true, 4000, 512), 512);
+        assert_eq!(none.cap(&m, &decodes, true, 0, 4000, 512), 512);
         let tiny = StepBudget {
             target: Some(Duration::from_micros(1)),
             ..b
         };
-        assert_eq!(tiny.cap(&m, &decodes, true, 4000, 512), 16);
-        assert_eq!(tiny.cap(&m, &decodes, true, 4000, 5), 5);
+        assert_eq!(tiny.cap(&m, &decodes, true, 0, 4000, 512), 16);
+        assert_eq!(tiny.cap(&m, &decodes, true, 0, 4000, 5), 5);
+        // The floor is per step: what earlier chunks of the step used is subtracted.
+        assert_eq!(tiny.cap(&m, &decodes, true, 10, 4000, 512), 6);
+        assert_eq!(tiny.cap(&m, &decodes, true, 16, 4000, 512), 0);
     }
 }

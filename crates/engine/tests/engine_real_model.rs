@@ -610,7 +610,7 @@ fn a_step_time_target_chunks_prefills_without_changing_outputs() {
     let long: Vec<Vec<u32>> = (0..3)
         .map(|i| {
             let msgs = vec![
-                ChatMessage::new("system", SYSTEM.repeat(4 + i)),
+                ChatMessage::new("system", SYSTEM.repeat(10 + 2 * i)),
                 ChatMessage::new("user", format!("Question {i}: what is {i} plus {i}?")),
             ];
             m.tokenizer
@@ -618,25 +618,69 @@ fn a_step_time_target_chunks_prefills_without_changing_outputs() {
                 .unwrap()
         })
         .collect();
+    let lens: Vec<usize> = long.iter().map(Vec::len).collect();
     assert!(
-        long.iter().all(|p| p.len() > 600),
-        "prompts reach the tiled regime"
+        lens.iter().all(|&n| n > 600),
+        "prompts reach the tiled regime: {lens:?}"
     );
     let base = EngineConfig {
         num_blocks: 512,
         ..cfg(true)
     };
-    let (uncapped, _) = run(base.clone(), &long, &[0, 1, 2], 1, 24);
+    // A short request decodes for a while (the cost model learns from its steps), then the
+    // long prompts arrive while it is still decoding.
+    let short = prompts()[0].clone();
+    // Returns every request's tokens and the largest prefill chunk of any step after arrival.
+    let drive = |cfg: EngineConfig| -> (Vec<Vec<(u32, u32)>>, u64) {
+        let mut core = EngineCore::new(model(), cfg).unwrap();
+        let mut rxs = Vec::new();
+        let submit = |core: &mut EngineCore, id: u64, p: &[u32], max: usize| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let mut spec = RequestSpec::greedy(p.to_vec(), max);
+            spec.ignore_eos = true;
+            core.submit(RequestId(id), spec, tx).unwrap();
+            rx
+        };
+        rxs.push(submit(&mut core, 0, &short, 160));
+        for _ in 0..12 {
+            core.step().unwrap();
+        }
+        for (i, p) in long.iter().enumerate() {
+            rxs.push(submit(&mut core, 1 + i as u64, p, 8));
+        }
+        let mut largest = 0;
+        while core.has_work() {
+            let before = core.stats().prefill_tokens;
+            core.step().unwrap();
+            largest = largest.max(core.stats().prefill_tokens - before);
+            core.cache().check_invariants().unwrap();
+        }
+        let outs = rxs
+            .into_iter()
+            .map(|mut rx| {
+                let mut toks = Vec::new();
+                while let Ok(ev) = rx.try_recv() {
+                    match ev {
+                        EngineEvent::Token(t) => toks.push((t.id, t.logprob.to_bits())),
+                        EngineEvent::Error(e) => panic!("{e}"),
+                        _ => {}
+                    }
+                }
+                toks
+            })
+            .collect();
+        (outs, largest)
+    };
+    let (uncapped, uncapped_chunk) = drive(base.clone());
     let capped_cfg = EngineConfig {
         step_time_target: Some(std::time::Duration::from_micros(1)),
         min_prefill_tokens_per_step: 16,
         ..base
     };
-    let (capped, core) = run(capped_cfg, &long, &[0, 1, 2], 1, 24);
-    assert_eq!(tokens_only(&capped), tokens_only(&uncapped));
-    assert!(
-        core.stats().steps > 60,
-        "the cap cut prefills into small chunks ({} steps)",
-        core.stats().steps
-    );
+    let (capped, capped_chunk) = drive(capped_cfg);
+    assert_eq!(capped, uncapped);
+    assert!(capped.iter().all(|t| !t.is_empty()));
+    // ≈2,000 prompt tokens in 16-token chunks while the short request decodes.
+    assert_eq!(capped_chunk, 16, "prefill chunks under the cap");
+    assert!(uncapped_chunk > 400, "uncapped chunk {uncapped_chunk}");
 }
