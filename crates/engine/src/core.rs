@@ -522,16 +522,6 @@ impl EngineCore {
             self.sample_and_emit(id, &mut l);
         }
         self.cost.observe(load, started.elapsed());
-        if std::env::var_os("AGENTKV_DEBUG_STEPS").is_some() {
-            eprintln!(
-                "step tokens {} pairs {} took {:.1} ms predicted {:?} coef {:?}",
-                load.tokens,
-                load.pairs,
-                started.elapsed().as_secs_f64() * 1e3,
-                self.cost.predict(load).map(|x| x * 1e3),
-                self.cost.coefficients()
-            );
-        }
         Ok(plan.iter().map(|w| w.len).sum())
     }
 
