@@ -149,13 +149,37 @@ impl KvStore for StepKv<'_> {
         num_positions: usize,
         f: &mut dyn FnMut(usize, KvChunk<'_>),
     ) {
+        self.for_each_chunk_from(layer, slot, kv_head, 0, num_positions, f)
+    }
+
+    /// Blocks from the one holding `from`; while a block is read, the next block's rows are
+    /// prefetched (blocks are scattered in memory, so the hardware prefetcher cannot follow).
+    fn for_each_chunk_from(
+        &self,
+        layer: usize,
+        slot: SeqSlot,
+        kv_head: usize,
+        from: usize,
+        num_positions: usize,
+        f: &mut dyn FnMut(usize, KvChunk<'_>),
+    ) {
         let bs = self.mem.geo.block_size;
-        let mut pos = 0;
-        for &block in self.tables[slot.0 as usize] {
+        let table = self.tables[slot.0 as usize];
+        let first_block = from / bs;
+        let mut pos = first_block * bs;
+        for (i, &block) in table.iter().enumerate().skip(first_block) {
             if pos >= num_positions {
                 break;
             }
             let n = (num_positions - pos).min(bs);
+            if let Some(&next) = table.get(i + 1) {
+                if pos + bs < num_positions {
+                    let next_n = (num_positions - pos - bs).min(bs);
+                    self.mem
+                        .rows
+                        .prefetch(self.mem.row(next, layer, kv_head, 0), next_n);
+                }
+            }
             f(
                 pos,
                 self.mem
@@ -205,6 +229,16 @@ mod tests {
             assert_eq!(seen.len(), 2);
             assert_eq!(seen[0], (0, vec![3.0, 4.0, 5.0, 13.0, 14.0, 15.0]));
             assert_eq!(seen[1], (2, vec![23.0, 24.0, 25.0]));
+            // From position 2 on: the first block is skipped (the second block's rows were
+            // prefetched while the first was read above; prefetching changes nothing).
+            let mut from2 = Vec::new();
+            kv.for_each_chunk_from(1, SeqSlot(0), 1, 2, 3, &mut |start, chunk| {
+                from2.push((start, chunk.num_positions(3)));
+            });
+            assert_eq!(from2, vec![(2, 1)]);
+            let mut from1 = Vec::new();
+            kv.for_each_chunk_from(1, SeqSlot(0), 1, 1, 3, &mut |start, _| from1.push(start));
+            assert_eq!(from1, vec![0, 2], "a chunk holding `from` starts before it");
             assert!(
                 kv.write(0, SeqSlot(0), 4, &[0.0; 6], &[0.0; 6]).is_err(),
                 "beyond the table"

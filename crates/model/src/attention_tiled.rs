@@ -195,10 +195,11 @@ pub unsafe fn run_tile_task(
         else {
             continue;
         };
-        inp.kv.for_each_chunk(
+        inp.kv.for_each_chunk_from(
             inp.layer,
             slot,
             kv_head as usize,
+            seg_start,
             seg_end,
             &mut |start, chunk| {
                 let KvChunk::F16 { k, v } = chunk else {

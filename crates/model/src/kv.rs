@@ -119,6 +119,22 @@ pub trait KvStore: Sync {
         num_positions: usize,
         f: &mut dyn FnMut(usize, KvChunk<'_>),
     );
+
+    /// Like [`KvStore::for_each_chunk`] for readers that need positions `from..num_positions`
+    /// only: chunks that end at or before `from` may be left out (the first chunk may still
+    /// start before `from`). Stores with many chunks skip them and may prefetch ahead.
+    fn for_each_chunk_from(
+        &self,
+        layer: usize,
+        slot: SeqSlot,
+        kv_head: usize,
+        from: usize,
+        num_positions: usize,
+        f: &mut dyn FnMut(usize, KvChunk<'_>),
+    ) {
+        let _ = from;
+        self.for_each_chunk(layer, slot, kv_head, num_positions, f)
+    }
 }
 
 /// One contiguous buffer per slot: rows ordered `[num_layers, num_kv_heads, capacity]`.

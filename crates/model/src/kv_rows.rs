@@ -121,6 +121,47 @@ impl KvRows {
         Ok(())
     }
 
+    /// Asks the CPU to bring rows `first..first + n` (K and V) into cache ahead of a read; no
+    /// effect on any result. A no-op off x86-64.
+    pub fn prefetch(&self, first: usize, n: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let hd = self.head_dim;
+            let (k, v, bytes): (*const u8, *const u8, usize) = match &self.buf {
+                RowBuf::F32 { k, v } => {
+                    let r = first * hd..(first + n) * hd;
+                    (
+                        k[r.clone()].as_ptr().cast(),
+                        v[r].as_ptr().cast(),
+                        n * hd * 4,
+                    )
+                }
+                RowBuf::F16 { k, v } => {
+                    let r = first * hd..(first + n) * hd;
+                    (
+                        k[r.clone()].as_ptr().cast(),
+                        v[r].as_ptr().cast(),
+                        n * hd * 2,
+                    )
+                }
+                // Encoded rows are small; not worth it.
+                RowBuf::Encoded { .. } => return,
+            };
+            for off in (0..bytes).step_by(64) {
+                // SAFETY: `off < bytes`, the length of the borrowed (bounds-checked) row ranges
+                // above, so both addresses lie inside live buffers; a prefetch never faults and
+                // has no architectural effect.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(k.add(off).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(v.add(off).cast());
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (first, n);
+    }
+
     /// Rows `first..first + n` as one attention chunk.
     pub fn chunk(&self, first: usize, n: usize) -> KvChunk<'_> {
         let hd = self.head_dim;

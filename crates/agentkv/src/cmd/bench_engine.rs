@@ -39,7 +39,7 @@ pub struct BenchEngineArgs {
     /// Agent mix: sequences decoding at depth.
     #[arg(long, default_value_t = 4)]
     pub decoders: usize,
-    /// Agent mix: new prompt tokens per arriving request.
+    /// Agent mix: new prompt tokens per arriving request (0 = no arrivals: decoders alone).
     #[arg(long, default_value_t = 256)]
     pub arrival_tokens: usize,
     /// Agent mix: step-time targets to compare, in ms (0 = none).
@@ -211,7 +211,12 @@ fn run_agent_mix(
         core.submit(RequestId(id), RequestSpec::greedy(with(id, p), 1), tx)?;
         Ok((rx, Instant::now()))
     };
-    let mut arrival = submit_arrival(&mut core, next_arrival)?;
+    // `--arrival-tokens 0`: decoders alone (decode throughput at depth).
+    let mut arrival = if p > 0 {
+        Some(submit_arrival(&mut core, next_arrival)?)
+    } else {
+        None
+    };
     let started = Instant::now();
     let prefill_before = core.stats().prefill_tokens;
     let mut live = args.decoders;
@@ -233,8 +238,11 @@ fn run_agent_mix(
                 }
             }
         }
+        let Some((rx, sent)) = arrival.as_mut() else {
+            continue;
+        };
         let mut got = false;
-        while let Ok(ev) = arrival.0.try_recv() {
+        while let Ok(ev) = rx.try_recv() {
             match ev {
                 EngineEvent::Token(_) => got = true,
                 EngineEvent::Error(e) => anyhow::bail!("arrival failed: {e}"),
@@ -242,9 +250,9 @@ fn run_agent_mix(
             }
         }
         if got {
-            ttft.push((now - arrival.1).as_secs_f64() * 1e3);
+            ttft.push((now - *sent).as_secs_f64() * 1e3);
             next_arrival += 1;
-            arrival = submit_arrival(&mut core, next_arrival)?;
+            arrival = Some(submit_arrival(&mut core, next_arrival)?);
         }
     }
     let wall = started.elapsed().as_secs_f64();
@@ -252,9 +260,11 @@ fn run_agent_mix(
     let (p50, p99) = (percentile(&mut itl, 0.5), percentile(&mut itl, 0.99));
     let ttft50 = percentile(&mut ttft, 0.5);
     let prefill_tps = prefill_tokens as f64 / wall;
+    let decode_tps = itl.len() as f64 / wall;
     eprintln!(
         "depth {depth}, {} decoders, {p}-token arrivals, step target {}: ITL p50 {p50:.1} ms p99 {p99:.1} ms; \
-         prefill {prefill_tps:.1} tok/s; arrival TTFT p50 {ttft50:.0} ms ({} arrivals, {wall:.1}s)",
+         decode {decode_tps:.1} tok/s total; prefill {prefill_tps:.1} tok/s; arrival TTFT p50 \
+         {ttft50:.0} ms ({} arrivals, {wall:.1}s)",
         args.decoders,
         if target_ms == 0 { "none".to_string() } else { format!("{target_ms} ms") },
         ttft.len(),
@@ -262,7 +272,7 @@ fn run_agent_mix(
     Ok(serde_json::json!({
         "depth": depth, "decoders": args.decoders, "arrival_tokens": p, "gen_tokens": gen,
         "step_target_ms": target_ms, "itl_ms_p50": p50, "itl_ms_p99": p99,
-        "prefill_tok_s": prefill_tps, "arrival_ttft_ms_p50": ttft50, "arrivals": ttft.len(),
+        "prefill_tok_s": prefill_tps, "decode_tok_s": decode_tps, "arrival_ttft_ms_p50": ttft50, "arrivals": ttft.len(),
         "wall_s": wall,
     }))
 }
