@@ -7,7 +7,6 @@
 mod common;
 
 use std::io::Write;
-use std::process::Command;
 
 const CONFIG: &str = r#"
 server:
@@ -27,21 +26,11 @@ fn framework_tool_loops_reach_the_second_call_from_the_cache() {
         .write_all(CONFIG.as_bytes())
         .unwrap();
     let server = common::start(&cfg);
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../server/tests/e2e_frameworks.py"
+    let stdout = common::run_python_client(
+        "e2e_frameworks.py",
+        &format!("http://{}", server.addr),
+        "ALL FRAMEWORK CHECKS PASSED",
+        "CI installs it with langchain-openai and openai-agents",
     );
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(format!("http://{}", server.addr))
-        .output()
-        .expect("python3 is required (CI installs it with langchain-openai and openai-agents)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "e2e_frameworks.py failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
-    );
-    assert!(stdout.contains("ALL FRAMEWORK CHECKS PASSED"), "{stdout}");
     println!("{stdout}");
 }

@@ -2,6 +2,8 @@
 //! by the official `openai` Python package (`crates/server/tests/e2e_openai.py`). Fails (never
 //! skips) when python3 or the package is missing: CI installs them.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 
@@ -60,19 +62,12 @@ fn openai_client_end_to_end() {
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_string();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../server/tests/e2e_openai.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(&base)
-        .output()
-        .expect("python3 is required (CI installs it with the openai package)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "e2e_openai.py failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    let stdout = common::run_python_client(
+        "e2e_openai.py",
+        &base,
+        "ALL E2E CHECKS PASSED",
+        "CI installs it with the openai package",
     );
-    assert!(stdout.contains("ALL E2E CHECKS PASSED"), "{stdout}");
     println!("{stdout}");
     // Graceful shutdown: SIGTERM with nothing running exits cleanly and promptly.
     let mut server = server;

@@ -1,5 +1,6 @@
 //! Shared by the tests that run the real `agentkv serve` binary: start it on a free port (with a
-//! YAML config) and speak HTTP/1.1 to it over a plain socket.
+//! YAML config), speak HTTP/1.1 to it over a plain socket, and run a Python client script
+//! against it.
 
 #![allow(dead_code)] // each test binary uses part of these helpers
 
@@ -77,4 +78,23 @@ fn dechunk(mut s: &str) -> String {
         s = &rest[n + 2..];
     }
     out
+}
+
+/// Runs the Python client `script` (under `crates/server/tests/`) against `base_url`, fails with
+/// its output unless it exits 0 and prints `marker`, and returns its stdout.
+pub fn run_python_client(script: &str, base_url: &str, marker: &str, needs: &str) -> String {
+    let path = format!("{}/../server/tests/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(&path)
+        .arg(base_url)
+        .output()
+        .unwrap_or_else(|e| panic!("python3 is required ({needs}): {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{script} failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    assert!(stdout.contains(marker), "{stdout}");
+    stdout
 }

@@ -17,10 +17,8 @@ use engine::FinishReason;
 
 use crate::error::ApiError;
 use crate::output::{chat_logprobs, collect};
-use crate::params::{
-    chat_prompt, check_model, parse_request, prepare, tool_constraint, GenOptions, Prepared,
-};
-use crate::routes::body_bytes;
+use crate::params::{chat_prompt, prepare, tool_constraint, GenOptions, Prepared};
+use crate::routes::read_generation_request;
 use crate::run::{finish_reason_name, submit, Step};
 use crate::sse::{self, json};
 use crate::state::{unix_now, AppState};
@@ -33,10 +31,8 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let tenant = state.tenants.authenticate(&headers)?.clone();
-    let body = body_bytes(&state, body)?;
-    let req: ChatCompletionRequest = parse_request(&body, state.settings.unknown_fields)?;
-    check_model(&state, &req.model)?;
+    let (tenant, req) =
+        read_generation_request(&state, &headers, body, |r: &ChatCompletionRequest| &r.model)?;
     let (prepared, tool_mode) = prepare_chat(&state, &tenant, &req)?;
     let mut running = submit(&state, &tenant, prepared)?;
     let id = format!("chatcmpl-{}", running.id.0);

@@ -10,8 +10,8 @@ use axum::Json;
 
 use crate::error::ApiError;
 use crate::output::{collect, completion_logprobs};
-use crate::params::{check_model, completion_prompt, parse_request, prepare, GenOptions};
-use crate::routes::body_bytes;
+use crate::params::{completion_prompt, prepare, GenOptions};
+use crate::routes::read_generation_request;
 use crate::run::{finish_reason_name, submit, Step};
 use crate::sse::{self, json};
 use crate::state::{unix_now, AppState};
@@ -22,10 +22,8 @@ pub async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let tenant = state.tenants.authenticate(&headers)?.clone();
-    let body = body_bytes(&state, body)?;
-    let req: CompletionRequest = parse_request(&body, state.settings.unknown_fields)?;
-    check_model(&state, &req.model)?;
+    let (tenant, req) =
+        read_generation_request(&state, &headers, body, |r: &CompletionRequest| &r.model)?;
     if req.echo.unwrap_or(false) {
         return Err(ApiError::invalid("echo is not supported", "echo"));
     }

@@ -1,5 +1,5 @@
-//! The router: which path goes to which handler, the body-size limit, and two helpers every
-//! handler shares (reading the body, taking an engine snapshot).
+//! The router: which path goes to which handler, the body-size limit, and the helpers handlers
+//! share (reading the body, reading a generation request, taking an engine snapshot).
 
 mod admin;
 mod chat;
@@ -10,13 +10,15 @@ mod responses;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::Router;
 use engine::EngineSnapshot;
 
 use crate::error::ApiError;
+use crate::params::{check_model, parse_request};
 use crate::state::AppState;
+use crate::tenants::Tenant;
 
 /// Every route of the server.
 pub fn router(state: AppState) -> Router {
@@ -40,6 +42,21 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// What every generation route does first: authenticate the caller, read the body, parse it
+/// under the server's unknown-field policy, and check its `model` against the served names.
+pub(crate) fn read_generation_request<T: serde::de::DeserializeOwned + api::KnownFields>(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    model: impl FnOnce(&T) -> &str,
+) -> Result<(Tenant, T), ApiError> {
+    let tenant = state.tenants.authenticate(headers)?.clone();
+    let body = body_bytes(state, body)?;
+    let req: T = parse_request(&body, state.settings.unknown_fields)?;
+    check_model(state, model(&req))?;
+    Ok((tenant, req))
 }
 
 /// The request body, or the OpenAI error for an oversized or unreadable one.

@@ -27,10 +27,9 @@ use engine::FinishReason;
 
 use crate::error::ApiError;
 use crate::output::collect;
-use crate::params::{check_model, parse_request};
 use crate::response_store::StoredResponse;
-use crate::routes::body_bytes;
 use crate::routes::chat::{prepare_chat, tool_reply};
+use crate::routes::read_generation_request;
 use crate::run::{submit, Step};
 use crate::sse::{self, json, SseData};
 use crate::state::{unix_now, AppState};
@@ -40,10 +39,8 @@ pub async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let tenant = state.tenants.authenticate(&headers)?.clone();
-    let body = body_bytes(&state, body)?;
-    let req: ResponsesRequest = parse_request(&body, state.settings.unknown_fields)?;
-    check_model(&state, &req.model)?;
+    let (tenant, req) =
+        read_generation_request(&state, &headers, body, |r: &ResponsesRequest| &r.model)?;
     if req.include.as_ref().is_some_and(|i| !i.is_empty()) {
         return Err(ApiError::UnsupportedParameter {
             param: "include".into(),
