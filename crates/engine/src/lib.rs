@@ -12,23 +12,29 @@ mod demoter;
 pub mod error;
 mod loader;
 pub mod paged_kv;
+mod plan;
 pub mod request;
+mod scheduler;
 mod sequence;
 pub mod snapshot;
+mod stats;
 pub mod step_budget;
 pub mod text;
+mod tier_cost;
+mod tier_events;
 pub mod tiering;
 
 /// The storage-tier crate (its `TierConfig` is part of [`EngineConfig`]).
 pub use tier;
 
 pub use actor::{Engine, EngineHandle};
-pub use config::EngineConfig;
-pub use core::{EngineCore, EngineStats};
+pub use config::{EngineConfig, TieringConfig};
+pub use core::{EngineCore, SnapshotCell};
 pub use error::EngineError;
 pub use request::{
     EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec, Retention,
     Timings, TokenEvent, Usage,
 };
 pub use snapshot::{EngineSnapshot, PinnedPrompt};
+pub use stats::EngineStats;
 pub use tiering::{TierCounters, TierLoadPolicy, TierSnapshot, TieringSnapshot};

@@ -2,7 +2,7 @@
 
 use cache::{Counters, TenantCounters, TenantId, Usage};
 
-use crate::core::EngineStats;
+use crate::stats::EngineStats;
 use crate::tiering::TieringSnapshot;
 
 /// One warm-up prompt pinned at start.

@@ -157,11 +157,11 @@ fn engine_config(
         }
     }
     // Set after the probe above, which must not open the tiers.
-    cfg.tiers = file.tiers.clone();
-    cfg.tier_write_through = kv.tier_write_through.unwrap_or(false);
-    cfg.tier_write_on_publish = kv.tier_write_on_publish.unwrap_or(false);
+    cfg.tiers.stores = file.tiers.clone();
+    cfg.tiers.write_through = kv.tier_write_through.unwrap_or(false);
+    cfg.tiers.write_on_publish = kv.tier_write_on_publish.unwrap_or(false);
     if let Some(b) = kv.tier_prefetch_max_size {
-        cfg.tier_prefetch_max_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
+        cfg.tiers.prefetch_max_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
     }
     Ok(cfg)
 }
