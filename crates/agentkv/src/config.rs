@@ -53,7 +53,7 @@ pub struct FileConfig {
     pub limits: LimitsSection,
     /// Storage tiers after the active pool, in lookup order.
     #[serde(default)]
-    pub tiers: Vec<engine::tier::TierConfig>,
+    pub tiers: Vec<tier::TierConfig>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -340,11 +340,11 @@ mod tests {
         assert_eq!(c.tiers.len(), 3);
         assert!(matches!(
             c.tiers[0],
-            engine::tier::TierConfig::Ram { max_size, .. } if max_size.0 == 4_000_000_000
+            tier::TierConfig::Ram { max_size, .. } if max_size.0 == 4_000_000_000
         ));
         assert!(matches!(
             c.tiers[2],
-            engine::tier::TierConfig::Redis {
+            tier::TierConfig::Redis {
                 ttl_secs: Some(60),
                 ..
             }

@@ -24,8 +24,10 @@ use crate::sequence::SeqKey;
 
 pub use tier::{TierKind, TierStats, LOAD_LATENCY_BUCKETS_US};
 
-pub use crate::config::{TierLoadPolicy, DEFAULT_ADMISSION_WAIT, DEFAULT_PREFETCH_MAX_BYTES};
-pub use crate::tier_cost::{load_is_faster, TierCounters, TierPlan, PROBE_EVERY};
+use crate::config::TierLoadPolicy;
+pub use crate::tier_cost::TierCounters;
+#[cfg(test)]
+use crate::tier_cost::{load_is_faster, PROBE_EVERY};
 use crate::tier_cost::{CostState, Ewma, TierShared, MIN_PREFILL_SAMPLE_TOKENS};
 
 /// One tier as exported: its kind, the store's own counters and the engine's.
@@ -461,7 +463,7 @@ mod tests {
             write_through: false,
             on_publish,
         };
-        let wait = DEFAULT_ADMISSION_WAIT;
+        let wait = crate::config::DEFAULT_ADMISSION_WAIT;
         Tiering::new(
             stores,
             writes,

@@ -422,7 +422,7 @@ fn a_slow_tier_load_never_stalls_other_requests() {
     })));
     // The default admission wait (2 ms): a slow lookup defers its request, not the batch.
     let mut async_cfg = cfg();
-    async_cfg.tiers.admission_wait = engine::tiering::DEFAULT_ADMISSION_WAIT;
+    async_cfg.tiers.admission_wait = engine::DEFAULT_ADMISSION_WAIT;
     let mut core =
         EngineCore::with_tier_stores(model(), async_cfg, vec![slow.clone() as Arc<dyn TierStore>])
             .unwrap();

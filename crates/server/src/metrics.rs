@@ -490,7 +490,7 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
             .stats
             .load_buckets
             .iter()
-            .zip(engine::tiering::LOAD_LATENCY_BUCKETS_US)
+            .zip(engine::LOAD_LATENCY_BUCKETS_US)
         {
             cumulative += count;
             let le = bound_us as f64 / 1e6;

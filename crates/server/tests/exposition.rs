@@ -228,10 +228,13 @@ async fn metrics_are_valid_prometheus_exposition() {
         num_blocks: 24,
         threads: 2,
         policy: cache::EvictionPolicy::ADAPTIVE_SEGMENTED_LRU,
-        tiers: vec![engine::tier::TierConfig::Ram {
-            max_size: engine::tier::ByteSize(64 << 20),
-            compression: Default::default(),
-        }],
+        tiers: engine::TieringConfig {
+            stores: vec![tier::TierConfig::Ram {
+                max_size: tier::ByteSize(64 << 20),
+                compression: Default::default(),
+            }],
+            ..Default::default()
+        },
         ..EngineConfig::default()
     };
     let engine = Engine::start(EngineCore::new(common::model(), cfg).expect("engine"));
