@@ -22,7 +22,7 @@ use model::kv::SeqSlot;
 use model::{Model, ThreadPool};
 
 use crate::config::EngineConfig;
-use crate::error::EngineError;
+use crate::error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 use crate::paged_kv::{KvGeometry, PagedKvMemory};
 use crate::plan::{PrefetchStart, StepPlan};
 use crate::request::{EngineEvent, EventSender, FinishReason, RequestId, RequestSpec};
@@ -77,9 +77,8 @@ impl SnapshotCell {
 impl EngineCore {
     /// An engine over `model`; opens the stores of `cfg.tiers` (a disk tier scans its
     /// directory; Redis connects lazily).
-    pub fn new(model: Arc<Model>, cfg: EngineConfig) -> Result<Self, EngineError> {
-        let stores = tier::open_tiers(&cfg.tiers.stores)
-            .map_err(|e| EngineError::Config(format!("tiers: {e}")))?
+    pub fn new(model: Arc<Model>, cfg: EngineConfig) -> Result<Self, EngineBuildError> {
+        let stores = tier::open_tiers(&cfg.tiers.stores)?
             .into_iter()
             .map(Arc::from)
             .collect();
@@ -93,10 +92,10 @@ impl EngineCore {
         model: Arc<Model>,
         cfg: EngineConfig,
         stores: Vec<Arc<dyn tier::TierStore>>,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, EngineBuildError> {
         if !stores.is_empty() && !cfg.prefix_caching {
-            return Err(EngineError::Config(
-                "storage tiers need prefix_caching (blocks are found by their prefix keys)".into(),
+            return Err(EngineBuildError::Config(
+                "storage tiers need prefix_caching (blocks are found by their prefix keys)",
             ));
         }
         if cfg.max_batch_tokens == 0
@@ -104,15 +103,15 @@ impl EngineCore {
             || cfg.block_size == 0
             || cfg.num_blocks == 0
         {
-            return Err(EngineError::Config(
-                "num_blocks, block_size, max_batch_tokens and max_seqs must be > 0".into(),
+            return Err(EngineBuildError::Config(
+                "num_blocks, block_size, max_batch_tokens and max_seqs must be > 0",
             ));
         }
         let mut cache_cfg = CacheConfig::new(cfg.num_blocks as u32);
         cache_cfg.block_size = cfg.block_size as u32;
         cache_cfg.policy = cfg.policy;
         cache_cfg.record_events = !stores.is_empty();
-        let cache = KvCache::new(cache_cfg).map_err(|e| EngineError::Config(e.to_string()))?;
+        let cache = KvCache::new(cache_cfg)?;
         let c = &model.config;
         let geo = KvGeometry {
             num_blocks: cfg.num_blocks,
@@ -121,8 +120,7 @@ impl EngineCore {
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
         };
-        let mem = PagedKvMemory::new(geo, cfg.kv_dtype)
-            .map_err(|e| EngineError::Config(e.to_string()))?;
+        let mem = PagedKvMemory::new(geo, cfg.kv_dtype)?;
         let model_fingerprint = *blake3::hash(model.gguf().file_bytes()).as_bytes();
         let t = &cfg.tiers;
         let tiers = (!stores.is_empty()).then(|| {
@@ -291,10 +289,11 @@ impl EngineCore {
             return Ok(0);
         }
         if tokens.len() > self.cfg.num_blocks * self.cfg.block_size {
-            return Err(EngineError::NeverFits {
+            return Err(RequestError::NeverFits {
                 needed_blocks: tokens.len().div_ceil(self.cfg.block_size),
                 total_blocks: self.cfg.num_blocks,
-            });
+            }
+            .into());
         }
         let tick = self.next_tick();
         let ns = self.namespace(tenant, salt);
@@ -303,7 +302,7 @@ impl EngineCore {
         let cached = m.num_cached_tokens();
         let cs = self.cache.create_sequence(m).map_err(internal)?;
         let mut done = cached;
-        let result = (|| {
+        let result: Result<(), EngineError> = (|| {
             while done < tokens.len() {
                 let len = (tokens.len() - done).min(self.cfg.max_batch_tokens);
                 self.cache
@@ -360,39 +359,7 @@ impl EngineCore {
         spec: RequestSpec,
         sink: EventSender,
     ) -> Result<(), EngineError> {
-        let c = &self.model.config;
-        if spec.prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if let Some(&t) = spec.prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(EngineError::BadToken(t));
-        }
-        spec.sampling
-            .validate()
-            .map_err(|e| EngineError::Sampling(e.to_string()))?;
-        let total = spec.prompt.len() + spec.max_tokens;
-        if total > c.context_length {
-            return Err(EngineError::ContextTooLong {
-                prompt_tokens: spec.prompt.len(),
-                max_tokens: spec.max_tokens,
-                context_length: c.context_length,
-            });
-        }
-        if spec.n == 0 || spec.n > 16 {
-            return Err(EngineError::Sampling(format!(
-                "n must be between 1 and 16, got {}",
-                spec.n
-            )));
-        }
-        // Choices share the prompt's full blocks; each needs its own blocks for its output.
-        let needed_blocks = total.div_ceil(self.cfg.block_size)
-            + (spec.n - 1) * (spec.max_tokens.div_ceil(self.cfg.block_size) + 1);
-        if needed_blocks > self.cfg.num_blocks {
-            return Err(EngineError::NeverFits {
-                needed_blocks,
-                total_blocks: self.cfg.num_blocks,
-            });
-        }
+        self.check_request(&spec)?;
         let ns = self.namespace(spec.tenant, &spec.cache_salt);
         let key = SeqKey(id, 0);
         if self.seqs.contains_key(&key) {
@@ -404,6 +371,39 @@ impl EngineCore {
         self.seqs.insert(key, Sequence::new(spec, ns, sink));
         self.scheduler.enqueue(key);
         self.start_prefetch(key, false);
+        Ok(())
+    }
+
+    /// Checks a request against the model and this engine's size.
+    fn check_request(&self, spec: &RequestSpec) -> Result<(), RequestError> {
+        let c = &self.model.config;
+        if spec.prompt.is_empty() {
+            return Err(RequestError::EmptyPrompt);
+        }
+        if let Some(&t) = spec.prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(RequestError::BadToken(t));
+        }
+        spec.sampling.validate()?;
+        let total = spec.prompt.len() + spec.max_tokens;
+        if total > c.context_length {
+            return Err(RequestError::ContextTooLong {
+                prompt_tokens: spec.prompt.len(),
+                max_tokens: spec.max_tokens,
+                context_length: c.context_length,
+            });
+        }
+        if spec.n == 0 || spec.n > MAX_CHOICES {
+            return Err(RequestError::Choices(spec.n));
+        }
+        // Choices share the prompt's full blocks; each needs its own blocks for its output.
+        let needed_blocks = total.div_ceil(self.cfg.block_size)
+            + (spec.n - 1) * (spec.max_tokens.div_ceil(self.cfg.block_size) + 1);
+        if needed_blocks > self.cfg.num_blocks {
+            return Err(RequestError::NeverFits {
+                needed_blocks,
+                total_blocks: self.cfg.num_blocks,
+            });
+        }
         Ok(())
     }
 

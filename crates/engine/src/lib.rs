@@ -29,7 +29,7 @@ pub use config::{
     EngineConfig, TierLoadPolicy, TieringConfig, DEFAULT_ADMISSION_WAIT, DEFAULT_PREFETCH_MAX_BYTES,
 };
 pub use core::{EngineCore, SnapshotCell};
-pub use error::EngineError;
+pub use error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 pub use paged_kv::PagedKvMemory;
 pub use request::{
     EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec, Retention,

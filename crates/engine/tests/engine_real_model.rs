@@ -5,7 +5,8 @@ use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 
 use engine::{
-    EngineConfig, EngineCore, EngineError, EngineEvent, FinishReason, RequestId, RequestSpec,
+    EngineConfig, EngineCore, EngineError, EngineEvent, FinishReason, RequestError, RequestId,
+    RequestSpec,
 };
 use model::chat::ChatMessage;
 use model::Model;
@@ -230,7 +231,7 @@ fn cancellation_frees_blocks_in_the_same_step_and_errors_are_clear() {
     let (tx, _rx) = mpsc::unbounded_channel();
     assert_eq!(
         core.submit(RequestId(3), RequestSpec::greedy(vec![], 5), tx.clone()),
-        Err(EngineError::EmptyPrompt)
+        Err(EngineError::Request(RequestError::EmptyPrompt))
     );
     assert!(matches!(
         core.submit(
@@ -238,7 +239,7 @@ fn cancellation_frees_blocks_in_the_same_step_and_errors_are_clear() {
             RequestSpec::greedy(vec![1; 9000], 5),
             tx.clone()
         ),
-        Err(EngineError::ContextTooLong { .. })
+        Err(EngineError::Request(RequestError::ContextTooLong { .. }))
     ));
     assert!(matches!(
         core.submit(
@@ -246,7 +247,7 @@ fn cancellation_frees_blocks_in_the_same_step_and_errors_are_clear() {
             RequestSpec::greedy(vec![60_000], 5),
             tx.clone()
         ),
-        Err(EngineError::BadToken(60_000))
+        Err(EngineError::Request(RequestError::BadToken(60_000)))
     ));
     let tiny = EngineCore::new(
         model(),
@@ -258,7 +259,7 @@ fn cancellation_frees_blocks_in_the_same_step_and_errors_are_clear() {
     let mut tiny = tiny.unwrap();
     assert!(matches!(
         tiny.submit(RequestId(6), RequestSpec::greedy(p[0].clone(), 5), tx),
-        Err(EngineError::NeverFits { .. })
+        Err(EngineError::Request(RequestError::NeverFits { .. }))
     ));
 }
 
@@ -404,7 +405,9 @@ fn actor_serves_requests_with_stop_strings_min_tokens_seeds_and_warmup() {
     let (_, mut rx) = h.submit(RequestSpec::greedy(vec![], 2)).unwrap();
     assert!(matches!(
         rx.blocking_recv(),
-        Some(EngineEvent::Error(EngineError::EmptyPrompt))
+        Some(EngineEvent::Error(EngineError::Request(
+            RequestError::EmptyPrompt
+        )))
     ));
 }
 

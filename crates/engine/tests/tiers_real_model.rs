@@ -373,7 +373,7 @@ fn tiers_without_prefix_caching_are_a_config_error() {
         },
         vec![ram() as Arc<dyn TierStore>],
     );
-    assert!(matches!(err, Err(engine::EngineError::Config(_))));
+    assert!(matches!(err, Err(engine::EngineBuildError::Config(_))));
 }
 
 #[test]

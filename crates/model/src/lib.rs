@@ -21,6 +21,8 @@ pub mod ops;
 pub mod par;
 pub mod perplexity;
 pub mod sampler;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tokenizer;
 pub mod weights;
 

@@ -54,6 +54,11 @@ impl Model {
             path: path.to_path_buf(),
             source,
         })?;
+        Self::from_gguf(file, path)
+    }
+
+    /// A model from an already opened (or in-memory) GGUF file; `path` is what it reports.
+    pub fn from_gguf(file: GgufFile, path: &Path) -> Result<Model, LoadError> {
         let file = Arc::new(file);
         let config = ModelConfig::from_metadata(file.metadata())?;
         let weights = Weights::load(file.clone(), &config)?;

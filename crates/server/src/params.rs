@@ -316,7 +316,9 @@ pub fn prepare(
         });
     }
     let n = o.n.unwrap_or(1);
-    check((1..=16).contains(&n), "n", "between 1 and 16", n)?;
+    let max_n = engine::MAX_CHOICES;
+    let rule = format!("between 1 and {max_n}");
+    check((1..=max_n).contains(&(n as usize)), "n", &rule, n)?;
     let temperature = o.temperature.unwrap_or(1.0);
     check(
         (0.0..=2.0).contains(&temperature),
