@@ -216,13 +216,9 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
 /// Token ids of a warm-up prompt, rendered exactly as a request that starts with it would be.
 fn prompt_tokens(model: &model::Model, p: &PromptDef) -> Result<Vec<u32>> {
     Ok(match (&p.system, &p.text) {
+        // The same path as a request's messages (client text never parsed as special tokens).
         (Some(s), _) => {
-            let text = model.chat_template_or_fallback().render(
-                &[model::chat::ChatMessage::new("system", s)],
-                None,
-                false,
-            )?;
-            model.tokenizer.encode(&text, false, true)?
+            model.encode_chat(&[model::chat::ChatMessage::new("system", s)], None, false)?
         }
         (None, Some(t)) => model.tokenizer.encode(t, true, false)?,
         (None, None) => Vec::new(),
