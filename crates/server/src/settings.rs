@@ -81,6 +81,10 @@ pub struct ServerSettings {
     /// Keys of trusted proxies: a call with one of them runs as the tenant its
     /// `trusted_tenant_header` names (required). Never a tenant or admin key.
     pub trusted_proxy_api_keys: Vec<String>,
+    /// When non-empty, `GET /metrics` needs one of these keys (or an admin key); else it is open.
+    pub metrics_api_keys: Vec<String>,
+    /// Series labelled by tenant name in `/metrics` (default true); off, only totals are shown.
+    pub metrics_per_tenant: bool,
     pub limits: Limits,
     /// How long running requests may take to finish after a shutdown signal.
     pub shutdown_timeout: Duration,
@@ -96,6 +100,8 @@ impl Default for ServerSettings {
             admin_api_keys: Vec::new(),
             trusted_tenant_header: None,
             trusted_proxy_api_keys: Vec::new(),
+            metrics_api_keys: Vec::new(),
+            metrics_per_tenant: true,
             limits: Limits::default(),
             shutdown_timeout: Duration::from_secs(30),
         }
@@ -129,6 +135,8 @@ pub enum SettingsError {
     BadTenantHeader(String),
     #[error("a trusted proxy key is empty, repeated, or also a tenant or admin key")]
     BadProxyKey,
+    #[error("a metrics API key is empty")]
+    EmptyMetricsKey,
 }
 
 impl ServerSettings {
@@ -203,6 +211,9 @@ impl ServerSettings {
                 }
             }
             (None, true) => {}
+        }
+        if self.metrics_api_keys.iter().any(String::is_empty) {
+            return Err(SettingsError::EmptyMetricsKey);
         }
         for (i, k) in self.trusted_proxy_api_keys.iter().enumerate() {
             if k.is_empty()

@@ -39,6 +39,7 @@ pub struct Tenants {
     /// (key bytes, index into `tenants`).
     keys: Vec<(Vec<u8>, usize)>,
     admin_keys: Vec<Vec<u8>>,
+    metrics_keys: Vec<Vec<u8>>,
     proxy_keys: Vec<Vec<u8>>,
     proxy_header: Option<String>,
 }
@@ -70,6 +71,11 @@ impl Tenants {
             keys,
             admin_keys: settings
                 .admin_api_keys
+                .iter()
+                .map(|k| k.as_bytes().to_vec())
+                .collect(),
+            metrics_keys: settings
+                .metrics_api_keys
                 .iter()
                 .map(|k| k.as_bytes().to_vec())
                 .collect(),
@@ -162,6 +168,23 @@ impl Tenants {
             .ok_or_else(|| {
                 ApiError::invalid(format!("header {h} names unknown tenant {name:?}"), h)
             })
+    }
+
+    /// `GET /metrics`: open unless metrics keys are configured; then one of them or an admin key.
+    pub fn authenticate_metrics(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        if self.metrics_keys.is_empty() {
+            return Ok(());
+        }
+        let key = bearer(headers).ok_or(ApiError::Unauthorized)?;
+        let mut ok = false;
+        for k in self.metrics_keys.iter().chain(&self.admin_keys) {
+            ok |= bool::from(k.as_slice().ct_eq(key));
+        }
+        if ok {
+            Ok(())
+        } else {
+            Err(ApiError::Unauthorized)
+        }
     }
 
     /// Admin routes: an admin key, or nothing when neither admin nor tenant keys are configured.

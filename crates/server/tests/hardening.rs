@@ -201,3 +201,59 @@ async fn f7_forged_turn_markers_in_a_user_message_stay_text() {
         Some(ids.len() as u64)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f8_metrics_can_require_a_key_and_hide_tenant_series() {
+    let settings = ServerSettings {
+        tenants: two_tenants(),
+        admin_api_keys: vec!["kadmin".into()],
+        metrics_api_keys: vec!["kmetrics".into()],
+        metrics_per_tenant: false,
+        ..ServerSettings::default()
+    };
+    let (_e, _s, r) = app(settings);
+    let ct = ("content-type", "application/json");
+    let done = send(
+        &r,
+        "POST",
+        "/v1/chat/completions",
+        &[ct, ("authorization", "Bearer ka")],
+        &chat("Count the tenants.", 2),
+    )
+    .await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    // No key, or a tenant's key: 401 with an OpenAI error body.
+    send(&r, "GET", "/metrics", &[], "").await.error(401);
+    send(&r, "GET", "/metrics", &[("authorization", "Bearer ka")], "")
+        .await
+        .error(401);
+    for key in ["Bearer kmetrics", "Bearer kadmin"] {
+        let m = send(&r, "GET", "/metrics", &[("authorization", key)], "").await;
+        assert_eq!(m.status, 200, "{}", m.body);
+        assert!(!m.body.contains("tenant="), "{}", m.body);
+        assert!(!m.body.contains("alpha") && !m.body.contains("beta"));
+        // Totals are still there.
+        assert!(
+            m.body.contains("agentkv_requests_finished_total 1\n"),
+            "{}",
+            m.body
+        );
+        assert!(m.body.contains("agentkv_prefix_cache_lookups_total "));
+    }
+    // Defaults (open, per tenant) are unchanged.
+    let (_e2, _s2, open) = app(ServerSettings {
+        tenants: two_tenants(),
+        ..ServerSettings::default()
+    });
+    send(
+        &open,
+        "POST",
+        "/v1/chat/completions",
+        &[ct, ("authorization", "Bearer kb")],
+        &chat("Count the tenants.", 2),
+    )
+    .await;
+    let m = send(&open, "GET", "/metrics", &[], "").await;
+    assert_eq!(m.status, 200);
+    assert!(m.body.contains("tenant=\"beta\""), "{}", m.body);
+}

@@ -192,6 +192,8 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
         admin_api_keys: file.server.admin_api_keys.clone(),
         trusted_tenant_header: file.server.trusted_tenant_header.clone(),
         trusted_proxy_api_keys: file.server.trusted_proxy_api_keys.clone(),
+        metrics_api_keys: file.server.metrics_api_keys.clone(),
+        metrics_per_tenant: file.server.metrics_per_tenant.unwrap_or(true),
         limits: Limits {
             max_body_bytes: l.max_body_bytes.unwrap_or(d.max_body_bytes),
             max_requests: l.max_requests.unwrap_or(d.max_requests),
