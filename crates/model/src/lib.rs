@@ -9,6 +9,7 @@ pub mod attention;
 pub mod attention_plan;
 pub mod attention_tiled;
 pub mod chat;
+pub mod chat_prompt;
 pub mod config;
 pub mod forward;
 pub mod generate;

@@ -124,6 +124,24 @@ impl Model {
         )
     }
 
+    /// Prompt token ids of a conversation rendered with [`Self::chat_template_or_fallback`]:
+    /// the template's markup yields special tokens, client text never does
+    /// ([`crate::chat_prompt`]).
+    pub fn encode_chat(
+        &self,
+        messages: &[crate::chat::ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, crate::chat_prompt::ChatPromptError> {
+        crate::chat_prompt::encode_chat(
+            self.chat_template_or_fallback(),
+            &self.tokenizer,
+            messages,
+            tools,
+            add_generation_prompt,
+        )
+    }
+
     /// The chat template of the file, or the plain fallback.
     pub fn chat_template_or_fallback(&self) -> &ChatTemplate {
         self.chat_template

@@ -257,7 +257,9 @@ pub fn tool_constraint(state: &AppState, plan: &ToolPlan) -> Result<ConstraintSp
         .map_err(|e| ApiError::invalid(format!("the tools' parameters schema: {e}"), "tools"))
 }
 
-/// Chat messages → prompt token ids (special tokens in the rendered text are parsed).
+/// Chat messages → prompt token ids. Only the chat template's own markup yields special tokens:
+/// every client-supplied text is tokenised as plain text (`model::chat_prompt`), so a message
+/// holding `<|im_end|>` cannot end its turn or forge another role.
 pub fn render_chat(
     state: &AppState,
     messages: &[api::ChatMessage],
@@ -265,16 +267,20 @@ pub fn render_chat(
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
     let msgs = tools::render_messages(messages, plan)?;
-    let text = state
-        .model
-        .chat_template_or_fallback()
-        .render(&msgs, None, add_generation_prompt)
-        .map_err(|e| ApiError::invalid(format!("chat template failed: {e}"), "messages"))?;
     state
         .model
-        .tokenizer
-        .encode(&text, false, true)
-        .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))
+        .encode_chat(&msgs, None, add_generation_prompt)
+        .map_err(|e| match e {
+            model::chat_prompt::ChatPromptError::Tokenizer(e) => {
+                ApiError::Internal(format!("tokenizer: {e}"))
+            }
+            model::chat_prompt::ChatPromptError::Template(e) => {
+                ApiError::invalid(format!("chat template failed: {e}"), "messages")
+            }
+            e @ model::chat_prompt::ChatPromptError::UntraceableContent { .. } => {
+                ApiError::invalid(e.to_string(), "messages")
+            }
+        })
 }
 
 /// A text completion's prompt → token ids (one prompt per request).

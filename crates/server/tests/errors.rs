@@ -22,6 +22,7 @@ fn tenants() -> ServerSettings {
         ],
         admin_api_keys: vec!["admin".into()],
         trusted_tenant_header: Some("x-tenant".into()),
+        trusted_proxy_api_keys: vec!["kproxy".into()],
         ..ServerSettings::default()
     }
 }

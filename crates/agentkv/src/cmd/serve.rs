@@ -191,6 +191,9 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
             .collect(),
         admin_api_keys: file.server.admin_api_keys.clone(),
         trusted_tenant_header: file.server.trusted_tenant_header.clone(),
+        trusted_proxy_api_keys: file.server.trusted_proxy_api_keys.clone(),
+        metrics_api_keys: file.server.metrics_api_keys.clone(),
+        metrics_per_tenant: file.server.metrics_per_tenant.unwrap_or(true),
         limits: Limits {
             max_body_bytes: l.max_body_bytes.unwrap_or(d.max_body_bytes),
             max_requests: l.max_requests.unwrap_or(d.max_requests),
@@ -215,13 +218,9 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
 /// Token ids of a warm-up prompt, rendered exactly as a request that starts with it would be.
 fn prompt_tokens(model: &model::Model, p: &PromptDef) -> Result<Vec<u32>> {
     Ok(match (&p.system, &p.text) {
+        // The same path as a request's messages (client text never parsed as special tokens).
         (Some(s), _) => {
-            let text = model.chat_template_or_fallback().render(
-                &[model::chat::ChatMessage::new("system", s)],
-                None,
-                false,
-            )?;
-            model.tokenizer.encode(&text, false, true)?
+            model.encode_chat(&[model::chat::ChatMessage::new("system", s)], None, false)?
         }
         (None, Some(t)) => model.tokenizer.encode(t, true, false)?,
         (None, None) => Vec::new(),

@@ -61,9 +61,19 @@ fn model_card(state: &AppState, id: &str) -> ModelCard {
     }
 }
 
-pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+/// Prometheus exposition; needs a metrics or admin key when `metrics_api_keys` are configured,
+/// and carries tenant-labelled series only with `metrics_per_tenant`.
+pub async fn metrics(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state.tenants.authenticate_metrics(&headers)?;
     let snap = snapshot(&state).await?;
-    let text = state.metrics.render(&snap, |id| state.tenants.name_of(id));
+    let text = state.metrics.render(
+        &snap,
+        |id| state.tenants.name_of(id),
+        state.settings.metrics_per_tenant,
+    );
     Ok((
         [(
             header::CONTENT_TYPE,
