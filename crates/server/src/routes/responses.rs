@@ -33,6 +33,7 @@ use crate::routes::read_generation_request;
 use crate::run::{submit, Step};
 use crate::sse::{self, json, SseData};
 use crate::state::{unix_now, AppState};
+use crate::tools::ReplySyntax;
 
 pub async fn create(
     State(state): State<AppState>,
@@ -331,7 +332,8 @@ struct Draft {
     conversation: Vec<ChatMessage>,
     msg_id: String,
     call_suffix: String,
-    tool_mode: bool,
+    /// The reply's syntax when tools may be called.
+    tool_mode: Option<ReplySyntax>,
 }
 
 impl Draft {
@@ -353,15 +355,15 @@ impl Draft {
 
     /// The output items of the finished choice: calls (tool mode) or a message.
     fn finish_choice(&self, text: String, reason: FinishReason) -> Finished {
-        if !self.tool_mode {
+        let Some(syntax) = self.tool_mode else {
             return Finished {
                 output: vec![self.message(text.clone(), reason)],
                 reply: ChatMessage::new(Role::Assistant, text),
                 reason,
             };
-        }
+        };
         let suffix = &self.call_suffix;
-        let (reply, _) = tool_reply(text, reason, |j| format!("call_{suffix}n{j}"));
+        let (reply, _) = tool_reply(syntax, text, reason, |j| format!("call_{suffix}n{j}"));
         let output = match &reply.tool_calls {
             Some(calls) => calls
                 .iter()
@@ -559,7 +561,7 @@ fn stream(
             response: Box::new(draft.skeleton.clone()),
         }),
     ];
-    if !draft.tool_mode {
+    if draft.tool_mode.is_none() {
         prelude.extend(events.message_start(0, &draft.msg_id));
     }
     let mut text = String::new();
@@ -570,7 +572,7 @@ fn stream(
             Step::Text { text, .. } => text,
             Step::Finished { reason, .. } => {
                 let f = draft.finish_choice(std::mem::take(&mut text), reason);
-                let out = if draft.tool_mode {
+                let out = if draft.tool_mode.is_some() {
                     let mut out = Vec::new();
                     for (i, item) in f.output.iter().enumerate() {
                         out.extend(events.whole_item(i as u32, item));
@@ -607,7 +609,7 @@ fn stream(
             }
         };
         text.push_str(&piece);
-        if draft.tool_mode || piece.is_empty() {
+        if draft.tool_mode.is_some() || piece.is_empty() {
             return Vec::new();
         }
         vec![events.text_delta(0, &draft.msg_id, piece)]
