@@ -4,7 +4,8 @@
 //! through [`prepare_chat`] — the same prompt rendering, tool mode and constraints. The reply
 //! becomes output items (`message` or `function_call`), streamed as the typed events. With
 //! `store` (the default) the response and its conversation are kept per tenant
-//! (`response_store.rs`); `GET` and `DELETE /v1/responses/{id}` read and drop them.
+//! (`response_store.rs`); `GET` and `DELETE /v1/responses/{id}` read and drop them, and
+//! `GET /v1/responses/{id}/input_items` lists the input (`input_items.rs`).
 
 use api::responses::{
     FunctionCallItem, IncompleteDetails, InputItem, InputRole, InputTokensDetails, OutputItem,
@@ -29,6 +30,7 @@ use crate::error::ApiError;
 use crate::output::collect;
 use crate::response_store::StoredResponse;
 use crate::routes::chat::{prepare_chat, tool_reply};
+use crate::routes::input_items::input_items;
 use crate::routes::read_generation_request;
 use crate::run::{submit, Step};
 use crate::sse::{self, json, SseData};
@@ -80,6 +82,7 @@ pub async fn create(
         skeleton: skeleton(&state, &req, &format!("resp_{suffix}")),
         conversation,
         msg_id: format!("msg_{suffix}"),
+        input_items: input_items(&req.input, &suffix),
         call_suffix: suffix,
         tool_mode,
     };
@@ -331,6 +334,8 @@ struct Draft {
     /// The stored history and this request's items (never the instructions).
     conversation: Vec<ChatMessage>,
     msg_id: String,
+    /// This request's input items as `…/input_items` lists them.
+    input_items: Vec<serde_json::Value>,
     call_suffix: String,
     /// The reply's syntax when tools may be called.
     tool_mode: Option<ReplySyntax>,
@@ -425,6 +430,7 @@ impl Draft {
                 StoredResponse {
                     response: r.clone(),
                     conversation,
+                    input_items: self.input_items.clone(),
                 },
             );
         }
