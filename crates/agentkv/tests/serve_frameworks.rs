@@ -1,8 +1,9 @@
 //! End to end: agent frameworks' tool loops against the real `agentkv serve` binary and default
 //! model — a `langchain-openai` `bind_tools` loop and the OpenAI Agents SDK `Runner` over both the
-//! Responses API and chat completions (`crates/server/tests/e2e_frameworks.py`). Fails when
+//! Responses API and chat completions (`crates/server/tests/e2e_frameworks.py`), and six-call
+//! loops in those two and smolagents (`crates/server/tests/e2e_six_calls.py`). Fails when
 //! python3 is missing; the script skips a framework, saying so, only when its package cannot be
-//! imported (CI installs both).
+//! imported (CI installs them).
 
 mod common;
 
@@ -31,6 +32,28 @@ fn framework_tool_loops_reach_the_second_call_from_the_cache() {
         &format!("http://{}", server.addr),
         "ALL FRAMEWORK CHECKS PASSED",
         "CI installs it with langchain-openai and openai-agents",
+    );
+    println!("{stdout}");
+}
+
+/// Six-call tool loops (LangChain, the Agents SDK, smolagents' `ToolCallingAgent`) on the default
+/// model: six valid calls each carrying the earlier results, each prompt from the cache; whether
+/// the 135M model then ends the loop by itself is printed, not asserted
+/// (`crates/server/tests/e2e_six_calls.py`).
+#[test]
+fn six_call_tool_loops_run_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agentkv.yaml");
+    std::fs::File::create(&cfg)
+        .unwrap()
+        .write_all(CONFIG.as_bytes())
+        .unwrap();
+    let server = common::start(&cfg);
+    let stdout = common::run_python_client(
+        "e2e_six_calls.py",
+        &format!("http://{}", server.addr),
+        "ALL SIX-CALL CHECKS PASSED",
+        "CI installs it with langchain-openai, openai-agents and smolagents",
     );
     println!("{stdout}");
 }
