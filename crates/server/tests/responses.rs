@@ -247,7 +247,7 @@ async fn streams_typed_events_for_text_and_calls() {
     let whole = post(&r, "ka", &whole).await;
     assert_eq!(whole["output_text"], deltas.as_str());
 
-    // A function call: its arguments as delta and done.
+    // A function call: the item once its name is written, its arguments in pieces, then done.
     let body = json!({"model": "agentkv", "input": "What is the weather in Rome?",
                       "tools": tools(), "tool_choice": {"type": "function", "name": "get_weather"},
                       "parallel_tool_calls": false,
@@ -256,26 +256,49 @@ async fn streams_typed_events_for_text_and_calls() {
     let evs = events(&reply.body);
     let names: Vec<&str> = evs.iter().map(|(n, _)| n.as_str()).collect();
     println!("{names:?} {}", evs.last().unwrap().1);
+    let n = names.len();
     assert_eq!(
-        names,
+        names[..3],
         [
             "response.created",
             "response.in_progress",
             "response.output_item.added",
-            "response.function_call_arguments.delta",
+        ]
+    );
+    assert_eq!(
+        names[n - 3..],
+        [
             "response.function_call_arguments.done",
             "response.output_item.done",
             "response.completed"
         ]
     );
-    let args = evs[4].1["arguments"].as_str().unwrap();
-    assert_eq!(evs[3].1["delta"], args);
-    assert_eq!(evs[4].1["name"], "get_weather");
-    assert_eq!(evs[5].1["item"]["arguments"], args);
+    assert!(n - 6 > 2, "arguments in several pieces: {names:?}");
+    assert!(names[3..n - 3]
+        .iter()
+        .all(|e| *e == "response.function_call_arguments.delta"));
+    let added = &evs[2].1["item"];
     assert_eq!(
-        evs[6].1["response"]["output"][0]["call_id"],
-        evs[5].1["item"]["call_id"]
+        (&added["type"], &added["name"], &added["arguments"]),
+        (&json!("function_call"), &json!("get_weather"), &json!(""))
     );
+    let args = evs[n - 3].1["arguments"].as_str().unwrap();
+    let streamed: String = evs[3..n - 3]
+        .iter()
+        .map(|(_, d)| {
+            assert_eq!(d["item_id"], added["id"]);
+            d["delta"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(streamed, args);
+    assert_eq!(evs[n - 3].1["name"], "get_weather");
+    assert_eq!(evs[n - 2].1["item"]["arguments"], args);
+    assert_eq!(evs[n - 2].1["item"]["id"], added["id"]);
+    assert_eq!(
+        evs[n - 1].1["response"]["output"][0]["call_id"],
+        evs[n - 2].1["item"]["call_id"]
+    );
+    assert_eq!(added["call_id"], evs[n - 2].1["item"]["call_id"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -35,6 +35,7 @@ use crate::routes::read_generation_request;
 use crate::run::{submit, Step};
 use crate::sse::{self, json, SseData};
 use crate::state::{unix_now, AppState};
+use crate::tool_stream::{Piece, ReplyStream};
 use crate::tools::ReplySyntax;
 
 pub async fn create(
@@ -394,6 +395,61 @@ impl Draft {
         }
     }
 
+    /// The events of streamed pieces in the tool mode: a text answer opens the message (item 0)
+    /// and sends its deltas; a call opens its `function_call` item (the ids `finish_choice`
+    /// gives it) and sends its arguments as `function_call_arguments.delta`.
+    fn piece_events(
+        &self,
+        events: &mut Events,
+        pieces: Vec<Piece>,
+        message_open: &mut bool,
+        calls_open: &mut Vec<FunctionCallItem>,
+    ) -> Vec<SseData> {
+        let mut out = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::Content(text) => {
+                    if !*message_open {
+                        *message_open = true;
+                        out.extend(events.message_start(0, &self.msg_id));
+                    }
+                    out.push(events.text_delta(0, &self.msg_id, text));
+                }
+                Piece::CallStart { index, id, name } => {
+                    let call_id =
+                        id.unwrap_or_else(|| format!("call_{}n{index}", self.call_suffix));
+                    let item = FunctionCallItem {
+                        id: Some(format!(
+                            "fc_{}",
+                            call_id.strip_prefix("call_").unwrap_or(&call_id)
+                        )),
+                        call_id,
+                        name,
+                        arguments: String::new(),
+                        status: Some("in_progress".into()),
+                    };
+                    out.push(events.next(StreamEvent::OutputItemAdded {
+                        output_index: index as u32,
+                        item: OutputItem::FunctionCall(item.clone()),
+                    }));
+                    calls_open.push(item);
+                }
+                Piece::Args { index, text } => {
+                    let item_id = calls_open
+                        .get(index)
+                        .and_then(|c| c.id.clone())
+                        .unwrap_or_default();
+                    out.push(events.next(StreamEvent::FunctionCallArgumentsDelta {
+                        item_id,
+                        output_index: index as u32,
+                        delta: text,
+                    }));
+                }
+            }
+        }
+        out
+    }
+
     /// The final response object (stored unless `store: false`).
     fn complete(&self, state: &AppState, f: Finished, usage: &api::Usage) -> ApiResponse {
         let mut r = self.skeleton.clone();
@@ -549,7 +605,8 @@ impl Events {
 }
 
 /// The typed event stream: `response.created`, `response.in_progress`, the output items (text
-/// deltas as they come; in the tool mode each item once the reply is complete), then
+/// deltas as they come; in the tool mode through the reply stream: a call's item once its name is
+/// written, then its arguments in pieces), then
 /// `response.completed` (or `response.incomplete`) with the whole response.
 fn stream(
     state: AppState,
@@ -572,32 +629,63 @@ fn stream(
     }
     let mut text = String::new();
     let mut finished: Option<Finished> = None;
+    // Tool mode: the reply stream, whether its text message was opened, and the calls opened.
+    let mut replies = draft.tool_mode.map(ReplyStream::new);
+    let mut message_open = false;
+    let mut calls_open: Vec<FunctionCallItem> = Vec::new();
     let on_step = move |_: &crate::run::Running, step: Step| -> Vec<SseData> {
         let piece = match step {
             Step::Token(t) => t.text,
             Step::Text { text, .. } => text,
             Step::Finished { reason, .. } => {
+                let mut out = Vec::new();
+                if let Some(rs) = replies.as_mut() {
+                    let (pieces, _) = rs.finish(crate::run::finish_reason_name(reason));
+                    out =
+                        draft.piece_events(&mut events, pieces, &mut message_open, &mut calls_open);
+                }
                 let f = draft.finish_choice(std::mem::take(&mut text), reason);
-                let out = if draft.tool_mode.is_some() {
-                    let mut out = Vec::new();
+                if draft.tool_mode.is_some() {
                     for (i, item) in f.output.iter().enumerate() {
-                        out.extend(events.whole_item(i as u32, item));
+                        let index = i as u32;
+                        match item {
+                            OutputItem::FunctionCall(c) if i < calls_open.len() => {
+                                out.push(events.next(StreamEvent::FunctionCallArgumentsDone {
+                                    item_id: c.id.clone().unwrap_or_default(),
+                                    output_index: index,
+                                    name: c.name.clone(),
+                                    arguments: c.arguments.clone(),
+                                }));
+                                out.push(events.next(StreamEvent::OutputItemDone {
+                                    output_index: index,
+                                    item: item.clone(),
+                                }));
+                            }
+                            OutputItem::Message(m) if message_open => {
+                                let text: String =
+                                    m.content.iter().map(|c| c.text.as_str()).collect();
+                                out.extend(events.message_text_done(index, &m.id, text));
+                                out.push(events.next(StreamEvent::OutputItemDone {
+                                    output_index: index,
+                                    item: item.clone(),
+                                }));
+                            }
+                            _ => out.extend(events.whole_item(index, item)),
+                        }
                     }
-                    out
                 } else {
-                    let mut out = events.message_text_done(
+                    out.extend(events.message_text_done(
                         0,
                         &draft.msg_id,
                         f.reply.content.clone().unwrap_or_default(),
-                    );
+                    ));
                     for item in &f.output {
                         out.push(events.next(StreamEvent::OutputItemDone {
                             output_index: 0,
                             item: item.clone(),
                         }));
                     }
-                    out
-                };
+                }
                 finished = Some(f);
                 return out;
             }
@@ -615,7 +703,11 @@ fn stream(
             }
         };
         text.push_str(&piece);
-        if draft.tool_mode.is_some() || piece.is_empty() {
+        if let Some(rs) = replies.as_mut() {
+            let pieces = rs.push(&piece);
+            return draft.piece_events(&mut events, pieces, &mut message_open, &mut calls_open);
+        }
+        if piece.is_empty() {
             return Vec::new();
         }
         vec![events.text_delta(0, &draft.msg_id, piece)]
