@@ -12,6 +12,7 @@ use crate::error::ApiError;
 use crate::settings::UnknownFields;
 use crate::state::AppState;
 use crate::tenants::Tenant;
+use crate::tool_families;
 use crate::tools::{self, ToolPlan};
 
 /// Parses a JSON body (tokenize, detokenize, admin routes); unknown fields are ignored, bad values
@@ -244,32 +245,37 @@ pub fn chat_prompt(
     if r.messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty", "messages"));
     }
-    let plan = tools::plan(r, text_schema)?;
-    let prompt = render_chat(state, &r.messages, plan.as_ref(), true)?;
+    let plan = tools::plan(r, text_schema, tool_families::model_syntax(&state.model))?;
+    let prompt = render_chat(state, &r.messages, plan.as_ref(), r.tools.as_deref(), true)?;
     Ok((prompt, plan))
 }
 
 /// The constraint of a tool plan: a schema llguidance rejects is the client's (400 on `tools`).
 pub fn tool_constraint(state: &AppState, plan: &ToolPlan) -> Result<ConstraintSpec, ApiError> {
-    state
-        .grammars()?
-        .json_schema(&plan.schema)
-        .map_err(|e| ApiError::invalid(format!("the tools' parameters schema: {e}"), "tools"))
+    let grammars = state.grammars()?;
+    match &plan.lark {
+        Some(g) => grammars.compile(&crate::structured::OutputFormat::Lark(g.clone())),
+        None => grammars.json_schema(&plan.schema),
+    }
+    .map_err(|e| ApiError::invalid(format!("the tools' parameters schema: {e}"), "tools"))
 }
 
 /// Chat messages → prompt token ids. Only the chat template's own markup yields special tokens:
 /// every client-supplied text is tokenised as plain text (`model::chat_prompt`), so a message
-/// holding `<|im_end|>` cannot end its turn or forge another role.
+/// holding `<|im_end|>` cannot end its turn or forge another role. `tools` reach the template
+/// when it has a known tool format (`tool_families.rs`).
 pub fn render_chat(
     state: &AppState,
     messages: &[api::ChatMessage],
     plan: Option<&ToolPlan>,
+    tools: Option<&[api::Tool]>,
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
-    let msgs = tools::render_messages(messages, plan)?;
+    let family = tool_families::model_syntax(&state.model);
+    let (msgs, tools) = tools::template_input(messages, plan, tools, family)?;
     state
         .model
-        .encode_chat(&msgs, None, add_generation_prompt)
+        .encode_chat(&msgs, tools.as_ref(), add_generation_prompt)
         .map_err(|e| match e {
             model::chat_prompt::ChatPromptError::Tokenizer(e) => {
                 ApiError::Internal(format!("tokenizer: {e}"))

@@ -100,7 +100,13 @@ pub async fn tokenize(
             .tokenizer
             .encode(p, req.add_special_tokens.unwrap_or(true), false)
             .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))?,
-        (None, Some(m)) => render_chat(&state, m, None, req.add_generation_prompt.unwrap_or(true))?,
+        (None, Some(m)) => render_chat(
+            &state,
+            m,
+            None,
+            None,
+            req.add_generation_prompt.unwrap_or(true),
+        )?,
         _ => {
             return Err(ApiError::invalid(
                 "give exactly one of prompt and messages",
