@@ -30,7 +30,7 @@ web snippets; lookup(term) returns the sentence containing term in the last page
 
 fn prompts() -> Vec<Vec<u32>> {
     let m = model();
-    let t = m.chat_template.as_ref().unwrap();
+    let t = m.frontend.chat_template.as_ref().unwrap();
     [
         "What is the capital of France?",
         "Which river flows through Paris?",
@@ -45,7 +45,7 @@ fn prompts() -> Vec<Vec<u32>> {
             ChatMessage::new("system", SYSTEM),
             ChatMessage::new("user", *q),
         ];
-        m.tokenizer
+        m.tokenizer()
             .encode(&t.render(&msgs, None, true).unwrap(), false, true)
             .unwrap()
     })
@@ -420,7 +420,7 @@ fn engine_output_matches_the_single_sequence_runtime() {
         let opts = model::generate::GenerateOptions {
             max_tokens: 12,
             // The engine stops at end-of-turn too (the token is reported).
-            stop_ids: m.tokenizer.eot_ids().to_vec(),
+            stop_ids: m.tokenizer().eot_ids().to_vec(),
             ..Default::default()
         };
         let (want, _) = model::generate::generate(&m, &pool, &prompt, &opts, |_| true).unwrap();
@@ -560,14 +560,14 @@ fn every_eviction_policy_gives_identical_output_under_pressure() {
     // Six agents with their own system prompts (~6 blocks each), twice, through a 20-block
     // pool: blocks are evicted and re-requested under each policy, including the adaptive one.
     let m = model();
-    let t = m.chat_template.as_ref().unwrap();
+    let t = m.frontend.chat_template.as_ref().unwrap();
     let own: Vec<Vec<u32>> = (0..6)
         .map(|i| {
             let msgs = vec![
                 ChatMessage::new("system", format!("You are agent number {i}. {SYSTEM}")),
                 ChatMessage::new("user", "What should I do next?"),
             ];
-            m.tokenizer
+            m.tokenizer()
                 .encode(&t.render(&msgs, None, true).unwrap(), false, true)
                 .unwrap()
         })
@@ -609,14 +609,14 @@ fn every_eviction_policy_gives_identical_output_under_pressure() {
 #[test]
 fn a_step_time_target_chunks_prefills_without_changing_outputs() {
     let m = model();
-    let t = m.chat_template.as_ref().unwrap();
+    let t = m.frontend.chat_template.as_ref().unwrap();
     let long: Vec<Vec<u32>> = (0..3)
         .map(|i| {
             let msgs = vec![
                 ChatMessage::new("system", SYSTEM.repeat(10 + 2 * i)),
                 ChatMessage::new("user", format!("Question {i}: what is {i} plus {i}?")),
             ];
-            m.tokenizer
+            m.tokenizer()
                 .encode(&t.render(&msgs, None, true).unwrap(), false, true)
                 .unwrap()
         })

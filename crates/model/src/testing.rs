@@ -160,7 +160,7 @@ mod tests {
     fn a_tiny_model_loads_tokenizes_renders_chat_and_runs() {
         let m = tiny_model(&TinyModelSpec::default()).unwrap();
         assert_eq!(m.config.vocab_size, TINY_VOCAB);
-        let ids = m.tokenizer.encode("hi", false, false).unwrap();
+        let ids = m.tokenizer().encode("hi", false, false).unwrap();
         assert_eq!(
             ids,
             [TINY_FIRST_BYTE + b'h' as u32, TINY_FIRST_BYTE + b'i' as u32]

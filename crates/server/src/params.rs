@@ -245,7 +245,7 @@ pub fn chat_prompt(
     if r.messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty", "messages"));
     }
-    let plan = tools::plan(r, text_schema, tool_families::model_syntax(&state.model))?;
+    let plan = tools::plan(r, text_schema, tool_families::model_syntax(&state.frontend))?;
     let prompt = render_chat(state, &r.messages, plan.as_ref(), r.tools.as_deref(), true)?;
     Ok((prompt, plan))
 }
@@ -271,10 +271,10 @@ pub fn render_chat(
     tools: Option<&[api::Tool]>,
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
-    let family = tool_families::model_syntax(&state.model);
+    let family = tool_families::model_syntax(&state.frontend);
     let (msgs, tools) = tools::template_input(messages, plan, tools, family)?;
     state
-        .model
+        .frontend
         .encode_chat(&msgs, tools.as_ref(), add_generation_prompt)
         .map_err(|e| match e {
             model::chat_prompt::ChatPromptError::Tokenizer(e) => {
@@ -304,7 +304,7 @@ pub fn completion_prompt(state: &AppState, p: &Prompt) -> Result<Vec<u32>, ApiEr
         }
     };
     state
-        .model
+        .frontend
         .tokenizer
         .encode(&text, true, false)
         .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))
@@ -317,7 +317,7 @@ pub fn prepare(
     prompt: Vec<u32>,
     o: &GenOptions,
 ) -> Result<Prepared, ApiError> {
-    let context_length = state.model.config.context_length;
+    let context_length = state.frontend.context_length;
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", "prompt"));
     }
@@ -395,7 +395,7 @@ pub fn prepare(
         min_tokens,
     )?;
     let logit_bias = match &o.logit_bias {
-        Some(b) => logit_bias(b, state.model.tokenizer.vocab_size())?,
+        Some(b) => logit_bias(b, state.frontend.tokenizer.vocab_size())?,
         None => Vec::new(),
     };
     let sampling = SamplingParams {

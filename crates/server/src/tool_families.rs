@@ -84,7 +84,7 @@ impl Family {
 }
 
 /// The family of `model`'s chat template (`None`: the generic mode).
-pub fn model_syntax(model: &model::Model) -> Option<FamilySyntax> {
+pub fn model_syntax(model: &model::Frontend) -> Option<FamilySyntax> {
     let family = Family::detect(model.chat_template.as_ref()?.source())?;
     let trigger_token = match family {
         Family::Mistral => model

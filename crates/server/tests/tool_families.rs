@@ -352,15 +352,15 @@ fn model() -> Arc<Model> {
 
 fn grammars() -> &'static Grammars {
     static G: std::sync::OnceLock<Grammars> = std::sync::OnceLock::new();
-    G.get_or_init(|| Grammars::new(model()).unwrap())
+    G.get_or_init(|| Grammars::new(model().frontend.clone()).unwrap())
 }
 
 /// Whether the constraint lets the model write `text` (tokenised by the model) and then end.
 fn accepts(spec: &ConstraintSpec, text: &str) -> bool {
     let m = model();
-    let vocab = m.tokenizer.vocab_size();
+    let vocab = m.tokenizer().vocab_size();
     let mut c = spec.0.start();
-    for id in m.tokenizer.encode(text, false, false).unwrap() {
+    for id in m.tokenizer().encode(text, false, false).unwrap() {
         let mut logits = vec![0.0f32; vocab];
         c.mask_logits(&mut logits);
         if logits[id as usize] == f32::NEG_INFINITY {
@@ -370,7 +370,7 @@ fn accepts(spec: &ConstraintSpec, text: &str) -> bool {
     }
     let mut logits = vec![0.0f32; vocab];
     c.mask_logits(&mut logits);
-    logits[m.tokenizer.eot_ids()[0] as usize] != f32::NEG_INFINITY
+    logits[m.tokenizer().eot_ids()[0] as usize] != f32::NEG_INFINITY
 }
 
 fn request(choice: ToolChoice, parallel: bool) -> ChatCompletionRequest {
@@ -469,7 +469,9 @@ fn the_constrained_grammar_accepts_valid_calls_and_rejects_invalid_ones() {
 /// A server over the default model with the Hermes template swapped in.
 fn hermes_app() -> (engine::Engine, axum::Router) {
     let mut m = Model::load(&model::default_model_path()).expect("default model");
-    m.chat_template = Some(template(Family::Hermes));
+    Arc::get_mut(&mut m.frontend)
+        .expect("a fresh model")
+        .chat_template = Some(template(Family::Hermes));
     let m = Arc::new(m);
     let cfg = engine::EngineConfig {
         num_blocks: 256,
@@ -477,8 +479,12 @@ fn hermes_app() -> (engine::Engine, axum::Router) {
         ..engine::EngineConfig::default()
     };
     let engine = engine::Engine::start(engine::EngineCore::new(m.clone(), cfg).expect("engine"));
-    let state =
-        server::AppState::new(engine.handle(), m, server::ServerSettings::default()).unwrap();
+    let state = server::AppState::new(
+        engine.handle(),
+        m.frontend.clone(),
+        server::ServerSettings::default(),
+    )
+    .unwrap();
     (engine, server::router(state))
 }
 

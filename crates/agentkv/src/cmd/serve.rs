@@ -85,7 +85,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let port = args.port.or(file.server.port).unwrap_or(8000);
     let result = runtime.block_on(async {
         warm_up(&engine, &model, &file, &settings).await?;
-        let state = AppState::new(engine.handle(), Arc::clone(&model), settings)?;
+        let state = AppState::new(engine.handle(), Arc::clone(&model.frontend), settings)?;
         let listener = tokio::net::TcpListener::bind((host.as_str(), port))
             .await
             .with_context(|| format!("binding {host}:{port}"))?;
@@ -222,7 +222,7 @@ fn prompt_tokens(model: &model::Model, p: &PromptDef) -> Result<Vec<u32>> {
         (Some(s), _) => {
             model.encode_chat(&[model::chat::ChatMessage::new("system", s)], None, false)?
         }
-        (None, Some(t)) => model.tokenizer.encode(t, true, false)?,
+        (None, Some(t)) => model.tokenizer().encode(t, true, false)?,
         (None, None) => Vec::new(),
     })
 }

@@ -49,7 +49,7 @@ impl EngineCore {
     }
 
     pub(super) fn sample_and_emit(&mut self, id: SeqKey, logits: &mut [f32]) {
-        let eot: Vec<u32> = self.model.tokenizer.eot_ids().to_vec();
+        let eot: Vec<u32> = self.model.tokenizer().eot_ids().to_vec();
         let s = self.seqs.get_mut(&id).expect("exists");
         if s.num_generated < s.spec.min_tokens {
             for &t in eot.iter().chain(&s.spec.stop_token_ids) {
@@ -70,8 +70,12 @@ impl EngineCore {
             || s.spec.stop_token_ids.contains(&tok.id);
         let mut stopped = is_stop_id;
         let mut text = String::new();
-        if !is_stop_id && !self.model.tokenizer.is_special(tok.id) {
-            let bytes = self.model.tokenizer.token_bytes(tok.id).unwrap_or_default();
+        if !is_stop_id && !self.model.tokenizer().is_special(tok.id) {
+            let bytes = self
+                .model
+                .tokenizer()
+                .token_bytes(tok.id)
+                .unwrap_or_default();
             let pushed = s.text.push(&bytes);
             text = pushed.text;
             stopped |= pushed.stopped;
