@@ -174,11 +174,16 @@ fn run(mut core: EngineCore, rx: Receiver<Command>) {
                     }
                 }
                 Command::Cancel(id) => core.cancel(id),
+                // Replies go out after the snapshot shows their effect.
                 Command::Flush(tenant, tx) => {
-                    let _ = tx.send(core.flush(tenant));
+                    let flushed = core.flush(tenant);
+                    core.publish();
+                    let _ = tx.send(flushed);
                 }
                 Command::Warmup(w, tx) => {
-                    let _ = tx.send(core.warmup(&w.name, &w.tokens, w.tenant, &w.salt));
+                    let pinned = core.warmup(&w.name, &w.tokens, w.tenant, &w.salt);
+                    core.publish();
+                    let _ = tx.send(pinned);
                 }
                 Command::Shutdown => return,
             }

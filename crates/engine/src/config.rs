@@ -88,6 +88,12 @@ pub struct TieringConfig {
     /// microseconds). A large value makes admission wait for every lookup, so scheduling no
     /// longer depends on tier timing (deterministic tests).
     pub admission_wait: Duration,
+    /// A tier lookup still unanswered after this long is abandoned and its request recomputes
+    /// (a store that hangs — a frozen Redis — delays a request by this much, never more).
+    pub lookup_timeout: Duration,
+    /// Bytes of blocks queued for writing to the tiers; past it, new writes are dropped and
+    /// counted (a store that stops answering cannot make the engine hoard evicted blocks).
+    pub max_queued_write_bytes: usize,
 }
 
 impl Default for TieringConfig {
@@ -99,6 +105,14 @@ impl Default for TieringConfig {
             load_policy: TierLoadPolicy::CostModel,
             prefetch_max_bytes: DEFAULT_PREFETCH_MAX_BYTES,
             admission_wait: DEFAULT_ADMISSION_WAIT,
+            lookup_timeout: DEFAULT_LOOKUP_TIMEOUT,
+            max_queued_write_bytes: DEFAULT_MAX_QUEUED_WRITE_BYTES,
         }
     }
 }
+
+/// Default of `TieringConfig::lookup_timeout`.
+pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Default of `TieringConfig::max_queued_write_bytes`.
+pub const DEFAULT_MAX_QUEUED_WRITE_BYTES: usize = 256 << 20;

@@ -32,7 +32,7 @@ use crate::snapshot::{EngineSnapshot, PinnedPrompt};
 use crate::stats::EngineStats;
 use crate::step_budget::StepBudget;
 use crate::tier_events::{KvStorage, Publisher};
-use crate::tiering::{TierMatch, Tiering, WritePolicy};
+use crate::tiering::{TierMatch, Tiering};
 
 pub struct EngineCore {
     model: Arc<Model>,
@@ -122,21 +122,14 @@ impl EngineCore {
         };
         let mem = PagedKvMemory::new(geo, cfg.kv_dtype)?;
         let model_fingerprint = *blake3::hash(model.gguf().file_bytes()).as_bytes();
-        let t = &cfg.tiers;
         let tiers = (!stores.is_empty()).then(|| {
             Tiering::new(
                 stores,
-                WritePolicy {
-                    write_through: t.write_through,
-                    on_publish: t.write_on_publish,
-                },
-                t.load_policy,
+                &cfg.tiers,
                 cfg.num_blocks,
                 cfg.block_size,
                 mem.block_num_bytes(),
                 cfg.kv_dtype.id(),
-                t.prefetch_max_bytes,
-                t.admission_wait,
             )
         });
         let scheduler = Scheduler::new(SchedulerConfig {

@@ -300,7 +300,7 @@ impl Scheduler {
                         plan.prefetches.push(start(false));
                         true
                     }
-                    TierExtension::None => false,
+                    TierExtension::None | TierExtension::TimedOut => false,
                     TierExtension::Ready(l) if l.first_block > active_blocks => {
                         // The active pool lost blocks since the lookup: look again from here.
                         plan.prefetches.push(start(true));

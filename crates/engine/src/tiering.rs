@@ -10,7 +10,7 @@
 //! (`loader.rs`), which first waits for the writes issued before the lookup, so what a lookup
 //! finds never depends on the writer's timing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,7 +24,9 @@ use crate::sequence::SeqKey;
 
 pub use tier::{TierKind, TierStats, LOAD_LATENCY_BUCKETS_US};
 
+#[cfg(test)]
 use crate::config::TierLoadPolicy;
+use crate::config::TieringConfig;
 pub use crate::tier_cost::TierCounters;
 #[cfg(test)]
 use crate::tier_cost::{load_is_faster, PROBE_EVERY};
@@ -57,11 +59,19 @@ pub struct TieringSnapshot {
     pub refetches: u64,
     /// Engine steps that found nothing to run but a prefetch in flight (and waited for it).
     pub prefetch_wait_steps: u64,
+    /// Tier lookups abandoned after the lookup timeout (their requests recomputed).
+    pub lookup_timeouts: u64,
+    /// Blocks not written to the tiers because the write queue was full.
+    pub dropped_writes: u64,
 }
 
 /// A request's tier lookup: in flight, or done and waiting for the request's admission.
 enum Prefetch {
-    Pending { job: JobId, reserved_bytes: usize },
+    Pending {
+        job: JobId,
+        reserved_bytes: usize,
+        since: Instant,
+    },
     Ready(Loaded),
 }
 
@@ -73,6 +83,9 @@ pub(crate) enum TierExtension {
     Pending,
     /// Done: blocks `first_block..first_block + payloads.len()` of the prompt's chain.
     Ready(Loaded),
+    /// The lookup took longer than the lookup timeout and was abandoned: admit the request
+    /// with what the active pool holds (and start no new lookup for it).
+    TimedOut,
 }
 
 /// The scheduler's narrow view of the storage tiers: finished lookups, nothing else.
@@ -122,32 +135,32 @@ pub(crate) struct Tiering {
     admission_wait: Duration,
     /// What is left of this step's `admission_wait`.
     grace_left: Duration,
-}
-
-/// How `Tiering` writes blocks: to which tiers, and when.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct WritePolicy {
-    /// Every tier (`true`) or only the first.
-    pub write_through: bool,
-    /// Also when a block is first computed, not only when it is evicted.
-    pub on_publish: bool,
+    /// A lookup pending longer than this is abandoned: its request recomputes.
+    lookup_timeout: Duration,
+    /// Requests whose lookup was abandoned (no new lookup is started for them).
+    timed_out: HashSet<SeqKey>,
+    lookup_timeouts: u64,
 }
 
 impl Tiering {
-    #[allow(clippy::too_many_arguments)]
+    /// Tiers over `stores` (in lookup order) for a pool of `num_blocks` blocks of `block_size`
+    /// tokens, `block_bytes` each in codec `codec_id`.
     pub fn new(
         stores: Vec<Arc<dyn TierStore>>,
-        writes: WritePolicy,
-        policy: TierLoadPolicy,
+        cfg: &TieringConfig,
         num_blocks: usize,
         block_size: usize,
         block_bytes: usize,
         codec_id: String,
-        prefetch_max_bytes: usize,
-        admission_wait: Duration,
     ) -> Tiering {
+        let policy = cfg.load_policy;
         let n = stores.len();
-        let demoter = Demoter::new(stores.clone(), block_size, codec_id.clone());
+        let demoter = Demoter::new(
+            stores.clone(),
+            block_size,
+            codec_id.clone(),
+            cfg.max_queued_write_bytes,
+        );
         let shared = Arc::new(TierShared {
             stores,
             policy,
@@ -164,20 +177,23 @@ impl Tiering {
         let loader = Loader::new(shared.clone(), demoter.progress());
         Tiering {
             shared,
-            write_through: writes.write_through,
-            write_on_publish: writes.on_publish,
+            write_through: cfg.write_through,
+            write_on_publish: cfg.write_on_publish,
             block_ns: vec![None; num_blocks],
             unknown_namespace: 0,
             demoter,
             loader,
             prefetches: HashMap::new(),
             reserved_bytes: 0,
-            prefetch_max_bytes,
+            prefetch_max_bytes: cfg.prefetch_max_bytes,
             num_prefetches: 0,
             num_refetches: 0,
             prefetch_wait_steps: 0,
-            admission_wait,
-            grace_left: admission_wait,
+            admission_wait: cfg.admission_wait,
+            grace_left: cfg.admission_wait,
+            lookup_timeout: cfg.lookup_timeout,
+            timed_out: HashSet::new(),
+            lookup_timeouts: 0,
         }
     }
 
@@ -280,6 +296,7 @@ impl Tiering {
             Prefetch::Pending {
                 job,
                 reserved_bytes,
+                since: Instant::now(),
             },
         );
         true
@@ -308,6 +325,18 @@ impl Tiering {
     /// grace lasts (a RAM-tier lookup takes microseconds: deferring the request a whole step for
     /// it would cost more), and otherwise stays pending.
     pub fn take_prefetch(&mut self, id: SeqKey) -> TierExtension {
+        if self.timed_out.contains(&id) {
+            return TierExtension::TimedOut;
+        }
+        if let Some(Prefetch::Pending { job, since, .. }) = self.prefetches.get(&id) {
+            if since.elapsed() >= self.lookup_timeout && !self.loader.is_done(*job) {
+                // The tiers stopped answering: recompute rather than wait for them.
+                self.cancel_prefetch(id);
+                self.timed_out.insert(id);
+                self.lookup_timeouts += 1;
+                return TierExtension::TimedOut;
+            }
+        }
         let job = match self.prefetches.get(&id) {
             Some(Prefetch::Pending { job, .. }) if !self.grace_left.is_zero() => *job,
             _ => return self.try_take_prefetch(id),
@@ -352,12 +381,13 @@ impl Tiering {
         self.prefetches.insert(id, Prefetch::Ready(loaded));
     }
 
-    /// Drops the prefetch of `id` (finished, cancelled, or replaced).
+    /// Drops the prefetch of `id` (replaced, or its lookup abandoned).
     pub fn cancel_prefetch(&mut self, id: SeqKey) {
         match self.prefetches.remove(&id) {
             Some(Prefetch::Pending {
                 job,
                 reserved_bytes,
+                ..
             }) => {
                 self.loader.discard(job);
                 self.reserved_bytes -= reserved_bytes;
@@ -365,6 +395,12 @@ impl Tiering {
             Some(Prefetch::Ready(l)) => self.reserved_bytes -= l.num_bytes(),
             None => {}
         }
+    }
+
+    /// Forgets request `id` (finished or cancelled): drops its prefetch.
+    pub fn forget_request(&mut self, id: SeqKey) {
+        self.cancel_prefetch(id);
+        self.timed_out.remove(&id);
     }
 
     /// A step found nothing to run: waits (briefly) until an in-flight lookup completes.
@@ -435,6 +471,8 @@ impl Tiering {
             prefetches: self.num_prefetches,
             refetches: self.num_refetches,
             prefetch_wait_steps: self.prefetch_wait_steps,
+            lookup_timeouts: self.lookup_timeouts,
+            dropped_writes: self.demoter.queue.dropped_blocks.load(Ordering::Relaxed),
         }
     }
 }
@@ -459,22 +497,13 @@ mod tests {
         on_publish: bool,
         prefetch_max_bytes: usize,
     ) -> Tiering {
-        let writes = WritePolicy {
-            write_through: false,
-            on_publish,
-        };
-        let wait = crate::config::DEFAULT_ADMISSION_WAIT;
-        Tiering::new(
-            stores,
-            writes,
-            policy,
-            8,
-            2,
-            4,
-            "f16".into(),
+        let cfg = TieringConfig {
+            load_policy: policy,
+            write_on_publish: on_publish,
             prefetch_max_bytes,
-            wait,
-        )
+            ..TieringConfig::default()
+        };
+        Tiering::new(stores, &cfg, 8, 2, 4, "f16".into())
     }
 
     fn tiering(stores: Vec<Arc<dyn TierStore>>, policy: TierLoadPolicy) -> Tiering {
@@ -567,7 +596,7 @@ mod tests {
             match t.take_prefetch(id) {
                 TierExtension::Ready(l) => break l,
                 TierExtension::Pending => t.wait_for_prefetch(),
-                TierExtension::None => panic!("the prefetch was lost"),
+                TierExtension::None | TierExtension::TimedOut => panic!("the prefetch was lost"),
             }
         };
         // Blocks 1 and 2 (block 0 is assumed in the active pool; block 3 was never written).
@@ -669,7 +698,7 @@ mod tests {
             match t.take_prefetch(id) {
                 TierExtension::Ready(l) => break l,
                 TierExtension::Pending => t.wait_for_prefetch(),
-                TierExtension::None => panic!("the prefetch was lost"),
+                TierExtension::None | TierExtension::TimedOut => panic!("the prefetch was lost"),
             }
         };
         assert!(loaded.payloads.is_empty(), "nothing loaded: recompute");

@@ -245,3 +245,84 @@ fn random_submit_cancel_preempt_and_tier_faults_keep_the_invariants() {
     assert!(tier_loads > 0, "no tier load");
     assert!(tier_faults > 0, "no tier fault");
 }
+
+/// A store whose every call blocks until [`FrozenStore::thaw`] (a redis-server stopped with
+/// SIGSTOP); its counters still answer.
+#[derive(Default)]
+struct FrozenStore {
+    thawed: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl FrozenStore {
+    fn block(&self) {
+        let mut thawed = self.thawed.lock().unwrap();
+        while !*thawed {
+            thawed = self.cv.wait(thawed).unwrap();
+        }
+    }
+
+    fn thaw(&self) {
+        *self.thawed.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+impl TierStore for FrozenStore {
+    fn kind(&self) -> tier::TierKind {
+        tier::TierKind::Redis
+    }
+    fn contains_prefix(&self, _: &[tier::TierKey]) -> Result<usize, tier::TierError> {
+        self.block();
+        Ok(0)
+    }
+    fn get_many(
+        &self,
+        keys: &[tier::TierKey],
+    ) -> Result<Vec<Option<tier::StoredBlock>>, tier::TierError> {
+        self.block();
+        Ok(vec![None; keys.len()])
+    }
+    fn put_many(&self, _: &[tier::BlockRef<'_>]) -> Result<(), tier::TierError> {
+        self.block();
+        Ok(())
+    }
+    fn remove(&self, _: &[tier::TierKey]) -> Result<(), tier::TierError> {
+        self.block();
+        Ok(())
+    }
+    fn stats(&self) -> tier::TierStats {
+        tier::TierStats::default()
+    }
+}
+
+/// F1 (frozen Redis froze the server): a tier that never answers delays each request by the
+/// lookup timeout at most, the write queue stays bounded, and outputs are unchanged.
+#[test]
+fn f1_a_tier_that_never_answers_never_stalls_requests() {
+    /// Thaws the store however the test ends, so the engine's tier threads can finish.
+    struct Thaw(Arc<FrozenStore>);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            self.0.thaw();
+        }
+    }
+    let store = Arc::new(FrozenStore::default());
+    let mut c = cfg(256, 512);
+    c.tiers.write_on_publish = true;
+    c.tiers.lookup_timeout = std::time::Duration::from_millis(100);
+    c.tiers.max_queued_write_bytes = 8 << 10;
+    let stores: Vec<Arc<dyn TierStore>> = vec![store.clone()];
+    let mut core = EngineCore::with_tier_stores(model(), c, stores).unwrap();
+    let _thaw = Thaw(store.clone());
+    let started = std::time::Instant::now();
+    for (i, p) in prompts(4, 20, 5).iter().enumerate() {
+        let got = run(&mut core, vec![greedy(p.clone(), 4)]);
+        assert_eq!(got[&(0, 0)], alone(p, 4), "prompt {i}");
+    }
+    // A hang detector, not a performance bound: four lookups of 100 ms each fit easily.
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    let t = core.snapshot().tiers;
+    assert!(t.lookup_timeouts >= 1, "{t:?}");
+    assert!(t.dropped_writes > 0, "the write queue is bounded: {t:?}");
+}

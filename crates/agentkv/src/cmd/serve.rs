@@ -163,6 +163,12 @@ fn engine_config(
     if let Some(b) = kv.tier_prefetch_max_size {
         cfg.tiers.prefetch_max_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
     }
+    if let Some(ms) = kv.tier_lookup_timeout_ms {
+        cfg.tiers.lookup_timeout = std::time::Duration::from_millis(ms);
+    }
+    if let Some(b) = kv.tier_write_queue_max_size {
+        cfg.tiers.max_queued_write_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
+    }
     Ok(cfg)
 }
 

@@ -114,7 +114,7 @@ impl EngineCore {
             return;
         };
         if let Some(t) = self.tiers.as_mut() {
-            t.cancel_prefetch(id);
+            t.forget_request(id);
         }
         if let Some(cs) = s.cache_seq.take() {
             let tick = Tick(self.tick);
