@@ -4,8 +4,11 @@
 //!
 //! Bytes per token per layer = Σ over K and V of `num_kv_heads × vector_bytes(head_dim)`, where a
 //! head vector of `d` elements costs `ceil(d × bits / 8)` bytes plus, for int8/int4, one f16 scale
-//! and one f16 offset per group of `group_size` elements, and for fp8 one f16 scale per token per
-//! head. Grouped-query attention is counted: KV heads, not query heads.
+//! and one f16 offset per group of `group_size` elements (default 64 for int8, 32 for int4), and
+//! for fp8 one f32 scale per token per head — exactly the layout of the engine's codecs
+//! (`quant::KvCodecKind::bytes_per_row`; `crates/agentkv/tests/kv_size_agrees.rs` checks every
+//! codec against it and against the engine). Grouped-query attention is counted: KV heads, not
+//! query heads.
 
 use serde::{Deserialize, Serialize};
 
@@ -102,7 +105,7 @@ pub enum KvDtype {
     F32,
     F16,
     Bf16,
-    /// 8-bit float, one f16 scale per token per head.
+    /// 8-bit float, one f32 scale per token per head.
     Fp8,
     /// 8-bit integer, f16 scale + f16 offset per group.
     Int8,
@@ -132,12 +135,22 @@ impl KvDtype {
         }
     }
 
+    /// The group size the engine's codec of this name uses (`int8` = `int8-g64`, `int4` =
+    /// `int4-g32`); 1 for types without groups.
+    pub fn default_group_size(self) -> u64 {
+        match self {
+            KvDtype::Int8 => 64,
+            KvDtype::Int4 => 32,
+            _ => 1,
+        }
+    }
+
     /// Bytes of one head vector of `dim` elements, overhead included.
     pub fn vector_bytes(self, dim: u64, group_size: u64) -> u64 {
         let payload = (dim * self.bits()).div_ceil(8);
         let overhead = match self {
             KvDtype::F32 | KvDtype::F16 | KvDtype::Bf16 => 0,
-            KvDtype::Fp8 => 2,
+            KvDtype::Fp8 => 4,
             KvDtype::Int8 | KvDtype::Int4 => dim.div_ceil(group_size.max(1)) * 4,
         };
         payload + overhead

@@ -31,8 +31,8 @@ fn dtypes_and_overheads() {
     let per_token = |d| compute(&s, params(d, 1, 1, 1)).unwrap().bytes_per_token;
     assert_eq!(per_token(KvDtype::F32), 262_144);
     assert_eq!(per_token(KvDtype::Bf16), 131_072);
-    // fp8: 128 bytes + one f16 scale per head vector = 130; × 8 heads × 2 × 32 layers.
-    assert_eq!(per_token(KvDtype::Fp8), 130 * 8 * 2 * 32);
+    // fp8: 128 bytes + one f32 scale per head vector = 132; × 8 heads × 2 × 32 layers.
+    assert_eq!(per_token(KvDtype::Fp8), 132 * 8 * 2 * 32);
     // int8: 128 + 4 groups × (2 + 2) = 144.
     assert_eq!(per_token(KvDtype::Int8), 144 * 8 * 2 * 32);
     // int4: 64 + 16 = 80.

@@ -32,9 +32,10 @@ pub struct KvSizeArgs {
     /// Tokens per KV block (sequences occupy whole blocks).
     #[arg(long, default_value_t = 16)]
     pub block_size: u64,
-    /// Elements per int8/int4 scale+offset group.
-    #[arg(long, default_value_t = 32)]
-    pub group_size: u64,
+    /// Elements per int8/int4 scale+offset group (default: the engine's, 64 for int8 and 32 for
+    /// int4).
+    #[arg(long)]
+    pub group_size: Option<u64>,
     /// Also print the articles' formula (query heads instead of KV heads).
     #[arg(long)]
     pub naive: bool,
@@ -67,7 +68,9 @@ pub fn run(args: KvSizeArgs) -> anyhow::Result<()> {
             batch: args.batch,
             dtype: args.dtype,
             block_size: args.block_size,
-            group_size: args.group_size,
+            group_size: args
+                .group_size
+                .unwrap_or_else(|| args.dtype.default_group_size()),
         },
     )?;
     if args.json {
