@@ -426,6 +426,12 @@ fn the_constrained_grammar_accepts_valid_calls_and_rejects_invalid_ones() {
         assert!(accepts(&req, &enum_ok), "{family:?}");
         assert!(!accepts(&req, &enum_ok.replace("CET", "PST")), "{family:?}");
     }
+    // Under auto, text may not start the way a call does (it would be neither).
+    let hermes_auto = constraint(Family::Hermes, auto.clone(), true);
+    assert!(accepts(&hermes_auto, "<tools> are fun"));
+    assert!(!accepts(&hermes_auto, "<tool_call> is a tag"));
+    let llama_auto = constraint(Family::Llama3, auto.clone(), true);
+    assert!(!accepts(&llama_auto, "{\"answer\": 1}"));
     // Several calls where the family allows them and parallel calls are on.
     let two = format!(
         "{}\n{}",
