@@ -211,7 +211,8 @@ fn compact(mut schema: Value) -> String {
 
 /// The Lark grammar of a reply in `syntax`: calls of `offered` (several when `parallel` and the
 /// family allows it), or — with `text` — a text answer, free (`None` inside) or JSON matching the
-/// schema. Free text may not start the way a call does, so the two never mix.
+/// schema. Free text may not start the way a call does (nor the way the parser recognises one),
+/// so the two never mix.
 pub fn grammar(
     syntax: FamilySyntax,
     offered: &[&Tool],
@@ -247,12 +248,12 @@ pub fn grammar(
                 lit(HERMES_OPEN),
                 lit(HERMES_CLOSE)
             ),
-            Some("<tool_call>"),
+            vec!["<tool_call>"],
         ),
         Family::Llama3 => (
             "calls: call\n".to_string(),
             "call: call_json\n".to_string(),
-            Some("{"),
+            vec!["{"],
         ),
         Family::Mistral => {
             let trigger = match syntax.trigger_token {
@@ -262,7 +263,9 @@ pub fn grammar(
             (
                 format!("calls: {trigger} \"[\" call{} \"]\"\n", repeat(", ")),
                 "call: call_json\n".to_string(),
-                syntax.trigger_token.is_none().then_some(MISTRAL_TRIGGER),
+                // The parser takes a list of calls for calls even without the trigger's text
+                // (a control token prints nothing): text may not start like one either.
+                vec![MISTRAL_TRIGGER, "[{\"name\""],
             )
         }
     };
@@ -272,7 +275,7 @@ pub fn grammar(
     match text {
         Some(None) => {
             g.push_str("TEXT: /(?s:.+)/");
-            if let Some(prefix) = not_text {
+            for prefix in not_text {
                 let escaped: String = prefix
                     .chars()
                     .map(|c| {

@@ -612,3 +612,58 @@ async fn hermes_calls_on_the_real_model_round_trip_from_the_cache_and_stream_as_
         .unwrap_or("")
         .is_empty()));
 }
+
+#[test]
+fn a_special_token_trigger_is_asked_for_by_id() {
+    // Mistral's `[TOOL_CALLS]` is one control token in its vocabularies; the default model has
+    // none, so its `<|im_start|>` stands in for it.
+    let m = model();
+    let trigger = m.tokenizer.token_to_id("<|im_start|>").unwrap();
+    assert!(m.tokenizer.is_special(trigger));
+    let syntax = FamilySyntax {
+        family: Family::Mistral,
+        trigger_token: Some(trigger),
+    };
+    let auto = ToolChoice::Mode(ToolChoiceMode::Auto);
+    let plan = tools::plan(&request(auto, true), None, Some(syntax))
+        .unwrap()
+        .unwrap();
+    let lark = plan.lark.unwrap();
+    assert!(lark.contains(&format!("<[{trigger}]> \"[\"")), "{lark}");
+    let spec = grammars()
+        .compile(&server::structured::OutputFormat::Lark(lark))
+        .unwrap();
+    let body = r#"[{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]"#;
+    let ids: Vec<u32> = std::iter::once(trigger)
+        .chain(m.tokenizer.encode(body, false, false).unwrap())
+        .collect();
+    let vocab = m.tokenizer.vocab_size();
+    let allowed = |ids: &[u32]| {
+        let mut c = spec.0.start();
+        for &id in ids {
+            let mut logits = vec![0.0f32; vocab];
+            c.mask_logits(&mut logits);
+            if logits[id as usize] == f32::NEG_INFINITY {
+                return false;
+            }
+            c.accept(id);
+        }
+        true
+    };
+    assert!(allowed(&ids), "the trigger token, then the calls");
+    assert!(
+        !allowed(&m.tokenizer.encode(body, false, false).unwrap()),
+        "the calls without the trigger are text that starts like a call"
+    );
+    assert!(!allowed(
+        &m.tokenizer
+            .encode(&format!("[TOOL_CALLS]{body}"), false, false)
+            .unwrap()
+    ));
+    assert!(accepts(&spec, "[1, 2] are numbers"));
+    // The output text has no trigger (control tokens print nothing): still parsed as calls.
+    assert!(matches!(
+        tool_families::parse(Family::Mistral, body),
+        Reply::Calls(c) if c[0].id.as_deref() == Some("a1b2c3d4e")
+    ));
+}
