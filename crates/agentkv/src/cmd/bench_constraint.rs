@@ -75,10 +75,7 @@ fn cases(g: &Grammars) -> Result<Vec<Case>> {
     let generic = server::tools::plan(&tools_request("auto")?, None, None)
         .map_err(|e| anyhow!("{e:?}"))?
         .ok_or_else(|| anyhow!("no plan"))?;
-    let hermes = FamilySyntax {
-        family: Family::Hermes,
-        trigger_token: None,
-    };
+    let hermes = FamilySyntax::new(Family::Hermes);
     let hermes = server::tools::plan(&tools_request("auto")?, None, Some(hermes))
         .map_err(|e| anyhow!("{e:?}"))?
         .and_then(|p| p.lark)
