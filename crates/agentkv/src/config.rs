@@ -4,7 +4,9 @@
 //! ```yaml
 //! server: {host: 127.0.0.1, port: 8000, model_name: agentkv, model_aliases: [gpt-4o-mini],
 //!          unknown_fields: reject,   # or ignore: unknown request fields 400 / are ignored
-//!          admin_api_keys: [..], trusted_tenant_header: x-agentkv-tenant, shutdown_timeout_s: 30}
+//!          admin_api_keys: [..], shutdown_timeout_s: 30,
+//!          trusted_proxy_api_keys: [..], trusted_tenant_header: x-agentkv-tenant,  # both or neither
+//!          metrics_api_keys: [..], metrics_per_tenant: true}
 //! model: {path: models/SmolLM2-135M-Instruct.Q4_1.gguf, threads: 4}
 //! kv_cache_config:
 //!   max_size: 2GB            # bytes of KV memory (KB/MB/GB = 1000^k, KiB/MiB/GiB = 1024^k)
@@ -53,7 +55,7 @@ pub struct FileConfig {
     pub limits: LimitsSection,
     /// Storage tiers after the active pool, in lookup order.
     #[serde(default)]
-    pub tiers: Vec<engine::tier::TierConfig>,
+    pub tiers: Vec<tier::TierConfig>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -68,7 +70,16 @@ pub struct ServerSection {
     pub unknown_fields: Option<UnknownFieldsPolicy>,
     #[serde(default)]
     pub admin_api_keys: Vec<String>,
+    /// Names the tenant of a call made with one of `trusted_proxy_api_keys` (only those).
     pub trusted_tenant_header: Option<String>,
+    /// Keys of trusted proxies (never tenant keys); they must send `trusted_tenant_header`.
+    #[serde(default)]
+    pub trusted_proxy_api_keys: Vec<String>,
+    /// When set, `GET /metrics` needs one of these keys (or an admin key).
+    #[serde(default)]
+    pub metrics_api_keys: Vec<String>,
+    /// Tenant-labelled series in `/metrics` (default true).
+    pub metrics_per_tenant: Option<bool>,
     pub shutdown_timeout_s: Option<u64>,
 }
 
@@ -340,11 +351,11 @@ mod tests {
         assert_eq!(c.tiers.len(), 3);
         assert!(matches!(
             c.tiers[0],
-            engine::tier::TierConfig::Ram { max_size, .. } if max_size.0 == 4_000_000_000
+            tier::TierConfig::Ram { max_size, .. } if max_size.0 == 4_000_000_000
         ));
         assert!(matches!(
             c.tiers[2],
-            engine::tier::TierConfig::Redis {
+            tier::TierConfig::Redis {
                 ttl_secs: Some(60),
                 ..
             }

@@ -1,9 +1,9 @@
 //! End to end: agent frameworks' tool loops against the real `agentkv serve` binary and default
 //! model — a `langchain-openai` `bind_tools` loop and the OpenAI Agents SDK `Runner` over both the
 //! Responses API and chat completions (`crates/server/tests/e2e_frameworks.py`), and six-call
-//! loops in those two and smolagents (`crates/server/tests/e2e_six_calls.py`). Fails when
-//! python3 is missing; the script skips a framework, saying so, only when its package cannot be
-//! imported (CI installs them).
+//! loops in those two and smolagents (`crates/server/tests/e2e_six_calls.py`). Fails, saying to
+//! run `scripts/test.sh` (which makes `.venv-tests` with the pinned packages), when the
+//! interpreter (`$AGENTKV_PYTHON`, `.venv-tests`, else python3) cannot import them.
 
 mod common;
 
@@ -31,7 +31,7 @@ fn framework_tool_loops_reach_the_second_call_from_the_cache() {
         "e2e_frameworks.py",
         &format!("http://{}", server.addr),
         "ALL FRAMEWORK CHECKS PASSED",
-        "CI installs it with langchain-openai and openai-agents",
+        &["openai", "langchain_openai", "agents"],
     );
     println!("{stdout}");
 }
@@ -53,7 +53,7 @@ fn six_call_tool_loops_run_from_the_cache() {
         "e2e_six_calls.py",
         &format!("http://{}", server.addr),
         "ALL SIX-CALL CHECKS PASSED",
-        "CI installs it with langchain-openai, openai-agents and smolagents",
+        &["openai", "langchain_openai", "agents", "smolagents"],
     );
     println!("{stdout}");
 }

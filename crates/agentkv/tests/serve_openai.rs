@@ -1,6 +1,7 @@
 //! End to end: the real `agentkv serve` binary on 127.0.0.1:0 with the real default model, driven
 //! by the official `openai` Python package (`crates/server/tests/e2e_openai.py`). Fails (never
-//! skips) when python3 or the package is missing: CI installs them.
+//! skips) when the interpreter (`$AGENTKV_PYTHON`, `.venv-tests`, else python3) or the package is
+//! missing, saying to run `scripts/test.sh`, which makes that venv with pinned packages.
 
 mod common;
 
@@ -62,12 +63,8 @@ fn openai_client_end_to_end() {
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_string();
-    let stdout = common::run_python_client(
-        "e2e_openai.py",
-        &base,
-        "ALL E2E CHECKS PASSED",
-        "CI installs it with the openai package",
-    );
+    let stdout =
+        common::run_python_client("e2e_openai.py", &base, "ALL E2E CHECKS PASSED", &["openai"]);
     println!("{stdout}");
     // Graceful shutdown: SIGTERM with nothing running exits cleanly and promptly.
     let mut server = server;

@@ -117,11 +117,14 @@ impl Metrics {
             .requests_rejected += 1;
     }
 
-    /// The whole exposition; `tenant_name` labels the engine's per-tenant cache counters.
+    /// The whole exposition; `tenant_name` labels the engine's per-tenant cache counters. Without
+    /// `per_tenant` no series carries a tenant label: the server's counters are summed over
+    /// tenants and the engine's per-tenant series are left out (their totals remain).
     pub fn render(
         &self,
         snap: &EngineSnapshot,
         tenant_name: impl Fn(cache::TenantId) -> String,
+        per_tenant: bool,
     ) -> String {
         let mut out = String::with_capacity(8 << 10);
         {
@@ -147,7 +150,7 @@ impl Metrics {
                 "Arrival to admission into the running batch.",
             );
             type Field = fn(&TenantTotals) -> u64;
-            let per_tenant: [(&str, &str, Field); 5] = [
+            let per_tenant_series: [(&str, &str, Field); 5] = [
                 (
                     "agentkv_prompt_tokens_total",
                     "Prompt tokens of finished requests.",
@@ -174,10 +177,15 @@ impl Metrics {
                     |t| t.requests_rejected,
                 ),
             ];
-            for (name, help, f) in per_tenant {
+            for (name, help, f) in per_tenant_series {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-                for (tenant, t) in &g.tenants {
-                    let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", escape(tenant), f(t));
+                if per_tenant {
+                    for (tenant, t) in &g.tenants {
+                        let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {}", escape(tenant), f(t));
+                    }
+                } else {
+                    let total: u64 = g.tenants.values().map(f).sum();
+                    let _ = writeln!(out, "{name} {total}");
                 }
             }
             let name = "agentkv_prefix_cache_misses_total";
@@ -190,7 +198,7 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {v}");
             }
         }
-        render_engine(&mut out, snap, tenant_name);
+        render_engine(&mut out, snap, tenant_name, per_tenant);
         out
     }
 }
@@ -206,6 +214,7 @@ fn render_engine(
     out: &mut String,
     s: &EngineSnapshot,
     tenant_name: impl Fn(cache::TenantId) -> String,
+    per_tenant: bool,
 ) {
     let c = &s.cache;
     metric(
@@ -230,7 +239,7 @@ fn render_engine(
         c.lookup_miss_tokens,
     );
     type TField = fn(&cache::TenantCounters) -> u64;
-    let per_tenant: [(&str, &str, &str, TField); 5] = [
+    let per_tenant_series: [(&str, &str, &str, TField); 5] = [
         (
             "agentkv_tenant_prefix_cache_lookups_total",
             "counter",
@@ -262,7 +271,10 @@ fn render_engine(
             |t| t.evicted_blocks,
         ),
     ];
-    for (name, kind, help, f) in per_tenant {
+    for (name, kind, help, f) in per_tenant_series {
+        if !per_tenant {
+            break;
+        }
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         for (id, t) in &s.tenants {
             let _ = writeln!(
@@ -490,7 +502,7 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
             .stats
             .load_buckets
             .iter()
-            .zip(engine::tiering::LOAD_LATENCY_BUCKETS_US)
+            .zip(engine::LOAD_LATENCY_BUCKETS_US)
         {
             cumulative += count;
             let le = bound_us as f64 / 1e6;

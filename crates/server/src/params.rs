@@ -245,7 +245,7 @@ pub fn chat_prompt(
     if r.messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty", "messages"));
     }
-    let plan = tools::plan(r, text_schema, tool_families::model_syntax(&state.model))?;
+    let plan = tools::plan(r, text_schema, tool_families::model_syntax(&state.frontend))?;
     let prompt = render_chat(state, &r.messages, plan.as_ref(), r.tools.as_deref(), true)?;
     Ok((prompt, plan))
 }
@@ -260,8 +260,10 @@ pub fn tool_constraint(state: &AppState, plan: &ToolPlan) -> Result<ConstraintSp
     .map_err(|e| ApiError::invalid(format!("the tools' parameters schema: {e}"), "tools"))
 }
 
-/// Chat messages → prompt token ids (special tokens in the rendered text are parsed). `tools`
-/// reach the template when it has a known tool format (`tool_families.rs`).
+/// Chat messages → prompt token ids. Only the chat template's own markup yields special tokens:
+/// every client-supplied text is tokenised as plain text (`model::chat_prompt`), so a message
+/// holding `<|im_end|>` cannot end its turn or forge another role. `tools` reach the template
+/// when it has a known tool format (`tool_families.rs`).
 pub fn render_chat(
     state: &AppState,
     messages: &[api::ChatMessage],
@@ -269,18 +271,22 @@ pub fn render_chat(
     tools: Option<&[api::Tool]>,
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
-    let family = tool_families::model_syntax(&state.model);
+    let family = tool_families::model_syntax(&state.frontend);
     let (msgs, tools) = tools::template_input(messages, plan, tools, family)?;
-    let text = state
-        .model
-        .chat_template_or_fallback()
-        .render(&msgs, tools.as_ref(), add_generation_prompt)
-        .map_err(|e| ApiError::invalid(format!("chat template failed: {e}"), "messages"))?;
     state
-        .model
-        .tokenizer
-        .encode(&text, false, true)
-        .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))
+        .frontend
+        .encode_chat(&msgs, tools.as_ref(), add_generation_prompt)
+        .map_err(|e| match e {
+            model::chat_prompt::ChatPromptError::Tokenizer(e) => {
+                ApiError::Internal(format!("tokenizer: {e}"))
+            }
+            model::chat_prompt::ChatPromptError::Template(e) => {
+                ApiError::invalid(format!("chat template failed: {e}"), "messages")
+            }
+            e @ model::chat_prompt::ChatPromptError::UntraceableContent { .. } => {
+                ApiError::invalid(e.to_string(), "messages")
+            }
+        })
 }
 
 /// A text completion's prompt → token ids (one prompt per request).
@@ -298,7 +304,7 @@ pub fn completion_prompt(state: &AppState, p: &Prompt) -> Result<Vec<u32>, ApiEr
         }
     };
     state
-        .model
+        .frontend
         .tokenizer
         .encode(&text, true, false)
         .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))
@@ -311,7 +317,7 @@ pub fn prepare(
     prompt: Vec<u32>,
     o: &GenOptions,
 ) -> Result<Prepared, ApiError> {
-    let context_length = state.model.config.context_length;
+    let context_length = state.frontend.context_length;
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", "prompt"));
     }
@@ -322,7 +328,9 @@ pub fn prepare(
         });
     }
     let n = o.n.unwrap_or(1);
-    check((1..=16).contains(&n), "n", "between 1 and 16", n)?;
+    let max_n = engine::MAX_CHOICES;
+    let rule = format!("between 1 and {max_n}");
+    check((1..=max_n).contains(&(n as usize)), "n", &rule, n)?;
     let temperature = o.temperature.unwrap_or(1.0);
     check(
         (0.0..=2.0).contains(&temperature),
@@ -387,7 +395,7 @@ pub fn prepare(
         min_tokens,
     )?;
     let logit_bias = match &o.logit_bias {
-        Some(b) => logit_bias(b, state.model.tokenizer.vocab_size())?,
+        Some(b) => logit_bias(b, state.frontend.tokenizer.vocab_size())?,
         None => Vec::new(),
     };
     let sampling = SamplingParams {

@@ -75,8 +75,16 @@ pub struct ServerSettings {
     pub tenants: Vec<TenantSpec>,
     /// Keys for `/v1/cache/*`. With none and no tenant keys, admin routes are open too.
     pub admin_api_keys: Vec<String>,
-    /// When set, this header (sent by a trusted proxy) names the tenant of an authenticated call.
+    /// When set, this header names the tenant of a call made with one of
+    /// `trusted_proxy_api_keys` (and only then: with a tenant key it is a 403). Needs proxy keys.
     pub trusted_tenant_header: Option<String>,
+    /// Keys of trusted proxies: a call with one of them runs as the tenant its
+    /// `trusted_tenant_header` names (required). Never a tenant or admin key.
+    pub trusted_proxy_api_keys: Vec<String>,
+    /// When non-empty, `GET /metrics` needs one of these keys (or an admin key); else it is open.
+    pub metrics_api_keys: Vec<String>,
+    /// Series labelled by tenant name in `/metrics` (default true); off, only totals are shown.
+    pub metrics_per_tenant: bool,
     pub limits: Limits,
     /// How long running requests may take to finish after a shutdown signal.
     pub shutdown_timeout: Duration,
@@ -91,6 +99,9 @@ impl Default for ServerSettings {
             tenants: Vec::new(),
             admin_api_keys: Vec::new(),
             trusted_tenant_header: None,
+            trusted_proxy_api_keys: Vec::new(),
+            metrics_api_keys: Vec::new(),
+            metrics_per_tenant: true,
             limits: Limits::default(),
             shutdown_timeout: Duration::from_secs(30),
         }
@@ -113,6 +124,19 @@ pub enum SettingsError {
     EmptyModelName,
     #[error("model name {0:?} is given twice (model_name and model_aliases)")]
     DuplicateModelName(String),
+    #[error(
+        "trusted_tenant_header is set but no trusted_proxy_api_keys are: the header is honoured \
+         only from a trusted proxy's key (tenants are identified by their API keys)"
+    )]
+    TenantHeaderWithoutProxyKeys,
+    #[error("trusted_proxy_api_keys need trusted_tenant_header (the header the proxy sets)")]
+    ProxyKeysWithoutHeader,
+    #[error("trusted_tenant_header {0:?} is not a valid header name")]
+    BadTenantHeader(String),
+    #[error("a trusted proxy key is empty, repeated, or also a tenant or admin key")]
+    BadProxyKey,
+    #[error("a metrics API key is empty")]
+    EmptyMetricsKey,
 }
 
 impl ServerSettings {
@@ -173,6 +197,31 @@ impl ServerSettings {
                     ));
                 }
                 seen_keys.push((k, &t.name));
+            }
+        }
+        match (
+            &self.trusted_tenant_header,
+            self.trusted_proxy_api_keys.is_empty(),
+        ) {
+            (Some(_), true) => return Err(SettingsError::TenantHeaderWithoutProxyKeys),
+            (None, false) => return Err(SettingsError::ProxyKeysWithoutHeader),
+            (Some(h), false) => {
+                if axum::http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                    return Err(SettingsError::BadTenantHeader(h.clone()));
+                }
+            }
+            (None, true) => {}
+        }
+        if self.metrics_api_keys.iter().any(String::is_empty) {
+            return Err(SettingsError::EmptyMetricsKey);
+        }
+        for (i, k) in self.trusted_proxy_api_keys.iter().enumerate() {
+            if k.is_empty()
+                || self.trusted_proxy_api_keys[..i].contains(k)
+                || seen_keys.iter().any(|(key, _)| key == k)
+                || self.admin_api_keys.contains(k)
+            {
+                return Err(SettingsError::BadProxyKey);
             }
         }
         Ok(())

@@ -1,6 +1,8 @@
 //! API key → tenant. Keys are compared in constant time (every configured key is compared on
 //! every call, no early exit); the tenant's server-side salt is what enters its cache namespace.
-//! Never trusts a request body for the tenant; a proxy header counts only when configured.
+//! Never trusts a request body for the tenant. The tenant comes from the API key alone; the
+//! configured tenant header is read only on calls made with a trusted proxy's key (with any other
+//! key it is refused, so a tenant cannot pose as another by sending it).
 
 use axum::http::HeaderMap;
 use cache::TenantId;
@@ -37,6 +39,8 @@ pub struct Tenants {
     /// (key bytes, index into `tenants`).
     keys: Vec<(Vec<u8>, usize)>,
     admin_keys: Vec<Vec<u8>>,
+    metrics_keys: Vec<Vec<u8>>,
+    proxy_keys: Vec<Vec<u8>>,
     proxy_header: Option<String>,
 }
 
@@ -70,13 +74,23 @@ impl Tenants {
                 .iter()
                 .map(|k| k.as_bytes().to_vec())
                 .collect(),
+            metrics_keys: settings
+                .metrics_api_keys
+                .iter()
+                .map(|k| k.as_bytes().to_vec())
+                .collect(),
+            proxy_keys: settings
+                .trusted_proxy_api_keys
+                .iter()
+                .map(|k| k.as_bytes().to_vec())
+                .collect(),
             proxy_header: settings.trusted_tenant_header.clone(),
         }
     }
 
-    /// True when no tenant key is configured: every call is the `default` tenant.
+    /// True when no tenant or proxy key is configured: every call is the `default` tenant.
     pub fn is_open(&self) -> bool {
-        self.keys.is_empty()
+        self.keys.is_empty() && self.proxy_keys.is_empty()
     }
 
     pub fn all(&self) -> &[Tenant] {
@@ -103,38 +117,73 @@ impl Tenants {
             .map_or_else(|| format!("tenant-{}", id.0), |t| t.name.clone())
     }
 
-    /// The tenant of a call: its bearer key (or `default` when open), then the trusted-proxy
-    /// header if configured and present.
+    /// The tenant of a call, from its bearer key only: a tenant key is that tenant (`default` when
+    /// the server is open); a trusted proxy key is the tenant named by the trusted tenant header,
+    /// which must be present. The header on a call with any other key is a 403: it never changes
+    /// the tenant of a tenant key.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<&Tenant, ApiError> {
-        let base = if self.is_open() {
-            &self.tenants[0]
+        let header = self
+            .proxy_header
+            .as_deref()
+            .and_then(|h| headers.get(h).map(|v| (h, v)));
+        if self.is_open() {
+            // No proxy keys means no configured header either (settings validation).
+            return Ok(&self.tenants[0]);
+        }
+        let key = bearer(headers).ok_or(ApiError::Unauthorized)?;
+        let mut found = usize::MAX;
+        for (k, idx) in &self.keys {
+            // No early exit: the time does not depend on which key matched.
+            if bool::from(k.as_slice().ct_eq(key)) {
+                found = *idx;
+            }
+        }
+        let mut proxy = false;
+        for k in &self.proxy_keys {
+            proxy |= bool::from(k.as_slice().ct_eq(key));
+        }
+        if !proxy {
+            let tenant = self.tenants.get(found).ok_or(ApiError::Unauthorized)?;
+            if let Some((h, _)) = header {
+                return Err(ApiError::Forbidden(format!(
+                    "header {h} is accepted only from a trusted proxy key; this key belongs to a \
+                     tenant"
+                )));
+            }
+            return Ok(tenant);
+        }
+        let Some((h, v)) = header else {
+            let h = self.proxy_header.as_deref().unwrap_or("tenant header");
+            return Err(ApiError::invalid(
+                format!("a trusted proxy key needs header {h} naming the tenant"),
+                h,
+            ));
+        };
+        let name = v
+            .to_str()
+            .map_err(|_| ApiError::invalid(format!("header {h} is not text"), h))?;
+        self.serving()
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| {
+                ApiError::invalid(format!("header {h} names unknown tenant {name:?}"), h)
+            })
+    }
+
+    /// `GET /metrics`: open unless metrics keys are configured; then one of them or an admin key.
+    pub fn authenticate_metrics(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        if self.metrics_keys.is_empty() {
+            return Ok(());
+        }
+        let key = bearer(headers).ok_or(ApiError::Unauthorized)?;
+        let mut ok = false;
+        for k in self.metrics_keys.iter().chain(&self.admin_keys) {
+            ok |= bool::from(k.as_slice().ct_eq(key));
+        }
+        if ok {
+            Ok(())
         } else {
-            let key = bearer(headers).ok_or(ApiError::Unauthorized)?;
-            let mut found = usize::MAX;
-            for (k, idx) in &self.keys {
-                // No early exit: the time does not depend on which key matched.
-                if bool::from(k.as_slice().ct_eq(key)) {
-                    found = *idx;
-                }
-            }
-            self.tenants.get(found).ok_or(ApiError::Unauthorized)?
-        };
-        let Some(header) = &self.proxy_header else {
-            return Ok(base);
-        };
-        match headers.get(header.as_str()) {
-            None => Ok(base),
-            Some(v) => {
-                let name = v.to_str().map_err(|_| {
-                    ApiError::invalid(format!("header {header} is not text"), header)
-                })?;
-                self.by_name(name).ok_or_else(|| {
-                    ApiError::invalid(
-                        format!("header {header} names unknown tenant {name:?}"),
-                        header,
-                    )
-                })
-            }
+            Err(ApiError::Unauthorized)
         }
     }
 

@@ -133,7 +133,7 @@ impl Family {
 
 /// The family of `model`'s chat template and its layout (`None`: the generic mode, also when the
 /// probe finds the template does not write calls as the family does). Probed once per template.
-pub fn model_syntax(model: &model::Model) -> Option<FamilySyntax> {
+pub fn model_syntax(model: &model::Frontend) -> Option<FamilySyntax> {
     static PROBED: OnceLock<Mutex<HashMap<String, Option<FamilySyntax>>>> = OnceLock::new();
     let template = model.chat_template.as_ref()?;
     let family = Family::detect(template.source())?;

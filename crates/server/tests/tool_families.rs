@@ -358,15 +358,15 @@ fn model() -> Arc<Model> {
 
 fn grammars() -> &'static Grammars {
     static G: std::sync::OnceLock<Grammars> = std::sync::OnceLock::new();
-    G.get_or_init(|| Grammars::new(model()).unwrap())
+    G.get_or_init(|| Grammars::new(model().frontend.clone()).unwrap())
 }
 
 /// Whether the constraint lets the model write `text` (tokenised by the model) and then end.
 fn accepts(spec: &ConstraintSpec, text: &str) -> bool {
     let m = model();
-    let vocab = m.tokenizer.vocab_size();
+    let vocab = m.tokenizer().vocab_size();
     let mut c = spec.0.start();
-    for id in m.tokenizer.encode(text, false, false).unwrap() {
+    for id in m.tokenizer().encode(text, false, false).unwrap() {
         let mut logits = vec![0.0f32; vocab];
         c.mask_logits(&mut logits);
         if logits[id as usize] == f32::NEG_INFINITY {
@@ -376,7 +376,7 @@ fn accepts(spec: &ConstraintSpec, text: &str) -> bool {
     }
     let mut logits = vec![0.0f32; vocab];
     c.mask_logits(&mut logits);
-    logits[m.tokenizer.eot_ids()[0] as usize] != f32::NEG_INFINITY
+    logits[m.tokenizer().eot_ids()[0] as usize] != f32::NEG_INFINITY
 }
 
 fn request(choice: ToolChoice, parallel: bool) -> ChatCompletionRequest {
@@ -481,7 +481,9 @@ fn the_constrained_grammar_accepts_valid_calls_and_rejects_invalid_ones() {
 /// A server over the default model with the Hermes template swapped in.
 fn hermes_app() -> (engine::Engine, axum::Router) {
     let mut m = Model::load(&model::default_model_path()).expect("default model");
-    m.chat_template = Some(template(Family::Hermes));
+    Arc::get_mut(&mut m.frontend)
+        .expect("a fresh model")
+        .chat_template = Some(template(Family::Hermes));
     let m = Arc::new(m);
     let cfg = engine::EngineConfig {
         num_blocks: 256,
@@ -489,8 +491,12 @@ fn hermes_app() -> (engine::Engine, axum::Router) {
         ..engine::EngineConfig::default()
     };
     let engine = engine::Engine::start(engine::EngineCore::new(m.clone(), cfg).expect("engine"));
-    let state =
-        server::AppState::new(engine.handle(), m, server::ServerSettings::default()).unwrap();
+    let state = server::AppState::new(
+        engine.handle(),
+        m.frontend.clone(),
+        server::ServerSettings::default(),
+    )
+    .unwrap();
     (engine, server::router(state))
 }
 
@@ -624,8 +630,8 @@ fn a_special_token_trigger_is_asked_for_by_id() {
     // Mistral's `[TOOL_CALLS]` is one control token in its vocabularies; the default model has
     // none, so its `<|im_start|>` stands in for it.
     let m = model();
-    let trigger = m.tokenizer.token_to_id("<|im_start|>").unwrap();
-    assert!(m.tokenizer.is_special(trigger));
+    let trigger = m.tokenizer().token_to_id("<|im_start|>").unwrap();
+    assert!(m.tokenizer().is_special(trigger));
     let syntax = FamilySyntax {
         trigger_token: Some(trigger),
         ..FamilySyntax::new(Family::Mistral)
@@ -641,9 +647,9 @@ fn a_special_token_trigger_is_asked_for_by_id() {
         .unwrap();
     let body = r#"[{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]"#;
     let ids: Vec<u32> = std::iter::once(trigger)
-        .chain(m.tokenizer.encode(body, false, false).unwrap())
+        .chain(m.tokenizer().encode(body, false, false).unwrap())
         .collect();
-    let vocab = m.tokenizer.vocab_size();
+    let vocab = m.tokenizer().vocab_size();
     let allowed = |ids: &[u32]| {
         let mut c = spec.0.start();
         for &id in ids {
@@ -658,11 +664,11 @@ fn a_special_token_trigger_is_asked_for_by_id() {
     };
     assert!(allowed(&ids), "the trigger token, then the calls");
     assert!(
-        !allowed(&m.tokenizer.encode(body, false, false).unwrap()),
+        !allowed(&m.tokenizer().encode(body, false, false).unwrap()),
         "the calls without the trigger are text that starts like a call"
     );
     assert!(!allowed(
-        &m.tokenizer
+        &m.tokenizer()
             .encode(&format!("[TOOL_CALLS]{body}"), false, false)
             .unwrap()
     ));

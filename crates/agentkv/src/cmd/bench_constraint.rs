@@ -112,7 +112,7 @@ fn cases(g: &Grammars) -> Result<Vec<Case>> {
 /// wants this reply would; a fixed tokenisation may split where the grammar does not allow), and
 /// finally the end-of-turn token.
 fn replay(model: &model::Model, case: &Case, reps: usize) -> Result<(Vec<f64>, usize)> {
-    let tok = &model.tokenizer;
+    let tok = model.tokenizer();
     let vocab = model.config.vocab_size;
     let pieces: Vec<Vec<u8>> = (0..vocab as u32)
         .map(|id| {
@@ -200,7 +200,7 @@ pub fn run(args: BenchConstraintArgs) -> Result<()> {
     let step_us = percentile(&steps, 0.5);
 
     let t0 = Instant::now();
-    let grammars = Grammars::new(model.clone()).map_err(|e| anyhow!("{e}"))?;
+    let grammars = Grammars::new(model.frontend.clone()).map_err(|e| anyhow!("{e}"))?;
     let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut rows = Vec::new();
     eprintln!(

@@ -53,20 +53,18 @@ pub struct GenerateArgs {
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     let model = args.model.load()?;
-    let tok = &model.tokenizer;
-    let text = if args.chat {
+    let tok = &model.tokenizer();
+    let ids = if args.chat {
         let mut messages = Vec::new();
         if let Some(s) = &args.system {
             messages.push(ChatMessage::new("system", s));
         }
         messages.push(ChatMessage::new("user", &args.prompt));
-        model
-            .chat_template_or_fallback()
-            .render(&messages, None, true)?
+        // As the server does: the prompt's text never becomes special tokens.
+        model.encode_chat(&messages, None, true)?
     } else {
-        args.prompt.clone()
+        tok.encode(&args.prompt, true, false)?
     };
-    let ids = tok.encode(&text, !args.chat, args.chat)?;
     let sampling = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,

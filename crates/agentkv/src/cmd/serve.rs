@@ -85,7 +85,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let port = args.port.or(file.server.port).unwrap_or(8000);
     let result = runtime.block_on(async {
         warm_up(&engine, &model, &file, &settings).await?;
-        let state = AppState::new(engine.handle(), Arc::clone(&model), settings)?;
+        let state = AppState::new(engine.handle(), Arc::clone(&model.frontend), settings)?;
         let listener = tokio::net::TcpListener::bind((host.as_str(), port))
             .await
             .with_context(|| format!("binding {host}:{port}"))?;
@@ -157,11 +157,11 @@ fn engine_config(
         }
     }
     // Set after the probe above, which must not open the tiers.
-    cfg.tiers = file.tiers.clone();
-    cfg.tier_write_through = kv.tier_write_through.unwrap_or(false);
-    cfg.tier_write_on_publish = kv.tier_write_on_publish.unwrap_or(false);
+    cfg.tiers.stores = file.tiers.clone();
+    cfg.tiers.write_through = kv.tier_write_through.unwrap_or(false);
+    cfg.tiers.write_on_publish = kv.tier_write_on_publish.unwrap_or(false);
     if let Some(b) = kv.tier_prefetch_max_size {
-        cfg.tier_prefetch_max_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
+        cfg.tiers.prefetch_max_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
     }
     Ok(cfg)
 }
@@ -191,6 +191,9 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
             .collect(),
         admin_api_keys: file.server.admin_api_keys.clone(),
         trusted_tenant_header: file.server.trusted_tenant_header.clone(),
+        trusted_proxy_api_keys: file.server.trusted_proxy_api_keys.clone(),
+        metrics_api_keys: file.server.metrics_api_keys.clone(),
+        metrics_per_tenant: file.server.metrics_per_tenant.unwrap_or(true),
         limits: Limits {
             max_body_bytes: l.max_body_bytes.unwrap_or(d.max_body_bytes),
             max_requests: l.max_requests.unwrap_or(d.max_requests),
@@ -215,15 +218,11 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
 /// Token ids of a warm-up prompt, rendered exactly as a request that starts with it would be.
 fn prompt_tokens(model: &model::Model, p: &PromptDef) -> Result<Vec<u32>> {
     Ok(match (&p.system, &p.text) {
+        // The same path as a request's messages (client text never parsed as special tokens).
         (Some(s), _) => {
-            let text = model.chat_template_or_fallback().render(
-                &[model::chat::ChatMessage::new("system", s)],
-                None,
-                false,
-            )?;
-            model.tokenizer.encode(&text, false, true)?
+            model.encode_chat(&[model::chat::ChatMessage::new("system", s)], None, false)?
         }
-        (None, Some(t)) => model.tokenizer.encode(t, true, false)?,
+        (None, Some(t)) => model.tokenizer().encode(t, true, false)?,
         (None, None) => Vec::new(),
     })
 }

@@ -80,15 +80,55 @@ fn dechunk(mut s: &str) -> String {
     out
 }
 
-/// Runs the Python client `script` (under `crates/server/tests/`) against `base_url`, fails with
-/// its output unless it exits 0 and prints `marker`, and returns its stdout.
-pub fn run_python_client(script: &str, base_url: &str, marker: &str, needs: &str) -> String {
+/// The Python interpreter the end-to-end tests run: `$AGENTKV_PYTHON` (set by `scripts/test.sh`
+/// to its venv), else the workspace's `.venv-tests/bin/python` when the script made one, else
+/// `python3`.
+pub fn python() -> String {
+    if let Ok(p) = std::env::var("AGENTKV_PYTHON") {
+        if !p.is_empty() {
+            return p;
+        }
+    }
+    let venv = format!(
+        "{}/../../.venv-tests/bin/python",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    if std::path::Path::new(&venv).exists() {
+        return venv;
+    }
+    "python3".to_string()
+}
+
+/// Fails, saying how to get them, unless the test interpreter imports every module in `modules`.
+pub fn require_python_modules(modules: &[&str]) {
+    let py = python();
+    let code = format!("import {}", modules.join(", "));
+    let out = Command::new(&py).args(["-c", &code]).output();
+    let hint = "run `scripts/test.sh` (the README's test command: it makes .venv-tests with the \
+                pinned openai, langchain-openai and openai-agents packages and runs the tests with \
+                AGENTKV_PYTHON set), or point AGENTKV_PYTHON at an interpreter that has them";
+    match out {
+        Err(e) => panic!("cannot run the Python interpreter {py:?} ({e}): {hint}"),
+        Ok(o) if !o.status.success() => panic!(
+            "{py} cannot import {modules:?}: {}\n{hint}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Ok(_) => {}
+    }
+}
+
+/// Runs the Python client `script` (under `crates/server/tests/`) against `base_url` with the
+/// test interpreter ([`python`]), after checking that it imports `modules`; fails with its output
+/// unless it exits 0 and prints `marker`, and returns its stdout.
+pub fn run_python_client(script: &str, base_url: &str, marker: &str, modules: &[&str]) -> String {
+    require_python_modules(modules);
     let path = format!("{}/../server/tests/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new("python3")
+    let py = python();
+    let out = Command::new(&py)
         .arg(&path)
         .arg(base_url)
         .output()
-        .unwrap_or_else(|e| panic!("python3 is required ({needs}): {e}"));
+        .unwrap_or_else(|e| panic!("running {py} {script}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

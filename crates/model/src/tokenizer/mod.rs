@@ -24,7 +24,7 @@ mod spec;
 mod special;
 mod spm;
 mod stream;
-mod unicode;
+pub(crate) mod unicode;
 
 pub use error::TokenizerError;
 pub use spec::{TokenType, TokenizerSpec};
@@ -239,13 +239,46 @@ impl Tokenizer {
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        let fragments = self.specials.partition(text, parse_special);
+        self.encode_fragments(text, fragments, add_special)
+    }
+
+    /// Tokenises a rendered prompt in which `plain` (sorted, non-overlapping byte ranges) holds
+    /// text a client supplied: special-token texts are parsed (as `encode(.., true)` does) only
+    /// where they lie wholly outside every `plain` range; an occurrence touching one stays
+    /// ordinary text, so client text can never yield a control, user-defined or unknown token.
+    /// Text around the ranges is tokenised exactly as `encode` would, across range borders.
+    pub fn encode_with_plain_ranges(
+        &self,
+        text: &str,
+        add_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let fragments = self.specials.partition_where(text, |start, end, _| {
+            // First range ending after `start`; it overlaps [start, end) if it begins before end.
+            let i = plain.partition_point(|r| r.end <= start);
+            plain.get(i).is_none_or(|r| r.start >= end)
+        });
+        self.encode_fragments(text, fragments, add_special)
+    }
+
+    /// The id of a special token (control, unknown or user-defined) whose text occurs in `text`.
+    pub fn special_token_in(&self, text: &str) -> Option<u32> {
+        self.specials.find_in(text)
+    }
+
+    fn encode_fragments(
+        &self,
+        text: &str,
+        fragments: Vec<Fragment>,
+        add_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && self.add_bos {
             if let Some(bos) = self.bos_id {
                 out.push(bos);
             }
         }
-        let fragments = self.specials.partition(text, parse_special);
         match &self.bpe {
             Some((bpe, pre)) => {
                 let mut words = Vec::new();

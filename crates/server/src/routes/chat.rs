@@ -101,7 +101,7 @@ pub async fn chat_completions(
                     let pieces = streams[choice as usize].push(&t.text);
                     let mut lp = r
                         .logprobs
-                        .map(|_| chat_logprobs(&st.model, std::slice::from_ref(&t)));
+                        .map(|_| chat_logprobs(&st.frontend, std::slice::from_ref(&t)));
                     let mut out: Vec<String> = pieces_delta(choice, pieces)
                         .into_iter()
                         .map(|d| chunk(vec![delta(choice, d, None, lp.take())], None))
@@ -137,7 +137,7 @@ pub async fn chat_completions(
                 Step::Token(t) => {
                     let lp = r
                         .logprobs
-                        .map(|_| chat_logprobs(&st.model, std::slice::from_ref(&t)));
+                        .map(|_| chat_logprobs(&st.frontend, std::slice::from_ref(&t)));
                     if t.text.is_empty() && lp.is_none() {
                         return Vec::new();
                     }
@@ -176,7 +176,7 @@ pub async fn chat_completions(
         .map(|(i, c)| {
             let logprobs = running
                 .logprobs
-                .map(|_| chat_logprobs(&state.model, &c.tokens));
+                .map(|_| chat_logprobs(&state.frontend, &c.tokens));
             let (message, finish_reason) = match (c.finish_reason, tool_mode) {
                 (Some(reason), Some(syntax)) => {
                     let (m, f) = tool_reply(syntax, c.text, reason, |j| call_id(i as u32, j));

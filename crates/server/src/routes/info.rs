@@ -57,13 +57,23 @@ fn model_card(state: &AppState, id: &str) -> ModelCard {
         object: "model".into(),
         created: state.started_unix_s,
         owned_by: "agentkv".into(),
-        max_model_len: Some(state.model.config.context_length as u64),
+        max_model_len: Some(state.frontend.context_length as u64),
     }
 }
 
-pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+/// Prometheus exposition; needs a metrics or admin key when `metrics_api_keys` are configured,
+/// and carries tenant-labelled series only with `metrics_per_tenant`.
+pub async fn metrics(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state.tenants.authenticate_metrics(&headers)?;
     let snap = snapshot(&state).await?;
-    let text = state.metrics.render(&snap, |id| state.tenants.name_of(id));
+    let text = state.metrics.render(
+        &snap,
+        |id| state.tenants.name_of(id),
+        state.settings.metrics_per_tenant,
+    );
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -86,7 +96,7 @@ pub async fn tokenize(
     }
     let tokens = match (&req.prompt, &req.messages) {
         (Some(p), None) => state
-            .model
+            .frontend
             .tokenizer
             .encode(p, req.add_special_tokens.unwrap_or(true), false)
             .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))?,
@@ -106,7 +116,7 @@ pub async fn tokenize(
     };
     Ok(Json(TokenizeResponse {
         count: tokens.len() as u64,
-        max_model_len: state.model.config.context_length as u64,
+        max_model_len: state.frontend.context_length as u64,
         tokens,
     }))
 }
@@ -121,7 +131,7 @@ pub async fn detokenize(
     if let Some(m) = &req.model {
         check_model(&state, m)?;
     }
-    let vocab = state.model.tokenizer.vocab_size();
+    let vocab = state.frontend.tokenizer.vocab_size();
     if let Some(t) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::invalid(
             format!("token id {t} is outside the vocabulary of {vocab}"),
@@ -129,7 +139,7 @@ pub async fn detokenize(
         ));
     }
     let prompt = state
-        .model
+        .frontend
         .tokenizer
         .decode(&req.tokens, false)
         .map_err(|e| ApiError::invalid(format!("cannot decode: {e}"), "tokens"))?;

