@@ -30,6 +30,8 @@ enum Command {
     Perplexity(cmd::perplexity::PerplexityArgs),
     /// Prefill and decode speed of the model runtime.
     BenchModel(cmd::bench_model::BenchModelArgs),
+    /// Constrained-decoding cost per token (JSON, tool-call grammars) against the decode step.
+    BenchConstraint(cmd::bench_constraint::BenchConstraintArgs),
     /// Engine throughput: decode at several concurrencies, prefill, TTFT with a cached prefix.
     BenchEngine(cmd::bench_engine::BenchEngineArgs),
     /// Agent-workload benchmark against OpenAI-compatible endpoints (agent, replay, trace-to-sim).
@@ -51,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::BenchModel(a) => cmd::bench_model::run(a),
+        Command::BenchConstraint(a) => cmd::bench_constraint::run(a),
         Command::BenchEngine(a) => cmd::bench_engine::run(a),
         Command::Bench(a) => cmd::bench_agent::run(a),
         Command::KvSize(a) => cmd::kv_size::run(a),

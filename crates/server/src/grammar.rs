@@ -148,6 +148,34 @@ struct GrammarState {
     matcher: Matcher,
 }
 
+/// Sets every logit whose bit is clear in `words` (bit `id % 32` of word `id / 32`; ids at or past
+/// `len` are disallowed) to `-inf`, a 32-token word at a time: most words of a grammar's mask are
+/// all clear or all set.
+fn apply_mask(words: &[u32], len: usize, logits: &mut [f32]) {
+    for (w, chunk) in logits.chunks_mut(32).enumerate() {
+        let base = w * 32;
+        let mut bits = words.get(w).copied().unwrap_or(0);
+        if base + 32 > len {
+            bits &= if len <= base {
+                0
+            } else {
+                (1u32 << (len - base)) - 1
+            };
+        }
+        match bits {
+            0 => chunk.fill(f32::NEG_INFINITY),
+            u32::MAX => {}
+            _ => {
+                for (b, l) in chunk.iter_mut().enumerate() {
+                    if bits & (1 << b) == 0 {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl TokenConstraint for GrammarState {
     fn mask_logits(&mut self, logits: &mut [f32]) {
         // A matcher in an error state allows only EOS: the sequence ends rather than running
@@ -158,14 +186,7 @@ impl TokenConstraint for GrammarState {
             .map(|e| e.tok_trie().eos_token())
             .ok();
         match self.matcher.compute_mask_or_eos() {
-            Ok(mask) => {
-                let len = mask.len();
-                for (id, l) in logits.iter_mut().enumerate() {
-                    if id >= len || !mask.is_allowed(id as u32) {
-                        *l = f32::NEG_INFINITY;
-                    }
-                }
-            }
+            Ok(mask) => apply_mask(mask.as_slice(), mask.len(), logits),
             Err(_) => {
                 for (id, l) in logits.iter_mut().enumerate() {
                     if Some(id as u32) != eos {
@@ -179,5 +200,28 @@ impl TokenConstraint for GrammarState {
     fn accept(&mut self, id: u32) {
         // An error leaves the matcher in its error state, which `mask_logits` handles.
         let _ = self.matcher.consume_token(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::apply_mask;
+
+    #[test]
+    fn word_masks_match_the_bit_by_bit_rule() {
+        let words = [0u32, u32::MAX, 0b1010, 0x8000_0001, u32::MAX];
+        for len in [0, 31, 64, 70, 96, 140, 160] {
+            for n in [1, 33, 100, 150, 170] {
+                let mut logits = vec![1.0f32; n];
+                apply_mask(&words, len, &mut logits);
+                for (id, l) in logits.iter().enumerate() {
+                    let allowed = id < len
+                        && words
+                            .get(id / 32)
+                            .is_some_and(|w| w & (1 << (id % 32)) != 0);
+                    assert_eq!(*l == 1.0, allowed, "len {len} n {n} id {id}");
+                }
+            }
+        }
     }
 }

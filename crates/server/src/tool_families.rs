@@ -13,14 +13,20 @@
 //!   "id": "<9 letters or digits>"}, …]`; the model writes the id (the templates insist on 9
 //!   alphanumerics) and it becomes the call's id.
 //!
-//! The grammar writes JSON as the templates' `tojson` does (`", "` and `": "`, keys in the
-//! schema's order), so a call re-rendered from the history is the text the model wrote and the
-//! next request's prompt extends this one's. Never tokenises or samples.
+//! The text around the calls (before, between, after) is read from the template itself by
+//! rendering a probe conversation ([`probe`]; templates of one family differ in a space or a
+//! newline), and the grammar writes JSON as the templates' `tojson` does (`", "` and `": "`, keys
+//! in the schema's order), so a call re-rendered from the history is the text the model wrote and
+//! the next request's prompt extends this one's. A template of a known family that does not
+//! render the probe's call as expected is served in the generic mode. Never tokenises or samples.
 
 use api::{ChatMessage, Role, Tool};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 use crate::error::ApiError;
 use crate::tools::{arguments_schema, ParsedCall, Reply};
@@ -35,16 +41,63 @@ pub enum Family {
 
 /// The text that starts a Mistral call (a control token in Mistral's vocabularies).
 pub const MISTRAL_TRIGGER: &str = "[TOOL_CALLS]";
-const HERMES_OPEN: &str = "<tool_call>\n";
-const HERMES_CLOSE: &str = "\n</tool_call>";
 
-/// A family and how the model's vocabulary spells its trigger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a template writes the calls of one assistant turn, read from a probe rendering
+/// ([`probe`]) so that the grammar writes exactly what the template re-renders (templates of a
+/// family differ: Mistral Nemo writes `[TOOL_CALLS][`, Mistral Small 3.1 `[TOOL_CALLS] [`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// Before the first call: `<tool_call>\n`, `[TOOL_CALLS][`, nothing.
+    pub prefix: String,
+    /// Between two calls; `None` when the template takes one call per turn.
+    pub separator: Option<String>,
+    /// After the last call, before the end-of-turn token.
+    pub suffix: String,
+    /// Each call ends with the id the model writes (`, "id": "…"`: Mistral's 9 characters).
+    pub with_id: bool,
+}
+
+impl Layout {
+    /// The family's usual layout (Qwen 2.5, Llama 3.1, Mistral Nemo).
+    pub fn default_for(family: Family) -> Layout {
+        let (prefix, separator, suffix, with_id) = match family {
+            Family::Hermes => (
+                "<tool_call>\n",
+                Some("\n</tool_call>\n<tool_call>\n"),
+                "\n</tool_call>",
+                false,
+            ),
+            Family::Llama3 => ("", None, "", false),
+            Family::Mistral => ("[TOOL_CALLS][", Some(", "), "]", true),
+        };
+        Layout {
+            prefix: prefix.into(),
+            separator: separator.map(str::to_string),
+            suffix: suffix.into(),
+            with_id,
+        }
+    }
+}
+
+/// A family, how its template lays calls out, and how the model's vocabulary spells its trigger.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FamilySyntax {
     pub family: Family,
+    pub layout: Layout,
     /// The id of the trigger when it is one special token (Mistral's `[TOOL_CALLS]`): the grammar
     /// then asks for that token, and its text never appears in the output.
     pub trigger_token: Option<u32>,
+}
+
+impl FamilySyntax {
+    /// The family with its usual layout and a text trigger.
+    pub fn new(family: Family) -> FamilySyntax {
+        FamilySyntax {
+            family,
+            layout: Layout::default_for(family),
+            trigger_token: None,
+        }
+    }
 }
 
 impl Family {
@@ -76,26 +129,103 @@ impl Family {
             Family::Hermes | Family::Mistral => "arguments",
         }
     }
-
-    /// Whether one reply may carry several calls (Llama 3's templates refuse more than one).
-    pub fn parallel_calls(self) -> bool {
-        self != Family::Llama3
-    }
 }
 
-/// The family of `model`'s chat template (`None`: the generic mode).
+/// The family of `model`'s chat template and its layout (`None`: the generic mode, also when the
+/// probe finds the template does not write calls as the family does). Probed once per template.
 pub fn model_syntax(model: &model::Frontend) -> Option<FamilySyntax> {
-    let family = Family::detect(model.chat_template.as_ref()?.source())?;
-    let trigger_token = match family {
-        Family::Mistral => model
-            .tokenizer
-            .token_to_id(MISTRAL_TRIGGER)
-            .filter(|&id| model.tokenizer.is_special(id)),
-        Family::Hermes | Family::Llama3 => None,
-    };
-    Some(FamilySyntax {
+    static PROBED: OnceLock<Mutex<HashMap<String, Option<FamilySyntax>>>> = OnceLock::new();
+    let template = model.chat_template.as_ref()?;
+    let family = Family::detect(template.source())?;
+    let cache = PROBED.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(found) = cache.get(template.source()) {
+        return found.clone();
+    }
+    let tok = &model.tokenizer;
+    let ends: Vec<&str> = tok
+        .eot_ids()
+        .iter()
+        .filter_map(|&id| tok.token_text(id))
+        .collect();
+    let found = probe(template, family, &ends).map(|layout| FamilySyntax {
+        trigger_token: match family {
+            Family::Mistral if layout.prefix.starts_with(MISTRAL_TRIGGER) => tok
+                .token_to_id(MISTRAL_TRIGGER)
+                .filter(|&id| tok.is_special(id)),
+            _ => None,
+        },
         family,
-        trigger_token,
+        layout,
+    });
+    cache.insert(template.source().to_string(), found.clone());
+    found
+}
+
+/// How `template` writes calls, from rendering a probe conversation (a user turn, then an
+/// assistant turn with one call, then with two) in the shape [`template_messages`] gives it:
+/// the text before, between and after the calls, each call spelled `{"name": …, "<key>": {…}}`
+/// (with `, "id": …` before the brace when the template adds ids) exactly as our grammar writes
+/// it, the turn ending with one of `ends` (the end-of-turn tokens' text). `None` when the
+/// template does not render calls that way (then the generic mode is used).
+pub fn probe(
+    template: &model::chat::ChatTemplate,
+    family: Family,
+    ends: &[&str],
+) -> Option<Layout> {
+    let tools = json!([{"type": "function", "function": {"name": "probe_fn",
+        "description": "A probe.", "parameters": {"type": "object",
+        "properties": {"probe_arg": {"type": "integer"}}, "required": ["probe_arg"]}}}]);
+    let user = model::chat::ChatMessage::new("user", "Probe?");
+    let call = |n: u32| {
+        json!({"id": format!("probe000{n}"), "type": "function",
+        "function": {"name": "probe_fn", "arguments": {"probe_arg": n}}})
+    };
+    let turn_with = |calls: Vec<Value>| {
+        let assistant = model::chat::ChatMessage {
+            tool_calls: Some(Value::Array(calls)),
+            ..model::chat::ChatMessage::new("assistant", "")
+        };
+        template.render(&[user.clone(), assistant], Some(&tools), false)
+    };
+    let asked = template
+        .render(std::slice::from_ref(&user), Some(&tools), true)
+        .ok()?;
+    let one = turn_with(vec![call(1)]).ok()?;
+    let turn = one.strip_prefix(asked.as_str())?;
+    let key = family.arguments_key();
+    let spelled = |n: u32, with_id: bool| {
+        let id = if with_id {
+            format!(", \"id\": \"probe000{n}\"")
+        } else {
+            String::new()
+        };
+        format!("{{\"name\": \"probe_fn\", \"{key}\": {{\"probe_arg\": {n}}}{id}}}")
+    };
+    let start = turn.find("{\"name\": \"probe_fn\"")?;
+    let prefix = &turn[..start];
+    let with_id = [false, true]
+        .into_iter()
+        .find(|&w| turn[start..].starts_with(&spelled(1, w)))?;
+    let rest = &turn[start + spelled(1, with_id).len()..];
+    let end = ends.iter().filter_map(|e| rest.find(e)).min()?;
+    let suffix = &rest[..end];
+    // Two calls: what comes between them (a template that refuses two takes one per turn).
+    let separator = turn_with(vec![call(1), call(2)]).ok().and_then(|two| {
+        let turn = two.strip_prefix(asked.as_str())?;
+        let after_first = turn
+            .strip_prefix(prefix)?
+            .strip_prefix(spelled(1, with_id).as_str())?;
+        let second = after_first.find(&spelled(2, with_id))?;
+        let tail = &after_first[second + spelled(2, with_id).len()..];
+        tail.starts_with(suffix)
+            .then(|| after_first[..second].to_string())
+    });
+    Some(Layout {
+        prefix: prefix.to_string(),
+        separator,
+        suffix: suffix.to_string(),
+        with_id,
     })
 }
 
@@ -180,13 +310,13 @@ fn lit(s: &str) -> String {
     Value::from(s).to_string()
 }
 
-/// The JSON Schema of one call of `t` in `family`'s syntax.
-fn call_schema(family: Family, t: &Tool) -> Value {
+/// The JSON Schema of one call of `t` in `family`'s syntax (with the id the model writes).
+fn call_schema(family: Family, with_id: bool, t: &Tool) -> Value {
     let mut props = serde_json::Map::new();
     props.insert("name".into(), json!({"const": t.function.name}));
     props.insert(family.arguments_key().into(), arguments_schema(t));
     let mut required = vec![json!("name"), json!(family.arguments_key())];
-    if family == Family::Mistral {
+    if with_id {
         props.insert(
             "id".into(),
             json!({"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}),
@@ -211,68 +341,64 @@ fn compact(mut schema: Value) -> String {
 
 /// The Lark grammar of a reply in `syntax`: calls of `offered` (several when `parallel` and the
 /// family allows it), or — with `text` — a text answer, free (`None` inside) or JSON matching the
-/// schema. Free text may not start the way a call does, so the two never mix.
+/// schema. Free text may not start the way a call does (nor the way the parser recognises one),
+/// so the two never mix.
 pub fn grammar(
-    syntax: FamilySyntax,
+    syntax: &FamilySyntax,
     offered: &[&Tool],
     parallel: bool,
     text: Option<Option<&Value>>,
 ) -> String {
     let family = syntax.family;
-    let calls: Vec<Value> = offered.iter().map(|t| call_schema(family, t)).collect();
+    let layout = &syntax.layout;
+    let calls: Vec<Value> = offered
+        .iter()
+        .map(|t| call_schema(family, layout.with_id, t))
+        .collect();
     let one = if calls.len() == 1 {
         calls.into_iter().next().unwrap_or_default()
     } else {
         json!({"anyOf": calls})
     };
-    let parallel = parallel && family.parallel_calls();
     let mut g = String::new();
     g.push_str(match text {
         None => "start: calls\n",
         Some(None) => "start: TEXT | calls\n",
         Some(Some(_)) => "start: text_json | calls\n",
     });
-    let repeat = |sep: &str| {
-        if parallel {
-            format!(" ({} call)*", lit(sep))
-        } else {
-            String::new()
-        }
+    // A trigger that is one special token is asked for by id.
+    let prefix = match (
+        syntax.trigger_token,
+        layout.prefix.strip_prefix(MISTRAL_TRIGGER),
+    ) {
+        (Some(id), Some(rest)) if !rest.is_empty() => format!("<[{id}]> {}", lit(rest)),
+        (Some(id), Some(_)) => format!("<[{id}]>"),
+        _ if layout.prefix.is_empty() => String::new(),
+        _ => lit(&layout.prefix),
     };
-    let (calls_rule, call_rule, not_text) = match family {
-        Family::Hermes => (
-            format!("calls: call{}\n", repeat("\n")),
-            format!(
-                "call: {} call_json {}\n",
-                lit(HERMES_OPEN),
-                lit(HERMES_CLOSE)
-            ),
-            Some("<tool_call>"),
-        ),
-        Family::Llama3 => (
-            "calls: call\n".to_string(),
-            "call: call_json\n".to_string(),
-            Some("{"),
-        ),
-        Family::Mistral => {
-            let trigger = match syntax.trigger_token {
-                Some(id) => format!("<[{id}]>"),
-                None => lit(MISTRAL_TRIGGER),
-            };
-            (
-                format!("calls: {trigger} \"[\" call{} \"]\"\n", repeat(", ")),
-                "call: call_json\n".to_string(),
-                syntax.trigger_token.is_none().then_some(MISTRAL_TRIGGER),
-            )
-        }
+    let repeat = match &layout.separator {
+        Some(sep) if parallel => format!(" ({} call_json)*", lit(sep)),
+        _ => String::new(),
     };
+    let suffix = if layout.suffix.is_empty() {
+        String::new()
+    } else {
+        lit(&layout.suffix)
+    };
+    let calls_rule = format!("calls: {prefix} call_json{repeat} {suffix}\n");
+    // Text may not start like a call, nor the way the parser recognises one (a special-token
+    // trigger prints nothing, so a Mistral list of calls is also a call).
+    let mut not_text: Vec<&str> = call_signs(family).to_vec();
+    let visible = layout.prefix.trim_start();
+    if !visible.is_empty() {
+        not_text.push(visible);
+    }
     g.push_str(&calls_rule);
-    g.push_str(&call_rule);
     g.push_str(&format!("call_json: %json {}\n", compact(one)));
     match text {
         Some(None) => {
             g.push_str("TEXT: /(?s:.+)/");
-            if let Some(prefix) = not_text {
+            for prefix in &not_text {
                 let escaped: String = prefix
                     .chars()
                     .map(|c| {
@@ -367,8 +493,7 @@ pub fn parse(family: Family, text: &str) -> Reply {
                 // A special-token trigger leaves no text: a list of calls is the sign.
                 None => (false, t),
             };
-            let looks_like_calls =
-                body.starts_with('[') && body[1..].trim_start().starts_with("{\"name\"");
+            let looks_like_calls = body.starts_with("[{\"name\"");
             if !triggered && !looks_like_calls {
                 return Reply::Text(text.to_string());
             }
@@ -385,14 +510,19 @@ pub fn parse(family: Family, text: &str) -> Reply {
     }
 }
 
-/// The prefix of a reply that shows it is a call (`None`: not decided yet; `Some(false)`: text).
-pub fn starts_call(family: Family, text: &str) -> Option<bool> {
-    let t = text.trim_start();
-    let prefixes: &[&str] = match family {
+/// How a reply shows it is a call (after leading whitespace): what [`parse`] looks for.
+fn call_signs(family: Family) -> &'static [&'static str] {
+    match family {
         Family::Hermes => &["<tool_call>"],
         Family::Llama3 => &["{"],
         Family::Mistral => &[MISTRAL_TRIGGER, "[{\"name\""],
-    };
+    }
+}
+
+/// The prefix of a reply that shows it is a call (`None`: not decided yet; `Some(false)`: text).
+pub fn starts_call(family: Family, text: &str) -> Option<bool> {
+    let t = text.trim_start();
+    let prefixes = call_signs(family);
     if prefixes.iter().any(|p| t.starts_with(p)) {
         return Some(true);
     }

@@ -47,7 +47,7 @@ pub enum ReplySyntax {
 
 impl ToolPlan {
     pub fn syntax(&self) -> ReplySyntax {
-        match self.family {
+        match &self.family {
             Some(f) => ReplySyntax::Family(f.family),
             None => ReplySyntax::Generic,
         }
@@ -124,10 +124,10 @@ pub fn plan(
         return Ok(Some(ToolPlan {
             system_text: String::new(),
             schema: Value::Null,
-            parallel: parallel && syntax.family.parallel_calls(),
+            parallel: parallel && syntax.layout.separator.is_some(),
             structured_text: text_schema.is_some(),
+            lark: Some(tool_families::grammar(&syntax, &offered, parallel, text)),
             family: Some(syntax),
-            lark: Some(tool_families::grammar(syntax, &offered, parallel, text)),
         }));
     }
     let one_call = {

@@ -116,19 +116,25 @@ fn tools() -> Vec<api::Tool> {
     serde_json::from_value(tools_json()).unwrap()
 }
 
+/// The family's syntax as the probe reads it from the synthetic template.
 fn syntax(family: Family) -> FamilySyntax {
+    let (_, _, eos) = template_parts(family);
     FamilySyntax {
-        family,
-        trigger_token: None,
+        layout: tool_families::probe(&template(family), family, &[eos]).unwrap(),
+        ..FamilySyntax::new(family)
+    }
+}
+
+fn template_parts(family: Family) -> (&'static str, &'static str, &'static str) {
+    match family {
+        Family::Hermes => (HERMES, "", "<|im_end|>"),
+        Family::Llama3 => (LLAMA3, "<|begin_of_text|>", "<|eot_id|>"),
+        Family::Mistral => (MISTRAL, "<s>", "</s>"),
     }
 }
 
 fn template(family: Family) -> ChatTemplate {
-    let (src, bos, eos) = match family {
-        Family::Hermes => (HERMES, "", "<|im_end|>"),
-        Family::Llama3 => (LLAMA3, "<|begin_of_text|>", "<|eot_id|>"),
-        Family::Mistral => (MISTRAL, "<s>", "</s>"),
-    };
+    let (src, bos, eos) = template_parts(family);
     assert_eq!(Family::detect(src), Some(family));
     ChatTemplate::new(src, bos, eos).unwrap()
 }
@@ -426,6 +432,12 @@ fn the_constrained_grammar_accepts_valid_calls_and_rejects_invalid_ones() {
         assert!(accepts(&req, &enum_ok), "{family:?}");
         assert!(!accepts(&req, &enum_ok.replace("CET", "PST")), "{family:?}");
     }
+    // Under auto, text may not start the way a call does (it would be neither).
+    let hermes_auto = constraint(Family::Hermes, auto.clone(), true);
+    assert!(accepts(&hermes_auto, "<tools> are fun"));
+    assert!(!accepts(&hermes_auto, "<tool_call> is a tag"));
+    let llama_auto = constraint(Family::Llama3, auto.clone(), true);
+    assert!(!accepts(&llama_auto, "{\"answer\": 1}"));
     // Several calls where the family allows them and parallel calls are on.
     let two = format!(
         "{}\n{}",
@@ -611,4 +623,122 @@ async fn hermes_calls_on_the_real_model_round_trip_from_the_cache_and_stream_as_
         .as_str()
         .unwrap_or("")
         .is_empty()));
+}
+
+#[test]
+fn a_special_token_trigger_is_asked_for_by_id() {
+    // Mistral's `[TOOL_CALLS]` is one control token in its vocabularies; the default model has
+    // none, so its `<|im_start|>` stands in for it.
+    let m = model();
+    let trigger = m.tokenizer().token_to_id("<|im_start|>").unwrap();
+    assert!(m.tokenizer().is_special(trigger));
+    let syntax = FamilySyntax {
+        trigger_token: Some(trigger),
+        ..FamilySyntax::new(Family::Mistral)
+    };
+    let auto = ToolChoice::Mode(ToolChoiceMode::Auto);
+    let plan = tools::plan(&request(auto, true), None, Some(syntax))
+        .unwrap()
+        .unwrap();
+    let lark = plan.lark.unwrap();
+    assert!(lark.contains(&format!("<[{trigger}]> \"[\"")), "{lark}");
+    let spec = grammars()
+        .compile(&server::structured::OutputFormat::Lark(lark))
+        .unwrap();
+    let body = r#"[{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]"#;
+    let ids: Vec<u32> = std::iter::once(trigger)
+        .chain(m.tokenizer().encode(body, false, false).unwrap())
+        .collect();
+    let vocab = m.tokenizer().vocab_size();
+    let allowed = |ids: &[u32]| {
+        let mut c = spec.0.start();
+        for &id in ids {
+            let mut logits = vec![0.0f32; vocab];
+            c.mask_logits(&mut logits);
+            if logits[id as usize] == f32::NEG_INFINITY {
+                return false;
+            }
+            c.accept(id);
+        }
+        true
+    };
+    assert!(allowed(&ids), "the trigger token, then the calls");
+    assert!(
+        !allowed(&m.tokenizer().encode(body, false, false).unwrap()),
+        "the calls without the trigger are text that starts like a call"
+    );
+    assert!(!allowed(
+        &m.tokenizer()
+            .encode(&format!("[TOOL_CALLS]{body}"), false, false)
+            .unwrap()
+    ));
+    assert!(accepts(&spec, "[1, 2] are numbers"));
+    // The output text has no trigger (control tokens print nothing): still parsed as calls.
+    assert!(matches!(
+        tool_families::parse(Family::Mistral, body),
+        Reply::Calls(c) if c[0].id.as_deref() == Some("a1b2c3d4e")
+    ));
+}
+
+#[test]
+fn the_probe_reads_each_template_s_layout() {
+    for family in [Family::Hermes, Family::Llama3, Family::Mistral] {
+        assert_eq!(
+            syntax(family).layout,
+            tool_families::Layout::default_for(family),
+            "{family:?}"
+        );
+    }
+    // A variant of the family (as Mistral Small 3.1's template): a space after the trigger and
+    // after `[TOOL_RESULTS]`, the last 9 characters of longer ids.
+    let variant = MISTRAL
+        .replace("'[TOOL_CALLS]['", "'[TOOL_CALLS] ['")
+        .replace("'[TOOL_RESULTS]{", "'[TOOL_RESULTS] {")
+        .replace("tc.id | length != 9", "tc.id | length < 9")
+        .replace("+ tc.id +", "+ tc.id[-9:] +");
+    let t = ChatTemplate::new(&variant, "<s>", "</s>").unwrap();
+    let layout = tool_families::probe(&t, Family::Mistral, &["</s>"]).unwrap();
+    assert_eq!(layout.prefix, "[TOOL_CALLS] [");
+    assert_eq!(layout.separator.as_deref(), Some(", "));
+    assert_eq!((layout.suffix.as_str(), layout.with_id), ("]", true));
+    let spaced = FamilySyntax {
+        layout,
+        ..FamilySyntax::new(Family::Mistral)
+    };
+    // The grammar writes what this template re-renders, so the history stays a prefix.
+    let written = r#"[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]"#;
+    let required = ToolChoice::Mode(ToolChoiceMode::Required);
+    let plan = tools::plan(&request(required, true), None, Some(spaced))
+        .unwrap()
+        .unwrap();
+    let spec = grammars()
+        .compile(&server::structured::OutputFormat::Lark(plan.lark.unwrap()))
+        .unwrap();
+    assert!(accepts(&spec, written));
+    assert!(!accepts(&spec, &written.replace("] [", "][")));
+    let Reply::Calls(calls) = tool_families::parse(Family::Mistral, written) else {
+        panic!("{written}")
+    };
+    let tools = tool_families::tools_value(&tools());
+    let mut messages = vec![ChatMessage::new(Role::User, "Weather in Paris?")];
+    let msgs = tool_families::template_messages(&messages).unwrap();
+    let before = t.render(&msgs, Some(&tools), true).unwrap();
+    let id = calls[0].id.clone().unwrap();
+    messages.push(assistant_call(&id, &calls[0].name, &calls[0].arguments));
+    messages.push(tool_result(&id, "18 C"));
+    let msgs = tool_families::template_messages(&messages).unwrap();
+    let after = t.render(&msgs, Some(&tools), true).unwrap();
+    assert!(
+        after.starts_with(&format!("{before}{written}</s>")),
+        "{after}"
+    );
+    // A template that writes calls some other way (indented arguments): the generic mode.
+    let odd = HERMES.replace("f.arguments | tojson", "f.arguments | tojson(indent=2)");
+    let t = ChatTemplate::new(&odd, "", "<|im_end|>").unwrap();
+    assert_eq!(
+        tool_families::probe(&t, Family::Hermes, &["<|im_end|>"]),
+        None
+    );
+    // Llama 3 takes one call per turn (its template refuses two).
+    assert_eq!(syntax(Family::Llama3).layout.separator, None);
 }
