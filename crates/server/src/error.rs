@@ -52,6 +52,18 @@ pub enum ApiError {
     },
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// Prompt + max_tokens × n alone exceeds a token bound of the queue: it can never be admitted.
+    #[error(
+        "the request needs {tokens} tokens (prompt + max_tokens x n) but at most {limit} may be \
+         in flight; lower max_tokens or n"
+    )]
+    NeverAdmissible { tokens: usize, limit: usize },
+    /// The path exists but not with this method.
+    #[error("method not allowed on this path")]
+    MethodNotAllowed,
+    /// The request body did not arrive within the server's body timeout.
+    #[error("the request body was not received within {0:?}")]
+    RequestTimeout(std::time::Duration),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -69,6 +81,7 @@ impl ApiError {
             ApiError::InvalidRequest { .. }
             | ApiError::PromptTooLong { .. }
             | ApiError::ContextExceeded(_)
+            | ApiError::NeverAdmissible { .. }
             | ApiError::UnknownParameter { .. }
             | ApiError::UnsupportedParameter { .. } => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
@@ -76,6 +89,8 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::TenantOverloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::ServerOverloaded { .. } | ApiError::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -94,6 +109,11 @@ impl ApiError {
                 "invalid_request_error",
                 Some("context_length_exceeded"),
                 Some("messages".to_string()),
+            ),
+            ApiError::NeverAdmissible { .. } => (
+                "invalid_request_error",
+                Some("request_too_large"),
+                Some("max_tokens".to_string()),
             ),
             ApiError::UnknownParameter { param } => (
                 "invalid_request_error",
@@ -116,6 +136,10 @@ impl ApiError {
             ApiError::Unauthorized => ("authentication_error", Some("invalid_api_key"), None),
             ApiError::Forbidden(_) => ("permission_error", None, None),
             ApiError::NotFound(_) => ("not_found_error", None, None),
+            ApiError::MethodNotAllowed => {
+                ("invalid_request_error", Some("method_not_allowed"), None)
+            }
+            ApiError::RequestTimeout(_) => ("invalid_request_error", Some("request_timeout"), None),
             ApiError::TenantOverloaded { .. } => {
                 ("rate_limit_error", Some("rate_limit_exceeded"), None)
             }

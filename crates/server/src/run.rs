@@ -77,7 +77,14 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
     let permit = state
         .admission
         .try_admit(tenant.id, tokens)
-        .inspect_err(|_| state.metrics.observe_rejected(&tenant.name))?;
+        .inspect_err(|e| {
+            if matches!(
+                e,
+                ApiError::TenantOverloaded { .. } | ApiError::ServerOverloaded { .. }
+            ) {
+                state.metrics.observe_rejected(&tenant.name);
+            }
+        })?;
     let (id, rx) = state.engine.submit(p.spec).map_err(ApiError::from_engine)?;
     Ok(Running {
         state: state.clone(),
@@ -109,13 +116,23 @@ impl Running {
     /// Waits for the first event so that a request the engine refuses gets a proper HTTP error
     /// (used before a stream's headers are sent).
     pub async fn prime(&mut self) -> Result<(), ApiError> {
-        match self.rx.recv().await {
+        match self.recv().await? {
             Some(EngineEvent::Error(e)) => Err(ApiError::from_engine(e)),
             Some(ev) => {
                 self.pending = Some(ev);
                 Ok(())
             }
             None => Err(self.closed()),
+        }
+    }
+
+    /// The next engine event, or `ShuttingDown` once the shutdown grace period is over.
+    async fn recv(&mut self) -> Result<Option<EngineEvent>, ApiError> {
+        let state = self.state.clone();
+        tokio::select! {
+            biased;
+            ev = self.rx.recv() => Ok(ev),
+            _ = state.aborted() => Err(ApiError::ShuttingDown),
         }
     }
 
@@ -138,7 +155,10 @@ impl Running {
             }
             let ev = match self.pending.take() {
                 Some(ev) => ev,
-                None => self.rx.recv().await.ok_or_else(|| self.closed())?,
+                None => match self.recv().await? {
+                    Some(ev) => ev,
+                    None => return Err(self.closed()),
+                },
             };
             match ev {
                 EngineEvent::Admitted { cached_tokens } => self.cached_tokens = cached_tokens,

@@ -210,6 +210,13 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
             max_stored_response_bytes_per_tenant: l
                 .max_stored_response_bytes_per_tenant
                 .unwrap_or(d.max_stored_response_bytes_per_tenant),
+            max_connections: l.max_connections.unwrap_or(d.max_connections),
+            header_timeout: l
+                .header_timeout_s
+                .map_or(d.header_timeout, Duration::from_secs_f64),
+            body_timeout: l
+                .body_timeout_s
+                .map_or(d.body_timeout, Duration::from_secs_f64),
         },
         shutdown_timeout: Duration::from_secs(file.server.shutdown_timeout_s.unwrap_or(30)),
     }

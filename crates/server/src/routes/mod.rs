@@ -40,6 +40,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/cache/flush", post(admin::flush))
         .route("/v1/cache/stats", get(admin::stats))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(crate::transport::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::transport::read_body,
+        ))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
