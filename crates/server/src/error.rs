@@ -99,7 +99,8 @@ impl ApiError {
         }
     }
 
-    /// The OpenAI error body (also sent as an SSE event when a stream fails midway).
+    /// The OpenAI error body (also sent as an SSE event when a stream fails midway). An internal
+    /// error is logged here with a fresh id, which the body carries instead of the details.
     pub fn body(&self) -> ErrorBody {
         let (kind, code, param) = match self {
             ApiError::InvalidRequest { param, .. } => {
@@ -148,9 +149,15 @@ impl ApiError {
             }
             ApiError::Internal(_) => ("server_error", None, None),
         };
-        // Internal details (engine or tokenizer messages) go to the server's log, not the client.
+        // Internal details (engine or tokenizer messages) go to the server's log under an id;
+        // the client gets the id, never the text.
         let message = match self {
-            ApiError::Internal(_) => "internal server error".to_string(),
+            ApiError::Internal(detail) => {
+                let id = crate::reqlog::new_error_id();
+                tracing::error!(error_id = %id, detail = %detail, "internal error");
+                crate::reqlog::note(|e| e.error_id = Some(id.clone()));
+                format!("internal server error (error id {id})")
+            }
             _ => self.to_string(),
         };
         ErrorBody {
@@ -183,9 +190,6 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if let ApiError::Internal(detail) = &self {
-            eprintln!("agentkv: internal error: {detail}");
-        }
         let mut resp = (status, axum::Json(self.body())).into_response();
         let retry_after = match &self {
             ApiError::TenantOverloaded {

@@ -13,6 +13,7 @@ pub mod grammar;
 pub mod metrics;
 mod output;
 pub mod params;
+pub mod reqlog;
 pub mod response_store;
 mod routes;
 pub mod run;

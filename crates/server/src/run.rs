@@ -55,6 +55,8 @@ pub struct Running {
     guard: CancelGuard,
     _permit: Permit,
     tenant: String,
+    /// The request's log line (`reqlog`), kept so that a stream reports at its end.
+    log: Option<crate::reqlog::RequestLog>,
     pending: Option<EngineEvent>,
     finished: usize,
     prompt_tokens: usize,
@@ -99,6 +101,9 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
         },
         _permit: permit,
         tenant: tenant.name.clone(),
+        log: crate::reqlog::RequestLog::current().inspect(|l| {
+            l.update(|e| e.tenant = Some(tenant.name.clone()));
+        }),
         pending: None,
         finished: 0,
         prompt_tokens: 0,
@@ -146,6 +151,15 @@ impl Running {
 
     /// The next step; `Ok(None)` after `Done`.
     pub async fn next(&mut self) -> Result<Option<Step>, ApiError> {
+        let r = self.next_step().await;
+        if let (Err(e), Some(log)) = (&r, &self.log) {
+            let status = e.status().as_u16();
+            log.update(|l| l.outcome = Some(format!("error:{status}")));
+        }
+        r
+    }
+
+    async fn next_step(&mut self) -> Result<Option<Step>, ApiError> {
         loop {
             if self.guard.done {
                 return Ok(None);
@@ -180,6 +194,20 @@ impl Running {
                     ..
                 } => {
                     self.finished += 1;
+                    if let Some(log) = &self.log {
+                        // The finish reasons of the choices, joined (`stop`, `length,stop`, …).
+                        log.update(|e| {
+                            let r = finish_reason_name(reason);
+                            match &mut e.outcome {
+                                Some(o) if !o.split(',').any(|x| x == r) => {
+                                    o.push(',');
+                                    o.push_str(r);
+                                }
+                                Some(_) => {}
+                                None => e.outcome = Some(r.to_string()),
+                            }
+                        });
+                    }
                     self.prompt_tokens = usage.prompt_tokens;
                     self.cached_tokens = usage.cached_tokens;
                     self.cache_miss = usage.cache_miss;
@@ -197,6 +225,18 @@ impl Running {
     /// Every choice finished: records the request's metrics and reports its usage.
     fn finish(&mut self) -> Step {
         self.guard.done = true;
+        if let Some(log) = &self.log {
+            log.update(|e| {
+                e.prompt_tokens = Some(self.prompt_tokens);
+                e.cached_tokens = Some(self.cached_tokens);
+                e.generated_tokens = Some(self.completion_tokens);
+                e.cache_miss = self
+                    .cache_miss
+                    .map(|m| format!("{}@{}", m.reason.as_str(), m.at_token));
+                e.ttft = self.ttft;
+                e.outcome.get_or_insert_with(|| "done".into());
+            });
+        }
         self.state.metrics.observe_finished(&FinishedRequest {
             tenant: &self.tenant,
             prompt_tokens: self.prompt_tokens,

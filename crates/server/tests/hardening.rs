@@ -312,3 +312,17 @@ async fn a_message_without_content_is_400_unless_an_assistant_tool_call() {
     let ok = send(&r, "POST", "/v1/chat/completions", &[ct], &b.to_string()).await;
     assert_eq!(ok.status, 200, "{}", ok.body);
 }
+
+#[test]
+fn internal_errors_carry_an_id_not_their_details() {
+    let e = server::ApiError::Internal("tokenizer: secret detail at /home/x".into());
+    let body = serde_json::to_value(e.body()).unwrap();
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(!msg.contains("secret") && !msg.contains("/home"), "{msg}");
+    let id = msg
+        .strip_prefix("internal server error (error id ")
+        .and_then(|s| s.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{msg}"));
+    assert_eq!(id.len(), 16, "{msg}");
+    assert_eq!(body["error"]["type"], "server_error");
+}

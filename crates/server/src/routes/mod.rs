@@ -46,6 +46,7 @@ pub fn router(state: AppState) -> Router {
             crate::transport::read_body,
         ))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(crate::reqlog::log_requests))
         .with_state(state)
 }
 
@@ -58,6 +59,7 @@ pub(crate) fn read_generation_request<T: serde::de::DeserializeOwned + api::Know
     model: impl FnOnce(&T) -> &str,
 ) -> Result<(Tenant, T), ApiError> {
     let tenant = state.tenants.authenticate(headers)?.clone();
+    crate::reqlog::note(|e| e.tenant = Some(tenant.name.clone()));
     let body = body_bytes(state, body)?;
     let req: T = parse_request(&body, state.settings.unknown_fields)?;
     check_model(state, model(&req))?;
