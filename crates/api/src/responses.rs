@@ -477,3 +477,15 @@ impl StreamEvent {
         }
     }
 }
+
+/// `GET /v1/responses/{id}/input_items`: a page of a stored response's input items (each in
+/// OpenAI's item shape, with its `id`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ResponseItemList {
+    /// Always `"list"`.
+    pub object: String,
+    pub data: Vec<Value>,
+    pub first_id: Option<String>,
+    pub last_id: Option<String>,
+    pub has_more: bool,
+}

@@ -72,7 +72,7 @@ pub struct Counters {
 
 /// Where every block of the pool is. `free + in_use + cached == total` always.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
+pub struct BlockUsage {
     pub total: u32,
     pub free: u32,
     /// Referenced by a sequence or an outstanding prefix match.

@@ -41,7 +41,7 @@ pub use cache::{
     PublishReport, RetainOutcome,
 };
 pub use config::{CacheConfig, EvictionPolicy};
-pub use counters::{Counters, EvictionCause, EvictionCounts, Fragmentation, Usage};
+pub use counters::{BlockUsage, Counters, EvictionCause, EvictionCounts, Fragmentation};
 pub use error::{AllocError, ConfigError, InvariantViolation, RetainError, SeqError};
 pub use events::CacheEvent;
 pub use ids::{BlockId, PinId, SeqId, SessionId, TenantId, Tick};

@@ -47,7 +47,10 @@ fn cfg(num_tokens: usize, threads: usize) -> EngineConfig {
     EngineConfig {
         num_blocks: num_tokens.div_ceil(16) + 8,
         threads,
-        tier_load_policy: TierLoadPolicy::Always,
+        tiers: engine::TieringConfig {
+            load_policy: TierLoadPolicy::Always,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }

@@ -2,12 +2,13 @@
 //!
 //! Callers hold an [`EngineHandle`] (cheap to clone, usable from async code and from plain
 //! threads): `submit` returns the request id and the receiver of its events at once; dropping
-//! that receiver cancels the request at its next token. Replies to queries come on oneshot
+//! that receiver cancels the request at its next token. Snapshots are read from what the engine
+//! publishes after each step and command batch, never waiting for a step. Replies to queries come on oneshot
 //! channels (`.await` them, or `blocking_recv()` off-runtime). The thread blocks on the command
 //! channel when idle and never sleeps while work is queued. Cancel-safety: every method only
 //! sends a command, so dropping a future that awaits a reply loses the reply, not the command.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -15,7 +16,7 @@ use std::thread::JoinHandle;
 use cache::TenantId;
 use tokio::sync::oneshot;
 
-use crate::core::EngineCore;
+use crate::core::{EngineCore, SnapshotCell};
 use crate::error::EngineError;
 use crate::request::{EngineEvent, EventReceiver, EventSender, RequestId, RequestSpec};
 use crate::snapshot::EngineSnapshot;
@@ -23,7 +24,6 @@ use crate::snapshot::EngineSnapshot;
 enum Command {
     Submit(RequestId, Box<RequestSpec>, EventSender),
     Cancel(RequestId),
-    Snapshot(oneshot::Sender<EngineSnapshot>),
     Flush(Option<TenantId>, oneshot::Sender<u32>),
     Warmup(Box<Warmup>, oneshot::Sender<Result<usize, EngineError>>),
     Shutdown,
@@ -48,19 +48,30 @@ pub struct Engine {
 pub struct EngineHandle {
     tx: Sender<Command>,
     next_id: Arc<AtomicU64>,
+    published: SnapshotCell,
+    /// Cleared when the engine thread ends.
+    alive: Arc<AtomicBool>,
 }
 
 impl Engine {
     pub fn start(core: EngineCore) -> Engine {
         let (tx, rx) = mpsc::channel();
+        let published = core.snapshot_cell();
+        let alive = Arc::new(AtomicBool::new(true));
+        let thread_alive = alive.clone();
         let thread = std::thread::Builder::new()
             .name("agentkv-engine".into())
-            .spawn(move || run(core, rx))
+            .spawn(move || {
+                run(core, rx);
+                thread_alive.store(false, Ordering::Release);
+            })
             .expect("spawning the engine thread");
         Engine {
             handle: EngineHandle {
                 tx,
                 next_id: Arc::new(AtomicU64::new(1)),
+                published,
+                alive,
             },
             thread: Some(thread),
         }
@@ -96,11 +107,14 @@ impl EngineHandle {
         let _ = self.tx.send(Command::Cancel(id));
     }
 
+    /// The snapshot the engine published after its last step or command (never waits for a
+    /// step; the receiver is ready at once).
     pub fn snapshot(&self) -> Result<oneshot::Receiver<EngineSnapshot>, EngineError> {
+        if !self.alive.load(Ordering::Acquire) {
+            return Err(EngineError::ShutDown);
+        }
         let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Command::Snapshot(tx))
-            .map_err(|_| EngineError::ShutDown)?;
+        let _ = tx.send((*self.published.get()).clone());
         Ok(rx)
     }
 
@@ -150,6 +164,7 @@ fn run(mut core: EngineCore, rx: Receiver<Command>) {
                 Err(_) => return,
             }
         };
+        let first_was_command = first.is_some();
         let mut next = first;
         while let Some(cmd) = next {
             match cmd {
@@ -159,18 +174,23 @@ fn run(mut core: EngineCore, rx: Receiver<Command>) {
                     }
                 }
                 Command::Cancel(id) => core.cancel(id),
-                Command::Snapshot(tx) => {
-                    let _ = tx.send(core.snapshot());
-                }
+                // Replies go out after the snapshot shows their effect.
                 Command::Flush(tenant, tx) => {
-                    let _ = tx.send(core.flush(tenant));
+                    let flushed = core.flush(tenant);
+                    core.publish();
+                    let _ = tx.send(flushed);
                 }
                 Command::Warmup(w, tx) => {
-                    let _ = tx.send(core.warmup(&w.name, &w.tokens, w.tenant, &w.salt));
+                    let pinned = core.warmup(&w.name, &w.tokens, w.tenant, &w.salt);
+                    core.publish();
+                    let _ = tx.send(pinned);
                 }
                 Command::Shutdown => return,
             }
             next = rx.try_recv().ok();
+        }
+        if first_was_command {
+            core.publish();
         }
         if core.has_work() {
             if let Err(e) = core.step() {

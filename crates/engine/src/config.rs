@@ -1,9 +1,9 @@
-//! Engine configuration (plain data; validated by `EngineCore::new`).
+//! Engine configuration (plain data; validated by `EngineCore::new`) and its defaults.
+
+use std::time::Duration;
 
 use cache::EvictionPolicy;
 use model::KvDtype;
-
-use crate::tiering::TierLoadPolicy;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -20,24 +20,9 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     pub policy: EvictionPolicy,
     pub threads: usize,
-    /// Storage tiers after the active pool, consulted in order (needs `prefix_caching`).
-    pub tiers: Vec<tier::TierConfig>,
-    /// Demote evicted blocks to every tier (`true`) or only the first (write-back, `false`).
-    pub tier_write_through: bool,
-    /// Also write each block to the tiers as soon as it is computed, not only when it is
-    /// evicted: other servers sharing a tier (Redis) then find it at once, at the cost of
-    /// writing every block once.
-    pub tier_write_on_publish: bool,
-    /// When a tier hit is loaded rather than recomputed.
-    pub tier_load_policy: TierLoadPolicy,
-    /// Cap on K/V bytes that prefetches of not-yet-admitted requests may hold in host memory
-    /// (past it, a request's lookup starts when it reaches admission).
-    pub tier_prefetch_max_bytes: usize,
-    /// How long one step's admissions may wait in all for tier lookups still in flight before
-    /// deferring those requests to a later step (default 2 ms: a RAM-tier lookup takes
-    /// microseconds). A large value makes admission wait for every lookup, so scheduling no
-    /// longer depends on tier timing (deterministic tests).
-    pub tier_admission_wait: std::time::Duration,
+    /// Storage tiers after the active pool and how the engine uses them (needs
+    /// `prefix_caching` when any store is configured).
+    pub tiers: TieringConfig,
     /// Target duration of a step that carries decodes: prefill chunks mixed into such a step
     /// are cut to what the online cost model (`step_budget`) predicts fits, so inter-token
     /// latency stays bounded while long prompts stream in. `None`: only `max_batch_tokens`.
@@ -57,14 +42,77 @@ impl Default for EngineConfig {
             prefix_caching: true,
             policy: EvictionPolicy::Lru,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            tiers: Vec::new(),
-            tier_write_through: false,
-            tier_write_on_publish: false,
-            tier_load_policy: TierLoadPolicy::CostModel,
-            tier_prefetch_max_bytes: crate::tiering::DEFAULT_PREFETCH_MAX_BYTES,
-            tier_admission_wait: crate::tiering::DEFAULT_ADMISSION_WAIT,
+            tiers: TieringConfig::default(),
             step_time_target: None,
             min_prefill_tokens_per_step: 32,
         }
     }
 }
+
+/// When a tier hit is loaded instead of recomputed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TierLoadPolicy {
+    /// Load only when the measured load bandwidth predicts it is faster than recomputing at the
+    /// measured prefill speed (optimistic until both are measured; a declining tier is re-probed
+    /// every [`PROBE_EVERY`] declines so its estimate cannot go stale).
+    #[default]
+    CostModel,
+    /// Always load hits (deterministic; tests and benchmarks).
+    Always,
+}
+
+/// Default cap on K/V bytes held by prefetches of requests not admitted yet.
+pub const DEFAULT_PREFETCH_MAX_BYTES: usize = 1 << 30;
+
+/// Default of `TieringConfig::admission_wait`.
+pub const DEFAULT_ADMISSION_WAIT: Duration = Duration::from_millis(2);
+
+/// The storage tiers and the engine's use of them.
+#[derive(Debug, Clone)]
+pub struct TieringConfig {
+    /// Stores after the active pool, consulted in order (empty: no tiers).
+    pub stores: Vec<tier::TierConfig>,
+    /// Demote evicted blocks to every tier (`true`) or only the first (write-back, `false`).
+    pub write_through: bool,
+    /// Also write each block to the tiers as soon as it is computed, not only when it is
+    /// evicted: other servers sharing a tier (Redis) then find it at once, at the cost of
+    /// writing every block once.
+    pub write_on_publish: bool,
+    /// When a tier hit is loaded rather than recomputed.
+    pub load_policy: TierLoadPolicy,
+    /// Cap on K/V bytes that prefetches of not-yet-admitted requests may hold in host memory
+    /// (past it, a request's lookup starts when it reaches admission).
+    pub prefetch_max_bytes: usize,
+    /// How long one step's admissions may wait in all for tier lookups still in flight before
+    /// deferring those requests to a later step (default 2 ms: a RAM-tier lookup takes
+    /// microseconds). A large value makes admission wait for every lookup, so scheduling no
+    /// longer depends on tier timing (deterministic tests).
+    pub admission_wait: Duration,
+    /// A tier lookup still unanswered after this long is abandoned and its request recomputes
+    /// (a store that hangs — a frozen Redis — delays a request by this much, never more).
+    pub lookup_timeout: Duration,
+    /// Bytes of blocks queued for writing to the tiers; past it, new writes are dropped and
+    /// counted (a store that stops answering cannot make the engine hoard evicted blocks).
+    pub max_queued_write_bytes: usize,
+}
+
+impl Default for TieringConfig {
+    fn default() -> Self {
+        TieringConfig {
+            stores: Vec::new(),
+            write_through: false,
+            write_on_publish: false,
+            load_policy: TierLoadPolicy::CostModel,
+            prefetch_max_bytes: DEFAULT_PREFETCH_MAX_BYTES,
+            admission_wait: DEFAULT_ADMISSION_WAIT,
+            lookup_timeout: DEFAULT_LOOKUP_TIMEOUT,
+            max_queued_write_bytes: DEFAULT_MAX_QUEUED_WRITE_BYTES,
+        }
+    }
+}
+
+/// Default of `TieringConfig::lookup_timeout`.
+pub const DEFAULT_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Default of `TieringConfig::max_queued_write_bytes`.
+pub const DEFAULT_MAX_QUEUED_WRITE_BYTES: usize = 256 << 20;

@@ -1,114 +1,101 @@
-//! [`EngineCore`]: the synchronous step loop — admission with prefix lookup, continuous batching
-//! with chunked prefill (decodes first), preemption by recompute, sampling, stop handling.
+//! [`EngineCore`]: the synchronous step loop. One call to [`EngineCore::step`] is
+//! schedule → execute → commit: the [`Scheduler`] turns the queues and the cache's bookkeeping
+//! into a [`StepPlan`] (pure data); the executor loads tier payloads, starts the tier lookups the
+//! plan asks for and runs one forward pass over the plan's flattened batch; the commit publishes
+//! the written blocks and samples, emits and finishes requests (`core/lifecycle.rs`).
 //!
-//! Owns the model, the `cache` bookkeeping, the paged K/V memory and every request's state. One
-//! call to [`EngineCore::step`] runs one forward over a flattened batch. It never talks to
-//! clients except through each request's event channel; the actor in `actor.rs` drives it from
-//! its own thread. With storage tiers configured it also hands evicted (or newly published)
-//! blocks to the tiers, starts each request's tier lookup when it is submitted, and admits the
-//! request once its tier blocks are in host memory, copying them into fresh blocks
-//! (`tiering.rs` decides; the I/O runs on the demotion and loader threads).
+//! Owns the model, the `cache` bookkeeping, the paged K/V memory (written only through
+//! [`KvStorage::writer`], which hands evicted blocks to the tiers first) and every request's
+//! state. It never talks to clients except through each request's event channel; the actor in
+//! `actor.rs` drives it from its own thread. Tier I/O runs on the demotion and loader threads
+//! (`tiering.rs`).
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+mod lifecycle;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use cache::{
-    CacheConfig, CacheEvent, EvictionCause, KvCache, MissReason, Namespace, NamespaceKey,
-    PrefixMiss, SeqError, TenantId, Tick,
-};
+use cache::{CacheConfig, KvCache, Namespace, NamespaceKey, TenantId, Tick};
 use model::forward::{ForwardBatch, Scratch};
 use model::kv::SeqSlot;
 use model::{Model, ThreadPool};
 
 use crate::config::EngineConfig;
-use crate::error::EngineError;
+use crate::error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 use crate::paged_kv::{KvGeometry, PagedKvMemory};
-use crate::request::{
-    EngineEvent, EventSender, FinishReason, RequestId, RequestSpec, Timings, TokenEvent, Usage,
-};
-use crate::sequence::Sequence;
+use crate::plan::{PrefetchStart, StepPlan};
+use crate::request::{EngineEvent, EventSender, FinishReason, RequestId, RequestSpec};
+use crate::scheduler::{SchedContext, Scheduler, SchedulerConfig};
+use crate::sequence::{SeqKey, Sequence};
 use crate::snapshot::{EngineSnapshot, PinnedPrompt};
-use crate::step_budget::{StepBudget, StepCostModel, StepLoad};
-use crate::tiering::{PrefetchState, Tiering, WritePolicy};
-
-/// Counters of the engine's own work (the cache keeps its own).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EngineStats {
-    pub steps: u64,
-    pub prefill_tokens: u64,
-    pub decode_tokens: u64,
-    pub preemptions: u64,
-    pub finished: u64,
-    pub cancelled: u64,
-    /// Blocks put under session retention when requests finished.
-    pub retained_blocks: u64,
-}
-
-/// One choice of one request: requests with `n > 1` fork into choices `1..n` after the prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct SeqKey(pub RequestId, pub u32);
-
-/// One scheduled piece of work: `len` tokens of `id` starting at `start`.
-struct Work {
-    id: SeqKey,
-    start: usize,
-    len: usize,
-}
-
-/// What admission did with a waiting request.
-enum Admission {
-    Run(Work),
-    /// Not enough free blocks now: stop admitting.
-    NoBlocks,
-    /// Its tier blocks are still loading: try the next request.
-    Later,
-}
+use crate::stats::EngineStats;
+use crate::step_budget::StepBudget;
+use crate::tier_events::{KvStorage, Publisher};
+use crate::tiering::{TierMatch, Tiering};
 
 pub struct EngineCore {
     model: Arc<Model>,
     pool: ThreadPool,
     cfg: EngineConfig,
     cache: KvCache,
-    mem: PagedKvMemory,
+    kv: KvStorage,
     scratch: Scratch,
     model_fingerprint: [u8; 32],
     seqs: HashMap<SeqKey, Sequence>,
-    waiting: VecDeque<SeqKey>,
-    /// Admission order: the newest is last (preempted first).
-    running: Vec<SeqKey>,
+    scheduler: Scheduler,
     tick: u64,
     started: Instant,
     stats: EngineStats,
     pinned: Vec<PinnedPrompt>,
     /// Storage tiers (`None` when none are configured: no cache events are recorded).
     tiers: Option<Tiering>,
-    /// Online model of step time, for the prefill cap of steps that carry decodes.
-    cost: StepCostModel,
+    /// The snapshot readers see without waiting for a step: replaced after every step.
+    published: SnapshotCell,
+    /// `Finished` events of this step, sent after the snapshot that counts them is published
+    /// (a client that saw its request finish never reads counters from before it).
+    outbox: Vec<(EventSender, EngineEvent)>,
+}
+
+/// The latest published [`EngineSnapshot`], readable from any thread without waiting for the
+/// engine (cheap to clone).
+#[derive(Clone)]
+pub struct SnapshotCell(Arc<Mutex<Option<Arc<EngineSnapshot>>>>);
+
+impl SnapshotCell {
+    pub fn get(&self) -> Arc<EngineSnapshot> {
+        let cell = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        cell.clone()
+            .expect("the engine publishes a snapshot when it is built")
+    }
+
+    fn set(&self, snap: EngineSnapshot) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(snap));
+    }
 }
 
 impl EngineCore {
     /// An engine over `model`; opens the stores of `cfg.tiers` (a disk tier scans its
     /// directory; Redis connects lazily).
-    pub fn new(model: Arc<Model>, cfg: EngineConfig) -> Result<Self, EngineError> {
-        let stores = tier::open_tiers(&cfg.tiers)
-            .map_err(|e| EngineError::Config(format!("tiers: {e}")))?
+    pub fn new(model: Arc<Model>, cfg: EngineConfig) -> Result<Self, EngineBuildError> {
+        let stores = tier::open_tiers(&cfg.tiers.stores)?
             .into_iter()
             .map(Arc::from)
             .collect();
         Self::with_tier_stores(model, cfg, stores)
     }
 
-    /// Like [`EngineCore::new`] with already opened tier stores, in lookup order (`cfg.tiers`
-    /// is ignored). Lets callers keep handles to the stores (tests, shared stores).
+    /// Like [`EngineCore::new`] with already opened tier stores, in lookup order
+    /// (`cfg.tiers.stores` is ignored). Lets callers keep handles to the stores (tests, shared
+    /// stores).
     pub fn with_tier_stores(
         model: Arc<Model>,
         cfg: EngineConfig,
         stores: Vec<Arc<dyn tier::TierStore>>,
-    ) -> Result<Self, EngineError> {
+    ) -> Result<Self, EngineBuildError> {
         if !stores.is_empty() && !cfg.prefix_caching {
-            return Err(EngineError::Config(
-                "storage tiers need prefix_caching (blocks are found by their prefix keys)".into(),
+            return Err(EngineBuildError::Config(
+                "storage tiers need prefix_caching (blocks are found by their prefix keys)",
             ));
         }
         if cfg.max_batch_tokens == 0
@@ -116,15 +103,15 @@ impl EngineCore {
             || cfg.block_size == 0
             || cfg.num_blocks == 0
         {
-            return Err(EngineError::Config(
-                "num_blocks, block_size, max_batch_tokens and max_seqs must be > 0".into(),
+            return Err(EngineBuildError::Config(
+                "num_blocks, block_size, max_batch_tokens and max_seqs must be > 0",
             ));
         }
         let mut cache_cfg = CacheConfig::new(cfg.num_blocks as u32);
         cache_cfg.block_size = cfg.block_size as u32;
         cache_cfg.policy = cfg.policy;
         cache_cfg.record_events = !stores.is_empty();
-        let cache = KvCache::new(cache_cfg).map_err(|e| EngineError::Config(e.to_string()))?;
+        let cache = KvCache::new(cache_cfg)?;
         let c = &model.config;
         let geo = KvGeometry {
             num_blocks: cfg.num_blocks,
@@ -133,43 +120,58 @@ impl EngineCore {
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
         };
-        let mem = PagedKvMemory::new(geo, cfg.kv_dtype)
-            .map_err(|e| EngineError::Config(e.to_string()))?;
+        let mem = PagedKvMemory::new(geo, cfg.kv_dtype)?;
         let model_fingerprint = *blake3::hash(model.gguf().file_bytes()).as_bytes();
         let tiers = (!stores.is_empty()).then(|| {
             Tiering::new(
                 stores,
-                WritePolicy {
-                    write_through: cfg.tier_write_through,
-                    on_publish: cfg.tier_write_on_publish,
-                },
-                cfg.tier_load_policy,
+                &cfg.tiers,
                 cfg.num_blocks,
                 cfg.block_size,
                 mem.block_num_bytes(),
                 cfg.kv_dtype.id(),
-                cfg.tier_prefetch_max_bytes,
-                cfg.tier_admission_wait,
             )
         });
-        Ok(EngineCore {
+        let scheduler = Scheduler::new(SchedulerConfig {
+            max_batch_tokens: cfg.max_batch_tokens,
+            max_seqs: cfg.max_seqs,
+            block_size: cfg.block_size,
+            prefix_caching: cfg.prefix_caching,
+            budget: StepBudget {
+                target: cfg.step_time_target,
+                min_prefill_tokens: cfg.min_prefill_tokens_per_step,
+            },
+        });
+        let mut core = EngineCore {
             pool: ThreadPool::new(cfg.threads.max(1)),
             model,
             cfg,
             cache,
-            mem,
+            kv: KvStorage::new(mem),
             scratch: Scratch::default(),
             model_fingerprint,
             seqs: HashMap::new(),
-            waiting: VecDeque::new(),
-            running: Vec::new(),
+            scheduler,
             tick: 0,
             started: Instant::now(),
             stats: EngineStats::default(),
             pinned: Vec::new(),
-            cost: StepCostModel::default(),
             tiers,
-        })
+            published: SnapshotCell(Arc::default()),
+            outbox: Vec::new(),
+        };
+        core.publish();
+        Ok(core)
+    }
+
+    /// Where this engine publishes its snapshot (after every step and [`EngineCore::publish`]).
+    pub fn snapshot_cell(&self) -> SnapshotCell {
+        self.published.clone()
+    }
+
+    /// Publishes the current snapshot to [`EngineCore::snapshot_cell`].
+    pub fn publish(&mut self) {
+        self.published.set(self.snapshot());
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -185,20 +187,20 @@ impl EngineCore {
     }
 
     pub fn memory(&self) -> &PagedKvMemory {
-        &self.mem
+        self.kv.memory()
     }
 
     /// True while any request is waiting or running.
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty()
+        self.scheduler.has_work()
     }
 
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len()
+        self.scheduler.num_waiting()
     }
 
     pub fn num_running(&self) -> usize {
-        self.running.len()
+        self.scheduler.num_running()
     }
 
     /// The KV codec id (`f16`, `int8-g64`, `k=int8-g64,v=int4-g32`, …) as it enters the namespace.
@@ -241,11 +243,11 @@ impl EngineCore {
                 .all_tenant_counters()
                 .map(|(t, c)| (t, *c))
                 .collect(),
-            num_waiting: self.waiting.len(),
-            num_running: self.running.len(),
+            num_waiting: self.scheduler.num_waiting(),
+            num_running: self.scheduler.num_running(),
             block_size: self.cfg.block_size,
             num_blocks: self.cfg.num_blocks,
-            kv_bytes_per_token: self.mem.bytes_per_token(),
+            kv_bytes_per_token: self.kv.memory().bytes_per_token(),
             kv_codec: self.codec_name(),
             prefix_caching: self.cfg.prefix_caching,
             pinned: self.pinned.clone(),
@@ -263,16 +265,8 @@ impl EngineCore {
             Some(t) => self.cache.flush_tenant(t),
             None => self.cache.flush_all(),
         };
-        self.sync_tiers(None);
+        self.kv.sync(&mut self.cache, self.tiers.as_mut(), None);
         n
-    }
-
-    /// Handles the cache's events: records the namespace of blocks just published (`ns`: the
-    /// sequence whose `mark_written` published them) and demotes evicted blocks to the tiers.
-    /// Must run before anything overwrites an evicted block (forward pass, fork copy, tier load):
-    /// an evicted block's bytes are intact only until its next write.
-    fn sync_tiers(&mut self, ns: Option<NamespaceKey>) {
-        sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, ns, true);
     }
 
     /// Prefills `tokens` in the tenant's namespace and pins every full block (warm-up of a
@@ -288,10 +282,11 @@ impl EngineCore {
             return Ok(0);
         }
         if tokens.len() > self.cfg.num_blocks * self.cfg.block_size {
-            return Err(EngineError::NeverFits {
+            return Err(RequestError::NeverFits {
                 needed_blocks: tokens.len().div_ceil(self.cfg.block_size),
                 total_blocks: self.cfg.num_blocks,
-            });
+            }
+            .into());
         }
         let tick = self.next_tick();
         let ns = self.namespace(tenant, salt);
@@ -300,7 +295,7 @@ impl EngineCore {
         let cached = m.num_cached_tokens();
         let cs = self.cache.create_sequence(m).map_err(internal)?;
         let mut done = cached;
-        let result = (|| {
+        let result: Result<(), EngineError> = (|| {
             while done < tokens.len() {
                 let len = (tokens.len() - done).min(self.cfg.max_batch_tokens);
                 self.cache
@@ -316,14 +311,16 @@ impl EngineCore {
                     slots: &slots,
                     logits_for: &[],
                 };
-                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, None, true);
-                let mut kv = self.mem.view(&tables);
+                let mut writer = self.kv.writer(&mut self.cache, self.tiers.as_mut());
+                let mut kv = writer.view(&tables);
                 self.model
                     .forward(&self.pool, &batch, &mut kv, &mut self.scratch)
                     .map_err(|e| EngineError::Internal(e.to_string()))?;
                 done += len;
                 self.cache.mark_written(cs, done, tick).map_err(internal)?;
-                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns), true);
+                let publisher = Some(Publisher::computed(&ns));
+                self.kv
+                    .sync(&mut self.cache, self.tiers.as_mut(), publisher);
                 self.stats.prefill_tokens += len as u64;
             }
             Ok(())
@@ -355,39 +352,7 @@ impl EngineCore {
         spec: RequestSpec,
         sink: EventSender,
     ) -> Result<(), EngineError> {
-        let c = &self.model.config;
-        if spec.prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if let Some(&t) = spec.prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(EngineError::BadToken(t));
-        }
-        spec.sampling
-            .validate()
-            .map_err(|e| EngineError::Sampling(e.to_string()))?;
-        let total = spec.prompt.len() + spec.max_tokens;
-        if total > c.context_length {
-            return Err(EngineError::ContextTooLong {
-                prompt_tokens: spec.prompt.len(),
-                max_tokens: spec.max_tokens,
-                context_length: c.context_length,
-            });
-        }
-        if spec.n == 0 || spec.n > 16 {
-            return Err(EngineError::Sampling(format!(
-                "n must be between 1 and 16, got {}",
-                spec.n
-            )));
-        }
-        // Choices share the prompt's full blocks; each needs its own blocks for its output.
-        let needed_blocks = total.div_ceil(self.cfg.block_size)
-            + (spec.n - 1) * (spec.max_tokens.div_ceil(self.cfg.block_size) + 1);
-        if needed_blocks > self.cfg.num_blocks {
-            return Err(EngineError::NeverFits {
-                needed_blocks,
-                total_blocks: self.cfg.num_blocks,
-            });
-        }
+        self.check_request(&spec)?;
         let ns = self.namespace(spec.tenant, &spec.cache_salt);
         let key = SeqKey(id, 0);
         if self.seqs.contains_key(&key) {
@@ -397,8 +362,41 @@ impl EngineCore {
             )));
         }
         self.seqs.insert(key, Sequence::new(spec, ns, sink));
-        self.waiting.push_back(key);
+        self.scheduler.enqueue(key);
         self.start_prefetch(key, false);
+        Ok(())
+    }
+
+    /// Checks a request against the model and this engine's size.
+    fn check_request(&self, spec: &RequestSpec) -> Result<(), RequestError> {
+        let c = &self.model.config;
+        if spec.prompt.is_empty() {
+            return Err(RequestError::EmptyPrompt);
+        }
+        if let Some(&t) = spec.prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(RequestError::BadToken(t));
+        }
+        spec.sampling.validate()?;
+        let total = spec.prompt.len() + spec.max_tokens;
+        if total > c.context_length {
+            return Err(RequestError::ContextTooLong {
+                prompt_tokens: spec.prompt.len(),
+                max_tokens: spec.max_tokens,
+                context_length: c.context_length,
+            });
+        }
+        if spec.n == 0 || spec.n > MAX_CHOICES {
+            return Err(RequestError::Choices(spec.n));
+        }
+        // Choices share the prompt's full blocks; each needs its own blocks for its output.
+        let needed_blocks = total.div_ceil(self.cfg.block_size)
+            + (spec.n - 1) * (spec.max_tokens.div_ceil(self.cfg.block_size) + 1);
+        if needed_blocks > self.cfg.num_blocks {
+            return Err(RequestError::NeverFits {
+                needed_blocks,
+                total_blocks: self.cfg.num_blocks,
+            });
+        }
         Ok(())
     }
 
@@ -409,7 +407,7 @@ impl EngineCore {
             return false;
         }
         // Pending evictions are queued for demotion first: the lookup must see them.
-        self.sync_tiers(None);
+        self.kv.sync(&mut self.cache, self.tiers.as_mut(), None);
         let Some(t) = self.tiers.as_mut() else {
             return false;
         };
@@ -428,54 +426,35 @@ impl EngineCore {
         }
     }
 
-    /// Forks choices `1..n` of a request whose prompt was just computed: they share its blocks
-    /// (the partial last block is copied) and sample from the same logits with their own seeds.
-    fn fork_choices(&mut self, key: SeqKey, logits: &[f32]) -> Result<(), EngineError> {
-        let tick = Tick(self.tick);
-        let parent = &self.seqs[&key];
-        let n = parent.spec.n;
-        let cs = parent.cache_seq.expect("sampling sequences hold blocks");
-        let mut children = Vec::new();
-        for choice in 1..n as u32 {
-            let fork = self.cache.fork(cs, tick).map_err(internal)?;
-            self.sync_tiers(None);
-            if let Some(copy) = fork.copy {
-                self.mem.copy_block(copy.src, copy.dst, copy.num_tokens);
-            }
-            let parent = &self.seqs[&key];
-            let mut spec = parent.spec.clone();
-            spec.sampling.seed = spec.sampling.seed.map(|s| s.wrapping_add(choice as u64));
-            let mut child = Sequence::new(spec, parent.ns, parent.sink.clone());
-            child.cache_seq = Some(fork.child);
-            child.num_computed = parent.num_computed;
-            child.arrival = parent.arrival;
-            child.admitted_at = parent.admitted_at;
-            child.cached_tokens = parent.cached_tokens;
-            child.cache_miss = parent.cache_miss;
-            children.push(SeqKey(key.0, choice));
-            self.seqs.insert(SeqKey(key.0, choice), child);
+    /// Runs one step — schedule, execute, commit — then publishes the snapshot and sends the
+    /// step's `Finished` events. Returns the number of tokens computed.
+    pub fn step(&mut self) -> Result<usize, EngineError> {
+        let result = self.run_step();
+        self.publish();
+        for (sink, event) in self.outbox.drain(..) {
+            let _ = sink.send(event);
         }
-        let pos = self
-            .running
-            .iter()
-            .position(|r| *r == key)
-            .map_or(self.running.len(), |p| p + 1);
-        for (i, c) in children.iter().enumerate() {
-            self.running.insert(pos + i, *c);
-        }
-        for c in children {
-            let mut l = logits.to_vec();
-            self.sample_and_emit(c, &mut l);
-        }
-        Ok(())
+        result
     }
 
-    /// Runs one scheduling decision and one forward pass. Returns the number of tokens computed.
-    pub fn step(&mut self) -> Result<usize, EngineError> {
+    fn run_step(&mut self) -> Result<usize, EngineError> {
         let tick = self.next_tick();
         self.cache.expire(tick);
-        let plan = self.schedule(tick)?;
-        if plan.is_empty() {
+        let plan = self.scheduler.schedule(&mut SchedContext {
+            cache: &mut self.cache,
+            seqs: &mut self.seqs,
+            tiers: self.tiers.as_mut().map(|t| t as &mut dyn TierMatch),
+            events: self.kv.events(),
+            tick,
+        })?;
+        self.stats.preemptions += plan.preempted.len() as u64;
+        for id in &plan.first_admissions {
+            let s = &self.seqs[id];
+            let cached_tokens = s.cached_tokens.unwrap_or(0);
+            let _ = s.send(EngineEvent::Admitted { cached_tokens });
+        }
+        self.start_prefetches(&plan.prefetches);
+        if plan.is_idle() {
             if let Some(t) = self.tiers.as_mut() {
                 // Only tier loads are outstanding: wait for one instead of spinning.
                 t.wait_for_prefetch();
@@ -483,21 +462,103 @@ impl EngineCore {
             return Ok(0);
         }
         self.stats.steps += 1;
-        let prefill_before = self.stats.prefill_tokens;
         let started = Instant::now();
-        let logits = self.run_forward(&plan)?;
-        let mut load = StepLoad::default();
-        for w in &plan {
-            load.add(w.start, w.len);
-        }
+        let logits = self.execute(&plan)?;
+        let num_prefill = self.count_tokens(&plan);
         if let Some(t) = self.tiers.as_mut() {
-            let num_prefill = (self.stats.prefill_tokens - prefill_before) as usize;
-            let num_tokens = plan.iter().map(|w| w.len).sum();
-            t.observe_forward(num_tokens, num_prefill, started.elapsed());
+            t.observe_forward(plan.num_tokens(), num_prefill, started.elapsed());
         }
+        self.commit(&plan, &logits, tick)?;
+        self.scheduler.observe(&plan, started.elapsed());
+        Ok(plan.num_tokens())
+    }
+
+    /// Starts the tier lookups a plan asks for (after the evictions of the plan reached the
+    /// demotion queue, so the lookups see them).
+    fn start_prefetches(&mut self, starts: &[PrefetchStart]) {
+        if starts.is_empty() {
+            return;
+        }
+        self.kv.sync(&mut self.cache, self.tiers.as_mut(), None);
+        let Some(t) = self.tiers.as_mut() else {
+            return;
+        };
+        for p in starts {
+            let s = &self.seqs[&p.id];
+            if p.refetch {
+                t.refetch(p.id, s.ns, &s.tokens, p.first_block, p.max_blocks);
+            } else {
+                t.prefetch(p.id, s.ns, &s.tokens, p.first_block, p.max_blocks, true);
+            }
+        }
+    }
+
+    /// Counts the plan's decode and prefill tokens in the stats; returns the prefill tokens.
+    fn count_tokens(&mut self, plan: &StepPlan) -> usize {
+        let mut num_prefill = 0;
+        for w in &plan.work {
+            if self.seqs[&w.id].is_decoding() {
+                self.stats.decode_tokens += 1;
+            } else {
+                num_prefill += w.len;
+            }
+        }
+        self.stats.prefill_tokens += num_prefill as u64;
+        num_prefill
+    }
+
+    /// Loads the plan's tier payloads into their blocks and runs the forward pass; returns the
+    /// logits of the rows that end a sequence's pending tokens, in plan order.
+    fn execute(&mut self, plan: &StepPlan) -> Result<Vec<f32>, EngineError> {
+        let mut tokens = Vec::new();
+        let mut positions = Vec::new();
+        let mut slots = Vec::new();
+        let mut logits_for = Vec::new();
+        let mut tables = Vec::with_capacity(plan.work.len());
+        for (slot, w) in plan.work.iter().enumerate() {
+            let s = &self.seqs[&w.id];
+            for p in w.start..w.start + w.len {
+                tokens.push(s.tokens[p]);
+                positions.push(p as u32);
+                slots.push(SeqSlot(slot as u32));
+            }
+            if w.start + w.len == s.tokens.len() {
+                logits_for.push(tokens.len() - 1);
+            }
+            let cs = s.cache_seq.expect("planned sequences hold blocks");
+            tables.push(self.cache.block_table(cs).map_err(internal)?.to_vec());
+        }
+        // Evicted blocks may be rewritten below: the writer demotes them first.
+        let mut writer = self.kv.writer(&mut self.cache, self.tiers.as_mut());
+        for load in &plan.tier_loads {
+            debug_assert!(
+                self.seqs.contains_key(&load.id),
+                "loads go to planned sequences"
+            );
+            for (block, bytes) in load.blocks.iter().zip(&load.payloads) {
+                // Lengths were checked by the fetch: a failure here is an engine bug.
+                writer.load_block_bytes(*block, bytes).map_err(internal)?;
+            }
+        }
+        let table_refs: Vec<&[cache::BlockId]> = tables.iter().map(|t| t.as_slice()).collect();
+        let batch = ForwardBatch {
+            tokens: &tokens,
+            positions: &positions,
+            slots: &slots,
+            logits_for: &logits_for,
+        };
+        let mut kv = writer.view(&table_refs);
+        self.model
+            .forward(&self.pool, &batch, &mut kv, &mut self.scratch)
+            .map_err(|e| EngineError::Internal(e.to_string()))
+    }
+
+    /// Publishes every full block the plan wrote, then samples for each sequence whose pending
+    /// tokens are all computed (forking `n > 1` choices after the prompt).
+    fn commit(&mut self, plan: &StepPlan, logits: &[f32], tick: Tick) -> Result<(), EngineError> {
         let vocab = self.model.config.vocab_size;
         let mut to_sample = Vec::new();
-        for w in &plan {
+        for w in &plan.work {
             let s = self.seqs.get_mut(&w.id).expect("planned sequences exist");
             s.num_computed = w.start + w.len;
             let cs = s.cache_seq.expect("planned sequences hold blocks");
@@ -507,7 +568,9 @@ impl EngineCore {
                 self.cache
                     .mark_written(cs, s.num_computed, tick)
                     .map_err(internal)?;
-                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns), true);
+                let publisher = Some(Publisher::computed(&ns));
+                self.kv
+                    .sync(&mut self.cache, self.tiers.as_mut(), publisher);
             }
             if s.num_computed == s.tokens.len() {
                 to_sample.push(w.id);
@@ -521,523 +584,8 @@ impl EngineCore {
             }
             self.sample_and_emit(id, &mut l);
         }
-        self.cost.observe(load, started.elapsed());
-        Ok(plan.iter().map(|w| w.len).sum())
+        Ok(())
     }
-
-    fn schedule(&mut self, tick: Tick) -> Result<Vec<Work>, EngineError> {
-        if let Some(t) = self.tiers.as_mut() {
-            t.begin_step();
-        }
-        let mut plan: Vec<Work> = Vec::new();
-        let mut budget = self.cfg.max_batch_tokens;
-        // What the step holds so far, for the prefill cap (`step_budget`).
-        let mut load = StepLoad::default();
-        // 1. Decodes first, oldest first, so inter-token latency stays flat under long prefills.
-        let mut i = 0;
-        while i < self.running.len() && budget > 0 && plan.len() < self.cfg.max_seqs {
-            let id = self.running[i];
-            if !self.seqs[&id].is_decoding() {
-                i += 1;
-                continue;
-            }
-            match self.append(id, 1, tick)? {
-                true => {
-                    let s = &self.seqs[&id];
-                    load.add(s.num_computed, 1);
-                    plan.push(Work {
-                        id,
-                        start: s.num_computed,
-                        len: 1,
-                    });
-                    budget -= 1;
-                    i += 1;
-                }
-                false => {
-                    // Out of blocks: preempt the newest running request not yet planned.
-                    let victim = self
-                        .running
-                        .iter()
-                        .rev()
-                        .copied()
-                        .find(|v| !plan.iter().any(|w| w.id == *v));
-                    match victim {
-                        Some(v) => {
-                            self.preempt(v, tick);
-                            if let Some(p) = self.running.iter().position(|r| *r == id) {
-                                i = p;
-                            }
-                        }
-                        None => {
-                            return Err(EngineError::Internal(
-                                "no block for a decode and nothing to preempt".into(),
-                            ))
-                        }
-                    }
-                }
-            }
-        }
-        let has_decodes = !plan.is_empty();
-        let mut prefill_in_step = 0;
-        // 2. Prefill chunks of running requests.
-        for idx in 0..self.running.len() {
-            if budget == 0 || plan.len() >= self.cfg.max_seqs {
-                break;
-            }
-            let id = self.running[idx];
-            let s = &self.seqs[&id];
-            if s.is_decoding() || s.num_pending() == 0 {
-                continue;
-            }
-            let start = s.num_computed;
-            let want = s.num_pending().min(budget);
-            let len = self.prefill_cap(&load, has_decodes, prefill_in_step, start, want);
-            if len == 0 {
-                break; // no more prefill fits in this step
-            }
-            if self.append(id, len, tick)? {
-                load.add(start, len);
-                prefill_in_step += len;
-                plan.push(Work { id, start, len });
-                budget -= len;
-            }
-        }
-        // 3. Admit waiting requests (FIFO, cache-aware grouping).
-        let mut skipped = VecDeque::new();
-        while budget > 0 && self.running.len() < self.cfg.max_seqs && plan.len() < self.cfg.max_seqs
-        {
-            if self.prefill_cap(&load, has_decodes, prefill_in_step, 0, 1) == 0 {
-                break; // not even one more prompt token fits in this step
-            }
-            let Some(id) = self.waiting.pop_front() else {
-                break;
-            };
-            if self.shares_prefix_in_flight(id) {
-                skipped.push_back(id);
-                continue;
-            }
-            match self.admit(id, budget, &load, (has_decodes, prefill_in_step), tick)? {
-                Admission::Run(w) => {
-                    budget -= w.len;
-                    prefill_in_step += w.len;
-                    load.add(w.start, w.len);
-                    plan.push(w);
-                }
-                Admission::NoBlocks => {
-                    self.waiting.push_front(id);
-                    break;
-                }
-                Admission::Later => skipped.push_back(id),
-            }
-        }
-        while let Some(id) = skipped.pop_back() {
-            self.waiting.push_front(id);
-        }
-        // Nothing could run although requests hold blocks: free the newest to make progress.
-        if plan.is_empty() && !self.running.is_empty() && !self.waiting.is_empty() {
-            let v = *self.running.last().expect("non-empty");
-            self.preempt(v, tick);
-        }
-        Ok(plan)
-    }
-
-    /// A waiting request whose prompt shares at least one full block with a prompt being
-    /// prefilled right now (same namespace) waits, so the shared prefix is computed once.
-    fn shares_prefix_in_flight(&self, id: SeqKey) -> bool {
-        if !self.cfg.prefix_caching {
-            return false;
-        }
-        let w = &self.seqs[&id];
-        let bs = self.cfg.block_size;
-        let cached = self.cache.peek_prefix(&w.ns, &w.tokens);
-        self.running.iter().any(|r| {
-            let r = &self.seqs[r];
-            if r.ns != w.ns || r.num_generated > 0 {
-                return false;
-            }
-            let common = r
-                .tokens
-                .iter()
-                .zip(&w.tokens)
-                .take_while(|(a, b)| a == b)
-                .count();
-            let common_blocks = common.min(w.tokens.len() - 1) / bs * bs;
-            common_blocks > cached && r.num_computed < common_blocks
-        })
-    }
-
-    /// Gives `id` blocks and its first chunk, with its prompt's cached prefix from the active
-    /// pool and then from its tier prefetch; waits (`Later`) while the prefetch is in flight.
-    /// The prefill chunk allowed at `start` (at most `want` tokens) in a step holding `load`
-    /// (with `prefill_in_step` prefill tokens so far); 0 when no more prefill fits.
-    fn prefill_cap(
-        &self,
-        load: &StepLoad,
-        has_decodes: bool,
-        prefill_in_step: usize,
-        start: usize,
-        want: usize,
-    ) -> usize {
-        let budget = StepBudget {
-            target: self.cfg.step_time_target,
-            min_prefill_tokens: self.cfg.min_prefill_tokens_per_step,
-        };
-        budget.cap(&self.cost, load, has_decodes, prefill_in_step, start, want)
-    }
-
-    fn admit(
-        &mut self,
-        id: SeqKey,
-        budget: usize,
-        load: &StepLoad,
-        (has_decodes, prefill_in_step): (bool, usize),
-        tick: Tick,
-    ) -> Result<Admission, EngineError> {
-        let bs = self.cfg.block_size;
-        // Blocks evicted earlier in this step go to the demotion queue first, so a tier lookup
-        // started now sees them (a preempted request re-admitted in the step that evicted its
-        // blocks must find them in the tier).
-        self.sync_tiers(None);
-        let (cs, cached, miss) = if self.cfg.prefix_caching {
-            let s = &self.seqs[&id];
-            let (ns, num_tokens) = (s.ns, s.tokens.len());
-            let m = self.cache.lookup(&ns, &s.tokens, tick);
-            let active = m.num_cached_tokens();
-            let active_miss = m.miss();
-            let active_blocks = m.blocks().len();
-            let max_blocks = (num_tokens - 1) / bs;
-            // Continue the match with the request's tier prefetch (full blocks, adjacent).
-            let mut loaded = None;
-            if let Some(t) = self.tiers.as_mut() {
-                let later = match t.take_prefetch(id) {
-                    PrefetchState::Pending => true,
-                    PrefetchState::None => {
-                        active_blocks < max_blocks
-                            && t.prefetch(id, ns, &s.tokens, active_blocks, max_blocks, true)
-                    }
-                    PrefetchState::Ready(l) if l.first_block > active_blocks => {
-                        // The active pool lost blocks since the lookup: look again from here.
-                        t.refetch(id, ns, &s.tokens, active_blocks, max_blocks);
-                        true
-                    }
-                    PrefetchState::Ready(l) => {
-                        loaded = Some(l);
-                        false
-                    }
-                };
-                if later {
-                    self.cache.release_match(m, tick).map_err(internal)?;
-                    return Ok(Admission::Later);
-                }
-            }
-            // Blocks the active pool already holds are skipped; the rest continue the chain.
-            let skip = loaded.as_ref().map_or(0, |l| active_blocks - l.first_block);
-            let num_loaded = loaded
-                .as_ref()
-                .map_or(0, |l| l.payloads.len().saturating_sub(skip));
-            let planned = active + num_loaded * bs;
-            let len = (num_tokens - planned).min(budget);
-            let needed = (planned + len).div_ceil(bs) - active_blocks;
-            if !self.cache.can_allocate(needed as u32) {
-                self.cache.release_match(m, tick).map_err(internal)?;
-                if let (Some(t), Some(l)) = (self.tiers.as_mut(), loaded) {
-                    t.put_back(id, l);
-                }
-                return Ok(Admission::NoBlocks);
-            }
-            let cs = self.cache.create_sequence(m).map_err(internal)?;
-            let mut cached = active;
-            if num_loaded > 0 {
-                let payloads = &loaded.as_ref().expect("num_loaded > 0").payloads[skip..];
-                let toks = &self.seqs[&id].tokens[active..active + num_loaded * bs];
-                let new_blocks = self.cache.append_tokens(cs, toks, tick).map_err(internal)?;
-                // The new blocks may have been evicted just now: demote before overwriting.
-                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, None, true);
-                for (block, bytes) in new_blocks.iter().zip(payloads) {
-                    // Lengths were checked by the fetch: a failure here is an engine bug.
-                    self.mem.load_block_bytes(*block, bytes).map_err(internal)?;
-                }
-                cached += num_loaded * bs;
-                self.cache
-                    .mark_written(cs, cached, tick)
-                    .map_err(internal)?;
-                // Loaded blocks came from a tier: publish them without writing them back.
-                sync_tiers(&mut self.cache, &mut self.tiers, &self.mem, Some(ns), false);
-            }
-            // With tier blocks loaded, the prefix ends where the tiers' chain ended.
-            let miss = match active_miss {
-                Some(_) if num_loaded > 0 => (cached < max_blocks * bs).then_some(PrefixMiss {
-                    at_token: cached,
-                    reason: MissReason::Uncached,
-                }),
-                m => m,
-            };
-            (cs, cached, miss)
-        } else {
-            let s = &self.seqs[&id];
-            let len = s.tokens.len().min(budget);
-            if !self.cache.can_allocate(len.div_ceil(bs) as u32) {
-                return Ok(Admission::NoBlocks);
-            }
-            (self.cache.create_empty_sequence(&s.ns), 0, None)
-        };
-        let s = self.seqs.get_mut(&id).expect("waiting sequences exist");
-        s.cache_seq = Some(cs);
-        s.num_computed = cached;
-        if s.cached_tokens.is_none() {
-            s.cached_tokens = Some(cached);
-            s.cache_miss = miss;
-            s.admitted_at = Some(Instant::now());
-            let _ = s.send(EngineEvent::Admitted {
-                cached_tokens: cached,
-            });
-        }
-        let want = (s.tokens.len() - cached).min(budget);
-        // At least one token: admission already checked that the step has room for more prefill.
-        let len = self
-            .prefill_cap(load, has_decodes, prefill_in_step, cached, want)
-            .max(1)
-            .min(want);
-        self.running.push(id);
-        if !self.append(id, len, tick)? {
-            return Err(EngineError::Internal(
-                "allocation failed after can_allocate".into(),
-            ));
-        }
-        Ok(Admission::Run(Work {
-            id,
-            start: cached,
-            len,
-        }))
-    }
-
-    /// Appends the next `len` pending tokens of `id` to its block table. `false` = out of blocks.
-    fn append(&mut self, id: SeqKey, len: usize, tick: Tick) -> Result<bool, EngineError> {
-        let s = &self.seqs[&id];
-        let cs = s.cache_seq.expect("running sequences hold blocks");
-        let have = self.cache.num_tokens(cs).map_err(internal)?;
-        debug_assert_eq!(
-            have, s.num_computed,
-            "cache and engine agree on computed tokens"
-        );
-        let toks = &s.tokens[have..have + len];
-        match self.cache.append_tokens(cs, toks, tick) {
-            Ok(_) => Ok(true),
-            Err(SeqError::Alloc(_)) => Ok(false),
-            Err(e) => Err(internal(e)),
-        }
-    }
-
-    fn preempt(&mut self, id: SeqKey, tick: Tick) {
-        let s = self.seqs.get_mut(&id).expect("running sequences exist");
-        if let Some(cs) = s.cache_seq.take() {
-            let _ = self.cache.free(cs, tick);
-        }
-        s.num_computed = 0;
-        s.num_preemptions += 1;
-        self.running.retain(|r| *r != id);
-        self.waiting.push_front(id);
-        self.stats.preemptions += 1;
-    }
-
-    fn run_forward(&mut self, plan: &[Work]) -> Result<Vec<f32>, EngineError> {
-        // Evicted blocks may be rewritten by this pass: demote them first.
-        self.sync_tiers(None);
-        let mut tokens = Vec::new();
-        let mut positions = Vec::new();
-        let mut slots = Vec::new();
-        let mut logits_for = Vec::new();
-        let mut tables = Vec::with_capacity(plan.len());
-        for (slot, w) in plan.iter().enumerate() {
-            let s = &self.seqs[&w.id];
-            for p in w.start..w.start + w.len {
-                tokens.push(s.tokens[p]);
-                positions.push(p as u32);
-                slots.push(SeqSlot(slot as u32));
-            }
-            if w.start + w.len == s.tokens.len() {
-                logits_for.push(tokens.len() - 1);
-            }
-            if s.is_decoding() {
-                self.stats.decode_tokens += 1;
-            } else {
-                self.stats.prefill_tokens += w.len as u64;
-            }
-            let cs = s.cache_seq.expect("planned sequences hold blocks");
-            tables.push(self.cache.block_table(cs).map_err(internal)?.to_vec());
-        }
-        let table_refs: Vec<&[cache::BlockId]> = tables.iter().map(|t| t.as_slice()).collect();
-        let batch = ForwardBatch {
-            tokens: &tokens,
-            positions: &positions,
-            slots: &slots,
-            logits_for: &logits_for,
-        };
-        let mut kv = self.mem.view(&table_refs);
-        self.model
-            .forward(&self.pool, &batch, &mut kv, &mut self.scratch)
-            .map_err(|e| EngineError::Internal(e.to_string()))
-    }
-
-    fn sample_and_emit(&mut self, id: SeqKey, logits: &mut [f32]) {
-        let eot: Vec<u32> = self.model.tokenizer.eot_ids().to_vec();
-        let s = self.seqs.get_mut(&id).expect("exists");
-        if s.num_generated < s.spec.min_tokens {
-            for &t in eot.iter().chain(&s.spec.stop_token_ids) {
-                if let Some(l) = logits.get_mut(t as usize) {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
-        }
-        let prompt_len = s.spec.prompt.len();
-        let tok = s.sampler.sample(logits, &s.tokens[..prompt_len]);
-        s.sampler.observe(tok.id);
-        s.tokens.push(tok.id);
-        s.num_generated += 1;
-        if s.first_token_at.is_none() {
-            s.first_token_at = Some(Instant::now());
-        }
-        let is_stop_id = (!s.spec.ignore_eos && eot.contains(&tok.id))
-            || s.spec.stop_token_ids.contains(&tok.id);
-        let mut stopped = is_stop_id;
-        let mut text = String::new();
-        if !is_stop_id && !self.model.tokenizer.is_special(tok.id) {
-            let bytes = self.model.tokenizer.token_bytes(tok.id).unwrap_or_default();
-            let pushed = s.text.push(&bytes);
-            text = pushed.text;
-            stopped |= pushed.stopped;
-        }
-        let alive = s.send(EngineEvent::Token(TokenEvent {
-            choice: id.1,
-            id: tok.id,
-            text,
-            logprob: tok.logprob,
-            top_logprobs: tok.top,
-        }));
-        let at_length = s.num_generated >= s.spec.max_tokens
-            || s.tokens.len() >= self.model.config.context_length;
-        if !alive {
-            self.finish(id, FinishReason::Cancelled);
-        } else if stopped {
-            self.finish(id, FinishReason::Stop);
-        } else if at_length {
-            self.finish(id, FinishReason::Length);
-        }
-    }
-
-    /// Ends every request with `err` (after an internal failure), freeing their blocks.
-    pub fn fail_all(&mut self, err: EngineError) {
-        let ids: Vec<SeqKey> = self.seqs.keys().copied().collect();
-        for id in ids {
-            if let Some(s) = self.seqs.get(&id) {
-                let _ = s.send(EngineEvent::Error(err.clone()));
-            }
-            self.finish(id, FinishReason::Cancelled);
-        }
-    }
-
-    fn finish(&mut self, id: SeqKey, reason: FinishReason) {
-        let Some(mut s) = self.seqs.remove(&id) else {
-            return;
-        };
-        if let Some(t) = self.tiers.as_mut() {
-            t.cancel_prefetch(id);
-        }
-        if let Some(cs) = s.cache_seq.take() {
-            let tick = Tick(self.tick);
-            if let (Some(r), true) = (&s.spec.retention, reason != FinishReason::Cancelled) {
-                // Keep this agent's KV through its tool call: soft, budget-capped retention.
-                let until = Tick(self.tick + r.ttl.as_millis() as u64);
-                if let Ok(out) = self
-                    .cache
-                    .retain_session(r.session, cs, until, r.priority, tick)
-                {
-                    self.stats.retained_blocks += out.retained_blocks as u64;
-                }
-            }
-            let _ = self.cache.free(cs, tick);
-        }
-        self.running.retain(|r| *r != id);
-        self.waiting.retain(|r| *r != id);
-        if reason == FinishReason::Cancelled {
-            self.stats.cancelled += 1;
-            return;
-        }
-        self.stats.finished += 1;
-        let tail = s.text.finish();
-        if !tail.is_empty() && reason != FinishReason::Stop {
-            let _ = s.send(EngineEvent::Text {
-                choice: id.1,
-                text: tail,
-            });
-        }
-        let now = Instant::now();
-        let timings = Timings {
-            ttft: s
-                .first_token_at
-                .map_or_else(Default::default, |t| t - s.arrival),
-            queue: s
-                .admitted_at
-                .map_or_else(Default::default, |t| t - s.arrival),
-            total: now - s.arrival,
-        };
-        let usage = Usage {
-            prompt_tokens: s.spec.prompt.len(),
-            completion_tokens: s.num_generated,
-            cached_tokens: s.cached_tokens.unwrap_or(0),
-            cache_miss: s.cache_miss,
-        };
-        let _ = s.send(EngineEvent::Finished {
-            choice: id.1,
-            reason,
-            usage,
-            timings,
-            num_preemptions: s.num_preemptions,
-        });
-    }
-}
-
-/// See [`EngineCore::sync_tiers`] (a free function so callers can hold other field borrows).
-/// `write`: blocks published now may be written to the tiers (when writing on publish); `false`
-/// for blocks just loaded from a tier.
-fn sync_tiers(
-    cache: &mut KvCache,
-    tiers: &mut Option<Tiering>,
-    mem: &PagedKvMemory,
-    ns: Option<NamespaceKey>,
-    write: bool,
-) {
-    let Some(t) = tiers.as_mut() else {
-        return;
-    };
-    let mut writes = Vec::new();
-    for event in cache.drain_events() {
-        let to_write = match event {
-            CacheEvent::BlockStored { key, block, .. } => match ns {
-                Some(ns) => t
-                    .published(key, block, ns.root(), write)
-                    .map(|k| (k, block)),
-                None => {
-                    t.forget(block);
-                    None
-                }
-            },
-            CacheEvent::BlockEvicted {
-                key, block, cause, ..
-            } => match cause {
-                EvictionCause::Flush => {
-                    t.forget(block);
-                    None
-                }
-                _ => t.evicted(key, block).map(|k| (k, block)),
-            },
-        };
-        if let Some((tier_key, block)) = to_write {
-            // Copied now: an evicted block's bytes are intact only until its next write.
-            writes.push((tier_key, mem.block_bytes(block)));
-        }
-    }
-    t.write(writes);
 }
 
 fn internal(e: impl std::fmt::Display) -> EngineError {

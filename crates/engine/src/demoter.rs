@@ -9,7 +9,7 @@
 //! decides what to write.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -27,6 +27,14 @@ struct Job {
 pub struct DemoteCounts {
     pub demoted_blocks: AtomicU64,
     pub demote_errors: AtomicU64,
+}
+
+/// Bytes queued for writing and blocks dropped because the queue was full (a store that stopped
+/// answering must not make the engine hold every evicted block in memory).
+#[derive(Default)]
+pub struct QueueCounts {
+    pub queued_bytes: AtomicUsize,
+    pub dropped_blocks: AtomicU64,
 }
 
 /// How far the demotion thread has got: jobs are numbered from 1 in submission order and run in
@@ -62,18 +70,27 @@ pub struct Demoter {
     submitted: u64,
     progress: Arc<DemoteProgress>,
     pub counts: Arc<Vec<DemoteCounts>>,
+    pub queue: Arc<QueueCounts>,
+    /// Past this many queued bytes new jobs are dropped (counted in `queue.dropped_blocks`).
+    max_queued_bytes: usize,
 }
 
 impl Demoter {
-    pub fn new(stores: Vec<Arc<dyn TierStore>>, block_size: usize, codec_id: String) -> Demoter {
+    pub fn new(
+        stores: Vec<Arc<dyn TierStore>>,
+        block_size: usize,
+        codec_id: String,
+        max_queued_bytes: usize,
+    ) -> Demoter {
         let counts: Arc<Vec<DemoteCounts>> =
             Arc::new((0..stores.len()).map(|_| DemoteCounts::default()).collect());
         let progress = Arc::new(DemoteProgress::default());
+        let queue = Arc::new(QueueCounts::default());
         let (tx, rx) = mpsc::channel::<Job>();
-        let (c, p) = (counts.clone(), progress.clone());
+        let (c, p, q) = (counts.clone(), progress.clone(), queue.clone());
         let thread = std::thread::Builder::new()
             .name("agentkv-demote".into())
-            .spawn(move || run(rx, stores, block_size, codec_id, c, p))
+            .spawn(move || run(rx, stores, block_size, codec_id, c, p, q))
             .expect("spawning the demotion thread");
         Demoter {
             tx: Some(tx),
@@ -81,14 +98,25 @@ impl Demoter {
             submitted: 0,
             progress,
             counts,
+            queue,
+            max_queued_bytes,
         }
     }
 
-    /// Queues `blocks` for the first `targets` stores.
+    /// Queues `blocks` for the first `targets` stores; drops them (counted) when the queue
+    /// already holds `max_queued_bytes` (never blocks the caller).
     pub fn submit(&mut self, blocks: Vec<(TierKey, Vec<u8>)>, targets: usize) {
         if blocks.is_empty() {
             return;
         }
+        let bytes: usize = blocks.iter().map(|(_, b)| b.len()).sum();
+        let queued = self.queue.queued_bytes.load(Ordering::Acquire);
+        if queued + bytes > self.max_queued_bytes {
+            let n = blocks.len() as u64;
+            self.queue.dropped_blocks.fetch_add(n, Ordering::Relaxed);
+            return;
+        }
+        self.queue.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
         self.submitted += 1;
         if let Some(tx) = &self.tx {
             if tx.send(Job { blocks, targets }).is_err() {
@@ -120,8 +148,10 @@ fn run(
     codec_id: String,
     counts: Arc<Vec<DemoteCounts>>,
     progress: Arc<DemoteProgress>,
+    queue: Arc<QueueCounts>,
 ) {
     for job in rx {
+        let bytes: usize = job.blocks.iter().map(|(_, b)| b.len()).sum();
         let refs: Vec<BlockRef<'_>> = job
             .blocks
             .iter()
@@ -143,6 +173,7 @@ fn run(
                 Ok(Err(_)) | Err(_) => c.demote_errors.fetch_add(1, Ordering::Relaxed),
             };
         }
+        queue.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
         progress.finish_one();
     }
 }
@@ -175,7 +206,7 @@ mod tests {
         })));
         slow.set_delay(Duration::from_millis(50));
         let stores: Vec<Arc<dyn TierStore>> = vec![slow.clone()];
-        let mut d = Demoter::new(stores, 16, "f16".into());
+        let mut d = Demoter::new(stores, 16, "f16".into(), usize::MAX);
         for i in 0..3u8 {
             d.submit(vec![(key(i), vec![i; 64])], 1);
         }
@@ -198,7 +229,7 @@ mod tests {
         })));
         failing.set_failing(true);
         let stores: Vec<Arc<dyn TierStore>> = vec![failing];
-        let mut d = Demoter::new(stores, 16, "f16".into());
+        let mut d = Demoter::new(stores, 16, "f16".into(), usize::MAX);
         d.submit(vec![(key(1), vec![1; 64])], 1);
         d.barrier();
         assert_eq!(d.counts[0].demote_errors.load(Ordering::Relaxed), 1);

@@ -6,29 +6,35 @@
 //! callers only submit, cancel and read events.
 
 mod actor;
-pub mod config;
+mod config;
 mod core;
 mod demoter;
-pub mod error;
+mod error;
 mod loader;
-pub mod paged_kv;
-pub mod request;
+mod paged_kv;
+mod plan;
+mod request;
+mod scheduler;
 mod sequence;
-pub mod snapshot;
-pub mod step_budget;
-pub mod text;
-pub mod tiering;
-
-/// The storage-tier crate (its `TierConfig` is part of [`EngineConfig`]).
-pub use tier;
+mod snapshot;
+mod stats;
+mod step_budget;
+mod text;
+mod tier_cost;
+mod tier_events;
+mod tiering;
 
 pub use actor::{Engine, EngineHandle};
-pub use config::EngineConfig;
-pub use core::{EngineCore, EngineStats};
-pub use error::EngineError;
+pub use config::{
+    EngineConfig, TierLoadPolicy, TieringConfig, DEFAULT_ADMISSION_WAIT, DEFAULT_PREFETCH_MAX_BYTES,
+};
+pub use core::{EngineCore, SnapshotCell};
+pub use error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
+pub use paged_kv::PagedKvMemory;
 pub use request::{
     EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec, Retention,
     Timings, TokenEvent, Usage,
 };
 pub use snapshot::{EngineSnapshot, PinnedPrompt};
-pub use tiering::{TierCounters, TierLoadPolicy, TierSnapshot, TieringSnapshot};
+pub use stats::EngineStats;
+pub use tiering::{TierCounters, TierSnapshot, TieringSnapshot, LOAD_LATENCY_BUCKETS_US};

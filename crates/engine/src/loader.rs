@@ -18,7 +18,7 @@ use cache::NamespaceKey;
 use tier::TierKey;
 
 use crate::demoter::DemoteProgress;
-use crate::tiering::TierShared;
+use crate::tier_cost::TierShared;
 
 /// Identifies one submitted lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

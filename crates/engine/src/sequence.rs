@@ -6,8 +6,12 @@ use std::time::Instant;
 use cache::{NamespaceKey, PrefixMiss, SeqId};
 use model::Sampler;
 
-use crate::request::{EngineEvent, EventSender, RequestSpec};
+use crate::request::{EngineEvent, EventSender, RequestId, RequestSpec};
 use crate::text::TextTracker;
+
+/// One choice of one request: requests with `n > 1` fork into choices `1..n` after the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct SeqKey(pub RequestId, pub u32);
 
 pub(crate) struct Sequence {
     pub spec: RequestSpec,

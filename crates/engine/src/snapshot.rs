@@ -1,8 +1,8 @@
 //! A point-in-time copy of everything the server exports about the engine and its cache.
 
-use cache::{Counters, TenantCounters, TenantId, Usage};
+use cache::{BlockUsage, Counters, TenantCounters, TenantId};
 
-use crate::core::EngineStats;
+use crate::stats::EngineStats;
 use crate::tiering::TieringSnapshot;
 
 /// One warm-up prompt pinned at start.
@@ -18,7 +18,7 @@ pub struct PinnedPrompt {
 pub struct EngineSnapshot {
     pub stats: EngineStats,
     pub cache: Counters,
-    pub usage: Usage,
+    pub usage: BlockUsage,
     /// Unused token slots in allocated blocks / allocated slots.
     pub fragmentation: f64,
     pub tenants: Vec<(TenantId, TenantCounters)>,

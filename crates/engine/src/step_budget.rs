@@ -82,11 +82,6 @@ impl StepCostModel {
         let x = load.features();
         Some(c[0] * x[0] + c[1] * x[1] + c[2] * x[2])
     }
-
-    /// The fitted `[c0, c1, c2]` (seconds, seconds per token, seconds per pair).
-    pub fn coefficients(&self) -> Option<[f64; 3]> {
-        self.coef
-    }
 }
 
 /// Solves the 3×3 normal equations with a small ridge; coefficients below zero are clamped to

@@ -10,65 +10,27 @@
 //! (`loader.rs`), which first waits for the writes issued before the lookup, so what a lookup
 //! finds never depends on the writer's timing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cache::{BlockId, BlockKey, NamespaceKey};
 use tier::{TierKey, TierStore};
 
-use crate::core::SeqKey;
 use crate::demoter::Demoter;
 use crate::loader::{JobId, LoadJob, Loaded, Loader};
+use crate::sequence::SeqKey;
 
 pub use tier::{TierKind, TierStats, LOAD_LATENCY_BUCKETS_US};
 
-/// When a tier hit is loaded instead of recomputed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum TierLoadPolicy {
-    /// Load only when the measured load bandwidth predicts it is faster than recomputing at the
-    /// measured prefill speed (optimistic until both are measured; a declining tier is re-probed
-    /// every [`PROBE_EVERY`] declines so its estimate cannot go stale).
-    #[default]
-    CostModel,
-    /// Always load hits (deterministic; tests and benchmarks).
-    Always,
-}
-
-/// A tier that keeps losing the cost comparison is loaded anyway once per this many declines.
-pub const PROBE_EVERY: u32 = 32;
-/// Weight of a new observation in the exponentially weighted moving averages.
-const EWMA_ALPHA: f64 = 0.2;
-/// Forward passes with fewer prefill tokens than this do not update the prefill-speed estimate.
-const MIN_PREFILL_SAMPLE_TOKENS: usize = 32;
-
-/// The engine's counters for one tier (the store keeps its own [`TierStats`]).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct TierCounters {
-    /// Prompt tokens served from this tier (loaded into the active pool).
-    pub hit_tokens: u64,
-    /// Blocks loaded from this tier.
-    pub loaded_blocks: u64,
-    /// `get_prefix` calls made on admission.
-    pub load_calls: u64,
-    /// Hits the cost model chose to load (probes included).
-    pub load_decisions: u64,
-    /// Hits the cost model chose to recompute instead.
-    pub recompute_decisions: u64,
-    /// Loads made although the cost model declined, to re-measure the tier.
-    pub probe_loads: u64,
-    /// Calls that failed (tier skipped, request recomputes).
-    pub errors: u64,
-    /// Verified objects the engine still rejected (wrong codec, token count or byte length).
-    pub rejected: u64,
-    /// Blocks written to this tier on eviction from the active pool.
-    pub demoted_blocks: u64,
-    /// `put_many` calls that failed (those blocks are dropped).
-    pub demote_errors: u64,
-    /// Measured load bandwidth (EWMA, bytes/s), once measured.
-    pub load_bytes_per_s: Option<f64>,
-}
+#[cfg(test)]
+use crate::config::TierLoadPolicy;
+use crate::config::TieringConfig;
+pub use crate::tier_cost::TierCounters;
+#[cfg(test)]
+use crate::tier_cost::{load_is_faster, PROBE_EVERY};
+use crate::tier_cost::{CostState, Ewma, TierShared, MIN_PREFILL_SAMPLE_TOKENS};
 
 /// One tier as exported: its kind, the store's own counters and the engine's.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,205 +59,61 @@ pub struct TieringSnapshot {
     pub refetches: u64,
     /// Engine steps that found nothing to run but a prefetch in flight (and waited for it).
     pub prefetch_wait_steps: u64,
-}
-
-/// Which blocks of a prompt to fetch from which tier: consecutive segments of the chain.
-#[derive(Debug, Default)]
-pub struct TierPlan {
-    segments: Vec<(usize, Vec<TierKey>)>,
-}
-
-impl TierPlan {
-    pub fn num_blocks(&self) -> usize {
-        self.segments.iter().map(|(_, k)| k.len()).sum()
-    }
-}
-
-/// Exponentially weighted moving average.
-#[derive(Debug, Clone, Copy, Default)]
-struct Ewma(Option<f64>);
-
-impl Ewma {
-    fn observe(&mut self, x: f64) {
-        if !x.is_finite() || x <= 0.0 {
-            return;
-        }
-        self.0 = Some(match self.0 {
-            None => x,
-            Some(old) => old + EWMA_ALPHA * (x - old),
-        });
-    }
-}
-
-/// The cost model: is loading `num_blocks` blocks at `load_bytes_per_s` faster than recomputing
-/// their tokens at `prefill_tokens_per_s`? Unmeasured rates answer `true` (measure by loading).
-pub fn load_is_faster(
-    num_blocks: usize,
-    block_bytes: usize,
-    block_size: usize,
-    load_bytes_per_s: Option<f64>,
-    prefill_tokens_per_s: Option<f64>,
-) -> bool {
-    match (load_bytes_per_s, prefill_tokens_per_s) {
-        (Some(bw), Some(tps)) => {
-            let load_s = (num_blocks * block_bytes) as f64 / bw;
-            let recompute_s = (num_blocks * block_size) as f64 / tps;
-            load_s < recompute_s
-        }
-        _ => true,
-    }
-}
-
-/// What the engine and the loader thread share: the stores, the cost model's measurements and the
-/// engine's per-tier counters. The lock is never held across tier I/O.
-pub(crate) struct TierShared {
-    pub stores: Vec<Arc<dyn TierStore>>,
-    policy: TierLoadPolicy,
-    pub block_size: usize,
-    block_bytes: usize,
-    codec_id: String,
-    state: Mutex<CostState>,
-}
-
-#[derive(Default)]
-struct CostState {
-    counters: Vec<TierCounters>,
-    bandwidth: Vec<Ewma>,
-    declines_in_row: Vec<u32>,
-    prefill: Ewma,
-}
-
-impl TierShared {
-    fn lock(&self) -> MutexGuard<'_, CostState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Plans which of `keys` (consecutive chain keys) to load: tiers in order, each continuing
-    /// the chain where the previous stopped. Asks only `contains_prefix` (no payload); a failing
-    /// tier is skipped, a declined one ends the plan.
-    pub fn plan(&self, keys: &[TierKey]) -> TierPlan {
-        let mut plan = TierPlan::default();
-        let mut pos = 0;
-        for tier in 0..self.stores.len() {
-            if pos == keys.len() {
-                break;
-            }
-            let present = match self.stores[tier].contains_prefix(&keys[pos..]) {
-                Ok(n) => n.min(keys.len() - pos),
-                Err(_) => {
-                    self.lock().counters[tier].errors += 1;
-                    continue;
-                }
-            };
-            if present == 0 {
-                continue;
-            }
-            if !self.decide(tier, present) {
-                break;
-            }
-            plan.segments
-                .push((tier, keys[pos..pos + present].to_vec()));
-            pos += present;
-        }
-        plan
-    }
-
-    fn decide(&self, tier: usize, num_blocks: usize) -> bool {
-        let mut st = self.lock();
-        let st = &mut *st;
-        if self.policy == TierLoadPolicy::Always
-            || load_is_faster(
-                num_blocks,
-                self.block_bytes,
-                self.block_size,
-                st.bandwidth[tier].0,
-                st.prefill.0,
-            )
-        {
-            st.declines_in_row[tier] = 0;
-            st.counters[tier].load_decisions += 1;
-            return true;
-        }
-        st.declines_in_row[tier] += 1;
-        if st.declines_in_row[tier] >= PROBE_EVERY {
-            st.declines_in_row[tier] = 0;
-            st.counters[tier].load_decisions += 1;
-            st.counters[tier].probe_loads += 1;
-            return true;
-        }
-        st.counters[tier].recompute_decisions += 1;
-        false
-    }
-
-    /// Fetches a plan: the payloads of the leading run of blocks that arrived verified and fit
-    /// this engine (codec, token count, byte length), in chain order. Stops at the first miss,
-    /// error or rejection (the rest is recomputed); measures each tier's load bandwidth.
-    pub fn fetch(&self, plan: TierPlan) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        for (tier, keys) in plan.segments {
-            self.lock().counters[tier].load_calls += 1;
-            let start = Instant::now();
-            let got = match self.stores[tier].get_prefix(&keys) {
-                Ok(got) => got,
-                Err(_) => {
-                    self.lock().counters[tier].errors += 1;
-                    return out;
-                }
-            };
-            let elapsed = start.elapsed();
-            let (mut num_ok, mut bytes, mut rejected) = (0, 0, 0);
-            for block in got {
-                if block.num_tokens as usize != self.block_size
-                    || block.codec_id != self.codec_id
-                    || block.payload.len() != self.block_bytes
-                {
-                    rejected += 1;
-                    break;
-                }
-                bytes += block.payload.len();
-                out.push(block.payload);
-                num_ok += 1;
-            }
-            let mut st = self.lock();
-            if bytes > 0 {
-                st.bandwidth[tier].observe(bytes as f64 / elapsed.as_secs_f64().max(1e-9));
-            }
-            let c = &mut st.counters[tier];
-            c.rejected += rejected;
-            c.loaded_blocks += num_ok as u64;
-            c.hit_tokens += (num_ok * self.block_size) as u64;
-            if num_ok < keys.len() {
-                break;
-            }
-        }
-        out
-    }
+    /// Tier lookups abandoned after the lookup timeout (their requests recomputed).
+    pub lookup_timeouts: u64,
+    /// Blocks not written to the tiers because the write queue was full.
+    pub dropped_writes: u64,
 }
 
 /// A request's tier lookup: in flight, or done and waiting for the request's admission.
 enum Prefetch {
-    Pending { job: JobId, reserved_bytes: usize },
+    Pending {
+        job: JobId,
+        reserved_bytes: usize,
+        since: Instant,
+    },
     Ready(Loaded),
 }
 
-/// What admission finds for a request.
-pub(crate) enum PrefetchState {
-    /// No lookup was started (or its result was used already).
+/// What admission finds in the tiers for a request, beyond the active pool's match.
+pub(crate) enum TierExtension {
+    /// No lookup result (none started, or its result was used already).
     None,
     /// A lookup is in flight: admit the request later.
     Pending,
     /// Done: blocks `first_block..first_block + payloads.len()` of the prompt's chain.
     Ready(Loaded),
+    /// The lookup took longer than the lookup timeout and was abandoned: admit the request
+    /// with what the active pool holds (and start no new lookup for it).
+    TimedOut,
 }
 
-/// Default cap on K/V bytes held by prefetches of requests not admitted yet.
-pub const DEFAULT_PREFETCH_MAX_BYTES: usize = 1 << 30;
+/// The scheduler's narrow view of the storage tiers: finished lookups, nothing else.
+pub(crate) trait TierMatch {
+    /// A new step (resets how long admissions may wait for lookups in flight).
+    fn begin_step(&mut self);
+    /// Takes the finished lookup of `id`, if any (may wait briefly for one in flight).
+    fn extend_match(&mut self, id: SeqKey) -> TierExtension;
+    /// Gives a taken result back (the request could not be admitted now after all).
+    fn put_back(&mut self, id: SeqKey, loaded: Loaded);
+}
+
+impl TierMatch for Tiering {
+    fn begin_step(&mut self) {
+        Tiering::begin_step(self);
+    }
+
+    fn extend_match(&mut self, id: SeqKey) -> TierExtension {
+        self.take_prefetch(id)
+    }
+
+    fn put_back(&mut self, id: SeqKey, loaded: Loaded) {
+        Tiering::put_back(self, id, loaded);
+    }
+}
 
 /// How long a step with nothing to run waits for an in-flight prefetch before returning.
 const PREFETCH_WAIT: Duration = Duration::from_millis(20);
-
-/// Default of `EngineConfig::tier_admission_wait`.
-pub const DEFAULT_ADMISSION_WAIT: Duration = Duration::from_millis(2);
 
 pub(crate) struct Tiering {
     shared: Arc<TierShared>,
@@ -317,32 +135,32 @@ pub(crate) struct Tiering {
     admission_wait: Duration,
     /// What is left of this step's `admission_wait`.
     grace_left: Duration,
-}
-
-/// How `Tiering` writes blocks: to which tiers, and when.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct WritePolicy {
-    /// Every tier (`true`) or only the first.
-    pub write_through: bool,
-    /// Also when a block is first computed, not only when it is evicted.
-    pub on_publish: bool,
+    /// A lookup pending longer than this is abandoned: its request recomputes.
+    lookup_timeout: Duration,
+    /// Requests whose lookup was abandoned (no new lookup is started for them).
+    timed_out: HashSet<SeqKey>,
+    lookup_timeouts: u64,
 }
 
 impl Tiering {
-    #[allow(clippy::too_many_arguments)]
+    /// Tiers over `stores` (in lookup order) for a pool of `num_blocks` blocks of `block_size`
+    /// tokens, `block_bytes` each in codec `codec_id`.
     pub fn new(
         stores: Vec<Arc<dyn TierStore>>,
-        writes: WritePolicy,
-        policy: TierLoadPolicy,
+        cfg: &TieringConfig,
         num_blocks: usize,
         block_size: usize,
         block_bytes: usize,
         codec_id: String,
-        prefetch_max_bytes: usize,
-        admission_wait: Duration,
     ) -> Tiering {
+        let policy = cfg.load_policy;
         let n = stores.len();
-        let demoter = Demoter::new(stores.clone(), block_size, codec_id.clone());
+        let demoter = Demoter::new(
+            stores.clone(),
+            block_size,
+            codec_id.clone(),
+            cfg.max_queued_write_bytes,
+        );
         let shared = Arc::new(TierShared {
             stores,
             policy,
@@ -359,20 +177,23 @@ impl Tiering {
         let loader = Loader::new(shared.clone(), demoter.progress());
         Tiering {
             shared,
-            write_through: writes.write_through,
-            write_on_publish: writes.on_publish,
+            write_through: cfg.write_through,
+            write_on_publish: cfg.write_on_publish,
             block_ns: vec![None; num_blocks],
             unknown_namespace: 0,
             demoter,
             loader,
             prefetches: HashMap::new(),
             reserved_bytes: 0,
-            prefetch_max_bytes,
+            prefetch_max_bytes: cfg.prefetch_max_bytes,
             num_prefetches: 0,
             num_refetches: 0,
             prefetch_wait_steps: 0,
-            admission_wait,
-            grace_left: admission_wait,
+            admission_wait: cfg.admission_wait,
+            grace_left: cfg.admission_wait,
+            lookup_timeout: cfg.lookup_timeout,
+            timed_out: HashSet::new(),
+            lookup_timeouts: 0,
         }
     }
 
@@ -475,6 +296,7 @@ impl Tiering {
             Prefetch::Pending {
                 job,
                 reserved_bytes,
+                since: Instant::now(),
             },
         );
         true
@@ -502,7 +324,19 @@ impl Tiering {
     /// Takes the prefetch of `id` if it is done; a pending one is waited for while this step's
     /// grace lasts (a RAM-tier lookup takes microseconds: deferring the request a whole step for
     /// it would cost more), and otherwise stays pending.
-    pub fn take_prefetch(&mut self, id: SeqKey) -> PrefetchState {
+    pub fn take_prefetch(&mut self, id: SeqKey) -> TierExtension {
+        if self.timed_out.contains(&id) {
+            return TierExtension::TimedOut;
+        }
+        if let Some(Prefetch::Pending { job, since, .. }) = self.prefetches.get(&id) {
+            if since.elapsed() >= self.lookup_timeout && !self.loader.is_done(*job) {
+                // The tiers stopped answering: recompute rather than wait for them.
+                self.cancel_prefetch(id);
+                self.timed_out.insert(id);
+                self.lookup_timeouts += 1;
+                return TierExtension::TimedOut;
+            }
+        }
         let job = match self.prefetches.get(&id) {
             Some(Prefetch::Pending { job, .. }) if !self.grace_left.is_zero() => *job,
             _ => return self.try_take_prefetch(id),
@@ -517,25 +351,25 @@ impl Tiering {
     }
 
     /// Takes the prefetch of `id` if it is done (a pending one stays pending).
-    fn try_take_prefetch(&mut self, id: SeqKey) -> PrefetchState {
+    fn try_take_prefetch(&mut self, id: SeqKey) -> TierExtension {
         let job = match self.prefetches.get(&id) {
-            None => return PrefetchState::None,
+            None => return TierExtension::None,
             Some(Prefetch::Ready(_)) => None,
             Some(Prefetch::Pending { job, .. }) => Some(*job),
         };
         if let Some(job) = job {
             let Some(loaded) = self.loader.take(job) else {
-                return PrefetchState::Pending;
+                return TierExtension::Pending;
             };
             if let Some(Prefetch::Pending { reserved_bytes, .. }) = self.prefetches.remove(&id) {
                 self.reserved_bytes -= reserved_bytes;
             }
-            return PrefetchState::Ready(loaded);
+            return TierExtension::Ready(loaded);
         }
         match self.prefetches.remove(&id) {
             Some(Prefetch::Ready(l)) => {
                 self.reserved_bytes -= l.num_bytes();
-                PrefetchState::Ready(l)
+                TierExtension::Ready(l)
             }
             _ => unreachable!("checked above"),
         }
@@ -547,12 +381,13 @@ impl Tiering {
         self.prefetches.insert(id, Prefetch::Ready(loaded));
     }
 
-    /// Drops the prefetch of `id` (finished, cancelled, or replaced).
+    /// Drops the prefetch of `id` (replaced, or its lookup abandoned).
     pub fn cancel_prefetch(&mut self, id: SeqKey) {
         match self.prefetches.remove(&id) {
             Some(Prefetch::Pending {
                 job,
                 reserved_bytes,
+                ..
             }) => {
                 self.loader.discard(job);
                 self.reserved_bytes -= reserved_bytes;
@@ -560,6 +395,12 @@ impl Tiering {
             Some(Prefetch::Ready(l)) => self.reserved_bytes -= l.num_bytes(),
             None => {}
         }
+    }
+
+    /// Forgets request `id` (finished or cancelled): drops its prefetch.
+    pub fn forget_request(&mut self, id: SeqKey) {
+        self.cancel_prefetch(id);
+        self.timed_out.remove(&id);
     }
 
     /// A step found nothing to run: waits (briefly) until an in-flight lookup completes.
@@ -600,9 +441,9 @@ impl Tiering {
         self.demoter.barrier();
     }
 
+    /// What the tiers report now: writes still queued are not counted yet (never waits for
+    /// them; [`Tiering::wait_for_demotions`] does).
     pub fn snapshot(&self) -> TieringSnapshot {
-        // Report what has been written, not what is still queued.
-        self.demoter.barrier();
         let st = self.shared.lock();
         TieringSnapshot {
             tiers: self
@@ -630,6 +471,8 @@ impl Tiering {
             prefetches: self.num_prefetches,
             refetches: self.num_refetches,
             prefetch_wait_steps: self.prefetch_wait_steps,
+            lookup_timeouts: self.lookup_timeouts,
+            dropped_writes: self.demoter.queue.dropped_blocks.load(Ordering::Relaxed),
         }
     }
 }
@@ -654,22 +497,13 @@ mod tests {
         on_publish: bool,
         prefetch_max_bytes: usize,
     ) -> Tiering {
-        let writes = WritePolicy {
-            write_through: false,
-            on_publish,
-        };
-        let wait = DEFAULT_ADMISSION_WAIT;
-        Tiering::new(
-            stores,
-            writes,
-            policy,
-            8,
-            2,
-            4,
-            "f16".into(),
+        let cfg = TieringConfig {
+            load_policy: policy,
+            write_on_publish: on_publish,
             prefetch_max_bytes,
-            wait,
-        )
+            ..TieringConfig::default()
+        };
+        Tiering::new(stores, &cfg, 8, 2, 4, "f16".into())
     }
 
     fn tiering(stores: Vec<Arc<dyn TierStore>>, policy: TierLoadPolicy) -> Tiering {
@@ -760,15 +594,15 @@ mod tests {
         assert!(t.prefetch(id, ns, &tokens, 1, 4, false));
         let loaded = loop {
             match t.take_prefetch(id) {
-                PrefetchState::Ready(l) => break l,
-                PrefetchState::Pending => t.wait_for_prefetch(),
-                PrefetchState::None => panic!("the prefetch was lost"),
+                TierExtension::Ready(l) => break l,
+                TierExtension::Pending => t.wait_for_prefetch(),
+                TierExtension::None | TierExtension::TimedOut => panic!("the prefetch was lost"),
             }
         };
         // Blocks 1 and 2 (block 0 is assumed in the active pool; block 3 was never written).
         assert_eq!(loaded.first_block, 1);
         assert_eq!(loaded.payloads, vec![vec![1; 4], vec![2; 4]]);
-        assert!(matches!(t.take_prefetch(id), PrefetchState::None));
+        assert!(matches!(t.take_prefetch(id), TierExtension::None));
         // Put back (admission failed) and cancelled: the reservation returns to zero.
         t.put_back(id, loaded);
         assert_eq!(t.reserved_bytes, 8);
@@ -862,9 +696,9 @@ mod tests {
         assert!(t.prefetch(id, ns, &tokens, 0, 4, true));
         let loaded = loop {
             match t.take_prefetch(id) {
-                PrefetchState::Ready(l) => break l,
-                PrefetchState::Pending => t.wait_for_prefetch(),
-                PrefetchState::None => panic!("the prefetch was lost"),
+                TierExtension::Ready(l) => break l,
+                TierExtension::Pending => t.wait_for_prefetch(),
+                TierExtension::None | TierExtension::TimedOut => panic!("the prefetch was lost"),
             }
         };
         assert!(loaded.payloads.is_empty(), "nothing loaded: recompute");

@@ -5,7 +5,8 @@ use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 
 use engine::{
-    EngineConfig, EngineCore, EngineError, EngineEvent, FinishReason, RequestId, RequestSpec,
+    EngineConfig, EngineCore, EngineError, EngineEvent, FinishReason, RequestError, RequestId,
+    RequestSpec,
 };
 use model::chat::ChatMessage;
 use model::Model;
@@ -29,7 +30,7 @@ web snippets; lookup(term) returns the sentence containing term in the last page
 
 fn prompts() -> Vec<Vec<u32>> {
     let m = model();
-    let t = m.chat_template.as_ref().unwrap();
+    let t = m.frontend.chat_template.as_ref().unwrap();
     [
         "What is the capital of France?",
         "Which river flows through Paris?",
@@ -44,7 +45,7 @@ fn prompts() -> Vec<Vec<u32>> {
             ChatMessage::new("system", SYSTEM),
             ChatMessage::new("user", *q),
         ];
-        m.tokenizer
+        m.tokenizer()
             .encode(&t.render(&msgs, None, true).unwrap(), false, true)
             .unwrap()
     })
@@ -230,7 +231,7 @@ fn cancellation_frees_blocks_in_the_same_step_and_errors_are_clear() {
     let (tx, _rx) = mpsc::unbounded_channel();
     assert_eq!(
         core.submit(RequestId(3), RequestSpec::greedy(vec![], 5), tx.clone()),
-        Err(EngineError::EmptyPrompt)
+        Err(EngineError::Request(RequestError::EmptyPrompt))
     );
     assert!(matches!(
         core.submit(
@@ -238,7 +239,7 @@ fn cancellation_frees_blocks_in_the_same_step_and_errors_are_clear() {
             RequestSpec::greedy(vec![1; 9000], 5),
             tx.clone()
         ),
-        Err(EngineError::ContextTooLong { .. })
+        Err(EngineError::Request(RequestError::ContextTooLong { .. }))
     ));
     assert!(matches!(
         core.submit(
@@ -246,7 +247,7 @@ fn cancellation_frees_blocks_in_the_same_step_and_errors_are_clear() {
             RequestSpec::greedy(vec![60_000], 5),
             tx.clone()
         ),
-        Err(EngineError::BadToken(60_000))
+        Err(EngineError::Request(RequestError::BadToken(60_000)))
     ));
     let tiny = EngineCore::new(
         model(),
@@ -258,7 +259,7 @@ fn cancellation_frees_blocks_in_the_same_step_and_errors_are_clear() {
     let mut tiny = tiny.unwrap();
     assert!(matches!(
         tiny.submit(RequestId(6), RequestSpec::greedy(p[0].clone(), 5), tx),
-        Err(EngineError::NeverFits { .. })
+        Err(EngineError::Request(RequestError::NeverFits { .. }))
     ));
 }
 
@@ -404,7 +405,9 @@ fn actor_serves_requests_with_stop_strings_min_tokens_seeds_and_warmup() {
     let (_, mut rx) = h.submit(RequestSpec::greedy(vec![], 2)).unwrap();
     assert!(matches!(
         rx.blocking_recv(),
-        Some(EngineEvent::Error(EngineError::EmptyPrompt))
+        Some(EngineEvent::Error(EngineError::Request(
+            RequestError::EmptyPrompt
+        )))
     ));
 }
 
@@ -417,7 +420,7 @@ fn engine_output_matches_the_single_sequence_runtime() {
         let opts = model::generate::GenerateOptions {
             max_tokens: 12,
             // The engine stops at end-of-turn too (the token is reported).
-            stop_ids: m.tokenizer.eot_ids().to_vec(),
+            stop_ids: m.tokenizer().eot_ids().to_vec(),
             ..Default::default()
         };
         let (want, _) = model::generate::generate(&m, &pool, &prompt, &opts, |_| true).unwrap();
@@ -557,14 +560,14 @@ fn every_eviction_policy_gives_identical_output_under_pressure() {
     // Six agents with their own system prompts (~6 blocks each), twice, through a 20-block
     // pool: blocks are evicted and re-requested under each policy, including the adaptive one.
     let m = model();
-    let t = m.chat_template.as_ref().unwrap();
+    let t = m.frontend.chat_template.as_ref().unwrap();
     let own: Vec<Vec<u32>> = (0..6)
         .map(|i| {
             let msgs = vec![
                 ChatMessage::new("system", format!("You are agent number {i}. {SYSTEM}")),
                 ChatMessage::new("user", "What should I do next?"),
             ];
-            m.tokenizer
+            m.tokenizer()
                 .encode(&t.render(&msgs, None, true).unwrap(), false, true)
                 .unwrap()
         })
@@ -606,14 +609,14 @@ fn every_eviction_policy_gives_identical_output_under_pressure() {
 #[test]
 fn a_step_time_target_chunks_prefills_without_changing_outputs() {
     let m = model();
-    let t = m.chat_template.as_ref().unwrap();
+    let t = m.frontend.chat_template.as_ref().unwrap();
     let long: Vec<Vec<u32>> = (0..3)
         .map(|i| {
             let msgs = vec![
                 ChatMessage::new("system", SYSTEM.repeat(10 + 2 * i)),
                 ChatMessage::new("user", format!("Question {i}: what is {i} plus {i}?")),
             ];
-            m.tokenizer
+            m.tokenizer()
                 .encode(&t.render(&msgs, None, true).unwrap(), false, true)
                 .unwrap()
         })

@@ -7,7 +7,9 @@
 use std::sync::{Arc, OnceLock};
 
 use cache::{NamespaceKey, TenantId};
-use engine::{EngineConfig, EngineCore, EngineEvent, RequestId, RequestSpec, TierLoadPolicy};
+use engine::{
+    EngineConfig, EngineCore, EngineEvent, RequestId, RequestSpec, TierLoadPolicy, TieringConfig,
+};
 use model::Model;
 use tier::testing::RedisServer;
 use tier::{
@@ -56,8 +58,11 @@ fn cfg() -> EngineConfig {
         num_blocks: 24,
         block_size: BLOCK_SIZE,
         threads: 2,
-        tier_load_policy: TierLoadPolicy::Always,
-        tier_admission_wait: std::time::Duration::from_secs(600),
+        tiers: TieringConfig {
+            load_policy: TierLoadPolicy::Always,
+            admission_wait: std::time::Duration::from_secs(600),
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -167,6 +172,7 @@ fn evicted_prefix_is_served_from(store: Arc<dyn TierStore>) {
         0,
         "the flood evicted A from the active pool"
     );
+    core.wait_for_demotions();
     let snap = core.snapshot();
     assert!(snap.tiers.tiers[0].engine.demoted_blocks >= 6);
     assert_eq!(
@@ -267,6 +273,7 @@ fn redis_stopped_mid_run_the_engine_keeps_serving() {
     assert_eq!(again.tokens, reference_a());
     assert_eq!(again.cached_tokens, 0);
     flood(&mut core, 400);
+    core.wait_for_demotions();
     let snap = core.snapshot();
     let t = &snap.tiers.tiers[0];
     assert!(t.engine.errors >= 1, "{t:?}");
@@ -301,9 +308,10 @@ fn write_through_fills_every_tier_and_a_lower_tier_serves_what_the_first_lost() 
     let stores: Vec<Arc<dyn TierStore>> = vec![r.clone(), d.clone()];
     let mut core = EngineCore::with_tier_stores(
         model(),
-        EngineConfig {
-            tier_write_through: true,
-            ..cfg()
+        {
+            let mut c = cfg();
+            c.tiers.write_through = true;
+            c
         },
         stores,
     )
@@ -327,9 +335,10 @@ fn write_through_fills_every_tier_and_a_lower_tier_serves_what_the_first_lost() 
 fn the_cost_model_decides_and_counts_and_output_is_identical_either_way() {
     let mut core = EngineCore::with_tier_stores(
         model(),
-        EngineConfig {
-            tier_load_policy: TierLoadPolicy::CostModel,
-            ..cfg()
+        {
+            let mut c = cfg();
+            c.tiers.load_policy = TierLoadPolicy::CostModel;
+            c
         },
         vec![ram() as Arc<dyn TierStore>],
     )
@@ -364,15 +373,16 @@ fn tiers_without_prefix_caching_are_a_config_error() {
         },
         vec![ram() as Arc<dyn TierStore>],
     );
-    assert!(matches!(err, Err(engine::EngineError::Config(_))));
+    assert!(matches!(err, Err(engine::EngineBuildError::Config(_))));
 }
 
 #[test]
 fn written_on_publish_a_second_engine_hits_a_prefix_the_first_still_holds() {
     let server = RedisServer::start().unwrap();
-    let publish = || EngineConfig {
-        tier_write_on_publish: true,
-        ..cfg()
+    let publish = || {
+        let mut c = cfg();
+        c.tiers.write_on_publish = true;
+        c
     };
     let mut first = EngineCore::with_tier_stores(model(), publish(), vec![redis(&server)]).unwrap();
     let a = prompt(A);
@@ -383,6 +393,7 @@ fn written_on_publish_a_second_engine_hits_a_prefix_the_first_still_holds() {
         CACHEABLE_TOKENS,
         "the first engine still holds A (nothing was evicted)"
     );
+    first.wait_for_demotions();
     let written = first.snapshot().tiers.tiers[0].engine.demoted_blocks;
     assert_eq!(written, (CACHEABLE_TOKENS / BLOCK_SIZE) as u64);
     let mut second =
@@ -392,6 +403,7 @@ fn written_on_publish_a_second_engine_hits_a_prefix_the_first_still_holds() {
     assert_eq!(hit.tokens, reference_a());
     // Blocks loaded from the tier are not written back; evictions write nothing more.
     flood(&mut second, 800);
+    second.wait_for_demotions();
     let snap = second.snapshot();
     let t = &snap.tiers.tiers[0].engine;
     assert_eq!(t.hit_tokens, CACHEABLE_TOKENS as u64);
@@ -409,10 +421,8 @@ fn a_slow_tier_load_never_stalls_other_requests() {
         compression: Compression::None,
     })));
     // The default admission wait (2 ms): a slow lookup defers its request, not the batch.
-    let async_cfg = EngineConfig {
-        tier_admission_wait: EngineConfig::default().tier_admission_wait,
-        ..cfg()
-    };
+    let mut async_cfg = cfg();
+    async_cfg.tiers.admission_wait = engine::DEFAULT_ADMISSION_WAIT;
     let mut core =
         EngineCore::with_tier_stores(model(), async_cfg, vec![slow.clone() as Arc<dyn TierStore>])
             .unwrap();

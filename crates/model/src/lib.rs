@@ -12,6 +12,7 @@ pub mod chat;
 pub mod chat_prompt;
 pub mod config;
 pub mod forward;
+pub mod frontend;
 pub mod generate;
 pub mod gguf;
 pub mod kernels;
@@ -22,11 +23,14 @@ pub mod ops;
 pub mod par;
 pub mod perplexity;
 pub mod sampler;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod tokenizer;
 pub mod weights;
 
 pub use config::ModelConfig;
 pub use forward::{ForwardBatch, ForwardError, Scratch};
+pub use frontend::Frontend;
 pub use kernels::ThreadPool;
 pub use kv::{KvDtype, KvStore, SeqSlot};
 pub use model::{LoadError, Model};

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::chat::{ChatError, ChatTemplate};
 use crate::config::{ConfigError, ModelConfig};
 use crate::forward::{forward, ForwardBatch, ForwardError, Scratch};
+use crate::frontend::Frontend;
 use crate::gguf::{GgufError, GgufFile};
 use crate::kernels::ThreadPool;
 use crate::kv::{ContiguousKv, KvDtype, KvError, KvStore};
@@ -36,10 +37,8 @@ pub struct Model {
     pub path: PathBuf,
     pub config: ModelConfig,
     pub weights: Weights,
-    pub tokenizer: Tokenizer,
-    /// `None` when the file has no chat template (callers may use [`ChatTemplate::fallback`]).
-    pub chat_template: Option<ChatTemplate>,
-    fallback_template: ChatTemplate,
+    /// Tokenizer, chat template and context length, shared with whoever serves the model.
+    pub frontend: Arc<Frontend>,
     pub rope: Rope,
 }
 
@@ -54,11 +53,21 @@ impl Model {
             path: path.to_path_buf(),
             source,
         })?;
+        Self::from_gguf(file, path)
+    }
+
+    /// A model from an already opened (or in-memory) GGUF file; `path` is what it reports.
+    pub fn from_gguf(file: GgufFile, path: &Path) -> Result<Model, LoadError> {
         let file = Arc::new(file);
         let config = ModelConfig::from_metadata(file.metadata())?;
         let weights = Weights::load(file.clone(), &config)?;
         let tokenizer = Tokenizer::from_gguf(file.metadata())?;
         let chat_template = ChatTemplate::from_gguf(file.metadata(), &tokenizer)?;
+        let frontend = Arc::new(Frontend::new(
+            tokenizer,
+            chat_template,
+            config.context_length,
+        ));
         let rope = Rope {
             rope_dim: config.rope_dim,
             head_dim: config.head_dim,
@@ -71,9 +80,7 @@ impl Model {
             path: path.to_path_buf(),
             config,
             weights,
-            tokenizer,
-            chat_template,
-            fallback_template: ChatTemplate::fallback(),
+            frontend,
             rope,
         })
     }
@@ -119,28 +126,24 @@ impl Model {
         )
     }
 
-    /// Prompt token ids of a conversation rendered with [`Self::chat_template_or_fallback`]:
-    /// the template's markup yields special tokens, client text never does
-    /// ([`crate::chat_prompt`]).
+    /// The tokenizer (of [`Model::frontend`]).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.frontend.tokenizer
+    }
+
+    /// The chat template of the file, or the plain fallback (of [`Model::frontend`]).
+    pub fn chat_template_or_fallback(&self) -> &ChatTemplate {
+        self.frontend.chat_template_or_fallback()
+    }
+
+    /// See [`Frontend::encode_chat`].
     pub fn encode_chat(
         &self,
         messages: &[crate::chat::ChatMessage],
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, crate::chat_prompt::ChatPromptError> {
-        crate::chat_prompt::encode_chat(
-            self.chat_template_or_fallback(),
-            &self.tokenizer,
-            messages,
-            tools,
-            add_generation_prompt,
-        )
-    }
-
-    /// The chat template of the file, or the plain fallback.
-    pub fn chat_template_or_fallback(&self) -> &ChatTemplate {
-        self.chat_template
-            .as_ref()
-            .unwrap_or(&self.fallback_template)
+        self.frontend
+            .encode_chat(messages, tools, add_generation_prompt)
     }
 }

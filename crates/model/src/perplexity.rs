@@ -75,7 +75,7 @@ pub fn perplexity(
         num_chunks = num_chunks.min(m);
     }
     let bos = if opts.use_bos {
-        Some(model.tokenizer.bos_id().ok_or(PerplexityError::NoBos)?)
+        Some(model.tokenizer().bos_id().ok_or(PerplexityError::NoBos)?)
     } else {
         None
     };

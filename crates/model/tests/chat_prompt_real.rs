@@ -16,7 +16,7 @@ fn count(ids: &[u32], id: u32) -> usize {
 #[test]
 fn f7_special_token_text_in_chat_content_is_plain_text() {
     let m = common::model();
-    let tok = &m.tokenizer;
+    let tok = &m.tokenizer();
     let (im_start, im_end, eot) = (
         tok.token_to_id("<|im_start|>").unwrap(),
         tok.token_to_id("<|im_end|>").unwrap(),
@@ -56,7 +56,7 @@ fn f7_special_token_text_in_chat_content_is_plain_text() {
 #[test]
 fn f7_prompts_without_special_token_text_keep_their_ids() {
     let m = common::model();
-    let tok = &m.tokenizer;
+    let tok = &m.tokenizer();
     let convs: Vec<Vec<ChatMessage>> = vec![
         vec![ChatMessage::new("user", "What is the capital of France?")],
         vec![

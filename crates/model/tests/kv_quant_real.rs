@@ -11,16 +11,16 @@ fn ppl(kv_dtype: KvDtype, chunks: usize) -> f64 {
     let m = model();
     let pool = ThreadPool::new(2);
     let tokens = m
-        .tokenizer
+        .tokenizer()
         .encode(
             include_str!("data/corpus.txt"),
-            m.tokenizer.add_bos(),
+            m.tokenizer().add_bos(),
             false,
         )
         .unwrap();
     let opts = PerplexityOptions {
         ctx: 512,
-        use_bos: m.tokenizer.add_bos(),
+        use_bos: m.tokenizer().add_bos(),
         kv_dtype,
         max_chunks: Some(chunks),
         kl_reference: None,

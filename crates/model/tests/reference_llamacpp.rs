@@ -109,6 +109,7 @@ fn greedy_tokens_and_logprobs_match_llama_cpp() {
 fn prompt_rendering_and_tokenisation_match_llama_cpp() {
     let m = model();
     let template = m
+        .frontend
         .chat_template
         .as_ref()
         .expect("SmolLM2 ships a chat template");
@@ -120,11 +121,11 @@ fn prompt_rendering_and_tokenisation_match_llama_cpp() {
             assert_eq!(r.prompt.as_deref(), Some(r.prompt_text.as_str()));
         }
         let ids = m
-            .tokenizer
+            .tokenizer()
             .encode(&r.prompt_text, false, true)
             .expect("encode");
         assert_eq!(ids, r.prompt_ids, "{}: prompt ids", r.id);
-        let text = m.tokenizer.decode(&r.greedy_ids, true).expect("decode");
+        let text = m.tokenizer().decode(&r.greedy_ids, true).expect("decode");
         assert_eq!(text, r.greedy_text, "{}: decoded greedy text", r.id);
     }
 }
@@ -136,8 +137,8 @@ fn perplexity_matches_llama_cpp_f16_kv() {
     let m = model();
     let pool = ThreadPool::new(2);
     let text = include_str!("data/corpus.txt");
-    let use_bos = m.tokenizer.add_bos();
-    let tokens = m.tokenizer.encode(text, use_bos, false).expect("encode");
+    let use_bos = m.tokenizer().add_bos();
+    let tokens = m.tokenizer().encode(text, use_bos, false).expect("encode");
     let opts = PerplexityOptions {
         ctx: 512,
         use_bos,

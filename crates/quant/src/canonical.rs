@@ -1,7 +1,9 @@
-//! The canonical summation order shared by every dot product of this crate (portable form).
+//! The canonical summation order of every f32 dot product in the workspace (portable form): the
+//! one definition the bit-identity guarantees rest on. This crate's quantized dots and the model's
+//! f32/f16 kernels (`model::kernels::vec_f32`) both call it, and their SIMD paths are tested
+//! bit-identical to it.
 //!
-//! Order (identical to `model::kernels::dot_f32`, so f32 rows score exactly as the unquantised
-//! path): 4 accumulators of 8 lanes fed by fused multiply-adds over 32-element strides, leftover
+//! Order: 4 accumulators of 8 lanes fed by fused multiply-adds over 32-element strides, leftover
 //! whole 8-element chunks into accumulator 0, lane-wise `(a0 + a1) + (a2 + a3)`, the fixed 8-lane
 //! horizontal sum [`hsum8`], then a sequential fused tail. The AVX2 kernels (`avx2.rs`) perform
 //! exactly these operations, so both paths are bit-identical. Never allocates.
@@ -9,14 +11,14 @@
 /// Fixed horizontal sum of 8 lanes: `((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))`, the order the AVX2
 /// reduction (`extract high half, add, movehl, add, shuffle, add`) produces.
 #[inline(always)]
-pub(crate) fn hsum8(v: &[f32; 8]) -> f32 {
+pub fn hsum8(v: &[f32; 8]) -> f32 {
     let t = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
     (t[0] + t[2]) + (t[1] + t[3])
 }
 
 /// `Σ a(k)·b(k)` for `k in 0..n` in the canonical order.
 #[inline(always)]
-pub(crate) fn dot_by(n: usize, a: impl Fn(usize) -> f32, b: impl Fn(usize) -> f32) -> f32 {
+pub fn dot_by(n: usize, a: impl Fn(usize) -> f32, b: impl Fn(usize) -> f32) -> f32 {
     let mut acc = [[0f32; 8]; 4];
     let mut i = 0;
     while i + 32 <= n {
@@ -48,7 +50,7 @@ pub(crate) fn dot_by(n: usize, a: impl Fn(usize) -> f32, b: impl Fn(usize) -> f3
 
 /// `Σ a[k]` in the canonical order (a dot product with ones: `fma(x, 1, y)` rounds like `x + y`).
 #[inline(always)]
-pub(crate) fn sum(a: &[f32]) -> f32 {
+pub fn sum(a: &[f32]) -> f32 {
     dot_by(a.len(), |k| a[k], |_| 1.0)
 }
 

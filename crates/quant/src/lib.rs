@@ -15,7 +15,7 @@ mod affine;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod axpy;
-mod canonical;
+pub mod canonical;
 mod codecs;
 mod dispatch;
 mod dot;

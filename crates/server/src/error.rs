@@ -173,16 +173,12 @@ impl ApiError {
     /// Converts an engine failure (never an overload: the server's admission bounds the queue).
     pub fn from_engine(e: EngineError) -> Self {
         match e {
-            EngineError::EmptyPrompt => ApiError::invalid(e.to_string(), "prompt"),
-            EngineError::BadToken(_) => ApiError::invalid(e.to_string(), "prompt"),
-            EngineError::Sampling(_) => ApiError::InvalidRequest {
-                message: e.to_string(),
-                param: None,
-            },
-            EngineError::ContextTooLong { .. } => ApiError::ContextExceeded(e.to_string()),
-            EngineError::NeverFits { .. } => ApiError::ContextExceeded(e.to_string()),
+            EngineError::Request(r) if r.exceeds_capacity() => {
+                ApiError::ContextExceeded(r.to_string())
+            }
+            EngineError::Request(r) => ApiError::invalid(r.to_string(), r.param()),
             EngineError::ShutDown => ApiError::ShuttingDown,
-            EngineError::Config(_) | EngineError::Internal(_) => ApiError::Internal(e.to_string()),
+            EngineError::Internal(_) => ApiError::Internal(e.to_string()),
         }
     }
 }

@@ -10,14 +10,14 @@ use std::sync::{Arc, Mutex};
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory, TokenParser};
-use model::{ConstraintFactory, ConstraintSpec, Model, TokenConstraint};
+use model::{ConstraintFactory, ConstraintSpec, Frontend, TokenConstraint};
 
 use crate::structured::OutputFormat;
 
 /// The model's vocabulary as llguidance sees it: each token's bytes (special tokens behind
 /// toktrie's marker byte, so text never matches them) and the end-of-turn token as EOS.
 struct ModelTokEnv {
-    model: Arc<Model>,
+    frontend: Arc<Frontend>,
     trie: TokTrie,
 }
 
@@ -28,7 +28,7 @@ impl TokenizerEnv for ModelTokEnv {
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<toktrie::TokenId> {
         let text = String::from_utf8_lossy(s);
-        self.model
+        self.frontend
             .tokenizer
             .encode(&text, false, false)
             .unwrap_or_default()
@@ -46,8 +46,8 @@ pub struct Grammars {
 pub struct GrammarError(pub String);
 
 impl Grammars {
-    pub fn new(model: Arc<Model>) -> Result<Grammars, GrammarError> {
-        let tok = &model.tokenizer;
+    pub fn new(frontend: Arc<Frontend>) -> Result<Grammars, GrammarError> {
+        let tok = &frontend.tokenizer;
         let eos = tok
             .eot_ids()
             .first()
@@ -68,7 +68,7 @@ impl Grammars {
             .collect();
         let info = TokRxInfo::new(words.len() as u32, eos);
         let trie = TokTrie::from(&info, &words);
-        let env: TokEnv = Arc::new(ModelTokEnv { model, trie });
+        let env: TokEnv = Arc::new(ModelTokEnv { frontend, trie });
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError(e.to_string()))?;
         factory.set_stderr_log_level(0);

@@ -22,6 +22,8 @@ mod sse;
 pub mod state;
 pub mod structured;
 pub mod tenants;
+pub mod tool_families;
+mod tool_stream;
 pub mod tools;
 pub mod transport;
 

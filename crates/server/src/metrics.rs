@@ -502,7 +502,7 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
             .stats
             .load_buckets
             .iter()
-            .zip(engine::tiering::LOAD_LATENCY_BUCKETS_US)
+            .zip(engine::LOAD_LATENCY_BUCKETS_US)
         {
             cumulative += count;
             let le = bound_us as f64 / 1e6;
@@ -520,7 +520,7 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
         );
         let _ = writeln!(out, "{name}_count{{{labels}}} {}", t.stats.load_count);
     }
-    let prefetch: [(&str, &str, u64); 3] = [
+    let prefetch: [(&str, &str, u64); 5] = [
         (
             "agentkv_tier_prefetches_total",
             "Tier lookups started for requests (loaded off the engine thread).",
@@ -535,6 +535,16 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
             "agentkv_tier_prefetch_wait_steps_total",
             "Engine steps with nothing to run but a tier load in flight.",
             s.tiers.prefetch_wait_steps,
+        ),
+        (
+            "agentkv_tier_lookup_timeouts_total",
+            "Tier lookups abandoned after the lookup timeout (their requests recomputed).",
+            s.tiers.lookup_timeouts,
+        ),
+        (
+            "agentkv_tier_dropped_writes_total",
+            "Blocks not written to the tiers because the write queue was full.",
+            s.tiers.dropped_writes,
         ),
     ];
     for (name, help, v) in prefetch {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use api::{ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob};
 use engine::{FinishReason, TokenEvent};
-use model::Model;
+use model::Frontend;
 
 use crate::error::ApiError;
 use crate::run::{Running, Step};
@@ -55,18 +55,18 @@ pub async fn collect(r: &mut Running) -> Result<Collected, ApiError> {
 }
 
 /// A token's text (lossy where it holds part of a character) and its raw bytes.
-pub fn token_string(model: &Model, id: u32) -> (String, Vec<u8>) {
-    let bytes = model.tokenizer.token_bytes(id).unwrap_or_default();
+pub fn token_string(frontend: &Frontend, id: u32) -> (String, Vec<u8>) {
+    let bytes = frontend.tokenizer.token_bytes(id).unwrap_or_default();
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
 
 /// `logprobs.content` of chat choices.
-pub fn chat_logprobs(model: &Model, tokens: &[TokenEvent]) -> ChatLogprobs {
+pub fn chat_logprobs(frontend: &Frontend, tokens: &[TokenEvent]) -> ChatLogprobs {
     ChatLogprobs {
         content: tokens
             .iter()
             .map(|t| {
-                let (token, bytes) = token_string(model, t.id);
+                let (token, bytes) = token_string(frontend, t.id);
                 TokenLogprob {
                     token,
                     logprob: t.logprob,
@@ -75,7 +75,7 @@ pub fn chat_logprobs(model: &Model, tokens: &[TokenEvent]) -> ChatLogprobs {
                         .top_logprobs
                         .iter()
                         .map(|&(id, logprob)| {
-                            let (token, bytes) = token_string(model, id);
+                            let (token, bytes) = token_string(frontend, id);
                             TopLogprob {
                                 token,
                                 logprob,
@@ -91,21 +91,21 @@ pub fn chat_logprobs(model: &Model, tokens: &[TokenEvent]) -> ChatLogprobs {
 
 /// Legacy completion logprobs; `text_offset` counts characters from `start_offset`.
 pub fn completion_logprobs(
-    model: &Model,
+    frontend: &Frontend,
     tokens: &[TokenEvent],
     start_offset: usize,
 ) -> CompletionLogprobs {
     let mut out = CompletionLogprobs::default();
     let mut offset = start_offset;
     for t in tokens {
-        out.tokens.push(token_string(model, t.id).0);
+        out.tokens.push(token_string(frontend, t.id).0);
         out.token_logprobs.push(t.logprob);
         out.text_offset.push(offset as u64);
         offset += t.text.chars().count();
         let top: BTreeMap<String, f32> = t
             .top_logprobs
             .iter()
-            .map(|&(id, lp)| (token_string(model, id).0, lp))
+            .map(|&(id, lp)| (token_string(frontend, id).0, lp))
             .collect();
         out.top_logprobs.push(top);
     }

@@ -12,6 +12,7 @@ use crate::error::ApiError;
 use crate::settings::UnknownFields;
 use crate::state::AppState;
 use crate::tenants::Tenant;
+use crate::tool_families;
 use crate::tools::{self, ToolPlan};
 
 /// Parses a JSON body (tokenize, detokenize, admin routes); unknown fields are ignored, bad values
@@ -245,8 +246,8 @@ pub fn chat_prompt(
         return Err(ApiError::invalid("messages must not be empty", "messages"));
     }
     check_message_content(&r.messages)?;
-    let plan = tools::plan(r, text_schema)?;
-    let prompt = render_chat(state, &r.messages, plan.as_ref(), true)?;
+    let plan = tools::plan(r, text_schema, tool_families::model_syntax(&state.frontend))?;
+    let prompt = render_chat(state, &r.messages, plan.as_ref(), r.tools.as_deref(), true)?;
     Ok((prompt, plan))
 }
 
@@ -266,25 +267,30 @@ fn check_message_content(messages: &[api::ChatMessage]) -> Result<(), ApiError> 
 
 /// The constraint of a tool plan: a schema llguidance rejects is the client's (400 on `tools`).
 pub fn tool_constraint(state: &AppState, plan: &ToolPlan) -> Result<ConstraintSpec, ApiError> {
-    state
-        .grammars()?
-        .json_schema(&plan.schema)
-        .map_err(|e| ApiError::invalid(format!("the tools' parameters schema: {e}"), "tools"))
+    let grammars = state.grammars()?;
+    match &plan.lark {
+        Some(g) => grammars.compile(&crate::structured::OutputFormat::Lark(g.clone())),
+        None => grammars.json_schema(&plan.schema),
+    }
+    .map_err(|e| ApiError::invalid(format!("the tools' parameters schema: {e}"), "tools"))
 }
 
 /// Chat messages → prompt token ids. Only the chat template's own markup yields special tokens:
 /// every client-supplied text is tokenised as plain text (`model::chat_prompt`), so a message
-/// holding `<|im_end|>` cannot end its turn or forge another role.
+/// holding `<|im_end|>` cannot end its turn or forge another role. `tools` reach the template
+/// when it has a known tool format (`tool_families.rs`).
 pub fn render_chat(
     state: &AppState,
     messages: &[api::ChatMessage],
     plan: Option<&ToolPlan>,
+    tools: Option<&[api::Tool]>,
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
-    let msgs = tools::render_messages(messages, plan)?;
+    let family = tool_families::model_syntax(&state.frontend);
+    let (msgs, tools) = tools::template_input(messages, plan, tools, family)?;
     state
-        .model
-        .encode_chat(&msgs, None, add_generation_prompt)
+        .frontend
+        .encode_chat(&msgs, tools.as_ref(), add_generation_prompt)
         .map_err(|e| match e {
             model::chat_prompt::ChatPromptError::Tokenizer(e) => {
                 ApiError::Internal(format!("tokenizer: {e}"))
@@ -313,7 +319,7 @@ pub fn completion_prompt(state: &AppState, p: &Prompt) -> Result<Vec<u32>, ApiEr
         }
     };
     state
-        .model
+        .frontend
         .tokenizer
         .encode(&text, true, false)
         .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))
@@ -326,7 +332,7 @@ pub fn prepare(
     prompt: Vec<u32>,
     o: &GenOptions,
 ) -> Result<Prepared, ApiError> {
-    let context_length = state.model.config.context_length;
+    let context_length = state.frontend.context_length;
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", "prompt"));
     }
@@ -337,7 +343,9 @@ pub fn prepare(
         });
     }
     let n = o.n.unwrap_or(1);
-    check((1..=16).contains(&n), "n", "between 1 and 16", n)?;
+    let max_n = engine::MAX_CHOICES;
+    let rule = format!("between 1 and {max_n}");
+    check((1..=max_n).contains(&(n as usize)), "n", &rule, n)?;
     let temperature = o.temperature.unwrap_or(1.0);
     check(
         (0.0..=2.0).contains(&temperature),
@@ -411,7 +419,7 @@ pub fn prepare(
         min_tokens,
     )?;
     let logit_bias = match &o.logit_bias {
-        Some(b) => logit_bias(b, state.model.tokenizer.vocab_size())?,
+        Some(b) => logit_bias(b, state.frontend.tokenizer.vocab_size())?,
         None => Vec::new(),
     };
     let sampling = SamplingParams {

@@ -1,5 +1,6 @@
 //! Stored responses of the Responses API (`store: true`), per tenant: the response object (for
-//! `GET /v1/responses/{id}`) and its conversation as chat messages — the previous conversation,
+//! `GET /v1/responses/{id}`), its input items (for `…/input_items`) and its conversation as chat
+//! messages — the previous conversation,
 //! this request's input items and the output — so a request with `previous_response_id` sends
 //! only its new items and its prompt extends the stored one (a cached prefix). Bounded per
 //! tenant in count and bytes; the oldest are evicted first. In memory: a restart forgets them.
@@ -18,6 +19,9 @@ pub struct StoredResponse {
     /// Everything a continuation renders before its own items (never the `instructions`,
     /// which do not carry over).
     pub conversation: Vec<ChatMessage>,
+    /// The request's own input items in OpenAI's item shape, with ids (for
+    /// `GET /v1/responses/{id}/input_items`).
+    pub input_items: Vec<serde_json::Value>,
 }
 
 impl StoredResponse {
@@ -40,7 +44,12 @@ impl StoredResponse {
                     })
             })
             .sum();
-        response + conversation
+        let items: usize = self
+            .input_items
+            .iter()
+            .map(|v| serde_json::to_vec(v).map_or(0, |b| b.len()))
+            .sum();
+        response + conversation + items
     }
 }
 
@@ -166,6 +175,7 @@ mod tests {
                 user: None,
             },
             conversation: vec![ChatMessage::new(Role::User, "x".repeat(text_len))],
+            input_items: Vec::new(),
         }
     }
 

@@ -1,4 +1,5 @@
-//! Shared state of every route: the engine handle, the model (tokenizer and chat template),
+//! Shared state of every route: the engine handle, the model's frontend (tokenizer, chat template,
+//! context length),
 //! tenants, the admission bounds, the metrics and the stored Responses-API conversations. Cheap to
 //! clone; owns no request state.
 
@@ -7,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use engine::EngineHandle;
-use model::Model;
+use model::Frontend;
 
 use crate::admission::Admission;
 use crate::error::ApiError;
@@ -24,7 +25,8 @@ pub struct AppState {
 
 pub struct Inner {
     pub engine: EngineHandle,
-    pub model: Arc<Model>,
+    /// Tokenizer, chat template and context length of the served model (never its weights).
+    pub frontend: Arc<Frontend>,
     pub settings: ServerSettings,
     pub tenants: Tenants,
     pub admission: Arc<Admission>,
@@ -43,14 +45,14 @@ pub struct Inner {
 impl AppState {
     pub fn new(
         engine: EngineHandle,
-        model: Arc<Model>,
+        frontend: Arc<Frontend>,
         settings: ServerSettings,
     ) -> Result<AppState, SettingsError> {
         settings.validate()?;
         Ok(AppState {
             inner: Arc::new(Inner {
                 engine,
-                model,
+                frontend,
                 tenants: Tenants::new(&settings),
                 admission: Admission::new(settings.limits.clone()),
                 responses: ResponseStore::new(
@@ -93,7 +95,7 @@ impl AppState {
     pub fn grammars(&self) -> Result<&Grammars, ApiError> {
         self.inner
             .grammars
-            .get_or_init(|| Grammars::new(Arc::clone(&self.inner.model)))
+            .get_or_init(|| Grammars::new(Arc::clone(&self.inner.frontend)))
             .as_ref()
             .map_err(|e| ApiError::Internal(format!("grammar compiler: {e}")))
     }

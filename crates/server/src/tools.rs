@@ -1,5 +1,6 @@
-//! Tool calls in the generic mode (as llama.cpp does for templates without tool support): the
-//! tools are described in the system prompt, the reply is constrained (see `grammar.rs`) to JSON
+//! Tool calls: the plan of a request with tools, and the generic mode (as llama.cpp does for
+//! templates without tool support; templates of a known tool family go through
+//! `tool_families.rs` instead): the tools are described in the system prompt, the reply is constrained (see `grammar.rs`) to JSON
 //! that is either a call — `{"tool_call": {"name": …, "arguments": {…}}}`, or `{"tool_calls":
 //! [...]}` when parallel calls are allowed — or, under `tool_choice: auto`, a text reply
 //! `{"response": "…"}`; the server parses that JSON back into OpenAI `tool_calls`.
@@ -14,6 +15,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::tool_families::{self, Family, FamilySyntax};
 
 /// How a request with tools is answered.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,13 +29,38 @@ pub struct ToolPlan {
     /// A text answer is JSON matching the request's structured-output schema (`{"response":
     /// {…}}`), not a string.
     pub structured_text: bool,
+    /// The template's own tool format: then `system_text` is empty, `schema` unused, and the
+    /// reply is constrained by `lark`.
+    pub family: Option<FamilySyntax>,
+    /// The family's grammar (`tool_families::grammar`).
+    pub lark: Option<String>,
 }
 
-/// One call parsed out of the model's reply: the name and the arguments' JSON text (verbatim).
+/// How a reply with tool calls is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplySyntax {
+    /// The generic mode's JSON.
+    Generic,
+    /// The template family's own syntax.
+    Family(Family),
+}
+
+impl ToolPlan {
+    pub fn syntax(&self) -> ReplySyntax {
+        match self.family {
+            Some(f) => ReplySyntax::Family(f.family),
+            None => ReplySyntax::Generic,
+        }
+    }
+}
+
+/// One call parsed out of the model's reply: the name and the arguments' JSON text (verbatim),
+/// and the id when the model writes one (Mistral).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParsedCall {
     pub name: String,
     pub arguments: String,
+    pub id: Option<String>,
 }
 
 /// What the model's reply turned out to be.
@@ -47,10 +74,12 @@ pub enum Reply {
 
 /// The plan for `r`'s `tools` and `tool_choice`, `None` when no tool may be called (no tools,
 /// or `tool_choice: "none"`); a 400 naming the field for anything inconsistent. With
-/// `text_schema` (structured output) a text answer under `auto` is JSON matching it.
+/// `text_schema` (structured output) a text answer under `auto` is JSON matching it. With
+/// `family` the calls are written in the template's own syntax, else in the generic mode's JSON.
 pub fn plan(
     r: &ChatCompletionRequest,
     text_schema: Option<&Value>,
+    family: Option<FamilySyntax>,
 ) -> Result<Option<ToolPlan>, ApiError> {
     let tools = r.tools.as_deref().unwrap_or_default();
     check_tools(tools)?;
@@ -87,6 +116,20 @@ pub fn plan(
         None => tools.iter().collect(),
     };
     let parallel = r.parallel_tool_calls.unwrap_or(true);
+    if let Some(syntax) = family {
+        let text = match (mode, named) {
+            (ToolChoiceMode::Auto, None) => Some(text_schema),
+            _ => None,
+        };
+        return Ok(Some(ToolPlan {
+            system_text: String::new(),
+            schema: Value::Null,
+            parallel: parallel && syntax.family.parallel_calls(),
+            structured_text: text_schema.is_some(),
+            family: Some(syntax),
+            lark: Some(tool_families::grammar(syntax, &offered, parallel, text)),
+        }));
+    }
     let one_call = {
         let calls: Vec<Value> = offered.iter().map(|t| call_schema(t)).collect();
         if calls.len() == 1 {
@@ -117,6 +160,8 @@ pub fn plan(
         schema,
         parallel,
         structured_text: text_schema.is_some(),
+        family: None,
+        lark: None,
     }))
 }
 
@@ -152,10 +197,17 @@ fn check_tools(tools: &[Tool]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `{"name": <const>, "arguments": <the tool's parameters schema>}`. Arguments that declare
-/// `properties` and say nothing of `additionalProperties` are held to the declared ones: a small
-/// model otherwise pads calls with keys copied from the schema (`"type": "string"`).
+/// `{"name": <const>, "arguments": <the tool's parameters schema>}`.
 fn call_schema(t: &Tool) -> Value {
+    json!({"type": "object",
+           "properties": {"name": {"const": t.function.name}, "arguments": arguments_schema(t)},
+           "required": ["name", "arguments"], "additionalProperties": false})
+}
+
+/// The schema of a tool's arguments. Arguments that declare `properties` and say nothing of
+/// `additionalProperties` are held to the declared ones: a small model otherwise pads calls with
+/// keys copied from the schema (`"type": "string"`).
+pub fn arguments_schema(t: &Tool) -> Value {
     let mut params = t
         .function
         .parameters
@@ -166,9 +218,7 @@ fn call_schema(t: &Tool) -> Value {
             obj.insert("additionalProperties".into(), false.into());
         }
     }
-    json!({"type": "object",
-           "properties": {"name": {"const": t.function.name}, "arguments": params},
-           "required": ["name", "arguments"], "additionalProperties": false})
+    params
 }
 
 /// The same text whatever `tool_choice` says (the grammar enforces the choice), so an agent that
@@ -243,7 +293,15 @@ struct CallWire<'a> {
     arguments: &'a RawValue,
 }
 
-/// Parses a reply written under a [`ToolPlan`]'s grammar.
+/// Parses a reply written in `syntax`.
+pub fn parse_reply_in(syntax: ReplySyntax, text: &str) -> Reply {
+    match syntax {
+        ReplySyntax::Generic => parse_reply(text),
+        ReplySyntax::Family(f) => tool_families::parse(f, text),
+    }
+}
+
+/// Parses a reply written under a generic [`ToolPlan`]'s grammar.
 pub fn parse_reply(text: &str) -> Reply {
     let Ok(w) = serde_json::from_str::<ReplyWire>(text) else {
         return Reply::Unparsed;
@@ -251,6 +309,7 @@ pub fn parse_reply(text: &str) -> Reply {
     let call = |c: CallWire| ParsedCall {
         name: c.name,
         arguments: c.arguments.get().to_string(),
+        id: None,
     };
     match (w.tool_call, w.tool_calls, w.response) {
         (Some(c), None, None) => Reply::Calls(vec![call(c)]),
@@ -385,6 +444,27 @@ pub fn render_messages(
     Ok(out)
 }
 
+/// What the chat template renders: the messages, and `tools` for a template of a known tool
+/// family. With `family` everything is in the template's own format (the request's tools are
+/// passed whatever `tool_choice` says, so the prompt does not depend on it); otherwise in the
+/// generic mode's ([`render_messages`]).
+pub fn template_input(
+    messages: &[ChatMessage],
+    plan: Option<&ToolPlan>,
+    tools: Option<&[Tool]>,
+    family: Option<FamilySyntax>,
+) -> Result<(Vec<model::chat::ChatMessage>, Option<Value>), ApiError> {
+    match family {
+        Some(_) => Ok((
+            tool_families::template_messages(messages)?,
+            tools
+                .filter(|t| !t.is_empty())
+                .map(tool_families::tools_value),
+        )),
+        None => Ok((render_messages(messages, plan)?, None)),
+    }
+}
+
 fn role_name(r: Role) -> &'static str {
     match r {
         Role::System | Role::Developer => "system",
@@ -425,7 +505,7 @@ mod tests {
     }
 
     fn plan_of(r: &ChatCompletionRequest) -> Result<Option<ToolPlan>, ApiError> {
-        plan(r, None)
+        plan(r, None, None)
     }
 
     #[test]
@@ -498,7 +578,8 @@ mod tests {
             parse_reply(r#"{"tool_call": {"name": "f", "arguments": {"a": [1, 2]}}}"#),
             Reply::Calls(vec![ParsedCall {
                 name: "f".into(),
-                arguments: r#"{"a": [1, 2]}"#.into()
+                arguments: r#"{"a": [1, 2]}"#.into(),
+                id: None,
             }])
         );
         assert!(matches!(
@@ -529,7 +610,7 @@ mod tests {
     #[test]
     fn a_structured_text_answer_is_json_and_renders_back_verbatim() {
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
-        let p = plan(&request(None, Some(false)), Some(&schema))
+        let p = plan(&request(None, Some(false)), Some(&schema), None)
             .unwrap()
             .unwrap();
         assert!(p.structured_text);

@@ -501,7 +501,7 @@ async fn logit_bias_bans_and_forces_tokens_and_is_validated() {
         plain["choices"][0]["message"],
         biased["choices"][0]["message"]
     );
-    let vocab = common::model().tokenizer.vocab_size();
+    let vocab = common::model().tokenizer().vocab_size();
     for bad in [
         serde_json::json!({"42": 150}),
         serde_json::json!({"forty-two": 1}),

@@ -228,14 +228,18 @@ async fn metrics_are_valid_prometheus_exposition() {
         num_blocks: 24,
         threads: 2,
         policy: cache::EvictionPolicy::ADAPTIVE_SEGMENTED_LRU,
-        tiers: vec![engine::tier::TierConfig::Ram {
-            max_size: engine::tier::ByteSize(64 << 20),
-            compression: Default::default(),
-        }],
+        tiers: engine::TieringConfig {
+            stores: vec![tier::TierConfig::Ram {
+                max_size: tier::ByteSize(64 << 20),
+                compression: Default::default(),
+            }],
+            ..Default::default()
+        },
         ..EngineConfig::default()
     };
     let engine = Engine::start(EngineCore::new(common::model(), cfg).expect("engine"));
-    let state = AppState::new(engine.handle(), common::model(), ServerSettings::default()).unwrap();
+    let frontend = common::model().frontend.clone();
+    let state = AppState::new(engine.handle(), frontend, ServerSettings::default()).unwrap();
     let r = server::router(state);
     // Hits, misses, evictions and a tier: every family has samples.
     let long = "Plan the refactor: list the modules, their callers and the tests that cover them.";

@@ -185,8 +185,8 @@ async fn f7_forged_turn_markers_in_a_user_message_stay_text() {
     assert_eq!(t.status, 200, "{}", t.body);
     let ids: Vec<u64> = serde_json::from_value(t.json()["tokens"].clone()).unwrap();
     let m = common::model();
-    let im_start = u64::from(m.tokenizer.token_to_id("<|im_start|>").unwrap());
-    let im_end = u64::from(m.tokenizer.token_to_id("<|im_end|>").unwrap());
+    let im_start = u64::from(m.tokenizer().token_to_id("<|im_start|>").unwrap());
+    let im_end = u64::from(m.tokenizer().token_to_id("<|im_end|>").unwrap());
     // Two turns and the generation prompt: the template's three markers, no forged ones.
     assert_eq!(ids.iter().filter(|&&x| x == im_start).count(), 3, "{ids:?}");
     assert_eq!(ids.iter().filter(|&&x| x == im_end).count(), 2, "{ids:?}");

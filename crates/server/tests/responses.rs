@@ -247,7 +247,7 @@ async fn streams_typed_events_for_text_and_calls() {
     let whole = post(&r, "ka", &whole).await;
     assert_eq!(whole["output_text"], deltas.as_str());
 
-    // A function call: its arguments as delta and done.
+    // A function call: the item once its name is written, its arguments in pieces, then done.
     let body = json!({"model": "agentkv", "input": "What is the weather in Rome?",
                       "tools": tools(), "tool_choice": {"type": "function", "name": "get_weather"},
                       "parallel_tool_calls": false,
@@ -256,26 +256,49 @@ async fn streams_typed_events_for_text_and_calls() {
     let evs = events(&reply.body);
     let names: Vec<&str> = evs.iter().map(|(n, _)| n.as_str()).collect();
     println!("{names:?} {}", evs.last().unwrap().1);
+    let n = names.len();
     assert_eq!(
-        names,
+        names[..3],
         [
             "response.created",
             "response.in_progress",
             "response.output_item.added",
-            "response.function_call_arguments.delta",
+        ]
+    );
+    assert_eq!(
+        names[n - 3..],
+        [
             "response.function_call_arguments.done",
             "response.output_item.done",
             "response.completed"
         ]
     );
-    let args = evs[4].1["arguments"].as_str().unwrap();
-    assert_eq!(evs[3].1["delta"], args);
-    assert_eq!(evs[4].1["name"], "get_weather");
-    assert_eq!(evs[5].1["item"]["arguments"], args);
+    assert!(n - 6 > 2, "arguments in several pieces: {names:?}");
+    assert!(names[3..n - 3]
+        .iter()
+        .all(|e| *e == "response.function_call_arguments.delta"));
+    let added = &evs[2].1["item"];
     assert_eq!(
-        evs[6].1["response"]["output"][0]["call_id"],
-        evs[5].1["item"]["call_id"]
+        (&added["type"], &added["name"], &added["arguments"]),
+        (&json!("function_call"), &json!("get_weather"), &json!(""))
     );
+    let args = evs[n - 3].1["arguments"].as_str().unwrap();
+    let streamed: String = evs[3..n - 3]
+        .iter()
+        .map(|(_, d)| {
+            assert_eq!(d["item_id"], added["id"]);
+            d["delta"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(streamed, args);
+    assert_eq!(evs[n - 3].1["name"], "get_weather");
+    assert_eq!(evs[n - 2].1["item"]["arguments"], args);
+    assert_eq!(evs[n - 2].1["item"]["id"], added["id"]);
+    assert_eq!(
+        evs[n - 1].1["response"]["output"][0]["call_id"],
+        evs[n - 2].1["item"]["call_id"]
+    );
+    assert_eq!(added["call_id"], evs[n - 2].1["item"]["call_id"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -404,4 +427,118 @@ async fn storage_is_bounded_per_tenant_oldest_first() {
     assert_eq!(status(ids[0].clone()).await, 404);
     assert_eq!(status(ids[1].clone()).await, 200);
     assert_eq!(status(ids[2].clone()).await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_items_list_the_request_items_paged_per_tenant() {
+    let (_e, _s, r) = app(settings());
+    let input = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "call_a", "name": "get_weather",
+         "arguments": "{\"city\": \"Paris\"}"},
+        {"type": "function_call_output", "call_id": "call_a", "output": "18 C", "id": "fco_mine"},
+        {"role": "user", "content": [{"type": "input_text", "text": "And "},
+                                     {"type": "input_text", "text": "tomorrow?"}]}
+    ]);
+    let v = post(
+        &r,
+        "ka",
+        &json!({"model": "agentkv", "input": input, "tools": tools(), "max_output_tokens": 8,
+                "temperature": 0}),
+    )
+    .await;
+    let id = v["id"].as_str().unwrap();
+    let list = |query: &str, key: &'static str| {
+        let r = r.clone();
+        let path = format!("{PATH}/{id}/input_items{query}");
+        async move { call(&r, "GET", &path, Some(key), "").await }
+    };
+    let all = list("", "ka").await;
+    assert_eq!(all.status, 200, "{}", all.body);
+    let all = all.json();
+    println!("{all}");
+    assert_eq!(all["object"], "list");
+    assert_eq!(all["has_more"], false);
+    let data = all["data"].as_array().unwrap();
+    assert_eq!(data.len(), 4);
+    // Newest first by default.
+    assert_eq!(data[3]["type"], "message");
+    assert_eq!(data[3]["role"], "user");
+    assert_eq!(
+        data[3]["content"],
+        json!([{"type": "input_text", "text": "Weather in Paris?"}])
+    );
+    assert_eq!(data[2]["type"], "function_call");
+    assert_eq!(
+        (&data[2]["call_id"], &data[2]["name"], &data[2]["arguments"]),
+        (
+            &json!("call_a"),
+            &json!("get_weather"),
+            &json!("{\"city\": \"Paris\"}")
+        )
+    );
+    assert_eq!(data[1]["type"], "function_call_output");
+    assert_eq!(
+        (&data[1]["id"], &data[1]["output"]),
+        (&json!("fco_mine"), &json!("18 C"))
+    );
+    assert_eq!(data[0]["content"][0]["text"], "And tomorrow?");
+    let ids: Vec<&str> = data.iter().map(|d| d["id"].as_str().unwrap()).collect();
+    let unique: std::collections::BTreeSet<&&str> = ids.iter().collect();
+    assert_eq!(unique.len(), 4, "{ids:?}");
+    assert_eq!(all["first_id"], ids[0]);
+    assert_eq!(all["last_id"], ids[3]);
+
+    // Pages in input order.
+    let p1 = list("?order=asc&limit=3", "ka").await.json();
+    let p1_ids: Vec<&str> = p1["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(p1_ids, [ids[3], ids[2], ids[1]]);
+    assert_eq!(p1["has_more"], true);
+    let p2 = list(&format!("?order=asc&limit=3&after={}", ids[1]), "ka")
+        .await
+        .json();
+    assert_eq!(p2["data"].as_array().unwrap().len(), 1);
+    assert_eq!(p2["data"][0]["id"], ids[0]);
+    assert_eq!(p2["has_more"], false);
+
+    // A string input is one user message; errors name their parameter; other tenants see nothing.
+    let v = post(
+        &r,
+        "ka",
+        &json!({"model": "agentkv", "input": "Hi", "max_output_tokens": 2}),
+    )
+    .await;
+    let one = call(
+        &r,
+        "GET",
+        &format!("{PATH}/{}/input_items", v["id"].as_str().unwrap()),
+        Some("ka"),
+        "",
+    )
+    .await
+    .json();
+    assert_eq!(one["data"][0]["content"][0]["text"], "Hi");
+    assert_eq!(one["data"].as_array().unwrap().len(), 1);
+    assert_eq!(list("?limit=0", "ka").await.error(400)["param"], "limit");
+    assert_eq!(
+        list("?order=sideways", "ka").await.error(400)["param"],
+        "order"
+    );
+    assert_eq!(list("?after=nope", "ka").await.error(400)["param"], "after");
+    list("?limit=many", "ka").await.error(400);
+    list("", "kb").await.error(404);
+    call(
+        &r,
+        "GET",
+        &format!("{PATH}/resp_nope/input_items"),
+        Some("ka"),
+        "",
+    )
+    .await
+    .error(404);
 }

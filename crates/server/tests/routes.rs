@@ -240,12 +240,13 @@ async fn usage_says_where_and_why_the_cached_prefix_ended() {
             })
             .collect();
         let text = m
+            .frontend
             .chat_template
             .as_ref()
             .unwrap()
             .render(&msgs, None, true)
             .unwrap();
-        m.tokenizer.encode(&text, false, true).unwrap()
+        m.tokenizer().encode(&text, false, true).unwrap()
     };
     let (a, b) = (ids("10:00:01"), ids("10:00:02"));
     let changed_at = a.iter().zip(&b).take_while(|(x, y)| x == y).count();

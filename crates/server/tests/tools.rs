@@ -169,10 +169,23 @@ async fn parallel_calls_n2_and_streaming_deltas() {
         .iter()
         .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
         .collect();
-    assert_eq!(deltas.len(), 1, "{:?}", reply.body);
-    let d = &deltas[0][0];
-    assert_eq!(d["index"], 0);
-    check_call(&json!({"id": d["id"], "type": d["type"], "function": d["function"]}));
+    // As OpenAI streams: the first delta carries index, id, type and name, the rest pieces of
+    // the arguments.
+    assert!(deltas.len() > 2, "{:?}", reply.body);
+    let first = &deltas[0][0];
+    assert_eq!(first["index"], 0);
+    assert!(first["id"].is_string() && first["type"] == "function");
+    let mut arguments = String::new();
+    for d in &deltas {
+        assert_eq!(d[0]["index"], 0);
+        arguments.push_str(d[0]["function"]["arguments"].as_str().unwrap());
+    }
+    for d in &deltas[1..] {
+        assert!(d[0].get("id").is_none() && d[0]["function"].get("name").is_none());
+    }
+    let d = json!({"id": first["id"], "type": "function",
+                   "function": {"name": first["function"]["name"], "arguments": arguments}});
+    check_call(&d);
     assert_eq!(
         chunks.last().unwrap()["choices"][0]["finish_reason"],
         "tool_calls"
@@ -263,15 +276,63 @@ async fn bad_tool_requests_get_400_naming_the_field() {
     let mut b = body(json!("auto"), None);
     b["tools"][0]["type"] = "retrieval".into();
     assert_eq!(err(b).await, "tools[0].type");
+    // min_tokens would hold the end of the turn back past the end of the call.
     let mut b = body(json!("auto"), None);
-    b["logprobs"] = true.into();
-    assert_eq!(err(b).await, "logprobs");
+    b["min_tokens"] = 4.into();
+    assert_eq!(err(b).await, "min_tokens");
     let mut b = body(json!("auto"), None);
     b["messages"]
         .as_array_mut()
         .unwrap()
         .push(json!({"role": "tool", "tool_call_id": "call_x", "content": "r"}));
     assert_eq!(err(b).await, "messages[2].tool_call_id");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_come_with_tool_calls_plain_and_streamed() {
+    let (_e, _s, r) = app(ServerSettings::default());
+    let mut b = body(json!("required"), Some(false));
+    b["logprobs"] = true.into();
+    b["top_logprobs"] = 2.into();
+    let v = post(&r, &b).await;
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+    check_call(&choice["message"]["tool_calls"][0]);
+    // One entry per generated token (the call's JSON as the model wrote it, then the end of
+    // the turn), each with its two alternatives.
+    let content = choice["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(
+        content.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap(),
+        "{choice}"
+    );
+    let text: String = content
+        .iter()
+        .map(|t| t["token"].as_str().unwrap())
+        .collect();
+    assert!(
+        text.starts_with("{\"tool_call\": {\"name\": \"get_"),
+        "{text}"
+    );
+    for t in content {
+        let lp = t["logprob"].as_f64().unwrap();
+        assert!(lp <= 0.0, "{t}");
+        assert_eq!(t["top_logprobs"].as_array().unwrap().len(), 2, "{t}");
+    }
+    // Streamed: the same logprobs, token by token.
+    b["stream"] = true.into();
+    let reply = call(&r, "POST", PATH, None, &b.to_string()).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let streamed: Vec<Value> = reply
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(&streamed, content);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

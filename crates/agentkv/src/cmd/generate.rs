@@ -53,7 +53,7 @@ pub struct GenerateArgs {
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     let model = args.model.load()?;
-    let tok = &model.tokenizer;
+    let tok = &model.tokenizer();
     let ids = if args.chat {
         let mut messages = Vec::new();
         if let Some(s) = &args.system {

@@ -44,16 +44,16 @@ pub fn run(args: InfoArgs) -> Result<()> {
     println!("weights         {:.1} MB", weight_bytes as f64 / 1e6);
     println!(
         "tokenizer       {} (pre {}), {} tokens, bos {:?}, eos {:?}, add_bos {}",
-        m.tokenizer.kind(),
-        m.tokenizer.pre(),
-        m.tokenizer.vocab_size(),
-        m.tokenizer.bos_id(),
-        m.tokenizer.eos_id(),
-        m.tokenizer.add_bos()
+        m.tokenizer().kind(),
+        m.tokenizer().pre(),
+        m.tokenizer().vocab_size(),
+        m.tokenizer().bos_id(),
+        m.tokenizer().eos_id(),
+        m.tokenizer().add_bos()
     );
     println!(
         "chat template   {}",
-        if m.chat_template.is_some() {
+        if m.frontend.chat_template.is_some() {
             "present"
         } else {
             "absent (fallback used)"

@@ -40,12 +40,12 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let use_bos = match args.bos.as_str() {
-        "auto" => model.tokenizer.add_bos(),
+        "auto" => model.tokenizer().add_bos(),
         "always" => true,
         "never" => false,
         other => anyhow::bail!("--bos must be auto, always or never, not {other:?}"),
     };
-    let tokens = model.tokenizer.encode(&text, use_bos, false)?;
+    let tokens = model.tokenizer().encode(&text, use_bos, false)?;
     eprintln!(
         "{} tokens, ctx {}, BOS per window: {use_bos}",
         tokens.len(),

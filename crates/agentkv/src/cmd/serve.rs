@@ -74,7 +74,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let port = args.port.or(file.server.port).unwrap_or(8000);
     let result = runtime.block_on(async {
         warm_up(&engine, &model, &file, &settings).await?;
-        let state = AppState::new(engine.handle(), Arc::clone(&model), settings)?;
+        let state = AppState::new(engine.handle(), Arc::clone(&model.frontend), settings)?;
         let listener = tokio::net::TcpListener::bind((host.as_str(), port))
             .await
             .with_context(|| format!("binding {host}:{port}"))?;
@@ -167,8 +167,8 @@ impl Summary {
 }
 
 /// `ram(4000000000)`, `disk(/var/cache/agentkv)`, `redis(redis://…)`.
-fn tier_name(t: &engine::tier::TierConfig) -> String {
-    use engine::tier::TierConfig;
+fn tier_name(t: &tier::TierConfig) -> String {
+    use tier::TierConfig;
     match t {
         TierConfig::Ram { max_size, .. } => format!("ram({} bytes)", max_size.0),
         TierConfig::Disk { path, max_size, .. } => {
@@ -245,11 +245,17 @@ fn engine_config(
         }
     }
     // Set after the probe above, which must not open the tiers.
-    cfg.tiers = file.tiers.clone();
-    cfg.tier_write_through = kv.tier_write_through.unwrap_or(false);
-    cfg.tier_write_on_publish = kv.tier_write_on_publish.unwrap_or(false);
+    cfg.tiers.stores = file.tiers.clone();
+    cfg.tiers.write_through = kv.tier_write_through.unwrap_or(false);
+    cfg.tiers.write_on_publish = kv.tier_write_on_publish.unwrap_or(false);
     if let Some(b) = kv.tier_prefetch_max_size {
-        cfg.tier_prefetch_max_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
+        cfg.tiers.prefetch_max_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
+    }
+    if let Some(ms) = kv.tier_lookup_timeout_ms {
+        cfg.tiers.lookup_timeout = std::time::Duration::from_millis(ms);
+    }
+    if let Some(b) = kv.tier_write_queue_max_size {
+        cfg.tiers.max_queued_write_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
     }
     Ok(cfg)
 }
@@ -317,7 +323,7 @@ fn prompt_tokens(model: &model::Model, p: &PromptDef) -> Result<Vec<u32>> {
         (Some(s), _) => {
             model.encode_chat(&[model::chat::ChatMessage::new("system", s)], None, false)?
         }
-        (None, Some(t)) => model.tokenizer.encode(t, true, false)?,
+        (None, Some(t)) => model.tokenizer().encode(t, true, false)?,
         (None, None) => Vec::new(),
     })
 }

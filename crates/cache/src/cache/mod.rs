@@ -13,7 +13,7 @@ mod seq;
 use std::collections::BTreeMap;
 
 use crate::config::{CacheConfig, EvictionPolicy};
-use crate::counters::{Counters, Fragmentation, Usage};
+use crate::counters::{BlockUsage, Counters, Fragmentation};
 use crate::error::{ConfigError, SeqError};
 use crate::events::CacheEvent;
 use crate::evict::adaptive::Adaptive;
@@ -161,8 +161,8 @@ impl KvCache {
     }
 
     /// Where every block is.
-    pub fn usage(&self) -> Usage {
-        Usage {
+    pub fn usage(&self) -> BlockUsage {
+        BlockUsage {
             total: self.config.num_blocks,
             free: self.pool.num_free(),
             in_use: self.num_in_use,

@@ -1,7 +1,7 @@
 //! f32 vector primitives: `dot_f32` and `axpy_f32` (shapes: two equal-length `[n]` slices).
 //!
-//! Owns the canonical f32 dot-product operation order used everywhere a float row meets a float
-//! vector: 4 accumulators of 8 lanes fed by fused multiply-adds over 32-element strides, leftover
+//! Applies the canonical f32 dot-product operation order (defined once, in `quant::canonical`)
+//! everywhere a float row meets a float vector: 4 accumulators of 8 lanes fed by fused multiply-adds over 32-element strides, leftover
 //! whole 8-element chunks into accumulator 0, lane-wise `(a0 + a1) + (a2 + a3)`, the fixed 8-lane
 //! horizontal sum [`hsum8`], then a sequential fused tail. The AVX2 path and the portable path
 //! perform exactly these operations, so results are bit-identical across paths and calls.
@@ -9,15 +9,8 @@
 
 use super::cpu::{cpu_features, CpuFeatures};
 
-/// Fixed horizontal sum of 8 lanes: `((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))`, the order the AVX2
-/// reduction (`extract high half, add, movehl, add, shuffle, add`) produces.
-#[inline(always)]
-pub(crate) fn hsum8(v: &[f32; 8]) -> f32 {
-    let t = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
-    let u0 = t[0] + t[2];
-    let u1 = t[1] + t[3];
-    u0 + u1
-}
+/// The fixed 8-lane horizontal sum of the canonical order (defined once, in `quant`).
+pub(crate) use quant::canonical::hsum8;
 
 /// `Σ a[i] * b[i]` in the canonical order (see module doc). Panics if the lengths differ (a
 /// caller bug: shapes are fixed by the model).
@@ -65,34 +58,7 @@ fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
 /// f16 kernels can widen on the fly and still follow exactly the same operations).
 #[inline(always)]
 pub(crate) fn dot_scalar_by(a: &[f32], b_at: impl Fn(usize) -> f32) -> f32 {
-    let n = a.len();
-    let mut acc = [[0f32; 8]; 4];
-    let mut i = 0;
-    while i + 32 <= n {
-        for (j, accj) in acc.iter_mut().enumerate() {
-            for (l, lane) in accj.iter_mut().enumerate() {
-                let k = i + 8 * j + l;
-                *lane = a[k].mul_add(b_at(k), *lane);
-            }
-        }
-        i += 32;
-    }
-    while i + 8 <= n {
-        for (l, lane) in acc[0].iter_mut().enumerate() {
-            *lane = a[i + l].mul_add(b_at(i + l), *lane);
-        }
-        i += 8;
-    }
-    let mut s = [0f32; 8];
-    for (l, sl) in s.iter_mut().enumerate() {
-        *sl = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
-    }
-    let mut r = hsum8(&s);
-    while i < n {
-        r = a[i].mul_add(b_at(i), r);
-        i += 1;
-    }
-    r
+    quant::canonical::dot_by(a.len(), |k| a[k], b_at)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -24,7 +24,7 @@ mod spec;
 mod special;
 mod spm;
 mod stream;
-mod unicode;
+pub(crate) mod unicode;
 
 pub use error::TokenizerError;
 pub use spec::{TokenType, TokenizerSpec};

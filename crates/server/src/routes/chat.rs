@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions`: whole answers and SSE chunks in the OpenAI chat shape. With tools
-//! (the generic tool mode, `tools.rs`) each choice's reply is held until it ends, then parsed into
-//! `tool_calls` (`finish_reason: "tool_calls"`) or text.
+//! (the generic mode of `tools.rs` or a template family's syntax, `tool_families.rs`) each
+//! choice's reply is parsed into `tool_calls` (`finish_reason: "tool_calls"`) or text; streamed,
+//! `tool_stream.rs` turns it into OpenAI's deltas as it is generated.
 
 use api::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
@@ -24,7 +25,8 @@ use crate::sse::{self, json};
 use crate::state::{unix_now, AppState};
 use crate::structured;
 use crate::tenants::Tenant;
-use crate::tools::{parse_reply, partial_text, Reply};
+use crate::tool_stream::{Piece, ReplyStream};
+use crate::tools::{parse_reply_in, partial_text, Reply, ReplySyntax};
 
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -82,31 +84,60 @@ pub async fn chat_completions(
             })
             .collect();
         let st = state.clone();
-        // Tool mode: each choice's text is held until it finishes.
-        let mut held: Vec<String> = vec![String::new(); running.n];
+        // Tool mode: each choice's text goes through its reply stream.
+        let mut streams: Vec<ReplyStream> = (0..running.n)
+            .map(|_| ReplyStream::new(tool_mode.unwrap_or(ReplySyntax::Generic)))
+            .collect();
+        let pieces_delta = move |choice: u32, pieces: Vec<Piece>| -> Vec<ChatDelta> {
+            pieces
+                .into_iter()
+                .map(|p| piece_delta(p, |j| call_id(choice, j)))
+                .collect()
+        };
         let on_step = move |r: &crate::run::Running, step: Step| -> Vec<String> {
             match step {
-                Step::Token(t) if tool_mode => {
-                    held[t.choice as usize].push_str(&t.text);
-                    Vec::new()
+                Step::Token(t) if tool_mode.is_some() => {
+                    let choice = t.choice;
+                    let pieces = streams[choice as usize].push(&t.text);
+                    let mut lp = r
+                        .logprobs
+                        .map(|_| chat_logprobs(&st.frontend, std::slice::from_ref(&t)));
+                    let mut out: Vec<String> = pieces_delta(choice, pieces)
+                        .into_iter()
+                        .map(|d| chunk(vec![delta(choice, d, None, lp.take())], None))
+                        .collect();
+                    if let Some(lp) = lp {
+                        out.push(chunk(
+                            vec![delta(choice, ChatDelta::default(), None, Some(lp))],
+                            None,
+                        ));
+                    }
+                    out
                 }
-                Step::Text { choice, text } if tool_mode => {
-                    held[choice as usize].push_str(&text);
-                    Vec::new()
+                Step::Text { choice, text } if tool_mode.is_some() => {
+                    let pieces = streams[choice as usize].push(&text);
+                    pieces_delta(choice, pieces)
+                        .into_iter()
+                        .map(|d| chunk(vec![delta(choice, d, None, None)], None))
+                        .collect()
                 }
-                Step::Finished { choice, reason } if tool_mode => {
-                    let text = std::mem::take(&mut held[choice as usize]);
-                    let (message, finish) = tool_reply(text, reason, |j| call_id(choice, j));
-                    let finished = ChatDelta::default();
-                    vec![
-                        chunk(vec![delta(choice, whole_delta(message), None, None)], None),
-                        chunk(vec![delta(choice, finished, Some(&finish), None)], None),
-                    ]
+                Step::Finished { choice, reason } if tool_mode.is_some() => {
+                    let (pieces, finish) =
+                        streams[choice as usize].finish(finish_reason_name(reason));
+                    let mut out: Vec<String> = pieces_delta(choice, pieces)
+                        .into_iter()
+                        .map(|d| chunk(vec![delta(choice, d, None, None)], None))
+                        .collect();
+                    out.push(chunk(
+                        vec![delta(choice, ChatDelta::default(), Some(&finish), None)],
+                        None,
+                    ));
+                    out
                 }
                 Step::Token(t) => {
                     let lp = r
                         .logprobs
-                        .map(|_| chat_logprobs(&st.model, std::slice::from_ref(&t)));
+                        .map(|_| chat_logprobs(&st.frontend, std::slice::from_ref(&t)));
                     if t.text.is_empty() && lp.is_none() {
                         return Vec::new();
                     }
@@ -145,13 +176,13 @@ pub async fn chat_completions(
         .map(|(i, c)| {
             let logprobs = running
                 .logprobs
-                .map(|_| chat_logprobs(&state.model, &c.tokens));
-            let (message, finish_reason) = match c.finish_reason {
-                Some(reason) if tool_mode => {
-                    let (m, f) = tool_reply(c.text, reason, |j| call_id(i as u32, j));
+                .map(|_| chat_logprobs(&state.frontend, &c.tokens));
+            let (message, finish_reason) = match (c.finish_reason, tool_mode) {
+                (Some(reason), Some(syntax)) => {
+                    let (m, f) = tool_reply(syntax, c.text, reason, |j| call_id(i as u32, j));
                     (m, Some(f))
                 }
-                reason => (
+                (reason, _) => (
                     ChatMessage::new(Role::Assistant, c.text),
                     reason.map(|r| finish_reason_name(r).to_string()),
                 ),
@@ -176,25 +207,19 @@ pub async fn chat_completions(
     .into_response())
 }
 
-/// Validates a chat request into an engine request: the prompt (with the generic tool mode's
-/// plan when tools may be called) and the constraint of its tool calls or structured output.
-/// Also `true` when the reply is in the tool mode (parsed back with [`tool_reply`]).
+/// Validates a chat request into an engine request: the prompt (with the tool plan when tools
+/// may be called) and the constraint of its tool calls or structured output. Also the syntax of
+/// the reply when tools may be called (parsed back with [`tool_reply`]).
 pub(crate) fn prepare_chat(
     state: &AppState,
     tenant: &Tenant,
     req: &ChatCompletionRequest,
-) -> Result<(Prepared, bool), ApiError> {
+) -> Result<(Prepared, Option<ReplySyntax>), ApiError> {
     let mut opts = GenOptions::from_chat(req)?;
     let format = structured::requested(req.response_format.as_ref(), &req.extra)?;
     let (prompt, plan) = chat_prompt(state, req, format.as_ref().and_then(|f| f.json_schema()))?;
     match (&plan, &format) {
         (Some(plan), format) => {
-            if opts.logprobs.is_some() {
-                return Err(ApiError::UnsupportedParameter {
-                    param: "logprobs".into(),
-                    message: "logprobs is not supported together with tools".into(),
-                });
-            }
             structured::check_eos_fields(&opts.extra, "tools")?;
             if let Some(f) = format {
                 if f.json_schema().is_none() {
@@ -217,49 +242,64 @@ pub(crate) fn prepare_chat(
         }
         (None, None) => {}
     }
-    Ok((prepare(state, tenant, prompt, &opts)?, plan.is_some()))
+    Ok((
+        prepare(state, tenant, prompt, &opts)?,
+        plan.as_ref().map(|p| p.syntax()),
+    ))
 }
 
-/// A whole message as one streamed delta (`tool_calls` carry their index, id, type and name).
-fn whole_delta(message: ChatMessage) -> ChatDelta {
-    let tool_calls = message.tool_calls.map(|calls| {
-        calls
-            .into_iter()
-            .enumerate()
-            .map(|(j, c)| ToolCallDelta {
-                index: j as u32,
-                id: Some(c.id),
-                kind: Some(c.kind),
-                function: Some(FunctionCallDelta {
-                    name: Some(c.function.name),
-                    arguments: Some(c.function.arguments),
-                }),
-            })
-            .collect()
-    });
-    ChatDelta {
-        role: None,
-        content: message.content,
-        tool_calls,
+/// One piece of a streamed reply as a delta (a call's first delta carries its index, id, type
+/// and name; the model's id when it wrote one).
+fn piece_delta(p: Piece, call_id: impl Fn(usize) -> String) -> ChatDelta {
+    let call = |index: usize, id: Option<String>, name: Option<String>, arguments: String| {
+        Some(vec![ToolCallDelta {
+            index: index as u32,
+            kind: id.is_some().then_some(FunctionKind::Function),
+            id,
+            function: Some(FunctionCallDelta {
+                name,
+                arguments: Some(arguments),
+            }),
+        }])
+    };
+    match p {
+        Piece::Content(text) => ChatDelta {
+            content: Some(text),
+            ..ChatDelta::default()
+        },
+        Piece::CallStart { index, id, name } => ChatDelta {
+            tool_calls: call(
+                index,
+                Some(id.unwrap_or_else(|| call_id(index))),
+                Some(name),
+                String::new(),
+            ),
+            ..ChatDelta::default()
+        },
+        Piece::Args { index, text } => ChatDelta {
+            tool_calls: call(index, None, None, text),
+            ..ChatDelta::default()
+        },
     }
 }
 
-/// A finished choice's reply in the generic tool mode: tool calls (`finish_reason:
-/// "tool_calls"`), a text answer, or — when the reply is not the grammar's JSON (cut by
-/// `max_tokens` or a stop string) — the text answer written so far, or else the raw text, with
-/// the engine's reason.
+/// A finished choice's reply written in `syntax`: tool calls (`finish_reason: "tool_calls"`; ids
+/// the model wrote are kept), a text answer, or — when the reply is not the grammar's (cut by
+/// `max_tokens` or a stop string) — the generic mode's text answer written so far, or else the
+/// raw text, with the engine's reason.
 pub(crate) fn tool_reply(
+    syntax: ReplySyntax,
     text: String,
     reason: FinishReason,
     call_id: impl Fn(usize) -> String,
 ) -> (ChatMessage, String) {
-    match parse_reply(&text) {
+    match parse_reply_in(syntax, &text) {
         Reply::Calls(calls) => {
             let calls = calls
                 .into_iter()
                 .enumerate()
                 .map(|(j, c)| ToolCall {
-                    id: call_id(j),
+                    id: c.id.unwrap_or_else(|| call_id(j)),
                     kind: FunctionKind::Function,
                     function: FunctionCall {
                         name: c.name,
@@ -279,7 +319,14 @@ pub(crate) fn tool_reply(
             finish_reason_name(reason).to_string(),
         ),
         Reply::Unparsed => (
-            ChatMessage::new(Role::Assistant, partial_text(&text).unwrap_or(text)),
+            ChatMessage::new(
+                Role::Assistant,
+                match syntax {
+                    ReplySyntax::Generic => partial_text(&text),
+                    ReplySyntax::Family(_) => None,
+                }
+                .unwrap_or(text),
+            ),
             finish_reason_name(reason).to_string(),
         ),
     }

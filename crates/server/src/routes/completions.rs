@@ -74,7 +74,7 @@ pub async fn completions(
                     let i = t.choice as usize;
                     let lp = r.logprobs.map(|_| {
                         let lp =
-                            completion_logprobs(&st.model, std::slice::from_ref(&t), offsets[i]);
+                            completion_logprobs(&st.frontend, std::slice::from_ref(&t), offsets[i]);
                         serde_json::to_value(lp).unwrap_or_default()
                     });
                     offsets[i] += t.text.chars().count();
@@ -112,7 +112,7 @@ pub async fn completions(
         .map(|(i, c)| CompletionChoice {
             index: i as u32,
             logprobs: running.logprobs.map(|_| {
-                serde_json::to_value(completion_logprobs(&state.model, &c.tokens, 0))
+                serde_json::to_value(completion_logprobs(&state.frontend, &c.tokens, 0))
                     .unwrap_or_default()
             }),
             text: c.text,

@@ -57,7 +57,7 @@ fn model_card(state: &AppState, id: &str) -> ModelCard {
         object: "model".into(),
         created: state.started_unix_s,
         owned_by: "agentkv".into(),
-        max_model_len: Some(state.model.config.context_length as u64),
+        max_model_len: Some(state.frontend.context_length as u64),
     }
 }
 
@@ -96,11 +96,17 @@ pub async fn tokenize(
     }
     let tokens = match (&req.prompt, &req.messages) {
         (Some(p), None) => state
-            .model
+            .frontend
             .tokenizer
             .encode(p, req.add_special_tokens.unwrap_or(true), false)
             .map_err(|e| ApiError::Internal(format!("tokenizer: {e}")))?,
-        (None, Some(m)) => render_chat(&state, m, None, req.add_generation_prompt.unwrap_or(true))?,
+        (None, Some(m)) => render_chat(
+            &state,
+            m,
+            None,
+            None,
+            req.add_generation_prompt.unwrap_or(true),
+        )?,
         _ => {
             return Err(ApiError::invalid(
                 "give exactly one of prompt and messages",
@@ -110,7 +116,7 @@ pub async fn tokenize(
     };
     Ok(Json(TokenizeResponse {
         count: tokens.len() as u64,
-        max_model_len: state.model.config.context_length as u64,
+        max_model_len: state.frontend.context_length as u64,
         tokens,
     }))
 }
@@ -125,7 +131,7 @@ pub async fn detokenize(
     if let Some(m) = &req.model {
         check_model(&state, m)?;
     }
-    let vocab = state.model.tokenizer.vocab_size();
+    let vocab = state.frontend.tokenizer.vocab_size();
     if let Some(t) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::invalid(
             format!("token id {t} is outside the vocabulary of {vocab}"),
@@ -133,7 +139,7 @@ pub async fn detokenize(
         ));
     }
     let prompt = state
-        .model
+        .frontend
         .tokenizer
         .decode(&req.tokens, false)
         .map_err(|e| ApiError::invalid(format!("cannot decode: {e}"), "tokens"))?;

@@ -5,6 +5,7 @@ mod admin;
 mod chat;
 mod completions;
 mod info;
+mod input_items;
 mod responses;
 
 use axum::body::Bytes;
@@ -31,6 +32,7 @@ pub fn router(state: AppState) -> Router {
             "/v1/responses/{id}",
             get(responses::get).delete(responses::delete),
         )
+        .route("/v1/responses/{id}/input_items", get(input_items::list))
         .route("/v1/models", get(info::models))
         .route("/v1/models/{*id}", get(info::model))
         .route("/health", get(info::health))

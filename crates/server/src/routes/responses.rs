@@ -4,7 +4,8 @@
 //! through [`prepare_chat`] — the same prompt rendering, tool mode and constraints. The reply
 //! becomes output items (`message` or `function_call`), streamed as the typed events. With
 //! `store` (the default) the response and its conversation are kept per tenant
-//! (`response_store.rs`); `GET` and `DELETE /v1/responses/{id}` read and drop them.
+//! (`response_store.rs`); `GET` and `DELETE /v1/responses/{id}` read and drop them, and
+//! `GET /v1/responses/{id}/input_items` lists the input (`input_items.rs`).
 
 use api::responses::{
     FunctionCallItem, IncompleteDetails, InputItem, InputRole, InputTokensDetails, OutputItem,
@@ -29,10 +30,13 @@ use crate::error::ApiError;
 use crate::output::collect;
 use crate::response_store::StoredResponse;
 use crate::routes::chat::{prepare_chat, tool_reply};
+use crate::routes::input_items::input_items;
 use crate::routes::read_generation_request;
 use crate::run::{submit, Step};
 use crate::sse::{self, json, SseData};
 use crate::state::{unix_now, AppState};
+use crate::tool_stream::{Piece, ReplyStream};
+use crate::tools::ReplySyntax;
 
 pub async fn create(
     State(state): State<AppState>,
@@ -79,6 +83,7 @@ pub async fn create(
         skeleton: skeleton(&state, &req, &format!("resp_{suffix}")),
         conversation,
         msg_id: format!("msg_{suffix}"),
+        input_items: input_items(&req.input, &suffix),
         call_suffix: suffix,
         tool_mode,
     };
@@ -330,8 +335,11 @@ struct Draft {
     /// The stored history and this request's items (never the instructions).
     conversation: Vec<ChatMessage>,
     msg_id: String,
+    /// This request's input items as `…/input_items` lists them.
+    input_items: Vec<serde_json::Value>,
     call_suffix: String,
-    tool_mode: bool,
+    /// The reply's syntax when tools may be called.
+    tool_mode: Option<ReplySyntax>,
 }
 
 impl Draft {
@@ -353,15 +361,15 @@ impl Draft {
 
     /// The output items of the finished choice: calls (tool mode) or a message.
     fn finish_choice(&self, text: String, reason: FinishReason) -> Finished {
-        if !self.tool_mode {
+        let Some(syntax) = self.tool_mode else {
             return Finished {
                 output: vec![self.message(text.clone(), reason)],
                 reply: ChatMessage::new(Role::Assistant, text),
                 reason,
             };
-        }
+        };
         let suffix = &self.call_suffix;
-        let (reply, _) = tool_reply(text, reason, |j| format!("call_{suffix}n{j}"));
+        let (reply, _) = tool_reply(syntax, text, reason, |j| format!("call_{suffix}n{j}"));
         let output = match &reply.tool_calls {
             Some(calls) => calls
                 .iter()
@@ -385,6 +393,61 @@ impl Draft {
             reply,
             reason,
         }
+    }
+
+    /// The events of streamed pieces in the tool mode: a text answer opens the message (item 0)
+    /// and sends its deltas; a call opens its `function_call` item (the ids `finish_choice`
+    /// gives it) and sends its arguments as `function_call_arguments.delta`.
+    fn piece_events(
+        &self,
+        events: &mut Events,
+        pieces: Vec<Piece>,
+        message_open: &mut bool,
+        calls_open: &mut Vec<FunctionCallItem>,
+    ) -> Vec<SseData> {
+        let mut out = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::Content(text) => {
+                    if !*message_open {
+                        *message_open = true;
+                        out.extend(events.message_start(0, &self.msg_id));
+                    }
+                    out.push(events.text_delta(0, &self.msg_id, text));
+                }
+                Piece::CallStart { index, id, name } => {
+                    let call_id =
+                        id.unwrap_or_else(|| format!("call_{}n{index}", self.call_suffix));
+                    let item = FunctionCallItem {
+                        id: Some(format!(
+                            "fc_{}",
+                            call_id.strip_prefix("call_").unwrap_or(&call_id)
+                        )),
+                        call_id,
+                        name,
+                        arguments: String::new(),
+                        status: Some("in_progress".into()),
+                    };
+                    out.push(events.next(StreamEvent::OutputItemAdded {
+                        output_index: index as u32,
+                        item: OutputItem::FunctionCall(item.clone()),
+                    }));
+                    calls_open.push(item);
+                }
+                Piece::Args { index, text } => {
+                    let item_id = calls_open
+                        .get(index)
+                        .and_then(|c| c.id.clone())
+                        .unwrap_or_default();
+                    out.push(events.next(StreamEvent::FunctionCallArgumentsDelta {
+                        item_id,
+                        output_index: index as u32,
+                        delta: text,
+                    }));
+                }
+            }
+        }
+        out
     }
 
     /// The final response object (stored unless `store: false`).
@@ -423,6 +486,7 @@ impl Draft {
                 StoredResponse {
                     response: r.clone(),
                     conversation,
+                    input_items: self.input_items.clone(),
                 },
             );
         }
@@ -541,7 +605,8 @@ impl Events {
 }
 
 /// The typed event stream: `response.created`, `response.in_progress`, the output items (text
-/// deltas as they come; in the tool mode each item once the reply is complete), then
+/// deltas as they come; in the tool mode through the reply stream: a call's item once its name is
+/// written, then its arguments in pieces), then
 /// `response.completed` (or `response.incomplete`) with the whole response.
 fn stream(
     state: AppState,
@@ -559,37 +624,68 @@ fn stream(
             response: Box::new(draft.skeleton.clone()),
         }),
     ];
-    if !draft.tool_mode {
+    if draft.tool_mode.is_none() {
         prelude.extend(events.message_start(0, &draft.msg_id));
     }
     let mut text = String::new();
     let mut finished: Option<Finished> = None;
+    // Tool mode: the reply stream, whether its text message was opened, and the calls opened.
+    let mut replies = draft.tool_mode.map(ReplyStream::new);
+    let mut message_open = false;
+    let mut calls_open: Vec<FunctionCallItem> = Vec::new();
     let on_step = move |_: &crate::run::Running, step: Step| -> Vec<SseData> {
         let piece = match step {
             Step::Token(t) => t.text,
             Step::Text { text, .. } => text,
             Step::Finished { reason, .. } => {
+                let mut out = Vec::new();
+                if let Some(rs) = replies.as_mut() {
+                    let (pieces, _) = rs.finish(crate::run::finish_reason_name(reason));
+                    out =
+                        draft.piece_events(&mut events, pieces, &mut message_open, &mut calls_open);
+                }
                 let f = draft.finish_choice(std::mem::take(&mut text), reason);
-                let out = if draft.tool_mode {
-                    let mut out = Vec::new();
+                if draft.tool_mode.is_some() {
                     for (i, item) in f.output.iter().enumerate() {
-                        out.extend(events.whole_item(i as u32, item));
+                        let index = i as u32;
+                        match item {
+                            OutputItem::FunctionCall(c) if i < calls_open.len() => {
+                                out.push(events.next(StreamEvent::FunctionCallArgumentsDone {
+                                    item_id: c.id.clone().unwrap_or_default(),
+                                    output_index: index,
+                                    name: c.name.clone(),
+                                    arguments: c.arguments.clone(),
+                                }));
+                                out.push(events.next(StreamEvent::OutputItemDone {
+                                    output_index: index,
+                                    item: item.clone(),
+                                }));
+                            }
+                            OutputItem::Message(m) if message_open => {
+                                let text: String =
+                                    m.content.iter().map(|c| c.text.as_str()).collect();
+                                out.extend(events.message_text_done(index, &m.id, text));
+                                out.push(events.next(StreamEvent::OutputItemDone {
+                                    output_index: index,
+                                    item: item.clone(),
+                                }));
+                            }
+                            _ => out.extend(events.whole_item(index, item)),
+                        }
                     }
-                    out
                 } else {
-                    let mut out = events.message_text_done(
+                    out.extend(events.message_text_done(
                         0,
                         &draft.msg_id,
                         f.reply.content.clone().unwrap_or_default(),
-                    );
+                    ));
                     for item in &f.output {
                         out.push(events.next(StreamEvent::OutputItemDone {
                             output_index: 0,
                             item: item.clone(),
                         }));
                     }
-                    out
-                };
+                }
                 finished = Some(f);
                 return out;
             }
@@ -607,7 +703,11 @@ fn stream(
             }
         };
         text.push_str(&piece);
-        if draft.tool_mode || piece.is_empty() {
+        if let Some(rs) = replies.as_mut() {
+            let pieces = rs.push(&piece);
+            return draft.piece_events(&mut events, pieces, &mut message_open, &mut calls_open);
+        }
+        if piece.is_empty() {
             return Vec::new();
         }
         vec![events.text_delta(0, &draft.msg_id, piece)]

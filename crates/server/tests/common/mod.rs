@@ -29,7 +29,8 @@ pub fn app(settings: ServerSettings) -> (Engine, AppState, Router) {
         ..EngineConfig::default()
     };
     let engine = Engine::start(EngineCore::new(model(), cfg).expect("engine"));
-    let state = AppState::new(engine.handle(), model(), settings).expect("settings");
+    let state =
+        AppState::new(engine.handle(), model().frontend.clone(), settings).expect("settings");
     let router = server::router(state.clone());
     (engine, state, router)
 }

@@ -1,0 +1,173 @@
+//! The end of a step for each request: forking `n > 1` choices, sampling and emitting a token,
+//! stop handling, and finishing a request (retention, usage and timings). Never schedules and
+//! never runs the model.
+
+use std::time::Instant;
+
+use cache::Tick;
+
+use super::{internal, EngineCore};
+use crate::error::EngineError;
+use crate::request::{EngineEvent, FinishReason, Timings, TokenEvent, Usage};
+use crate::sequence::{SeqKey, Sequence};
+
+impl EngineCore {
+    /// Forks choices `1..n` of a request whose prompt was just computed: they share its blocks
+    /// (the partial last block is copied) and sample from the same logits with their own seeds.
+    pub(super) fn fork_choices(&mut self, key: SeqKey, logits: &[f32]) -> Result<(), EngineError> {
+        let tick = Tick(self.tick);
+        let parent = &self.seqs[&key];
+        let n = parent.spec.n;
+        let cs = parent.cache_seq.expect("sampling sequences hold blocks");
+        let mut children = Vec::new();
+        for choice in 1..n as u32 {
+            let fork = self.cache.fork(cs, tick).map_err(internal)?;
+            if let Some(copy) = fork.copy {
+                self.kv
+                    .writer(&mut self.cache, self.tiers.as_mut())
+                    .copy_block(copy.src, copy.dst, copy.num_tokens);
+            }
+            let parent = &self.seqs[&key];
+            let mut spec = parent.spec.clone();
+            spec.sampling.seed = spec.sampling.seed.map(|s| s.wrapping_add(choice as u64));
+            let mut child = Sequence::new(spec, parent.ns, parent.sink.clone());
+            child.cache_seq = Some(fork.child);
+            child.num_computed = parent.num_computed;
+            child.arrival = parent.arrival;
+            child.admitted_at = parent.admitted_at;
+            child.cached_tokens = parent.cached_tokens;
+            child.cache_miss = parent.cache_miss;
+            children.push(SeqKey(key.0, choice));
+            self.seqs.insert(SeqKey(key.0, choice), child);
+        }
+        self.scheduler.insert_forks(key, &children);
+        for c in children {
+            let mut l = logits.to_vec();
+            self.sample_and_emit(c, &mut l);
+        }
+        Ok(())
+    }
+
+    pub(super) fn sample_and_emit(&mut self, id: SeqKey, logits: &mut [f32]) {
+        let eot: Vec<u32> = self.model.tokenizer().eot_ids().to_vec();
+        let s = self.seqs.get_mut(&id).expect("exists");
+        if s.num_generated < s.spec.min_tokens {
+            for &t in eot.iter().chain(&s.spec.stop_token_ids) {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let prompt_len = s.spec.prompt.len();
+        let tok = s.sampler.sample(logits, &s.tokens[..prompt_len]);
+        s.sampler.observe(tok.id);
+        s.tokens.push(tok.id);
+        s.num_generated += 1;
+        if s.first_token_at.is_none() {
+            s.first_token_at = Some(Instant::now());
+        }
+        let is_stop_id = (!s.spec.ignore_eos && eot.contains(&tok.id))
+            || s.spec.stop_token_ids.contains(&tok.id);
+        let mut stopped = is_stop_id;
+        let mut text = String::new();
+        if !is_stop_id && !self.model.tokenizer().is_special(tok.id) {
+            let bytes = self
+                .model
+                .tokenizer()
+                .token_bytes(tok.id)
+                .unwrap_or_default();
+            let pushed = s.text.push(&bytes);
+            text = pushed.text;
+            stopped |= pushed.stopped;
+        }
+        let alive = s.send(EngineEvent::Token(TokenEvent {
+            choice: id.1,
+            id: tok.id,
+            text,
+            logprob: tok.logprob,
+            top_logprobs: tok.top,
+        }));
+        let at_length = s.num_generated >= s.spec.max_tokens
+            || s.tokens.len() >= self.model.config.context_length;
+        if !alive {
+            self.finish(id, FinishReason::Cancelled);
+        } else if stopped {
+            self.finish(id, FinishReason::Stop);
+        } else if at_length {
+            self.finish(id, FinishReason::Length);
+        }
+    }
+
+    /// Ends every request with `err` (after an internal failure), freeing their blocks.
+    pub fn fail_all(&mut self, err: EngineError) {
+        let ids: Vec<SeqKey> = self.seqs.keys().copied().collect();
+        for id in ids {
+            if let Some(s) = self.seqs.get(&id) {
+                let _ = s.send(EngineEvent::Error(err.clone()));
+            }
+            self.finish(id, FinishReason::Cancelled);
+        }
+    }
+
+    pub(super) fn finish(&mut self, id: SeqKey, reason: FinishReason) {
+        let Some(mut s) = self.seqs.remove(&id) else {
+            return;
+        };
+        if let Some(t) = self.tiers.as_mut() {
+            t.forget_request(id);
+        }
+        if let Some(cs) = s.cache_seq.take() {
+            let tick = Tick(self.tick);
+            if let (Some(r), true) = (&s.spec.retention, reason != FinishReason::Cancelled) {
+                // Keep this agent's KV through its tool call: soft, budget-capped retention.
+                let until = Tick(self.tick + r.ttl.as_millis() as u64);
+                if let Ok(out) = self
+                    .cache
+                    .retain_session(r.session, cs, until, r.priority, tick)
+                {
+                    self.stats.retained_blocks += out.retained_blocks as u64;
+                }
+            }
+            let _ = self.cache.free(cs, tick);
+        }
+        self.scheduler.remove(id);
+        if reason == FinishReason::Cancelled {
+            self.stats.cancelled += 1;
+            return;
+        }
+        self.stats.finished += 1;
+        let tail = s.text.finish();
+        // Sent after the step's snapshot is published (`EngineCore::step`).
+        if !tail.is_empty() && reason != FinishReason::Stop {
+            let text = EngineEvent::Text {
+                choice: id.1,
+                text: tail,
+            };
+            self.outbox.push((s.sink.clone(), text));
+        }
+        let now = Instant::now();
+        let timings = Timings {
+            ttft: s
+                .first_token_at
+                .map_or_else(Default::default, |t| t - s.arrival),
+            queue: s
+                .admitted_at
+                .map_or_else(Default::default, |t| t - s.arrival),
+            total: now - s.arrival,
+        };
+        let usage = Usage {
+            prompt_tokens: s.spec.prompt.len(),
+            completion_tokens: s.num_generated,
+            cached_tokens: s.cached_tokens.unwrap_or(0),
+            cache_miss: s.cache_miss,
+        };
+        let finished = EngineEvent::Finished {
+            choice: id.1,
+            reason,
+            usage,
+            timings,
+            num_preemptions: s.num_preemptions,
+        };
+        self.outbox.push((s.sink, finished));
+    }
+}

@@ -1,0 +1,433 @@
+//! [`Scheduler`]: the waiting and running queues, and the decision of what one step computes.
+//!
+//! Owns the queues, the step-time cost model and the rules: decodes first (oldest first), then
+//! prefill chunks of running requests, then admissions in FIFO order with cache-aware grouping
+//! (a request whose prompt shares a block with a prompt being prefilled waits for it);
+//! preemption by recompute of the newest request when a decode finds no block; chunks capped by
+//! the token budget and the step-time target. It turns the cache's bookkeeping into a
+//! [`StepPlan`], extending block tables, looking up prefixes and taking finished tier lookups
+//! as it goes. It never touches the model or K/V bytes and never starts tier I/O: tier payloads
+//! and new tier lookups travel in the plan for the executor. Testable with a bare [`KvCache`].
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use cache::{KvCache, MissReason, PrefixMiss, SeqError, Tick};
+
+use crate::error::EngineError;
+use crate::plan::{PrefetchStart, StepPlan, TierLoad, Work};
+use crate::sequence::{SeqKey, Sequence};
+use crate::step_budget::{StepBudget, StepCostModel, StepLoad};
+use crate::tier_events::{Publisher, TierEvents};
+use crate::tiering::{TierExtension, TierMatch};
+
+/// The scheduler's limits (from `EngineConfig`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SchedulerConfig {
+    pub max_batch_tokens: usize,
+    pub max_seqs: usize,
+    pub block_size: usize,
+    pub prefix_caching: bool,
+    pub budget: StepBudget,
+}
+
+/// Everything one scheduling decision reads and updates besides the queues.
+pub(crate) struct SchedContext<'a> {
+    pub cache: &'a mut KvCache,
+    pub seqs: &'a mut HashMap<SeqKey, Sequence>,
+    pub tiers: Option<&'a mut dyn TierMatch>,
+    pub events: &'a mut TierEvents,
+    pub tick: Tick,
+}
+
+/// What admission did with a waiting request.
+enum Admission {
+    Run(Work),
+    /// Not enough free blocks now: stop admitting.
+    NoBlocks,
+    /// Its tier blocks are still loading: try the next request.
+    Later,
+}
+
+pub(crate) struct Scheduler {
+    cfg: SchedulerConfig,
+    waiting: VecDeque<SeqKey>,
+    /// Admission order: the newest is last (preempted first).
+    running: Vec<SeqKey>,
+    /// Online model of step time, for the prefill cap of steps that carry decodes.
+    cost: StepCostModel,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig) -> Self {
+        Scheduler {
+            cfg,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            cost: StepCostModel::default(),
+        }
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Queues a submitted request last.
+    pub fn enqueue(&mut self, id: SeqKey) {
+        self.waiting.push_back(id);
+    }
+
+    /// Forgets a finished or cancelled request.
+    pub fn remove(&mut self, id: SeqKey) {
+        self.running.retain(|r| *r != id);
+        self.waiting.retain(|r| *r != id);
+    }
+
+    /// Places forked choices right after their parent in the running order.
+    pub fn insert_forks(&mut self, parent: SeqKey, children: &[SeqKey]) {
+        let pos = self
+            .running
+            .iter()
+            .position(|r| *r == parent)
+            .map_or(self.running.len(), |p| p + 1);
+        for (i, c) in children.iter().enumerate() {
+            self.running.insert(pos + i, *c);
+        }
+    }
+
+    /// Feeds the measured duration of an executed plan to the step-time model.
+    pub fn observe(&mut self, plan: &StepPlan, took: Duration) {
+        let mut load = StepLoad::default();
+        for w in &plan.work {
+            load.add(w.start, w.len);
+        }
+        self.cost.observe(load, took);
+    }
+
+    /// Decides one step. Block tables are extended for every planned chunk; requests admitted
+    /// now hold their blocks; preempted ones are back at the head of the queue.
+    pub fn schedule(&mut self, cx: &mut SchedContext<'_>) -> Result<StepPlan, EngineError> {
+        if let Some(t) = cx.tiers.as_deref_mut() {
+            t.begin_step();
+        }
+        let mut plan = StepPlan::default();
+        let mut budget = self.cfg.max_batch_tokens;
+        // What the step holds so far, for the prefill cap (`step_budget`).
+        let mut load = StepLoad::default();
+        // 1. Decodes first, oldest first, so inter-token latency stays flat under long prefills.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 && plan.work.len() < self.cfg.max_seqs {
+            let id = self.running[i];
+            if !cx.seqs[&id].is_decoding() {
+                i += 1;
+                continue;
+            }
+            if append(cx, id, 1)? {
+                let start = cx.seqs[&id].num_computed;
+                load.add(start, 1);
+                plan.work.push(Work { id, start, len: 1 });
+                budget -= 1;
+                i += 1;
+                continue;
+            }
+            // Out of blocks: preempt the newest running request not yet planned.
+            let victim = self
+                .running
+                .iter()
+                .rev()
+                .copied()
+                .find(|v| !plan.work.iter().any(|w| w.id == *v));
+            let Some(v) = victim else {
+                return Err(EngineError::Internal(
+                    "no block for a decode and nothing to preempt".into(),
+                ));
+            };
+            self.preempt(cx, v, &mut plan);
+            if let Some(p) = self.running.iter().position(|r| *r == id) {
+                i = p;
+            }
+        }
+        let has_decodes = !plan.work.is_empty();
+        let mut prefill_in_step = 0;
+        // 2. Prefill chunks of running requests.
+        for idx in 0..self.running.len() {
+            if budget == 0 || plan.work.len() >= self.cfg.max_seqs {
+                break;
+            }
+            let id = self.running[idx];
+            let s = &cx.seqs[&id];
+            if s.is_decoding() || s.num_pending() == 0 {
+                continue;
+            }
+            let start = s.num_computed;
+            let want = s.num_pending().min(budget);
+            let len = self.prefill_cap(&load, has_decodes, prefill_in_step, start, want);
+            if len == 0 {
+                break; // no more prefill fits in this step
+            }
+            if append(cx, id, len)? {
+                load.add(start, len);
+                prefill_in_step += len;
+                plan.work.push(Work { id, start, len });
+                budget -= len;
+            }
+        }
+        // 3. Admit waiting requests (FIFO, cache-aware grouping).
+        let mut skipped = VecDeque::new();
+        while budget > 0
+            && self.running.len() < self.cfg.max_seqs
+            && plan.work.len() < self.cfg.max_seqs
+        {
+            if self.prefill_cap(&load, has_decodes, prefill_in_step, 0, 1) == 0 {
+                break; // not even one more prompt token fits in this step
+            }
+            let Some(id) = self.waiting.pop_front() else {
+                break;
+            };
+            if self.shares_prefix_in_flight(cx, id) {
+                skipped.push_back(id);
+                continue;
+            }
+            let step = (has_decodes, prefill_in_step);
+            match self.admit(cx, id, budget, &load, step, &mut plan)? {
+                Admission::Run(w) => {
+                    budget -= w.len;
+                    prefill_in_step += w.len;
+                    load.add(w.start, w.len);
+                    plan.work.push(w);
+                }
+                Admission::NoBlocks => {
+                    self.waiting.push_front(id);
+                    break;
+                }
+                Admission::Later => skipped.push_back(id),
+            }
+        }
+        while let Some(id) = skipped.pop_back() {
+            self.waiting.push_front(id);
+        }
+        // Nothing could run although requests hold blocks: free the newest to make progress.
+        if plan.work.is_empty() && !self.running.is_empty() && !self.waiting.is_empty() {
+            let v = *self.running.last().expect("non-empty");
+            self.preempt(cx, v, &mut plan);
+        }
+        cx.events.record(cx.cache, None);
+        Ok(plan)
+    }
+
+    /// The prefill chunk allowed at `start` (at most `want` tokens) in a step holding `load`
+    /// (with `prefill_in_step` prefill tokens so far); 0 when no more prefill fits.
+    fn prefill_cap(
+        &self,
+        load: &StepLoad,
+        has_decodes: bool,
+        prefill_in_step: usize,
+        start: usize,
+        want: usize,
+    ) -> usize {
+        self.cfg
+            .budget
+            .cap(&self.cost, load, has_decodes, prefill_in_step, start, want)
+    }
+
+    /// A waiting request whose prompt shares at least one full block with a prompt being
+    /// prefilled right now (same namespace) waits, so the shared prefix is computed once.
+    fn shares_prefix_in_flight(&self, cx: &SchedContext<'_>, id: SeqKey) -> bool {
+        if !self.cfg.prefix_caching {
+            return false;
+        }
+        let w = &cx.seqs[&id];
+        let bs = self.cfg.block_size;
+        let cached = cx.cache.peek_prefix(&w.ns, &w.tokens);
+        self.running.iter().any(|r| {
+            let r = &cx.seqs[r];
+            if r.ns != w.ns || r.num_generated > 0 {
+                return false;
+            }
+            let common = r
+                .tokens
+                .iter()
+                .zip(&w.tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let common_blocks = common.min(w.tokens.len() - 1) / bs * bs;
+            common_blocks > cached && r.num_computed < common_blocks
+        })
+    }
+
+    /// Gives `id` blocks and its first chunk, with its prompt's cached prefix from the active
+    /// pool and then from its finished tier lookup; `Later` while a lookup is in flight (or was
+    /// just requested in the plan).
+    fn admit(
+        &mut self,
+        cx: &mut SchedContext<'_>,
+        id: SeqKey,
+        budget: usize,
+        load: &StepLoad,
+        (has_decodes, prefill_in_step): (bool, usize),
+        plan: &mut StepPlan,
+    ) -> Result<Admission, EngineError> {
+        let bs = self.cfg.block_size;
+        let tick = cx.tick;
+        let (cs, cached, miss) = if self.cfg.prefix_caching {
+            let s = &cx.seqs[&id];
+            let (ns, num_tokens) = (s.ns, s.tokens.len());
+            let m = cx.cache.lookup(&ns, &s.tokens, tick);
+            let active = m.num_cached_tokens();
+            let active_miss = m.miss();
+            let active_blocks = m.blocks().len();
+            let max_blocks = (num_tokens - 1) / bs;
+            // Continue the match with the request's tier lookup (full blocks, adjacent).
+            let mut loaded = None;
+            if let Some(t) = cx.tiers.as_deref_mut() {
+                let start = |refetch| PrefetchStart {
+                    id,
+                    first_block: active_blocks,
+                    max_blocks,
+                    refetch,
+                };
+                let later = match t.extend_match(id) {
+                    TierExtension::Pending => true,
+                    TierExtension::None if active_blocks < max_blocks => {
+                        plan.prefetches.push(start(false));
+                        true
+                    }
+                    TierExtension::None | TierExtension::TimedOut => false,
+                    TierExtension::Ready(l) if l.first_block > active_blocks => {
+                        // The active pool lost blocks since the lookup: look again from here.
+                        plan.prefetches.push(start(true));
+                        true
+                    }
+                    TierExtension::Ready(l) => {
+                        loaded = Some(l);
+                        false
+                    }
+                };
+                if later {
+                    cx.cache.release_match(m, tick).map_err(internal)?;
+                    return Ok(Admission::Later);
+                }
+            }
+            // Blocks the active pool already holds are skipped; the rest continue the chain.
+            let skip = loaded.as_ref().map_or(0, |l| active_blocks - l.first_block);
+            let num_loaded = loaded
+                .as_ref()
+                .map_or(0, |l| l.payloads.len().saturating_sub(skip));
+            let planned = active + num_loaded * bs;
+            let len = (num_tokens - planned).min(budget);
+            let needed = (planned + len).div_ceil(bs) - active_blocks;
+            if !cx.cache.can_allocate(needed as u32) {
+                cx.cache.release_match(m, tick).map_err(internal)?;
+                if let (Some(t), Some(l)) = (cx.tiers.as_deref_mut(), loaded) {
+                    t.put_back(id, l);
+                }
+                return Ok(Admission::NoBlocks);
+            }
+            let cs = cx.cache.create_sequence(m).map_err(internal)?;
+            let mut cached = active;
+            if let Some(mut l) = loaded.filter(|_| num_loaded > 0) {
+                let toks = &cx.seqs[&id].tokens[active..active + num_loaded * bs];
+                let blocks = cx.cache.append_tokens(cs, toks, tick).map_err(internal)?;
+                // Evictions made room for them: recorded before the loaded blocks' publish.
+                cx.events.record(cx.cache, None);
+                let payloads: Vec<Vec<u8>> = l.payloads.drain(skip..skip + num_loaded).collect();
+                plan.tier_loads.push(TierLoad {
+                    id,
+                    blocks,
+                    payloads,
+                });
+                cached += num_loaded * bs;
+                cx.cache.mark_written(cs, cached, tick).map_err(internal)?;
+                // Loaded blocks came from a tier: published without writing them back.
+                cx.events.record(cx.cache, Some(Publisher::loaded(&ns)));
+            }
+            // With tier blocks loaded, the prefix ends where the tiers' chain ended.
+            let miss = match active_miss {
+                Some(_) if num_loaded > 0 => (cached < max_blocks * bs).then_some(PrefixMiss {
+                    at_token: cached,
+                    reason: MissReason::Uncached,
+                }),
+                m => m,
+            };
+            (cs, cached, miss)
+        } else {
+            let s = &cx.seqs[&id];
+            let len = s.tokens.len().min(budget);
+            if !cx.cache.can_allocate(len.div_ceil(bs) as u32) {
+                return Ok(Admission::NoBlocks);
+            }
+            (cx.cache.create_empty_sequence(&s.ns), 0, None)
+        };
+        let s = cx.seqs.get_mut(&id).expect("waiting sequences exist");
+        s.cache_seq = Some(cs);
+        s.num_computed = cached;
+        if s.cached_tokens.is_none() {
+            s.cached_tokens = Some(cached);
+            s.cache_miss = miss;
+            s.admitted_at = Some(Instant::now());
+            plan.first_admissions.push(id);
+        }
+        let want = (s.tokens.len() - cached).min(budget);
+        // At least one token: admission already checked that the step has room for more prefill.
+        let len = self
+            .prefill_cap(load, has_decodes, prefill_in_step, cached, want)
+            .max(1)
+            .min(want);
+        self.running.push(id);
+        if !append(cx, id, len)? {
+            return Err(EngineError::Internal(
+                "allocation failed after can_allocate".into(),
+            ));
+        }
+        Ok(Admission::Run(Work {
+            id,
+            start: cached,
+            len,
+        }))
+    }
+
+    /// Frees `id`'s blocks and puts it back at the head of the queue (recomputed from scratch).
+    fn preempt(&mut self, cx: &mut SchedContext<'_>, id: SeqKey, plan: &mut StepPlan) {
+        let s = cx.seqs.get_mut(&id).expect("running sequences exist");
+        if let Some(cs) = s.cache_seq.take() {
+            let _ = cx.cache.free(cs, cx.tick);
+        }
+        s.num_computed = 0;
+        s.num_preemptions += 1;
+        self.running.retain(|r| *r != id);
+        self.waiting.push_front(id);
+        plan.preempted.push(id);
+    }
+}
+
+/// Appends the next `len` pending tokens of `id` to its block table. `false` = out of blocks.
+fn append(cx: &mut SchedContext<'_>, id: SeqKey, len: usize) -> Result<bool, EngineError> {
+    let s = &cx.seqs[&id];
+    let cs = s.cache_seq.expect("running sequences hold blocks");
+    let have = cx.cache.num_tokens(cs).map_err(internal)?;
+    debug_assert_eq!(
+        have, s.num_computed,
+        "cache and engine agree on computed tokens"
+    );
+    let toks = &s.tokens[have..have + len];
+    match cx.cache.append_tokens(cs, toks, cx.tick) {
+        Ok(_) => Ok(true),
+        Err(SeqError::Alloc(_)) => Ok(false),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Internal(e.to_string())
+}
+
+#[cfg(test)]
+mod tests;

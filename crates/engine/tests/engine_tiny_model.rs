@@ -1,0 +1,328 @@
+//! The engine on a tiny random-weight model built in memory (`model::testing`, no download):
+//! the scheduling guarantees — output independent of batching, chunking, caching, preemption and
+//! forking — and a seeded random drive with submit, cancel, preemption and failing tiers that
+//! checks the cache's invariants after every step. The real-model tests keep the end-to-end
+//! guarantees; these run in seconds and exercise the scheduler's corners.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use engine::{EngineConfig, EngineCore, EngineEvent, FinishReason, RequestId, RequestSpec};
+use model::testing::{tiny_model, TinyModelSpec};
+use model::{Model, SamplingParams};
+use rand::{Rng, SeedableRng};
+use tier::{Compression, FaultStore, RamConfig, RamStore, TierStore};
+use tokio::sync::mpsc;
+
+fn model() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| Arc::new(tiny_model(&TinyModelSpec::default()).unwrap()))
+        .clone()
+}
+
+/// Prompts over the byte tokens; `shared` leading tokens are common to all.
+fn prompts(n: usize, shared: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let common: Vec<u32> = (0..shared).map(|_| rng.gen_range(3..259)).collect();
+    (0..n)
+        .map(|_| {
+            let extra = rng.gen_range(1..40);
+            let mut p = common.clone();
+            p.extend((0..extra).map(|_| rng.gen_range(3..259u32)));
+            p
+        })
+        .collect()
+}
+
+/// A greedy request that always generates `max_tokens` (the tiny model's end-of-turn token
+/// would end some early).
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> RequestSpec {
+    RequestSpec {
+        ignore_eos: true,
+        ..RequestSpec::greedy(prompt, max_tokens)
+    }
+}
+
+fn cfg(num_blocks: usize, max_batch_tokens: usize) -> EngineConfig {
+    EngineConfig {
+        num_blocks,
+        block_size: 4,
+        max_batch_tokens,
+        threads: 1,
+        ..Default::default()
+    }
+}
+
+/// Token ids (and logprob bits) of one finished choice.
+type Output = Vec<(u32, u32)>;
+
+/// Submits every spec at once and steps to completion; outputs by (request, choice).
+fn run(core: &mut EngineCore, specs: Vec<RequestSpec>) -> HashMap<(usize, u32), Output> {
+    let mut rxs = Vec::new();
+    for (i, spec) in specs.into_iter().enumerate() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        core.submit(RequestId(i as u64), spec, tx).unwrap();
+        rxs.push(rx);
+    }
+    while core.has_work() {
+        core.step().unwrap();
+        core.cache().check_invariants().unwrap();
+    }
+    let mut outs = HashMap::new();
+    for (i, mut rx) in rxs.into_iter().enumerate() {
+        while let Ok(ev) = rx.try_recv() {
+            match ev {
+                EngineEvent::Token(t) => outs
+                    .entry((i, t.choice))
+                    .or_insert_with(Vec::new)
+                    .push((t.id, t.logprob.to_bits())),
+                EngineEvent::Error(e) => panic!("request {i}: {e}"),
+                _ => {}
+            }
+        }
+    }
+    outs
+}
+
+fn alone(p: &[u32], max_tokens: usize) -> Output {
+    let mut core = EngineCore::new(model(), cfg(256, 512)).unwrap();
+    run(&mut core, vec![greedy(p.to_vec(), max_tokens)])
+        .remove(&(0, 0))
+        .unwrap()
+}
+
+#[test]
+fn outputs_are_identical_alone_batched_chunked_and_with_the_cache_off() {
+    let ps = prompts(6, 24, 1);
+    let want: Vec<Output> = ps.iter().map(|p| alone(p, 6)).collect();
+    for (caching, batch) in [(true, 512), (true, 7), (false, 16)] {
+        let mut c = cfg(256, batch);
+        c.prefix_caching = caching;
+        let mut core = EngineCore::new(model(), c).unwrap();
+        let specs = ps.iter().map(|p| greedy(p.clone(), 6)).collect();
+        let got = run(&mut core, specs);
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(
+                &got[&(i, 0)],
+                w,
+                "prompt {i}, caching {caching}, batch {batch}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_small_pool_preempts_and_outputs_stay_identical() {
+    let ps = prompts(5, 0, 2);
+    let want: Vec<Output> = ps.iter().map(|p| alone(p, 40)).collect();
+    // Requests admitted with their prompts (up to 39 tokens) each grow by 40 tokens: a pool of
+    // 24 blocks of 4 tokens cannot hold the running ones to the end.
+    let mut core = EngineCore::new(model(), cfg(24, 64)).unwrap();
+    let specs = ps.iter().map(|p| greedy(p.clone(), 40)).collect();
+    let got = run(&mut core, specs);
+    assert!(core.stats().preemptions > 0, "{:?}", core.stats());
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&got[&(i, 0)], w, "prompt {i}");
+    }
+    assert_eq!(core.cache().usage().in_use, 0);
+}
+
+#[test]
+fn choices_fork_after_the_prompt_and_sample_as_separate_seeded_requests() {
+    let p = prompts(1, 0, 3).remove(0);
+    let sampled = |n: usize, seed: u64| {
+        let mut spec = greedy(p.clone(), 8);
+        spec.sampling = SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            ..Default::default()
+        };
+        spec.n = n;
+        spec
+    };
+    let mut core = EngineCore::new(model(), cfg(256, 512)).unwrap();
+    let forked = run(&mut core, vec![sampled(3, 100)]);
+    assert_eq!(
+        core.stats().prefill_tokens,
+        p.len() as u64,
+        "the prompt is computed once"
+    );
+    for choice in 0..3u32 {
+        let mut alone_core = EngineCore::new(model(), cfg(256, 512)).unwrap();
+        let single = run(&mut alone_core, vec![sampled(1, 100 + choice as u64)]);
+        assert_eq!(forked[&(0, choice)], single[&(0, 0)], "choice {choice}");
+    }
+}
+
+/// Random submissions, cancellations (by dropping the receiver and by `cancel`), a pool small
+/// enough to preempt, and a RAM tier that fails and corrupts at random: the cache's invariants
+/// hold after every step, every request ends exactly once, and no block stays in use.
+#[test]
+fn random_submit_cancel_preempt_and_tier_faults_keep_the_invariants() {
+    let (mut preemptions, mut tier_loads, mut tier_faults) = (0, 0, 0);
+    for seed in 0..6u64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let store = Arc::new(FaultStore::new(RamStore::new(RamConfig {
+            max_bytes: 1 << 22,
+            compression: Compression::None,
+        })));
+        let stores: Vec<Arc<dyn TierStore>> = vec![store.clone()];
+        let mut core = EngineCore::with_tier_stores(model(), cfg(24, 32), stores).unwrap();
+        let ps = prompts(40, 12, seed);
+        let mut live: HashMap<u64, mpsc::UnboundedReceiver<EngineEvent>> = HashMap::new();
+        let mut ended: HashMap<u64, FinishReason> = HashMap::new();
+        let mut next = 0u64;
+        for _ in 0..600 {
+            if next < ps.len() as u64 && rng.gen_bool(0.3) {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let p = ps[next as usize].clone();
+                let spec = greedy(p, rng.gen_range(1..30));
+                core.submit(RequestId(next), spec, tx).unwrap();
+                live.insert(next, rx);
+                next += 1;
+            }
+            match rng.gen_range(0..40) {
+                0 => {
+                    // The client went away: the engine notices at its next token.
+                    if let Some(&id) = live.keys().next() {
+                        live.remove(&id);
+                        ended.insert(id, FinishReason::Cancelled);
+                    }
+                }
+                1 => {
+                    if let Some(&id) = live.keys().next() {
+                        core.cancel(RequestId(id));
+                        live.remove(&id);
+                        ended.insert(id, FinishReason::Cancelled);
+                    }
+                }
+                2 => store.set_failing(rng.gen_bool(0.5)),
+                3 => store.set_corrupt_reads(rng.gen_bool(0.5)),
+                _ => {}
+            }
+            if core.has_work() {
+                core.step().unwrap();
+            }
+            core.cache().check_invariants().unwrap();
+            for (&id, rx) in live.iter_mut() {
+                while let Ok(ev) = rx.try_recv() {
+                    match ev {
+                        EngineEvent::Finished { reason, .. } => {
+                            assert!(
+                                ended.insert(id, reason).is_none(),
+                                "request {id} ended twice"
+                            );
+                        }
+                        EngineEvent::Error(e) => panic!("request {id}: {e}"),
+                        _ => {}
+                    }
+                }
+            }
+            live.retain(|id, _| !ended.contains_key(id));
+        }
+        store.set_failing(false);
+        store.set_corrupt_reads(false);
+        while core.has_work() {
+            core.step().unwrap();
+            core.cache().check_invariants().unwrap();
+        }
+        for (id, mut rx) in live {
+            let mut finished = false;
+            while let Ok(ev) = rx.try_recv() {
+                finished |= matches!(ev, EngineEvent::Finished { .. });
+            }
+            assert!(finished, "seed {seed}: request {id} never finished");
+        }
+        assert_eq!(core.cache().usage().in_use, 0, "seed {seed}");
+        assert_eq!(core.num_waiting() + core.num_running(), 0);
+        preemptions += core.stats().preemptions;
+        let t = &core.snapshot().tiers.tiers[0].engine;
+        tier_loads += t.loaded_blocks;
+        tier_faults += t.errors + t.rejected;
+    }
+    // The drive reached what it is meant to exercise.
+    assert!(preemptions > 0, "no preemption");
+    assert!(tier_loads > 0, "no tier load");
+    assert!(tier_faults > 0, "no tier fault");
+}
+
+/// A store whose every call blocks until [`FrozenStore::thaw`] (a redis-server stopped with
+/// SIGSTOP); its counters still answer.
+#[derive(Default)]
+struct FrozenStore {
+    thawed: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl FrozenStore {
+    fn block(&self) {
+        let mut thawed = self.thawed.lock().unwrap();
+        while !*thawed {
+            thawed = self.cv.wait(thawed).unwrap();
+        }
+    }
+
+    fn thaw(&self) {
+        *self.thawed.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+impl TierStore for FrozenStore {
+    fn kind(&self) -> tier::TierKind {
+        tier::TierKind::Redis
+    }
+    fn contains_prefix(&self, _: &[tier::TierKey]) -> Result<usize, tier::TierError> {
+        self.block();
+        Ok(0)
+    }
+    fn get_many(
+        &self,
+        keys: &[tier::TierKey],
+    ) -> Result<Vec<Option<tier::StoredBlock>>, tier::TierError> {
+        self.block();
+        Ok(vec![None; keys.len()])
+    }
+    fn put_many(&self, _: &[tier::BlockRef<'_>]) -> Result<(), tier::TierError> {
+        self.block();
+        Ok(())
+    }
+    fn remove(&self, _: &[tier::TierKey]) -> Result<(), tier::TierError> {
+        self.block();
+        Ok(())
+    }
+    fn stats(&self) -> tier::TierStats {
+        tier::TierStats::default()
+    }
+}
+
+/// F1 (frozen Redis froze the server): a tier that never answers delays each request by the
+/// lookup timeout at most, the write queue stays bounded, and outputs are unchanged.
+#[test]
+fn f1_a_tier_that_never_answers_never_stalls_requests() {
+    /// Thaws the store however the test ends, so the engine's tier threads can finish.
+    struct Thaw(Arc<FrozenStore>);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            self.0.thaw();
+        }
+    }
+    let store = Arc::new(FrozenStore::default());
+    let mut c = cfg(256, 512);
+    c.tiers.write_on_publish = true;
+    c.tiers.lookup_timeout = std::time::Duration::from_millis(100);
+    c.tiers.max_queued_write_bytes = 8 << 10;
+    let stores: Vec<Arc<dyn TierStore>> = vec![store.clone()];
+    let mut core = EngineCore::with_tier_stores(model(), c, stores).unwrap();
+    let _thaw = Thaw(store.clone());
+    let started = std::time::Instant::now();
+    for (i, p) in prompts(4, 20, 5).iter().enumerate() {
+        let got = run(&mut core, vec![greedy(p.clone(), 4)]);
+        assert_eq!(got[&(0, 0)], alone(p, 4), "prompt {i}");
+    }
+    // A hang detector, not a performance bound: four lookups of 100 ms each fit easily.
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    let t = core.snapshot().tiers;
+    assert!(t.lookup_timeouts >= 1, "{t:?}");
+    assert!(t.dropped_writes > 0, "the write queue is bounded: {t:?}");
+}

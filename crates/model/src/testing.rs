@@ -1,0 +1,201 @@
+//! Tiny random-weight models for the tests of the crates above this one (behind the `testing`
+//! feature): a complete [`Model`] — config, F32 weights, a byte-level BPE tokenizer with ChatML
+//! control tokens, a chat template — built in memory in milliseconds, so scheduler, engine and
+//! server tests need no download. Its outputs are meaningless but deterministic, which is all
+//! those tests compare. Never used by the product.
+
+use std::path::Path;
+
+use rand::{Rng, SeedableRng};
+
+use crate::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
+use crate::model::{LoadError, Model};
+use crate::tokenizer::unicode::byte_to_char;
+
+/// Shape of a tiny model.
+#[derive(Debug, Clone, Copy)]
+pub struct TinyModelSpec {
+    pub seed: u64,
+    pub num_layers: usize,
+    pub hidden: usize,
+    pub ffn: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub context_length: usize,
+}
+
+impl Default for TinyModelSpec {
+    fn default() -> Self {
+        TinyModelSpec {
+            seed: 1,
+            num_layers: 2,
+            hidden: 64,
+            ffn: 96,
+            num_heads: 4,
+            num_kv_heads: 2,
+            context_length: 1024,
+        }
+    }
+}
+
+/// Token ids of the tiny vocabulary: three control tokens, one token per byte, then one merged
+/// token (`" t"`).
+pub const TINY_ENDOFTEXT: u32 = 0;
+pub const TINY_IM_START: u32 = 1;
+pub const TINY_IM_END: u32 = 2;
+/// The token of byte `b` is `TINY_FIRST_BYTE + b`.
+pub const TINY_FIRST_BYTE: u32 = 3;
+/// Vocabulary size of every tiny model.
+pub const TINY_VOCAB: usize = 3 + 256 + 1;
+
+const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + \
+message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}\
+{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// The GGUF bytes of a tiny `llama` model (tied output embedding, interleaved RoPE).
+pub fn tiny_model_gguf(spec: &TinyModelSpec) -> Vec<u8> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
+    let mut w = GgufWriter::new();
+    let arch = "llama";
+    let a = |k: &str| format!("{arch}.{k}");
+    w.add_metadata("general.architecture", MetaValue::String(arch.into()));
+    for (k, v) in [
+        ("block_count", spec.num_layers),
+        ("embedding_length", spec.hidden),
+        ("feed_forward_length", spec.ffn),
+        ("attention.head_count", spec.num_heads),
+        ("attention.head_count_kv", spec.num_kv_heads),
+        ("context_length", spec.context_length),
+        ("vocab_size", TINY_VOCAB),
+    ] {
+        w.add_metadata(a(k), MetaValue::U32(v as u32));
+    }
+    w.add_metadata(a("rope.freq_base"), MetaValue::F32(10000.0));
+    w.add_metadata(a("attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-5));
+    add_tokenizer(&mut w);
+    let head_dim = spec.hidden / spec.num_heads;
+    let kv_dim = spec.num_kv_heads * head_dim;
+    let (h, f) = (spec.hidden, spec.ffn);
+    let mut tensors: Vec<(String, usize, usize, f32)> = vec![
+        ("token_embd.weight".into(), TINY_VOCAB, h, 1.0),
+        ("output_norm.weight".into(), 1, h, 1.0),
+    ];
+    for l in 0..spec.num_layers {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        tensors.extend([
+            (n("attn_norm.weight"), 1, h, 1.0),
+            (n("ffn_norm.weight"), 1, h, 1.0),
+            (n("attn_q.weight"), h, h, 0.3),
+            (n("attn_k.weight"), kv_dim, h, 0.3),
+            (n("attn_v.weight"), kv_dim, h, 0.3),
+            (n("attn_output.weight"), h, h, 0.2),
+            (n("ffn_gate.weight"), f, h, 0.2),
+            (n("ffn_up.weight"), f, h, 0.2),
+            (n("ffn_down.weight"), h, f, 0.2),
+        ]);
+    }
+    for (name, rows, cols, scale) in tensors {
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.gen_range(-1.0f32..1.0) * scale)
+            .collect();
+        let dims: Vec<u64> = if rows == 1 {
+            vec![cols as u64]
+        } else {
+            vec![cols as u64, rows as u64]
+        };
+        w.add_tensor_f32(name, &dims, &data, GgmlType::F32)
+            .expect("tensor shapes are consistent");
+    }
+    w.to_bytes().expect("a well-formed tiny model")
+}
+
+fn add_tokenizer(w: &mut GgufWriter) {
+    let mut tokens = vec![
+        "<|endoftext|>".to_string(),
+        "<|im_start|>".to_string(),
+        "<|im_end|>".to_string(),
+    ];
+    let mut types = vec![3i32, 3, 3];
+    for b in 0..=255u8 {
+        tokens.push(byte_to_char(b).to_string());
+        types.push(1);
+    }
+    // One merge: a BPE tokenizer needs a merge table.
+    let merges = vec![MetaValue::String("Ġ t".into())];
+    tokens.push("Ġt".into());
+    types.push(1);
+    let strings = tokens.into_iter().map(MetaValue::String).collect();
+    w.add_metadata("tokenizer.ggml.model", MetaValue::String("gpt2".into()));
+    w.add_metadata("tokenizer.ggml.pre", MetaValue::String("default".into()));
+    w.add_metadata("tokenizer.ggml.tokens", MetaValue::Array(strings));
+    w.add_metadata(
+        "tokenizer.ggml.token_type",
+        MetaValue::Array(types.into_iter().map(MetaValue::I32).collect()),
+    );
+    w.add_metadata("tokenizer.ggml.merges", MetaValue::Array(merges));
+    w.add_metadata(
+        "tokenizer.ggml.bos_token_id",
+        MetaValue::U32(TINY_ENDOFTEXT),
+    );
+    w.add_metadata("tokenizer.ggml.eos_token_id", MetaValue::U32(TINY_IM_END));
+    w.add_metadata("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
+    w.add_metadata("tokenizer.chat_template", MetaValue::String(CHATML.into()));
+}
+
+/// A tiny model built in memory (see [`tiny_model_gguf`]).
+pub fn tiny_model(spec: &TinyModelSpec) -> Result<Model, LoadError> {
+    let path = Path::new("tiny-model.gguf");
+    let file = GgufFile::from_bytes(tiny_model_gguf(spec)).map_err(|source| LoadError::Gguf {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Model::from_gguf(file, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tiny_model_loads_tokenizes_renders_chat_and_runs() {
+        let m = tiny_model(&TinyModelSpec::default()).unwrap();
+        assert_eq!(m.config.vocab_size, TINY_VOCAB);
+        let ids = m.tokenizer().encode("hi", false, false).unwrap();
+        assert_eq!(
+            ids,
+            [TINY_FIRST_BYTE + b'h' as u32, TINY_FIRST_BYTE + b'i' as u32]
+        );
+        let msgs = [crate::chat::ChatMessage::new("user", "hi")];
+        let text = m
+            .chat_template_or_fallback()
+            .render(&msgs, None, true)
+            .unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let out = greedy(&m, &ids, 4);
+        assert_eq!(out.len(), 4);
+        assert_eq!(out, greedy(&m, &ids, 4), "deterministic");
+        let other = tiny_model(&TinyModelSpec {
+            seed: 2,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_ne!(
+            greedy(&other, &ids, 8),
+            greedy(&m, &ids, 8),
+            "another seed is another model"
+        );
+    }
+
+    fn greedy(m: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+        let opts = crate::generate::GenerateOptions {
+            max_tokens: n,
+            ..Default::default()
+        };
+        let pool = crate::ThreadPool::new(1);
+        let (toks, _) = crate::generate::generate(m, &pool, prompt, &opts, |_| true).unwrap();
+        toks.iter().map(|t| t.id).collect()
+    }
+}
