@@ -31,7 +31,8 @@
 //!          max_requests_per_tenant: 64, max_tokens_per_tenant: 262144, default_max_tokens: 1024,
 //!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512,
 //!          step_time_target_ms: 0, min_prefill_tokens_per_step: 32,
-//!          max_stored_responses_per_tenant: 1024, max_stored_response_bytes_per_tenant: 67108864}
+//!          max_stored_responses_per_tenant: 1024, max_stored_response_bytes_per_tenant: 67108864,
+//!          max_connections: 1024, header_timeout_s: 10, body_timeout_s: 30}
 //! ```
 
 use std::collections::BTreeMap;
@@ -230,6 +231,12 @@ pub struct LimitsSection {
     pub step_time_target_ms: Option<u64>,
     /// Prefill tokens a step with decodes may always carry.
     pub min_prefill_tokens_per_step: Option<usize>,
+    /// Open connections (one more gets a 503 and is closed).
+    pub max_connections: Option<usize>,
+    /// Seconds a connection has to send a complete request head.
+    pub header_timeout_s: Option<f64>,
+    /// Seconds a request has to send its whole body (else 408).
+    pub body_timeout_s: Option<f64>,
 }
 
 /// A size in bytes written as `2GB`, `1.5GiB`, `512MB` or a plain number.
@@ -313,6 +320,14 @@ impl FileConfig {
         }
         if let Some(q) = &self.kv_cache_config.quantization {
             q.to_dtype()?;
+        }
+        for (name, v) in [
+            ("limits.header_timeout_s", self.limits.header_timeout_s),
+            ("limits.body_timeout_s", self.limits.body_timeout_s),
+        ] {
+            if v.is_some_and(|s| !(s > 0.0 && s <= 86_400.0)) {
+                bail!("{name}: must be a number of seconds in (0, 86400]");
+            }
         }
         Ok(())
     }

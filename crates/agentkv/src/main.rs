@@ -46,6 +46,11 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let log_format = match &cli.command {
+        Command::Serve(a) => a.log_format,
+        _ => None,
+    };
+    cmd::logging::init(log_format)?;
     match cli.command {
         Command::FetchModel(a) => cmd::fetch_model::run(a),
         Command::Serve(a) => cmd::serve::run(a),

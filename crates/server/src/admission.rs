@@ -46,6 +46,15 @@ impl Admission {
     ) -> Result<Permit, ApiError> {
         let l = &self.limits;
         let retry_after_secs = l.retry_after_secs;
+        // A request larger than a bound on its own could never be admitted: the client's error
+        // (400), not a reason to retry (429 / 503).
+        let bound = l.max_tokens_per_tenant.min(l.max_tokens);
+        if tokens > bound {
+            return Err(ApiError::NeverAdmissible {
+                tokens,
+                limit: bound,
+            });
+        }
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let (total, per_tenant) = &mut *guard;
         let mine = per_tenant.entry(tenant).or_default();
@@ -162,9 +171,21 @@ mod tests {
     #[test]
     fn token_bounds() {
         let a = Admission::new(limits());
+        // Over a bound on its own: it could never be admitted (400, not 429; issue #13 F3).
         let e = a.try_admit(TenantId(1), 61).unwrap_err();
-        assert!(matches!(e, ApiError::TenantOverloaded { .. }));
+        assert!(
+            matches!(
+                e,
+                ApiError::NeverAdmissible {
+                    tokens: 61,
+                    limit: 60
+                }
+            ),
+            "{e:?}"
+        );
         let _a = a.try_admit(TenantId(1), 60).unwrap();
+        let e = a.try_admit(TenantId(1), 1).unwrap_err();
+        assert!(matches!(e, ApiError::TenantOverloaded { .. }));
         let e = a.try_admit(TenantId(2), 41).unwrap_err();
         assert!(matches!(e, ApiError::ServerOverloaded { .. }));
         assert_eq!(a.load(), (1, 60));

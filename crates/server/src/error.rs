@@ -52,6 +52,18 @@ pub enum ApiError {
     },
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// Prompt + max_tokens × n alone exceeds a token bound of the queue: it can never be admitted.
+    #[error(
+        "the request needs {tokens} tokens (prompt + max_tokens x n) but at most {limit} may be \
+         in flight; lower max_tokens or n"
+    )]
+    NeverAdmissible { tokens: usize, limit: usize },
+    /// The path exists but not with this method.
+    #[error("method not allowed on this path")]
+    MethodNotAllowed,
+    /// The request body did not arrive within the server's body timeout.
+    #[error("the request body was not received within {0:?}")]
+    RequestTimeout(std::time::Duration),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -69,6 +81,7 @@ impl ApiError {
             ApiError::InvalidRequest { .. }
             | ApiError::PromptTooLong { .. }
             | ApiError::ContextExceeded(_)
+            | ApiError::NeverAdmissible { .. }
             | ApiError::UnknownParameter { .. }
             | ApiError::UnsupportedParameter { .. } => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
@@ -76,6 +89,8 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::TenantOverloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::ServerOverloaded { .. } | ApiError::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -84,7 +99,8 @@ impl ApiError {
         }
     }
 
-    /// The OpenAI error body (also sent as an SSE event when a stream fails midway).
+    /// The OpenAI error body (also sent as an SSE event when a stream fails midway). An internal
+    /// error is logged here with a fresh id, which the body carries instead of the details.
     pub fn body(&self) -> ErrorBody {
         let (kind, code, param) = match self {
             ApiError::InvalidRequest { param, .. } => {
@@ -94,6 +110,11 @@ impl ApiError {
                 "invalid_request_error",
                 Some("context_length_exceeded"),
                 Some("messages".to_string()),
+            ),
+            ApiError::NeverAdmissible { .. } => (
+                "invalid_request_error",
+                Some("request_too_large"),
+                Some("max_tokens".to_string()),
             ),
             ApiError::UnknownParameter { param } => (
                 "invalid_request_error",
@@ -116,6 +137,10 @@ impl ApiError {
             ApiError::Unauthorized => ("authentication_error", Some("invalid_api_key"), None),
             ApiError::Forbidden(_) => ("permission_error", None, None),
             ApiError::NotFound(_) => ("not_found_error", None, None),
+            ApiError::MethodNotAllowed => {
+                ("invalid_request_error", Some("method_not_allowed"), None)
+            }
+            ApiError::RequestTimeout(_) => ("invalid_request_error", Some("request_timeout"), None),
             ApiError::TenantOverloaded { .. } => {
                 ("rate_limit_error", Some("rate_limit_exceeded"), None)
             }
@@ -124,9 +149,15 @@ impl ApiError {
             }
             ApiError::Internal(_) => ("server_error", None, None),
         };
-        // Internal details (engine or tokenizer messages) go to the server's log, not the client.
+        // Internal details (engine or tokenizer messages) go to the server's log under an id;
+        // the client gets the id, never the text.
         let message = match self {
-            ApiError::Internal(_) => "internal server error".to_string(),
+            ApiError::Internal(detail) => {
+                let id = crate::reqlog::new_error_id();
+                tracing::error!(error_id = %id, detail = %detail, "internal error");
+                crate::reqlog::note(|e| e.error_id = Some(id.clone()));
+                format!("internal server error (error id {id})")
+            }
             _ => self.to_string(),
         };
         ErrorBody {
@@ -155,9 +186,6 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if let ApiError::Internal(detail) = &self {
-            eprintln!("agentkv: internal error: {detail}");
-        }
         let mut resp = (status, axum::Json(self.body())).into_response();
         let retry_after = match &self {
             ApiError::TenantOverloaded {

@@ -13,6 +13,7 @@ pub mod grammar;
 pub mod metrics;
 mod output;
 pub mod params;
+pub mod reqlog;
 pub mod response_store;
 mod routes;
 pub mod run;
@@ -24,8 +25,9 @@ pub mod tenants;
 pub mod tool_families;
 mod tool_stream;
 pub mod tools;
+pub mod transport;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 
 pub use error::ApiError;
 pub use routes::router;
@@ -33,27 +35,28 @@ pub use settings::{Limits, ServerSettings, SettingsError, TenantSpec, UnknownFie
 pub use state::AppState;
 
 /// Serves until `shutdown` resolves; then stops accepting, lets running requests finish for up to
-/// `settings.shutdown_timeout`, and returns (dropping what is left cancels it in the engine).
+/// `settings.shutdown_timeout`, and then ends those still running with an error the client sees
+/// (an error event on a stream, a 503 JSON body otherwise) before returning. Connections are
+/// capped and have header and body deadlines ([`transport`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let grace = state.settings.shutdown_timeout;
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let st = state.clone();
-    let app = router(state);
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let app = router(state.clone());
+    let shutdown = async move {
         shutdown.await;
         st.begin_shutdown();
-        let _ = tx.send(());
-    });
-    let mut server = std::pin::pin!(server.into_future());
-    tokio::select! {
-        r = &mut server => r,
-        _ = async {
-            let _ = rx.await;
-            tokio::time::sleep(grace).await;
-        } => Ok(()),
-    }
+    };
+    transport::run(
+        listener,
+        app,
+        &state.settings.limits,
+        shutdown,
+        grace,
+        || state.abort_running(),
+    )
+    .await
 }

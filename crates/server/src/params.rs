@@ -245,9 +245,24 @@ pub fn chat_prompt(
     if r.messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty", "messages"));
     }
+    check_message_content(&r.messages)?;
     let plan = tools::plan(r, text_schema, tool_families::model_syntax(&state.frontend))?;
     let prompt = render_chat(state, &r.messages, plan.as_ref(), r.tools.as_deref(), true)?;
     Ok((prompt, plan))
+}
+
+/// Every message has `content`, except an assistant message that carries tool calls.
+fn check_message_content(messages: &[api::ChatMessage]) -> Result<(), ApiError> {
+    for (i, m) in messages.iter().enumerate() {
+        let calls = m.tool_calls.as_ref().is_some_and(|c| !c.is_empty());
+        if m.content.is_none() && !(m.role == api::Role::Assistant && calls) {
+            return Err(ApiError::invalid(
+                "a message needs content (only an assistant message with tool_calls may omit it)",
+                &format!("messages[{i}].content"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The constraint of a tool plan: a schema llguidance rejects is the client's (400 on `tools`).
@@ -383,6 +398,15 @@ pub fn prepare(
     let max_tokens = match o.max_tokens {
         Some(m) => {
             check(m >= 1, "max_tokens", "at least 1", m)?;
+            // Beyond the context it can never be served: a 400 (as OpenAI answers), before the
+            // admission bounds could call it an overload.
+            if m as usize > room {
+                return Err(ApiError::ContextExceeded(format!(
+                    "the prompt has {} tokens and max_tokens is {m}, but the model's context is \
+                     {context_length} tokens: max_tokens may be at most {room}",
+                    prompt.len()
+                )));
+            }
             m as usize
         }
         None => state.settings.limits.default_max_tokens.min(room),

@@ -55,6 +55,8 @@ pub struct Running {
     guard: CancelGuard,
     _permit: Permit,
     tenant: String,
+    /// The request's log line (`reqlog`), kept so that a stream reports at its end.
+    log: Option<crate::reqlog::RequestLog>,
     pending: Option<EngineEvent>,
     finished: usize,
     prompt_tokens: usize,
@@ -77,7 +79,14 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
     let permit = state
         .admission
         .try_admit(tenant.id, tokens)
-        .inspect_err(|_| state.metrics.observe_rejected(&tenant.name))?;
+        .inspect_err(|e| {
+            if matches!(
+                e,
+                ApiError::TenantOverloaded { .. } | ApiError::ServerOverloaded { .. }
+            ) {
+                state.metrics.observe_rejected(&tenant.name);
+            }
+        })?;
     let (id, rx) = state.engine.submit(p.spec).map_err(ApiError::from_engine)?;
     Ok(Running {
         state: state.clone(),
@@ -92,6 +101,9 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
         },
         _permit: permit,
         tenant: tenant.name.clone(),
+        log: crate::reqlog::RequestLog::current().inspect(|l| {
+            l.update(|e| e.tenant = Some(tenant.name.clone()));
+        }),
         pending: None,
         finished: 0,
         prompt_tokens: 0,
@@ -109,13 +121,23 @@ impl Running {
     /// Waits for the first event so that a request the engine refuses gets a proper HTTP error
     /// (used before a stream's headers are sent).
     pub async fn prime(&mut self) -> Result<(), ApiError> {
-        match self.rx.recv().await {
+        match self.recv().await? {
             Some(EngineEvent::Error(e)) => Err(ApiError::from_engine(e)),
             Some(ev) => {
                 self.pending = Some(ev);
                 Ok(())
             }
             None => Err(self.closed()),
+        }
+    }
+
+    /// The next engine event, or `ShuttingDown` once the shutdown grace period is over.
+    async fn recv(&mut self) -> Result<Option<EngineEvent>, ApiError> {
+        let state = self.state.clone();
+        tokio::select! {
+            biased;
+            ev = self.rx.recv() => Ok(ev),
+            _ = state.aborted() => Err(ApiError::ShuttingDown),
         }
     }
 
@@ -129,6 +151,15 @@ impl Running {
 
     /// The next step; `Ok(None)` after `Done`.
     pub async fn next(&mut self) -> Result<Option<Step>, ApiError> {
+        let r = self.next_step().await;
+        if let (Err(e), Some(log)) = (&r, &self.log) {
+            let status = e.status().as_u16();
+            log.update(|l| l.outcome = Some(format!("error:{status}")));
+        }
+        r
+    }
+
+    async fn next_step(&mut self) -> Result<Option<Step>, ApiError> {
         loop {
             if self.guard.done {
                 return Ok(None);
@@ -138,7 +169,10 @@ impl Running {
             }
             let ev = match self.pending.take() {
                 Some(ev) => ev,
-                None => self.rx.recv().await.ok_or_else(|| self.closed())?,
+                None => match self.recv().await? {
+                    Some(ev) => ev,
+                    None => return Err(self.closed()),
+                },
             };
             match ev {
                 EngineEvent::Admitted { cached_tokens } => self.cached_tokens = cached_tokens,
@@ -160,6 +194,20 @@ impl Running {
                     ..
                 } => {
                     self.finished += 1;
+                    if let Some(log) = &self.log {
+                        // The finish reasons of the choices, joined (`stop`, `length,stop`, …).
+                        log.update(|e| {
+                            let r = finish_reason_name(reason);
+                            match &mut e.outcome {
+                                Some(o) if !o.split(',').any(|x| x == r) => {
+                                    o.push(',');
+                                    o.push_str(r);
+                                }
+                                Some(_) => {}
+                                None => e.outcome = Some(r.to_string()),
+                            }
+                        });
+                    }
                     self.prompt_tokens = usage.prompt_tokens;
                     self.cached_tokens = usage.cached_tokens;
                     self.cache_miss = usage.cache_miss;
@@ -177,6 +225,18 @@ impl Running {
     /// Every choice finished: records the request's metrics and reports its usage.
     fn finish(&mut self) -> Step {
         self.guard.done = true;
+        if let Some(log) = &self.log {
+            log.update(|e| {
+                e.prompt_tokens = Some(self.prompt_tokens);
+                e.cached_tokens = Some(self.cached_tokens);
+                e.generated_tokens = Some(self.completion_tokens);
+                e.cache_miss = self
+                    .cache_miss
+                    .map(|m| format!("{}@{}", m.reason.as_str(), m.at_token));
+                e.ttft = self.ttft;
+                e.outcome.get_or_insert_with(|| "done".into());
+            });
+        }
         self.state.metrics.observe_finished(&FinishedRequest {
             tenant: &self.tenant,
             prompt_tokens: self.prompt_tokens,

@@ -34,6 +34,13 @@ pub struct Limits {
     pub max_stored_responses_per_tenant: usize,
     /// Bytes of stored responses and their conversations kept per tenant.
     pub max_stored_response_bytes_per_tenant: usize,
+    /// Open connections; one more gets an immediate 503 and is closed.
+    pub max_connections: usize,
+    /// A request head (fresh or keep-alive connection) must arrive within this, else the
+    /// connection is closed.
+    pub header_timeout: Duration,
+    /// A request body must arrive within this, else 408 and the connection is closed.
+    pub body_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -48,6 +55,9 @@ impl Default for Limits {
             retry_after_secs: 1,
             max_stored_responses_per_tenant: 1024,
             max_stored_response_bytes_per_tenant: 64 << 20,
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -164,6 +174,9 @@ impl ServerSettings {
                 "max_stored_response_bytes_per_tenant",
                 l.max_stored_response_bytes_per_tenant,
             ),
+            ("max_connections", l.max_connections),
+            ("header_timeout", l.header_timeout.as_millis() as usize),
+            ("body_timeout", l.body_timeout.as_millis() as usize),
         ] {
             if v == 0 {
                 return Err(SettingsError::ZeroLimit(name));

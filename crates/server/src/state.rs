@@ -36,6 +36,8 @@ pub struct Inner {
     /// Unix seconds at start (the `created` of `/v1/models`).
     pub started_unix_s: u64,
     shutting_down: AtomicBool,
+    /// Set when the shutdown grace period is over: running requests end with an error.
+    abort: tokio::sync::watch::Sender<bool>,
     /// The grammar compiler over the model's vocabulary, built on the first constrained request.
     grammars: OnceLock<Result<Grammars, GrammarError>>,
 }
@@ -61,6 +63,7 @@ impl AppState {
                 metrics: Metrics::default(),
                 started_unix_s: unix_now(),
                 shutting_down: AtomicBool::new(false),
+                abort: tokio::sync::watch::Sender::new(false),
                 grammars: OnceLock::new(),
             }),
         })
@@ -73,6 +76,19 @@ impl AppState {
 
     pub fn is_shutting_down(&self) -> bool {
         self.inner.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// The shutdown grace period is over: every running request ends now with a 503 error (an
+    /// error event on a stream), instead of its connection being dropped without a word.
+    pub fn abort_running(&self) {
+        self.begin_shutdown();
+        self.inner.abort.send_replace(true);
+    }
+
+    /// Resolves once [`Self::abort_running`] has been called.
+    pub async fn aborted(&self) {
+        let mut rx = self.inner.abort.subscribe();
+        let _ = rx.wait_for(|a| *a).await;
     }
 
     /// The grammar compiler (built once; a model whose vocabulary it cannot take is a 500).

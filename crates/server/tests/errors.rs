@@ -104,36 +104,63 @@ async fn context_and_size_limits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_gives_429_per_tenant_and_503_overall_with_retry_after() {
+    use tower::ServiceExt;
     let settings = ServerSettings {
         limits: Limits {
+            max_requests_per_tenant: 1,
             max_tokens_per_tenant: 1000,
             max_tokens: 500,
             retry_after_secs: 3,
             ..Limits::default()
         },
-        ..ServerSettings::default()
+        ..tenants()
     };
     let (_e, _s, r) = app(settings);
-    let b = |max: u32| {
-        serde_json::json!({"model":"agentkv","prompt":"hello","max_tokens":max}).to_string()
+    let b = |max: u32, stream: bool| {
+        serde_json::json!({"model":"agentkv","prompt":"hello","max_tokens":max,"stream":stream,
+            "ignore_eos":true})
+        .to_string()
     };
-    let reply = call(&r, "POST", "/v1/completions", None, &b(2000)).await;
+    // Larger than a bound on its own: it can never run, so 400 rather than "retry later".
+    let reply = call(&r, "POST", "/v1/completions", Some("ka"), &b(2000, false)).await;
+    assert_eq!(reply.error(400)["code"], "request_too_large");
+    // Alpha holds a running stream (its body is not read, so the request stays in flight).
+    let held = r
+        .clone()
+        .oneshot(
+            axum::http::Request::post("/v1/completions")
+                .header("content-type", "application/json")
+                .header("authorization", "Bearer ka")
+                .body(axum::body::Body::from(b(300, true)))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    // Alpha over its own bound: 429.
+    let reply = call(&r, "POST", "/v1/completions", Some("ka"), &b(4, false)).await;
     assert_eq!(reply.error(429)["type"], "rate_limit_error");
     assert_eq!(reply.headers["retry-after"], "3");
-    let reply = call(&r, "POST", "/v1/completions", None, &b(700)).await;
+    // Beta fits its own bound but not the server's: 503.
+    let reply = call(&r, "POST", "/v1/completions", Some("kb"), &b(300, false)).await;
     reply.error(503);
     assert_eq!(reply.headers["retry-after"], "3");
+    drop(held);
     assert_eq!(
-        call(&r, "POST", "/v1/completions", None, &b(4))
+        call(&r, "POST", "/v1/completions", Some("ka"), &b(4, false))
             .await
             .status,
         200
     );
     let m = call(&r, "GET", "/metrics", None, "").await.body;
-    assert!(
-        m.contains("agentkv_requests_rejected_total{tenant=\"default\"} 2"),
-        "{m}"
-    );
+    for t in ["alpha", "beta"] {
+        assert!(
+            m.contains(&format!(
+                "agentkv_requests_rejected_total{{tenant=\"{t}\"}} 1"
+            )),
+            "{m}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -257,3 +257,72 @@ async fn f8_metrics_can_require_a_key_and_hide_tenant_series() {
     assert_eq!(m.status, 200);
     assert!(m.body.contains("tenant=\"beta\""), "{}", m.body);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f3_requests_that_can_never_be_served_get_400_not_429() {
+    let (_e, _s, r) = app(ServerSettings {
+        limits: server::Limits {
+            max_tokens_per_tenant: 4096,
+            ..server::Limits::default()
+        },
+        ..ServerSettings::default()
+    });
+    let ct = ("content-type", "application/json");
+    let mut b: serde_json::Value = serde_json::from_str(&chat("hi", 4)).unwrap();
+    // Beyond the context.
+    b["max_tokens"] = serde_json::json!(1_000_000_000u64);
+    let e = send(&r, "POST", "/v1/chat/completions", &[ct], &b.to_string())
+        .await
+        .error(400);
+    assert_eq!(e["code"], "context_length_exceeded", "{e}");
+    // Within the context, but n choices of it exceed what a tenant may ever have in flight.
+    b["max_tokens"] = serde_json::json!(1000);
+    b["n"] = serde_json::json!(8);
+    let e = send(&r, "POST", "/v1/chat/completions", &[ct], &b.to_string())
+        .await
+        .error(400);
+    assert_eq!(e["code"], "request_too_large", "{e}");
+    assert_eq!(e["param"], "max_tokens", "{e}");
+    // The same through text completions.
+    let c = serde_json::json!({"model": "agentkv", "prompt": "hi", "max_tokens": 1_000_000_000u64});
+    send(&r, "POST", "/v1/completions", &[ct], &c.to_string())
+        .await
+        .error(400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_without_content_is_400_unless_an_assistant_tool_call() {
+    let (_e, _s, r) = app(ServerSettings::default());
+    let ct = ("content-type", "application/json");
+    for msgs in [
+        serde_json::json!([{"role": "user"}]),
+        serde_json::json!([{"role": "system", "content": "s"}, {"role": "user", "content": null}]),
+        serde_json::json!([{"role": "user", "content": "a"}, {"role": "assistant"}]),
+    ] {
+        let n = msgs.as_array().unwrap().len() - 1;
+        let b = serde_json::json!({"model": "agentkv", "messages": msgs, "max_tokens": 2});
+        let e = send(&r, "POST", "/v1/chat/completions", &[ct], &b.to_string())
+            .await
+            .error(400);
+        assert_eq!(e["param"], format!("messages[{n}].content"), "{e}");
+    }
+    // Empty text is content (an empty user turn), still accepted.
+    let b = serde_json::json!({"model": "agentkv", "max_tokens": 2,
+        "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": ""}]});
+    let ok = send(&r, "POST", "/v1/chat/completions", &[ct], &b.to_string()).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+}
+
+#[test]
+fn internal_errors_carry_an_id_not_their_details() {
+    let e = server::ApiError::Internal("tokenizer: secret detail at /home/x".into());
+    let body = serde_json::to_value(e.body()).unwrap();
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(!msg.contains("secret") && !msg.contains("/home"), "{msg}");
+    let id = msg
+        .strip_prefix("internal server error (error id ")
+        .and_then(|s| s.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{msg}"));
+    assert_eq!(id.len(), 16, "{msg}");
+    assert_eq!(body["error"]["type"], "server_error");
+}

@@ -60,6 +60,11 @@ pub struct ScanReport {
     pub removed_invalid: u64,
     /// Objects evicted because the budget is now smaller than what was on disk.
     pub evicted: u64,
+    /// Entries of a shard that are not regular files (directories, symlinks, sockets — even if
+    /// named like an object) or cannot be read: left alone, never indexed, never deleted.
+    pub skipped: u64,
+    /// Files the scan meant to delete but could not (left in place; never indexed).
+    pub remove_failed: u64,
 }
 
 /// One-directory, one-file-per-object store.
@@ -75,32 +80,67 @@ pub struct DiskStore {
 impl DiskStore {
     /// Open (creating if needed) the store at `config.path`, deleting leftover temporary files
     /// and invalid objects and indexing the rest, oldest modification time first.
+    ///
+    /// The scan reads everything first and deletes only afterwards, so an error that stops it
+    /// (an unreadable directory) has deleted nothing; entries that are not regular files (a
+    /// directory named like an object) are skipped, and a deletion that fails is reported, not
+    /// fatal: neither stops start-up.
     pub fn open(config: DiskConfig) -> Result<DiskStore, TierError> {
         let root = config.path.join(LAYOUT_DIR);
         fs::create_dir_all(&root).map_err(|e| TierError::io(&root, e))?;
         let metrics = TierMetrics::default();
         let mut scan = ScanReport::default();
         let mut found: Vec<(SystemTime, TierKey, u64)> = Vec::new();
-        for shard in read_dir(&root)? {
-            if !shard.is_dir() {
+        let mut tmp_files = Vec::new();
+        let mut invalid = Vec::new();
+        // Phase 1, read only.
+        for (shard, shard_type) in read_dir(&root)? {
+            if !(shard_type.is_dir() || shard_type.is_symlink() && shard.is_dir()) {
                 continue;
             }
-            for path in read_dir(&shard)? {
-                match path.extension().and_then(|e| e.to_str()) {
-                    Some(TMP_EXT) => {
-                        remove_file(&path)?;
-                        scan.removed_tmp += 1;
-                    }
-                    Some(OBJECT_EXT) => match index_entry(&path)? {
-                        Some(entry) => found.push(entry),
-                        None => {
-                            remove_file(&path)?;
-                            scan.removed_invalid += 1;
-                            metrics.corrupted();
-                        }
-                    },
-                    _ => {}
+            for (path, file_type) in read_dir(&shard)? {
+                let ext = path.extension().and_then(|e| e.to_str());
+                if !matches!(ext, Some(TMP_EXT | OBJECT_EXT)) {
+                    continue;
                 }
+                if !file_type.is_file() {
+                    tracing::warn!(path = %path.display(), "disk tier: not a regular file; skipped");
+                    scan.skipped += 1;
+                    continue;
+                }
+                if ext == Some(TMP_EXT) {
+                    tmp_files.push(path);
+                    continue;
+                }
+                match index_entry(&path) {
+                    Ok(Some(entry)) => found.push(entry),
+                    Ok(None) => invalid.push(path),
+                    // Unreadable (permissions): neither trusted nor deleted.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "disk tier: cannot read an object; skipped");
+                        scan.skipped += 1;
+                    }
+                }
+            }
+        }
+        // Phase 2: clean up, best effort.
+        let mut remove = |path: &Path| match remove_file(path) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "disk tier: cannot delete a file found at start-up");
+                scan.remove_failed += 1;
+                false
+            }
+        };
+        for path in &tmp_files {
+            if remove(path) {
+                scan.removed_tmp += 1;
+            }
+        }
+        for path in &invalid {
+            metrics.corrupted();
+            if remove(path) {
+                scan.removed_invalid += 1;
             }
         }
         found.sort_by_key(|(mtime, _, _)| *mtime);
@@ -116,7 +156,7 @@ impl DiskStore {
         }
         scan.evicted = to_delete.len() as u64;
         metrics.evicted(to_delete.len());
-        let store = DiskStore {
+        let mut store = DiskStore {
             root,
             lru: Mutex::new(lru),
             config,
@@ -125,7 +165,10 @@ impl DiskStore {
             scan,
         };
         for key in to_delete {
-            remove_file(&store.object_path(&key))?;
+            if let Err(e) = remove_file(&store.object_path(&key)) {
+                tracing::warn!(error = %e, "disk tier: cannot delete an object over the budget");
+                store.scan.remove_failed += 1;
+            }
         }
         Ok(store)
     }
@@ -192,11 +235,16 @@ impl DiskStore {
     }
 }
 
-fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, TierError> {
+/// The entries of `dir` with their types (symlinks not followed).
+fn read_dir(dir: &Path) -> Result<Vec<(PathBuf, fs::FileType)>, TierError> {
     let entries = fs::read_dir(dir).map_err(|e| TierError::io(dir, e))?;
     let mut out = Vec::new();
     for entry in entries {
-        out.push(entry.map_err(|e| TierError::io(dir, e))?.path());
+        let entry = entry.map_err(|e| TierError::io(dir, e))?;
+        let file_type = entry
+            .file_type()
+            .map_err(|e| TierError::io(entry.path(), e))?;
+        out.push((entry.path(), file_type));
     }
     Ok(out)
 }

@@ -16,9 +16,18 @@ pub enum TierError {
         #[source]
         source: std::io::Error,
     },
-    /// Redis answered with an error, timed out or the connection failed.
+    /// Redis answered with an error or the connection failed.
     #[error("redis tier error: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The store did not answer within its deadline (connect or I/O timeout): a hung or frozen
+    /// server. The call gave up; the store backs off before trying again.
+    #[error("{store} tier did not answer within {after:?}")]
+    Timeout {
+        /// Which store (`redis`).
+        store: &'static str,
+        /// The deadline that expired.
+        after: Duration,
+    },
     /// The tier failed recently and is skipped until its back-off expires (no I/O attempted).
     #[error("tier unavailable for another {retry_in:?} after a failure")]
     Unavailable {

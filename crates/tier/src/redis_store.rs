@@ -1,6 +1,8 @@
 //! Redis store (one server or a Redis Cluster): one Redis string per object, value = the
 //! stored-object format (full key + checksum, or a keyed-BLAKE3 MAC with a server secret),
-//! optional TTL. Every call is bounded by connect/IO timeouts, and after a connection failure
+//! optional TTL. Every call is bounded by connect/IO timeouts — connection set-up included, so a
+//! frozen (SIGSTOPped) server fails the call within them instead of hanging it — and after a
+//! connection failure
 //! the store answers `Unavailable` instantly for a back-off period, so a down server never
 //! stalls the caller. Owns client connections; never configures the server (budget = the
 //! server's `maxmemory` + eviction policy).
@@ -170,13 +172,35 @@ impl RedisStore {
         format!("{}:{}", self.config.key_prefix, key.name_hex())
     }
 
+    /// A new connection whose every round trip is bounded by the timeouts. The redis crate
+    /// sends its set-up commands (AUTH, SELECT, HELLO, CLIENT SETINFO) right after the TCP
+    /// connect and waits for their answers before a read timeout can be set: a server that
+    /// accepts connections but never answers (SIGSTOPped; a full accept queue of a hung process)
+    /// would block the caller there forever. So the TCP connection is made bare (CLIENT SETINFO
+    /// is compiled out, credentials and db stripped), the timeouts are set, and then AUTH and
+    /// SELECT are sent by us, under them.
     fn connect(&self) -> Result<Conn, RedisError> {
         let io = Some(self.config.io_timeout);
         match &self.backend {
             Backend::Single(client) => {
-                let con = client.get_connection_with_timeout(self.config.connect_timeout)?;
+                let info = client.get_connection_info();
+                let mut bare = info.clone();
+                bare.redis = redis::RedisConnectionInfo::default();
+                let mut con =
+                    Client::open(bare)?.get_connection_with_timeout(self.config.connect_timeout)?;
                 con.set_read_timeout(io)?;
                 con.set_write_timeout(io)?;
+                let r = &info.redis;
+                if let Some(password) = &r.password {
+                    let mut auth = redis::cmd("AUTH");
+                    if let Some(user) = &r.username {
+                        auth.arg(user);
+                    }
+                    auth.arg(password).query::<()>(&mut con)?;
+                }
+                if r.db != 0 {
+                    redis::cmd("SELECT").arg(r.db).query::<()>(&mut con)?;
+                }
                 Ok(Conn::Single(con))
             }
             Backend::Cluster(client) => {
@@ -230,6 +254,12 @@ impl RedisStore {
         {
             *lock(&self.down_until) = Some(Instant::now() + self.config.retry_backoff);
             lock(&self.idle).clear();
+        }
+        if e.is_timeout() {
+            return TierError::Timeout {
+                store: "redis",
+                after: self.config.io_timeout.max(self.config.connect_timeout),
+            };
         }
         TierError::Redis(e)
     }

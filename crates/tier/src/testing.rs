@@ -101,11 +101,33 @@ impl RedisServer {
         self.port
     }
 
-    /// Kill the server (SIGKILL) and wait for it; the port becomes free.
+    /// Kill the server (SIGKILL; it works on a frozen one too) and wait for it; the port becomes
+    /// free.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// Freeze the server (SIGSTOP): it keeps its socket, the kernel still accepts connections,
+    /// and nothing answers — a hung Redis.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaw a frozen server (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(child) = &self.child {
+            let ok = Command::new("kill")
+                .args([sig, &child.id().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig} redis-server failed");
         }
     }
 

@@ -162,3 +162,69 @@ fn kill_9_during_writes_never_yields_a_corrupt_read() {
         assert!(stats.hits > 0, "round {round}: the child wrote nothing");
     }
 }
+
+#[test]
+fn f5_a_directory_named_like_an_object_does_not_stop_start_up_or_cost_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DiskStore::open(DiskConfig::new(dir.path(), 1 << 20)).unwrap();
+    for i in 1..=4 {
+        put(&store, i, 1000);
+    }
+    let shard = store.object_path(&key(1)).parent().unwrap().to_path_buf();
+    drop(store);
+    // Directories named like an object and like a temp file, in a shard that holds objects,
+    // with something inside so that they cannot be removed as files.
+    let fake = shard.join(format!("{}.kvb", "a".repeat(64)));
+    std::fs::create_dir(&fake).unwrap();
+    std::fs::write(fake.join("inner"), b"x").unwrap();
+    std::fs::create_dir(shard.join("x.1.2.tmp")).unwrap();
+    // And a genuine leftover temp file plus a corrupt object, which are cleaned up.
+    std::fs::write(shard.join("y.1.2.tmp"), b"partial").unwrap();
+    std::fs::write(shard.join(format!("{}.kvb", "0".repeat(64))), b"garbage").unwrap();
+    let store = DiskStore::open(DiskConfig::new(dir.path(), 1 << 20)).unwrap();
+    let report = store.scan_report();
+    assert_eq!(report.indexed, 4, "{report:?}");
+    assert_eq!(report.skipped, 2, "{report:?}");
+    assert_eq!(report.removed_tmp, 1, "{report:?}");
+    assert_eq!(report.removed_invalid, 1, "{report:?}");
+    assert_eq!(report.remove_failed, 0, "{report:?}");
+    // Every valid object is still there and served; the directories are untouched.
+    let keys: Vec<TierKey> = (1..=4).map(key).collect();
+    assert_eq!(store.contains_prefix(&keys).unwrap(), 4);
+    let got = store.get_many(&keys).unwrap();
+    assert!(got.iter().all(Option::is_some));
+    assert!(fake.join("inner").exists() && shard.join("x.1.2.tmp").is_dir());
+    // Reopening again is just as calm.
+    drop(store);
+    let store = DiskStore::open(DiskConfig::new(dir.path(), 1 << 20)).unwrap();
+    assert_eq!(store.scan_report().indexed, 4);
+}
+
+#[test]
+fn f5_a_scan_that_fails_has_deleted_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DiskStore::open(DiskConfig::new(dir.path(), 1 << 20)).unwrap();
+    put(&store, 1, 1000);
+    put(&store, 2, 1000);
+    let shard = store.object_path(&key(1)).parent().unwrap().to_path_buf();
+    drop(store);
+    let tmp = shard.join("z.1.2.tmp");
+    std::fs::write(&tmp, b"partial").unwrap();
+    // A shard directory that cannot be listed (mode 000) makes the scan fail…
+    let locked = dir.path().join(LAYOUT_DIR).join("zz");
+    std::fs::create_dir(&locked).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let listable = std::fs::read_dir(&locked).is_ok(); // root can list it anyway
+    let r = DiskStore::open(DiskConfig::new(dir.path(), 1 << 20));
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if !listable {
+        assert!(r.is_err());
+        // …before it deleted anything: the leftover temp file is still there.
+        assert!(tmp.exists());
+    }
+    // Objects are all intact for the next (successful) open.
+    let store = DiskStore::open(DiskConfig::new(dir.path(), 1 << 20)).unwrap();
+    assert_eq!(store.contains_prefix(&[key(1), key(2)]).unwrap(), 2);
+    assert!(!tmp.exists());
+}

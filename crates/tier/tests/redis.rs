@@ -147,3 +147,87 @@ fn bad_config_is_rejected() {
         Err(TierError::Config(_))
     ));
 }
+
+/// Every call against a hung server fails within `limit` with a typed error.
+fn fails_fast<T: std::fmt::Debug>(
+    what: &str,
+    limit: Duration,
+    op: impl FnOnce() -> Result<T, TierError>,
+) -> TierError {
+    let start = Instant::now();
+    let r = op();
+    let took = start.elapsed();
+    assert!(took < limit, "{what}: took {took:?} against a hung server");
+    match r {
+        Ok(v) => panic!("{what}: a hung server answered {v:?}"),
+        Err(e @ (TierError::Timeout { .. } | TierError::Unavailable { .. })) => e,
+        Err(e) => panic!("{what}: expected Timeout or Unavailable, got {e:?}"),
+    }
+}
+
+fn quick_config(url: String) -> RedisConfig {
+    let mut c = RedisConfig::single(url);
+    c.connect_timeout = Duration::from_millis(300);
+    c.io_timeout = Duration::from_millis(300);
+    c.retry_backoff = Duration::from_millis(400);
+    c
+}
+
+#[test]
+fn f1_frozen_redis_server_fails_fast_with_a_typed_error() {
+    let server = RedisServer::start().unwrap();
+    // db 3 in the URL: the SELECT is ours, under the timeouts.
+    let url = format!("{}/3", server.url());
+    let store = RedisStore::open(quick_config(url.clone())).unwrap();
+    put(&store, 1).unwrap();
+    assert_eq!(store.contains_prefix(&[key(1)]).unwrap(), 1);
+    let limit = Duration::from_secs(2);
+
+    server.freeze();
+    // A pooled connection: the read times out.
+    let e = fails_fast("pooled get", limit, || store.get_many(&[key(1)]));
+    assert!(
+        matches!(e, TierError::Timeout { store: "redis", .. }),
+        "{e:?}"
+    );
+    // Backed off: answered at once without I/O.
+    fails_fast("backed off", Duration::from_millis(50), || {
+        store.contains_prefix(&[key(1)])
+    });
+    // After the back-off, a new connection: the kernel accepts it, nothing answers.
+    std::thread::sleep(Duration::from_millis(450));
+    let e = fails_fast("fresh connection", limit, || put(&store, 2));
+    assert!(matches!(e, TierError::Timeout { .. }), "{e:?}");
+    // A store that never talked to it before, with and without a db to select.
+    for u in [url.clone(), server.url()] {
+        let fresh = RedisStore::open(quick_config(u)).unwrap();
+        fails_fast("new store", limit, || fresh.contains_prefix(&[key(1)]));
+        fails_fast("new store remove", limit, || fresh.remove(&[key(1)]));
+    }
+    assert!(store.stats().errors >= 3);
+
+    server.thaw();
+    std::thread::sleep(Duration::from_millis(450));
+    assert_eq!(store.contains_prefix(&[key(1)]).unwrap(), 1);
+    put(&store, 3).unwrap();
+    assert_eq!(store.get_many(&[key(3)]).unwrap().len(), 1);
+}
+
+#[test]
+fn f1_a_store_that_never_answers_fails_fast() {
+    // A listener nobody serves: connections complete in the kernel's backlog, then silence.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://127.0.0.1:{}", silent.local_addr().unwrap().port());
+    let limit = Duration::from_secs(2);
+    for u in [url.clone(), format!("{url}/2")] {
+        let store = RedisStore::open(quick_config(u)).unwrap();
+        let e = fails_fast("contains_prefix", limit, || {
+            store.contains_prefix(&[key(1)])
+        });
+        assert!(matches!(e, TierError::Timeout { .. }), "{e:?}");
+        fails_fast("get_many", limit, || store.get_many(&[key(1)]));
+        std::thread::sleep(Duration::from_millis(450));
+        fails_fast("put_many", limit, || put(&store, 1));
+    }
+    drop(silent);
+}

@@ -10,6 +10,7 @@ pub mod fetch_model;
 pub mod generate;
 pub mod info;
 pub mod kv_size;
+pub mod logging;
 pub mod perplexity;
 pub mod serve;
 pub mod trace_gen;

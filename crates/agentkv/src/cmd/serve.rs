@@ -39,6 +39,9 @@ pub struct ServeArgs {
     /// KV memory, e.g. 2GB or 512MiB (overrides kv_cache_config.max_size; default 2048 blocks).
     #[arg(long)]
     pub max_size: Option<String>,
+    /// Log lines as text (default) or JSON, to stderr; filter with RUST_LOG (default info).
+    #[arg(long, value_enum)]
+    pub log_format: Option<super::logging::LogFormat>,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -58,21 +61,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let engine_cfg = engine_config(&args, &file, &model)?;
     let settings = server_settings(&file, &model_path);
     settings.validate().context("config")?;
-    eprintln!(
-        "agentkv: {} KV blocks of {} tokens ({}), prefix cache {}",
-        engine_cfg.num_blocks,
-        engine_cfg.block_size,
-        if engine_cfg.kv_dtype == model::KvDtype::F16 {
-            "f16"
-        } else {
-            "f32"
-        },
-        if engine_cfg.prefix_caching {
-            "on"
-        } else {
-            "off"
-        }
-    );
+    let summary = Summary::new(&model, &model_path, &engine_cfg, &settings, &file);
     let engine = Engine::start(EngineCore::new(Arc::clone(&model), engine_cfg)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -90,15 +79,114 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding {host}:{port}"))?;
         let addr: SocketAddr = listener.local_addr()?;
+        summary.log(addr);
         println!("listening on http://{addr}");
         std::io::stdout().flush()?;
         server::serve(listener, state, shutdown_signal()).await?;
-        eprintln!("agentkv: shut down");
+        tracing::info!("shut down");
         anyhow::Ok(())
     });
     runtime.shutdown_timeout(Duration::from_secs(1));
     drop(engine);
     result
+}
+
+/// The start-up summary: one log line with what is served and how.
+struct Summary {
+    model: String,
+    served_name: String,
+    aliases: Vec<String>,
+    codec: String,
+    policy: String,
+    prefix_cache: bool,
+    blocks: usize,
+    block_size: usize,
+    pool_bytes: u64,
+    tiers: String,
+    threads: usize,
+    tenants: usize,
+}
+
+impl Summary {
+    fn new(
+        model: &model::Model,
+        path: &std::path::Path,
+        cfg: &EngineConfig,
+        settings: &ServerSettings,
+        file: &FileConfig,
+    ) -> Summary {
+        let bytes_per_token = cfg.kv_dtype.bytes_per_token(
+            model.config.num_layers,
+            model.config.num_kv_heads,
+            model.config.head_dim,
+        );
+        Summary {
+            model: path.display().to_string(),
+            served_name: settings.model_name.clone(),
+            aliases: settings.model_aliases.clone(),
+            // The codec's own name (`f16`, `int8`, `k=int8,v=int4`, …).
+            codec: cfg.kv_dtype.to_string(),
+            policy: format!("{:?}", cfg.policy),
+            prefix_cache: cfg.prefix_caching,
+            blocks: cfg.num_blocks,
+            block_size: cfg.block_size,
+            pool_bytes: bytes_per_token as u64 * (cfg.num_blocks * cfg.block_size) as u64,
+            tiers: if file.tiers.is_empty() {
+                "none".into()
+            } else {
+                file.tiers
+                    .iter()
+                    .map(tier_name)
+                    .collect::<Vec<_>>()
+                    .join(" > ")
+            },
+            threads: cfg.threads,
+            tenants: settings.tenants.len(),
+        }
+    }
+
+    fn log(&self, addr: SocketAddr) {
+        tracing::info!(
+            model = %self.model,
+            served_name = %self.served_name,
+            aliases = ?self.aliases,
+            kv_codec = %self.codec,
+            policy = %self.policy,
+            prefix_cache = self.prefix_cache,
+            pool_blocks = self.blocks,
+            block_tokens = self.block_size,
+            pool_tokens = self.blocks * self.block_size,
+            pool_bytes = self.pool_bytes,
+            tiers = %self.tiers,
+            threads = self.threads,
+            tenants = self.tenants,
+            listen = %format!("http://{addr}"),
+            "agentkv serving"
+        );
+    }
+}
+
+/// `ram(4000000000)`, `disk(/var/cache/agentkv)`, `redis(redis://…)`.
+fn tier_name(t: &tier::TierConfig) -> String {
+    use tier::TierConfig;
+    match t {
+        TierConfig::Ram { max_size, .. } => format!("ram({} bytes)", max_size.0),
+        TierConfig::Disk { path, max_size, .. } => {
+            format!("disk({}, {} bytes)", path.display(), max_size.0)
+        }
+        TierConfig::Redis { url, urls, .. } => {
+            let u = url
+                .clone()
+                .or_else(|| urls.first().cloned())
+                .unwrap_or_default();
+            // Never log credentials.
+            let shown = match u.split_once('@') {
+                Some((_, host)) => format!("redis://…@{host}"),
+                None => u,
+            };
+            format!("redis({shown})")
+        }
+    }
 }
 
 fn engine_config(
@@ -216,6 +304,13 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
             max_stored_response_bytes_per_tenant: l
                 .max_stored_response_bytes_per_tenant
                 .unwrap_or(d.max_stored_response_bytes_per_tenant),
+            max_connections: l.max_connections.unwrap_or(d.max_connections),
+            header_timeout: l
+                .header_timeout_s
+                .map_or(d.header_timeout, Duration::from_secs_f64),
+            body_timeout: l
+                .body_timeout_s
+                .map_or(d.body_timeout, Duration::from_secs_f64),
         },
         shutdown_timeout: Duration::from_secs(file.server.shutdown_timeout_s.unwrap_or(30)),
     }
@@ -296,5 +391,5 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
-    eprintln!("agentkv: shutting down (running requests may finish)");
+    tracing::info!("shutting down: no new requests; running requests may finish");
 }

@@ -42,7 +42,13 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/cache/flush", post(admin::flush))
         .route("/v1/cache/stats", get(admin::stats))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(crate::transport::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::transport::read_body,
+        ))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(crate::reqlog::log_requests))
         .with_state(state)
 }
 
@@ -55,6 +61,7 @@ pub(crate) fn read_generation_request<T: serde::de::DeserializeOwned + api::Know
     model: impl FnOnce(&T) -> &str,
 ) -> Result<(Tenant, T), ApiError> {
     let tenant = state.tenants.authenticate(headers)?.clone();
+    crate::reqlog::note(|e| e.tenant = Some(tenant.name.clone()));
     let body = body_bytes(state, body)?;
     let req: T = parse_request(&body, state.settings.unknown_fields)?;
     check_model(state, model(&req))?;
