@@ -514,6 +514,8 @@ impl EngineCore {
         let mut positions = Vec::new();
         let mut slots = Vec::new();
         let mut logits_for = Vec::new();
+        // Sequences that sample after this pass.
+        let mut samples = Vec::new();
         let mut tables = Vec::with_capacity(plan.work.len());
         for (slot, w) in plan.work.iter().enumerate() {
             let s = &self.seqs[&w.id];
@@ -524,6 +526,7 @@ impl EngineCore {
             }
             if w.start + w.len == s.tokens.len() {
                 logits_for.push(tokens.len() - 1);
+                samples.push(w.id);
             }
             let cs = s.cache_seq.expect("planned sequences hold blocks");
             tables.push(self.cache.block_table(cs).map_err(internal)?.to_vec());
@@ -548,9 +551,29 @@ impl EngineCore {
             logits_for: &logits_for,
         };
         let mut kv = writer.view(&table_refs);
-        self.model
-            .forward(&self.pool, &batch, &mut kv, &mut self.scratch)
-            .map_err(|e| EngineError::Internal(e.to_string()))
+        // Constrained sequences that sample after this pass get their token masks computed now,
+        // on another thread, while the forward pass computes the logits (a mask depends only on
+        // the tokens accepted so far).
+        let masks: Vec<&mut model::Sampler> = self
+            .seqs
+            .iter_mut()
+            .filter(|(k, s)| samples.contains(k) && s.sampler.is_constrained())
+            .map(|(_, s)| &mut s.sampler)
+            .collect();
+        let (model, pool, scratch) = (&self.model, &self.pool, &mut self.scratch);
+        let logits = if masks.is_empty() {
+            model.forward(pool, &batch, &mut kv, scratch)
+        } else {
+            std::thread::scope(|scope| {
+                let prepared =
+                    scope.spawn(move || masks.into_iter().for_each(|s| s.prepare_constraint()));
+                let logits = model.forward(pool, &batch, &mut kv, scratch);
+                // A constraint that panicked computes its mask again when sampling.
+                let _ = prepared.join();
+                logits
+            })
+        };
+        logits.map_err(|e| EngineError::Internal(e.to_string()))
     }
 
     /// Publishes every full block the plan wrote, then samples for each sequence whose pending

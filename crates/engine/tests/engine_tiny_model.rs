@@ -326,3 +326,110 @@ fn f1_a_tier_that_never_answers_never_stalls_requests() {
     assert!(t.lookup_timeouts >= 1, "{t:?}");
     assert!(t.dropped_writes > 0, "the write queue is bounded: {t:?}");
 }
+
+/// Allows only the tokens of lowercase ASCII letters; counts masks prepared ahead of sampling
+/// and masks applied.
+struct LettersOnly {
+    prepared: Option<Vec<bool>>,
+    counts: Arc<MaskCounts>,
+}
+
+#[derive(Default)]
+struct MaskCounts {
+    prepared_on_another_thread: std::sync::atomic::AtomicUsize,
+    applied_prepared: std::sync::atomic::AtomicUsize,
+    applied: std::sync::atomic::AtomicUsize,
+}
+
+fn allowed_letters() -> Vec<bool> {
+    (0..model::testing::TINY_VOCAB as u32)
+        .map(|id| (u32::from(b'a') + 3..=u32::from(b'z') + 3).contains(&id))
+        .collect()
+}
+
+impl model::TokenConstraint for LettersOnly {
+    fn prepare(&mut self) {
+        if std::thread::current().name() != Some("agentkv-engine-test") {
+            self.counts
+                .prepared_on_another_thread
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.prepared = Some(allowed_letters());
+    }
+
+    fn mask_logits(&mut self, logits: &mut [f32]) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.counts.applied.fetch_add(1, Relaxed);
+        let mask = match self.prepared.take() {
+            Some(m) => {
+                self.counts.applied_prepared.fetch_add(1, Relaxed);
+                m
+            }
+            None => allowed_letters(),
+        };
+        for (l, ok) in logits.iter_mut().zip(mask) {
+            if !ok {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    fn accept(&mut self, _: u32) {
+        self.prepared = None;
+    }
+}
+
+struct LettersFactory(Arc<MaskCounts>);
+
+impl model::ConstraintFactory for LettersFactory {
+    fn start(&self) -> Box<dyn model::TokenConstraint> {
+        Box::new(LettersOnly {
+            prepared: None,
+            counts: self.0.clone(),
+        })
+    }
+    fn describe(&self) -> String {
+        "lowercase letters".into()
+    }
+}
+
+/// Token masks of constrained requests are computed on another thread while the forward pass
+/// runs, and used at sampling: every sampled token of a constrained request had its mask
+/// prepared ahead, outputs obey the constraint, and unconstrained requests in the same batch are
+/// unaffected.
+#[test]
+fn constraint_masks_are_computed_alongside_the_forward_pass() {
+    let counts = Arc::new(MaskCounts::default());
+    let spec = model::ConstraintSpec(Arc::new(LettersFactory(counts.clone())));
+    let ps = prompts(3, 8, 9);
+    let mut constrained = greedy(ps[0].clone(), 12);
+    constrained.sampling.constraint = Some(spec);
+    let specs = vec![
+        constrained,
+        greedy(ps[1].clone(), 12),
+        greedy(ps[2].clone(), 12),
+    ];
+    let got = std::thread::Builder::new()
+        .name("agentkv-engine-test".into())
+        .spawn(move || {
+            let mut core = EngineCore::new(model(), cfg(256, 16)).unwrap();
+            run(&mut core, specs)
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    let letters = allowed_letters();
+    assert_eq!(got[&(0, 0)].len(), 12);
+    assert!(got[&(0, 0)].iter().all(|(id, _)| letters[*id as usize]));
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(counts.applied.load(Relaxed), 12);
+    assert_eq!(
+        counts.applied_prepared.load(Relaxed),
+        12,
+        "every mask was prepared ahead"
+    );
+    assert_eq!(counts.prepared_on_another_thread.load(Relaxed), 12);
+    for i in 1..3 {
+        assert_eq!(got[&(i, 0)], alone(&ps[i], 12), "unconstrained request {i}");
+    }
+}

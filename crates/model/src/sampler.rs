@@ -15,8 +15,14 @@ use rand_chacha::ChaCha12Rng;
 /// [`ConstraintSpec`]; consulted by [`Sampler::sample`] at each step of that sequence only, so an
 /// unconstrained request never pays for it and never sees it.
 pub trait TokenConstraint: Send {
+    /// Computes the set of tokens allowed next and keeps it for [`TokenConstraint::mask_logits`].
+    /// It depends only on the tokens accepted so far, so the engine calls it on another thread
+    /// while the forward pass computes the logits; the default does nothing (the mask is then
+    /// computed in `mask_logits`).
+    fn prepare(&mut self) {}
     /// Sets the logits of every token that may not come next to `-inf` (`logits` is indexed by
-    /// token id; ids beyond the constraint's vocabulary are disallowed).
+    /// token id; ids beyond the constraint's vocabulary are disallowed), using the prepared set
+    /// when there is one.
     fn mask_logits(&mut self, logits: &mut [f32]);
     /// Advances past the token that was chosen.
     fn accept(&mut self, id: u32);
@@ -186,6 +192,19 @@ impl Sampler {
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
+    }
+
+    /// True when a constraint decides which tokens may come next.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// Computes the constraint's mask for the next token ahead of [`Sampler::sample`] (see
+    /// [`TokenConstraint::prepare`]); a no-op without a constraint.
+    pub fn prepare_constraint(&mut self) {
+        if let Some(c) = self.constraint.as_mut() {
+            c.prepare();
+        }
     }
 
     /// Records a generated token (for presence / frequency / repetition penalties).

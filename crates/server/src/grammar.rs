@@ -136,6 +136,7 @@ impl ConstraintFactory for CompiledGrammar {
         };
         Box::new(GrammarState {
             matcher: Matcher::new(Ok(parser)),
+            prepared: None,
         })
     }
 
@@ -146,6 +147,8 @@ impl ConstraintFactory for CompiledGrammar {
 
 struct GrammarState {
     matcher: Matcher,
+    /// The mask for the next token, computed by `prepare` (alongside the forward pass).
+    prepared: Option<Result<toktrie::SimpleVob, ()>>,
 }
 
 /// Sets every logit whose bit is clear in `words` (bit `id % 32` of word `id / 32`; ids at or past
@@ -177,6 +180,10 @@ fn apply_mask(words: &[u32], len: usize, logits: &mut [f32]) {
 }
 
 impl TokenConstraint for GrammarState {
+    fn prepare(&mut self) {
+        self.prepared = Some(self.matcher.compute_mask_or_eos().map_err(|_| ()));
+    }
+
     fn mask_logits(&mut self, logits: &mut [f32]) {
         // A matcher in an error state allows only EOS: the sequence ends rather than running
         // unconstrained.
@@ -185,7 +192,11 @@ impl TokenConstraint for GrammarState {
             .tok_env()
             .map(|e| e.tok_trie().eos_token())
             .ok();
-        match self.matcher.compute_mask_or_eos() {
+        let mask = match self.prepared.take() {
+            Some(m) => m,
+            None => self.matcher.compute_mask_or_eos().map_err(|_| ()),
+        };
+        match mask {
             Ok(mask) => apply_mask(mask.as_slice(), mask.len(), logits),
             Err(_) => {
                 for (id, l) in logits.iter_mut().enumerate() {
@@ -198,6 +209,7 @@ impl TokenConstraint for GrammarState {
     }
 
     fn accept(&mut self, id: u32) {
+        self.prepared = None;
         // An error leaves the matcher in its error state, which `mask_logits` handles.
         let _ = self.matcher.consume_token(id);
     }
