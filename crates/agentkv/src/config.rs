@@ -31,7 +31,8 @@
 //!          max_requests_per_tenant: 64, max_tokens_per_tenant: 262144, default_max_tokens: 1024,
 //!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512,
 //!          step_time_target_ms: 0, min_prefill_tokens_per_step: 32,
-//!          max_stored_responses_per_tenant: 1024, max_stored_response_bytes_per_tenant: 67108864}
+//!          max_stored_responses_per_tenant: 1024, max_stored_response_bytes_per_tenant: 67108864,
+//!          max_cache_ttl_secs: 3600}
 //! ```
 
 use std::collections::BTreeMap;
@@ -221,6 +222,8 @@ pub struct LimitsSection {
     pub max_stored_responses_per_tenant: Option<usize>,
     /// Bytes of stored responses per tenant.
     pub max_stored_response_bytes_per_tenant: Option<usize>,
+    /// Longest KV retention a request may ask for (seconds; 0 = off).
+    pub max_cache_ttl_secs: Option<u64>,
     /// Sequences per engine step.
     pub max_running_requests: Option<usize>,
     /// Tokens per engine step.

@@ -16,6 +16,7 @@ pub mod params;
 pub mod response_store;
 mod routes;
 pub mod run;
+pub mod sessions;
 pub mod settings;
 mod sse;
 pub mod state;

@@ -34,6 +34,9 @@ pub struct Limits {
     pub max_stored_responses_per_tenant: usize,
     /// Bytes of stored responses and their conversations kept per tenant.
     pub max_stored_response_bytes_per_tenant: usize,
+    /// Longest retention a request may ask for (`cache_control.ttl`, `prompt_cache_retention`,
+    /// a session key); longer asks are capped to it, 0 turns request retention off.
+    pub max_cache_ttl_secs: u64,
 }
 
 impl Default for Limits {
@@ -48,6 +51,7 @@ impl Default for Limits {
             retry_after_secs: 1,
             max_stored_responses_per_tenant: 1024,
             max_stored_response_bytes_per_tenant: 64 << 20,
+            max_cache_ttl_secs: 3600,
         }
     }
 }

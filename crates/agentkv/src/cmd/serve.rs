@@ -216,6 +216,7 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
             max_stored_response_bytes_per_tenant: l
                 .max_stored_response_bytes_per_tenant
                 .unwrap_or(d.max_stored_response_bytes_per_tenant),
+            max_cache_ttl_secs: l.max_cache_ttl_secs.unwrap_or(d.max_cache_ttl_secs),
         },
         shutdown_timeout: Duration::from_secs(file.server.shutdown_timeout_s.unwrap_or(30)),
     }
