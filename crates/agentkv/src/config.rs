@@ -352,6 +352,13 @@ mod tests {
     }
 
     #[test]
+    fn the_retention_cap_parses() {
+        let c = FileConfig::parse("limits: {max_cache_ttl_secs: 60}\n").unwrap();
+        assert_eq!(c.limits.max_cache_ttl_secs, Some(60));
+        assert!(FileConfig::parse("limits: {max_cache_ttl_secs: -1}\n").is_err());
+    }
+
+    #[test]
     fn tiers_parse_in_order_and_typos_are_named() {
         let c = FileConfig::parse(
             "kv_cache_config: {tier_write_through: true}\ntiers:\n  - {kind: ram, max_size: 4GB}\n  \
