@@ -238,6 +238,37 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
         assert_eq!(e["param"], param, "{}", reply.body);
         assert_eq!(e["code"].as_str(), code, "{}", reply.body);
     }
+    // A stream's final usage chunk reports it too: the same prompt and session add nothing.
+    let mut streamed: serde_json::Value = serde_json::from_str(&body(
+        &task(5),
+        serde_json::json!({"session_id": "tool-loop", "stream": true,
+            "stream_options": {"include_usage": true}}),
+    ))
+    .unwrap();
+    streamed["cache_control"] = serde_json::json!({"type": "ephemeral", "ttl": "1h"});
+    let reply = call(
+        &r,
+        "POST",
+        "/v1/chat/completions",
+        Some("ka"),
+        &streamed.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let events: Vec<&str> = reply
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"));
+    let last: serde_json::Value = serde_json::from_str(events[events.len() - 2]).unwrap();
+    let d = &last["usage"]["prompt_tokens_details"];
+    assert_eq!(d["cache_creation_input_tokens"], 0, "{last}");
+    assert!(
+        d["cached_tokens"].as_u64().unwrap() >= created - 16,
+        "{last}"
+    );
+
     // The Responses API takes the same fields.
     let resp = serde_json::json!({"model": "agentkv", "input": task(6), "max_output_tokens": 4,
         "temperature": 0, "store": false, "prompt_cache_key": "resp-1"});
