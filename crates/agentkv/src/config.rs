@@ -32,7 +32,8 @@
 //!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512,
 //!          step_time_target_ms: 0, min_prefill_tokens_per_step: 32,
 //!          max_stored_responses_per_tenant: 1024, max_stored_response_bytes_per_tenant: 67108864,
-//!          max_connections: 1024, header_timeout_s: 10, body_timeout_s: 30}
+//!          max_connections: 1024, header_timeout_s: 10, body_timeout_s: 30,
+//!          max_cache_ttl_secs: 3600}
 //! ```
 
 use std::collections::BTreeMap;
@@ -222,6 +223,8 @@ pub struct LimitsSection {
     pub max_stored_responses_per_tenant: Option<usize>,
     /// Bytes of stored responses per tenant.
     pub max_stored_response_bytes_per_tenant: Option<usize>,
+    /// Longest KV retention a request may ask for (seconds; 0 = off).
+    pub max_cache_ttl_secs: Option<u64>,
     /// Sequences per engine step.
     pub max_running_requests: Option<usize>,
     /// Tokens per engine step.
@@ -361,6 +364,13 @@ mod tests {
             Some(Policy::SegmentedLru)
         );
         assert_eq!(c.tenants[0].api_keys, vec!["k1".to_string()]);
+    }
+
+    #[test]
+    fn the_retention_cap_parses() {
+        let c = FileConfig::parse("limits: {max_cache_ttl_secs: 60}\n").unwrap();
+        assert_eq!(c.limits.max_cache_ttl_secs, Some(60));
+        assert!(FileConfig::parse("limits: {max_cache_ttl_secs: -1}\n").is_err());
     }
 
     #[test]

@@ -109,6 +109,9 @@ pub struct ChatCompletionRequest {
     /// Sampling extras, named as vLLM names them.
     #[serde(flatten)]
     pub extra: crate::extras::SamplingExtras,
+    /// Session and retention fields (`prompt_cache_key`, `cache_control`, …).
+    #[serde(flatten)]
+    pub cache: crate::cache_control::CacheFields,
 }
 
 /// `logit_bias` on the wire: token ids as decimal strings (JSON object keys) → bias.

@@ -3,6 +3,7 @@
 //! not combine with the flattened vLLM extras). Names only; what to do with an unknown field is
 //! the server's policy.
 
+use crate::cache_control::CacheFields;
 use crate::chat::ChatCompletionRequest;
 use crate::completion::CompletionRequest;
 use crate::extras::SamplingExtras;
@@ -62,7 +63,9 @@ impl KnownFields for ChatCompletionRequest {
     ];
 
     fn is_known(name: &str) -> bool {
-        Self::FIELDS.contains(&name) || SamplingExtras::is_known(name)
+        Self::FIELDS.contains(&name)
+            || SamplingExtras::is_known(name)
+            || CacheFields::is_known(name)
     }
 }
 
@@ -111,4 +114,8 @@ impl KnownFields for ResponsesRequest {
         "include",
         "user",
     ];
+
+    fn is_known(name: &str) -> bool {
+        Self::FIELDS.contains(&name) || CacheFields::is_known(name)
+    }
 }

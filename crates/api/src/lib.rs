@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod cache_control;
 pub mod chat;
 pub mod completion;
 pub mod error;
@@ -22,6 +23,7 @@ pub mod tokenize;
 pub mod tools;
 pub mod usage;
 
+pub use cache_control::{CacheControl, CacheFields, SessionDeleted, SessionObject};
 pub use chat::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatMessage, FunctionKind, FunctionName, LogitBias,

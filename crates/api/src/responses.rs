@@ -50,6 +50,9 @@ pub struct ResponsesRequest {
     pub include: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// Session and retention fields (`prompt_cache_key`, `cache_control`, …).
+    #[serde(flatten)]
+    pub cache: crate::cache_control::CacheFields,
 }
 
 /// `input`: text (one user message) or items.
@@ -368,6 +371,9 @@ pub struct ResponseUsage {
 pub struct InputTokensDetails {
     /// Input tokens whose KV came from the prefix cache.
     pub cached_tokens: u64,
+    /// Input tokens this request newly retained for its session (when it asked for retention).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_creation_input_tokens: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

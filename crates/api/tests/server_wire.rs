@@ -64,6 +64,18 @@ fn extras() -> SamplingExtras {
     }
 }
 
+fn cache_fields() -> api::CacheFields {
+    api::CacheFields {
+        prompt_cache_key: Some("k".into()),
+        session_id: Some("s".into()),
+        prompt_cache_retention: Some("24h".into()),
+        cache_control: Some(api::CacheControl {
+            kind: "ephemeral".into(),
+            ttl: Some("1h".into()),
+        }),
+    }
+}
+
 /// Every field is set (no `..Default::default()`), so a new field fails to compile here until it
 /// is added, and then fails the comparison until `KnownFields::FIELDS` names it.
 #[test]
@@ -91,10 +103,12 @@ fn known_fields_are_exactly_the_serialised_fields() {
         logit_bias: Some(LogitBias::new()),
         response_format: Some(ResponseFormat::JsonObject),
         extra: extras(),
+        cache: cache_fields(),
     };
     let expected: std::collections::BTreeSet<String> = ChatCompletionRequest::FIELDS
         .iter()
         .chain(SamplingExtras::FIELDS)
+        .chain(api::CacheFields::FIELDS)
         .map(|s| s.to_string())
         .collect();
     assert_eq!(keys(serde_json::to_value(&chat).unwrap()), expected);
@@ -236,9 +250,11 @@ fn responses_request_known_fields_and_items() {
         metadata: Some(Default::default()),
         include: Some(Vec::new()),
         user: Some("u".into()),
+        cache: cache_fields(),
     };
     let expected: std::collections::BTreeSet<String> = ResponsesRequest::FIELDS
         .iter()
+        .chain(api::CacheFields::FIELDS)
         .map(|s| s.to_string())
         .collect();
     assert_eq!(keys(serde_json::to_value(&req).unwrap()), expected);

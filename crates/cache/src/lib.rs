@@ -38,7 +38,7 @@ pub mod tenant;
 
 pub use cache::{
     BlockCopy, BlockReplacement, Fork, KvCache, MissReason, PinOutcome, PrefixMatch, PrefixMiss,
-    PublishReport, RetainOutcome,
+    PublishReport, RetainOutcome, SessionRetention,
 };
 pub use config::{CacheConfig, EvictionPolicy};
 pub use counters::{BlockUsage, Counters, EvictionCause, EvictionCounts, Fragmentation};

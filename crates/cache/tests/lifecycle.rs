@@ -224,16 +224,51 @@ fn retention_cap_refuses_beyond_the_budget() {
         .retain_session(SessionId(1), s, Tick(9), 1, Tick(1))
         .unwrap();
     assert_eq!((out.retained_blocks, out.refused_blocks), (2, 1));
+    assert_eq!(out.new_blocks, 2);
     assert_eq!(cache.counters().retention_refused_blocks, 1);
-    // Re-retaining replaces the old record (no double counting).
+    // Re-retaining replaces the old record (no double counting) and adds nothing new.
     let out = cache
         .retain_session(SessionId(1), s, Tick(20), 1, Tick(1))
         .unwrap();
-    assert_eq!(out.retained_blocks, 2);
+    assert_eq!((out.retained_blocks, out.new_blocks), (2, 0));
     assert_eq!(cache.usage().retained, 2);
+    let info = cache.session(SessionId(1)).unwrap();
+    assert_eq!((info.blocks, info.tokens, info.until), (2, 8, Tick(20)));
     cache.release_session(SessionId(1)).unwrap();
     assert_eq!(cache.usage().retained, 0);
+    assert_eq!(cache.session(SessionId(1)), None);
     assert!(cache.release_session(SessionId(1)).is_err());
+    cache.check_invariants().unwrap();
+}
+
+#[test]
+fn a_session_turn_reports_only_the_blocks_it_newly_retains() {
+    let mut cache = KvCache::new(config(10, 4, EvictionPolicy::Lru)).unwrap();
+    let ns = ns(1);
+    let (s, _) = start(&mut cache, &ns, &toks(0, 8), 1);
+    let out = cache
+        .retain_session(SessionId(3), s, Tick(50), 0, Tick(1))
+        .unwrap();
+    assert_eq!((out.retained_blocks, out.new_blocks), (2, 2));
+    cache.free(s, Tick(1)).unwrap();
+    // The next turn extends the first by one block: only that block is new.
+    let (s, cached) = start(&mut cache, &ns, &toks(0, 13), 2);
+    assert_eq!(cached, 8);
+    let out = cache
+        .retain_session(SessionId(3), s, Tick(60), 0, Tick(2))
+        .unwrap();
+    assert_eq!((out.retained_blocks, out.new_blocks), (3, 1));
+    cache.free(s, Tick(2)).unwrap();
+    // Another session over the same blocks newly retains all of them for itself.
+    let (s, _) = start(&mut cache, &ns, &toks(0, 8), 3);
+    let out = cache
+        .retain_session(SessionId(4), s, Tick(60), 0, Tick(3))
+        .unwrap();
+    assert_eq!((out.retained_blocks, out.new_blocks), (2, 2));
+    cache.free(s, Tick(3)).unwrap();
+    assert_eq!(cache.usage().retained, 3);
+    assert_eq!(cache.expire(Tick(60)), 2);
+    assert_eq!(cache.session(SessionId(3)), None);
     cache.check_invariants().unwrap();
 }
 

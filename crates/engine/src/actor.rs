@@ -13,12 +13,14 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use cache::TenantId;
+use cache::{SessionId, TenantId};
 use tokio::sync::oneshot;
 
 use crate::core::{EngineCore, SnapshotCell};
 use crate::error::EngineError;
-use crate::request::{EngineEvent, EventReceiver, EventSender, RequestId, RequestSpec};
+use crate::request::{
+    EngineEvent, EventReceiver, EventSender, RequestId, RequestSpec, SessionInfo,
+};
 use crate::snapshot::EngineSnapshot;
 
 enum Command {
@@ -26,6 +28,8 @@ enum Command {
     Cancel(RequestId),
     Flush(Option<TenantId>, oneshot::Sender<u32>),
     Warmup(Box<Warmup>, oneshot::Sender<Result<usize, EngineError>>),
+    /// Query (`false`) or release (`true`) a session's retention.
+    Session(SessionId, bool, oneshot::Sender<Option<SessionInfo>>),
     Shutdown,
 }
 
@@ -127,6 +131,20 @@ impl EngineHandle {
         Ok(rx)
     }
 
+    /// A session's retention (`release`: ended now, replying with what it held); `None` when it
+    /// retains nothing.
+    pub fn session(
+        &self,
+        session: SessionId,
+        release: bool,
+    ) -> Result<oneshot::Receiver<Option<SessionInfo>>, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Session(session, release, tx))
+            .map_err(|_| EngineError::ShutDown)?;
+        Ok(rx)
+    }
+
     /// Prefills and pins a prompt; replies with the pinned token count.
     pub fn warmup(
         &self,
@@ -184,6 +202,11 @@ fn run(mut core: EngineCore, rx: Receiver<Command>) {
                     let pinned = core.warmup(&w.name, &w.tokens, w.tenant, &w.salt);
                     core.publish();
                     let _ = tx.send(pinned);
+                }
+                Command::Session(session, release, tx) => {
+                    let info = core.session(session, release);
+                    core.publish();
+                    let _ = tx.send(info);
                 }
                 Command::Shutdown => return,
             }

@@ -25,7 +25,7 @@ use crate::config::EngineConfig;
 use crate::error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 use crate::paged_kv::{KvGeometry, PagedKvMemory};
 use crate::plan::{PrefetchStart, StepPlan};
-use crate::request::{EngineEvent, EventSender, FinishReason, RequestId, RequestSpec};
+use crate::request::{EngineEvent, EventSender, FinishReason, RequestId, RequestSpec, SessionInfo};
 use crate::scheduler::{SchedContext, Scheduler, SchedulerConfig};
 use crate::sequence::{SeqKey, Sequence};
 use crate::snapshot::{EngineSnapshot, PinnedPrompt};
@@ -335,6 +335,24 @@ impl EngineCore {
             pinned_tokens: pin.num_tokens,
         });
         Ok(pin.num_tokens)
+    }
+
+    /// The retention `session` holds now (expired retention is ended first); `release` ends it
+    /// too. `None` when the session retains nothing.
+    pub fn session(&mut self, session: cache::SessionId, release: bool) -> Option<SessionInfo> {
+        let tick = self.next_tick();
+        self.cache.expire(tick);
+        let r = self.cache.session(session)?;
+        if release {
+            // Found just above, so this cannot fail.
+            let _ = self.cache.release_session(session);
+        }
+        Some(SessionInfo {
+            tokens: r.tokens,
+            blocks: r.blocks,
+            ttl_left: std::time::Duration::from_millis(r.until.0.saturating_sub(tick.0)),
+            priority: r.priority,
+        })
     }
 
     /// The cache's logical clock: milliseconds since the engine started, strictly increasing per

@@ -33,7 +33,7 @@ pub use error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 pub use paged_kv::PagedKvMemory;
 pub use request::{
     EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec, Retention,
-    Timings, TokenEvent, Usage,
+    SessionInfo, Timings, TokenEvent, Usage,
 };
 pub use snapshot::{EngineSnapshot, PinnedPrompt};
 pub use stats::EngineStats;

@@ -90,6 +90,20 @@ pub struct Usage {
     /// Why the cached prefix ended where it did (first admission; `None` when every full prompt
     /// block was cached, or caching is off).
     pub cache_miss: Option<cache::PrefixMiss>,
+    /// Tokens (whole blocks) this request newly retained for its session: retained now and not
+    /// held by the session's previous turn. 0 without [`RequestSpec::retention`].
+    pub retained_tokens: usize,
+}
+
+/// A session's retention as the engine reports it (`GET /v1/sessions/{id}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// Retained tokens (whole blocks) in the active pool.
+    pub tokens: usize,
+    pub blocks: u32,
+    /// Time until the retention ends.
+    pub ttl_left: Duration,
+    pub priority: u8,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -433,3 +433,77 @@ fn constraint_masks_are_computed_alongside_the_forward_pass() {
         assert_eq!(got[&(i, 0)], alone(&ps[i], 12), "unconstrained request {i}");
     }
 }
+
+/// Runs one request to completion; returns its usage.
+fn usage_of(core: &mut EngineCore, id: u64, spec: RequestSpec) -> engine::Usage {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    core.submit(RequestId(id), spec, tx).unwrap();
+    while core.has_work() {
+        core.step().unwrap();
+        core.cache().check_invariants().unwrap();
+    }
+    let mut usage = None;
+    while let Ok(ev) = rx.try_recv() {
+        match ev {
+            EngineEvent::Finished { usage: u, .. } => usage = Some(u),
+            EngineEvent::Error(e) => panic!("request {id}: {e}"),
+            _ => {}
+        }
+    }
+    usage.expect("finished")
+}
+
+#[test]
+fn a_retained_session_survives_a_flood_that_evicts_an_unretained_prefix() {
+    // 32 blocks of 4 tokens; each prompt is 40 tokens (10 blocks), the flood 10× the pool.
+    let mut core = EngineCore::new(model(), cfg(32, 512)).unwrap();
+    let ps = prompts(44, 0, 7)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut p)| {
+            p.resize(40, 3 + i as u32);
+            p
+        })
+        .collect::<Vec<_>>();
+    let session = engine::Retention {
+        session: cache::SessionId(42),
+        ttl: std::time::Duration::from_secs(3600),
+        priority: 0,
+    };
+    let retained = |p: &[u32]| RequestSpec {
+        retention: Some(session.clone()),
+        ..greedy(p.to_vec(), 4)
+    };
+    let first = usage_of(&mut core, 0, retained(&ps[0]));
+    // 40 prompt + 3 written generated tokens: 10 full blocks, all new to the session.
+    assert_eq!(first.retained_tokens, 40);
+    let plain = usage_of(&mut core, 1, greedy(ps[1].clone(), 4));
+    assert_eq!(plain.retained_tokens, 0);
+    let info = core.session(cache::SessionId(42), false).unwrap();
+    assert_eq!((info.tokens, info.blocks), (40, 10));
+    assert!(info.ttl_left > std::time::Duration::from_secs(3500));
+    for (i, p) in ps[2..].iter().enumerate() {
+        usage_of(&mut core, 10 + i as u64, greedy(p.clone(), 4));
+    }
+    let again = usage_of(&mut core, 100, retained(&ps[0]));
+    assert_eq!(
+        again.cached_tokens, 36,
+        "the retained prefix is still cached"
+    );
+    assert_eq!(again.retained_tokens, 0, "nothing new to retain");
+    let evicted = usage_of(&mut core, 101, greedy(ps[1].clone(), 4));
+    assert_eq!(
+        evicted.cached_tokens, 0,
+        "the unretained prefix was evicted"
+    );
+    // Released: the session holds nothing and the flood now evicts its blocks too.
+    let released = core.session(cache::SessionId(42), true).unwrap();
+    assert_eq!(released.blocks, 10);
+    assert_eq!(core.session(cache::SessionId(42), false), None);
+    assert_eq!(core.cache().usage().retained, 0);
+    for (i, p) in ps[2..].iter().enumerate() {
+        usage_of(&mut core, 200 + i as u64, greedy(p.clone(), 4));
+    }
+    let gone = usage_of(&mut core, 300, greedy(ps[0].clone(), 4));
+    assert_eq!(gone.cached_tokens, 0);
+}

@@ -17,6 +17,7 @@ pub mod reqlog;
 pub mod response_store;
 mod routes;
 pub mod run;
+pub mod sessions;
 pub mod settings;
 mod sse;
 pub mod state;

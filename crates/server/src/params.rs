@@ -55,6 +55,7 @@ pub fn parse_request<T: DeserializeOwned + KnownFields>(
             param: None,
         });
     };
+    crate::sessions::reject_breakpoints(&value)?;
     if policy == UnknownFields::Reject {
         if let Some(name) = fields
             .iter()
@@ -80,6 +81,11 @@ pub fn parse_request<T: DeserializeOwned + KnownFields>(
             serde_path_to_error::deserialize::<_, SamplingExtras>(&value)
                 .err()
                 .and_then(|e| field_of(e.path()))
+                .or_else(|| {
+                    serde_path_to_error::deserialize::<_, api::CacheFields>(&value)
+                        .err()
+                        .and_then(|e| field_of(e.path()))
+                })
         });
         let inner = e.into_inner().to_string();
         let param = param.or_else(|| missing_field(&inner));
@@ -500,6 +506,17 @@ mod tests {
             assert_eq!(param(e), (field.to_string(), Some(code.to_string())));
             assert!(chat(with(field, value), Ignore).is_ok(), "{field}");
         }
+        for (field, value) in [
+            ("prompt_cache_key", serde_json::json!("k")),
+            ("session_id", serde_json::json!("s")),
+            ("prompt_cache_retention", serde_json::json!("24h")),
+            (
+                "cache_control",
+                serde_json::json!({"type": "ephemeral", "ttl": "1h"}),
+            ),
+        ] {
+            assert!(chat(with(field, value), Reject).is_ok(), "{field}");
+        }
         // null is "not given".
         assert!(chat(with("frobnicate", serde_json::Value::Null), Reject).is_ok());
         let c: Result<CompletionRequest, _> =
@@ -520,6 +537,8 @@ mod tests {
                 ),
                 ("temperature", serde_json::json!("hot"), "temperature"),
                 ("top_k", serde_json::json!("many"), "top_k"),
+                ("cache_control", serde_json::json!("yes"), "cache_control"),
+                ("prompt_cache_key", serde_json::json!(7), "prompt_cache_key"),
                 (
                     "messages",
                     serde_json::json!([{"role": "robot"}]),

@@ -63,6 +63,9 @@ pub struct Running {
     completion_tokens: usize,
     cached_tokens: usize,
     cache_miss: Option<cache::PrefixMiss>,
+    /// The request asked for retention: usage reports what it newly retained.
+    retains: bool,
+    retained_tokens: usize,
     last_token_at: Vec<Option<Instant>>,
     ttft: Option<Duration>,
     queue: Duration,
@@ -75,6 +78,7 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
         return Err(ApiError::ShuttingDown);
     }
     let n = p.spec.n;
+    let retains = p.spec.retention.is_some();
     let tokens = p.spec.prompt.len() + p.spec.max_tokens * n;
     let permit = state
         .admission
@@ -110,6 +114,8 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
         completion_tokens: 0,
         cached_tokens: 0,
         cache_miss: None,
+        retains,
+        retained_tokens: 0,
         last_token_at: vec![None; n],
         ttft: None,
         queue: Duration::ZERO,
@@ -211,6 +217,8 @@ impl Running {
                     self.prompt_tokens = usage.prompt_tokens;
                     self.cached_tokens = usage.cached_tokens;
                     self.cache_miss = usage.cache_miss;
+                    // Choices retain the same session in turn; the largest addition counts.
+                    self.retained_tokens = self.retained_tokens.max(usage.retained_tokens);
                     self.completion_tokens += usage.completion_tokens;
                     self.ttft = Some(self.ttft.map_or(timings.ttft, |t| t.min(timings.ttft)));
                     self.queue = timings.queue;
@@ -263,6 +271,7 @@ impl Running {
                     reason: m.reason.as_str().to_string(),
                     at_token: m.at_token as u64,
                 }),
+                cache_creation_input_tokens: self.retains.then_some(self.retained_tokens as u64),
             }),
             completion_tokens_details: None,
         }

@@ -41,6 +41,9 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// A request body must arrive within this, else 408 and the connection is closed.
     pub body_timeout: Duration,
+    /// Longest retention a request may ask for (`cache_control.ttl`, `prompt_cache_retention`,
+    /// a session key); longer asks are capped to it, 0 turns request retention off.
+    pub max_cache_ttl_secs: u64,
 }
 
 impl Default for Limits {
@@ -58,6 +61,7 @@ impl Default for Limits {
             max_connections: 1024,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
+            max_cache_ttl_secs: 3600,
         }
     }
 }

@@ -311,6 +311,7 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
             body_timeout: l
                 .body_timeout_s
                 .map_or(d.body_timeout, Duration::from_secs_f64),
+            max_cache_ttl_secs: l.max_cache_ttl_secs.unwrap_or(d.max_cache_ttl_secs),
         },
         shutdown_timeout: Duration::from_secs(file.server.shutdown_timeout_s.unwrap_or(30)),
     }

@@ -29,7 +29,7 @@ use crate::tenant::{TenantCounters, Tenants};
 
 pub use diverge::{MissReason, PrefixMiss};
 pub use lookup::PrefixMatch;
-pub use retain::{PinOutcome, RetainOutcome};
+pub use retain::{PinOutcome, RetainOutcome, SessionRetention};
 pub use seq::{BlockCopy, BlockReplacement, Fork, PublishReport};
 
 /// An outstanding [`PrefixMatch`]: its blocks hold references until it becomes a sequence or is

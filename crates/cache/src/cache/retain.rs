@@ -24,9 +24,36 @@ pub struct PinOutcome {
 pub struct RetainOutcome {
     pub retained_blocks: u32,
     pub refused_blocks: u32,
+    /// Blocks retained now that the session's previous retention did not hold (what this turn
+    /// added: Anthropic's `cache_creation_input_tokens` is this × block size).
+    pub new_blocks: u32,
+}
+
+/// What [`KvCache::session`] reports of a session's retention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionRetention {
+    /// Blocks the session retains (its chain from the root, as far as the cap allowed).
+    pub blocks: u32,
+    /// `blocks · block_size`.
+    pub tokens: usize,
+    /// Retention ends at this tick.
+    pub until: Tick,
+    pub priority: u8,
 }
 
 impl KvCache {
+    /// The current retention of `session`, `None` when it retains nothing (never retained,
+    /// released or expired).
+    pub fn session(&self, session: SessionId) -> Option<SessionRetention> {
+        let r = self.registry.records.get(&Holder::Session(session))?;
+        Some(SessionRetention {
+            blocks: r.blocks.len() as u32,
+            tokens: r.blocks.len() * self.block_size,
+            until: r.rank.until,
+            priority: r.rank.priority,
+        })
+    }
+
     /// Attach `holder` to `blocks` (chain order, root first) up to the retention cap.
     /// Returns (retained, refused).
     fn add_holder(
@@ -164,14 +191,26 @@ impl KvCache {
             .take_while(|id| self.pool.get(*id).published.is_some())
             .collect();
         let holder = Holder::Session(session);
+        let previous: std::collections::HashSet<BlockId> = self
+            .registry
+            .records
+            .get(&holder)
+            .map(|r| r.blocks.iter().copied().collect())
+            .unwrap_or_default();
         self.remove_holder(holder);
         let rank = RetentionRank::session(priority, until);
         let (retained_blocks, refused_blocks) = self.add_holder(holder, rank, &blocks);
+        let new_blocks = self.registry.records[&holder]
+            .blocks
+            .iter()
+            .filter(|b| !previous.contains(b))
+            .count() as u32;
         self.registry.expiry.insert((until, session));
         self.counters.sessions_retained += 1;
         Ok(RetainOutcome {
             retained_blocks,
             refused_blocks,
+            new_blocks,
         })
     }
 

@@ -116,6 +116,7 @@ impl EngineCore {
         if let Some(t) = self.tiers.as_mut() {
             t.forget_request(id);
         }
+        let mut retained_tokens = 0;
         if let Some(cs) = s.cache_seq.take() {
             let tick = Tick(self.tick);
             if let (Some(r), true) = (&s.spec.retention, reason != FinishReason::Cancelled) {
@@ -126,6 +127,7 @@ impl EngineCore {
                     .retain_session(r.session, cs, until, r.priority, tick)
                 {
                     self.stats.retained_blocks += out.retained_blocks as u64;
+                    retained_tokens = out.new_blocks as usize * self.cfg.block_size;
                 }
             }
             let _ = self.cache.free(cs, tick);
@@ -160,6 +162,7 @@ impl EngineCore {
             completion_tokens: s.num_generated,
             cached_tokens: s.cached_tokens.unwrap_or(0),
             cache_miss: s.cache_miss,
+            retained_tokens,
         };
         let finished = EngineEvent::Finished {
             choice: id.1,

@@ -35,7 +35,14 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let (tenant, req) =
         read_generation_request(&state, &headers, body, |r: &ChatCompletionRequest| &r.model)?;
-    let (prepared, tool_mode) = prepare_chat(&state, &tenant, &req)?;
+    let (mut prepared, tool_mode) = prepare_chat(&state, &tenant, &req)?;
+    prepared.spec.retention = crate::sessions::retention(
+        &state.settings.limits,
+        &tenant,
+        &headers,
+        &req.cache,
+        &prepared.spec.prompt,
+    )?;
     let mut running = submit(&state, &tenant, prepared)?;
     let id = format!("chatcmpl-{}", running.id.0);
     let call_id = {

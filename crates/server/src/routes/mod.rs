@@ -7,6 +7,7 @@ mod completions;
 mod info;
 mod input_items;
 mod responses;
+mod sessions;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -33,6 +34,10 @@ pub fn router(state: AppState) -> Router {
             get(responses::get).delete(responses::delete),
         )
         .route("/v1/responses/{id}/input_items", get(input_items::list))
+        .route(
+            "/v1/sessions/{id}",
+            get(sessions::get).delete(sessions::delete),
+        )
         .route("/v1/models", get(info::models))
         .route("/v1/models/{*id}", get(info::model))
         .route("/health", get(info::health))

@@ -74,7 +74,14 @@ pub async fn create(
     let mut conversation = history;
     conversation.extend(input_messages(&req.input)?);
     let chat = chat_request(&req, &conversation);
-    let (prepared, tool_mode) = prepare_chat(&state, &tenant, &chat).map_err(rename_param)?;
+    let (mut prepared, tool_mode) = prepare_chat(&state, &tenant, &chat).map_err(rename_param)?;
+    prepared.spec.retention = crate::sessions::retention(
+        &state.settings.limits,
+        &tenant,
+        &headers,
+        &req.cache,
+        &prepared.spec.prompt,
+    )?;
     let mut running = submit(&state, &tenant, prepared)?;
     let suffix = format!("{:x}{:x}", state.started_unix_s, running.id.0);
     let draft = Draft {
@@ -473,6 +480,10 @@ impl Draft {
             input_tokens: usage.prompt_tokens,
             input_tokens_details: InputTokensDetails {
                 cached_tokens: usage.cached_tokens().unwrap_or(0),
+                cache_creation_input_tokens: usage
+                    .prompt_tokens_details
+                    .as_ref()
+                    .and_then(|d| d.cache_creation_input_tokens),
             },
             output_tokens: usage.completion_tokens,
             output_tokens_details: OutputTokensDetails::default(),

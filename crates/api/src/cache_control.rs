@@ -1,0 +1,72 @@
+//! Request fields that ask the server to keep a prompt's KV for an agent's next call, in the
+//! shapes clients already send: OpenAI's `prompt_cache_key` and `prompt_cache_retention`, a
+//! `session_id` (also the `x-session-id` header, read by the server), and Anthropic's
+//! `cache_control` at the top level of the request (a breakpoint at the end of the prompt).
+//! Flattened into the chat and responses requests. Shape only; the server validates the values.
+
+use serde::{Deserialize, Serialize};
+
+use crate::fields::KnownFields;
+
+/// Session and retention fields of a generation request.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheFields {
+    /// OpenAI: groups requests that share a prefix; here it names the caller's session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_key: Option<String>,
+    /// The agent session this call belongs to (wins over `prompt_cache_key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// OpenAI: `"in_memory"` or `"24h"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_retention: Option<String>,
+    /// Anthropic's automatic breakpoint: retain the whole prompt for `ttl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<CacheControl>,
+}
+
+/// `{"type": "ephemeral", "ttl": "5m" | "1h"}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheControl {
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `"5m"` (the default) or `"1h"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+}
+
+impl KnownFields for CacheFields {
+    const FIELDS: &'static [&'static str] = &[
+        "prompt_cache_key",
+        "session_id",
+        "prompt_cache_retention",
+        "cache_control",
+    ];
+}
+
+/// `GET /v1/sessions/{id}`: what a session retains now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionObject {
+    /// The client's key (`session_id`, `x-session-id` or `prompt_cache_key`).
+    pub id: String,
+    /// `"session"`.
+    pub object: String,
+    /// Retained prompt and output tokens (whole KV blocks) in the active pool.
+    pub retained_tokens: u64,
+    pub retained_blocks: u64,
+    /// Seconds until the retention ends (each call of the session renews it).
+    pub ttl_left_s: f64,
+    /// Higher survives longer among retained blocks.
+    pub priority: u8,
+}
+
+/// `DELETE /v1/sessions/{id}`: the retention ended now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionDeleted {
+    pub id: String,
+    /// `"session.deleted"`.
+    pub object: String,
+    pub deleted: bool,
+    /// Tokens the session retained until now (their blocks stay cached, unretained).
+    pub released_tokens: u64,
+}

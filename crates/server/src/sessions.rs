@@ -1,0 +1,396 @@
+//! Request fields → the engine's soft session retention ([`engine::Retention`]): which session a
+//! call belongs to (`session_id`, the `x-session-id` header, `prompt_cache_key`) and how long its
+//! KV is kept after it ends (`cache_control`, `prompt_cache_retention`), bounded by
+//! `limits.max_cache_ttl_secs`. Session ids are derived from the tenant and the client's key, so
+//! tenants never share a session. Message-, content- and tool-level `cache_control` breakpoints
+//! are not implemented and are refused (400 `unsupported_parameter`) rather than ignored.
+
+use std::hash::{Hash, Hasher};
+use std::time::Duration;
+
+use api::CacheFields;
+use axum::http::HeaderMap;
+use cache::SessionId;
+use engine::Retention;
+
+use crate::error::ApiError;
+use crate::settings::Limits;
+use crate::tenants::Tenant;
+
+/// The header that names a call's session (like the `session_id` field).
+pub const SESSION_HEADER: &str = "x-session-id";
+/// Longest accepted session key, in bytes.
+pub const MAX_KEY_BYTES: usize = 256;
+/// Retention of a call that names a session but no TTL (`cache_control`'s default, and OpenAI's
+/// in-memory retention).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
+
+/// Priority of a call with explicit `cache_control`: it outlives key-only retention.
+const EXPLICIT_PRIORITY: u8 = 1;
+
+/// The session of `key` within `tenant` (stable within a process).
+pub fn session_id(tenant: &Tenant, key: &str) -> SessionId {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    tenant.id.0.hash(&mut h);
+    key.hash(&mut h);
+    SessionId(h.finish())
+}
+
+fn check_key(key: &str, param: &str) -> Result<(), ApiError> {
+    if key.is_empty() || key.len() > MAX_KEY_BYTES {
+        return Err(ApiError::invalid(
+            format!(
+                "{param} must be 1 to {MAX_KEY_BYTES} bytes, got {} bytes",
+                key.len()
+            ),
+            param,
+        ));
+    }
+    Ok(())
+}
+
+/// The client's session key: `session_id`, else the `x-session-id` header, else
+/// `prompt_cache_key` (a field and the header that disagree → 400).
+pub fn session_key<'a>(
+    headers: &'a HeaderMap,
+    f: &'a CacheFields,
+) -> Result<Option<&'a str>, ApiError> {
+    let header = match headers.get(SESSION_HEADER) {
+        None => None,
+        Some(v) => Some(v.to_str().map_err(|_| {
+            ApiError::invalid("the x-session-id header must be text", SESSION_HEADER)
+        })?),
+    };
+    if let Some(h) = header {
+        check_key(h, SESSION_HEADER)?;
+    }
+    if let Some(k) = &f.session_id {
+        check_key(k, "session_id")?;
+        if header.is_some_and(|h| h != k) {
+            return Err(ApiError::invalid(
+                "session_id and the x-session-id header name different sessions",
+                "session_id",
+            ));
+        }
+    }
+    if let Some(k) = &f.prompt_cache_key {
+        check_key(k, "prompt_cache_key")?;
+    }
+    Ok(f.session_id
+        .as_deref()
+        .or(header)
+        .or(f.prompt_cache_key.as_deref()))
+}
+
+/// The retention a request asks for, `None` when it asks for none (or `max_cache_ttl_secs` is
+/// 0). `prompt` names the anonymous session of a `cache_control` request without a key.
+pub fn retention(
+    limits: &Limits,
+    tenant: &Tenant,
+    headers: &HeaderMap,
+    f: &CacheFields,
+    prompt: &[u32],
+) -> Result<Option<Retention>, ApiError> {
+    let key = session_key(headers, f)?;
+    let explicit = match &f.cache_control {
+        None => None,
+        Some(c) => {
+            if c.kind != "ephemeral" {
+                return Err(ApiError::invalid(
+                    format!("cache_control.type must be \"ephemeral\", got {:?}", c.kind),
+                    "cache_control.type",
+                ));
+            }
+            Some(match c.ttl.as_deref() {
+                None | Some("5m") => DEFAULT_TTL,
+                Some("1h") => Duration::from_secs(3600),
+                Some(other) => {
+                    return Err(ApiError::invalid(
+                        format!("cache_control.ttl must be \"5m\" or \"1h\", got {other:?}"),
+                        "cache_control.ttl",
+                    ))
+                }
+            })
+        }
+    };
+    let policy = match f.prompt_cache_retention.as_deref() {
+        None => None,
+        Some("in_memory") | Some("in-memory") => Some(DEFAULT_TTL),
+        Some("24h") => Some(Duration::from_secs(24 * 3600)),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                format!("prompt_cache_retention must be \"in_memory\" or \"24h\", got {other:?}"),
+                "prompt_cache_retention",
+            ))
+        }
+    };
+    let asked = match (explicit, policy, key) {
+        (None, None, None) => return Ok(None),
+        (None, None, Some(_)) => DEFAULT_TTL,
+        (e, p, _) => e.max(p).unwrap_or(DEFAULT_TTL),
+    };
+    let ttl = asked.min(Duration::from_secs(limits.max_cache_ttl_secs));
+    if ttl.is_zero() {
+        return Ok(None);
+    }
+    let session = match key {
+        Some(k) => session_id(tenant, k),
+        None => {
+            // No key: the prompt itself names the session, so repeating it refreshes it.
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            prompt.hash(&mut h);
+            session_id(tenant, &format!("\u{0}prompt:{:016x}", h.finish()))
+        }
+    };
+    Ok(Some(Retention {
+        session,
+        ttl,
+        priority: if explicit.is_some() {
+            EXPLICIT_PRIORITY
+        } else {
+            0
+        },
+    }))
+}
+
+/// 400 `unsupported_parameter` for a `cache_control` inside `messages`, their content parts,
+/// `tools` or a Responses `input` item: breakpoints inside the prompt are not implemented, and
+/// silently ignoring one would retain less than the client asked for.
+pub fn reject_breakpoints(body: &serde_json::Value) -> Result<(), ApiError> {
+    let items = |field: &str| {
+        body.get(field)
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+            .enumerate()
+    };
+    for field in ["messages", "input", "tools"] {
+        for (i, item) in items(field) {
+            let mut at = item
+                .get("cache_control")
+                .is_some_and(|v| !v.is_null())
+                .then(|| format!("{field}[{i}].cache_control"));
+            if at.is_none() {
+                let parts = item.get("content").and_then(|c| c.as_array());
+                at = parts.into_iter().flatten().enumerate().find_map(|(j, p)| {
+                    p.get("cache_control")
+                        .is_some_and(|v| !v.is_null())
+                        .then(|| format!("{field}[{i}].content[{j}].cache_control"))
+                });
+            }
+            if let Some(param) = at {
+                return Err(ApiError::UnsupportedParameter {
+                    message: format!(
+                        "{param}: cache_control breakpoints inside the prompt are not supported; \
+                         use the top-level cache_control (the whole prompt) or prompt_cache_key"
+                    ),
+                    param,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+    use cache::TenantId;
+
+    fn tenant(id: u32) -> Tenant {
+        Tenant {
+            id: TenantId(id),
+            name: format!("t{id}"),
+            salt: Vec::new(),
+        }
+    }
+
+    fn fields(v: serde_json::Value) -> CacheFields {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn ask(v: serde_json::Value, headers: &HeaderMap) -> Result<Option<Retention>, ApiError> {
+        retention(
+            &Limits::default(),
+            &tenant(1),
+            headers,
+            &fields(v),
+            &[1, 2, 3],
+        )
+    }
+
+    fn param(e: ApiError) -> (u16, String, String) {
+        let status = e.status().as_u16();
+        let body = e.body();
+        (
+            status,
+            body.error.param.unwrap_or_default(),
+            body.error.code.unwrap_or_default(),
+        )
+    }
+
+    #[test]
+    fn ttls_map_and_are_capped_by_the_config() {
+        let none = HeaderMap::new();
+        assert_eq!(ask(serde_json::json!({}), &none).unwrap(), None);
+        let r = ask(serde_json::json!({"prompt_cache_key": "k"}), &none)
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.ttl, r.priority), (DEFAULT_TTL, 0));
+        assert_eq!(r.session, session_id(&tenant(1), "k"));
+        let r = ask(
+            serde_json::json!({"cache_control": {"type": "ephemeral", "ttl": "1h"}}),
+            &none,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((r.ttl, r.priority), (Duration::from_secs(3600), 1));
+        let r = ask(
+            serde_json::json!({"cache_control": {"type": "ephemeral"}}),
+            &none,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.ttl, DEFAULT_TTL);
+        // 24h is capped by max_cache_ttl_secs (1 h by default).
+        let r = ask(
+            serde_json::json!({"session_id": "s", "prompt_cache_retention": "24h"}),
+            &none,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.ttl, Duration::from_secs(3600));
+        let r = ask(
+            serde_json::json!({"prompt_cache_key": "k", "prompt_cache_retention": "in_memory"}),
+            &none,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.ttl, DEFAULT_TTL);
+        let off = Limits {
+            max_cache_ttl_secs: 0,
+            ..Limits::default()
+        };
+        let f = fields(serde_json::json!({"cache_control": {"type": "ephemeral"}}));
+        assert_eq!(retention(&off, &tenant(1), &none, &f, &[1]).unwrap(), None);
+        let short = Limits {
+            max_cache_ttl_secs: 60,
+            ..Limits::default()
+        };
+        let r = retention(&short, &tenant(1), &none, &f, &[1])
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.ttl, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn sessions_are_per_tenant_and_the_header_names_them_too() {
+        assert_ne!(session_id(&tenant(1), "k"), session_id(&tenant(2), "k"));
+        assert_ne!(session_id(&tenant(1), "k"), session_id(&tenant(1), "j"));
+        let mut h = HeaderMap::new();
+        h.insert(SESSION_HEADER, HeaderValue::from_static("s1"));
+        let r = ask(serde_json::json!({"prompt_cache_key": "k"}), &h)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.session, session_id(&tenant(1), "s1"), "header beats key");
+        let r = ask(serde_json::json!({"session_id": "s1"}), &h)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.session, session_id(&tenant(1), "s1"));
+        let e = ask(serde_json::json!({"session_id": "s2"}), &h).unwrap_err();
+        assert_eq!(param(e).1, "session_id");
+        // Without a key, the prompt names the session: the same prompt, the same session.
+        let f = fields(serde_json::json!({"cache_control": {"type": "ephemeral"}}));
+        let none = HeaderMap::new();
+        let l = Limits::default();
+        let a = retention(&l, &tenant(1), &none, &f, &[1, 2])
+            .unwrap()
+            .unwrap();
+        let b = retention(&l, &tenant(1), &none, &f, &[1, 2])
+            .unwrap()
+            .unwrap();
+        let c = retention(&l, &tenant(1), &none, &f, &[1, 3])
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.session, b.session);
+        assert_ne!(a.session, c.session);
+    }
+
+    #[test]
+    fn bad_values_are_400_naming_the_field() {
+        let none = HeaderMap::new();
+        for (v, p) in [
+            (
+                serde_json::json!({"cache_control": {"type": "persistent"}}),
+                "cache_control.type",
+            ),
+            (
+                serde_json::json!({"cache_control": {"type": "ephemeral", "ttl": "2h"}}),
+                "cache_control.ttl",
+            ),
+            (
+                serde_json::json!({"prompt_cache_retention": "forever"}),
+                "prompt_cache_retention",
+            ),
+            (
+                serde_json::json!({"prompt_cache_key": ""}),
+                "prompt_cache_key",
+            ),
+            (
+                serde_json::json!({"session_id": "x".repeat(MAX_KEY_BYTES + 1)}),
+                "session_id",
+            ),
+        ] {
+            let e = ask(v.clone(), &none).unwrap_err();
+            assert_eq!(param(e), (400, p.to_string(), String::new()), "{v}");
+        }
+        let mut h = HeaderMap::new();
+        h.insert(SESSION_HEADER, HeaderValue::from_static(""));
+        assert_eq!(
+            ask(serde_json::json!({}), &h)
+                .unwrap_err()
+                .body()
+                .error
+                .param
+                .as_deref(),
+            Some(SESSION_HEADER)
+        );
+    }
+
+    #[test]
+    fn breakpoints_inside_the_prompt_are_refused_naming_where() {
+        let ok = serde_json::json!({"messages": [{"role": "user", "content": "hi"}],
+            "cache_control": {"type": "ephemeral"}});
+        assert!(reject_breakpoints(&ok).is_ok());
+        for (body, at) in [
+            (
+                serde_json::json!({"messages": [{"role": "user", "content": "hi",
+                    "cache_control": {"type": "ephemeral"}}]}),
+                "messages[0].cache_control",
+            ),
+            (
+                serde_json::json!({"messages": [{"role": "system", "content": "s"},
+                    {"role": "user", "content": [{"type": "text", "text": "a",
+                    "cache_control": {"type": "ephemeral"}}]}]}),
+                "messages[1].content[0].cache_control",
+            ),
+            (
+                serde_json::json!({"tools": [{"type": "function", "function": {"name": "f"},
+                    "cache_control": {"type": "ephemeral"}}]}),
+                "tools[0].cache_control",
+            ),
+            (
+                serde_json::json!({"input": [{"role": "user", "content": "a",
+                    "cache_control": {"type": "ephemeral"}}]}),
+                "input[0].cache_control",
+            ),
+        ] {
+            let e = reject_breakpoints(&body).unwrap_err();
+            assert_eq!(
+                param(e),
+                (400, at.to_string(), "unsupported_parameter".to_string())
+            );
+        }
+    }
+}
