@@ -34,6 +34,9 @@ use crate::step_budget::StepBudget;
 use crate::tier_events::{KvStorage, Publisher};
 use crate::tiering::{TierMatch, Tiering};
 
+/// Prompts at least this long log a progress line after each prefill chunk.
+pub const LONG_PREFILL_TOKENS: usize = 2048;
+
 pub struct EngineCore {
     model: Arc<Model>,
     pool: ThreadPool,
@@ -615,6 +618,13 @@ impl EngineCore {
             }
             if s.num_computed == s.tokens.len() {
                 to_sample.push(w.id);
+            } else if s.tokens.len() >= LONG_PREFILL_TOKENS {
+                tracing::info!(
+                    request = w.id.0 .0,
+                    computed = s.num_computed,
+                    prompt_tokens = s.tokens.len(),
+                    "prefill progress"
+                );
             }
         }
         for (row, id) in to_sample.into_iter().enumerate() {

@@ -28,7 +28,7 @@ pub use actor::{Engine, EngineHandle};
 pub use config::{
     EngineConfig, TierLoadPolicy, TieringConfig, DEFAULT_ADMISSION_WAIT, DEFAULT_PREFETCH_MAX_BYTES,
 };
-pub use core::{EngineCore, SnapshotCell};
+pub use core::{EngineCore, SnapshotCell, LONG_PREFILL_TOKENS};
 pub use error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 pub use paged_kv::PagedKvMemory;
 pub use request::{

@@ -507,3 +507,51 @@ fn a_retained_session_survives_a_flood_that_evicts_an_unretained_prefix() {
     let gone = usage_of(&mut core, 300, greedy(ps[0].clone(), 4));
     assert_eq!(gone.cached_tokens, 0);
 }
+
+/// A writer that keeps what the log subscriber writes.
+#[derive(Clone, Default)]
+struct LogBuffer(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Long prefills log their progress: a prompt of at least `LONG_PREFILL_TOKENS` computed in
+/// chunks logs one line per chunk before the last; short prompts log nothing.
+#[test]
+fn long_prefills_log_progress_after_each_chunk() {
+    let logs = LogBuffer::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let long: Vec<u32> = (0..engine::LONG_PREFILL_TOKENS as u32 + 100)
+        .map(|i| 3 + i % 256)
+        .collect();
+    tracing::subscriber::with_default(subscriber, || {
+        let spec = TinyModelSpec {
+            context_length: 4096,
+            ..TinyModelSpec::default()
+        };
+        let m = Arc::new(tiny_model(&spec).unwrap());
+        let mut core = EngineCore::new(m, cfg(1024, 512)).unwrap();
+        run(&mut core, vec![greedy(long.clone(), 1)]);
+        run(&mut core, vec![greedy(vec![3, 4, 5], 1)]);
+    });
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("prefill progress"))
+        .collect();
+    // 2148 tokens in chunks of 512: four chunks end before the prompt does.
+    assert_eq!(lines.len(), 4, "{text}");
+    assert!(lines[0].contains("computed=512") && lines[0].contains("prompt_tokens=2148"));
+    assert!(lines[3].contains("computed=2048"), "{text}");
+}
