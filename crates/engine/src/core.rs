@@ -22,7 +22,7 @@ use model::kv::SeqSlot;
 use model::{Model, ThreadPool};
 
 use crate::config::EngineConfig;
-use crate::error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
+use crate::error::{internal, EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 use crate::paged_kv::{KvGeometry, PagedKvMemory};
 use crate::plan::{PrefetchStart, StepPlan};
 use crate::request::{EngineEvent, EventSender, FinishReason, RequestId, RequestSpec, SessionInfo};
@@ -637,8 +637,4 @@ impl EngineCore {
         }
         Ok(())
     }
-}
-
-fn internal(e: impl std::fmt::Display) -> EngineError {
-    EngineError::Internal(e.to_string())
 }

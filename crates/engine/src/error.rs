@@ -79,3 +79,8 @@ pub enum EngineError {
     #[error("internal engine error: {0}")]
     Internal(String),
 }
+
+/// An engine bug found while handling a request (its text is for logs).
+pub(crate) fn internal(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Internal(e.to_string())
+}

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use cache::{KvCache, MissReason, PrefixMiss, SeqError, Tick};
 
-use crate::error::EngineError;
+use crate::error::{internal, EngineError};
 use crate::plan::{PrefetchStart, StepPlan, TierLoad, Work};
 use crate::sequence::{SeqKey, Sequence};
 use crate::step_budget::{StepBudget, StepCostModel, StepLoad};
@@ -423,10 +423,6 @@ fn append(cx: &mut SchedContext<'_>, id: SeqKey, len: usize) -> Result<bool, Eng
         Err(SeqError::Alloc(_)) => Ok(false),
         Err(e) => Err(internal(e)),
     }
-}
-
-fn internal(e: impl std::fmt::Display) -> EngineError {
-    EngineError::Internal(e.to_string())
 }
 
 #[cfg(test)]

@@ -278,23 +278,7 @@ pub fn template_messages(
                 msg.tool_calls = Some(Value::Array(items));
             }
             (Role::Tool, _) => {
-                let id = m.tool_call_id.as_deref().ok_or_else(|| {
-                    ApiError::invalid(
-                        "a tool message needs the tool_call_id it answers",
-                        &format!("messages[{i}].tool_call_id"),
-                    )
-                })?;
-                let name = calls
-                    .iter()
-                    .rev()
-                    .find(|(cid, _)| *cid == id)
-                    .map(|(_, name)| *name)
-                    .ok_or_else(|| {
-                        ApiError::invalid(
-                            format!("tool_call_id {id:?} answers no earlier tool call"),
-                            &format!("messages[{i}].tool_call_id"),
-                        )
-                    })?;
+                let (id, name) = crate::tools::answered_call(m, i, &calls)?;
                 msg.name = Some(name.to_string());
                 msg.tool_call_id = Some(id.to_string());
             }

@@ -257,6 +257,31 @@ fn system_text(tools: &[Tool], parallel: bool) -> String {
 }
 
 /// JSON with the grammar's separators (`", "`, `": "`), keys in their order.
+/// The `(tool_call_id, tool name)` a tool message (`messages[i]`) answers, looked up among the
+/// earlier assistant calls `(id, name)` (the latest with that id wins).
+pub(crate) fn answered_call<'a>(
+    m: &'a ChatMessage,
+    i: usize,
+    calls: &[(&str, &'a str)],
+) -> Result<(&'a str, &'a str), ApiError> {
+    let param = || format!("messages[{i}].tool_call_id");
+    let id = m.tool_call_id.as_deref().ok_or_else(|| {
+        ApiError::invalid("a tool message needs the tool_call_id it answers", &param())
+    })?;
+    let name = calls
+        .iter()
+        .rev()
+        .find(|(cid, _)| *cid == id)
+        .map(|(_, name)| *name)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                format!("tool_call_id {id:?} answers no earlier tool call"),
+                &param(),
+            )
+        })?;
+    Ok((id, name))
+}
+
 fn compact(v: &Value) -> String {
     match v {
         Value::Object(m) => {
@@ -395,23 +420,7 @@ pub fn render_messages(
                 }
             }
             (Role::Tool, _) => {
-                let id = m.tool_call_id.as_deref().ok_or_else(|| {
-                    ApiError::invalid(
-                        "a tool message needs the tool_call_id it answers",
-                        &format!("messages[{i}].tool_call_id"),
-                    )
-                })?;
-                let name = calls
-                    .iter()
-                    .rev()
-                    .find(|(cid, _)| *cid == id)
-                    .map(|(_, name)| *name)
-                    .ok_or_else(|| {
-                        ApiError::invalid(
-                            format!("tool_call_id {id:?} answers no earlier tool call"),
-                            &format!("messages[{i}].tool_call_id"),
-                        )
-                    })?;
+                let (_, name) = answered_call(m, i, &calls)?;
                 compact(&json!({"tool_response": {"name": name, "content": text}}))
             }
             // A structured answer goes back as the JSON the model wrote.

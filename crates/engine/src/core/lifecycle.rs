@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use cache::Tick;
 
-use super::{internal, EngineCore};
-use crate::error::EngineError;
+use super::EngineCore;
+use crate::error::{internal, EngineError};
 use crate::request::{EngineEvent, FinishReason, Timings, TokenEvent, Usage};
 use crate::sequence::{SeqKey, Sequence};
 
