@@ -77,8 +77,8 @@ fn nearest_int(f: f32) -> i32 {
 /// One 256-element block; returns its scale `d`.
 fn quantize_block(x: &[f32], q: &mut [i8], bs32: &mut [i16]) -> f32 {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    // `!(amax > 0)` also covers a block of NaNs (f32::max skips NaN).
-    if !(amax > 0.0) || !amax.is_finite() {
+    // `f32::max` skips NaN, so a block of NaNs has `amax == 0`.
+    if amax == 0.0 || !amax.is_finite() {
         q.fill(0);
         bs32.fill(0);
         return 0.0;

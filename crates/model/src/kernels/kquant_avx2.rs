@@ -15,14 +15,14 @@ use std::arch::x86_64::*;
 use super::kquant::{ActQ8K, KQuant, QK_K};
 use super::vec_f32::avx2::hsum8_ps;
 
-/// What one row's super-block contributes besides its values: float scales, the integer scale
-/// vector of each of its eight 32-element vectors (i16 lanes 0..8 for elements 0..16, lanes
-/// 8..16 for elements 16..32) and the eight per-32 mins as i16.
+/// What one row's super-block contributes besides its values: float scales, the packed integer
+/// scales (expanded per 32-element vector by [`KQuantAvx2::scale`]) and the eight per-32 mins
+/// as i16.
 #[derive(Clone, Copy)]
 pub(crate) struct Prep {
     d: f32,
     dmin: f32,
-    scales: [__m256i; 8],
+    scales: __m256i,
     mins: __m128i,
 }
 
@@ -34,6 +34,12 @@ pub(crate) trait KQuantAvx2: KQuant {
     /// # Safety
     /// `p` points at one whole super-block; AVX2+FMA+F16C are available.
     unsafe fn prep(p: *const u8) -> Prep;
+    /// The integer scale vector of 32-element vector `v` (i16 lanes 0..8 for its elements
+    /// 0..16, lanes 8..16 for elements 16..32).
+    ///
+    /// # Safety
+    /// AVX2 is available; `v < 8`.
+    unsafe fn scale(prep: &Prep, v: usize) -> __m256i;
     /// The unsigned stored values of elements `64c..64c + 32` and `64c + 32..64c + 64`.
     ///
     /// # Safety
@@ -52,11 +58,16 @@ unsafe fn read_u32(p: *const u8) -> u32 {
 }
 
 /// Two f16 values packed in `bits` (low half first) as f32, via F16C (exact).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn f16x2(bits: u32) -> (f32, f32) {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
-    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+///
+/// # Safety
+/// F16C is available (inlined into the tiles, which enable it).
+#[inline(always)]
+unsafe fn f16x2(bits: u32) -> (f32, f32) {
+    // SAFETY: F16C/SSE2 availability is the caller's contract.
+    unsafe {
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+    }
 }
 
 /// Byte-shuffle patterns broadcasting i16 word `v` of a 128-bit lane to all eight words.
@@ -111,50 +122,66 @@ unsafe fn scales_mins_k4(p: *const u8) -> (u64, u64) {
 /// Q4_K / Q5_K prep: shared by both (same header layout).
 ///
 /// # Safety
-/// `p` points at a whole Q4_K or Q5_K super-block.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
+/// `p` points at a whole Q4_K or Q5_K super-block; AVX2+F16C are available (this is inlined
+/// into the tiles, which enable them).
+#[inline(always)]
 unsafe fn prep_k4(p: *const u8) -> Prep {
-    // SAFETY: the header (d, dmin, 12 scale bytes) is the first 16 bytes of the block.
-    let ((d, dmin), (sc, m)) = unsafe { (f16x2(read_u32(p)), scales_mins_k4(p.add(4))) };
-    let sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-    let mut scales = [_mm256_setzero_si256(); 8];
-    for (v, s) in scales.iter_mut().enumerate() {
-        // SAFETY: the pattern tables hold 32 bytes per entry.
-        let pat = unsafe { _mm256_loadu_si256(WORD_PATTERNS[v].as_ptr().cast()) };
-        *s = _mm256_shuffle_epi8(sc16, pat);
+    // SAFETY: the header (d, dmin, 12 scale bytes) is the first 16 bytes of the block; the CPU
+    // features are the caller's contract.
+    unsafe {
+        let ((d, dmin), (sc, m)) = (f16x2(read_u32(p)), scales_mins_k4(p.add(4)));
+        Prep {
+            d,
+            dmin,
+            scales: _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64))),
+            mins: _mm_cvtepu8_epi16(_mm_cvtsi64_si128(m as i64)),
+        }
     }
-    Prep {
-        d,
-        dmin,
-        scales,
-        mins: _mm_cvtepu8_epi16(_mm_cvtsi64_si128(m as i64)),
+}
+
+/// Q4_K / Q5_K scale vector of 32-element vector `v`: its per-32 scale in all 16 lanes.
+///
+/// # Safety
+/// AVX2 is available; `v < 8`.
+#[inline(always)]
+unsafe fn scale_k4(prep: &Prep, v: usize) -> __m256i {
+    // SAFETY: the pattern table holds 32 bytes per entry and `v < 8`; AVX2 is the caller's
+    // contract.
+    unsafe {
+        let pat = _mm256_loadu_si256(WORD_PATTERNS[v].as_ptr().cast());
+        _mm256_shuffle_epi8(prep.scales, pat)
     }
 }
 
 /// Low and high nibbles of 32 bytes at `p`.
 ///
 /// # Safety
-/// `p` points at 32 readable bytes.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
+/// `p` points at 32 readable bytes; AVX2 is available.
+#[inline(always)]
 unsafe fn nibbles(p: *const u8) -> [__m256i; 2] {
-    // SAFETY: 32 readable bytes (caller).
-    let q = unsafe { _mm256_loadu_si256(p.cast()) };
-    let m = _mm256_set1_epi8(0x0F);
-    [
-        _mm256_and_si256(q, m),
-        _mm256_and_si256(_mm256_srli_epi16(q, 4), m),
-    ]
+    // SAFETY: 32 readable bytes and AVX2 (caller).
+    unsafe {
+        let q = _mm256_loadu_si256(p.cast());
+        let m = _mm256_set1_epi8(0x0F);
+        [
+            _mm256_and_si256(q, m),
+            _mm256_and_si256(_mm256_srli_epi16(q, 4), m),
+        ]
+    }
 }
 
 impl KQuantAvx2 for super::kquant::Q4K {
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(always)]
     unsafe fn prep(p: *const u8) -> Prep {
-        // SAFETY: `p` is a whole Q4_K block (caller).
+        // SAFETY: `p` is a whole Q4_K block and the features are present (caller).
         unsafe { prep_k4(p) }
     }
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(always)]
+    unsafe fn scale(prep: &Prep, v: usize) -> __m256i {
+        // SAFETY: as the caller guarantees.
+        unsafe { scale_k4(prep, v) }
+    }
+    #[inline(always)]
     unsafe fn chunk(p: *const u8, c: usize) -> [__m256i; 2] {
         // SAFETY: the 128 value bytes start at offset 16; chunk `c < 4` reads 32 of them.
         unsafe { nibbles(p.add(16 + 32 * c)) }
@@ -162,88 +189,93 @@ impl KQuantAvx2 for super::kquant::Q4K {
 }
 
 impl KQuantAvx2 for super::kquant::Q5K {
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(always)]
     unsafe fn prep(p: *const u8) -> Prep {
-        // SAFETY: `p` is a whole Q5_K block (caller).
+        // SAFETY: `p` is a whole Q5_K block and the features are present (caller).
         unsafe { prep_k4(p) }
     }
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(always)]
+    unsafe fn scale(prep: &Prep, v: usize) -> __m256i {
+        // SAFETY: as the caller guarantees.
+        unsafe { scale_k4(prep, v) }
+    }
+    #[inline(always)]
     unsafe fn chunk(p: *const u8, c: usize) -> [__m256i; 2] {
-        // SAFETY: qh is 32 bytes at offset 16, the nibbles 128 bytes at offset 48; `c < 4`.
-        let ([lo, hi], qh) = unsafe {
-            (
-                nibbles(p.add(48 + 32 * c)),
-                _mm256_loadu_si256(p.add(16).cast()),
-            )
-        };
-        let bit16 = _mm256_set1_epi8(0x10);
-        let m1 = _mm256_set1_epi8((1u8 << (2 * c)) as i8);
-        let m2 = _mm256_set1_epi8((2u8 << (2 * c)) as i8);
-        let h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m1), m1), bit16);
-        let h2 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m2), m2), bit16);
-        [_mm256_or_si256(lo, h1), _mm256_or_si256(hi, h2)]
+        // SAFETY: qh is 32 bytes at offset 16, the nibbles 128 bytes at offset 48; `c < 4`;
+        // AVX2 is the caller's contract.
+        unsafe {
+            let [lo, hi] = nibbles(p.add(48 + 32 * c));
+            let qh = _mm256_loadu_si256(p.add(16).cast());
+            let bit16 = _mm256_set1_epi8(0x10);
+            let m1 = _mm256_set1_epi8((1u8 << (2 * c)) as i8);
+            let m2 = _mm256_set1_epi8((2u8 << (2 * c)) as i8);
+            let h1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m1), m1), bit16);
+            let h2 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m2), m2), bit16);
+            [_mm256_or_si256(lo, h1), _mm256_or_si256(hi, h2)]
+        }
     }
 }
 
 impl KQuantAvx2 for super::kquant::Q6K {
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(always)]
     unsafe fn prep(p: *const u8) -> Prep {
         // SAFETY: the 16 scale bytes are at offset 192 and d at 208 (block of 210 bytes), so 4
-        // bytes at 206 are readable; d is the high half.
-        let (scb, (_, d)) = unsafe {
-            (
-                _mm_loadu_si128(p.add(192).cast()),
-                f16x2(read_u32(p.add(206))),
-            )
-        };
-        let mut scales = [_mm256_setzero_si256(); 8];
-        for (v, s) in scales.iter_mut().enumerate() {
-            // SAFETY: the pattern tables hold 16 bytes per entry.
-            let pat = unsafe { _mm_loadu_si128(BYTE_PAIR_PATTERNS[v].as_ptr().cast()) };
-            *s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scb, pat));
-        }
-        Prep {
-            d,
-            dmin: 0.0,
-            scales,
-            mins: _mm_setzero_si128(),
+        // bytes at 206 are readable (d is the high half); features are the caller's contract.
+        unsafe {
+            let scb = _mm_loadu_si128(p.add(192).cast());
+            let (_, d) = f16x2(read_u32(p.add(206)));
+            Prep {
+                d,
+                dmin: 0.0,
+                scales: _mm256_castsi128_si256(scb),
+                mins: _mm_setzero_si128(),
+            }
         }
     }
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(always)]
+    unsafe fn scale(prep: &Prep, v: usize) -> __m256i {
+        // SAFETY: the pattern table holds 16 bytes per entry and `v < 8`; AVX2 is the caller's
+        // contract.
+        unsafe {
+            let pat = _mm_loadu_si128(BYTE_PAIR_PATTERNS[v].as_ptr().cast());
+            let scb = _mm256_castsi256_si128(prep.scales);
+            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scb, pat))
+        }
+    }
+    #[inline(always)]
     unsafe fn chunk(p: *const u8, c: usize) -> [__m256i; 2] {
         let n = c / 2;
-        // SAFETY: ql is 128 bytes at 0, qh 64 bytes at 128; `c < 4` keeps every load inside.
-        let (ql0, ql1, qh) = unsafe {
-            (
-                _mm256_loadu_si256(p.add(64 * n).cast()),
-                _mm256_loadu_si256(p.add(64 * n + 32).cast()),
-                _mm256_loadu_si256(p.add(128 + 32 * n).cast()),
-            )
-        };
-        let m4 = _mm256_set1_epi8(0x0F);
-        let m30 = _mm256_set1_epi8(0x30);
-        if c % 2 == 0 {
-            [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, m4),
-                    _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, m4),
-                    _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
-                ),
-            ]
-        } else {
-            [
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                    _mm256_and_si256(qh, m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
-                ),
-            ]
+        // SAFETY: ql is 128 bytes at 0, qh 64 bytes at 128; `c < 4` keeps every load inside;
+        // AVX2 is the caller's contract.
+        unsafe {
+            let ql0 = _mm256_loadu_si256(p.add(64 * n).cast());
+            let ql1 = _mm256_loadu_si256(p.add(64 * n + 32).cast());
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * n).cast());
+            let m4 = _mm256_set1_epi8(0x0F);
+            let m30 = _mm256_set1_epi8(0x30);
+            if c.is_multiple_of(2) {
+                [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                    ),
+                ]
+            } else {
+                [
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        _mm256_and_si256(qh, m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                    ),
+                ]
+            }
         }
     }
 }
@@ -320,9 +352,9 @@ macro_rules! define_tile {
                         pf_next += 64;
                     }
                 }
-                // SAFETY (all weight pointers below): `(row0 + r) * row_bytes + (b + 1) *
-                // K::BYTES <= w.len()` by the assert above (b < nb, r < R).
-                let blk = |r: usize| unsafe { wbase.add((row0 + r) * row_bytes + b * K::BYTES) };
+                // Block `b` of row `row0 + r`; for `r < R` it lies inside `w`:
+                // `(row0 + r) * row_bytes + (b + 1) * K::BYTES <= w.len()` by the assert above.
+                let blk = |r: usize| wbase.wrapping_add((row0 + r) * row_bytes + b * K::BYTES);
                 // SAFETY: see above.
                 let mut prep = [unsafe { K::prep(blk(0)) }; R];
                 for (r, pr) in prep.iter_mut().enumerate().skip(1) {
@@ -332,9 +364,13 @@ macro_rules! define_tile {
                 let mut isum = [[_mm256_setzero_si256(); R]; T];
                 for c in 0..4 {
                     let mut wv = [[_mm256_setzero_si256(); 2]; R];
-                    for (r, wr) in wv.iter_mut().enumerate() {
-                        // SAFETY: see above; `c < 4`.
-                        *wr = unsafe { K::chunk(blk(r), c) };
+                    let mut sv = [[_mm256_setzero_si256(); 2]; R];
+                    for r in 0..R {
+                        // SAFETY: see above; `c < 4`, so `2 * c + 1 < 8`.
+                        unsafe {
+                            wv[r] = K::chunk(blk(r), c);
+                            sv[r] = [K::scale(&prep[r], 2 * c), K::scale(&prep[r], 2 * c + 1)];
+                        }
                     }
                     for t in 0..T {
                         let at = (tok0 + t) * row_len + b * QK_K + 64 * c;
@@ -358,8 +394,8 @@ macro_rules! define_tile {
                                 p0 = _mm256_sub_epi16(p0, o0);
                                 p1 = _mm256_sub_epi16(p1, o1);
                             }
-                            isum[t][r] = $lanes(isum[t][r], p0, prep[r].scales[2 * c]);
-                            isum[t][r] = $lanes(isum[t][r], p1, prep[r].scales[2 * c + 1]);
+                            isum[t][r] = $lanes(isum[t][r], p0, sv[r][0]);
+                            isum[t][r] = $lanes(isum[t][r], p1, sv[r][1]);
                         }
                     }
                 }
