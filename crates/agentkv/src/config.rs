@@ -26,7 +26,8 @@
 //!   - {kind: redis, url: "redis://127.0.0.1:6379", ttl_secs: 3600}
 //! prompts:
 //!   system: {system: "You are a coding agent."}   # or {text: "raw prompt text"}
-//! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional"}]
+//! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional",
+//!            kv_reserved_share: 0.25, kv_max_share: 0.6, kv_max_retained_size: 256MB}]
 //! limits: {max_body_bytes: 4194304, max_requests: 256, max_tokens: 1048576,
 //!          max_requests_per_tenant: 64, max_tokens_per_tenant: 262144, default_max_tokens: 1024,
 //!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512,
@@ -207,6 +208,14 @@ pub struct TenantSection {
     #[serde(default)]
     pub api_keys: Vec<String>,
     pub salt: Option<String>,
+    /// Reserved minimum share of the active KV pool (0–1): other tenants' traffic cannot evict
+    /// this tenant's cached blocks while it holds no more than this share.
+    pub kv_reserved_share: Option<f64>,
+    /// Maximum share of the active KV pool (0–1) this tenant's cached blocks may hold.
+    pub kv_max_share: Option<f64>,
+    /// Most KV memory this tenant's sessions may retain (`cache_control`, session keys), e.g.
+    /// `256MB`; beyond it a session retains its prefix only as far as the cap allows.
+    pub kv_max_retained_size: Option<ByteSize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -317,6 +326,29 @@ impl FileConfig {
                     bail!("prompts.{name}.tenant: no tenant named {t:?}");
                 }
             }
+        }
+        let mut reserved_total = 0.0;
+        for t in &self.tenants {
+            for (what, v) in [
+                ("kv_reserved_share", t.kv_reserved_share),
+                ("kv_max_share", t.kv_max_share),
+            ] {
+                if let Some(v) = v.filter(|v| !(0.0..=1.0).contains(v)) {
+                    bail!("tenants[{}].{what}: {v} is outside [0, 1]", t.name);
+                }
+            }
+            if let (Some(r), Some(m)) = (t.kv_reserved_share, t.kv_max_share) {
+                if r > m {
+                    bail!(
+                        "tenants[{}]: kv_reserved_share {r} is more than kv_max_share {m}",
+                        t.name
+                    );
+                }
+            }
+            reserved_total += t.kv_reserved_share.unwrap_or(0.0);
+        }
+        if reserved_total > 0.5 {
+            bail!("tenants: kv_reserved_share totals {reserved_total}, more than 0.5 of the pool");
         }
         if self.kv_cache_config.block_size == Some(0) {
             bail!("kv_cache_config.block_size: must be positive");
