@@ -136,6 +136,12 @@ pub struct KvCacheSection {
     /// Cap on blocks queued for writing to the tiers (default 256MiB); past it, writes are
     /// dropped and counted (`agentkv_tier_dropped_writes_total`).
     pub tier_write_queue_max_size: Option<ByteSize>,
+    /// Keep a reply's KV when it ends in tool calls, for a TTL from the cost model (default on).
+    pub tool_pause_retention: Option<bool>,
+    /// TTL seconds per second of recompute (or tier reload) a return within it saves (default 30).
+    pub tool_pause_ttl_per_saved_second: Option<f64>,
+    /// Longest tool-pause TTL in seconds (default 300; also capped by `limits.max_cache_ttl_secs`).
+    pub tool_pause_max_ttl_s: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -371,6 +377,30 @@ impl FileConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The config example in README.md parses and validates (tenant shares, tool pauses, …).
+    #[test]
+    fn the_readme_example_parses() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+        let end = start + readme[start..].find("```").expect("its end");
+        let c = FileConfig::parse(&readme[start..end]).expect("the README example");
+        assert_eq!(c.tenants[0].kv_reserved_share, Some(0.25));
+        assert_eq!(c.kv_cache_config.tool_pause_retention, Some(true));
+    }
+
+    #[test]
+    fn tenant_shares_are_checked() {
+        let bad = |t: &str| {
+            FileConfig::parse(&format!("tenants: [{t}]\n"))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(bad("{name: a, kv_reserved_share: 1.5}").contains("kv_reserved_share"));
+        assert!(bad("{name: a, kv_reserved_share: 0.4, kv_max_share: 0.3}").contains("more than"));
+        let two = "{name: a, kv_reserved_share: 0.3}, {name: b, kv_reserved_share: 0.3}";
+        assert!(bad(two).contains("0.5"));
+    }
 
     #[test]
     fn sizes() {

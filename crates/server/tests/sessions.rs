@@ -387,7 +387,7 @@ async fn message_and_tool_breakpoints_retain_their_prefix_through_a_flood() {
         .unwrap();
     let prompt_tokens = first.json()["usage"]["prompt_tokens"].as_u64().unwrap();
     // The system turn (~240 tokens) in whole blocks; the user turn is not retained.
-    assert!(created >= 192 && created % 16 == 0, "{created}");
+    assert!(created >= 192 && created.is_multiple_of(16), "{created}");
     assert!(
         created + 16 <= prompt_tokens,
         "{created} of {prompt_tokens}"
@@ -483,11 +483,12 @@ async fn message_and_tool_breakpoints_retain_their_prefix_through_a_flood() {
 async fn a_reply_with_tool_calls_keeps_the_history_through_the_tool_pause() {
     let chat = "/v1/chat/completions";
     let tools = serde_json::json!([{"type": "function", "function": {"name": "lookup",
-        "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
-                       "required": ["q"]}}}]);
+        "parameters": {"type": "object",
+                       "properties": {"q": {"type": "string", "enum": ["alpha", "bravo"]}},
+                       "required": ["q"], "additionalProperties": false}}}]);
     let first = |choice: &str| {
-        serde_json::json!({"model": "agentkv", "max_tokens": 64, "temperature": 0,
-            "tools": tools, "tool_choice": choice,
+        serde_json::json!({"model": "agentkv", "max_tokens": 96, "temperature": 0,
+            "tools": tools, "tool_choice": choice, "parallel_tool_calls": false,
             "messages": [{"role": "user", "content": task(0)}]})
     };
     let flood = |r: axum::Router| async move {
@@ -535,8 +536,9 @@ async fn a_reply_with_tool_calls_keeps_the_history_through_the_tool_pause() {
     };
     let (finish, cached, prompt_tokens) = run("required").await;
     assert_eq!(finish, "tool_calls");
+    // Retention is capped at half the pool (16 of 32 blocks here).
     assert!(
-        cached >= (prompt_tokens - 1) / 16 * 16,
+        cached >= ((prompt_tokens - 1) / 16 * 16).min(16 * 16),
         "the paused history stayed: {cached} of {prompt_tokens}"
     );
     let (finish, cached, _) = run("none").await;

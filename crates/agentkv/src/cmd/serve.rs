@@ -247,6 +247,21 @@ fn engine_config(
             bail!("kv_cache_config.max_size: {bytes} bytes is less than one KV block ({block_bytes} bytes)");
         }
     }
+    if let Some(on) = kv.tool_pause_retention {
+        cfg.tool_pause.enabled = on;
+    }
+    if let Some(r) = kv.tool_pause_ttl_per_saved_second {
+        if !(r.is_finite() && r >= 0.0) {
+            bail!("kv_cache_config.tool_pause_ttl_per_saved_second: must be a number >= 0");
+        }
+        cfg.tool_pause.ttl_per_saved_second = r;
+    }
+    let max_ttl = kv.tool_pause_max_ttl_s.unwrap_or(300);
+    let max_ttl = max_ttl.min(file.limits.max_cache_ttl_secs.unwrap_or(max_ttl));
+    cfg.tool_pause.max_ttl = std::time::Duration::from_secs(max_ttl);
+    cfg.tool_pause.enabled &= max_ttl > 0;
+    cfg.tool_pause.min_ttl = cfg.tool_pause.min_ttl.min(cfg.tool_pause.max_ttl);
+    cfg.tool_pause.unmeasured_ttl = cfg.tool_pause.unmeasured_ttl.min(cfg.tool_pause.max_ttl);
     // Tenant ids follow the order of `tenants` (as the server assigns them): 1, 2, …
     let retained_caps = file
         .tenants
