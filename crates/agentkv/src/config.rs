@@ -26,7 +26,8 @@
 //!   - {kind: redis, url: "redis://127.0.0.1:6379", ttl_secs: 3600}
 //! prompts:
 //!   system: {system: "You are a coding agent."}   # or {text: "raw prompt text"}
-//! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional"}]
+//! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional",
+//!            kv_reserved_share: 0.25, kv_max_share: 0.6, kv_max_retained_size: 256MB}]
 //! limits: {max_body_bytes: 4194304, max_requests: 256, max_tokens: 1048576,
 //!          max_requests_per_tenant: 64, max_tokens_per_tenant: 262144, default_max_tokens: 1024,
 //!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512,
@@ -135,6 +136,12 @@ pub struct KvCacheSection {
     /// Cap on blocks queued for writing to the tiers (default 256MiB); past it, writes are
     /// dropped and counted (`agentkv_tier_dropped_writes_total`).
     pub tier_write_queue_max_size: Option<ByteSize>,
+    /// Keep a reply's KV when it ends in tool calls, for a TTL from the cost model (default on).
+    pub tool_pause_retention: Option<bool>,
+    /// TTL seconds per second of recompute (or tier reload) a return within it saves (default 30).
+    pub tool_pause_ttl_per_saved_second: Option<f64>,
+    /// Longest tool-pause TTL in seconds (default 300; also capped by `limits.max_cache_ttl_secs`).
+    pub tool_pause_max_ttl_s: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -207,6 +214,14 @@ pub struct TenantSection {
     #[serde(default)]
     pub api_keys: Vec<String>,
     pub salt: Option<String>,
+    /// Reserved minimum share of the active KV pool (0–1): other tenants' traffic cannot evict
+    /// this tenant's cached blocks while it holds no more than this share.
+    pub kv_reserved_share: Option<f64>,
+    /// Maximum share of the active KV pool (0–1) this tenant's cached blocks may hold.
+    pub kv_max_share: Option<f64>,
+    /// Most KV memory this tenant's sessions may retain (`cache_control`, session keys), e.g.
+    /// `256MB`; beyond it a session retains its prefix only as far as the cap allows.
+    pub kv_max_retained_size: Option<ByteSize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -318,6 +333,29 @@ impl FileConfig {
                 }
             }
         }
+        let mut reserved_total = 0.0;
+        for t in &self.tenants {
+            for (what, v) in [
+                ("kv_reserved_share", t.kv_reserved_share),
+                ("kv_max_share", t.kv_max_share),
+            ] {
+                if let Some(v) = v.filter(|v| !(0.0..=1.0).contains(v)) {
+                    bail!("tenants[{}].{what}: {v} is outside [0, 1]", t.name);
+                }
+            }
+            if let (Some(r), Some(m)) = (t.kv_reserved_share, t.kv_max_share) {
+                if r > m {
+                    bail!(
+                        "tenants[{}]: kv_reserved_share {r} is more than kv_max_share {m}",
+                        t.name
+                    );
+                }
+            }
+            reserved_total += t.kv_reserved_share.unwrap_or(0.0);
+        }
+        if reserved_total > 0.5 {
+            bail!("tenants: kv_reserved_share totals {reserved_total}, more than 0.5 of the pool");
+        }
         if self.kv_cache_config.block_size == Some(0) {
             bail!("kv_cache_config.block_size: must be positive");
         }
@@ -339,6 +377,30 @@ impl FileConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The config example in README.md parses and validates (tenant shares, tool pauses, …).
+    #[test]
+    fn the_readme_example_parses() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+        let end = start + readme[start..].find("```").expect("its end");
+        let c = FileConfig::parse(&readme[start..end]).expect("the README example");
+        assert_eq!(c.tenants[0].kv_reserved_share, Some(0.25));
+        assert_eq!(c.kv_cache_config.tool_pause_retention, Some(true));
+    }
+
+    #[test]
+    fn tenant_shares_are_checked() {
+        let bad = |t: &str| {
+            FileConfig::parse(&format!("tenants: [{t}]\n"))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(bad("{name: a, kv_reserved_share: 1.5}").contains("kv_reserved_share"));
+        assert!(bad("{name: a, kv_reserved_share: 0.4, kv_max_share: 0.3}").contains("more than"));
+        let two = "{name: a, kv_reserved_share: 0.3}, {name: b, kv_reserved_share: 0.3}";
+        assert!(bad(two).contains("0.5"));
+    }
 
     #[test]
     fn sizes() {

@@ -95,6 +95,7 @@ fn main() {
                         block_size: BLOCK_SIZE,
                         capacity_blocks: capacity,
                         policy: *policy,
+                        session_retention: None,
                     },
                 )
                 .expect("capacity holds the longest prompt");

@@ -67,6 +67,12 @@ pub struct CacheConfig {
     pub max_retained_fraction: f64,
     /// Per-tenant cap on published (cached) blocks, referenced or not.
     pub tenant_quota_blocks: BTreeMap<TenantId, u32>,
+    /// Per-tenant reserved minimum of cached blocks: while a tenant holds no more than this, its
+    /// blocks are evicted only when no other tenant's unreserved block can go (see
+    /// `evict/mod.rs`). The sum over tenants is at most half the pool.
+    pub tenant_reserved_blocks: BTreeMap<TenantId, u32>,
+    /// Per-tenant cap on blocks its sessions may retain (on top of `max_retained_fraction`).
+    pub tenant_max_retained_blocks: BTreeMap<TenantId, u32>,
     /// Record [`crate::CacheEvent`]s for [`crate::KvCache::drain_events`]. Off by default so an
     /// undrained buffer cannot grow.
     pub record_events: bool,
@@ -83,6 +89,8 @@ impl CacheConfig {
             max_cached_fraction: 1.0,
             max_retained_fraction: 0.5,
             tenant_quota_blocks: BTreeMap::new(),
+            tenant_reserved_blocks: BTreeMap::new(),
+            tenant_max_retained_blocks: BTreeMap::new(),
             record_events: false,
         }
     }
@@ -102,6 +110,26 @@ impl CacheConfig {
         for (name, value) in fractions {
             if !(0.0..=1.0).contains(&value) {
                 return Err(ConfigError::FractionOutOfRange { name, value });
+            }
+        }
+        let reserved: u64 = self
+            .tenant_reserved_blocks
+            .values()
+            .map(|r| u64::from(*r))
+            .sum();
+        if reserved > u64::from(self.num_blocks / 2) {
+            return Err(ConfigError::ReservationsTooLarge {
+                reserved,
+                num_blocks: self.num_blocks,
+            });
+        }
+        for (tenant, r) in &self.tenant_reserved_blocks {
+            if let Some(q) = self.tenant_quota_blocks.get(tenant).filter(|q| *q < r) {
+                return Err(ConfigError::ReservationAboveQuota {
+                    tenant: tenant.0,
+                    reserved: *r,
+                    quota: *q,
+                });
             }
         }
         match self.policy {

@@ -23,6 +23,9 @@ pub struct EvictionCounts {
     pub flush: u64,
     /// Of the above (except flush), blocks that carried retention when evicted.
     pub retained: u64,
+    /// Of the above (except flush), blocks of a tenant within its reservation (nothing else
+    /// could go).
+    pub reserved: u64,
 }
 
 impl EvictionCounts {

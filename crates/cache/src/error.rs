@@ -17,6 +17,14 @@ pub enum ConfigError {
         "adaptive protected fractions must satisfy min {min} <= initial {initial} <= max {max}"
     )]
     ProtectedBoundsOrder { min: f64, initial: f64, max: f64 },
+    #[error("tenant reservations total {reserved} blocks, more than half the pool ({num_blocks} blocks)")]
+    ReservationsTooLarge { reserved: u64, num_blocks: u32 },
+    #[error("tenant {tenant}: reserved {reserved} blocks is more than its quota of {quota}")]
+    ReservationAboveQuota {
+        tenant: u32,
+        reserved: u32,
+        quota: u32,
+    },
 }
 
 /// An allocation could not be satisfied. Nothing was changed.

@@ -326,6 +326,21 @@ impl KvCache {
             retained <= self.max_retained_blocks,
             "retained {retained} over the cap"
         );
+        let mut retained_by_tenant: std::collections::BTreeMap<crate::ids::TenantId, u32> =
+            Default::default();
+        for b in &self.pool.blocks {
+            if let (Some(p), false) = (b.published, b.holders.is_empty()) {
+                *retained_by_tenant.entry(p.ns.tenant()).or_default() += 1;
+            }
+        }
+        for (t, c) in &self.tenants.counters {
+            let counted = retained_by_tenant.get(t).copied().unwrap_or(0);
+            ensure!(
+                c.retained_blocks == counted,
+                "tenant {t:?} retained gauge {} but {counted} blocks carry retention",
+                c.retained_blocks
+            );
+        }
         let mut listed: HashMap<Holder, usize> = HashMap::new();
         for (h, r) in &self.registry.records {
             for id in &r.blocks {

@@ -19,6 +19,7 @@ fn sim(calls: &[TraceCall], capacity_blocks: u32, policy: EvictionPolicy) -> cac
             block_size: 16,
             capacity_blocks,
             policy,
+            session_retention: None,
         },
     )
     .unwrap()
@@ -90,6 +91,7 @@ fn small_capacity_evicts_and_prompt_larger_than_pool_is_an_error() {
             block_size: 16,
             capacity_blocks: 4,
             policy: EvictionPolicy::Lru,
+            session_retention: None,
         },
     )
     .unwrap_err();
@@ -123,4 +125,91 @@ fn generated_traces_hit_more_with_more_capacity() {
             "deterministic"
         );
     }
+}
+
+/// Session-aware retention: a session's context survives another session's traffic during its
+/// tool pause (exact figures on a hand-made trace), expires after its TTL, and is released after
+/// the session's last call.
+#[test]
+fn session_retention_keeps_a_paused_sessions_context_until_its_ttl() {
+    let at = |t: f64, session: &str, tokens: Vec<u32>| TraceCall {
+        t,
+        session: session.into(),
+        tenant: "a".into(),
+        tokens,
+    };
+    let a: Vec<u32> = (0..64).collect(); // 4 blocks
+    let mut a2 = a.clone();
+    a2.extend(500..516);
+    let flood = |base: u32, len: u32| (base..base + len).collect::<Vec<u32>>();
+    // A 9-block pool: session b's prompts (4 and 5 blocks) during a's pause evict a under LRU.
+    let trace = |pause: f64| {
+        vec![
+            at(0.0, "a", a.clone()),
+            at(pause - 1.0, "b", flood(1000, 64)),
+            at(pause - 0.5, "b", flood(2000, 80)),
+            at(pause, "a", a2.clone()),
+        ]
+    };
+    let run = |calls: &[TraceCall], ttl_s: Option<f64>| {
+        simulate(
+            calls,
+            SimConfig {
+                block_size: 16,
+                capacity_blocks: 9,
+                policy: EvictionPolicy::Lru,
+                session_retention: ttl_s.map(|ttl_s| cache::sim::SessionRetention {
+                    ttl_s,
+                    max_retained_fraction: 0.5,
+                }),
+            },
+        )
+        .unwrap()
+        .hit_tokens
+    };
+    assert_eq!(run(&trace(5.0), None), 0, "LRU: b's traffic evicted a");
+    assert_eq!(
+        run(&trace(5.0), Some(10.0)),
+        64,
+        "retained through the pause"
+    );
+    assert_eq!(run(&trace(20.0), Some(10.0)), 0, "the TTL ran out first");
+}
+
+/// Without pressure the session-aware policy changes nothing; under pressure it does not lose
+/// to LRU on a generated ReAct trace (seeded).
+#[test]
+fn session_retention_costs_nothing_without_pressure_and_helps_under_it() {
+    let trace = generate(TraceParams {
+        kind: TraceKind::React,
+        agents: 8,
+        tasks: 2,
+        seed: 3,
+    });
+    let run = |capacity_blocks, retention| {
+        simulate(
+            &trace,
+            SimConfig {
+                block_size: 16,
+                capacity_blocks,
+                policy: EvictionPolicy::Lru,
+                session_retention: retention,
+            },
+        )
+        .unwrap()
+        .hit_rate
+    };
+    let session = Some(cache::sim::SessionRetention {
+        ttl_s: 30.0,
+        max_retained_fraction: 0.9,
+    });
+    let big = 1_000_000;
+    assert_eq!(run(big, None), run(big, session));
+    let tight = 2_000;
+    assert!(
+        run(tight, session) > run(tight, None),
+        "{} vs {}",
+        run(tight, session),
+        run(tight, None)
+    );
 }

@@ -42,6 +42,7 @@ fn adaptive_tracks_the_best_fixed_fraction_and_never_loses_to_lru() {
                         block_size: 16,
                         capacity_blocks,
                         policy,
+                        session_retention: None,
                     },
                 )
                 .expect("capacity holds the longest prompt")

@@ -30,6 +30,8 @@ enum Command {
     Warmup(Box<Warmup>, oneshot::Sender<Result<usize, EngineError>>),
     /// Query (`false`) or release (`true`) a session's retention.
     Session(SessionId, bool, oneshot::Sender<Option<SessionInfo>>),
+    /// A finished request ended in tool calls: (tenant, salt, prompt + output tokens).
+    ToolPause(TenantId, Vec<u8>, Vec<u32>),
     Shutdown,
 }
 
@@ -145,6 +147,20 @@ impl EngineHandle {
         Ok(rx)
     }
 
+    /// A finished request (`tokens`: its prompt and output, `tenant` and `salt` as submitted)
+    /// ended in tool calls: keep its blocks for the agent's next call (`tool_pause.rs`).
+    /// Fire and forget.
+    pub fn tool_pause(
+        &self,
+        tenant: TenantId,
+        salt: Vec<u8>,
+        tokens: Vec<u32>,
+    ) -> Result<(), EngineError> {
+        self.tx
+            .send(Command::ToolPause(tenant, salt, tokens))
+            .map_err(|_| EngineError::ShutDown)
+    }
+
     /// Prefills and pins a prompt; replies with the pinned token count.
     pub fn warmup(
         &self,
@@ -202,6 +218,9 @@ fn run(mut core: EngineCore, rx: Receiver<Command>) {
                     let pinned = core.warmup(&w.name, &w.tokens, w.tenant, &w.salt);
                     core.publish();
                     let _ = tx.send(pinned);
+                }
+                Command::ToolPause(tenant, salt, tokens) => {
+                    core.tool_pause(tenant, &salt, &tokens);
                 }
                 Command::Session(session, release, tx) => {
                     let info = core.session(session, release);

@@ -29,6 +29,22 @@ pub struct EngineConfig {
     pub step_time_target: Option<std::time::Duration>,
     /// Prefill tokens a step with decodes may always carry (prompts never starve).
     pub min_prefill_tokens_per_step: usize,
+    /// Retention of requests that ended in tool calls (see `tool_pause.rs`).
+    pub tool_pause: crate::tool_pause::ToolPauseConfig,
+    /// Tenants' shares of the active pool, in blocks (see [`TenantShare`]).
+    pub tenant_shares: std::collections::BTreeMap<cache::TenantId, TenantShare>,
+}
+
+/// One tenant's share of the active pool, in blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TenantShare {
+    /// Reserved minimum: while the tenant holds no more cached blocks than this, other tenants'
+    /// traffic cannot evict them (they go only when running sequences need the blocks).
+    pub reserved_blocks: Option<u32>,
+    /// Maximum: beyond it the tenant's own least valuable blocks are evicted first.
+    pub max_blocks: Option<u32>,
+    /// Most blocks the tenant's sessions may retain (`cache_control`, session keys).
+    pub max_retained_blocks: Option<u32>,
 }
 
 impl Default for EngineConfig {
@@ -45,6 +61,8 @@ impl Default for EngineConfig {
             tiers: TieringConfig::default(),
             step_time_target: None,
             min_prefill_tokens_per_step: 32,
+            tenant_shares: Default::default(),
+            tool_pause: Default::default(),
         }
     }
 }

@@ -11,6 +11,9 @@
 //! (`tiering.rs`).
 
 mod lifecycle;
+mod pause;
+
+pub use pause::ToolPauseInfo;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -55,6 +58,8 @@ pub struct EngineCore {
     tiers: Option<Tiering>,
     /// The snapshot readers see without waiting for a step: replaced after every step.
     published: SnapshotCell,
+    /// Requests that ended in tool calls, retained for their next call.
+    tool_pauses: crate::tool_pause::ToolPauses,
     /// `Finished` events of this step, sent after the snapshot that counts them is published
     /// (a client that saw its request finish never reads counters from before it).
     outbox: Vec<(EventSender, EngineEvent)>,
@@ -114,6 +119,17 @@ impl EngineCore {
         cache_cfg.block_size = cfg.block_size as u32;
         cache_cfg.policy = cfg.policy;
         cache_cfg.record_events = !stores.is_empty();
+        for (tenant, share) in &cfg.tenant_shares {
+            if let Some(r) = share.reserved_blocks {
+                cache_cfg.tenant_reserved_blocks.insert(*tenant, r);
+            }
+            if let Some(m) = share.max_blocks {
+                cache_cfg.tenant_quota_blocks.insert(*tenant, m);
+            }
+            if let Some(m) = share.max_retained_blocks {
+                cache_cfg.tenant_max_retained_blocks.insert(*tenant, m);
+            }
+        }
         let cache = KvCache::new(cache_cfg)?;
         let c = &model.config;
         let geo = KvGeometry {
@@ -158,6 +174,7 @@ impl EngineCore {
             tick: 0,
             started: Instant::now(),
             stats: EngineStats::default(),
+            tool_pauses: Default::default(),
             pinned: Vec::new(),
             tiers,
             published: SnapshotCell(Arc::default()),

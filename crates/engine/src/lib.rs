@@ -23,18 +23,21 @@ mod text;
 mod tier_cost;
 mod tier_events;
 mod tiering;
+mod tool_pause;
 
 pub use actor::{Engine, EngineHandle};
 pub use config::{
-    EngineConfig, TierLoadPolicy, TieringConfig, DEFAULT_ADMISSION_WAIT, DEFAULT_PREFETCH_MAX_BYTES,
+    EngineConfig, TenantShare, TierLoadPolicy, TieringConfig, DEFAULT_ADMISSION_WAIT,
+    DEFAULT_PREFETCH_MAX_BYTES,
 };
-pub use core::{EngineCore, SnapshotCell, LONG_PREFILL_TOKENS};
+pub use core::{EngineCore, SnapshotCell, ToolPauseInfo, LONG_PREFILL_TOKENS};
 pub use error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 pub use paged_kv::PagedKvMemory;
 pub use request::{
-    EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec, Retention,
-    SessionInfo, Timings, TokenEvent, Usage,
+    Breakpoint, EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec,
+    Retention, SessionInfo, Timings, TokenEvent, Usage,
 };
 pub use snapshot::{EngineSnapshot, PinnedPrompt};
 pub use stats::EngineStats;
 pub use tiering::{TierCounters, TierSnapshot, TieringSnapshot, LOAD_LATENCY_BUCKETS_US};
+pub use tool_pause::{pause_ttl, ToolPauseConfig};

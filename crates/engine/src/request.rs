@@ -38,6 +38,17 @@ pub struct RequestSpec {
     pub n: usize,
     /// Keep this request's KV after it finishes (an agent waiting on a tool call).
     pub retention: Option<Retention>,
+    /// `cache_control` breakpoints inside the prompt: each retains the prompt's prefix up to it.
+    pub breakpoints: Vec<Breakpoint>,
+}
+
+/// A breakpoint inside the prompt: its prefix of `prefix_tokens` tokens (whole blocks of it) is
+/// retained like a session's blocks (the session is usually named by the prefix itself, so a
+/// later call with the same prefix refreshes it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Breakpoint {
+    pub retention: Retention,
+    pub prefix_tokens: usize,
 }
 
 /// Soft retention of a finished request's blocks for its agent session: they are passed over by
@@ -66,6 +77,7 @@ impl RequestSpec {
             cache_salt: Vec::new(),
             n: 1,
             retention: None,
+            breakpoints: Vec::new(),
         }
     }
 }
@@ -90,8 +102,9 @@ pub struct Usage {
     /// Why the cached prefix ended where it did (first admission; `None` when every full prompt
     /// block was cached, or caching is off).
     pub cache_miss: Option<cache::PrefixMiss>,
-    /// Tokens (whole blocks) this request newly retained for its session: retained now and not
-    /// held by the session's previous turn. 0 without [`RequestSpec::retention`].
+    /// Tokens (whole blocks) this request newly retained for its session and breakpoints:
+    /// retained now and not held by their previous retention. 0 without
+    /// [`RequestSpec::retention`] or [`RequestSpec::breakpoints`].
     pub retained_tokens: usize,
 }
 

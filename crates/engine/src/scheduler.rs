@@ -68,6 +68,14 @@ impl Scheduler {
         }
     }
 
+    /// Predicted seconds to prefill `tokens` tokens from an empty context (one step's worth of
+    /// the online cost model), `None` until the model has seen enough steps.
+    pub fn predict_prefill_seconds(&self, tokens: usize) -> Option<f64> {
+        let mut load = StepLoad::default();
+        load.add(0, tokens);
+        self.cost.predict(load)
+    }
+
     pub fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
     }

@@ -11,4 +11,8 @@ pub struct EngineStats {
     pub cancelled: u64,
     /// Blocks put under session retention when requests finished.
     pub retained_blocks: u64,
+    /// Requests that ended in tool calls whose blocks were retained for the next call.
+    pub tool_pauses: u64,
+    /// Tool pauses released because a later pause extended them.
+    pub tool_pauses_superseded: u64,
 }

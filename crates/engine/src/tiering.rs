@@ -246,6 +246,17 @@ impl Tiering {
         self.demoter.submit(blocks, targets);
     }
 
+    /// Seconds to load `bytes` from the fastest tier at its measured bandwidth (`None` before
+    /// any load was measured).
+    pub fn best_load_seconds(&self, bytes: usize) -> Option<f64> {
+        let st = self.shared.lock();
+        st.bandwidth
+            .iter()
+            .filter_map(|b| b.0)
+            .max_by(f64::total_cmp)
+            .map(|bw| bytes as f64 / bw)
+    }
+
     /// A forward pass computed `num_tokens` tokens, `num_prefill` of them prefill, in `elapsed`.
     pub fn observe_forward(&mut self, num_tokens: usize, num_prefill: usize, elapsed: Duration) {
         if num_prefill >= MIN_PREFILL_SAMPLE_TOKENS {

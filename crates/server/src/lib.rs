@@ -7,6 +7,7 @@
 //! reads config files (the binary turns YAML into [`ServerSettings`]).
 
 pub mod admission;
+pub mod breakpoints;
 pub mod error;
 pub mod gbnf;
 pub mod grammar;

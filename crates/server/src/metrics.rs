@@ -239,7 +239,7 @@ fn render_engine(
         c.lookup_miss_tokens,
     );
     type TField = fn(&cache::TenantCounters) -> u64;
-    let per_tenant_series: [(&str, &str, &str, TField); 5] = [
+    let per_tenant_series: [(&str, &str, &str, TField); 6] = [
         (
             "agentkv_tenant_prefix_cache_lookups_total",
             "counter",
@@ -269,6 +269,12 @@ fn render_engine(
             "counter",
             "KV blocks of the tenant evicted.",
             |t| t.evicted_blocks,
+        ),
+        (
+            "agentkv_tenant_kv_reserved_evictions_total",
+            "counter",
+            "KV blocks of the tenant evicted while within its reserved share (nothing else could go).",
+            |t| t.reserved_evictions,
         ),
     ];
     for (name, kind, help, f) in per_tenant_series {
@@ -324,6 +330,13 @@ fn render_engine(
     ] {
         let _ = writeln!(out, "agentkv_kv_evictions_total{{cause=\"{cause}\"}} {v}");
     }
+    metric(
+        out,
+        "agentkv_kv_reserved_evictions_total",
+        "counter",
+        "KV blocks evicted from a tenant within its reserved share (running sequences needed them).",
+        e.reserved,
+    );
     metric(
         out,
         "agentkv_preemptions_total",

@@ -43,19 +43,27 @@ const NOT_IMPLEMENTED: &[&str] = &[
 
 /// Parses a generation request body (`/v1/chat/completions`, `/v1/completions`): not JSON → 400;
 /// under `UnknownFields::Reject` a top-level field `T` does not read → 400 naming it (a `null`
-/// value counts as absent); a known field of the wrong type or shape → 400 naming it.
+/// value counts as absent); a known field of the wrong type or shape → 400 naming it. Also returns
+/// the `cache_control` breakpoints inside the prompt ([`crate::breakpoints`]), which it removes
+/// before the typed parse.
 pub fn parse_request<T: DeserializeOwned + KnownFields>(
     body: &[u8],
     policy: UnknownFields,
-) -> Result<T, ApiError> {
-    let value: serde_json::Value = parse_json(body)?;
+) -> Result<(T, Vec<crate::breakpoints::Marked>), ApiError> {
+    let mut value: serde_json::Value = parse_json(body)?;
+    if !value.is_object() {
+        return Err(ApiError::InvalidRequest {
+            message: "the request body must be a JSON object".into(),
+            param: None,
+        });
+    }
+    let marked = crate::breakpoints::take(&mut value)?;
     let Some(fields) = value.as_object() else {
         return Err(ApiError::InvalidRequest {
             message: "the request body must be a JSON object".into(),
             param: None,
         });
     };
-    crate::sessions::reject_breakpoints(&value)?;
     if policy == UnknownFields::Reject {
         if let Some(name) = fields
             .iter()
@@ -74,7 +82,7 @@ pub fn parse_request<T: DeserializeOwned + KnownFields>(
             });
         }
     }
-    serde_path_to_error::deserialize::<_, T>(&value).map_err(|e| {
+    let req = serde_path_to_error::deserialize::<_, T>(&value).map_err(|e| {
         let param = field_of(e.path()).or_else(|| {
             // The flattened vLLM extras are deserialised from a buffer that loses the path:
             // parse them on their own to find the field.
@@ -94,7 +102,8 @@ pub fn parse_request<T: DeserializeOwned + KnownFields>(
             None => format!("invalid request body: {inner}"),
         };
         ApiError::InvalidRequest { message, param }
-    })
+    })?;
+    Ok((req, marked))
 }
 
 /// `messages[0].role` for a path inside the body; `None` at the top level.
@@ -470,7 +479,7 @@ mod tests {
         v: serde_json::Value,
         policy: UnknownFields,
     ) -> Result<ChatCompletionRequest, ApiError> {
-        parse_request(v.to_string().as_bytes(), policy)
+        parse_request(v.to_string().as_bytes(), policy).map(|(r, _)| r)
     }
 
     fn param(e: ApiError) -> (String, Option<String>) {
@@ -519,7 +528,7 @@ mod tests {
         }
         // null is "not given".
         assert!(chat(with("frobnicate", serde_json::Value::Null), Reject).is_ok());
-        let c: Result<CompletionRequest, _> =
+        let c: Result<(CompletionRequest, _), _> =
             parse_request(br#"{"model": "m", "prompt": "p", "suffix": "s"}"#, Reject);
         assert_eq!(param(c.unwrap_err()).0, "suffix");
     }

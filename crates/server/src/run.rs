@@ -66,6 +66,9 @@ pub struct Running {
     /// The request asked for retention: usage reports what it newly retained.
     retains: bool,
     retained_tokens: usize,
+    /// Without explicit retention: what a tool pause retains if the reply ends in tool calls
+    /// (`tool_paused`): tenant, salt, prompt, then choice 0's output as it arrives.
+    pause: Option<(cache::TenantId, Vec<u8>, Vec<u32>)>,
     last_token_at: Vec<Option<Instant>>,
     ttft: Option<Duration>,
     queue: Duration,
@@ -78,7 +81,7 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
         return Err(ApiError::ShuttingDown);
     }
     let n = p.spec.n;
-    let retains = p.spec.retention.is_some();
+    let retains = p.spec.retention.is_some() || !p.spec.breakpoints.is_empty();
     let tokens = p.spec.prompt.len() + p.spec.max_tokens * n;
     let permit = state
         .admission
@@ -91,6 +94,13 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
                 state.metrics.observe_rejected(&tenant.name);
             }
         })?;
+    let pause = (!retains).then(|| {
+        (
+            p.spec.tenant,
+            p.spec.cache_salt.clone(),
+            p.spec.prompt.clone(),
+        )
+    });
     let (id, rx) = state.engine.submit(p.spec).map_err(ApiError::from_engine)?;
     Ok(Running {
         state: state.clone(),
@@ -116,6 +126,7 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
         cache_miss: None,
         retains,
         retained_tokens: 0,
+        pause,
         last_token_at: vec![None; n],
         ttft: None,
         queue: Duration::ZERO,
@@ -124,6 +135,18 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
 }
 
 impl Running {
+    /// The reply of choice 0 ended in tool calls: unless the request asked for retention itself,
+    /// the engine keeps its blocks for the agent's next call (a TTL from its cost model). Call
+    /// it after the choice finished.
+    pub fn tool_paused(&self) {
+        if let Some((tenant, salt, tokens)) = &self.pause {
+            let _ = self
+                .state
+                .engine
+                .tool_pause(*tenant, salt.clone(), tokens.clone());
+        }
+    }
+
     /// Waits for the first event so that a request the engine refuses gets a proper HTTP error
     /// (used before a stream's headers are sent).
     pub async fn prime(&mut self) -> Result<(), ApiError> {
@@ -183,6 +206,9 @@ impl Running {
             match ev {
                 EngineEvent::Admitted { cached_tokens } => self.cached_tokens = cached_tokens,
                 EngineEvent::Token(t) => {
+                    if let (Some(p), 0) = (&mut self.pause, t.choice) {
+                        p.2.push(t.id);
+                    }
                     let now = Instant::now();
                     if let Some(slot) = self.last_token_at.get_mut(t.choice as usize) {
                         if let Some(prev) = slot.replace(now) {

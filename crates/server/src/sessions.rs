@@ -2,8 +2,8 @@
 //! call belongs to (`session_id`, the `x-session-id` header, `prompt_cache_key`) and how long its
 //! KV is kept after it ends (`cache_control`, `prompt_cache_retention`), bounded by
 //! `limits.max_cache_ttl_secs`. Session ids are derived from the tenant and the client's key, so
-//! tenants never share a session. Message-, content- and tool-level `cache_control` breakpoints
-//! are not implemented and are refused (400 `unsupported_parameter`) rather than ignored.
+//! tenants never share a session. Breakpoints inside the prompt (message-, content- and
+//! tool-level `cache_control`) are `crate::breakpoints`'.
 
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
@@ -26,7 +26,26 @@ pub const MAX_KEY_BYTES: usize = 256;
 pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 
 /// Priority of a call with explicit `cache_control`: it outlives key-only retention.
-const EXPLICIT_PRIORITY: u8 = 1;
+pub(crate) const EXPLICIT_PRIORITY: u8 = 1;
+
+/// The TTL a `cache_control` asks for (`5m` by default, or `1h`), before the config's cap; bad
+/// values → 400 naming `{param}.type` / `{param}.ttl`.
+pub(crate) fn cache_control_ttl(c: &api::CacheControl, param: &str) -> Result<Duration, ApiError> {
+    if c.kind != "ephemeral" {
+        return Err(ApiError::invalid(
+            format!("{param}.type must be \"ephemeral\", got {:?}", c.kind),
+            &format!("{param}.type"),
+        ));
+    }
+    match c.ttl.as_deref() {
+        None | Some("5m") => Ok(DEFAULT_TTL),
+        Some("1h") => Ok(Duration::from_secs(3600)),
+        Some(other) => Err(ApiError::invalid(
+            format!("{param}.ttl must be \"5m\" or \"1h\", got {other:?}"),
+            &format!("{param}.ttl"),
+        )),
+    }
+}
 
 /// The session of `key` within `tenant` (stable within a process).
 pub fn session_id(tenant: &Tenant, key: &str) -> SessionId {
@@ -94,24 +113,7 @@ pub fn retention(
     let key = session_key(headers, f)?;
     let explicit = match &f.cache_control {
         None => None,
-        Some(c) => {
-            if c.kind != "ephemeral" {
-                return Err(ApiError::invalid(
-                    format!("cache_control.type must be \"ephemeral\", got {:?}", c.kind),
-                    "cache_control.type",
-                ));
-            }
-            Some(match c.ttl.as_deref() {
-                None | Some("5m") => DEFAULT_TTL,
-                Some("1h") => Duration::from_secs(3600),
-                Some(other) => {
-                    return Err(ApiError::invalid(
-                        format!("cache_control.ttl must be \"5m\" or \"1h\", got {other:?}"),
-                        "cache_control.ttl",
-                    ))
-                }
-            })
-        }
+        Some(c) => Some(cache_control_ttl(c, "cache_control")?),
     };
     let policy = match f.prompt_cache_retention.as_deref() {
         None => None,
@@ -151,45 +153,6 @@ pub fn retention(
             0
         },
     }))
-}
-
-/// 400 `unsupported_parameter` for a `cache_control` inside `messages`, their content parts,
-/// `tools` or a Responses `input` item: breakpoints inside the prompt are not implemented, and
-/// silently ignoring one would retain less than the client asked for.
-pub fn reject_breakpoints(body: &serde_json::Value) -> Result<(), ApiError> {
-    let items = |field: &str| {
-        body.get(field)
-            .and_then(|v| v.as_array())
-            .into_iter()
-            .flatten()
-            .enumerate()
-    };
-    for field in ["messages", "input", "tools"] {
-        for (i, item) in items(field) {
-            let mut at = item
-                .get("cache_control")
-                .is_some_and(|v| !v.is_null())
-                .then(|| format!("{field}[{i}].cache_control"));
-            if at.is_none() {
-                let parts = item.get("content").and_then(|c| c.as_array());
-                at = parts.into_iter().flatten().enumerate().find_map(|(j, p)| {
-                    p.get("cache_control")
-                        .is_some_and(|v| !v.is_null())
-                        .then(|| format!("{field}[{i}].content[{j}].cache_control"))
-                });
-            }
-            if let Some(param) = at {
-                return Err(ApiError::UnsupportedParameter {
-                    message: format!(
-                        "{param}: cache_control breakpoints inside the prompt are not supported; \
-                         use the top-level cache_control (the whole prompt) or prompt_cache_key"
-                    ),
-                    param,
-                });
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -356,41 +319,5 @@ mod tests {
                 .as_deref(),
             Some(SESSION_HEADER)
         );
-    }
-
-    #[test]
-    fn breakpoints_inside_the_prompt_are_refused_naming_where() {
-        let ok = serde_json::json!({"messages": [{"role": "user", "content": "hi"}],
-            "cache_control": {"type": "ephemeral"}});
-        assert!(reject_breakpoints(&ok).is_ok());
-        for (body, at) in [
-            (
-                serde_json::json!({"messages": [{"role": "user", "content": "hi",
-                    "cache_control": {"type": "ephemeral"}}]}),
-                "messages[0].cache_control",
-            ),
-            (
-                serde_json::json!({"messages": [{"role": "system", "content": "s"},
-                    {"role": "user", "content": [{"type": "text", "text": "a",
-                    "cache_control": {"type": "ephemeral"}}]}]}),
-                "messages[1].content[0].cache_control",
-            ),
-            (
-                serde_json::json!({"tools": [{"type": "function", "function": {"name": "f"},
-                    "cache_control": {"type": "ephemeral"}}]}),
-                "tools[0].cache_control",
-            ),
-            (
-                serde_json::json!({"input": [{"role": "user", "content": "a",
-                    "cache_control": {"type": "ephemeral"}}]}),
-                "input[0].cache_control",
-            ),
-        ] {
-            let e = reject_breakpoints(&body).unwrap_err();
-            assert_eq!(
-                param(e),
-                (400, at.to_string(), "unsupported_parameter".to_string())
-            );
-        }
     }
 }

@@ -317,6 +317,32 @@ try:
 except openai.AuthenticationError:
     check(True, "bad key gets 401")
 
+# Agent-session cache controls through the SDK (docs/sessions.md): a cache_control breakpoint on
+# the system message, prompt_cache_key, and the fields usage reports.
+sys_text = "You are a careful agent. " + " ".join(f"rule {i}: check the cache key {i}." for i in range(40))
+def agent_call(user, key="sdk-agent"):
+    return alpha.chat.completions.create(
+        model="m", max_tokens=2, temperature=0,
+        messages=[{"role": "system", "content": [{"type": "text", "text": sys_text,
+                   "cache_control": {"type": "ephemeral", "ttl": "1h"}}]},
+                  {"role": "user", "content": user}],
+        extra_body={"prompt_cache_key": key})
+c1 = agent_call("First step?")
+created = (c1.usage.prompt_tokens_details.model_extra or {}).get("cache_creation_input_tokens")
+check(created is not None and created >= 16 and created % 16 == 0,
+      f"cache_creation_input_tokens reported by the SDK ({created})")
+c2 = agent_call("Second step?")
+cached = c2.usage.prompt_tokens_details.cached_tokens
+check(cached is not None and cached >= 16, f"the marked system prefix is reused ({cached})")
+sess = json.loads(get("/v1/sessions/sdk-agent", "ka"))
+check(sess["object"] == "session" and sess["retained_tokens"] > 0, f"GET /v1/sessions: {sess}")
+try:
+    alpha.chat.completions.create(model="m", max_tokens=1, messages=plain,
+                                  extra_body={"cache_control": {"type": "ephemeral", "ttl": "2d"}})
+    check(False, "bad cache_control ttl refused")
+except openai.BadRequestError as e:
+    check(e.param == "cache_control.ttl", f"bad ttl is a 400 naming cache_control.ttl ({e.param})")
+
 # Streaming with usage.
 chunks = list(alpha.chat.completions.create(model="m", messages=msgs("Count to five."), max_tokens=10,
                                             temperature=0, stream=True,

@@ -17,9 +17,17 @@ use common::{call, model};
 
 /// A server over a 32-block engine (512 tokens), two tenants.
 fn small_app() -> (Engine, axum::Router) {
+    app_with_shares(Default::default())
+}
+
+/// As [`small_app`], with tenants' shares of the pool (alpha is tenant 1, beta tenant 2).
+fn app_with_shares(
+    tenant_shares: std::collections::BTreeMap<cache::TenantId, engine::TenantShare>,
+) -> (Engine, axum::Router) {
     let cfg = EngineConfig {
         num_blocks: 32,
         threads: 2,
+        tenant_shares,
         ..EngineConfig::default()
     };
     let engine = Engine::start(EngineCore::new(model(), cfg).expect("engine"));
@@ -176,6 +184,63 @@ async fn a_keyed_session_survives_other_traffic_and_is_released_by_delete() {
         .error(404);
 }
 
+/// The outside probe's case: one tenant's burst evicted another tenant's warm prefix. With a
+/// reserved share (8 blocks), alpha's prefix survives beta's flood (four pools' worth); without one it is
+/// evicted (positive control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserved_share_keeps_a_tenants_prefix_through_another_tenants_flood() {
+    async fn alpha_cached_after_beta_flood(r: &axum::Router) -> (u64, u64) {
+        let chat = "/v1/chat/completions";
+        let warm = body(&task(0), serde_json::json!({}));
+        let first = call(r, "POST", chat, Some("ka"), &warm).await;
+        let prompt_tokens = first.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+        for i in 2..20 {
+            let reply = call(
+                r,
+                "POST",
+                chat,
+                Some("kb"),
+                &body(&task(i), serde_json::json!({})),
+            )
+            .await;
+            assert_eq!(reply.status, 200, "{}", reply.body);
+        }
+        let again = call(r, "POST", chat, Some("ka"), &warm).await;
+        (
+            details(&again)["cached_tokens"].as_u64().unwrap(),
+            prompt_tokens,
+        )
+    }
+    let mut shares = std::collections::BTreeMap::new();
+    shares.insert(
+        cache::TenantId(1),
+        engine::TenantShare {
+            reserved_blocks: Some(8),
+            ..Default::default()
+        },
+    );
+    let (_engine, r) = app_with_shares(shares);
+    let (cached, prompt_tokens) = alpha_cached_after_beta_flood(&r).await;
+    // The prompt spans more than the 8 reserved blocks: exactly the reserved 8 (from the root)
+    // stay; beta's flood took the rest.
+    assert!(prompt_tokens > 8 * 16, "{prompt_tokens}");
+    assert_eq!(cached, 8 * 16, "alpha's reserved prefix stayed");
+    let metrics = call(&r, "GET", "/metrics", None, "").await;
+    assert!(
+        metrics
+            .body
+            .contains("agentkv_kv_reserved_evictions_total 0"),
+        "no reserved block had to go"
+    );
+
+    let (_engine, r) = small_app();
+    let (cached, _) = alpha_cached_after_beta_flood(&r).await;
+    assert!(
+        cached < 32,
+        "without a reservation the flood evicts it: {cached}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_400() {
     let (_engine, r) = small_app();
@@ -221,9 +286,9 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
         (serde_json::json!({"session_id": ""}), "session_id", None),
         (
             serde_json::json!({"messages": [{"role": "user", "content": "hi",
-                "cache_control": {"type": "ephemeral"}}]}),
-            "messages[0].cache_control",
-            Some("unsupported_parameter"),
+                "cache_control": {"type": "ephemeral", "ttl": "2h"}}]}),
+            "messages[0].cache_control.ttl",
+            None,
         ),
     ] {
         let reply = call(
@@ -282,4 +347,204 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
         .await
         .json();
     assert_eq!(s["retained_tokens"].as_u64(), Some(created));
+}
+
+/// A `cache_control` breakpoint on the system message retains the prefix up to it (not the
+/// varying user turn), reports it as `cache_creation_input_tokens`, and keeps it through a flood
+/// that evicts the same prefix when unmarked; a breakpoint on a tool too; more than four
+/// breakpoints are a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_and_tool_breakpoints_retain_their_prefix_through_a_flood() {
+    let chat = "/v1/chat/completions";
+    let ask = |system_cc: bool, user: &str| {
+        let mut system = serde_json::json!({"role": "system", "content": task(0)});
+        if system_cc {
+            system["cache_control"] = serde_json::json!({"type": "ephemeral", "ttl": "1h"});
+        }
+        serde_json::json!({
+            "model": "agentkv", "max_tokens": 2, "temperature": 0,
+            "messages": [system, {"role": "user", "content": user}]
+        })
+        .to_string()
+    };
+    let flood = |r: axum::Router| async move {
+        for i in 2..20 {
+            let reply = call(
+                &r,
+                "POST",
+                chat,
+                Some("ka"),
+                &body(&task(i), serde_json::json!({})),
+            )
+            .await;
+            assert_eq!(reply.status, 200, "{}", reply.body);
+        }
+    };
+    let (_engine, r) = small_app();
+    let first = call(&r, "POST", chat, Some("ka"), &ask(true, "First question?")).await;
+    let created = details(&first)["cache_creation_input_tokens"]
+        .as_u64()
+        .unwrap();
+    let prompt_tokens = first.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    // The system turn (~240 tokens) in whole blocks; the user turn is not retained.
+    assert!(created >= 192 && created.is_multiple_of(16), "{created}");
+    assert!(
+        created + 16 <= prompt_tokens,
+        "{created} of {prompt_tokens}"
+    );
+    flood(r.clone()).await;
+    let second = call(
+        &r,
+        "POST",
+        chat,
+        Some("ka"),
+        &ask(true, "Another question?"),
+    )
+    .await;
+    let d = details(&second);
+    assert_eq!(
+        d["cached_tokens"].as_u64(),
+        Some(created),
+        "the marked prefix stayed"
+    );
+    assert_eq!(
+        d["cache_creation_input_tokens"], 0,
+        "refreshed, nothing new"
+    );
+
+    // Positive control: unmarked, the flood evicts the same prefix.
+    let (_engine, r) = small_app();
+    call(&r, "POST", chat, Some("ka"), &ask(false, "First question?")).await;
+    flood(r.clone()).await;
+    let unmarked = call(
+        &r,
+        "POST",
+        chat,
+        Some("ka"),
+        &ask(false, "Another question?"),
+    )
+    .await;
+    assert!(details(&unmarked)["cached_tokens"].as_u64().unwrap() < 32);
+
+    // A breakpoint on the (only) tool retains the prefix up to the tool definitions.
+    let tool_call = |cc: bool, user: &str| {
+        let mut tool = serde_json::json!({"type": "function", "function": {
+            "name": "lookup", "description": task(5),
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}});
+        if cc {
+            tool["cache_control"] = serde_json::json!({"type": "ephemeral"});
+        }
+        serde_json::json!({"model": "agentkv", "max_tokens": 2, "temperature": 0,
+            "tools": [tool], "messages": [{"role": "user", "content": user}]})
+        .to_string()
+    };
+    let (_engine, r) = small_app();
+    let t1 = call(
+        &r,
+        "POST",
+        chat,
+        Some("ka"),
+        &tool_call(true, "Look up alpha."),
+    )
+    .await;
+    let created = details(&t1)["cache_creation_input_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(created >= 128, "the tool definitions: {created}");
+    flood(r.clone()).await;
+    let t2 = call(
+        &r,
+        "POST",
+        chat,
+        Some("ka"),
+        &tool_call(true, "Look up bravo, please."),
+    )
+    .await;
+    assert_eq!(details(&t2)["cached_tokens"].as_u64(), Some(created));
+
+    // At most four breakpoints, the top-level one included.
+    let cc = serde_json::json!({"type": "ephemeral"});
+    let messages: Vec<_> = (0..4)
+        .map(|i| serde_json::json!({"role": "user", "content": format!("m{i}"), "cache_control": cc}))
+        .collect();
+    let five = serde_json::json!({"model": "agentkv", "max_tokens": 1, "messages": messages,
+        "cache_control": cc});
+    let e = call(&r, "POST", chat, Some("ka"), &five.to_string())
+        .await
+        .error(400);
+    assert_eq!(e["param"], "messages[3].cache_control");
+}
+
+/// A reply that ends in tool calls keeps its blocks for the agent's next call (a tool pause,
+/// TTL from the engine's cost model) without any session field: the next call, which appends
+/// the tool result, still finds the whole history after a flood. The same flow with
+/// `tool_choice: "none"` (a plain answer) is evicted (positive control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_with_tool_calls_keeps_the_history_through_the_tool_pause() {
+    let chat = "/v1/chat/completions";
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "lookup",
+        "parameters": {"type": "object",
+                       "properties": {"q": {"type": "string", "enum": ["alpha", "bravo"]}},
+                       "required": ["q"], "additionalProperties": false}}}]);
+    let first = |choice: &str| {
+        serde_json::json!({"model": "agentkv", "max_tokens": 96, "temperature": 0,
+            "tools": tools, "tool_choice": choice, "parallel_tool_calls": false,
+            "messages": [{"role": "user", "content": task(0)}]})
+    };
+    let flood = |r: axum::Router| async move {
+        for i in 2..20 {
+            let reply = call(
+                &r,
+                "POST",
+                chat,
+                Some("kb"),
+                &body(&task(i), serde_json::json!({})),
+            )
+            .await;
+            assert_eq!(reply.status, 200, "{}", reply.body);
+        }
+    };
+    let run = |choice: &'static str| async move {
+        let (_engine, r) = small_app();
+        let reply = call(&r, "POST", chat, Some("ka"), &first(choice).to_string()).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let v = reply.json();
+        let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap();
+        let message = v["choices"][0]["message"].clone();
+        flood(r.clone()).await;
+        // The agent's next call: the history, the assistant turn, the tool's result.
+        let mut next = first(choice);
+        let history = next["messages"].as_array_mut().unwrap();
+        history.push(message.clone());
+        if let Some(calls) = message["tool_calls"].as_array() {
+            history.push(
+                serde_json::json!({"role": "tool", "tool_call_id": calls[0]["id"],
+                "content": "alpha 42"}),
+            );
+        } else {
+            history.push(serde_json::json!({"role": "user", "content": "And then?"}));
+        }
+        let again = call(&r, "POST", chat, Some("ka"), &next.to_string()).await;
+        (
+            v["choices"][0]["finish_reason"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+            details(&again)["cached_tokens"].as_u64().unwrap(),
+            prompt_tokens,
+        )
+    };
+    let (finish, cached, prompt_tokens) = run("required").await;
+    assert_eq!(finish, "tool_calls");
+    // Retention is capped at half the pool (16 of 32 blocks here).
+    assert!(
+        cached >= ((prompt_tokens - 1) / 16 * 16).min(16 * 16),
+        "the paused history stayed: {cached} of {prompt_tokens}"
+    );
+    let (finish, cached, _) = run("none").await;
+    assert_ne!(finish, "tool_calls", "control: a plain answer");
+    assert!(
+        cached < 32,
+        "without a tool pause the flood evicts it: {cached}"
+    );
 }

@@ -5,7 +5,7 @@ use std::io::BufRead;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use cache::sim::{simulate, SimConfig, TraceCall};
+use cache::sim::{simulate, SessionRetention, SimConfig, TraceCall};
 use cache::EvictionPolicy;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +35,13 @@ pub struct CacheSimArgs {
     /// Fraction of the pool the protected segment may hold (slru; adaptive-slru's start).
     #[arg(long, default_value_t = 0.5)]
     pub slru_protected: f64,
+    /// Session-aware retention: each call's blocks are retained for its session this many
+    /// seconds (trace time), released after the session's last call.
+    #[arg(long)]
+    pub session_ttl_s: Option<f64>,
+    /// With `--session-ttl-s`: at most this fraction of the pool carries retention.
+    #[arg(long, default_value_t = 0.9)]
+    pub retained_fraction: f64,
 }
 
 pub fn run(args: CacheSimArgs) -> anyhow::Result<()> {
@@ -68,6 +75,10 @@ pub fn run(args: CacheSimArgs) -> anyhow::Result<()> {
             block_size: args.block_size,
             capacity_blocks: args.capacity_blocks,
             policy,
+            session_retention: args.session_ttl_s.map(|ttl_s| SessionRetention {
+                ttl_s,
+                max_retained_fraction: args.retained_fraction,
+            }),
         },
     )?;
     println!("{}", serde_json::to_string(&report)?);

@@ -229,8 +229,8 @@ fn engine_config(
         ),
         None => kv.max_size.map(|b| b.0),
     };
-    if let Some(bytes) = max_size {
-        // The engine's own figure: a one-block probe of this model and KV codec.
+    // The engine's own figure: a one-block probe of this model and KV codec.
+    let block_bytes = |cfg: &EngineConfig| -> Result<usize> {
         let probe = EngineCore::new(
             Arc::clone(model),
             EngineConfig {
@@ -238,10 +238,49 @@ fn engine_config(
                 ..cfg.clone()
             },
         )?;
-        let block_bytes = probe.memory().bytes_per_token() * cfg.block_size;
+        Ok(probe.memory().bytes_per_token() * cfg.block_size)
+    };
+    if let Some(bytes) = max_size {
+        let block_bytes = block_bytes(&cfg)?;
         cfg.num_blocks = (bytes / block_bytes as u64) as usize;
         if cfg.num_blocks == 0 {
             bail!("kv_cache_config.max_size: {bytes} bytes is less than one KV block ({block_bytes} bytes)");
+        }
+    }
+    if let Some(on) = kv.tool_pause_retention {
+        cfg.tool_pause.enabled = on;
+    }
+    if let Some(r) = kv.tool_pause_ttl_per_saved_second {
+        if !(r.is_finite() && r >= 0.0) {
+            bail!("kv_cache_config.tool_pause_ttl_per_saved_second: must be a number >= 0");
+        }
+        cfg.tool_pause.ttl_per_saved_second = r;
+    }
+    let max_ttl = kv.tool_pause_max_ttl_s.unwrap_or(300);
+    let max_ttl = max_ttl.min(file.limits.max_cache_ttl_secs.unwrap_or(max_ttl));
+    cfg.tool_pause.max_ttl = std::time::Duration::from_secs(max_ttl);
+    cfg.tool_pause.enabled &= max_ttl > 0;
+    cfg.tool_pause.min_ttl = cfg.tool_pause.min_ttl.min(cfg.tool_pause.max_ttl);
+    cfg.tool_pause.unmeasured_ttl = cfg.tool_pause.unmeasured_ttl.min(cfg.tool_pause.max_ttl);
+    // Tenant ids follow the order of `tenants` (as the server assigns them): 1, 2, …
+    let retained_caps = file
+        .tenants
+        .iter()
+        .any(|t| t.kv_max_retained_size.is_some());
+    let bytes_per_block = if retained_caps { block_bytes(&cfg)? } else { 1 } as u64;
+    for (i, t) in file.tenants.iter().enumerate() {
+        let blocks = |share: f64| (share * cfg.num_blocks as f64).floor() as u32;
+        let block_bytes = bytes_per_block.max(1);
+        let share = engine::TenantShare {
+            reserved_blocks: t.kv_reserved_share.map(blocks),
+            max_blocks: t.kv_max_share.map(blocks),
+            max_retained_blocks: t
+                .kv_max_retained_size
+                .map(|b| u32::try_from(b.0 / block_bytes).unwrap_or(u32::MAX)),
+        };
+        if share != engine::TenantShare::default() {
+            cfg.tenant_shares
+                .insert(cache::TenantId(i as u32 + 1), share);
         }
     }
     // Set after the probe above, which must not open the tiers.

@@ -152,6 +152,9 @@ impl KvCache {
         self.drop_block_from_holders(id, &holders);
         let tenant = self.tenants.get_mut(p.ns.tenant());
         tenant.cached_blocks -= 1;
+        if !holders.is_empty() {
+            tenant.retained_blocks -= 1;
+        }
         let e = &mut self.counters.evictions;
         match cause {
             EvictionCause::Capacity => e.capacity += 1,
@@ -198,7 +201,23 @@ impl KvCache {
 
     /// Evict the first candidate. Returns false when there is none.
     pub(crate) fn evict_one(&mut self, cause: EvictionCause) -> bool {
-        match self.candidates.first() {
+        let pick = if self.tenants.reserved.is_empty() {
+            self.candidates.first()
+        } else {
+            let tenants = &self.tenants;
+            self.candidates
+                .first_unprotected(|t| tenants.within_reservation(t))
+                .or_else(|| {
+                    let id = self.candidates.first()?;
+                    self.counters.evictions.reserved += 1;
+                    let tenant = self.pool.get(id).published.map(|p| p.ns.tenant());
+                    if let Some(t) = tenant {
+                        self.tenants.get_mut(t).reserved_evictions += 1;
+                    }
+                    Some(id)
+                })
+        };
+        match pick {
             Some(id) => {
                 self.unpublish(id, cause);
                 true

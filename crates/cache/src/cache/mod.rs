@@ -102,6 +102,8 @@ impl KvCache {
             tenants: Tenants {
                 counters: BTreeMap::new(),
                 quotas: config.tenant_quota_blocks.clone(),
+                reserved: config.tenant_reserved_blocks.clone(),
+                retained_quotas: config.tenant_max_retained_blocks.clone(),
             },
             counters: Counters {
                 slru_protected_capacity_blocks: u64::from(protected_capacity),
@@ -150,6 +152,25 @@ impl KvCache {
     /// Counters of every tenant seen.
     pub fn all_tenant_counters(&self) -> impl Iterator<Item = (TenantId, &TenantCounters)> {
         self.tenants.counters.iter().map(|(t, c)| (*t, c))
+    }
+
+    /// Set (or clear with `None`) a tenant's reserved minimum of cached blocks (see
+    /// [`CacheConfig::tenant_reserved_blocks`]); the config's bound on the total is checked.
+    pub fn set_tenant_reservation(
+        &mut self,
+        tenant: TenantId,
+        reserved_blocks: Option<u32>,
+    ) -> Result<(), ConfigError> {
+        let mut config = self.config.clone();
+        match reserved_blocks {
+            Some(r) => config.tenant_reserved_blocks.insert(tenant, r),
+            None => config.tenant_reserved_blocks.remove(&tenant),
+        };
+        config.tenant_quota_blocks = self.tenants.quotas.clone();
+        config.validate()?;
+        self.tenants.reserved = config.tenant_reserved_blocks.clone();
+        self.config = config;
+        Ok(())
     }
 
     /// Set (or clear with `None`) a tenant's quota of cached blocks. Applies to later publishes.

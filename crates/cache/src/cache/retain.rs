@@ -54,6 +54,62 @@ impl KvCache {
         })
     }
 
+    /// Retain for `session` the cached full blocks of `tokens` in `ns` (the chain from the root, as
+    /// far as it is cached) until `until` — a finished request's blocks found again by their
+    /// tokens (a tool pause noticed after the request ended). Replaces the session's previous
+    /// retention.
+    pub fn retain_tokens(
+        &mut self,
+        session: SessionId,
+        ns: &NamespaceKey,
+        tokens: &[u32],
+        until: Tick,
+        priority: u8,
+        tick: Tick,
+    ) -> RetainOutcome {
+        self.advance(tick);
+        let mut blocks = Vec::new();
+        let mut parent = ns.root();
+        for chunk in tokens.chunks_exact(self.block_size) {
+            let key = BlockKey::chain(&parent, chunk);
+            match self.index.get(&key) {
+                Some(id) => blocks.push(id),
+                None => break,
+            }
+            parent = key;
+        }
+        let holder = Holder::Session(session);
+        let previous: std::collections::HashSet<BlockId> = self
+            .registry
+            .records
+            .get(&holder)
+            .map(|r| r.blocks.iter().copied().collect())
+            .unwrap_or_default();
+        self.remove_holder(holder);
+        let rank = RetentionRank::session(priority, until);
+        let (retained_blocks, refused_blocks) = self.add_holder(holder, rank, &blocks);
+        let new_blocks = self.registry.records[&holder]
+            .blocks
+            .iter()
+            .filter(|b| !previous.contains(b))
+            .count() as u32;
+        self.registry.expiry.insert((until, session));
+        self.counters.sessions_retained += 1;
+        RetainOutcome {
+            retained_blocks,
+            refused_blocks,
+            new_blocks,
+        }
+    }
+
+    /// The blocks `session` retains now (chain order, root first; empty when none).
+    pub fn session_blocks(&self, session: SessionId) -> &[BlockId] {
+        self.registry
+            .records
+            .get(&Holder::Session(session))
+            .map_or(&[], |r| r.blocks.as_slice())
+    }
+
     /// Attach `holder` to `blocks` (chain order, root first) up to the retention cap.
     /// Returns (retained, refused).
     fn add_holder(
@@ -77,9 +133,15 @@ impl KvCache {
                 continue;
             }
             if b.holders.is_empty() {
-                if self.registry.num_retained_blocks >= self.max_retained_blocks {
+                let tenant = b.published.map(|p| p.ns.tenant()).unwrap_or_default();
+                let over_tenant_cap = !is_pin && self.tenants.at_retained_quota(tenant);
+                if self.registry.num_retained_blocks >= self.max_retained_blocks || over_tenant_cap
+                {
                     let refused = (blocks.len() - n) as u32;
                     self.counters.retention_refused_blocks += u64::from(refused);
+                    if over_tenant_cap {
+                        self.tenants.get_mut(tenant).retention_refused_blocks += u64::from(refused);
+                    }
                     self.registry
                         .records
                         .get_mut(&holder)
@@ -88,6 +150,7 @@ impl KvCache {
                     return (kept.len() as u32, refused);
                 }
                 self.registry.num_retained_blocks += 1;
+                self.tenants.get_mut(tenant).retained_blocks += 1;
             }
             let was_pinned = b.holders.iter().any(|h| matches!(h, Holder::Pin(_)));
             if is_pin && !was_pinned {
@@ -126,6 +189,9 @@ impl KvCache {
             }
             if now_unretained {
                 self.registry.num_retained_blocks -= 1;
+                if let Some(p) = b.published {
+                    self.tenants.get_mut(p.ns.tenant()).retained_blocks -= 1;
+                }
             }
             self.attach(id);
         }
@@ -179,6 +245,20 @@ impl KvCache {
         priority: u8,
         tick: Tick,
     ) -> Result<RetainOutcome, RetainError> {
+        self.retain_session_prefix(session, seq, usize::MAX, until, priority, tick)
+    }
+
+    /// As [`KvCache::retain_session`], for the first `max_blocks` blocks of `seq` only (a
+    /// `cache_control` breakpoint inside the prompt: the prefix up to it).
+    pub fn retain_session_prefix(
+        &mut self,
+        session: SessionId,
+        seq: SeqId,
+        max_blocks: usize,
+        until: Tick,
+        priority: u8,
+        tick: Tick,
+    ) -> Result<RetainOutcome, RetainError> {
         self.advance(tick);
         let s = self
             .seqs
@@ -188,6 +268,7 @@ impl KvCache {
         let blocks: Vec<BlockId> = s.blocks[..s.keys.len()]
             .iter()
             .copied()
+            .take(max_blocks)
             .take_while(|id| self.pool.get(*id).published.is_some())
             .collect();
         let holder = Holder::Session(session);

@@ -16,6 +16,11 @@
 //! 3. least recent `last_use` first;
 //! 4. deeper chain position first;
 //! 5. lower `BlockId` first.
+//!
+//! Tenant reservations come before all of this: while some tenant holding more than its
+//! reserved minimum (or having none) has a candidate, the first such candidate goes; a tenant
+//! within its reservation loses a block only when no other candidate exists (the running
+//! sequences need the block; admission never deadlocks on reservations).
 
 pub mod adaptive;
 pub mod ghost;
@@ -100,6 +105,17 @@ impl Candidates {
 
     pub fn first(&self) -> Option<BlockId> {
         self.global.first().map(|(_, id)| *id)
+    }
+
+    /// The first candidate of any tenant for which `protected` is false (in global order), or
+    /// `None` when every candidate belongs to a protected tenant.
+    pub fn first_unprotected(&self, protected: impl Fn(TenantId) -> bool) -> Option<BlockId> {
+        self.by_tenant
+            .iter()
+            .filter(|(t, _)| !protected(**t))
+            .filter_map(|(_, set)| set.first())
+            .min()
+            .map(|(_, id)| *id)
     }
 
     pub fn first_of_tenant(&self, tenant: TenantId) -> Option<BlockId> {

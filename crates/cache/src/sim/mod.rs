@@ -7,5 +7,5 @@ mod run;
 mod trace;
 
 pub use gen::{generate, TraceKind, TraceParams};
-pub use run::{simulate, SimConfig, SimError, SimReport};
+pub use run::{simulate, SessionRetention, SimConfig, SimError, SimReport};
 pub use trace::TraceCall;

@@ -2,13 +2,14 @@
 //! stop handling, and finishing a request (retention, usage and timings). Never schedules and
 //! never runs the model.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use cache::Tick;
 
 use super::EngineCore;
 use crate::error::{internal, EngineError};
-use crate::request::{EngineEvent, FinishReason, Timings, TokenEvent, Usage};
+use crate::request::{EngineEvent, FinishReason, Retention, Timings, TokenEvent, Usage};
 use crate::sequence::{SeqKey, Sequence};
 
 impl EngineCore {
@@ -119,16 +120,39 @@ impl EngineCore {
         let mut retained_tokens = 0;
         if let Some(cs) = s.cache_seq.take() {
             let tick = Tick(self.tick);
-            if let (Some(r), true) = (&s.spec.retention, reason != FinishReason::Cancelled) {
-                // Keep this agent's KV through its tool call: soft, budget-capped retention.
-                let until = Tick(self.tick + r.ttl.as_millis() as u64);
-                if let Ok(out) = self
-                    .cache
-                    .retain_session(r.session, cs, until, r.priority, tick)
-                {
-                    self.stats.retained_blocks += out.retained_blocks as u64;
-                    retained_tokens = out.new_blocks as usize * self.cfg.block_size;
+            if reason != FinishReason::Cancelled {
+                // Keep this agent's KV through its tool call: soft, budget-capped retention of
+                // the whole sequence (a session) and of the prefixes up to its breakpoints.
+                let bs = self.cfg.block_size;
+                let holders: Vec<(&Retention, usize)> = (s.spec.retention.iter())
+                    .map(|r| (r, usize::MAX))
+                    .chain(
+                        s.spec
+                            .breakpoints
+                            .iter()
+                            .map(|b| (&b.retention, b.prefix_tokens / bs)),
+                    )
+                    .collect();
+                let held = |cache: &cache::KvCache| -> HashSet<cache::BlockId> {
+                    (holders.iter())
+                        .flat_map(|(r, _)| cache.session_blocks(r.session).iter().copied())
+                        .collect()
+                };
+                let before = held(&self.cache);
+                for (r, max_blocks) in &holders {
+                    let until = Tick(self.tick + r.ttl.as_millis() as u64);
+                    if let Ok(out) = self.cache.retain_session_prefix(
+                        r.session,
+                        cs,
+                        *max_blocks,
+                        until,
+                        r.priority,
+                        tick,
+                    ) {
+                        self.stats.retained_blocks += out.retained_blocks as u64;
+                    }
                 }
+                retained_tokens = held(&self.cache).difference(&before).count() * bs;
             }
             let _ = self.cache.free(cs, tick);
         }

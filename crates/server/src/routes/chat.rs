@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::FinishReason;
 
+use crate::breakpoints;
 use crate::error::ApiError;
 use crate::output::{chat_logprobs, collect};
 use crate::params::{chat_prompt, prepare, tool_constraint, GenOptions, Prepared};
@@ -33,7 +34,7 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (tenant, req) =
+    let (tenant, req, marked) =
         read_generation_request(&state, &headers, body, |r: &ChatCompletionRequest| &r.model)?;
     let (mut prepared, tool_mode) = prepare_chat(&state, &tenant, &req)?;
     prepared.spec.retention = crate::sessions::retention(
@@ -43,6 +44,27 @@ pub async fn chat_completions(
         &req.cache,
         &prepared.spec.prompt,
     )?;
+    let prompt = &prepared.spec.prompt;
+    prepared.spec.breakpoints =
+        breakpoints::retentions(&state.settings.limits, &tenant, prompt, &marked, |site| {
+            Ok(breakpoint_prefix(
+                &state,
+                &req,
+                prompt,
+                site,
+                |list, index, text| {
+                    if list != "messages" {
+                        return None;
+                    }
+                    let mut v = req.clone();
+                    v.messages.truncate(index + 1);
+                    if let (Some(m), Some(t)) = (v.messages.get_mut(index), text) {
+                        m.content = Some(t.to_string());
+                    }
+                    (v.messages.len() == index + 1).then_some(v)
+                },
+            ))
+        })?;
     let mut running = submit(&state, &tenant, prepared)?;
     let id = format!("chatcmpl-{}", running.id.0);
     let call_id = {
@@ -131,6 +153,9 @@ pub async fn chat_completions(
                 Step::Finished { choice, reason } if tool_mode.is_some() => {
                     let (pieces, finish) =
                         streams[choice as usize].finish(finish_reason_name(reason));
+                    if choice == 0 && finish == "tool_calls" {
+                        r.tool_paused();
+                    }
                     let mut out: Vec<String> = pieces_delta(choice, pieces)
                         .into_iter()
                         .map(|d| chunk(vec![delta(choice, d, None, None)], None))
@@ -187,6 +212,9 @@ pub async fn chat_completions(
             let (message, finish_reason) = match (c.finish_reason, tool_mode) {
                 (Some(reason), Some(syntax)) => {
                     let (m, f) = tool_reply(syntax, c.text, reason, |j| call_id(i as u32, j));
+                    if i == 0 && f == "tool_calls" {
+                        running.tool_paused();
+                    }
                     (m, Some(f))
                 }
                 (reason, _) => (
@@ -212,6 +240,49 @@ pub async fn chat_completions(
         system_fingerprint: None,
     })
     .into_response())
+}
+
+/// How many tokens of `prompt` (the rendering of `full`) a `cache_control` breakpoint covers:
+/// the prefix it shares with the rendering of the request cut after the marked item
+/// (`item_variant(list, index, text)` builds that request, `None` if the item does not exist) or, for
+/// a tool, with the tool list cut after it and a probe tool appended (two probes bound where the
+/// next tool would start). A variant that fails to render covers nothing.
+pub(crate) fn breakpoint_prefix(
+    state: &AppState,
+    full: &ChatCompletionRequest,
+    prompt: &[u32],
+    site: &breakpoints::Site,
+    item_variant: impl Fn(&str, usize, Option<&str>) -> Option<ChatCompletionRequest>,
+) -> usize {
+    let format = structured::requested(full.response_format.as_ref(), &full.extra);
+    let schema = format.ok().flatten();
+    let schema = schema.as_ref().and_then(|f| f.json_schema());
+    let render = |r: &ChatCompletionRequest| chat_prompt(state, r, schema).ok().map(|(p, _)| p);
+    match site {
+        breakpoints::Site::Item { list, index, text } => {
+            item_variant(list, *index, text.as_deref())
+                .and_then(|v| render(&v))
+                .map_or(0, |p| breakpoints::common_prefix(prompt, &p))
+        }
+        breakpoints::Site::Tool { index } => {
+            let with_probe = |k: u8| {
+                let mut v = full.clone();
+                let mut tools = v.tools.take().unwrap_or_default();
+                tools.truncate(index + 1);
+                tools.push(breakpoints::probe_tool(k));
+                v.tools = Some(tools);
+                // The marked tool's prefix does not depend on which tool must be called.
+                v.tool_choice = None;
+                render(&v)
+            };
+            match (with_probe(0), with_probe(1)) {
+                (Some(a), Some(b)) => {
+                    breakpoints::common_prefix(prompt, &a).min(breakpoints::common_prefix(&a, &b))
+                }
+                _ => 0,
+            }
+        }
+    }
 }
 
 /// Validates a chat request into an engine request: the prompt (with the tool plan when tools

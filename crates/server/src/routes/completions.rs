@@ -22,7 +22,7 @@ pub async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (tenant, req) =
+    let (tenant, req, _) =
         read_generation_request(&state, &headers, body, |r: &CompletionRequest| &r.model)?;
     if req.echo.unwrap_or(false) {
         return Err(ApiError::invalid("echo is not supported", "echo"));

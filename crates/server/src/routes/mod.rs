@@ -64,13 +64,13 @@ pub(crate) fn read_generation_request<T: serde::de::DeserializeOwned + api::Know
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     model: impl FnOnce(&T) -> &str,
-) -> Result<(Tenant, T), ApiError> {
+) -> Result<(Tenant, T, Vec<crate::breakpoints::Marked>), ApiError> {
     let tenant = state.tenants.authenticate(headers)?.clone();
     crate::reqlog::note(|e| e.tenant = Some(tenant.name.clone()));
     let body = body_bytes(state, body)?;
-    let req: T = parse_request(&body, state.settings.unknown_fields)?;
+    let (req, marked): (T, _) = parse_request(&body, state.settings.unknown_fields)?;
     check_model(state, model(&req))?;
-    Ok((tenant, req))
+    Ok((tenant, req, marked))
 }
 
 /// The request body, or the OpenAI error for an oversized or unreadable one.

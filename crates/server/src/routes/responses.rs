@@ -26,10 +26,11 @@ use axum::Json;
 use cache::TenantId;
 use engine::FinishReason;
 
+use crate::breakpoints;
 use crate::error::ApiError;
 use crate::output::collect;
 use crate::response_store::StoredResponse;
-use crate::routes::chat::{prepare_chat, tool_reply};
+use crate::routes::chat::{breakpoint_prefix, prepare_chat, tool_reply};
 use crate::routes::input_items::input_items;
 use crate::routes::read_generation_request;
 use crate::run::{submit, Step};
@@ -43,7 +44,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (tenant, req) =
+    let (tenant, req, marked) =
         read_generation_request(&state, &headers, body, |r: &ResponsesRequest| &r.model)?;
     if req.include.as_ref().is_some_and(|i| !i.is_empty()) {
         return Err(ApiError::UnsupportedParameter {
@@ -71,7 +72,7 @@ pub async fn create(
             .clone(),
         None => Vec::new(),
     };
-    let mut conversation = history;
+    let mut conversation = history.clone();
     conversation.extend(input_messages(&req.input)?);
     let chat = chat_request(&req, &conversation);
     let (mut prepared, tool_mode) = prepare_chat(&state, &tenant, &chat).map_err(rename_param)?;
@@ -82,6 +83,31 @@ pub async fn create(
         &req.cache,
         &prepared.spec.prompt,
     )?;
+    let prompt = &prepared.spec.prompt;
+    prepared.spec.breakpoints =
+        breakpoints::retentions(&state.settings.limits, &tenant, prompt, &marked, |site| {
+            Ok(breakpoint_prefix(
+                &state,
+                &chat,
+                prompt,
+                site,
+                |list, index, text| {
+                    let ResponseInput::Items(items) = &req.input else {
+                        return None;
+                    };
+                    if list != "input" || index >= items.len() {
+                        return None;
+                    }
+                    let mut cut = items[..=index].to_vec();
+                    if let (InputItem::Message(m), Some(t)) = (&mut cut[index], text) {
+                        m.content = t.to_string();
+                    }
+                    let mut conversation = history.clone();
+                    conversation.extend(input_messages(&ResponseInput::Items(cut)).ok()?);
+                    Some(chat_request(&req, &conversation))
+                },
+            ))
+        })?;
     let mut running = submit(&state, &tenant, prepared)?;
     let suffix = format!("{:x}{:x}", state.started_unix_s, running.id.0);
     let draft = Draft {
@@ -106,6 +132,9 @@ pub async fn create(
         .ok_or_else(|| ApiError::Internal("a response without its choice".into()))?;
     let reason = choice.finish_reason.unwrap_or(FinishReason::Stop);
     let finished = draft.finish_choice(choice.text, reason);
+    if finished.reply.tool_calls.is_some() {
+        running.tool_paused();
+    }
     Ok(Json(draft.complete(&state, finished, &collected.usage)).into_response())
 }
 
@@ -644,7 +673,7 @@ fn stream(
     let mut replies = draft.tool_mode.map(ReplyStream::new);
     let mut message_open = false;
     let mut calls_open: Vec<FunctionCallItem> = Vec::new();
-    let on_step = move |_: &crate::run::Running, step: Step| -> Vec<SseData> {
+    let on_step = move |r: &crate::run::Running, step: Step| -> Vec<SseData> {
         let piece = match step {
             Step::Token(t) => t.text,
             Step::Text { text, .. } => text,
@@ -656,6 +685,9 @@ fn stream(
                         draft.piece_events(&mut events, pieces, &mut message_open, &mut calls_open);
                 }
                 let f = draft.finish_choice(std::mem::take(&mut text), reason);
+                if f.reply.tool_calls.is_some() {
+                    r.tool_paused();
+                }
                 if draft.tool_mode.is_some() {
                     for (i, item) in f.output.iter().enumerate() {
                         let index = i as u32;
