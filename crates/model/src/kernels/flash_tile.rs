@@ -585,7 +585,7 @@ mod avx2 {
     ///
     /// # Safety
     /// As [`tile`], for every row (all rows share `valid`).
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn tile_rows_impl<E: TileElem, const R: usize, const W: usize>(
@@ -868,6 +868,7 @@ mod tests {
     /// Every path's three-row kernel against three single-row portable steps, over several
     /// tiles (so the running state and rescaling are exercised), f32 and f16 tiles.
     #[test]
+    #[allow(clippy::needless_range_loop)]
     fn three_row_tiles_match_single_rows_bitwise_on_every_path() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
         let paths = [
