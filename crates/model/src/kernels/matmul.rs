@@ -7,8 +7,9 @@
 //! thread-local [`ActQ8`]), splitting rows into contiguous ranges (one pool task each, so every
 //! thread streams its own slice of the weights), and walking each range in register tiles
 //! (1 token × 4 rows for decode, with software prefetch of the weight stream; 4 tokens × 2 rows
-//! for batches, so a weight block is decoded once per 4 tokens). Types without an integer kernel
-//! take the "convert row to f32, then `dot_f32`" path. Every output element follows one fixed
+//! for batches, so a weight block is decoded once per 4 tokens). The K-quants go to
+//! [`super::kquant`] (same driver shape, 256-element activation blocks); float types take the
+//! "convert row to f32, then `dot_f32`" path. Every output element follows one fixed
 //! operation sequence, whatever the batch, tile or thread split (see the `kernels` module doc).
 //! It never allocates per task.
 
@@ -92,12 +93,8 @@ pub fn matmul_with_features(
         GgmlType::Q5_0 => job.run_quantized::<Q5_0>(pool, x, &out),
         GgmlType::Q5_1 => job.run_quantized::<Q5_1>(pool, x, &out),
         GgmlType::Q8_0 => job.run_quantized::<Q8_0>(pool, x, &out),
-        GgmlType::F32
-        | GgmlType::F16
-        | GgmlType::BF16
-        | GgmlType::Q4K
-        | GgmlType::Q5K
-        | GgmlType::Q6K => job.run_float_rows(pool, x, &out),
+        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => job.run_kquant(pool, x, &out),
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => job.run_float_rows(pool, x, &out),
     }
     Ok(())
 }
@@ -165,7 +162,7 @@ unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
     #[inline(always)]
-    fn write(&self, index: usize, value: f32) {
+    pub(super) fn write(&self, index: usize, value: f32) {
         assert!(index < self.len, "output index in range");
         // SAFETY: in bounds (checked above); no other task writes this index (see `Sync` impl).
         unsafe { self.ptr.add(index).write(value) };
@@ -199,10 +196,10 @@ pub(super) fn with_act_scratch(f: impl FnOnce(&mut ActQ8)) {
 }
 
 pub(super) struct Job<'a> {
-    w: QMatrix<'a>,
-    row_bytes: usize,
-    num_tokens: usize,
-    features: CpuFeatures,
+    pub(super) w: QMatrix<'a>,
+    pub(super) row_bytes: usize,
+    pub(super) num_tokens: usize,
+    pub(super) features: CpuFeatures,
 }
 
 impl Job<'_> {

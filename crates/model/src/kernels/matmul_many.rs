@@ -4,12 +4,14 @@
 //! Owns only the fusing: the activations are quantised once, and the row ranges of all matrices
 //! become the tasks of a single [`ThreadPool::for_each`], so one decode step pays one dispatch
 //! and one barrier instead of one per matrix. Every output element is computed by the same tile
-//! code as [`super::matmul`], so results are bit-identical to separate `matmul` calls. Matrices
-//! without an integer block kernel, or more than [`MAX_FUSED`] of them, fall back to separate
-//! calls. It never allocates.
+//! code as [`super::matmul`], so results are bit-identical to separate `matmul` calls. Groups
+//! that are all 32-element block types or all K-quants fuse (one activation quantisation each);
+//! mixed or float groups, or more than [`MAX_FUSED`] matrices, fall back to separate calls. It
+//! never allocates.
 
 use super::act_quant::ActQ8;
 use super::cpu::{cpu_features, CpuFeatures};
+use super::kquant::{is_kquant, with_act_k_scratch, ActQ8K};
 use super::matmul::{is_block32, matmul_with_features, prepare, with_act_scratch, Job, OutPtr};
 use super::pool::ThreadPool;
 use super::{KernelError, QMatrix};
@@ -45,7 +47,8 @@ pub fn matmul_many_with_features(
             outputs: ys.len(),
         });
     }
-    let fusable = ws.len() <= MAX_FUSED && ws.iter().all(|w| is_block32(w.ty));
+    let all_kquant = ws.iter().all(|w| is_kquant(w.ty));
+    let fusable = ws.len() <= MAX_FUSED && (all_kquant || ws.iter().all(|w| is_block32(w.ty)));
     if !fusable {
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
             matmul_with_features(pool, w, x, num_tokens, y, features)?;
@@ -74,21 +77,34 @@ pub fn matmul_many_with_features(
             total_tasks += splits[i].0;
         }
     }
-    with_act_scratch(|act: &mut ActQ8| {
-        act.quantize(features, x, num_tokens, row_len);
-        let act = &*act;
-        pool.for_each(total_tasks, &|task| {
-            // The matrix owning `task`: the last one whose range starts at or before it.
-            let i = (0..MAX_FUSED)
-                .rev()
-                .find(|&i| jobs[i].is_some() && task_start[i] <= task)
-                .expect("task indices lie in some matrix's range");
-            let (job, out) = jobs[i].as_ref().expect("checked is_some above");
-            let (_, rows_per_task) = splits[i];
-            let start = (task - task_start[i]) * rows_per_task;
-            let rows = start..(start + rows_per_task).min(job.num_rows());
-            job.rows_block32_any(act, rows, out);
+    // One task of the fused dispatch: the matrix owning `task` (the last one whose range starts
+    // at or before it) computes its share of rows with `rows_of`.
+    let run_task = |task: usize, rows_of: &dyn Fn(&Job, std::ops::Range<usize>, &OutPtr)| {
+        let i = (0..MAX_FUSED)
+            .rev()
+            .find(|&i| jobs[i].is_some() && task_start[i] <= task)
+            .expect("task indices lie in some matrix's range");
+        let (job, out) = jobs[i].as_ref().expect("checked is_some above");
+        let (_, rows_per_task) = splits[i];
+        let start = (task - task_start[i]) * rows_per_task;
+        rows_of(job, start..(start + rows_per_task).min(job.num_rows()), out);
+    };
+    if all_kquant {
+        with_act_k_scratch(|act: &mut ActQ8K| {
+            act.quantize(x, num_tokens, row_len);
+            let act = &*act;
+            pool.for_each(total_tasks, &|task| {
+                run_task(task, &|job, rows, out| job.rows_kquant_any(act, rows, out))
+            });
         });
-    });
+    } else {
+        with_act_scratch(|act: &mut ActQ8| {
+            act.quantize(features, x, num_tokens, row_len);
+            let act = &*act;
+            pool.for_each(total_tasks, &|task| {
+                run_task(task, &|job, rows, out| job.rows_block32_any(act, rows, out))
+            });
+        });
+    }
     Ok(())
 }

@@ -5,7 +5,8 @@
 //! load; [`flash_f16`]: ggml's flash-attention primitives with an f16 accumulator), SwiGLU with
 //! ggml's vectorised `expf` ([`swiglu`]), activation quantisation to 8-bit blocks ([`act_quant`]),
 //! per-block integer dot products for the 32-element quant types ([`block32`], with a portable
-//! scalar path and an AVX2 path), row conversion to f32 for everything else ([`row_f32`]) and the
+//! scalar path and an AVX2 path), the same for the K-quant super-block types Q4_K / Q5_K / Q6_K
+//! against 256-element activation blocks ([`kquant`], AVX2 / VNNI tiles in `kquant_avx2`), row conversion to f32 for everything else ([`row_f32`]) and the
 //! matrix-times-activations driver ([`matmul`]; several matrices sharing one input in one dispatch:
 //! [`matmul_many`]). It never reads files, never allocates per task,
 //! and never decides what a model layer is.
@@ -23,6 +24,9 @@ pub mod block32;
 pub mod cpu;
 pub mod flash_f16;
 pub mod flash_tile;
+pub mod kquant;
+#[cfg(target_arch = "x86_64")]
+mod kquant_avx2;
 pub mod matmul;
 pub mod matmul_many;
 pub mod pool;

@@ -106,11 +106,16 @@ fn dequant_matrix(ty: GgmlType, data: &[u8], num_rows: usize, row_len: usize) ->
     out
 }
 
-fn uses_q8_activations(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
-    )
+/// The activation block size of types on an integer path (`Q8_0`-like blocks of 32 for the
+/// 32-element types, `Q8_K`-like blocks of 256 for the K-quants), `None` for float types.
+fn act_block(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+            Some(QK8)
+        }
+        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => Some(256),
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
+    }
 }
 
 #[test]
@@ -194,10 +199,11 @@ fn matmul_matches_f64_reference_within_quantisation_bound_and_paths_agree() {
                         .zip(xt)
                         .map(|(a, b)| f64::from(a.abs()) * f64::from(b.abs()))
                         .sum();
-                    // Q8 activations: each x is off by at most half a step d_x = amax/127.
-                    let quant_bound: f64 = if uses_q8_activations(ty) {
-                        wr.chunks(QK8)
-                            .zip(xt.chunks(QK8))
+                    // 8-bit activations: each x is off by at most half a step d_x = amax/127
+                    // of its block.
+                    let quant_bound: f64 = if let Some(block) = act_block(ty) {
+                        wr.chunks(block)
+                            .zip(xt.chunks(block))
                             .map(|(wb, xb)| {
                                 let dx =
                                     f64::from(xb.iter().fold(0f32, |m, v| m.max(v.abs()))) / 127.0;
@@ -317,25 +323,45 @@ fn matmul_rejects_bad_shapes() {
 
 #[test]
 fn fused_matmul_equals_separate_matmuls_bit_for_bit() {
-    use super::matmul_many::matmul_many_with_features;
-    let mut rng = ChaCha8Rng::seed_from_u64(21);
-    let row_len = 96;
     // Q/K/V-like group of block types (one fused dispatch), and a group with a float type
     // (falls back to separate calls).
-    let groups: [&[(GgmlType, usize)]; 3] = [
+    check_fused_groups(
+        21,
+        96,
         &[
-            (GgmlType::Q4_1, 37),
-            (GgmlType::Q4_1, 9),
-            (GgmlType::Q8_0, 16),
+            &[
+                (GgmlType::Q4_1, 37),
+                (GgmlType::Q4_1, 9),
+                (GgmlType::Q8_0, 16),
+            ],
+            &[(GgmlType::Q5_0, 5), (GgmlType::F16, 7)],
+            &[
+                (GgmlType::Q4_0, 3),
+                (GgmlType::Q5_1, 0),
+                (GgmlType::Q8_0, 70),
+            ],
         ],
-        &[(GgmlType::Q5_0, 5), (GgmlType::F16, 7)],
+    );
+}
+
+#[test]
+fn fused_kquant_matmul_equals_separate_matmuls_bit_for_bit() {
+    // All K-quants (one fused dispatch on Q8_K activations); K-quants mixed with a 32-element
+    // type (separate calls).
+    check_fused_groups(
+        23,
+        512,
         &[
-            (GgmlType::Q4_0, 3),
-            (GgmlType::Q5_1, 0),
-            (GgmlType::Q8_0, 70),
+            &[(GgmlType::Q4K, 37), (GgmlType::Q6K, 9), (GgmlType::Q5K, 16)],
+            &[(GgmlType::Q4K, 5), (GgmlType::Q8_0, 7), (GgmlType::Q6K, 3)],
         ],
-    ];
-    for group in groups {
+    );
+}
+
+fn check_fused_groups(seed: u64, row_len: usize, groups: &[&[(GgmlType, usize)]]) {
+    use super::matmul_many::matmul_many_with_features;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    for &group in groups {
         let datas: Vec<Vec<u8>> = group
             .iter()
             .map(|&(ty, rows)| random_matrix(&mut rng, ty, rows, row_len))
