@@ -14,7 +14,8 @@ use half::f16;
 
 use crate::attention_plan::{AttnPlan, AttnTask, SEGMENT_POSITIONS};
 use crate::kernels::flash_tile::{
-    merge_segments, tile_update, widen_f16, TileElem, TileSoftmax, TILE_POSITIONS,
+    merge_segments, tile_update, tile_update_rows, widen_f16, TileElem, TileSoftmax,
+    TILE_POSITIONS, TILE_ROWS,
 };
 use crate::kv::{KvChunk, KvStore, SeqSlot};
 use crate::par::DisjointRows;
@@ -80,6 +81,55 @@ impl Row<'_> {
         tile_update(&mut sm, acc, self.q, keys, vals, end - tile_start, scale);
         st[0] = sm.max;
         st[1] = sm.sum;
+    }
+}
+
+/// Runs one tile for every row: runs of [`TILE_ROWS`] consecutive rows that see the same
+/// positions of the tile (the heads of a GQA group, every row of a tile below the causal
+/// diagonal) share their K/V loads in one kernel call; each row's arithmetic is that of
+/// [`Row::update`] either way, so grouping never changes a bit.
+fn update_rows<E: TileElem>(
+    rows: &mut [Row<'_>],
+    hd: usize,
+    keys: &[E],
+    vals: &[E],
+    tile_start: usize,
+    tile_end: usize,
+    scale: f32,
+) {
+    let mut i = 0;
+    while i < rows.len() {
+        if let [a, b, c, ..] = &mut rows[i..] {
+            let end = a.n.min(tile_end);
+            if end > tile_start && b.n.min(tile_end) == end && c.n.min(tile_end) == end {
+                let qs = [a.q, b.q, c.q];
+                let (acc_a, st_a) = a.partial.split_at_mut(hd);
+                let (acc_b, st_b) = b.partial.split_at_mut(hd);
+                let (acc_c, st_c) = c.partial.split_at_mut(hd);
+                let mut sts = [&*st_a, &*st_b, &*st_c].map(|st| TileSoftmax {
+                    max: st[0],
+                    sum: st[1],
+                });
+                let mut accs = [acc_a, acc_b, acc_c];
+                tile_update_rows(
+                    &mut sts,
+                    &mut accs,
+                    &qs,
+                    keys,
+                    vals,
+                    end - tile_start,
+                    scale,
+                );
+                for (st, sm) in [st_a, st_b, st_c].into_iter().zip(sts) {
+                    st[0] = sm.max;
+                    st[1] = sm.sum;
+                }
+                i += TILE_ROWS;
+                continue;
+            }
+        }
+        rows[i].update(hd, keys, vals, tile_start, tile_end, scale);
+        i += 1;
     }
 }
 
@@ -216,9 +266,7 @@ pub unsafe fn run_tile_task(
                     if !widen && a == tile_start && read_end <= chunk_end {
                         // The whole tile lies in this chunk: read it in place.
                         let (ks, vs) = (&k[(a - start) * hd..], &v[(a - start) * hd..]);
-                        for row in rows.iter_mut() {
-                            row.update(hd, ks, vs, tile_start, tile_end, inp.scale);
-                        }
+                        update_rows(&mut rows, hd, ks, vs, tile_start, tile_end, inp.scale);
                         a = tile_end;
                         continue;
                     }
@@ -236,12 +284,14 @@ pub unsafe fn run_tile_task(
                     }
                     a = b;
                     if a == tile_end {
-                        for row in rows.iter_mut() {
-                            if widen {
-                                row.update(hd, keys32, vals32, tile_start, tile_end, inp.scale);
-                            } else {
-                                row.update(hd, keys16, vals16, tile_start, tile_end, inp.scale);
-                            }
+                        if widen {
+                            update_rows(
+                                &mut rows, hd, keys32, vals32, tile_start, tile_end, inp.scale,
+                            );
+                        } else {
+                            update_rows(
+                                &mut rows, hd, keys16, vals16, tile_start, tile_end, inp.scale,
+                            );
                         }
                     }
                 }

@@ -3,12 +3,14 @@
 //!
 //! A row is one token × one KV head (`head_dim` values). f32 and f16 codecs are stored as typed
 //! values; every other `quant` codec as encoded bytes (scales included). Owns writing a row,
-//! handing out runs of rows as a [`KvChunk`], copying rows, and serialising runs of rows (for the
+//! handing out runs of rows as a [`KvChunk`] (buffers on huge pages where the OS allows,
+//! `hugepages`), copying rows, and serialising runs of rows (for the
 //! storage tiers). Never decides which rows belong to whom.
 
 use half::f16;
 use quant::EncodedRows;
 
+use crate::hugepages::{advise_huge_pages, zeroed_vec};
 use crate::kv::{KvChunk, KvDtype, KvError, KvLayout};
 
 enum RowBuf {
@@ -36,25 +38,32 @@ pub struct KvRows {
     buf: RowBuf,
 }
 
+/// `n` zeroes the allocator maps lazily (`vec![0; n]`), backed by huge pages when first touched.
+fn lazy_zeroes<T: Copy + Default>(n: usize) -> Vec<T> {
+    let mut v = vec![T::default(); n];
+    advise_huge_pages(&mut v);
+    v
+}
+
 impl KvRows {
     /// Zeroed rows; fails when the codecs do not fit `head_dim`.
     pub fn new(codecs: KvDtype, head_dim: usize, num_rows: usize) -> Result<Self, KvError> {
         let n = num_rows * head_dim;
         let buf = match KvLayout::of(codecs, head_dim)? {
             KvLayout::F32 => RowBuf::F32 {
-                k: vec![0.0; n],
-                v: vec![0.0; n],
+                k: lazy_zeroes(n),
+                v: lazy_zeroes(n),
             },
             KvLayout::F16 => RowBuf::F16 {
-                k: vec![f16::ZERO; n],
-                v: vec![f16::ZERO; n],
+                k: zeroed_vec(n, f16::ZERO),
+                v: zeroed_vec(n, f16::ZERO),
             },
             KvLayout::Encoded {
                 k_row_bytes,
                 v_row_bytes,
             } => RowBuf::Encoded {
-                k: vec![0; num_rows * k_row_bytes],
-                v: vec![0; num_rows * v_row_bytes],
+                k: lazy_zeroes(num_rows * k_row_bytes),
+                v: lazy_zeroes(num_rows * v_row_bytes),
                 k_row_bytes,
                 v_row_bytes,
             },

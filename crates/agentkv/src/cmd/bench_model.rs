@@ -3,7 +3,10 @@
 //!
 //! `--depth D` measures what an agent call does (llama-bench's `-d`): D tokens are already in the
 //! KV cache (filled untimed), then P new tokens are prefilled on top of them and, separately, N
-//! tokens are decoded starting at position D. It never touches the engine or the server.
+//! tokens are decoded starting at position D. `--membw` adds the memory-bandwidth bound of that
+//! decode (`model::membw`): the machine's read bandwidth with the same threads, the bytes a
+//! decoded token reads, and their quotient next to the measured rate. It never touches the
+//! engine or the server.
 
 use std::time::Instant;
 
@@ -29,6 +32,14 @@ pub struct BenchModelArgs {
     /// Repetitions (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Also measure the memory read bandwidth with the same threads (a streaming read of a
+    /// `--membw-mib` buffer) and report the bytes one decoded token reads and the resulting
+    /// bound on decode speed next to the measured one.
+    #[arg(long)]
+    pub membw: bool,
+    /// Buffer size of the bandwidth measurement, MiB (choose it far larger than the L3 cache).
+    #[arg(long, default_value_t = 512)]
+    pub membw_mib: usize,
     #[command(flatten)]
     pub kv: super::common::KvArgs,
 }
@@ -95,15 +106,47 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    let bound = if args.membw {
+        Some(membw_bound(&model, &pool, &args)?)
+    } else {
+        None
+    };
     let pp_med = if pp.is_empty() { 0.0 } else { med(&mut pp) };
     let tg_med = med(&mut tg);
-    println!(
-        "{}",
-        serde_json::json!({
-            "threads": pool.num_threads(), "depth": depth, "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
-            "prefill_tok_s": pp_med, "decode_tok_s": tg_med, "prefill_runs": pp, "decode_runs": tg,
-        })
-    );
+    let mut out = serde_json::json!({
+        "threads": pool.num_threads(), "depth": depth, "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+        "prefill_tok_s": pp_med, "decode_tok_s": tg_med, "prefill_runs": pp, "decode_runs": tg,
+    });
+    if let Some(b) = &bound {
+        let bound_tok_s = b.read_bytes_per_s / b.bytes_per_token as f64;
+        out["membw"] = serde_json::json!({
+            "buffer_bytes": b.buffer_bytes,
+            "read_gb_s_best": b.read_bytes_per_s / 1e9,
+            "read_gb_s_median": b.median_bytes_per_s / 1e9,
+            "read_gb_s_passes": b.passes.iter().map(|p| p / 1e9).collect::<Vec<_>>(),
+            "weight_bytes": b.weight_bytes,
+            "kv_bytes_per_position": b.kv_bytes_per_position,
+            "bytes_per_decoded_token": b.bytes_per_token,
+            "decode_bound_tok_s": bound_tok_s,
+            "decode_share_of_bound": tg_med / bound_tok_s,
+            "decode_read_gb_s": tg_med * b.bytes_per_token as f64 / 1e9,
+        });
+        eprintln!(
+            "memory read {:.1} GB/s (best of {} passes over {} MiB, median {:.1}); a decoded token at mean depth {} reads {:.1} MB ({:.1} MB weights + {:.1} MB K/V): bound {:.1} tok/s, measured {:.1} tok/s = {:.0}% of it",
+            b.read_bytes_per_s / 1e9,
+            b.passes.len(),
+            b.buffer_bytes >> 20,
+            b.median_bytes_per_s / 1e9,
+            b.mean_depth,
+            b.bytes_per_token as f64 / 1e6,
+            b.weight_bytes as f64 / 1e6,
+            (b.bytes_per_token - b.weight_bytes) as f64 / 1e6,
+            bound_tok_s,
+            tg_med,
+            100.0 * tg_med / bound_tok_s,
+        );
+    }
+    println!("{out}");
     eprintln!(
         "depth {depth}: prefill {} tokens: {pp_med:.1} tok/s; decode {} tokens: {tg_med:.1} tok/s ({} threads)",
         args.prompt_tokens,
@@ -111,4 +154,37 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         pool.num_threads()
     );
     Ok(())
+}
+
+/// What `--membw` reports: the machine's read bandwidth and one decoded token's traffic.
+struct MembwBound {
+    buffer_bytes: usize,
+    passes: Vec<f64>,
+    read_bytes_per_s: f64,
+    median_bytes_per_s: f64,
+    weight_bytes: u64,
+    kv_bytes_per_position: u64,
+    /// The decode's mean position (decode runs over `depth..depth + gen_tokens`).
+    mean_depth: usize,
+    bytes_per_token: u64,
+}
+
+fn membw_bound(
+    model: &model::Model,
+    pool: &model::ThreadPool,
+    args: &BenchModelArgs,
+) -> Result<MembwBound> {
+    let bw = model::membw::measure_read_bandwidth(pool, args.membw_mib << 20, 20);
+    let traffic = model::membw::DecodeTraffic::of(model, args.kv.codecs()?);
+    let mean_depth = args.depth + args.gen_tokens / 2;
+    Ok(MembwBound {
+        buffer_bytes: bw.buffer_bytes,
+        read_bytes_per_s: bw.best(),
+        median_bytes_per_s: bw.median(),
+        passes: bw.passes,
+        weight_bytes: traffic.weight_bytes,
+        kv_bytes_per_position: traffic.kv_bytes_per_position,
+        mean_depth,
+        bytes_per_token: traffic.bytes_at_depth(mean_depth),
+    })
 }

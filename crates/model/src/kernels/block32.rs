@@ -410,7 +410,15 @@ pub(crate) mod avx2 {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
     }
 
+    /// Lane sums with AVX-VNNI's VEX-encoded `vpdpbusd` (the same sums as [`lanes_vnni`]).
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    #[inline]
+    fn lanes_avxvnni(u: __m256i, s: __m256i, _ones: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
+    }
+
     define_tile!(tile, "avx2,fma,f16c", lanes_madd);
+    define_tile!(tile_avxvnni, "avx2,fma,f16c,avxvnni", lanes_avxvnni);
     define_tile!(
         tile_vnni,
         "avx2,fma,f16c,avx512f,avx512vnni,avx512vl",

@@ -1,7 +1,9 @@
 //! Runtime CPU feature detection and the switch that forces the portable path.
 //!
 //! Owns one process-wide decision: may kernels use the AVX2+FMA+F16C code paths, and within them
-//! AVX-512 VNNI's 256-bit integer dot product (`vpdpbusd`)? Detection runs
+//! AVX-512 VNNI's 256-bit integer dot product (`vpdpbusd`), or else AVX-VNNI's, and AVX-512 VL's
+//! 32 registers?
+//! Detection runs
 //! once; `AGENTKV_NO_SIMD=1` (read once, at first use) or [`set_force_portable`] forces the scalar
 //! path. It never selects kernels itself (callers branch on [`CpuFeatures::avx2`]).
 
@@ -16,6 +18,12 @@ pub struct CpuFeatures {
     /// On top of `avx2`: AVX-512 VNNI with VL (256-bit `vpdpbusd`, one instruction for the
     /// four-product integer lane sums of the quantized matmul; same integers, same results).
     pub vnni: bool,
+    /// On top of `avx2`: AVX-VNNI (the VEX-encoded 256-bit `vpdpbusd` of Intel CPUs without
+    /// AVX-512 VNNI; same integers, same results). Used only when `vnni` is absent.
+    pub avxvnni: bool,
+    /// On top of `avx2`: AVX-512 F+VL (32 vector registers for the 256-bit tile kernels of
+    /// `flash_tile`; same operations, same results).
+    pub avx512: bool,
 }
 
 impl CpuFeatures {
@@ -23,11 +31,15 @@ impl CpuFeatures {
     pub const PORTABLE: CpuFeatures = CpuFeatures {
         avx2: false,
         vnni: false,
+        avxvnni: false,
+        avx512: false,
     };
     /// AVX2 without the VNNI dot product (valid wherever `avx2` is detected).
     pub const AVX2: CpuFeatures = CpuFeatures {
         avx2: true,
         vnni: false,
+        avxvnni: false,
+        avx512: false,
     };
 
     /// What this CPU supports, ignoring any override.
@@ -41,6 +53,10 @@ impl CpuFeatures {
                 avx2,
                 vnni: avx2
                     && is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("avx512vl"),
+                avxvnni: avx2 && is_x86_feature_detected!("avxvnni"),
+                avx512: avx2
+                    && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512vl"),
             }
         }
@@ -56,6 +72,8 @@ impl CpuFeatures {
         CpuFeatures {
             avx2,
             vnni: avx2 && self.vnni && detected().vnni,
+            avxvnni: avx2 && self.avxvnni && detected().avxvnni,
+            avx512: avx2 && self.avx512 && detected().avx512,
         }
     }
 }
@@ -102,6 +120,8 @@ mod tests {
         let all = CpuFeatures {
             avx2: true,
             vnni: true,
+            avxvnni: true,
+            avx512: true,
         }
         .clamp_to_detected();
         assert_eq!(all, CpuFeatures::detect());

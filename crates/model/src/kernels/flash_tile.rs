@@ -235,6 +235,79 @@ pub fn tile_update_with<E: TileElem>(
     }
 }
 
+/// Rows one [`tile_update_rows`] call takes.
+pub const TILE_ROWS: usize = 3;
+
+/// [`tile_update`] for [`TILE_ROWS`] rows sharing one tile and `valid`: bit-identical to three
+/// [`tile_update`] calls in turn (each row's arithmetic is unchanged), with every K and V load
+/// shared by the rows. Panics on a shape mismatch.
+#[allow(clippy::too_many_arguments)]
+pub fn tile_update_rows<E: TileElem>(
+    sts: &mut [TileSoftmax; TILE_ROWS],
+    accs: &mut [&mut [f32]; TILE_ROWS],
+    qs: &[&[f32]; TILE_ROWS],
+    keys: &[E],
+    vals: &[E],
+    valid: usize,
+    scale: f32,
+) {
+    tile_update_rows_with(cpu_features(), sts, accs, qs, keys, vals, valid, scale)
+}
+
+/// [`tile_update_rows`] on an explicit path.
+#[allow(clippy::too_many_arguments)]
+pub fn tile_update_rows_with<E: TileElem>(
+    features: CpuFeatures,
+    sts: &mut [TileSoftmax; TILE_ROWS],
+    accs: &mut [&mut [f32]; TILE_ROWS],
+    qs: &[&[f32]; TILE_ROWS],
+    keys: &[E],
+    vals: &[E],
+    valid: usize,
+    scale: f32,
+) {
+    let features = features.clamp_to_detected();
+    #[cfg(target_arch = "x86_64")]
+    if features.avx2 {
+        let hd = qs[0].len();
+        let groups = valid.div_ceil(8);
+        assert!(
+            hd > 0
+                && hd.is_multiple_of(8)
+                && qs.iter().all(|q| q.len() == hd)
+                && accs.iter().all(|a| a.len() == hd)
+                && (1..=TILE_POSITIONS).contains(&valid)
+                && keys.len() >= groups * 8 * hd
+                && vals.len() >= valid * hd,
+            "tile shapes: hd={hd} valid={valid} keys={} vals={}",
+            keys.len(),
+            vals.len()
+        );
+        // SAFETY: AVX2+FMA+F16C (and for the second, AVX-512 F+VL) presence was checked at
+        // runtime (`clamp_to_detected`); shapes were checked by the assertion.
+        unsafe {
+            if features.avx512 {
+                avx2::tile_rows3_avx512(sts, accs, qs, keys, vals, valid, scale);
+            } else {
+                avx2::tile_rows3(sts, accs, qs, keys, vals, valid, scale);
+            }
+        }
+        return;
+    }
+    for r in 0..TILE_ROWS {
+        tile_update_with(
+            features,
+            &mut sts[r],
+            accs[r],
+            qs[r],
+            keys,
+            vals,
+            valid,
+            scale,
+        );
+    }
+}
+
 /// Merges per-segment states in segment order into `out` (`[hd]`): with `M = max_j m_j` and
 /// `e_j = exp(m_j − M)`, `L = Σ l_j·e_j`, `O = Σ acc_j·e_j` (multiply, then add), `out = O · (1/L)`
 /// (0 when `L` is 0). `segments` yields `(state, acc_j)`.
@@ -391,50 +464,19 @@ mod avx2 {
         ))
     }
 
-    /// The whole tile step; see the module doc. `scores` is scratch of `TILE_POSITIONS`.
-    ///
-    /// # Safety
-    /// `q`, `acc` hold `hd` (a multiple of 8) elements, `keys` `ceil(valid/8)*8` rows of `hd`,
-    /// `vals` `valid` rows of `hd` (checked by the caller).
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn tile<E: TileElem>(
+    /// Steps 2–3 of the module doc for one row whose scores (−∞ past `valid`) are in `scores`
+    /// and whose lane maxima are `vmax`: rescales `acc` and the state, returns `p`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn softmax_step(
         st: &mut TileSoftmax,
         acc: &mut [f32],
-        q: &[f32],
-        keys: &[E],
-        vals: &[E],
-        valid: usize,
-        scale: f32,
-        scores: &mut [f32; TILE_POSITIONS],
-    ) {
-        let hd = q.len();
-        let chunks = hd / 8;
-        let groups = valid.div_ceil(8);
-        let (qp, kp, vp, ap) = (q.as_ptr(), keys.as_ptr(), vals.as_ptr(), acc.as_mut_ptr());
-        let vscale = _mm256_set1_ps(scale);
-        let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
-        let lane_ids = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
-        for g in 0..groups {
-            let mut a = [_mm256_setzero_ps(); 8];
-            for c in 0..chunks {
-                // SAFETY: `c < hd / 8`, so `8c + 8 <= hd`.
-                let qc = unsafe { _mm256_loadu_ps(qp.add(8 * c)) };
-                for (j, aj) in a.iter_mut().enumerate() {
-                    // SAFETY: row `8g + j < groups * 8`, which `keys` holds.
-                    let kc = unsafe { E::load8(kp.add((8 * g + j) * hd + 8 * c)) };
-                    *aj = _mm256_fmadd_ps(qc, kc, *aj);
-                }
-            }
-            let s = _mm256_mul_ps(reduce8x8(&a), vscale);
-            // Lanes at or past `valid` become −∞ (weight exactly 0, never the maximum).
-            let limit = _mm256_set1_ps((valid - 8 * g) as f32);
-            let live = _mm256_cmp_ps::<_CMP_LT_OQ>(lane_ids, limit);
-            let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, live);
-            // SAFETY: `8g + 8 <= groups * 8 <= TILE_POSITIONS`.
-            unsafe { _mm256_storeu_ps(scores.as_mut_ptr().add(8 * g), s) };
-            vmax = _mm256_max_ps(vmax, s);
-        }
+        scores: &[f32; TILE_POSITIONS],
+        vmax: __m256,
+        groups: usize,
+    ) -> [f32; TILE_POSITIONS] {
+        let ap = acc.as_mut_ptr();
+        let chunks = acc.len() / 8;
         let mut m8 = [0f32; 8];
         // SAFETY: `m8` holds 8 floats.
         unsafe { _mm256_storeu_ps(m8.as_mut_ptr(), vmax) };
@@ -465,6 +507,55 @@ mod avx2 {
             }
         }
         st.sum += tile_sum;
+        p
+    }
+
+    /// The whole tile step; see the module doc. `scores` is scratch of `TILE_POSITIONS`.
+    ///
+    /// # Safety
+    /// `q`, `acc` hold `hd` (a multiple of 8) elements, `keys` `ceil(valid/8)*8` rows of `hd`,
+    /// `vals` `valid` rows of `hd` (checked by the caller).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile<E: TileElem>(
+        st: &mut TileSoftmax,
+        acc: &mut [f32],
+        q: &[f32],
+        keys: &[E],
+        vals: &[E],
+        valid: usize,
+        scale: f32,
+        scores: &mut [f32; TILE_POSITIONS],
+    ) {
+        let hd = q.len();
+        let chunks = hd / 8;
+        let groups = valid.div_ceil(8);
+        let (qp, kp, vp) = (q.as_ptr(), keys.as_ptr(), vals.as_ptr());
+        let vscale = _mm256_set1_ps(scale);
+        let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
+        let lane_ids = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
+        for g in 0..groups {
+            let mut a = [_mm256_setzero_ps(); 8];
+            for c in 0..chunks {
+                // SAFETY: `c < hd / 8`, so `8c + 8 <= hd`.
+                let qc = unsafe { _mm256_loadu_ps(qp.add(8 * c)) };
+                for (j, aj) in a.iter_mut().enumerate() {
+                    // SAFETY: row `8g + j < groups * 8`, which `keys` holds.
+                    let kc = unsafe { E::load8(kp.add((8 * g + j) * hd + 8 * c)) };
+                    *aj = _mm256_fmadd_ps(qc, kc, *aj);
+                }
+            }
+            let s = _mm256_mul_ps(reduce8x8(&a), vscale);
+            // Lanes at or past `valid` become −∞ (weight exactly 0, never the maximum).
+            let limit = _mm256_set1_ps((valid - 8 * g) as f32);
+            let live = _mm256_cmp_ps::<_CMP_LT_OQ>(lane_ids, limit);
+            let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, live);
+            // SAFETY: `8g + 8 <= groups * 8 <= TILE_POSITIONS`.
+            unsafe { _mm256_storeu_ps(scores.as_mut_ptr().add(8 * g), s) };
+            vmax = _mm256_max_ps(vmax, s);
+        }
+        let p = softmax_step(st, acc, scores, vmax, groups);
+        let ap = acc.as_mut_ptr();
         // acc += Σ_t p[t]·v[t], eight chunks (64 floats) held in registers at a time.
         let mut c0 = 0;
         while c0 + 8 <= chunks {
@@ -477,6 +568,150 @@ mod avx2 {
             unsafe { axpy_block::<1, E>(ap.add(8 * c0), vp.add(8 * c0), hd, &p, valid) };
             c0 += 1;
         }
+    }
+    /// Four vectors' lane sums `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))` (the tree of
+    /// [`reduce8x8`]), lane `j` from `a[j]`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn reduce4x8(a: &[__m256; 4]) -> __m128 {
+        let h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+        _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
+    }
+
+    /// `R` query rows against one tile, each with exactly the arithmetic of [`tile`] (same lane
+    /// chains, reduction tree, softmax and accumulation order), but every K and V load shared
+    /// by the `R` rows; `W` chunks of 8 accumulators per row are held in registers in the
+    /// `p·V` loop. Instantiated for 16 vector registers (AVX2) and for 32 (AVX-512 VL).
+    ///
+    /// # Safety
+    /// As [`tile`], for every row (all rows share `valid`).
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn tile_rows_impl<E: TileElem, const R: usize, const W: usize>(
+        sts: &mut [TileSoftmax; R],
+        accs: &mut [&mut [f32]; R],
+        qs: &[&[f32]; R],
+        keys: &[E],
+        vals: &[E],
+        valid: usize,
+        scale: f32,
+    ) {
+        let hd = qs[0].len();
+        let chunks = hd / 8;
+        let groups = valid.div_ceil(8);
+        let kp = keys.as_ptr();
+        let vscale = _mm256_set1_ps(scale);
+        let lane_ids = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
+        let mut vmax = [_mm256_set1_ps(f32::NEG_INFINITY); R];
+        let mut scores = [[0f32; TILE_POSITIONS]; R];
+        for g in 0..groups {
+            let mut halves = [[_mm_setzero_ps(); 2]; R];
+            for (h, half) in [0usize, 4].into_iter().enumerate() {
+                let mut a = [[_mm256_setzero_ps(); 4]; R];
+                for c in 0..chunks {
+                    let mut q = [_mm256_setzero_ps(); R];
+                    for (qr, src) in q.iter_mut().zip(qs) {
+                        // SAFETY: `c < hd / 8`, so `8c + 8 <= hd`.
+                        *qr = unsafe { _mm256_loadu_ps(src.as_ptr().add(8 * c)) };
+                    }
+                    for j in 0..4 {
+                        // SAFETY: row `8g + half + j < groups * 8`, which `keys` holds.
+                        let kc = unsafe { E::load8(kp.add((8 * g + half + j) * hd + 8 * c)) };
+                        for r in 0..R {
+                            a[r][j] = _mm256_fmadd_ps(q[r], kc, a[r][j]);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    halves[r][h] = reduce4x8(&a[r]);
+                }
+            }
+            let limit = _mm256_set1_ps((valid - 8 * g) as f32);
+            let live = _mm256_cmp_ps::<_CMP_LT_OQ>(lane_ids, limit);
+            for r in 0..R {
+                let s = _mm256_set_m128(halves[r][1], halves[r][0]);
+                let s = _mm256_mul_ps(s, vscale);
+                // Lanes at or past `valid` become −∞ (weight exactly 0, never the maximum).
+                let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, live);
+                // SAFETY: `8g + 8 <= groups * 8 <= TILE_POSITIONS`.
+                unsafe { _mm256_storeu_ps(scores[r].as_mut_ptr().add(8 * g), s) };
+                vmax[r] = _mm256_max_ps(vmax[r], s);
+            }
+        }
+        let mut p = [[0f32; TILE_POSITIONS]; R];
+        for r in 0..R {
+            p[r] = softmax_step(&mut sts[r], accs[r], &scores[r], vmax[r], groups);
+        }
+        let aps: [*mut f32; R] = std::array::from_fn(|r| accs[r].as_mut_ptr());
+        let vp = vals.as_ptr();
+        let mut c0 = 0;
+        while c0 < chunks {
+            let w = (chunks - c0).min(W);
+            let mut acc = [[_mm256_setzero_ps(); W]; R];
+            for r in 0..R {
+                for (i, ai) in acc[r].iter_mut().enumerate().take(w) {
+                    // SAFETY: chunk `c0 + i < chunks` lies inside the row's `acc`.
+                    *ai = unsafe { _mm256_loadu_ps(aps[r].add(8 * (c0 + i))) };
+                }
+            }
+            for t in 0..valid {
+                let bp: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(p[r][t]));
+                for i in 0..w {
+                    // SAFETY: row `t < valid`, chunk `c0 + i < chunks` (caller's contract).
+                    let x = unsafe { E::load8(vp.add(t * hd + 8 * (c0 + i))) };
+                    for r in 0..R {
+                        acc[r][i] = _mm256_fmadd_ps(bp[r], x, acc[r][i]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for (i, ai) in acc[r].iter().enumerate().take(w) {
+                    // SAFETY: as above.
+                    unsafe { _mm256_storeu_ps(aps[r].add(8 * (c0 + i)), *ai) };
+                }
+            }
+            c0 += w;
+        }
+    }
+
+    /// [`tile_rows_impl`] for three rows with AVX2's 16 vector registers.
+    ///
+    /// # Safety
+    /// As [`tile_rows_impl`]; AVX2+FMA+F16C present.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile_rows3<E: TileElem>(
+        sts: &mut [TileSoftmax; 3],
+        accs: &mut [&mut [f32]; 3],
+        qs: &[&[f32]; 3],
+        keys: &[E],
+        vals: &[E],
+        valid: usize,
+        scale: f32,
+    ) {
+        // SAFETY: forwarded caller's contract.
+        unsafe { tile_rows_impl::<E, 3, 4>(sts, accs, qs, keys, vals, valid, scale) }
+    }
+
+    /// [`tile_rows_impl`] for three rows with AVX-512 VL's 32 vector registers (the same
+    /// 256-bit operations, so the same bits as [`tile_rows3`]).
+    ///
+    /// # Safety
+    /// As [`tile_rows_impl`]; AVX2+FMA+F16C and AVX-512 F+VL present.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+    pub(super) unsafe fn tile_rows3_avx512<E: TileElem>(
+        sts: &mut [TileSoftmax; 3],
+        accs: &mut [&mut [f32]; 3],
+        qs: &[&[f32]; 3],
+        keys: &[E],
+        vals: &[E],
+        valid: usize,
+        scale: f32,
+    ) {
+        // SAFETY: forwarded caller's contract.
+        unsafe { tile_rows_impl::<E, 3, 8>(sts, accs, qs, keys, vals, valid, scale) }
     }
 }
 
@@ -626,6 +861,108 @@ mod tests {
                     native[e].to_bits(),
                     "hd={hd} n={n} e={e}"
                 );
+            }
+        }
+    }
+
+    /// Every path's three-row kernel against three single-row portable steps, over several
+    /// tiles (so the running state and rescaling are exercised), f32 and f16 tiles.
+    #[test]
+    #[allow(clippy::needless_range_loop)]
+    fn three_row_tiles_match_single_rows_bitwise_on_every_path() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
+        let paths = [
+            CpuFeatures::PORTABLE,
+            CpuFeatures::AVX2,
+            CpuFeatures::detect(),
+        ];
+        for (hd, valids) in [
+            (64usize, vec![16usize, 16, 9, 1]),
+            (72, vec![16, 8, 16]),
+            (8, vec![3, 16]),
+            (128, vec![16, 15, 16]),
+        ] {
+            let qs: Vec<Vec<f32>> = (0..TILE_ROWS)
+                .map(|_| {
+                    (0..hd)
+                        .map(|_| f16::from_f32(rng.gen_range(-2.0f32..2.0)).to_f32())
+                        .collect()
+                })
+                .collect();
+            let tiles: Vec<(Vec<f16>, Vec<f16>)> = valids
+                .iter()
+                .map(|_| {
+                    let mut gen = |s: f32| -> Vec<f16> {
+                        (0..TILE_POSITIONS * hd)
+                            .map(|_| f16::from_f32(rng.gen_range(-s..s)))
+                            .collect()
+                    };
+                    (gen(3.0), gen(2.0))
+                })
+                .collect();
+            // Reference: one row at a time, portable.
+            let mut want_st = [TileSoftmax::default(); TILE_ROWS];
+            let mut want_acc = vec![vec![0f32; hd]; TILE_ROWS];
+            for ((k, v), &valid) in tiles.iter().zip(&valids) {
+                for r in 0..TILE_ROWS {
+                    tile_update_with(
+                        CpuFeatures::PORTABLE,
+                        &mut want_st[r],
+                        &mut want_acc[r],
+                        &qs[r],
+                        k,
+                        v,
+                        valid,
+                        0.125,
+                    );
+                }
+            }
+            for features in paths {
+                for widened in [false, true] {
+                    let mut sts = [TileSoftmax::default(); TILE_ROWS];
+                    let mut accs = vec![vec![0f32; hd]; TILE_ROWS];
+                    for ((k, v), &valid) in tiles.iter().zip(&valids) {
+                        let [a, b, c] = &mut accs[..] else {
+                            unreachable!()
+                        };
+                        let mut acc_refs = [&mut a[..], &mut b[..], &mut c[..]];
+                        let q_refs = [&qs[0][..], &qs[1][..], &qs[2][..]];
+                        if widened {
+                            let k32: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
+                            let v32: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+                            tile_update_rows_with(
+                                features,
+                                &mut sts,
+                                &mut acc_refs,
+                                &q_refs,
+                                &k32,
+                                &v32,
+                                valid,
+                                0.125,
+                            );
+                        } else {
+                            tile_update_rows_with(
+                                features,
+                                &mut sts,
+                                &mut acc_refs,
+                                &q_refs,
+                                k,
+                                v,
+                                valid,
+                                0.125,
+                            );
+                        }
+                    }
+                    for r in 0..TILE_ROWS {
+                        assert_eq!(sts[r], want_st[r], "{features:?} hd={hd} row {r}");
+                        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&accs[r]),
+                            bits(&want_acc[r]),
+                            "{features:?} widened={widened} hd={hd} row {r}"
+                        );
+                    }
+                }
             }
         }
     }

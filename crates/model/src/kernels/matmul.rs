@@ -259,12 +259,14 @@ impl Job<'_> {
         #[cfg(target_arch = "x86_64")]
         if self.features.avx2 {
             // SAFETY: `features` was clamped to the detected CPU features, so AVX2+FMA+F16C (and
-            // AVX-512 VNNI+VL when `vnni`) exist.
+            // AVX-512 VNNI+VL when `vnni`, AVX-VNNI when `avxvnni`) exist.
             unsafe {
                 if self.features.vnni {
-                    self.rows_block32_avx2::<B, true>(act, rows, out)
+                    self.rows_block32_avx2::<B, DOT_VNNI512>(act, rows, out)
+                } else if self.features.avxvnni {
+                    self.rows_block32_avx2::<B, DOT_AVXVNNI>(act, rows, out)
                 } else {
-                    self.rows_block32_avx2::<B, false>(act, rows, out)
+                    self.rows_block32_avx2::<B, DOT_MADD>(act, rows, out)
                 }
             };
             return;
@@ -280,15 +282,15 @@ impl Job<'_> {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn rows_block32_avx2<B: Kernel, const VNNI: bool>(
+    fn rows_block32_avx2<B: Kernel, const DOT: u8>(
         &self,
         act: &ActQ8,
         rows: Range<usize>,
         out: &OutPtr,
     ) {
-        /// One tile on the integer-dot path `VNNI` selects (same results either way).
+        /// One tile on the integer-dot path `DOT` selects (same results on every path).
         #[inline(always)]
-        fn tile<B: Kernel, const T: usize, const R: usize, const PF: bool, const VNNI: bool>(
+        fn tile<B: Kernel, const T: usize, const R: usize, const PF: bool, const DOT: u8>(
             w: &[u8],
             row_bytes: usize,
             row0: usize,
@@ -298,12 +300,16 @@ impl Job<'_> {
         ) {
             use super::block32::avx2;
             // SAFETY: only reached from `rows_block32`, which checked AVX2+FMA+F16C and, for
-            // `VNNI`, AVX-512 VNNI+VL on this CPU.
+            // `DOT_VNNI512`, AVX-512 VNNI+VL, for `DOT_AVXVNNI`, AVX-VNNI, on this CPU.
             unsafe {
-                if VNNI {
-                    avx2::tile_vnni::<B, T, R, PF>(w, row_bytes, row0, act, tok0, out)
-                } else {
-                    avx2::tile::<B, T, R, PF>(w, row_bytes, row0, act, tok0, out)
+                match DOT {
+                    DOT_VNNI512 => {
+                        avx2::tile_vnni::<B, T, R, PF>(w, row_bytes, row0, act, tok0, out)
+                    }
+                    DOT_AVXVNNI => {
+                        avx2::tile_avxvnni::<B, T, R, PF>(w, row_bytes, row0, act, tok0, out)
+                    }
+                    _ => avx2::tile::<B, T, R, PF>(w, row_bytes, row0, act, tok0, out),
                 }
             }
         }
@@ -313,13 +319,13 @@ impl Job<'_> {
         if num_tokens == 1 {
             let mut o = [[0f32; 4]; 1];
             while r + 4 <= rows.end {
-                tile::<B, 1, 4, true, VNNI>(w, rb, r, act, 0, &mut o);
+                tile::<B, 1, 4, true, DOT>(w, rb, r, act, 0, &mut o);
                 (0..4).for_each(|i| out.write(r + i, o[0][i]));
                 r += 4;
             }
             let mut o = [[0f32; 1]; 1];
             while r < rows.end {
-                tile::<B, 1, 1, true, VNNI>(w, rb, r, act, 0, &mut o);
+                tile::<B, 1, 1, true, DOT>(w, rb, r, act, 0, &mut o);
                 out.write(r, o[0][0]);
                 r += 1;
             }
@@ -329,7 +335,7 @@ impl Job<'_> {
             let mut t = 0;
             let mut o4 = [[0f32; 2]; 4];
             while t + 4 <= num_tokens {
-                tile::<B, 4, 2, false, VNNI>(w, rb, r, act, t, &mut o4);
+                tile::<B, 4, 2, false, DOT>(w, rb, r, act, t, &mut o4);
                 for (dt, row) in o4.iter().enumerate() {
                     out.write((t + dt) * n + r, row[0]);
                     out.write((t + dt) * n + r + 1, row[1]);
@@ -338,7 +344,7 @@ impl Job<'_> {
             }
             let mut o1 = [[0f32; 2]; 1];
             while t < num_tokens {
-                tile::<B, 1, 2, false, VNNI>(w, rb, r, act, t, &mut o1);
+                tile::<B, 1, 2, false, DOT>(w, rb, r, act, t, &mut o1);
                 out.write(t * n + r, o1[0][0]);
                 out.write(t * n + r + 1, o1[0][1]);
                 t += 1;
@@ -348,7 +354,7 @@ impl Job<'_> {
         if r < rows.end {
             let mut o = [[0f32; 1]; 1];
             for t in 0..num_tokens {
-                tile::<B, 1, 1, false, VNNI>(w, rb, r, act, t, &mut o);
+                tile::<B, 1, 1, false, DOT>(w, rb, r, act, t, &mut o);
                 out.write(t * n + r, o[0][0]);
             }
         }
@@ -382,3 +388,9 @@ impl Job<'_> {
 // Silences "unused" for the scalar-only trait bound on non-x86 targets.
 #[allow(dead_code)]
 fn _assert_block32<B: Block32>() {}
+
+/// The integer dot products of the AVX2 block kernels (`rows_block32_avx2`'s `DOT`): AVX2's
+/// `maddubs`+`madd`, AVX-512 VNNI's or AVX-VNNI's `vpdpbusd` (all give the same sums).
+const DOT_MADD: u8 = 0;
+const DOT_VNNI512: u8 = 1;
+const DOT_AVXVNNI: u8 = 2;

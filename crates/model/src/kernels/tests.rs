@@ -26,11 +26,17 @@ const ALL_TYPES: [GgmlType; 11] = [
     GgmlType::Q6K,
 ];
 
-/// Portable, AVX2 without VNNI, and everything detected (each clamped to this CPU).
-fn both_paths() -> [CpuFeatures; 3] {
+/// Portable, AVX2 without VNNI, AVX2 with AVX-VNNI (only where the CPU has it: elsewhere this
+/// clamps to plain AVX2) and everything detected (each clamped to this CPU).
+fn both_paths() -> [CpuFeatures; 4] {
     [
         CpuFeatures::PORTABLE,
         CpuFeatures::AVX2.clamp_to_detected(),
+        CpuFeatures {
+            avxvnni: true,
+            ..CpuFeatures::AVX2
+        }
+        .clamp_to_detected(),
         CpuFeatures::detect(),
     ]
 }
