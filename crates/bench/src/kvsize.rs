@@ -8,7 +8,10 @@
 //! for fp8 one f32 scale per token per head — exactly the layout of the engine's codecs
 //! (`quant::KvCodecKind::bytes_per_row`; `crates/agentkv/tests/kv_size_agrees.rs` checks every
 //! codec against it and against the engine). Grouped-query attention is counted: KV heads, not
-//! query heads.
+//! query heads. Models with sliding-window layers (Gemma 3) also get the window-bounded figure:
+//! local layers need only their last `window` positions (what a cache that frees out-of-window
+//! K/V would hold); agentkv keeps every layer's K/V of a block (global layers need it all), so
+//! the allocated figure is the full one.
 
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +28,16 @@ pub struct KvShape {
     pub key_head_dim: u64,
     /// Elements per value head vector.
     pub value_head_dim: u64,
+    /// Sliding-window layers, when the model has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<SlidingWindowShape>,
+}
+
+/// `local_layers` of the model's layers attend only the last `window` positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlidingWindowShape {
+    pub window: u64,
+    pub local_layers: u64,
 }
 
 /// Presets: name → `[layers, query heads, KV heads, head dim]` (from each model's config.json).
@@ -58,6 +71,7 @@ pub fn preset(name: &str) -> Result<KvShape, BenchError> {
         num_kv_heads: *kv,
         key_head_dim: *d,
         value_head_dim: *d,
+        sliding_window: None,
     })
 }
 
@@ -88,6 +102,29 @@ pub fn from_hf_config(json: &str) -> Result<KvShape, BenchError> {
         .and_then(serde_json::Value::as_str)
         .unwrap_or("hf-config")
         .to_string();
+    // Sliding-window layers: `layer_types` names them ("sliding_attention"), else every
+    // `sliding_window_pattern`-th layer is global. A window with neither applies to all layers
+    // only for Gemma-style configs that say so; otherwise it is not counted.
+    let local_layers = match v.get("layer_types").and_then(serde_json::Value::as_array) {
+        Some(types) => Some(
+            types
+                .iter()
+                .filter(|t| t.as_str() == Some("sliding_attention"))
+                .count() as u64,
+        ),
+        None => get("sliding_window_pattern")
+            .filter(|&p| p > 0)
+            .map(|p| (0..num_layers).filter(|l| l % p < p - 1).count() as u64),
+    };
+    let sliding_window = match (get("sliding_window"), local_layers) {
+        (Some(window), Some(local_layers)) if window > 0 && local_layers > 0 => {
+            Some(SlidingWindowShape {
+                window,
+                local_layers,
+            })
+        }
+        _ => None,
+    };
     Ok(KvShape {
         name,
         num_layers,
@@ -95,6 +132,7 @@ pub fn from_hf_config(json: &str) -> Result<KvShape, BenchError> {
         num_kv_heads,
         key_head_dim: head_dim,
         value_head_dim: head_dim,
+        sliding_window,
     })
 }
 
@@ -186,6 +224,10 @@ pub struct KvSizeReport {
     /// The articles' formula: layers × query heads × head dim × 2 × element bytes, no overhead.
     pub naive_bytes_per_token: u64,
     pub naive_total_bytes: u64,
+    /// With sliding-window layers: the total if local layers held only their window (rounded to
+    /// whole blocks) and global layers every token. agentkv allocates `total_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_bounded_total_bytes: Option<u64>,
 }
 
 /// Sizes the cache; `Err` for zero block size or group size.
@@ -202,6 +244,11 @@ pub fn compute(shape: &KvShape, params: KvSizeParams) -> Result<KvSizeReport, Be
     let per_token = per_layer * shape.num_layers;
     let allocated = params.num_tokens.div_ceil(params.block_size) * params.block_size;
     let per_seq = allocated * per_token;
+    let window_bounded_total_bytes = shape.sliding_window.map(|sw| {
+        let local = sw.local_layers.min(shape.num_layers);
+        let local_tokens = allocated.min(sw.window.div_ceil(params.block_size) * params.block_size);
+        ((shape.num_layers - local) * allocated + local * local_tokens) * per_layer * params.batch
+    });
     let naive_per_token = (shape.num_layers
         * shape.num_query_heads
         * (shape.key_head_dim + shape.value_head_dim)
@@ -218,6 +265,7 @@ pub fn compute(shape: &KvShape, params: KvSizeParams) -> Result<KvSizeReport, Be
         total_bytes: per_seq * params.batch,
         naive_bytes_per_token: naive_per_token,
         naive_total_bytes: naive_per_token * params.num_tokens * params.batch,
+        window_bounded_total_bytes,
     })
 }
 
@@ -282,6 +330,23 @@ pub fn render_table(r: &KvSizeReport, naive: bool) -> String {
             format!("{} ({} B)", human_bytes(r.total_bytes), r.total_bytes),
         ),
     ];
+    if let (Some(sw), Some(bounded)) = (s.sliding_window, r.window_bounded_total_bytes) {
+        rows.push((
+            "sliding-window layers".into(),
+            format!(
+                "{} of {} attend the last {} positions only",
+                sw.local_layers, s.num_layers, sw.window
+            ),
+        ));
+        rows.push((
+            "window-bounded total".into(),
+            format!(
+                "{} ({:.2}× the full figure; agentkv keeps all layers' K/V, global layers need it)",
+                human_bytes(bounded),
+                ratio(bounded, r.total_bytes)
+            ),
+        ));
+    }
     if naive {
         rows.push((
             "naive bytes per token (query heads)".into(),

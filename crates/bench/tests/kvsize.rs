@@ -1,6 +1,8 @@
 //! KV-size figures checked against hand computation.
 
-use bench::kvsize::{compute, from_hf_config, preset, KvDtype, KvSizeParams, PRESETS};
+use bench::kvsize::{
+    compute, from_hf_config, preset, render_table, KvDtype, KvSizeParams, PRESETS,
+};
 
 fn params(dtype: KvDtype, tokens: u64, batch: u64, block: u64) -> KvSizeParams {
     KvSizeParams {
@@ -96,4 +98,46 @@ fn presets_and_hf_config() {
     assert_eq!(from_hf_config(explicit).unwrap().key_head_dim, 256);
     assert!(from_hf_config(r#"{"hidden_size":1}"#).is_err());
     assert!(from_hf_config("not json").is_err());
+}
+
+#[test]
+fn sliding_window_layers_get_the_window_bounded_figure() {
+    // Gemma 3 270M: 18 layers, 4 query heads, 1 KV head of 256, window 512, 5 of every 6 local.
+    let hf = r#"{"model_type":"gemma3_text","hidden_size":640,"num_attention_heads":4,
+                 "num_hidden_layers":18,"num_key_value_heads":1,"head_dim":256,
+                 "sliding_window":512,"sliding_window_pattern":6}"#;
+    let s = from_hf_config(hf).unwrap();
+    let sw = s.sliding_window.unwrap();
+    assert_eq!((sw.window, sw.local_layers), (512, 15));
+    let params = KvSizeParams {
+        num_tokens: 8192,
+        batch: 1,
+        dtype: KvDtype::F16,
+        block_size: 16,
+        group_size: 64,
+    };
+    let r = compute(&s, params).unwrap();
+    // f16: 2 × 256 × 2 bytes per layer per token = 1024.
+    assert_eq!(r.bytes_per_token_per_layer, 1024);
+    assert_eq!(r.total_bytes, 18 * 8192 * 1024);
+    assert_eq!(
+        r.window_bounded_total_bytes,
+        Some((3 * 8192 + 15 * 512) * 1024)
+    );
+    assert!(render_table(&r, false).contains("15 of 18 attend the last 512 positions"));
+    // layer_types names the local layers instead.
+    let typed = r#"{"hidden_size":64,"num_attention_heads":4,"num_hidden_layers":3,
+                    "sliding_window":8,
+                    "layer_types":["sliding_attention","full_attention","sliding_attention"]}"#;
+    assert_eq!(
+        from_hf_config(typed).unwrap().sliding_window,
+        Some(bench::kvsize::SlidingWindowShape {
+            window: 8,
+            local_layers: 2
+        })
+    );
+    // A window without a layer pattern (e.g. Mistral's config) is not counted.
+    let plain =
+        r#"{"hidden_size":64,"num_attention_heads":4,"num_hidden_layers":3,"sliding_window":4096}"#;
+    assert_eq!(from_hf_config(plain).unwrap().sliding_window, None);
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use engine::{EngineConfig, EngineCore, EngineEvent, FinishReason, RequestId, RequestSpec};
-use model::testing::{tiny_model, TinyModelSpec};
+use model::testing::{tiny_model, TinyArch, TinyModelSpec};
 use model::{Model, SamplingParams};
 use rand::{Rng, SeedableRng};
 use tier::{Compression, FaultStore, RamConfig, RamStore, TierStore};
@@ -85,21 +85,28 @@ fn run(core: &mut EngineCore, specs: Vec<RequestSpec>) -> HashMap<(usize, u32), 
 }
 
 fn alone(p: &[u32], max_tokens: usize) -> Output {
-    let mut core = EngineCore::new(model(), cfg(256, 512)).unwrap();
+    alone_on(model(), p, max_tokens)
+}
+
+fn alone_on(m: Arc<Model>, p: &[u32], max_tokens: usize) -> Output {
+    let mut core = EngineCore::new(m, cfg(256, 512)).unwrap();
     run(&mut core, vec![greedy(p.to_vec(), max_tokens)])
         .remove(&(0, 0))
         .unwrap()
 }
 
-#[test]
-fn outputs_are_identical_alone_batched_chunked_and_with_the_cache_off() {
-    let ps = prompts(6, 24, 1);
-    let want: Vec<Output> = ps.iter().map(|p| alone(p, 6)).collect();
+/// Each prompt alone vs all of them together with prefix caching (whole and chunked prefills)
+/// and without it: bitwise equal tokens and logprobs.
+fn check_batching_chunking_caching(m: Arc<Model>, ps: &[Vec<u32>], max_tokens: usize) {
+    let want: Vec<Output> = ps
+        .iter()
+        .map(|p| alone_on(m.clone(), p, max_tokens))
+        .collect();
     for (caching, batch) in [(true, 512), (true, 7), (false, 16)] {
         let mut c = cfg(256, batch);
         c.prefix_caching = caching;
-        let mut core = EngineCore::new(model(), c).unwrap();
-        let specs = ps.iter().map(|p| greedy(p.clone(), 6)).collect();
+        let mut core = EngineCore::new(m.clone(), c).unwrap();
+        let specs = ps.iter().map(|p| greedy(p.clone(), max_tokens)).collect();
         let got = run(&mut core, specs);
         for (i, w) in want.iter().enumerate() {
             assert_eq!(
@@ -109,6 +116,30 @@ fn outputs_are_identical_alone_batched_chunked_and_with_the_cache_off() {
             );
         }
     }
+}
+
+#[test]
+fn outputs_are_identical_alone_batched_chunked_and_with_the_cache_off() {
+    check_batching_chunking_caching(model(), &prompts(6, 24, 1), 6);
+}
+
+/// A Gemma-3-like model whose local layers attend 8 positions: prompts that share 24 tokens
+/// (cached blocks, most of them outside the local window) and run 12 more tokens give the same
+/// bits alone, batched, chunked and with the cache off.
+#[test]
+fn sliding_window_layers_stay_exact_with_prefix_caching_and_chunking() {
+    let spec = TinyModelSpec {
+        num_layers: 3,
+        arch: TinyArch::Gemma3 {
+            window: 8,
+            pattern: 3,
+        },
+        ..TinyModelSpec::default()
+    };
+    let m = Arc::new(tiny_model(&spec).unwrap());
+    assert_eq!(m.config.window_of(0), Some(8));
+    assert_eq!(m.config.window_of(2), None);
+    check_batching_chunking_caching(m, &prompts(5, 24, 3), 12);
 }
 
 #[test]

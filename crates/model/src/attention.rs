@@ -55,7 +55,38 @@ pub fn attend_one(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    attend_window(
+        kv,
+        layer,
+        slot,
+        kv_head,
+        0,
+        num_positions,
+        q,
+        scale,
+        scratch,
+        out,
+    )
+}
+
+/// [`attend_one`] over positions `first..num_positions` only (a sliding-window layer's query
+/// attends the last `window` positions): the same arithmetic over the attended positions, so
+/// `first = 0` is `attend_one`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_window(
+    kv: &dyn KvStore,
+    layer: usize,
+    slot: SeqSlot,
+    kv_head: usize,
+    first: usize,
+    num_positions: usize,
+    q: &[f32],
+    scale: f32,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
     let head_dim = q.len();
+    debug_assert!(first < num_positions, "a query attends at least itself");
     scratch.scores.clear();
     scratch.q16.clear();
     scratch
@@ -64,14 +95,15 @@ pub fn attend_one(
     let (scores, q16, prepared) = (&mut scratch.scores, &scratch.q16, &mut scratch.prepared);
     out.fill(0.0);
     let mut online = OnlineSoftmax::default();
-    let round_f16 = num_positions <= F16_ACC_MAX_POSITIONS;
+    let round_f16 = num_positions - first <= F16_ACC_MAX_POSITIONS;
     let mut is_f16 = false;
-    kv.for_each_chunk(
+    kv.for_each_chunk_from(
         layer,
         slot,
         kv_head,
+        first,
         num_positions,
-        &mut |_, chunk| match chunk {
+        &mut |start, chunk| match chunk.skip_positions(first.saturating_sub(start), head_dim) {
             KvChunk::F32 { k, .. } => {
                 for key in k.chunks_exact(head_dim) {
                     scores.push(dot_f32(q, key) * scale);
@@ -113,7 +145,7 @@ pub fn attend_one(
     }
     debug_assert_eq!(
         scores.len(),
-        num_positions,
+        num_positions - first,
         "KV store returned the wrong number of positions"
     );
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -125,12 +157,13 @@ pub fn attend_one(
     let inv = (1.0 / sum) as f32;
     let mut pos = 0usize;
     let mut v_kind = None;
-    kv.for_each_chunk(
+    kv.for_each_chunk_from(
         layer,
         slot,
         kv_head,
+        first,
         num_positions,
-        &mut |_, chunk| match chunk {
+        &mut |start, chunk| match chunk.skip_positions(first.saturating_sub(start), head_dim) {
             KvChunk::F32 { v, .. } => {
                 for val in v.chunks_exact(head_dim) {
                     axpy_f32(scores[pos] * inv, val, out);

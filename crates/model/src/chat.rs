@@ -24,6 +24,21 @@ const FALLBACK_TEMPLATE: &str = "{%- for message in messages -%}\
 {%- endfor -%}\
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
 
+/// Gemma's turn format (`<start_of_turn>user … <end_of_turn>`, the assistant's role named
+/// `model`, a system message prefixed to the first user turn), used for files without a
+/// template whose vocabulary has Gemma's turn tokens (e.g. the Gemma 3 base models).
+const GEMMA_FALLBACK_TEMPLATE: &str = "{{- bos_token -}}\
+{%- if messages and messages[0]['role'] == 'system' -%}\
+{%- set first_user_prefix = messages[0]['content'] | trim + '\n\n' -%}\
+{%- set loop_messages = messages[1:] -%}\
+{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}\
+{%- for message in loop_messages -%}\
+{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}\
+{{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + \
+message['content'] | trim + '<end_of_turn>\n' -}}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}";
+
 /// Errors of chat-template compilation and rendering.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
@@ -103,6 +118,26 @@ impl ChatTemplate {
             Ok(t) => t,
             // The constant above is covered by tests; failing here is a bug in this file.
             Err(e) => unreachable!("built-in fallback template must compile: {e}"),
+        }
+    }
+
+    /// The template for a file without one: Gemma's turn format when the vocabulary has
+    /// `<start_of_turn>` and `<end_of_turn>`, else ChatML ([`ChatTemplate::fallback`]).
+    pub fn fallback_for(tok: &Tokenizer) -> ChatTemplate {
+        let gemma = ["<start_of_turn>", "<end_of_turn>"]
+            .iter()
+            .all(|t| tok.token_to_id(t).is_some_and(|id| tok.is_special(id)));
+        if !gemma {
+            return Self::fallback();
+        }
+        let bos = tok
+            .bos_id()
+            .and_then(|id| tok.token_text(id))
+            .unwrap_or_default();
+        match Self::new(GEMMA_FALLBACK_TEMPLATE, bos, "") {
+            Ok(t) => t,
+            // The constant above is covered by tests; failing here is a bug in this file.
+            Err(e) => unreachable!("built-in Gemma template must compile: {e}"),
         }
     }
 

@@ -1,17 +1,19 @@
 //! The transformer forward pass over a flattened batch of tokens from many sequences.
 //!
-//! Owns the layer loop (norm → QKV → RoPE → K/V write → attention → output → SwiGLU FFN) and the
-//! final logits. Every token is processed with the same float operations whatever batch it is in
+//! Owns the layer loop (norm → QKV → [QK-norm] → RoPE → K/V write → attention → output →
+//! [post-norm] → gated FFN → [post-norm]) and the final logits. Sliding-window layers attend the
+//! last `window` positions of their sequence only (always in the exact regime: a window bounds
+//! the positions a row reads), with their own RoPE base. Every token is processed with the same float operations whatever batch it is in
 //! and however its prompt was chunked: matrix products are batch-invariant (see `kernels`) and
 //! attention always reads K/V back from the [`KvStore`]. It never decides what to batch.
 
-use crate::attention::{attend_one, AttnScratch};
+use crate::attention::{attend_window, AttnScratch};
 use crate::attention_plan::{self, AttnShape, AttnTask};
 use crate::attention_tiled::{run_tile_task, TileInputs, TileOutputs, TileScratch};
-use crate::config::ModelConfig;
+use crate::config::{FfnAct, ModelConfig};
 use crate::kernels::{matmul, matmul_many, KernelError, ThreadPool};
 use crate::kv::{KvDtype, KvError, KvStore, SeqSlot};
-use crate::ops::{rms_norm, swiglu, Rope};
+use crate::ops::{geglu, rms_norm, softcap, swiglu, Rope};
 use crate::par::DisjointRows;
 use crate::weights::{Weights, WeightsError};
 
@@ -69,10 +71,13 @@ fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 /// Runs the model on `batch`, writing K/V into `kv`; returns logits `[logits_for.len(), vocab]`.
+/// `rope_local` is the RoPE of sliding-window layers (required when the config has them).
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     cfg: &ModelConfig,
     w: &Weights,
     rope: &Rope,
+    rope_local: Option<&Rope>,
     pool: &ThreadPool,
     batch: &ForwardBatch<'_>,
     kv: &mut dyn KvStore,
@@ -99,23 +104,55 @@ pub fn forward(
     let head_dim = cfg.head_dim;
     let x = grow(&mut s.x, n * hd);
     for (t, &tok) in batch.tokens.iter().enumerate() {
-        w.embed(tok, &mut x[t * hd..(t + 1) * hd])?;
+        let row = &mut x[t * hd..(t + 1) * hd];
+        w.embed(tok, row)?;
+        if let Some(scale) = cfg.embed_scale {
+            row.iter_mut().for_each(|v| *v *= scale);
+        }
     }
     let angles: Vec<_> = batch.positions.iter().map(|&p| rope.angles(p)).collect();
-    let attn_scale = 1.0 / (head_dim as f32).sqrt();
+    let local_angles: Vec<_> = match (&cfg.sliding_window, rope_local) {
+        (None, _) => Vec::new(),
+        (Some(_), Some(r)) => batch.positions.iter().map(|&p| r.angles(p)).collect(),
+        (Some(_), None) => {
+            return Err(ForwardError::BadBatch(
+                "sliding-window layers need their RoPE".into(),
+            ))
+        }
+    };
+    // Queries scaled before attention (then scores are not), or scores after the dot product.
+    let attn_scale = if cfg.scale_queries {
+        1.0
+    } else {
+        cfg.attn_scale
+    };
     let group = cfg.num_heads / cfg.num_kv_heads;
-    let plan = attention_plan::plan(
-        &AttnShape {
-            num_heads: cfg.num_heads,
-            num_kv_heads: cfg.num_kv_heads,
-            head_dim,
-            kv_is_f16: kv.codecs() == KvDtype::F16,
-        },
-        batch.slots,
-        batch.positions,
-    );
+    let shape = AttnShape {
+        num_heads: cfg.num_heads,
+        num_kv_heads: cfg.num_kv_heads,
+        head_dim,
+        kv_is_f16: kv.codecs() == KvDtype::F16,
+    };
+    let plan = attention_plan::plan(&shape, batch.slots, batch.positions);
+    // Sliding-window layers: one exact-regime task per (token, head) (the window bounds what a
+    // row reads; the tiled regime's segments are absolute positions).
+    let local_plan = cfg.sliding_window.as_ref().map(|_| {
+        attention_plan::plan(
+            &AttnShape {
+                kv_is_f16: false,
+                ..shape
+            },
+            batch.slots,
+            batch.positions,
+        )
+    });
 
     for (l, lw) in w.layers.iter().enumerate() {
+        let window = cfg.window_of(l);
+        let (plan, angles) = match (window, &local_plan) {
+            (Some(_), Some(p)) => (p, &local_angles),
+            _ => (&plan, &angles),
+        };
         // Attention block.
         let xn = grow(&mut s.xn, n * hd);
         for t in 0..n {
@@ -141,15 +178,29 @@ pub fn forward(
             add_bias(qt, lw.bq.as_deref());
             add_bias(kt, lw.bk.as_deref());
             add_bias(vt, lw.bv.as_deref());
-            rope.apply(qt, &angles[t]);
-            rope.apply(kt, &angles[t]);
+            if let Some(wn) = &lw.q_norm {
+                head_norm(qt, wn, cfg.rms_eps);
+            }
+            if let Some(wn) = &lw.k_norm {
+                head_norm(kt, wn, cfg.rms_eps);
+            }
+            let r = if window.is_some() {
+                rope_local.unwrap_or(rope)
+            } else {
+                rope
+            };
+            r.apply(qt, &angles[t]);
+            r.apply(kt, &angles[t]);
+            if cfg.scale_queries {
+                qt.iter_mut().for_each(|v| *v *= cfg.attn_scale);
+            }
             kv.write(l, batch.slots[t], batch.positions[t] as usize, kt, vt)?;
         }
         let att = grow(&mut s.att, n * qd);
         let partials = grow(&mut s.partials, plan.partial_rows * (head_dim + 2));
         {
             let rows = DisjointRows::new(att, head_dim);
-            let outputs = TileOutputs::new(&plan, partials, head_dim, &rows);
+            let outputs = TileOutputs::new(plan, partials, head_dim, &rows);
             let kv_ro: &dyn KvStore = &*kv;
             let q_ro: &[f32] = q;
             let inputs = TileInputs {
@@ -171,13 +222,16 @@ pub fn forward(
                     // has exactly one writer.
                     let out = unsafe { rows.row_mut(t * cfg.num_heads + head) };
                     let qh = &q_ro[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
+                    let end = batch.positions[t] as usize + 1;
+                    let first = window.map_or(0, |size| end.saturating_sub(size));
                     ATTN_SCRATCH.with_borrow_mut(|scratch| {
-                        attend_one(
+                        attend_window(
                             kv_ro,
                             l,
                             batch.slots[t],
                             head / group,
-                            batch.positions[t] as usize + 1,
+                            first,
+                            end,
                             qh,
                             attn_scale,
                             scratch,
@@ -189,12 +243,13 @@ pub fn forward(
                     // SAFETY: the plan gives every (token, head, segment) partial row to exactly
                     // one task and every tiled output row to one group, merged by its last task
                     // (tested in `attention_plan`); `Row` tasks write only exact-regime rows.
-                    unsafe { run_tile_task(&inputs, &plan, task, &outputs, scratch) }
+                    unsafe { run_tile_task(&inputs, plan, task, &outputs, scratch) }
                 }),
             });
         }
         let proj = grow(&mut s.proj, n * hd);
         matmul(pool, &w.qmatrix(&lw.wo), att, n, proj)?;
+        post_norm(proj, lw.post_attn_norm.as_deref(), cfg.rms_eps, hd);
         add_in_place(&mut s.x[..n * hd], proj);
 
         // Feed-forward block.
@@ -211,9 +266,13 @@ pub fn forward(
         let up = grow(&mut s.up, n * ffn);
         let gate_up = [w.qmatrix(&lw.w_gate), w.qmatrix(&lw.w_up)];
         matmul_many(pool, &gate_up, xn, n, &mut [&mut *gate, &mut *up])?;
-        swiglu(gate, up);
+        match cfg.ffn_act {
+            FfnAct::Silu => swiglu(gate, up),
+            FfnAct::GeluTanh => geglu(gate, up),
+        }
         let proj = grow(&mut s.proj, n * hd);
         matmul(pool, &w.qmatrix(&lw.w_down), gate, n, proj)?;
+        post_norm(proj, lw.post_ffn_norm.as_deref(), cfg.rms_eps, hd);
         add_in_place(&mut s.x[..n * hd], proj);
     }
 
@@ -232,7 +291,29 @@ pub fn forward(
     if m > 0 {
         matmul(pool, &w.qmatrix(&w.output), &xn[..m * hd], m, &mut logits)?;
     }
+    if let Some(cap) = cfg.final_logit_softcap {
+        softcap(&mut logits, cap);
+    }
     Ok(logits)
+}
+
+/// RMSNorm of each `weight.len()`-wide head of `x`, in place (QK-norm).
+fn head_norm(x: &mut [f32], weight: &[f32], eps: f32) {
+    let mut tmp = vec![0.0f32; weight.len()];
+    for head in x.chunks_exact_mut(weight.len()) {
+        rms_norm(head, weight, eps, &mut tmp);
+        head.copy_from_slice(&tmp);
+    }
+}
+
+/// RMSNorm of each `[hidden]` row of `x` in place, when the layer has that norm.
+fn post_norm(x: &mut [f32], weight: Option<&[f32]>, eps: f32, hidden: usize) {
+    let Some(weight) = weight else { return };
+    let mut tmp = vec![0.0f32; hidden];
+    for row in x.chunks_exact_mut(hidden) {
+        rms_norm(row, weight, eps, &mut tmp);
+        row.copy_from_slice(&tmp);
+    }
 }
 
 fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {

@@ -24,14 +24,15 @@ impl Frontend {
         context_length: usize,
     ) -> Frontend {
         Frontend {
+            fallback_template: ChatTemplate::fallback_for(&tokenizer),
             tokenizer,
             chat_template,
-            fallback_template: ChatTemplate::fallback(),
             context_length,
         }
     }
 
-    /// The chat template of the file, or the plain fallback.
+    /// The chat template of the file, or the fallback (Gemma's turn format for a Gemma
+    /// vocabulary, else ChatML).
     pub fn chat_template_or_fallback(&self) -> &ChatTemplate {
         self.chat_template
             .as_ref()

@@ -43,6 +43,25 @@ impl KvChunk<'_> {
             KvChunk::Encoded { k, .. } => k.num_rows(),
         }
     }
+
+    /// The chunk without its first `n` positions (empty when `n` covers it all).
+    pub fn skip_positions(self, n: usize, head_dim: usize) -> Self {
+        let at = |len: usize| (n * head_dim).min(len);
+        match self {
+            KvChunk::F32 { k, v } => KvChunk::F32 {
+                k: &k[at(k.len())..],
+                v: &v[at(v.len())..],
+            },
+            KvChunk::F16 { k, v } => KvChunk::F16 {
+                k: &k[at(k.len())..],
+                v: &v[at(v.len())..],
+            },
+            KvChunk::Encoded { k, v } => KvChunk::Encoded {
+                k: k.skip_rows(n),
+                v: v.skip_rows(n),
+            },
+        }
+    }
 }
 
 /// The K/V element encodings: `quant::KvCodecs` (K and V separately). `KvDtype::F16` and

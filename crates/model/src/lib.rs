@@ -45,17 +45,26 @@ use std::path::PathBuf;
 /// File name of the default model inside `models/`.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// File name of the second model in the tests, Gemma 3 270M (base, Q4_K_M; `agentkv fetch-model
+/// --name gemma3-270m`), inside `models/`.
+pub const GEMMA3_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
+
+/// Where `file` lives in the source tree's `models/` (when run from it), else `./models/<file>`.
+pub fn models_dir_path(file: &str) -> PathBuf {
+    let in_tree = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models")
+        .join(file);
+    if in_tree.exists() {
+        return in_tree;
+    }
+    PathBuf::from("models").join(file)
+}
+
 /// Where the default model lives: `$AGENTKV_MODEL` if set, else `<workspace>/models/<file>` when
 /// run from the source tree, else `./models/<file>`.
 pub fn default_model_path() -> PathBuf {
     if let Some(p) = std::env::var_os("AGENTKV_MODEL") {
         return PathBuf::from(p);
     }
-    let in_tree = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(DEFAULT_MODEL_FILE);
-    if in_tree.exists() {
-        return in_tree;
-    }
-    PathBuf::from("models").join(DEFAULT_MODEL_FILE)
+    models_dir_path(DEFAULT_MODEL_FILE)
 }

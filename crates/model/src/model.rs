@@ -40,6 +40,8 @@ pub struct Model {
     /// Tokenizer, chat template and context length, shared with whoever serves the model.
     pub frontend: Arc<Frontend>,
     pub rope: Rope,
+    /// RoPE of the sliding-window layers (their own base, no frequency factors), if any.
+    pub rope_local: Option<Rope>,
 }
 
 impl Model {
@@ -76,12 +78,18 @@ impl Model {
             linear_scale: config.rope_linear_scale,
             freq_factors: weights.rope_freqs.clone(),
         };
+        let rope_local = config.sliding_window.as_ref().map(|sw| Rope {
+            base: sw.rope_base,
+            freq_factors: None,
+            ..rope.clone()
+        });
         Ok(Model {
             path: path.to_path_buf(),
             config,
             weights,
             frontend,
             rope,
+            rope_local,
         })
     }
 
@@ -101,6 +109,7 @@ impl Model {
             &self.config,
             &self.weights,
             &self.rope,
+            self.rope_local.as_ref(),
             pool,
             batch,
             kv,

@@ -1,4 +1,5 @@
-//! Per-token elementwise operations of the transformer: RMSNorm, RoPE, SwiGLU, softmax.
+//! Per-token elementwise operations of the transformer: RMSNorm, RoPE, SwiGLU, GeGLU, softcap,
+//! softmax.
 //!
 //! Each function works on one token's row and performs the same float operations whatever batch
 //! the row came from (batch invariance). Matrix products live in `kernels`; attention in
@@ -89,6 +90,38 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     crate::kernels::swiglu::swiglu(gate, up)
 }
 
+/// `gate[i] = gelu_tanh(gate[i]) * up[i]`, in place, with ggml's CPU arithmetic (our reference):
+/// the GELU of the gate rounded to f16 and back, looked up at the f16 value of the gate, for
+/// gates in (-10, 10); 0 below, the gate itself above. Shapes: `[ffn]`.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            gelu_f16(half::f16::from_f32(x)) * u
+        };
+    }
+}
+
+/// `gelu_tanh(x)` of an f16 input, computed in f32 and rounded to f16 (ggml's table entry).
+fn gelu_f16(x: half::f16) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    let x = x.to_f32();
+    let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+    half::f16::from_f32(y).to_f32()
+}
+
+/// `x = cap * tanh(x / cap)` for every element (logit soft-capping).
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = (*v * (1.0 / cap)).tanh() * cap;
+    }
+}
+
 /// Log-softmax of `logits` at `index`: `logits[index] - logsumexp(logits)`, summed in f64.
 pub fn log_softmax_at(logits: &[f32], index: usize) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -146,6 +179,33 @@ mod tests {
         mk(RopeStyle::Neox).apply(&mut b, &mk(RopeStyle::Neox).angles(1));
         assert!((a[0] - 1f32.cos()).abs() < 1e-6 && (a[1] - 1f32.sin()).abs() < 1e-6);
         assert!((b[0] - 1f32.cos()).abs() < 1e-6 && (b[2] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn geglu_matches_the_gelu_tanh_formula_within_f16_rounding() {
+        let xs = [-12.0f32, -3.0, -0.5, 0.0, 0.25, 1.0, 2.5, 9.0, 11.0];
+        let mut g = xs.to_vec();
+        geglu(&mut g, &[2.0; 9]);
+        for (&x, &y) in xs.iter().zip(&g) {
+            let exact = 0.5
+                * x
+                * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
+            let want = if x <= -10.0 { 0.0 } else { exact * 2.0 };
+            assert!(
+                (y - want).abs() <= 2e-3 * want.abs().max(1.0),
+                "{x}: {y} vs {want}"
+            );
+        }
+        assert_eq!(g[8], 22.0, "large gates pass through");
+    }
+
+    #[test]
+    fn softcap_bounds_logits() {
+        let mut x = [0.0f32, 1.0, 100.0, -100.0];
+        softcap(&mut x, 30.0);
+        assert_eq!(x[0], 0.0);
+        assert!((x[1] - 30.0 * (1.0f32 / 30.0).tanh()).abs() < 1e-6);
+        assert!(x[2] < 30.0 && x[2] > 29.0 && x[3] > -30.0);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Tiny random-weight models for the tests of the crates above this one (behind the `testing`
 //! feature): a complete [`Model`] — config, F32 weights, a byte-level BPE tokenizer with ChatML
-//! control tokens, a chat template — built in memory in milliseconds, so scheduler, engine and
+//! control tokens, a chat template — built in memory in milliseconds, as a `llama` or a
+//! Gemma-3-like `gemma3` (QK-norm, post-norms, sliding-window and global layers), so scheduler, engine and
 //! server tests need no download. Its outputs are meaningless but deterministic, which is all
 //! those tests compare. Never used by the product.
 
@@ -12,6 +13,15 @@ use crate::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
 use crate::model::{LoadError, Model};
 use crate::tokenizer::unicode::byte_to_char;
 
+/// Which architecture a tiny model has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TinyArch {
+    /// `llama`: tied output embedding, interleaved RoPE.
+    Llama,
+    /// `gemma3`: every `pattern`-th layer global, the others attend the last `window` positions.
+    Gemma3 { window: usize, pattern: usize },
+}
+
 /// Shape of a tiny model.
 #[derive(Debug, Clone, Copy)]
 pub struct TinyModelSpec {
@@ -22,6 +32,7 @@ pub struct TinyModelSpec {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub context_length: usize,
+    pub arch: TinyArch,
 }
 
 impl Default for TinyModelSpec {
@@ -34,6 +45,7 @@ impl Default for TinyModelSpec {
             num_heads: 4,
             num_kv_heads: 2,
             context_length: 1024,
+            arch: TinyArch::Llama,
         }
     }
 }
@@ -52,11 +64,14 @@ const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['
 message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}\
 {{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-/// The GGUF bytes of a tiny `llama` model (tied output embedding, interleaved RoPE).
+/// The GGUF bytes of a tiny model (tied output embedding).
 pub fn tiny_model_gguf(spec: &TinyModelSpec) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
     let mut w = GgufWriter::new();
-    let arch = "llama";
+    let arch = match spec.arch {
+        TinyArch::Llama => "llama",
+        TinyArch::Gemma3 { .. } => "gemma3",
+    };
     let a = |k: &str| format!("{arch}.{k}");
     w.add_metadata("general.architecture", MetaValue::String(arch.into()));
     for (k, v) in [
@@ -71,6 +86,14 @@ pub fn tiny_model_gguf(spec: &TinyModelSpec) -> Vec<u8> {
         w.add_metadata(a(k), MetaValue::U32(v as u32));
     }
     w.add_metadata(a("rope.freq_base"), MetaValue::F32(10000.0));
+    if let TinyArch::Gemma3 { window, pattern } = spec.arch {
+        w.add_metadata(a("attention.sliding_window"), MetaValue::U32(window as u32));
+        w.add_metadata(
+            a("attention.sliding_window_pattern"),
+            MetaValue::U32(pattern as u32),
+        );
+        w.add_metadata(a("rope.freq_base_swa"), MetaValue::F32(100.0));
+    }
     w.add_metadata(a("attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-5));
     add_tokenizer(&mut w);
     let head_dim = spec.hidden / spec.num_heads;
@@ -93,6 +116,14 @@ pub fn tiny_model_gguf(spec: &TinyModelSpec) -> Vec<u8> {
             (n("ffn_up.weight"), f, h, 0.2),
             (n("ffn_down.weight"), h, f, 0.2),
         ]);
+        if let TinyArch::Gemma3 { .. } = spec.arch {
+            tensors.extend([
+                (n("attn_q_norm.weight"), 1, head_dim, 1.0),
+                (n("attn_k_norm.weight"), 1, head_dim, 1.0),
+                (n("post_attention_norm.weight"), 1, h, 1.0),
+                (n("post_ffw_norm.weight"), 1, h, 1.0),
+            ]);
+        }
     }
     for (name, rows, cols, scale) in tensors {
         let data: Vec<f32> = (0..rows * cols)

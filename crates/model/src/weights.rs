@@ -1,6 +1,7 @@
 //! The model's tensors, located inside the memory-mapped GGUF file.
 //!
-//! Owns the name → tensor lookup for the llama/qwen2 layout and shape checks. Quantized matrices
+//! Owns the name → tensor lookup for every supported layout (llama, qwen2/3, gemma3, phi3's fused
+//! matrices, seen as row ranges of one tensor) and shape checks. Quantized matrices
 //! stay in the mapping (zero copy); only small vectors (norms, biases) are dequantised to f32 at
 //! load. It never computes anything.
 
@@ -24,16 +25,36 @@ pub enum WeightsError {
     Gguf(#[from] GgufError),
 }
 
-/// A 2-D weight `[num_rows, row_len]` (GGUF dims `[row_len, num_rows]`) inside the file.
+/// A 2-D weight `[num_rows, row_len]` (GGUF dims `[row_len, num_rows]`) inside the file: rows
+/// `first_row..first_row + num_rows` of the tensor (a fused tensor holds several matrices).
 #[derive(Debug, Clone)]
 pub struct MatRef {
     pub info: TensorInfo,
+    pub first_row: usize,
     pub num_rows: usize,
     pub row_len: usize,
 }
 
+impl MatRef {
+    /// Rows `first..first + rows` of this matrix.
+    fn rows(&self, first: usize, rows: usize) -> MatRef {
+        MatRef {
+            info: self.info.clone(),
+            first_row: self.first_row + first,
+            num_rows: rows,
+            row_len: self.row_len,
+        }
+    }
+}
+
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,  // [hidden]
+    pub attn_norm: Vec<f32>, // [hidden]
+    /// Per-head RMSNorm weights of queries and keys (Qwen3, Gemma 3): `[head_dim]`.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    /// Norms of the attention and FFN outputs before the residual add (Gemma 3): `[hidden]`.
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<Vec<f32>>,
     pub wq: MatRef,           // [q_dim, hidden]
     pub wk: MatRef,           // [kv_dim, hidden]
     pub wv: MatRef,           // [kv_dim, hidden]
@@ -72,6 +93,7 @@ impl Weights {
             }
             Ok(MatRef {
                 info: info.clone(),
+                first_row: 0,
                 num_rows: rows,
                 row_len: cols,
             })
@@ -115,11 +137,45 @@ impl Weights {
         for l in 0..cfg.num_layers {
             let n = |s: &str| format!("blk.{l}.{s}");
             let biases = cfg.arch == Arch::Qwen2;
+            let qk_norm = matches!(cfg.arch, Arch::Qwen3 | Arch::Gemma3);
+            let post_norms = cfg.arch == Arch::Gemma3;
+            let (wq, wk, wv) = if file.tensor(&n("attn_qkv.weight")).is_some() {
+                // Phi 3: one [q; k; v] matrix.
+                let qkv = mat(&n("attn_qkv.weight"), qd + 2 * kvd, hd)?;
+                (qkv.rows(0, qd), qkv.rows(qd, kvd), qkv.rows(qd + kvd, kvd))
+            } else {
+                (
+                    mat(&n("attn_q.weight"), qd, hd)?,
+                    mat(&n("attn_k.weight"), kvd, hd)?,
+                    mat(&n("attn_v.weight"), kvd, hd)?,
+                )
+            };
+            let (w_gate, w_up) = if cfg.arch == Arch::Phi3 {
+                // Phi 3: `ffn_up` is [gate; up] (the first half goes through the activation).
+                let gate_up = mat(&n("ffn_up.weight"), 2 * ffn, hd)?;
+                (gate_up.rows(0, ffn), gate_up.rows(ffn, ffn))
+            } else {
+                (
+                    mat(&n("ffn_gate.weight"), ffn, hd)?,
+                    mat(&n("ffn_up.weight"), ffn, hd)?,
+                )
+            };
+            let req_if = |cond: bool, name: &str, len: usize| -> Result<_, WeightsError> {
+                if cond {
+                    vec_f32(&n(name), len).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
             layers.push(LayerWeights {
                 attn_norm: vec_f32(&n("attn_norm.weight"), hd)?,
-                wq: mat(&n("attn_q.weight"), qd, hd)?,
-                wk: mat(&n("attn_k.weight"), kvd, hd)?,
-                wv: mat(&n("attn_v.weight"), kvd, hd)?,
+                q_norm: req_if(qk_norm, "attn_q_norm.weight", cfg.head_dim)?,
+                k_norm: req_if(qk_norm, "attn_k_norm.weight", cfg.head_dim)?,
+                post_attn_norm: req_if(post_norms, "post_attention_norm.weight", hd)?,
+                post_ffn_norm: req_if(post_norms, "post_ffw_norm.weight", hd)?,
+                wq,
+                wk,
+                wv,
                 wo: mat(&n("attn_output.weight"), hd, qd)?,
                 bq: if biases {
                     opt_vec(&n("attn_q.bias"), qd)?
@@ -137,8 +193,8 @@ impl Weights {
                     None
                 },
                 ffn_norm: vec_f32(&n("ffn_norm.weight"), hd)?,
-                w_gate: mat(&n("ffn_gate.weight"), ffn, hd)?,
-                w_up: mat(&n("ffn_up.weight"), ffn, hd)?,
+                w_gate,
+                w_up,
                 w_down: mat(&n("ffn_down.weight"), hd, ffn)?,
             });
         }
@@ -154,11 +210,13 @@ impl Weights {
 
     /// The matrix view used by the kernels.
     pub fn qmatrix(&self, m: &MatRef) -> QMatrix<'_> {
+        let row_bytes = m.info.ty.row_bytes(m.row_len).expect("validated at load");
+        let data = self.file.tensor_data(&m.info);
         QMatrix {
             ty: m.info.ty,
             num_rows: m.num_rows,
             row_len: m.row_len,
-            data: self.file.tensor_data(&m.info),
+            data: &data[m.first_row * row_bytes..(m.first_row + m.num_rows) * row_bytes],
         }
     }
 

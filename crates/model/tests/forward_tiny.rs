@@ -1,5 +1,7 @@
 //! The forward pass on tiny random-weight GGUF files written by the test itself (no download):
-//! `llama` (interleaved RoPE, tied output) and `qwen2` (Q/K/V biases, NEOX RoPE, separate output)
+//! `llama` (interleaved RoPE, tied output), `qwen2` (Q/K/V biases, NEOX RoPE, separate output),
+//! `qwen3` (QK-norm), `phi3` (fused QKV and gate/up matrices, queries scaled first) and `gemma3`
+//! (embedding scale, QK-norm, post-norms, GeGLU, a sliding-window layer with its own RoPE base)
 //! against a naive f64 reference implementation of the transformer.
 
 use model::config::{Arch, ModelConfig};
@@ -26,9 +28,13 @@ struct Tiny {
     t: HashMap<String, Vec<f32>>, // name → row-major [rows, cols] values
 }
 
+/// `arch` is a GGUF architecture, or `llama3`: a `llama` file with Llama 3's RoPE frequency
+/// factors (`rope_freqs.weight`).
 fn tiny(arch: &str, seed: u64) -> Tiny {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut w = GgufWriter::new();
+    let llama3 = arch == "llama3";
+    let arch = if llama3 { "llama" } else { arch };
     let a = |k: &str| format!("{arch}.{k}");
     w.add_metadata("general.architecture", MetaValue::String(arch.into()));
     for (k, v) in [
@@ -44,13 +50,23 @@ fn tiny(arch: &str, seed: u64) -> Tiny {
     }
     w.add_metadata(a("rope.freq_base"), MetaValue::F32(10000.0));
     w.add_metadata(a("attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-5));
-    let mut t = HashMap::new();
-    let mut add = |w: &mut GgufWriter,
-                   name: String,
-                   rows: usize,
-                   cols: usize,
-                   scale: f32,
-                   rng: &mut rand::rngs::StdRng| {
+    if arch == "gemma3" {
+        // Layer 0 local (window of GEMMA_WINDOW positions, RoPE base 100), layer 1 global.
+        w.add_metadata(
+            a("attention.sliding_window"),
+            MetaValue::U32(GEMMA_WINDOW as u32),
+        );
+        w.add_metadata(a("attention.sliding_window_pattern"), MetaValue::U32(2));
+        w.add_metadata(a("rope.freq_base_swa"), MetaValue::F32(LOCAL_BASE as f32));
+    }
+    // Shared by `add` and the fused / fixed tensors below.
+    let t = std::cell::RefCell::new(HashMap::new());
+    let add = |w: &mut GgufWriter,
+               name: String,
+               rows: usize,
+               cols: usize,
+               scale: f32,
+               rng: &mut rand::rngs::StdRng| {
         let data: Vec<f32> = (0..rows * cols)
             .map(|_| rng.gen_range(-1.0..1.0) * scale)
             .collect();
@@ -61,7 +77,7 @@ fn tiny(arch: &str, seed: u64) -> Tiny {
         };
         w.add_tensor_f32(name.clone(), &dims, &data, GgmlType::F32)
             .unwrap();
-        t.insert(name, data);
+        t.borrow_mut().insert(name, data);
     };
     add(
         &mut w,
@@ -82,14 +98,67 @@ fn tiny(arch: &str, seed: u64) -> Tiny {
     if arch == "qwen2" {
         add(&mut w, "output.weight".into(), VOCAB, HIDDEN, 0.3, &mut rng);
     }
+    if llama3 {
+        // Llama 3.1's shape of factors: 1 for high frequencies, up to 8 for low ones.
+        let ff: Vec<f32> = (0..HEAD_DIM / 2)
+            .map(|i| 1.0 + 7.0 * i as f32 / (HEAD_DIM / 2 - 1) as f32)
+            .collect();
+        w.add_tensor_f32(
+            "rope_freqs.weight".to_string(),
+            &[ff.len() as u64],
+            &ff,
+            GgmlType::F32,
+        )
+        .unwrap();
+        t.borrow_mut().insert("rope_freqs.weight".to_string(), ff);
+    }
     let kvd = KV_HEADS * HEAD_DIM;
     for l in 0..LAYERS {
         let n = |s: &str| format!("blk.{l}.{s}");
         add(&mut w, n("attn_norm.weight"), 1, HIDDEN, 1.0, &mut rng);
         add(&mut w, n("ffn_norm.weight"), 1, HIDDEN, 1.0, &mut rng);
-        add(&mut w, n("attn_q.weight"), HIDDEN, HIDDEN, 0.3, &mut rng);
-        add(&mut w, n("attn_k.weight"), kvd, HIDDEN, 0.3, &mut rng);
-        add(&mut w, n("attn_v.weight"), kvd, HIDDEN, 0.3, &mut rng);
+        if arch == "phi3" {
+            // Fused tensors; the reference reads the parts under their usual names.
+            let mut part = |name: &str, rows: usize, scale: f32| -> Vec<f32> {
+                let d: Vec<f32> = (0..rows * HIDDEN)
+                    .map(|_| rng.gen_range(-1.0..1.0) * scale)
+                    .collect();
+                t.borrow_mut().insert(n(name), d.clone());
+                d
+            };
+            let qkv = [
+                part("attn_q.weight", HIDDEN, 0.3),
+                part("attn_k.weight", kvd, 0.3),
+                part("attn_v.weight", kvd, 0.3),
+            ]
+            .concat();
+            let gate_up = [
+                part("ffn_gate.weight", FFN, 0.2),
+                part("ffn_up.weight", FFN, 0.2),
+            ]
+            .concat();
+            let qkv_rows = (HIDDEN + 2 * kvd) as u64;
+            w.add_tensor_f32(
+                n("attn_qkv.weight"),
+                &[HIDDEN as u64, qkv_rows],
+                &qkv,
+                GgmlType::F32,
+            )
+            .unwrap();
+            w.add_tensor_f32(
+                n("ffn_up.weight"),
+                &[HIDDEN as u64, 2 * FFN as u64],
+                &gate_up,
+                GgmlType::F32,
+            )
+            .unwrap();
+        } else {
+            add(&mut w, n("attn_q.weight"), HIDDEN, HIDDEN, 0.3, &mut rng);
+            add(&mut w, n("attn_k.weight"), kvd, HIDDEN, 0.3, &mut rng);
+            add(&mut w, n("attn_v.weight"), kvd, HIDDEN, 0.3, &mut rng);
+            add(&mut w, n("ffn_gate.weight"), FFN, HIDDEN, 0.2, &mut rng);
+            add(&mut w, n("ffn_up.weight"), FFN, HIDDEN, 0.2, &mut rng);
+        }
         add(
             &mut w,
             n("attn_output.weight"),
@@ -98,9 +167,22 @@ fn tiny(arch: &str, seed: u64) -> Tiny {
             0.2,
             &mut rng,
         );
-        add(&mut w, n("ffn_gate.weight"), FFN, HIDDEN, 0.2, &mut rng);
-        add(&mut w, n("ffn_up.weight"), FFN, HIDDEN, 0.2, &mut rng);
         add(&mut w, n("ffn_down.weight"), HIDDEN, FFN, 0.2, &mut rng);
+        if arch == "qwen3" || arch == "gemma3" {
+            add(&mut w, n("attn_q_norm.weight"), 1, HEAD_DIM, 1.0, &mut rng);
+            add(&mut w, n("attn_k_norm.weight"), 1, HEAD_DIM, 1.0, &mut rng);
+        }
+        if arch == "gemma3" {
+            add(
+                &mut w,
+                n("post_attention_norm.weight"),
+                1,
+                HIDDEN,
+                1.0,
+                &mut rng,
+            );
+            add(&mut w, n("post_ffw_norm.weight"), 1, HIDDEN, 1.0, &mut rng);
+        }
         if arch == "qwen2" {
             add(&mut w, n("attn_q.bias"), 1, HIDDEN, 0.5, &mut rng);
             add(&mut w, n("attn_k.bias"), 1, kvd, 0.5, &mut rng);
@@ -109,7 +191,7 @@ fn tiny(arch: &str, seed: u64) -> Tiny {
     }
     Tiny {
         bytes: w.to_bytes().unwrap(),
-        t,
+        t: t.into_inner(),
     }
 }
 
@@ -126,10 +208,14 @@ fn rmsnorm(x: &[f64], w: &[f32]) -> Vec<f64> {
     x.iter().zip(w).map(|(v, &g)| v * s * g as f64).collect()
 }
 
-fn rope(x: &mut [f64], pos: usize, neox: bool) {
+const GEMMA_WINDOW: usize = 5;
+const LOCAL_BASE: f64 = 100.0;
+
+fn rope(x: &mut [f64], pos: usize, neox: bool, base: f64, freq_factors: Option<&[f32]>) {
     for head in x.chunks_mut(HEAD_DIM) {
         for i in 0..HEAD_DIM / 2 {
-            let theta = pos as f64 * 10000f64.powf(-2.0 * i as f64 / HEAD_DIM as f64);
+            let ff = freq_factors.map_or(1.0, |f| f[i] as f64);
+            let theta = pos as f64 * base.powf(-2.0 * i as f64 / HEAD_DIM as f64) / ff;
             let (c, s) = (theta.cos(), theta.sin());
             let (a, b) = if neox {
                 (i, i + HEAD_DIM / 2)
@@ -145,8 +231,10 @@ fn rope(x: &mut [f64], pos: usize, neox: bool) {
 
 /// Naive reference: logits for every position of `tokens`.
 fn reference(t: &Tiny, arch: &str, tokens: &[u32]) -> Vec<Vec<f64>> {
-    let neox = arch == "qwen2";
+    let neox = arch != "llama" && arch != "llama3";
+    let gemma = arch == "gemma3";
     let g = |n: &str| &t.t[n];
+    let ff = t.t.get("rope_freqs.weight").map(|v| v.as_slice());
     let kvd = KV_HEADS * HEAD_DIM;
     let mut ks: Vec<Vec<Vec<f64>>> = vec![Vec::new(); LAYERS];
     let mut vs: Vec<Vec<Vec<f64>>> = vec![Vec::new(); LAYERS];
@@ -154,13 +242,24 @@ fn reference(t: &Tiny, arch: &str, tokens: &[u32]) -> Vec<Vec<f64>> {
     for (pos, &tok) in tokens.iter().enumerate() {
         let e = &g("token_embd.weight")[tok as usize * HIDDEN..(tok as usize + 1) * HIDDEN];
         let mut x: Vec<f64> = e.iter().map(|&v| v as f64).collect();
+        if gemma {
+            x.iter_mut().for_each(|v| *v *= (HIDDEN as f64).sqrt());
+        }
         for l in 0..LAYERS {
+            // Gemma: layer 0 attends the last GEMMA_WINDOW positions with RoPE base 100.
+            let local = gemma && l == 0;
+            let base = if local { LOCAL_BASE } else { 10000.0 };
+            let first = if local {
+                (pos + 1).saturating_sub(GEMMA_WINDOW)
+            } else {
+                0
+            };
             let n = |s: &str| format!("blk.{l}.{s}");
             let h = rmsnorm(&x, g(&n("attn_norm.weight")));
             let mut q = matvec(g(&n("attn_q.weight")), HIDDEN, &h);
             let mut k = matvec(g(&n("attn_k.weight")), kvd, &h);
             let mut v = matvec(g(&n("attn_v.weight")), kvd, &h);
-            if neox {
+            if arch == "qwen2" {
                 for (vec, b) in [
                     (&mut q, "attn_q.bias"),
                     (&mut k, "attn_k.bias"),
@@ -171,15 +270,25 @@ fn reference(t: &Tiny, arch: &str, tokens: &[u32]) -> Vec<Vec<f64>> {
                         .for_each(|(a, &bb)| *a += bb as f64);
                 }
             }
-            rope(&mut q, pos, neox);
-            rope(&mut k, pos, neox);
+            if arch == "qwen3" || gemma {
+                let norm_heads = |x: &mut Vec<f64>, w: &[f32]| {
+                    for head in x.chunks_mut(HEAD_DIM) {
+                        let normed = rmsnorm(head, w);
+                        head.copy_from_slice(&normed);
+                    }
+                };
+                norm_heads(&mut q, g(&n("attn_q_norm.weight")));
+                norm_heads(&mut k, g(&n("attn_k_norm.weight")));
+            }
+            rope(&mut q, pos, neox, base, ff);
+            rope(&mut k, pos, neox, base, ff);
             ks[l].push(k);
             vs[l].push(v);
             let mut att = vec![0.0; HIDDEN];
             for hd in 0..HEADS {
                 let kh = hd / (HEADS / KV_HEADS);
                 let qh = &q[hd * HEAD_DIM..(hd + 1) * HEAD_DIM];
-                let scores: Vec<f64> = ks[l]
+                let scores: Vec<f64> = ks[l][first..]
                     .iter()
                     .map(|k| {
                         qh.iter()
@@ -193,11 +302,15 @@ fn reference(t: &Tiny, arch: &str, tokens: &[u32]) -> Vec<Vec<f64>> {
                 let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
                 for (p, s) in scores.iter().enumerate() {
                     for i in 0..HEAD_DIM {
-                        att[hd * HEAD_DIM + i] += (s - m).exp() / z * vs[l][p][kh * HEAD_DIM + i];
+                        att[hd * HEAD_DIM + i] +=
+                            (s - m).exp() / z * vs[l][first + p][kh * HEAD_DIM + i];
                     }
                 }
             }
-            let o = matvec(g(&n("attn_output.weight")), HIDDEN, &att);
+            let mut o = matvec(g(&n("attn_output.weight")), HIDDEN, &att);
+            if gemma {
+                o = rmsnorm(&o, g(&n("post_attention_norm.weight")));
+            }
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let h = rmsnorm(&x, g(&n("ffn_norm.weight")));
             let gate = matvec(g(&n("ffn_gate.weight")), FFN, &h);
@@ -205,13 +318,24 @@ fn reference(t: &Tiny, arch: &str, tokens: &[u32]) -> Vec<Vec<f64>> {
             let act: Vec<f64> = gate
                 .iter()
                 .zip(&up)
-                .map(|(a, u)| a / (1.0 + (-a).exp()) * u)
+                .map(|(a, u)| {
+                    if gemma {
+                        let inner =
+                            (2.0 / std::f64::consts::PI).sqrt() * (a + 0.044715 * a * a * a);
+                        0.5 * a * (1.0 + inner.tanh()) * u
+                    } else {
+                        a / (1.0 + (-a).exp()) * u
+                    }
+                })
                 .collect();
-            let d = matvec(g(&n("ffn_down.weight")), HIDDEN, &act);
+            let mut d = matvec(g(&n("ffn_down.weight")), HIDDEN, &act);
+            if gemma {
+                d = rmsnorm(&d, g(&n("post_ffw_norm.weight")));
+            }
             x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
         }
         let h = rmsnorm(&x, g("output_norm.weight"));
-        let wout = if neox {
+        let wout = if arch == "qwen2" {
             g("output.weight")
         } else {
             g("token_embd.weight")
@@ -221,7 +345,7 @@ fn reference(t: &Tiny, arch: &str, tokens: &[u32]) -> Vec<Vec<f64>> {
     out
 }
 
-fn check(arch: &str, want_arch: Arch) {
+fn check(arch: &str, want_arch: Arch, tolerance: f64) {
     let tiny = tiny(arch, 7);
     let file = Arc::new(GgufFile::from_bytes(tiny.bytes.clone()).unwrap());
     let cfg = ModelConfig::from_metadata(file.metadata()).unwrap();
@@ -233,8 +357,14 @@ fn check(arch: &str, want_arch: Arch) {
         base: cfg.rope_base,
         style: cfg.rope_style,
         linear_scale: 1.0,
-        freq_factors: None,
+        freq_factors: w.rope_freqs.clone(),
     };
+    assert_eq!(rope.freq_factors.is_some(), arch == "llama3");
+    let rope_local = cfg.sliding_window.as_ref().map(|sw| Rope {
+        base: sw.rope_base,
+        freq_factors: None,
+        ..rope.clone()
+    });
     let tokens: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % VOCAB as u32).collect();
     let positions: Vec<u32> = (0..tokens.len() as u32).collect();
     let slots = vec![SeqSlot(0); tokens.len()];
@@ -251,6 +381,7 @@ fn check(arch: &str, want_arch: Arch) {
         &cfg,
         &w,
         &rope,
+        rope_local.as_ref(),
         &pool,
         &batch,
         &mut kv,
@@ -264,17 +395,39 @@ fn check(arch: &str, want_arch: Arch) {
             max_err = max_err.max((got[p * VOCAB + v] as f64 - r).abs() / (1.0 + r.abs()));
         }
     }
-    assert!(max_err < 1e-3, "{arch}: max relative error {max_err}");
+    assert!(max_err < tolerance, "{arch}: max relative error {max_err}");
 }
 
 #[test]
 fn llama_forward_matches_naive_reference() {
-    check("llama", Arch::Llama);
+    check("llama", Arch::Llama, 1e-3);
 }
 
 #[test]
 fn qwen2_forward_with_biases_and_neox_rope_matches_naive_reference() {
-    check("qwen2", Arch::Qwen2);
+    check("qwen2", Arch::Qwen2, 1e-3);
+}
+
+#[test]
+fn llama3_forward_with_rope_frequency_factors_matches_naive_reference() {
+    check("llama3", Arch::Llama, 1e-3);
+}
+
+#[test]
+fn qwen3_forward_with_qk_norm_matches_naive_reference() {
+    check("qwen3", Arch::Qwen3, 1e-3);
+}
+
+#[test]
+fn phi3_forward_with_fused_matrices_matches_naive_reference() {
+    check("phi3", Arch::Phi3, 1e-3);
+}
+
+/// 12 tokens through a local layer with a window of 5 (positions 5.. drop the oldest) and a
+/// global one. The GeGLU rounds through f16 as ggml's does, hence the looser tolerance.
+#[test]
+fn gemma3_forward_with_sliding_window_matches_naive_reference() {
+    check("gemma3", Arch::Gemma3, 5e-3);
 }
 
 #[test]
@@ -345,7 +498,17 @@ fn long_context_logits_do_not_depend_on_chunking_or_batching() {
             slots: &slots,
             logits_for: &logits_for,
         };
-        let out = forward(&cfg, &w, &rope, &pool, &batch, kv, &mut Scratch::default()).unwrap();
+        let out = forward(
+            &cfg,
+            &w,
+            &rope,
+            None,
+            &pool,
+            &batch,
+            kv,
+            &mut Scratch::default(),
+        )
+        .unwrap();
         out.chunks(VOCAB).map(|r| r.to_vec()).collect()
     };
     let new_kv = || ContiguousKv::new(2, LAYERS, KV_HEADS, HEAD_DIM, n, KvDtype::F16).unwrap();

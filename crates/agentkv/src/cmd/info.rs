@@ -1,4 +1,5 @@
-//! `agentkv info`: what a GGUF model file is.
+//! `agentkv info`: what a GGUF model file is (any architecture `model` supports:
+//! `model::config::SUPPORTED_ARCHS`).
 
 use anyhow::Result;
 
@@ -37,9 +38,56 @@ pub fn run(args: InfoArgs) -> Result<()> {
     println!("vocab           {}", c.vocab_size);
     println!("context         {}", c.context_length);
     println!(
-        "rope            base {}, dims {}, {:?}",
-        c.rope_base, c.rope_dim, c.rope_style
+        "rope            base {}, dims {}, {:?}{}",
+        c.rope_base,
+        c.rope_dim,
+        c.rope_style,
+        if m.weights.rope_freqs.is_some() {
+            ", per-dimension frequency factors (rope_freqs)"
+        } else {
+            ""
+        }
     );
+    let l0 = &m.weights.layers[0];
+    let mut features = vec![match c.ffn_act {
+        model::config::FfnAct::Silu => "SwiGLU FFN".to_string(),
+        model::config::FfnAct::GeluTanh => "GeGLU (tanh) FFN".to_string(),
+    }];
+    if l0.bq.is_some() {
+        features.push("QKV biases".into());
+    }
+    if l0.q_norm.is_some() {
+        features.push("QK-norm".into());
+    }
+    if l0.post_attn_norm.is_some() {
+        features.push("post-attention and post-FFN norms".into());
+    }
+    if let Some(s) = c.embed_scale {
+        features.push(format!("embeddings scaled by {s:.3}"));
+    }
+    if let Some(cap) = c.final_logit_softcap {
+        features.push(format!("final logits soft-capped at {cap}"));
+    }
+    features.push(format!(
+        "attention scale {:.5}{}",
+        c.attn_scale,
+        if c.scale_queries {
+            " (on the queries)"
+        } else {
+            ""
+        }
+    ));
+    println!("layout          {}", features.join(", "));
+    match &c.sliding_window {
+        Some(sw) => println!(
+            "attention       {} of {} layers sliding-window ({} positions, rope base {}), the rest global",
+            sw.num_local(),
+            c.num_layers,
+            sw.size,
+            sw.rope_base
+        ),
+        None => println!("attention       global in every layer"),
+    }
     println!("tensors         {} ({:?})", g.tensors().len(), types);
     println!("weights         {:.1} MB", weight_bytes as f64 / 1e6);
     println!(
@@ -72,5 +120,15 @@ pub fn run(args: InfoArgs) -> Result<()> {
         (kv_f16 * c.context_length) as f64 / 1e6,
         c.context_length
     );
+    if let Some(sw) = &c.sliding_window {
+        let per_layer = kv_f16 / c.num_layers;
+        let bounded = per_layer
+            * ((c.num_layers - sw.num_local()) * c.context_length
+                + sw.num_local() * sw.size.min(c.context_length));
+        println!(
+            "                {:.1} MB if local layers held only their window (agentkv keeps all layers' K/V)",
+            bounded as f64 / 1e6
+        );
+    }
     Ok(())
 }

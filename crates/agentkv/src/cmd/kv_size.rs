@@ -82,7 +82,8 @@ pub fn run(args: KvSizeArgs) -> anyhow::Result<()> {
 }
 
 /// Shape from GGUF metadata (`{arch}.block_count`, `.attention.head_count[_kv]`,
-/// `.attention.key_length`/`value_length`, else `embedding_length / head_count`).
+/// `.attention.key_length`/`value_length`, else `embedding_length / head_count`; sliding-window
+/// layers as `model::ModelConfig` reads them, for the architectures it supports).
 fn gguf_shape(path: &Path) -> anyhow::Result<KvShape> {
     let file =
         model::gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -103,6 +104,14 @@ fn gguf_shape(path: &Path) -> anyhow::Result<KvShape> {
         None => need("embedding_length")? / num_query_heads,
     };
     let value_head_dim = get("attention.value_length").unwrap_or(key_head_dim);
+    // Sliding-window layers as the model crate reads them (Gemma 3's pattern).
+    let sliding_window = model::ModelConfig::from_metadata(meta)
+        .ok()
+        .and_then(|c| c.sliding_window)
+        .map(|sw| kvsize::SlidingWindowShape {
+            window: sw.size as u64,
+            local_layers: sw.num_local() as u64,
+        });
     let name = meta
         .get_str("general.name")
         .map_or_else(|| path.display().to_string(), str::to_string);
@@ -113,5 +122,6 @@ fn gguf_shape(path: &Path) -> anyhow::Result<KvShape> {
         num_kv_heads,
         key_head_dim,
         value_head_dim,
+        sliding_window,
     })
 }

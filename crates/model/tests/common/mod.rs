@@ -46,8 +46,12 @@ pub struct RefCandidate {
 }
 
 pub fn references() -> Vec<Reference> {
-    include_str!("../data/greedy.jsonl")
-        .lines()
+    references_from(include_str!("../data/greedy.jsonl"))
+}
+
+/// The references of a JSONL text in `greedy.jsonl`'s format.
+pub fn references_from(text: &str) -> Vec<Reference> {
+    text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).expect("valid reference line"))
         .collect()
