@@ -261,6 +261,9 @@ fn routers_send_agent_calls_where_the_prefix_is_warm_and_keep_tenants_apart() {
         "kv_aware".to_string(),
         "--kv-event-block-size".to_string(),
         "16".to_string(),
+        // The served model name: the router keys its index by it.
+        "--kv-event-model".to_string(),
+        "agentkv".to_string(),
     ];
     for (url, (_, ev, rp)) in urls.iter().zip(&replicas) {
         kv_aware.push("--kv-event-source".into());

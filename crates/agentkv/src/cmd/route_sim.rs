@@ -44,7 +44,7 @@ pub struct RouteSimArgs {
     #[arg(long, default_value_t = 0.5)]
     pub overhead_s: f64,
     /// cache_aware balances load when max - min in-flight calls exceeds this …
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 8)]
     pub balance_abs: u32,
     /// … and max > this × min.
     #[arg(long, default_value_t = 1.5)]
