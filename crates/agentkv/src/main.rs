@@ -2,6 +2,8 @@
 
 mod cmd;
 mod config;
+#[cfg(test)]
+mod deploy_files;
 
 use clap::{Parser, Subcommand};
 
@@ -40,6 +42,8 @@ enum Command {
     KvSize(cmd::kv_size::KvSizeArgs),
     /// Replay a trace of model calls against the KV cache core and report the hit rate.
     CacheSim(cmd::cache_sim::CacheSimArgs),
+    /// Simulate the hit rate of N replicas behind a router, per routing policy.
+    RouteSim(cmd::route_sim::RouteSimArgs),
     /// Generate a synthetic agent-workload trace (JSONL) for cache-sim.
     TraceGen(cmd::trace_gen::TraceGenArgs),
 }
@@ -63,6 +67,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(a) => cmd::bench_agent::run(a),
         Command::KvSize(a) => cmd::kv_size::run(a),
         Command::CacheSim(a) => cmd::cache_sim::run(a),
+        Command::RouteSim(a) => cmd::route_sim::run(a),
         Command::TraceGen(a) => cmd::trace_gen::run(a),
     }
 }

@@ -18,6 +18,8 @@ pub enum CacheEvent {
         /// Chain position (0 = first block).
         depth: u32,
         num_tokens: u32,
+        /// The block's token ids (routers that index tokens need them).
+        tokens: Vec<u32>,
     },
     /// A block was unpublished (evicted or flushed); its key is no longer served.
     BlockEvicted {

@@ -29,6 +29,8 @@ pub struct EngineConfig {
     pub step_time_target: Option<std::time::Duration>,
     /// Prefill tokens a step with decodes may always carry (prompts never starve).
     pub min_prefill_tokens_per_step: usize,
+    /// Where to announce blocks stored / removed (pool and tiers) for routers (`None`: off).
+    pub kv_events: Option<crate::kv_events::KvEventSink>,
     /// Retention of requests that ended in tool calls (see `tool_pause.rs`).
     pub tool_pause: crate::tool_pause::ToolPauseConfig,
     /// Tenants' shares of the active pool, in blocks (see [`TenantShare`]).
@@ -61,6 +63,7 @@ impl Default for EngineConfig {
             tiers: TieringConfig::default(),
             step_time_target: None,
             min_prefill_tokens_per_step: 32,
+            kv_events: None,
             tenant_shares: Default::default(),
             tool_pause: Default::default(),
         }

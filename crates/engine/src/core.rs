@@ -26,6 +26,7 @@ use model::{Model, ThreadPool};
 
 use crate::config::EngineConfig;
 use crate::error::{internal, EngineBuildError, EngineError, RequestError, MAX_CHOICES};
+use crate::kv_events::KvEventLog;
 use crate::paged_kv::{KvGeometry, PagedKvMemory};
 use crate::plan::{PrefetchStart, StepPlan};
 use crate::request::{EngineEvent, EventSender, FinishReason, RequestId, RequestSpec, SessionInfo};
@@ -118,7 +119,7 @@ impl EngineCore {
         let mut cache_cfg = CacheConfig::new(cfg.num_blocks as u32);
         cache_cfg.block_size = cfg.block_size as u32;
         cache_cfg.policy = cfg.policy;
-        cache_cfg.record_events = !stores.is_empty();
+        cache_cfg.record_events = !stores.is_empty() || cfg.kv_events.is_some();
         for (tenant, share) in &cfg.tenant_shares {
             if let Some(r) = share.reserved_blocks {
                 cache_cfg.tenant_reserved_blocks.insert(*tenant, r);
@@ -140,6 +141,10 @@ impl EngineCore {
             head_dim: c.head_dim,
         };
         let mem = PagedKvMemory::new(geo, cfg.kv_dtype)?;
+        let kv_log = cfg
+            .kv_events
+            .clone()
+            .map(|sink| KvEventLog::new(sink, cfg.num_blocks, cfg.block_size));
         let model_fingerprint = *blake3::hash(model.gguf().file_bytes()).as_bytes();
         let tiers = (!stores.is_empty()).then(|| {
             Tiering::new(
@@ -166,7 +171,7 @@ impl EngineCore {
             model,
             cfg,
             cache,
-            kv: KvStorage::new(mem),
+            kv: KvStorage::new(mem, kv_log),
             scratch: Scratch::default(),
             model_fingerprint,
             seqs: HashMap::new(),

@@ -10,6 +10,7 @@ mod config;
 mod core;
 mod demoter;
 mod error;
+pub mod kv_events;
 mod loader;
 mod paged_kv;
 mod plan;
@@ -32,6 +33,7 @@ pub use config::{
 };
 pub use core::{EngineCore, SnapshotCell, ToolPauseInfo, LONG_PREFILL_TOKENS};
 pub use error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
+pub use kv_events::{KvEvent, KvEventSink, KvMedium};
 pub use paged_kv::PagedKvMemory;
 pub use request::{
     Breakpoint, EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec,

@@ -5,11 +5,13 @@
 //! knows their namespace ([`TierEvents::record`]); [`KvStorage::writer`] hands every recorded
 //! event to the tiers (copying evicted blocks' bytes) before it returns the only handle that can
 //! write K/V bytes, so the rule holds by construction rather than by call-site discipline.
+//! The same events feed the router announcements ([`KvEventLog`]) when they are published.
 //! Never decides what is evicted, written or loaded.
 
 use crate::paged_kv::BlockBytesError;
 use cache::{BlockId, BlockKey, CacheEvent, EvictionCause, KvCache, NamespaceKey};
 
+use crate::kv_events::KvEventLog;
 use crate::paged_kv::{PagedKvMemory, StepKv};
 use crate::tiering::Tiering;
 
@@ -59,13 +61,16 @@ impl TierEvents {
 pub(crate) struct KvStorage {
     mem: PagedKvMemory,
     events: TierEvents,
+    /// Announcements for routers (`None`: not published).
+    log: Option<KvEventLog>,
 }
 
 impl KvStorage {
-    pub fn new(mem: PagedKvMemory) -> Self {
+    pub fn new(mem: PagedKvMemory, log: Option<KvEventLog>) -> Self {
         KvStorage {
             mem,
             events: TierEvents::default(),
+            log,
         }
     }
 
@@ -80,44 +85,81 @@ impl KvStorage {
 
     /// Records the cache's pending events (see [`TierEvents::record`]) and hands every recorded
     /// event to the tiers: evicted blocks are copied and queued for demotion, published ones
-    /// remembered (and written when writing on publish).
+    /// remembered (and written when writing on publish). With a [`KvEventLog`] the same events
+    /// are announced (pool stores and removals, tier stores for queued writes).
     pub fn sync(
         &mut self,
         cache: &mut KvCache,
-        tiers: Option<&mut Tiering>,
+        mut tiers: Option<&mut Tiering>,
         publisher: Option<Publisher>,
     ) {
         self.events.record(cache, publisher);
         let events = std::mem::take(&mut self.events.events);
-        let Some(t) = tiers else {
+        if tiers.is_none() && self.log.is_none() {
             return;
-        };
+        }
+        let targets = tiers
+            .as_ref()
+            .map(|t| t.write_target_kinds())
+            .unwrap_or_default();
         let mut writes = Vec::new();
         for (event, publisher) in events {
-            let to_write = match event {
-                CacheEvent::BlockStored { key, block, .. } => match publisher {
-                    Some(p) => t.published(key, block, p.root, p.write).map(|k| (k, block)),
-                    None => {
-                        t.forget(block);
-                        None
+            match event {
+                CacheEvent::BlockStored {
+                    key,
+                    parent,
+                    block,
+                    tokens,
+                    ..
+                } => {
+                    let to_write = match (&mut tiers, publisher) {
+                        (Some(t), Some(p)) => t.published(key, block, p.root, p.write),
+                        (Some(t), None) => {
+                            t.forget(block);
+                            None
+                        }
+                        (None, _) => None,
+                    };
+                    if let (Some(log), Some(_)) = (&mut self.log, publisher) {
+                        log.stored(&key, parent.as_ref(), block, &tokens);
+                        if to_write.is_some() {
+                            log.written(block, &targets);
+                        }
                     }
-                },
+                    if let Some(tier_key) = to_write {
+                        writes.push((tier_key, self.mem.block_bytes(block)));
+                    }
+                }
                 CacheEvent::BlockEvicted {
                     key, block, cause, ..
-                } => match cause {
-                    EvictionCause::Flush => {
-                        t.forget(block);
-                        None
+                } => {
+                    let to_write = match (&mut tiers, cause) {
+                        (Some(t), EvictionCause::Flush) => {
+                            t.forget(block);
+                            None
+                        }
+                        (Some(t), _) => t.evicted(key, block),
+                        (None, _) => None,
+                    };
+                    if let Some(log) = &mut self.log {
+                        let demoted: &[tier::TierKind] =
+                            if to_write.is_some() { &targets } else { &[] };
+                        log.removed(&key, block, demoted);
                     }
-                    _ => t.evicted(key, block).map(|k| (k, block)),
-                },
-            };
-            if let Some((tier_key, block)) = to_write {
-                // Copied now: an evicted block's bytes are intact only until its next write.
-                writes.push((tier_key, self.mem.block_bytes(block)));
+                    if let Some(tier_key) = to_write {
+                        // Copied now: an evicted block's bytes are intact only until its next
+                        // write.
+                        writes.push((tier_key, self.mem.block_bytes(block)));
+                    }
+                }
             }
         }
-        t.write(writes);
+        if let Some(log) = &mut self.log {
+            log.flush();
+        }
+        if let Some(t) = tiers {
+            t.write(writes);
+        }
     }
 
     /// The handle that writes K/V bytes, after [`KvStorage::sync`]: every block evicted so far

@@ -257,6 +257,22 @@ impl Tiering {
             .map(|bw| bytes as f64 / bw)
     }
 
+    /// The kinds of the tiers [`Tiering::write`] sends blocks to (the first, or all with
+    /// write-through).
+    pub fn write_target_kinds(&self) -> Vec<tier::TierKind> {
+        let n = if self.write_through {
+            self.shared.stores.len()
+        } else {
+            1
+        };
+        self.shared
+            .stores
+            .iter()
+            .take(n)
+            .map(|s| s.kind())
+            .collect()
+    }
+
     /// A forward pass computed `num_tokens` tokens, `num_prefill` of them prefill, in `elapsed`.
     pub fn observe_forward(&mut self, num_tokens: usize, num_prefill: usize, elapsed: Duration) {
         if num_prefill >= MIN_PREFILL_SAMPLE_TOKENS {

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use engine::EngineSnapshot;
 
+use crate::metrics_compat::{render_compat, CompatTotals};
+
 /// Bucket upper bounds in seconds, shared by every latency histogram.
 const BUCKETS_S: [f64; 16] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
@@ -119,16 +121,24 @@ impl Metrics {
 
     /// The whole exposition; `tenant_name` labels the engine's per-tenant cache counters. Without
     /// `per_tenant` no series carries a tenant label: the server's counters are summed over
-    /// tenants and the engine's per-tenant series are left out (their totals remain).
+    /// tenants and the engine's per-tenant series are left out (their totals remain). The
+    /// vLLM/SGLang-named series (`metrics_compat.rs`) follow ours, labelled `model_name`.
     pub fn render(
         &self,
         snap: &EngineSnapshot,
         tenant_name: impl Fn(cache::TenantId) -> String,
         per_tenant: bool,
+        model_name: &str,
     ) -> String {
         let mut out = String::with_capacity(8 << 10);
+        let mut totals = CompatTotals::default();
         {
             let g = self.lock();
+            for t in g.tenants.values() {
+                totals.prompt_tokens += t.prompt_tokens;
+                totals.generation_tokens += t.generation_tokens;
+                totals.requests_finished += t.requests_finished;
+            }
             g.ttft.render(
                 &mut out,
                 "agentkv_time_to_first_token_seconds",
@@ -199,6 +209,7 @@ impl Metrics {
             }
         }
         render_engine(&mut out, snap, tenant_name, per_tenant);
+        render_compat(&mut out, snap, model_name, totals);
         out
     }
 }
@@ -569,7 +580,7 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
 }
 
 /// Escapes a label value (`\`, `"`, newline).
-fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

@@ -67,7 +67,11 @@ pub fn parse_request<T: DeserializeOwned + KnownFields>(
     if policy == UnknownFields::Reject {
         if let Some(name) = fields
             .iter()
-            .find(|(name, v)| !v.is_null() && !T::is_known(name))
+            .find(|(name, v)| {
+                !v.is_null()
+                    && !T::is_known(name)
+                    && !crate::router_defaults::is_router_default(name, v)
+            })
             .map(|(name, _)| name)
         {
             return Err(if NOT_IMPLEMENTED.contains(&name.as_str()) {

@@ -266,4 +266,65 @@ async fn metrics_are_valid_prometheus_exposition() {
     let families = check_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert!(families > 40, "{families} families");
     assert!(text.contains("agentkv_tier_hit_tokens_total{tier=\"0\",kind=\"ram\"}"));
+    check_vllm_names(&text);
+}
+
+/// The value of the one sample of `name` (any labels), parsed by the strict parser.
+fn value_of(text: &str, name: &str) -> (Vec<(String, String)>, f64) {
+    let mut found = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| parse_sample(l).unwrap())
+        .filter(|s| s.name == name);
+    let s = found
+        .next()
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+    assert!(found.next().is_none(), "{name} twice");
+    (s.labels, s.value)
+}
+
+/// The series routers and the Gateway API Inference Extension scrape under vLLM's and SGLang's
+/// names agree with ours and carry `model_name` like vLLM's.
+fn check_vllm_names(text: &str) {
+    let label = |labels: &[(String, String)], k: &str| {
+        labels
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    for (theirs, ours) in [
+        ("vllm:num_requests_waiting", "agentkv_requests_waiting"),
+        ("vllm:num_requests_running", "agentkv_requests_running"),
+        ("sglang:num_queue_reqs", "agentkv_requests_waiting"),
+        ("sglang:num_running_reqs", "agentkv_requests_running"),
+        (
+            "vllm:prefix_cache_hits_total",
+            "agentkv_prefix_cache_hit_tokens_total",
+        ),
+        ("vllm:prompt_tokens_total", "agentkv_prompt_tokens_total"),
+        (
+            "vllm:generation_tokens_total",
+            "agentkv_generation_tokens_total",
+        ),
+    ] {
+        let (labels, v) = value_of(text, theirs);
+        assert_eq!(label(&labels, "model_name"), "agentkv", "{theirs}");
+        assert_eq!(v, value_of(text, ours).1, "{theirs} vs {ours}");
+    }
+    let hits = value_of(text, "vllm:prefix_cache_hits_total").1;
+    let queries = value_of(text, "vllm:prefix_cache_queries_total").1;
+    assert!(hits > 0.0 && queries > hits, "{hits} / {queries}");
+    let misses = value_of(text, "agentkv_prefix_cache_miss_tokens_total").1;
+    assert_eq!(queries, hits + misses);
+    let usage = value_of(text, "vllm:kv_cache_usage_perc").1;
+    assert!((0.0..=1.0).contains(&usage), "{usage}");
+    assert_eq!(usage, value_of(text, "vllm:gpu_cache_usage_perc").1);
+    assert_eq!(usage, value_of(text, "sglang:token_usage").1);
+    let (info, one) = value_of(text, "vllm:cache_config_info");
+    assert_eq!(one, 1.0);
+    assert_eq!(label(&info, "block_size"), "16");
+    assert_eq!(label(&info, "num_gpu_blocks"), "24");
+    let rate = value_of(text, "sglang:cache_hit_rate").1;
+    assert!((rate - hits / queries).abs() < 1e-9, "{rate}");
 }

@@ -45,36 +45,13 @@ pub struct CacheSimArgs {
 }
 
 pub fn run(args: CacheSimArgs) -> anyhow::Result<()> {
-    let file = std::fs::File::open(&args.trace)
-        .with_context(|| format!("opening {}", args.trace.display()))?;
-    let mut calls = Vec::new();
-    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("reading {}", args.trace.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let call: TraceCall = serde_json::from_str(&line)
-            .with_context(|| format!("{}:{}: bad trace line", args.trace.display(), n + 1))?;
-        calls.push(call);
-    }
-    let policy = match args.policy {
-        PolicyArg::Lru => EvictionPolicy::Lru,
-        PolicyArg::Lfu => EvictionPolicy::Lfu,
-        PolicyArg::Slru => EvictionPolicy::SegmentedLru {
-            protected_fraction: args.slru_protected,
-        },
-        PolicyArg::AdaptiveSlru => EvictionPolicy::AdaptiveSegmentedLru {
-            initial_protected_fraction: args.slru_protected,
-            min_protected_fraction: 0.0,
-            max_protected_fraction: 1.0,
-        },
-    };
+    let calls = load_trace(&args.trace)?;
     let report = simulate(
         &calls,
         SimConfig {
             block_size: args.block_size,
             capacity_blocks: args.capacity_blocks,
-            policy,
+            policy: eviction_policy(args.policy, args.slru_protected),
             session_retention: args.session_ttl_s.map(|ttl_s| SessionRetention {
                 ttl_s,
                 max_retained_fraction: args.retained_fraction,
@@ -83,4 +60,36 @@ pub fn run(args: CacheSimArgs) -> anyhow::Result<()> {
     )?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
+}
+
+/// Reads a JSONL trace (blank lines skipped).
+pub fn load_trace(path: &std::path::Path) -> anyhow::Result<Vec<TraceCall>> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut calls = Vec::new();
+    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("reading {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let call: TraceCall = serde_json::from_str(&line)
+            .with_context(|| format!("{}:{}: bad trace line", path.display(), n + 1))?;
+        calls.push(call);
+    }
+    Ok(calls)
+}
+
+/// The cache's eviction policy for a `--policy` choice.
+pub fn eviction_policy(policy: PolicyArg, slru_protected: f64) -> EvictionPolicy {
+    match policy {
+        PolicyArg::Lru => EvictionPolicy::Lru,
+        PolicyArg::Lfu => EvictionPolicy::Lfu,
+        PolicyArg::Slru => EvictionPolicy::SegmentedLru {
+            protected_fraction: slru_protected,
+        },
+        PolicyArg::AdaptiveSlru => EvictionPolicy::AdaptiveSegmentedLru {
+            initial_protected_fraction: slru_protected,
+            min_protected_fraction: 0.0,
+            max_protected_fraction: 1.0,
+        },
+    }
 }

@@ -12,5 +12,6 @@ pub mod info;
 pub mod kv_size;
 pub mod logging;
 pub mod perplexity;
+pub mod route_sim;
 pub mod serve;
 pub mod trace_gen;

@@ -39,6 +39,13 @@ pub struct ServeArgs {
     /// KV memory, e.g. 2GB or 512MiB (overrides kv_cache_config.max_size; default 2048 blocks).
     #[arg(long)]
     pub max_size: Option<String>,
+    /// Publish KV events (vLLM's ZMQ format) on this PUB endpoint, e.g. tcp://*:5557
+    /// (overrides kv_events.endpoint; off by default).
+    #[arg(long)]
+    pub kv_events_endpoint: Option<String>,
+    /// Answer KV-event replay requests on this ROUTER endpoint, e.g. tcp://*:5558.
+    #[arg(long)]
+    pub kv_events_replay_endpoint: Option<String>,
     /// Log lines as text (default) or JSON, to stderr; filter with RUST_LOG (default info).
     #[arg(long, value_enum)]
     pub log_format: Option<super::logging::LogFormat>,
@@ -58,10 +65,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
         model::Model::load(&model_path)
             .with_context(|| format!("loading model {}", model_path.display()))?,
     );
-    let engine_cfg = engine_config(&args, &file, &model)?;
+    let mut engine_cfg = engine_config(&args, &file, &model)?;
     let settings = server_settings(&file, &model_path);
     settings.validate().context("config")?;
     let summary = Summary::new(&model, &model_path, &engine_cfg, &settings, &file);
+    let publisher = match kv_events_config(&args, &file) {
+        Some(cfg) => {
+            let (sink, events) = engine::KvEventSink::channel();
+            engine_cfg.kv_events = Some(sink);
+            let p = kvevents::Publisher::start(cfg, events).context("kv_events")?;
+            tracing::info!(
+                endpoint = %p.endpoint,
+                replay = p.replay_endpoint.as_deref().unwrap_or("-"),
+                "publishing KV events"
+            );
+            Some(p)
+        }
+        None => None,
+    };
     let engine = Engine::start(EngineCore::new(Arc::clone(&model), engine_cfg)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -88,7 +109,32 @@ pub fn run(args: ServeArgs) -> Result<()> {
     });
     runtime.shutdown_timeout(Duration::from_secs(1));
     drop(engine);
+    drop(publisher);
     result
+}
+
+/// The KV-event publisher's settings, when an endpoint is given (flag or `kv_events:`).
+fn kv_events_config(args: &ServeArgs, file: &FileConfig) -> Option<kvevents::PublisherConfig> {
+    let k = &file.kv_events;
+    let endpoint = args.kv_events_endpoint.clone().or(k.endpoint.clone())?;
+    let d = kvevents::PublisherConfig::default();
+    Some(kvevents::PublisherConfig {
+        endpoint,
+        replay_endpoint: args
+            .kv_events_replay_endpoint
+            .clone()
+            .or(k.replay_endpoint.clone()),
+        topic: k.topic.clone().unwrap_or(d.topic),
+        buffer_steps: k.buffer_steps.unwrap_or(d.buffer_steps),
+        data_parallel_rank: 0,
+        format: match k.format {
+            Some(crate::config::KvEventsFormat::Array) => kvevents::WireFormat::Array,
+            Some(crate::config::KvEventsFormat::Map) => kvevents::WireFormat::Map,
+            Some(crate::config::KvEventsFormat::ArrayOfMaps) | None => {
+                kvevents::WireFormat::ArrayOfMaps
+            }
+        },
+    })
 }
 
 /// The start-up summary: one log line with what is served and how.

@@ -198,6 +198,7 @@ impl KvCache {
                 tenant,
                 depth: i as u32,
                 num_tokens: bs as u32,
+                tokens: self.seqs.map[&seq].tokens[i * bs..(i + 1) * bs].to_vec(),
             });
         }
     }

@@ -1,11 +1,13 @@
-//! Cache simulator and agent-trace generators, built on the same [`crate::KvCache`] the server
-//! uses. Pure functions over in-memory traces; the CLI does the file I/O.
+//! Cache simulator (one server, or a routed fleet: `route.rs`) and agent-trace generators, built
+//! on the same [`crate::KvCache`] the server uses. Pure functions over in-memory traces; the CLI does the file I/O.
 
 mod gen;
 mod rng;
+mod route;
 mod run;
 mod trace;
 
 pub use gen::{generate, TraceKind, TraceParams};
+pub use route::{simulate_routing, RouteConfig, RoutePolicy, RouteReport};
 pub use run::{simulate, SessionRetention, SimConfig, SimError, SimReport};
 pub use trace::TraceCall;

@@ -73,6 +73,7 @@ pub async fn metrics(
         &snap,
         |id| state.tenants.name_of(id),
         state.settings.metrics_per_tenant,
+        &state.settings.model_name,
     );
     Ok((
         [(

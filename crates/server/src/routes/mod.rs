@@ -6,6 +6,7 @@ mod chat;
 mod completions;
 mod info;
 mod input_items;
+mod render;
 mod responses;
 mod sessions;
 
@@ -28,6 +29,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions/render", post(render::chat))
+        .route("/v1/completions/render", post(render::completion))
         .route("/v1/responses", post(responses::create))
         .route(
             "/v1/responses/{id}",
