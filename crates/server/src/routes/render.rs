@@ -24,7 +24,7 @@ pub async fn chat(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let (tenant, req) =
+    let (tenant, req, _) =
         read_generation_request(&state, &headers, body, |r: &ChatCompletionRequest| &r.model)?;
     let (prepared, _) = prepare_chat(&state, &tenant, &req)?;
     Ok(Json(json!({
@@ -38,7 +38,7 @@ pub async fn completion(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let (_, req) =
+    let (_, req, _) =
         read_generation_request(&state, &headers, body, |r: &CompletionRequest| &r.model)?;
     let tokens = completion_prompt(&state, &req.prompt)?;
     Ok(Json(json!([{
