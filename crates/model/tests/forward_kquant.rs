@@ -139,6 +139,7 @@ fn run(m: &Loaded, tokens: &[u32], chunk: usize) -> Vec<Vec<f32>> {
             &m.cfg,
             &m.w,
             &m.rope,
+            None,
             &pool,
             &batch,
             &mut kv,

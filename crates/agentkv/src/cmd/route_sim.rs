@@ -70,6 +70,7 @@ pub fn run(args: RouteSimArgs) -> anyhow::Result<()> {
                 block_size: args.block_size,
                 capacity_blocks,
                 policy,
+                session_retention: None,
             },
         )
     };

@@ -230,6 +230,7 @@ mod tests {
                 block_size: 16,
                 capacity_blocks: 2048,
                 policy: EvictionPolicy::Lru,
+                session_retention: None,
             },
         )
         .unwrap();
