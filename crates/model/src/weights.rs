@@ -21,6 +21,8 @@ pub enum WeightsError {
         got: Vec<u64>,
         want: Vec<u64>,
     },
+    #[error("{0} is not supported")]
+    Unsupported(&'static str),
     #[error(transparent)]
     Gguf(#[from] GgufError),
 }
@@ -79,6 +81,17 @@ pub struct Weights {
 
 impl Weights {
     pub fn load(file: Arc<GgufFile>, cfg: &ModelConfig) -> Result<Self, WeightsError> {
+        // Per-dimension long-context RoPE factors (Phi 3 128K "longrope"): ignoring them would
+        // give wrong results without a word, so such a file is refused.
+        if ["rope_factors_long.weight", "rope_factors_short.weight"]
+            .iter()
+            .any(|t| file.tensor(t).is_some())
+        {
+            return Err(WeightsError::Unsupported(
+                "long-context RoPE factor tensors (rope_factors_long / rope_factors_short, \
+                 Phi 3 128K \"longrope\")",
+            ));
+        }
         let mat = |name: &str, rows: usize, cols: usize| -> Result<MatRef, WeightsError> {
             let info = file
                 .tensor(name)

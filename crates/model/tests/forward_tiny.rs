@@ -29,12 +29,25 @@ struct Tiny {
 }
 
 /// `arch` is a GGUF architecture, or `llama3`: a `llama` file with Llama 3's RoPE frequency
-/// factors (`rope_freqs.weight`).
+/// factors (`rope_freqs.weight`), or `phi3-longrope`: a `phi3` file with Phi 3 128K's
+/// long-context RoPE factor tensors.
 fn tiny(arch: &str, seed: u64) -> Tiny {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut w = GgufWriter::new();
     let llama3 = arch == "llama3";
-    let arch = if llama3 { "llama" } else { arch };
+    let longrope = arch == "phi3-longrope";
+    let arch = match arch {
+        "llama3" => "llama",
+        "phi3-longrope" => "phi3",
+        a => a,
+    };
+    if longrope {
+        for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+            let ones = vec![1.0f32; HEAD_DIM / 2];
+            w.add_tensor_f32(name.to_string(), &[ones.len() as u64], &ones, GgmlType::F32)
+                .unwrap();
+        }
+    }
     let a = |k: &str| format!("{arch}.{k}");
     w.add_metadata("general.architecture", MetaValue::String(arch.into()));
     for (k, v) in [
@@ -416,6 +429,17 @@ fn llama3_forward_with_rope_frequency_factors_matches_naive_reference() {
 #[test]
 fn qwen3_forward_with_qk_norm_matches_naive_reference() {
     check("qwen3", Arch::Qwen3, 1e-3);
+}
+
+/// Phi 3 128K's per-dimension long-context RoPE factors are not implemented: such a file is
+/// refused with an error naming them, never run with the factors silently ignored.
+#[test]
+fn phi3_longrope_factors_are_refused_not_ignored() {
+    let tiny = tiny("phi3-longrope", 7);
+    let file = Arc::new(GgufFile::from_bytes(tiny.bytes).unwrap());
+    let cfg = ModelConfig::from_metadata(file.metadata()).unwrap();
+    let err = Weights::load(file, &cfg).err().expect("refused");
+    assert!(err.to_string().contains("rope_factors_long"), "{err}");
 }
 
 #[test]
