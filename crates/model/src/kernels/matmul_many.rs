@@ -47,7 +47,7 @@ pub fn matmul_many_with_features(
             outputs: ys.len(),
         });
     }
-    let all_kquant = ws.iter().all(|w| is_kquant(w.ty));
+    let all_kquant = super::matmul::kquant_integer() && ws.iter().all(|w| is_kquant(w.ty));
     let fusable = ws.len() <= MAX_FUSED && (all_kquant || ws.iter().all(|w| is_block32(w.ty)));
     if !fusable {
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
