@@ -68,6 +68,12 @@ impl KvCache {
         tick: Tick,
     ) -> RetainOutcome {
         self.advance(tick);
+        let blocks = self.cached_chain(ns, tokens);
+        self.replace_session(session, &blocks, until, priority)
+    }
+
+    /// The cached full blocks of `tokens` in `ns`: the chain from the root, as far as it is cached.
+    fn cached_chain(&self, ns: &NamespaceKey, tokens: &[u32]) -> Vec<BlockId> {
         let mut blocks = Vec::new();
         let mut parent = ns.root();
         for chunk in tokens.chunks_exact(self.block_size) {
@@ -78,6 +84,18 @@ impl KvCache {
             }
             parent = key;
         }
+        blocks
+    }
+
+    /// Replace `session`'s retention with `blocks` (chain order) until `until`; counts the blocks
+    /// its previous retention did not hold.
+    fn replace_session(
+        &mut self,
+        session: SessionId,
+        blocks: &[BlockId],
+        until: Tick,
+        priority: u8,
+    ) -> RetainOutcome {
         let holder = Holder::Session(session);
         let previous: std::collections::HashSet<BlockId> = self
             .registry
@@ -202,16 +220,7 @@ impl KvCache {
     /// after every unpinned candidate. Prefill and publish the template first, then pin it.
     pub fn pin_prefix(&mut self, ns: &NamespaceKey, tokens: &[u32], tick: Tick) -> PinOutcome {
         self.advance(tick);
-        let mut blocks = Vec::new();
-        let mut parent = ns.root();
-        for chunk in tokens.chunks_exact(self.block_size) {
-            let key = BlockKey::chain(&parent, chunk);
-            match self.index.get(&key) {
-                Some(id) => blocks.push(id),
-                None => break,
-            }
-            parent = key;
-        }
+        let blocks = self.cached_chain(ns, tokens);
         let pin = self.registry.new_pin();
         let (num_blocks, refused_blocks) =
             self.add_holder(Holder::Pin(pin), RetentionRank::PIN, &blocks);
@@ -271,28 +280,7 @@ impl KvCache {
             .take(max_blocks)
             .take_while(|id| self.pool.get(*id).published.is_some())
             .collect();
-        let holder = Holder::Session(session);
-        let previous: std::collections::HashSet<BlockId> = self
-            .registry
-            .records
-            .get(&holder)
-            .map(|r| r.blocks.iter().copied().collect())
-            .unwrap_or_default();
-        self.remove_holder(holder);
-        let rank = RetentionRank::session(priority, until);
-        let (retained_blocks, refused_blocks) = self.add_holder(holder, rank, &blocks);
-        let new_blocks = self.registry.records[&holder]
-            .blocks
-            .iter()
-            .filter(|b| !previous.contains(b))
-            .count() as u32;
-        self.registry.expiry.insert((until, session));
-        self.counters.sessions_retained += 1;
-        Ok(RetainOutcome {
-            retained_blocks,
-            refused_blocks,
-            new_blocks,
-        })
+        Ok(self.replace_session(session, &blocks, until, priority))
     }
 
     /// End a session's retention now.
