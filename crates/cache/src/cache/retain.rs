@@ -105,7 +105,7 @@ impl KvCache {
             .unwrap_or_default();
         self.remove_holder(holder);
         let rank = RetentionRank::session(priority, until);
-        let (retained_blocks, refused_blocks) = self.add_holder(holder, rank, &blocks);
+        let (retained_blocks, refused_blocks) = self.add_holder(holder, rank, blocks);
         let new_blocks = self.registry.records[&holder]
             .blocks
             .iter()
