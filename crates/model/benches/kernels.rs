@@ -41,6 +41,7 @@ fn bench_matmul(c: &mut Criterion) {
             num_rows,
             row_len,
             data: &data,
+            packed: None,
         };
         let mut group = c.benchmark_group(format!("matmul_{name}"));
         group

@@ -2,14 +2,17 @@
 //!
 //! Owns the name → tensor lookup for every supported layout (llama, qwen2/3, gemma3, phi3's fused
 //! matrices, seen as row ranges of one tensor) and shape checks. Quantized matrices
-//! stay in the mapping (zero copy); only small vectors (norms, biases) are dequantised to f32 at
+//! stay in the mapping (zero copy), except that Q4_0 / Q4_1 / Q8_0 matrices are also repacked
+//! row-interleaved at load ([`Packed32`], the fast kernels' layout; `AGENTKV_NO_PACK=1` turns
+//! that off, for A/B measurements); only small vectors (norms, biases) are dequantised to f32 at
 //! load. It never computes anything.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{Arch, ModelConfig};
 use crate::gguf::{dequant::dequantize_row, GgmlType, GgufError, GgufFile, TensorInfo};
-use crate::kernels::QMatrix;
+use crate::kernels::{KernelError, Packed32, QMatrix};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -25,6 +28,12 @@ pub enum WeightsError {
     Unsupported(&'static str),
     #[error(transparent)]
     Gguf(#[from] GgufError),
+    #[error("repacking {name}: {source}")]
+    Pack {
+        name: String,
+        #[source]
+        source: KernelError,
+    },
 }
 
 /// A 2-D weight `[num_rows, row_len]` (GGUF dims `[row_len, num_rows]`) inside the file: rows
@@ -77,6 +86,8 @@ pub struct Weights {
     pub output: MatRef, // [vocab, hidden] (token_embd when tied)
     pub rope_freqs: Option<Vec<f32>>,
     pub layers: Vec<LayerWeights>,
+    /// Row-interleaved copies of the packable matrices, by (tensor data offset, first row).
+    packed: HashMap<(u64, usize), Packed32>,
 }
 
 impl Weights {
@@ -211,14 +222,49 @@ impl Weights {
                 w_down: mat(&n("ffn_down.weight"), hd, ffn)?,
             });
         }
-        Ok(Weights {
+        let mut weights = Weights {
+            packed: HashMap::new(),
             output_norm: vec_f32("output_norm.weight", hd)?,
             rope_freqs: opt_vec("rope_freqs.weight", cfg.rope_dim / 2)?,
             token_embd,
             output,
             layers,
             file,
-        })
+        };
+        if !std::env::var("AGENTKV_NO_PACK").is_ok_and(|v| v == "1") {
+            weights.pack_matrices()?;
+        }
+        Ok(weights)
+    }
+
+    /// Repacks every Q4_0 / Q4_1 / Q8_0 matrix (each row range once) into [`Packed32`].
+    fn pack_matrices(&mut self) -> Result<(), WeightsError> {
+        let mut mats: Vec<MatRef> = vec![self.output.clone()];
+        for l in &self.layers {
+            mats.extend(
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down].map(Clone::clone),
+            );
+        }
+        for m in mats {
+            let key = (m.info.offset, m.first_row);
+            if !crate::kernels::packed32::packable(m.info.ty) || self.packed.contains_key(&key) {
+                continue;
+            }
+            let q = self.qmatrix(&m);
+            let p = Packed32::pack(q.ty, q.num_rows, q.row_len, q.data).map_err(|source| {
+                WeightsError::Pack {
+                    name: m.info.name.clone(),
+                    source,
+                }
+            })?;
+            self.packed.insert(key, p);
+        }
+        Ok(())
+    }
+
+    /// Bytes of the repacked copies (held in addition to the file mapping).
+    pub fn packed_bytes(&self) -> usize {
+        self.packed.values().map(Packed32::num_bytes).sum()
     }
 
     /// The matrix view used by the kernels.
@@ -230,6 +276,10 @@ impl Weights {
             num_rows: m.num_rows,
             row_len: m.row_len,
             data: &data[m.first_row * row_bytes..(m.first_row + m.num_rows) * row_bytes],
+            packed: self
+                .packed
+                .get(&(m.info.offset, m.first_row))
+                .filter(|p| p.num_rows() == m.num_rows),
         }
     }
 

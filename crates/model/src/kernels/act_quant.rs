@@ -3,7 +3,8 @@
 //! Owns [`ActQ8`], the per-matmul scratch holding, for every token and every 32-element block,
 //! the scale `d = f16(amax / 127)`, the signed 8-bit values `q = round_ties_even(x * (127 / amax))`
 //! and the scaled sum `s = f16((amax / 127) * Σq)` (the Q8_1 "sum term" that zero-point weight
-//! types need). This is exactly ggml's `quantize_row_q8_0` / `quantize_row_q8_1` (x86 AVX2 path):
+//! types need), plus the exact integer sums of each four consecutive `q` (the packed kernels' correction for
+//! their unsigned operands, see `packed32`). This is exactly ggml's `quantize_row_q8_0` / `quantize_row_q8_1` (x86 AVX2 path):
 //! the multiplier is `127 / amax` (not `1 / d`), and `d` and `s` are rounded to f16 (stored as the
 //! f32 value of that f16), so our integer dot products see the same operands as llama.cpp's.
 //! The AVX2 and scalar paths perform the same IEEE operations and give bit-identical blocks (for
@@ -23,6 +24,8 @@ pub struct ActQ8 {
     pub num_blocks: usize,
     pub d: Vec<f32>,
     pub s: Vec<f32>,
+    /// `Σ q[4l..4l+4]` for the eight lanes `l` of each block: `[num_tokens, num_blocks, 8]`.
+    pub lane_sums: Vec<i32>,
     pub qs: Vec<i8>,
 }
 
@@ -46,18 +49,30 @@ impl ActQ8 {
         let total_blocks = num_tokens * num_blocks;
         self.d.resize(total_blocks, 0.0);
         self.s.resize(total_blocks, 0.0);
+        self.lane_sums.resize(total_blocks * 8, 0);
         self.qs.resize(num_tokens * row_len, 0);
         let blocks = x.chunks_exact(QK8).zip(self.qs.chunks_exact_mut(QK8));
-        for ((xb, qb), (d, s)) in blocks.zip(self.d.iter_mut().zip(self.s.iter_mut())) {
+        let scales = self.d.iter_mut().zip(self.s.iter_mut());
+        let lanes = self.lane_sums.chunks_exact_mut(8);
+        for ((xb, qb), ((d, s), lane_sums)) in blocks.zip(scales.zip(lanes)) {
             let xb: &[f32; QK8] = xb.try_into().expect("chunks_exact yields 32 elements");
             let qb: &mut [i8; QK8] = qb.try_into().expect("chunks_exact yields 32 elements");
             #[cfg(target_arch = "x86_64")]
-            if features.clamp_to_detected().avx2 {
+            let done = if features.clamp_to_detected().avx2 {
                 // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
                 (*d, *s) = unsafe { avx2::quantize_block(xb, qb) };
-                continue;
+                true
+            } else {
+                false
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let done = false;
+            if !done {
+                (*d, *s) = quantize_block_scalar(xb, qb);
             }
-            (*d, *s) = quantize_block_scalar(xb, qb);
+            for (l, ls) in lane_sums.iter_mut().enumerate() {
+                *ls = qb[4 * l..4 * l + 4].iter().map(|q| i32::from(*q)).sum();
+            }
         }
         let _ = features;
     }
@@ -197,6 +212,11 @@ mod tests {
             }
             let s_want = half::f16::from_f32((amax / 127.0) * sum as f32).to_f32();
             assert_eq!(a.s[blk], s_want, "s is f16((amax / 127) * sum)");
+        }
+        assert_eq!(a.lane_sums, b.lane_sums);
+        for (i, sum) in a.lane_sums.iter().enumerate() {
+            let want: i32 = a.qs[4 * i..4 * i + 4].iter().map(|q| i32::from(*q)).sum();
+            assert_eq!(*sum, want);
         }
         assert_eq!(a.d[1], 0.0);
         assert!(a.qs[32..64].iter().all(|q| *q == 0));

@@ -19,6 +19,7 @@ use std::ops::Range;
 use super::act_quant::ActQ8;
 use super::block32::{dot_row_scalar, Block32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::cpu::{cpu_features, CpuFeatures};
+use super::packed32::{self, Packed32};
 use super::pool::ThreadPool;
 use super::row_f32::row_to_f32;
 use super::vec_f32::dot_f32_with;
@@ -35,6 +36,9 @@ pub struct QMatrix<'a> {
     pub row_len: usize,
     /// `num_rows * ty.row_bytes(row_len)` bytes.
     pub data: &'a [u8],
+    /// The same matrix repacked row-interleaved ([`Packed32`]); when present the kernels use it
+    /// (and its canonical operation sequence) instead of `data`.
+    pub packed: Option<&'a Packed32>,
 }
 
 impl QMatrix<'_> {
@@ -87,6 +91,10 @@ pub fn matmul_with_features(
     let Some((job, out)) = prepare(w, x, num_tokens, y, features)? else {
         return Ok(());
     };
+    if let Some(p) = w.packed {
+        job.run_packed(pool, p, x, &out);
+        return Ok(());
+    }
     match w.ty {
         GgmlType::Q4_0 => job.run_quantized::<Q4_0>(pool, x, &out),
         GgmlType::Q4_1 => job.run_quantized::<Q4_1>(pool, x, &out),
@@ -115,6 +123,15 @@ pub(super) fn prepare<'a>(
     features: CpuFeatures,
 ) -> Result<Option<(Job<'a>, OutPtr)>, KernelError> {
     let row_bytes = w.checked_row_bytes()?;
+    if let Some(p) = w.packed {
+        if p.ty() != w.ty || p.num_rows() != w.num_rows || p.row_len() != w.row_len {
+            return Err(KernelError::PackedMismatch {
+                ty: w.ty,
+                num_rows: w.num_rows,
+                row_len: w.row_len,
+            });
+        }
+    }
     let x_len = num_tokens
         .checked_mul(w.row_len)
         .ok_or(KernelError::Overflow)?;
@@ -246,6 +263,20 @@ impl Job<'_> {
         let target_tasks = pool.num_threads() * 4;
         let rows_per_task = num_rows.div_ceil(target_tasks).next_multiple_of(4).max(4);
         (num_rows.div_ceil(rows_per_task), rows_per_task)
+    }
+
+    /// A packed matrix: activations quantised once, groups of 16 rows split over the pool.
+    fn run_packed(&self, pool: &ThreadPool, p: &Packed32, x: &[f32], out: &OutPtr) {
+        with_act_scratch(|act: &mut ActQ8| {
+            act.quantize(self.features, x, self.num_tokens, self.w.row_len);
+            let act = &*act;
+            let (num_tasks, per) = packed32::split(p, pool);
+            pool.for_each(num_tasks, &|task| {
+                let start = task * per;
+                let groups = start..(start + per).min(p.num_groups());
+                packed32::run_groups(p, self.features, act, groups, out);
+            });
+        });
     }
 
     fn run_quantized<B: Kernel>(&self, pool: &ThreadPool, x: &[f32], out: &OutPtr) {

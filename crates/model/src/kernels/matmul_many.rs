@@ -13,6 +13,7 @@ use super::act_quant::ActQ8;
 use super::cpu::{cpu_features, CpuFeatures};
 use super::kquant::{is_kquant, with_act_k_scratch, ActQ8K};
 use super::matmul::{is_block32, matmul_with_features, prepare, with_act_scratch, Job, OutPtr};
+use super::packed32;
 use super::pool::ThreadPool;
 use super::{KernelError, QMatrix};
 
@@ -48,7 +49,9 @@ pub fn matmul_many_with_features(
         });
     }
     let all_kquant = super::matmul::kquant_integer() && ws.iter().all(|w| is_kquant(w.ty));
-    let fusable = ws.len() <= MAX_FUSED && (all_kquant || ws.iter().all(|w| is_block32(w.ty)));
+    let all_packed = ws.iter().all(|w| w.packed.is_some());
+    let all_block32 = ws.iter().all(|w| is_block32(w.ty) && w.packed.is_none());
+    let fusable = ws.len() <= MAX_FUSED && (all_kquant || all_packed || all_block32);
     if !fusable {
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
             matmul_with_features(pool, w, x, num_tokens, y, features)?;
@@ -66,6 +69,10 @@ pub fn matmul_many_with_features(
         return Ok(());
     };
     let (row_len, features) = (first.0.row_len(), first.0.features());
+    if all_packed {
+        run_packed_fused(pool, ws, &jobs, x, num_tokens, row_len, features);
+        return Ok(());
+    }
     // Task ranges: matrix `i` owns tasks `task_start[i]..task_start[i] + splits[i].0`.
     let mut splits = [(0usize, 0usize); MAX_FUSED];
     let mut task_start = [0usize; MAX_FUSED];
@@ -107,4 +114,42 @@ pub fn matmul_many_with_features(
         });
     }
     Ok(())
+}
+
+/// The fused dispatch of packed matrices: one activation quantisation, the groups of all
+/// matrices as the tasks of one `for_each`.
+fn run_packed_fused(
+    pool: &ThreadPool,
+    ws: &[QMatrix],
+    jobs: &[Option<(Job, OutPtr)>; MAX_FUSED],
+    x: &[f32],
+    num_tokens: usize,
+    row_len: usize,
+    features: CpuFeatures,
+) {
+    let mut splits = [(0usize, 0usize); MAX_FUSED];
+    let mut task_start = [0usize; MAX_FUSED];
+    let mut total_tasks = 0;
+    for (i, w) in ws.iter().enumerate() {
+        if let (Some(p), Some(_)) = (w.packed, &jobs[i]) {
+            splits[i] = packed32::split(p, pool);
+            task_start[i] = total_tasks;
+            total_tasks += splits[i].0;
+        }
+    }
+    with_act_scratch(|act: &mut ActQ8| {
+        act.quantize(features, x, num_tokens, row_len);
+        let act = &*act;
+        pool.for_each(total_tasks, &|task| {
+            let i = (0..ws.len())
+                .rev()
+                .find(|&i| jobs[i].is_some() && task_start[i] <= task)
+                .expect("task indices lie in some matrix's range");
+            let (_, out) = jobs[i].as_ref().expect("checked is_some above");
+            let p = ws[i].packed.expect("all matrices are packed");
+            let start = (task - task_start[i]) * splits[i].1;
+            let groups = start..(start + splits[i].1).min(p.num_groups());
+            packed32::run_groups(p, features, act, groups, out);
+        });
+    });
 }

@@ -5,7 +5,8 @@
 //! load; [`flash_f16`]: ggml's flash-attention primitives with an f16 accumulator), SwiGLU with
 //! ggml's vectorised `expf` ([`swiglu`]), activation quantisation to 8-bit blocks ([`act_quant`]),
 //! per-block integer dot products for the 32-element quant types ([`block32`], with a portable
-//! scalar path and an AVX2 path), the same for the K-quant super-block types Q4_K / Q5_K / Q6_K
+//! scalar path and an AVX2 path; row-interleaved Q4_0 / Q4_1 / Q8_0 matrices packed at load and
+//! their 16-rows-per-instruction kernels: [`packed32`]), the same for the K-quant super-block types Q4_K / Q5_K / Q6_K
 //! against 256-element activation blocks ([`kquant`], AVX2 / VNNI tiles in `kquant_avx2`), row conversion to f32 for everything else ([`row_f32`]) and the
 //! matrix-times-activations driver ([`matmul`]; several matrices sharing one input in one dispatch:
 //! [`matmul_many`]). It never reads files, never allocates per task,
@@ -29,6 +30,9 @@ pub mod kquant;
 mod kquant_avx2;
 pub mod matmul;
 pub mod matmul_many;
+pub mod packed32;
+#[cfg(target_arch = "x86_64")]
+mod packed32_x86;
 pub mod pool;
 pub mod row_f32;
 pub mod swiglu;
@@ -41,6 +45,7 @@ mod tests;
 pub use cpu::{cpu_features, set_force_portable, CpuFeatures};
 pub use matmul::{matmul, matmul_with_features, QMatrix};
 pub use matmul_many::{matmul_many, matmul_many_with_features, MAX_FUSED};
+pub use packed32::Packed32;
 pub use pool::ThreadPool;
 pub use vec_f16::{axpy_f16, dot_f32_f16};
 pub use vec_f32::{axpy_f32, dot_f32};
@@ -74,6 +79,16 @@ pub enum KernelError {
     /// A fused call got a different number of matrices and outputs.
     #[error("{matrices} matrices but {outputs} outputs")]
     FusedCount { matrices: usize, outputs: usize },
+    /// The weight type has no row-interleaved layout (only Q4_0, Q4_1 and Q8_0 do).
+    #[error("{ty:?} weights cannot be packed")]
+    NotPackable { ty: GgmlType },
+    /// A packed matrix does not describe the same matrix as its `QMatrix`.
+    #[error("packed matrix does not match its weights ({ty:?}, {num_rows} x {row_len})")]
+    PackedMismatch {
+        ty: GgmlType,
+        num_rows: usize,
+        row_len: usize,
+    },
     /// A size computation overflowed `usize`.
     #[error("shape overflows usize")]
     Overflow,

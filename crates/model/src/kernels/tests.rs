@@ -174,6 +174,7 @@ fn matmul_matches_f64_reference_within_quantisation_bound_and_paths_agree() {
                 num_rows,
                 row_len,
                 data: &data,
+                packed: None,
             };
             let wf = dequant_matrix(ty, &data, num_rows, row_len);
             let mut ys = Vec::new();
@@ -238,6 +239,7 @@ fn matmul_is_batch_position_and_thread_invariant() {
             num_rows,
             row_len,
             data: &data,
+            packed: None,
         };
         let x = random_acts(&mut rng, max_tokens + 3, row_len);
         for f in both_paths() {
@@ -291,6 +293,7 @@ fn matmul_rejects_bad_shapes() {
         num_rows: 2,
         row_len: 32,
         data: &data,
+        packed: None,
     };
     let mut y = vec![0f32; 2];
     assert!(matches!(
@@ -303,6 +306,7 @@ fn matmul_rejects_bad_shapes() {
     ));
     let short = QMatrix {
         data: &data[..39],
+        packed: None,
         ..w
     };
     assert!(matches!(
@@ -374,6 +378,7 @@ fn check_fused_groups(seed: u64, row_len: usize, groups: &[&[(GgmlType, usize)]]
                 num_rows,
                 row_len,
                 data,
+                packed: None,
             })
             .collect();
         for num_tokens in [0usize, 1, 5] {
@@ -420,12 +425,14 @@ fn fused_matmul_rejects_bad_shapes_before_writing() {
             num_rows: 4,
             row_len,
             data: &a,
+            packed: None,
         },
         QMatrix {
             ty: GgmlType::Q8_0,
             num_rows: 2,
             row_len,
             data: &b,
+            packed: None,
         },
     ];
     let pool = ThreadPool::new(2);

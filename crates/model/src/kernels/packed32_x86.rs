@@ -1,0 +1,270 @@
+//! x86 kernels of [`super::packed32`]: one group of 16 interleaved rows × up to
+//! [`TILE_TOKENS`] tokens, AVX-512 VNNI (one 512-bit `vpdpbusd` per four elements of all 16 rows)
+//! or AVX2 (`maddubs` + `madd` on two 8-row halves).
+//!
+//! Owns only the SIMD twins of `packed32::group_scalar`: the same exact integer lane sums (the
+//! unsigned-operand forms are corrected exactly: Q4_0 nibbles carry `+8`, Q8_0 bytes are
+//! flipped to `w + 128` for `vpdpbusd`, and the accumulator starts at `-8·Σq_x` / `-128·Σq_x`
+//! of the lane's four activations; AVX2 handles Q8_0's signs with `psignb` instead) followed by
+//! the same float operations (one fused multiply-add per lane and block, `hsum8`'s tree as
+//! vertical adds), so every path gives bit-identical outputs. It never allocates.
+
+use std::arch::x86_64::*;
+
+use super::act_quant::{ActQ8, QK8};
+use super::cpu::CpuFeatures;
+use super::packed32::{Packed32, TILE_TOKENS};
+use crate::gguf::GgmlType;
+
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q8_0: u8 = 2;
+
+/// Computes `out` (one row of 16 outputs per token `tok0..tok0 + out.len()`) for group `g` on the
+/// best SIMD path `features` allows; `false` when there is none (the caller runs the scalar twin).
+pub(super) fn group(
+    p: &Packed32,
+    features: CpuFeatures,
+    g: usize,
+    act: &ActQ8,
+    tok0: usize,
+    out: &mut [[f32; 16]],
+) -> bool {
+    let f = features.clamp_to_detected();
+    assert!(
+        g < p.num_groups()
+            && tok0 + out.len() <= act.num_tokens
+            && act.num_blocks == p.num_blocks(),
+        "group and tokens in range"
+    );
+    assert!(out.len() <= TILE_TOKENS, "at most one tile of tokens");
+    let kind = match p.ty() {
+        GgmlType::Q4_0 => Q4_0,
+        GgmlType::Q4_1 => Q4_1,
+        _ => Q8_0,
+    };
+    macro_rules! dispatch {
+        ($kernel:ident) => {
+            match (kind, out.len()) {
+                (Q4_0, 2) => $kernel::<Q4_0, 2>(p, g, act, tok0, out),
+                (Q4_1, 2) => $kernel::<Q4_1, 2>(p, g, act, tok0, out),
+                (Q8_0, 2) => $kernel::<Q8_0, 2>(p, g, act, tok0, out),
+                (Q4_0, _) => (0..out.len())
+                    .for_each(|t| $kernel::<Q4_0, 1>(p, g, act, tok0 + t, &mut out[t..t + 1])),
+                (Q4_1, _) => (0..out.len())
+                    .for_each(|t| $kernel::<Q4_1, 1>(p, g, act, tok0 + t, &mut out[t..t + 1])),
+                _ => (0..out.len())
+                    .for_each(|t| $kernel::<Q8_0, 1>(p, g, act, tok0 + t, &mut out[t..t + 1])),
+            }
+        };
+    }
+    if f.vnni && f.avx512 {
+        // SAFETY: AVX-512 F+VL+VNNI (and AVX2+FMA+F16C) were detected on this CPU; shapes were
+        // checked above.
+        unsafe { dispatch!(group512) };
+        true
+    } else if f.avx2 {
+        // SAFETY: AVX2+FMA+F16C were detected on this CPU; shapes were checked above.
+        unsafe { dispatch!(group256) };
+        true
+    } else {
+        false
+    }
+}
+
+/// Reads 4 bytes at `p` as an i32 (unaligned).
+///
+/// # Safety
+/// `p` points at 4 readable bytes.
+#[inline(always)]
+unsafe fn read_i32(p: *const i8) -> i32 {
+    // SAFETY: guaranteed by the caller.
+    unsafe { p.cast::<i32>().read_unaligned() }
+}
+
+/// `hsum8` of the eight lane accumulators, lane by lane of the vectors (the canonical tree:
+/// `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`).
+macro_rules! hsum8_lanes {
+    ($add:ident, $a:expr) => {{
+        let a = $a;
+        let t = [
+            $add(a[0], a[4]),
+            $add(a[1], a[5]),
+            $add(a[2], a[6]),
+            $add(a[3], a[7]),
+        ];
+        $add($add(t[0], t[2]), $add(t[1], t[3]))
+    }};
+}
+
+/// Start value of lane `l`'s integer sum: minus the correction for the unsigned operand form.
+#[inline(always)]
+fn lane_start<const K: u8>(act: &ActQ8, xi: usize, l: usize, avx512: bool) -> i32 {
+    let ls = act.lane_sums[xi * 8 + l];
+    match K {
+        Q4_0 => -8 * ls,
+        Q8_0 if avx512 => -128 * ls,
+        _ => 0,
+    }
+}
+
+/// AVX-512 VNNI kernel: `T` tokens of group `g`.
+///
+/// # Safety
+/// AVX-512 F+VL+VNNI, AVX2, FMA, F16C present; `g`, `tok0 + T` in range (checked by [`group`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn group512<const K: u8, const T: usize>(
+    p: &Packed32,
+    g: usize,
+    act: &ActQ8,
+    tok0: usize,
+    out: &mut [[f32; 16]],
+) {
+    let (nb, bb) = (p.num_blocks(), p.block_bytes());
+    let grp = p.group(g);
+    let chunks = if K == Q8_0 { 8 } else { 4 };
+    let scales = chunks * 64;
+    let row_len = nb * QK8;
+    let nib = _mm512_set1_epi8(0x0F);
+    let flip = _mm512_set1_epi8(-128);
+    let mut acc = [[_mm512_setzero_ps(); 8]; T];
+    let mut summs = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let blk = &grp[b * bb..(b + 1) * bb];
+        let bp = blk.as_ptr();
+        // SAFETY: a packed block holds `chunks` 64-byte chunks, then 32 bytes of d (and 32 of m
+        // for Q4_1), all inside `blk` (length `bb`).
+        let (d, m, w) = unsafe {
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(bp.add(scales).cast()));
+            let m = if K == Q4_1 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(bp.add(scales + 32).cast()))
+            } else {
+                _mm512_setzero_ps()
+            };
+            // w[l] holds lane l (elements 4l..4l+4) of all 16 rows.
+            let mut w = [_mm512_setzero_si512(); 8];
+            if K == Q8_0 {
+                for (c, wc) in w.iter_mut().enumerate() {
+                    *wc = _mm512_xor_si512(_mm512_loadu_si512(bp.add(64 * c).cast()), flip);
+                }
+            } else {
+                for c in 0..4 {
+                    let v = _mm512_loadu_si512(bp.add(64 * c).cast());
+                    w[c] = _mm512_and_si512(v, nib);
+                    w[4 + c] = _mm512_and_si512(_mm512_srli_epi32(v, 4), nib);
+                }
+            }
+            (d, m, w)
+        };
+        for t in 0..T {
+            let tok = tok0 + t;
+            let xb = &act.qs[tok * row_len + b * QK8..][..QK8];
+            let x = xb.as_ptr();
+            let xi = tok * nb + b;
+            let dd = _mm512_mul_ps(d, _mm512_set1_ps(act.d[xi]));
+            for (l, wl) in w.iter().enumerate() {
+                let start = _mm512_set1_epi32(lane_start::<K>(act, xi, l, true));
+                // SAFETY: 4l + 4 <= 32, inside `xb`.
+                let xs = _mm512_set1_epi32(unsafe { read_i32(x.add(4 * l)) });
+                let i = _mm512_dpbusd_epi32(start, *wl, xs);
+                acc[t][l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), dd, acc[t][l]);
+            }
+            if K == Q4_1 {
+                summs[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(act.s[xi]), summs[t]);
+            }
+        }
+    }
+    for t in 0..T {
+        let r = hsum8_lanes!(_mm512_add_ps, acc[t]);
+        let y = if K == Q4_1 {
+            _mm512_add_ps(r, summs[t])
+        } else {
+            r
+        };
+        // SAFETY: `out[t]` holds 16 floats.
+        unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), y) };
+    }
+}
+
+/// AVX2 kernel: `T` tokens of group `g`, the 16 rows as two 8-row halves.
+///
+/// # Safety
+/// AVX2, FMA, F16C present; `g`, `tok0 + T` in range (checked by [`group`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group256<const K: u8, const T: usize>(
+    p: &Packed32,
+    g: usize,
+    act: &ActQ8,
+    tok0: usize,
+    out: &mut [[f32; 16]],
+) {
+    let (nb, bb) = (p.num_blocks(), p.block_bytes());
+    let grp = p.group(g);
+    let chunks = if K == Q8_0 { 8 } else { 4 };
+    let scales = chunks * 64;
+    let row_len = nb * QK8;
+    let nib = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut acc = [[_mm256_setzero_ps(); 8]; T];
+        let mut summs = [_mm256_setzero_ps(); T];
+        for b in 0..nb {
+            let blk = &grp[b * bb..(b + 1) * bb];
+            let bp = blk.as_ptr();
+            // SAFETY: as in `group512`; half `h` of each chunk / scale run is inside it.
+            let (d, m, w) = unsafe {
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(bp.add(scales + 16 * h).cast()));
+                let m = if K == Q4_1 {
+                    _mm256_cvtph_ps(_mm_loadu_si128(bp.add(scales + 32 + 16 * h).cast()))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                let mut w = [_mm256_setzero_si256(); 8];
+                if K == Q8_0 {
+                    for (c, wc) in w.iter_mut().enumerate() {
+                        *wc = _mm256_loadu_si256(bp.add(64 * c + 32 * h).cast());
+                    }
+                } else {
+                    for c in 0..4 {
+                        let v = _mm256_loadu_si256(bp.add(64 * c + 32 * h).cast());
+                        w[c] = _mm256_and_si256(v, nib);
+                        w[4 + c] = _mm256_and_si256(_mm256_srli_epi32(v, 4), nib);
+                    }
+                }
+                (d, m, w)
+            };
+            for t in 0..T {
+                let tok = tok0 + t;
+                let xb = &act.qs[tok * row_len + b * QK8..][..QK8];
+                let x = xb.as_ptr();
+                let xi = tok * nb + b;
+                let dd = _mm256_mul_ps(d, _mm256_set1_ps(act.d[xi]));
+                for (l, wl) in w.iter().enumerate() {
+                    // SAFETY: 4l + 4 <= 32, inside `xb`.
+                    let xs = _mm256_set1_epi32(unsafe { read_i32(x.add(4 * l)) });
+                    let prod = if K == Q8_0 {
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(*wl, *wl), _mm256_sign_epi8(xs, *wl))
+                    } else {
+                        _mm256_maddubs_epi16(*wl, xs)
+                    };
+                    let start = _mm256_set1_epi32(lane_start::<K>(act, xi, l, false));
+                    let i = _mm256_add_epi32(start, _mm256_madd_epi16(prod, ones));
+                    acc[t][l] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), dd, acc[t][l]);
+                }
+                if K == Q4_1 {
+                    summs[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(act.s[xi]), summs[t]);
+                }
+            }
+        }
+        for t in 0..T {
+            let r = hsum8_lanes!(_mm256_add_ps, acc[t]);
+            let y = if K == Q4_1 {
+                _mm256_add_ps(r, summs[t])
+            } else {
+                r
+            };
+            // SAFETY: `out[t]` holds 16 floats; half `h` is 8 of them.
+            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr().add(8 * h), y) };
+        }
+    }
+}
