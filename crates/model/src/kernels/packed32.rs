@@ -384,7 +384,7 @@ mod tests {
                 let mut out = [[0f32; 16]; 3];
                 group_scalar(&p, g, &act, 0, &mut out);
                 for (t, o) in out.iter().enumerate() {
-                    for lane in 0..16 {
+                    for (lane, got) in o.iter().enumerate() {
                         let r = g * 16 + lane;
                         if r >= rows {
                             continue;
@@ -396,10 +396,10 @@ mod tests {
                             _ => dot_row_scalar::<Q8_0>(w_row, &act, t),
                         };
                         assert_eq!(
-                            o[lane].to_bits(),
+                            got.to_bits(),
                             want.to_bits(),
                             "{ty:?} r{r} t{t}: {} vs {want}",
-                            o[lane]
+                            got
                         );
                     }
                 }

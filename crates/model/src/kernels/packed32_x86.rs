@@ -100,13 +100,16 @@ macro_rules! hsum8_lanes {
 /// Start value of lane `l`'s integer sum: minus the correction for the unsigned operand form.
 #[inline(always)]
 fn lane_start<const K: u8>(act: &ActQ8, xi: usize, l: usize, avx512: bool) -> i32 {
-    let ls = act.lane_sums[xi * 8 + l];
     match K {
-        Q4_0 => -8 * ls,
-        Q8_0 if avx512 => -128 * ls,
+        Q4_0 => -8 * act.lane_sums[xi * 8 + l],
+        Q8_0 if avx512 => -128 * act.lane_sums[xi * 8 + l],
         _ => 0,
     }
 }
+
+/// How far ahead (bytes) the single-token kernel prefetches the packed stream (as the unpacked
+/// decode tile does: the hardware prefetcher stops at page boundaries).
+const PF_DIST: usize = 4096;
 
 /// AVX-512 VNNI kernel: `T` tokens of group `g`.
 ///
@@ -129,9 +132,23 @@ unsafe fn group512<const K: u8, const T: usize>(
     let flip = _mm512_set1_epi8(-128);
     let mut acc = [[_mm512_setzero_ps(); 8]; T];
     let mut summs = [_mm512_setzero_ps(); T];
+    let all = p.bytes();
+    let grp_off = grp.as_ptr() as usize - all.as_ptr() as usize;
     for b in 0..nb {
         let blk = &grp[b * bb..(b + 1) * bb];
         let bp = blk.as_ptr();
+        if T == 1 {
+            // Prefetch the bytes PF_DIST ahead of this block, never past the matrix.
+            let start = grp_off + b * bb + PF_DIST;
+            let end = (start + bb).min(all.len());
+            let mut at = start;
+            while at < end {
+                // SAFETY: `at < all.len()`: the address lies inside the matrix; a prefetch never
+                // faults and has no architectural effect.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(all.as_ptr().add(at).cast()) };
+                at += 64;
+            }
+        }
         // SAFETY: a packed block holds `chunks` 64-byte chunks, then 32 bytes of d (and 32 of m
         // for Q4_1), all inside `blk` (length `bb`).
         let (d, m, w) = unsafe {
