@@ -7,6 +7,9 @@
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET ...]      (default 60 s, every target)
 #
+# FUZZ_RUNS=N stops each target after N executions (whichever of time and runs comes first);
+# FUZZ_SANITIZER=none|address (default address) is passed to `cargo fuzz run -s`.
+#
 # Prints each target's executions; exits non-zero if a target crashed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +26,10 @@ for t in "${targets[@]}"; do
   mkdir -p "fuzz/corpus/$t" "fuzz/artifacts/$t"
   echo "== $t (${secs}s)"
   log="$(mktemp)"
-  if cargo +nightly fuzz run "$t" "fuzz/corpus/$t" -- -max_total_time="$secs" -max_len=65536 \
+  runs=()
+  [ -n "${FUZZ_RUNS:-}" ] && runs=(-runs="$FUZZ_RUNS")
+  if cargo +nightly fuzz run -s "${FUZZ_SANITIZER:-address}" "$t" "fuzz/corpus/$t" -- \
+       -max_total_time="$secs" -max_len=65536 "${runs[@]}" \
        -artifact_prefix="fuzz/artifacts/$t/" >"$log" 2>&1; then
     grep -E "^(#[0-9]+\s+DONE|Done [0-9]+ runs)" "$log" | tail -2
   else
