@@ -64,6 +64,7 @@ pub fn encode_row(kind: KvCodecKind, x: &[f32], out: &mut [u8]) -> Result<(), Qu
         KvCodecKind::Fp8E4m3 => encode_fp8(x, out),
         KvCodecKind::Int8 { group } => encode_int(x, out, group, 255),
         KvCodecKind::Int4 { group } => encode_int(x, out, group, 15),
+        KvCodecKind::Int4Channel { .. } => unreachable!("check_row rejects block codecs"),
         KvCodecKind::Int8Hadamard { .. } | KvCodecKind::Int4Hadamard { .. } => {
             hadamard::with_scratch(x.len(), |rotated| {
                 hadamard::rotate_sanitised(x, rotated);
@@ -150,6 +151,7 @@ pub fn decode_row_with(
             let (params, codes) = split_int(bytes, head_dim, group);
             pick!(isa, decode_int_row(params, codes, group, four_bit, out))
         }
+        KvCodecKind::Int4Channel { .. } => unreachable!("check_row rejects block codecs"),
         KvCodecKind::Int8Hadamard { .. } | KvCodecKind::Int4Hadamard { .. } => {
             decode_row_with(isa, kind.storage(), bytes, out)?;
             hadamard::fwht(out);
