@@ -64,6 +64,7 @@ pub fn encode_group(
     codes.fill(0);
     let row_bytes = head_dim / 2;
     let mut column = vec![0f32; tokens];
+    let mut column_codes = vec![0u8; tokens];
     for c in 0..head_dim {
         for (t, v) in column.iter_mut().enumerate() {
             *v = rows[t * head_dim + c];
@@ -72,8 +73,9 @@ pub fn encode_group(
         params[4 * c..4 * c + 2].copy_from_slice(&p.scale.to_bits().to_le_bytes());
         params[4 * c + 2..4 * c + 4].copy_from_slice(&p.offset.to_bits().to_le_bytes());
         let wide = affine::widen(p);
-        for (t, &v) in column.iter().enumerate() {
-            let code = affine::code(v, wide, 15);
+        let isa = Isa::detect();
+        pick!(isa, encode_codes(&column, wide, 15, &mut column_codes));
+        for (t, &code) in column_codes.iter().enumerate() {
             codes[t * row_bytes + c / 2] |= code << (4 * (c % 2));
         }
     }

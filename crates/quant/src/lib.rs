@@ -43,5 +43,5 @@ pub use channel::ChannelQuery;
 pub use kind::{
     KvCodecKind, DEFAULT_CHANNEL_TOKENS, DEFAULT_INT4_GROUP, DEFAULT_INT8_GROUP, FP8_SCALE_BYTES, INT_PARAM_BYTES_PER_GROUP,
 };
-pub use row::{decode_row, decode_row_with, encode_row, encode_row_to_vec};
+pub use row::{decode_row, decode_row_with, encode_row, encode_row_to_vec, encode_row_with};
 pub use rows::EncodedRows;
