@@ -199,6 +199,52 @@ fn per_channel_k_sealed_per_block_keeps_outputs_independent_of_batching_chunking
     assert!(EngineCore::new(model(), bad).is_err());
 }
 
+/// `int4c` blocks demoted to a RAM tier and loaded back give the recomputed output (sealed bytes
+/// are a function of the block's rows), and greedy forks, which copy the partial last block's f16
+/// rows, decode what a single request does.
+#[test]
+fn per_channel_k_blocks_restore_from_a_tier_and_fork_exactly() {
+    let kv = model::KvDtype::parse("k=int4c-t4,v=int4-g16").unwrap();
+    let ps = prompts(6, 24, 5);
+    let want: Vec<Output> = ps.iter().map(|p| alone_kv(model(), p, 4, kv)).collect();
+    let store = Arc::new(RamStore::new(RamConfig {
+        max_bytes: 64 << 20,
+        compression: Compression::None,
+    }));
+    let mut c = cfg(24, 64);
+    c.kv_dtype = kv;
+    c.tiers.load_policy = engine::TierLoadPolicy::Always;
+    c.tiers.admission_wait = std::time::Duration::from_secs(600);
+    let mut core =
+        EngineCore::with_tier_stores(model(), c, vec![store as Arc<dyn TierStore>]).unwrap();
+    for round in 0..2 {
+        let specs = ps.iter().map(|p| greedy(p.clone(), 4)).collect();
+        let got = run(&mut core, specs);
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(&got[&(i, 0)], w, "round {round}, prompt {i}");
+        }
+        core.wait_for_demotions();
+    }
+    assert!(core.snapshot().tiers.tiers[0].stats.hit_tokens > 0, "loaded from the tier");
+    let mut core = EngineCore::new(
+        model(),
+        EngineConfig {
+            kv_dtype: kv,
+            ..cfg(256, 512)
+        },
+    )
+    .unwrap();
+    let mut spec = greedy(ps[0].clone(), 12);
+    spec.n = 3;
+    let forked = run(&mut core, vec![spec]);
+    let single = alone_kv(model(), &ps[0], 12, kv);
+    for choice in 0..3u32 {
+        let ids: Vec<u32> = forked[&(0, choice)].iter().map(|t| t.0).collect();
+        let want_ids: Vec<u32> = single.iter().map(|t| t.0).collect();
+        assert_eq!(ids, want_ids, "choice {choice}");
+    }
+}
+
 #[test]
 fn a_small_pool_preempts_and_outputs_stay_identical() {
     let ps = prompts(5, 0, 2);
