@@ -215,7 +215,8 @@ impl Serialize for KvDtype {
 impl<'de> Deserialize<'de> for KvDtype {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        KvDtype::parse(&s).ok_or_else(|| serde::de::Error::custom(format!("unknown KV codec {s:?}")))
+        KvDtype::parse(&s)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown KV codec {s:?}")))
     }
 }
 

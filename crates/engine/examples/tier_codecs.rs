@@ -41,15 +41,28 @@ fn main() {
     let threads: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(2);
     let model = Arc::new(model::Model::load(&model::default_model_path()).expect("model"));
     let text = std::fs::read_to_string("crates/model/tests/data/corpus.txt").expect("corpus");
-    let tokens = model.tokenizer().encode(&text, false, true).expect("tokens");
+    let tokens = model
+        .tokenizer()
+        .encode(&text, false, true)
+        .expect("tokens");
     let (p, q) = (
         tokens[..num_tokens].to_vec(),
         tokens[num_tokens..2 * num_tokens].to_vec(),
     );
     println!("prompt {num_tokens} tokens of corpus.txt, {threads} threads, RAM tier");
     let mut f16_bytes = 0.0;
-    for codec in ["f16", "int8", "k=int8,v=int4", "k=int4h,v=int4", "k=int4c,v=int4"] {
-        for compression in [Compression::None, Compression::Lz4, Compression::Lz4Shuffle16] {
+    for codec in [
+        "f16",
+        "int8",
+        "k=int8,v=int4",
+        "k=int4h,v=int4",
+        "k=int4c,v=int4",
+    ] {
+        for compression in [
+            Compression::None,
+            Compression::Lz4,
+            Compression::Lz4Shuffle16,
+        ] {
             let store = Arc::new(RamStore::new(RamConfig {
                 max_bytes: 1 << 30,
                 compression,
@@ -64,9 +77,12 @@ fn main() {
                 },
                 ..Default::default()
             };
-            let mut core =
-                EngineCore::with_tier_stores(model.clone(), cfg, vec![store.clone() as Arc<dyn TierStore>])
-                    .expect("engine");
+            let mut core = EngineCore::with_tier_stores(
+                model.clone(),
+                cfg,
+                vec![store.clone() as Arc<dyn TierStore>],
+            )
+            .expect("engine");
             ttft(&mut core, 1, &p);
             ttft(&mut core, 2, &q); // evicts P into the tier
             core.wait_for_demotions();

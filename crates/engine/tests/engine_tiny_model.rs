@@ -186,7 +186,10 @@ fn per_channel_k_sealed_per_block_keeps_outputs_independent_of_batching_chunking
         },
     )
     .unwrap();
-    let got = run(&mut core, ps.iter().map(|p| greedy(p.clone(), 40)).collect());
+    let got = run(
+        &mut core,
+        ps.iter().map(|p| greedy(p.clone(), 40)).collect(),
+    );
     assert!(core.stats().preemptions > 0);
     for (i, w) in want.iter().enumerate() {
         assert_eq!(&got[&(i, 0)], w, "prompt {i}");
@@ -225,7 +228,10 @@ fn per_channel_k_blocks_restore_from_a_tier_and_fork_exactly() {
         }
         core.wait_for_demotions();
     }
-    assert!(core.snapshot().tiers.tiers[0].stats.hit_tokens > 0, "loaded from the tier");
+    assert!(
+        core.snapshot().tiers.tiers[0].stats.hit_tokens > 0,
+        "loaded from the tier"
+    );
     let mut core = EngineCore::new(
         model(),
         EngineConfig {

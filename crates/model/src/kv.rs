@@ -202,8 +202,6 @@ impl ContiguousKv {
         })
     }
 
-
-
     pub fn capacity(&self) -> usize {
         self.capacity
     }

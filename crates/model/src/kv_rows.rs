@@ -334,7 +334,10 @@ impl KvRows {
                 v_row_bytes: vr,
             } => {
                 let t = k.tokens();
-                assert!(first.is_multiple_of(t) && n.is_multiple_of(t), "whole groups");
+                assert!(
+                    first.is_multiple_of(t) && n.is_multiple_of(t),
+                    "whole groups"
+                );
                 k.groups_bytes(first / t, n / t, &mut out);
                 out.extend_from_slice(&v[first * vr..(first + n) * vr]);
             }
@@ -389,7 +392,10 @@ impl KvRows {
                 v_row_bytes: vr,
             } => {
                 let t = k.tokens();
-                assert!(first.is_multiple_of(t) && n.is_multiple_of(t), "whole groups");
+                assert!(
+                    first.is_multiple_of(t) && n.is_multiple_of(t),
+                    "whole groups"
+                );
                 let (kb, vb) = bytes.split_at(n * self.codecs.k.bytes_per_row(hd));
                 k.load_groups_bytes(first / t, kb);
                 v[first * *vr..(first + n) * *vr].copy_from_slice(vb);

@@ -38,7 +38,11 @@ pub(crate) struct SealedK {
 
 impl SealedK {
     /// `num_rows` rows (a multiple of the codec's group).
-    pub(crate) fn new(kind: KvCodecKind, head_dim: usize, num_rows: usize) -> Result<Self, KvError> {
+    pub(crate) fn new(
+        kind: KvCodecKind,
+        head_dim: usize,
+        num_rows: usize,
+    ) -> Result<Self, KvError> {
         let tokens = kind
             .block_tokens()
             .ok_or_else(|| KvError::Codec(format!("{kind} is not a block codec")))?;
@@ -88,8 +92,12 @@ impl SealedK {
         let (g, r) = (row / self.tokens, row % self.tokens);
         let (hd, len) = (self.head_dim, self.stage_len());
         let stage = self.staged.entry(g).or_insert_with(|| vec![0u8; len]);
-        quant::encode_row(KvCodecKind::F16, k, &mut stage[r * hd * 2..(r + 1) * hd * 2])
-            .map_err(|e| KvError::Codec(e.to_string()))?;
+        quant::encode_row(
+            KvCodecKind::F16,
+            k,
+            &mut stage[r * hd * 2..(r + 1) * hd * 2],
+        )
+        .map_err(|e| KvError::Codec(e.to_string()))?;
         self.is_sealed[g] = false;
         if r + 1 == self.tokens {
             self.seal(g)?;
@@ -155,7 +163,11 @@ impl SealedK {
         assert!(src.is_multiple_of(t) && dst.is_multiple_of(t) && n <= t);
         let (gs, gd) = (src / t, dst / t);
         let len = self.stage_len();
-        match self.staged.get(&gs).map(|s| s[..n * self.head_dim * 2].to_vec()) {
+        match self
+            .staged
+            .get(&gs)
+            .map(|s| s[..n * self.head_dim * 2].to_vec())
+        {
             Some(rows) => {
                 let d = self.staged.entry(gd).or_insert_with(|| vec![0u8; len]);
                 d[..rows.len()].copy_from_slice(&rows);
@@ -173,7 +185,9 @@ impl SealedK {
     /// full blocks, whose groups are sealed).
     pub(crate) fn groups_bytes(&self, first_group: usize, n: usize, out: &mut Vec<u8>) {
         debug_assert!(
-            self.is_sealed[first_group..first_group + n].iter().all(|&s| s),
+            self.is_sealed[first_group..first_group + n]
+                .iter()
+                .all(|&s| s),
             "serialising a group that is still being filled"
         );
         let gb = self.group_bytes;

@@ -192,16 +192,27 @@ mod tests {
         encode_group(kind, &x, hd, &mut bytes).unwrap();
         let mut back = vec![0f32; t * hd];
         decode_group(kind, &bytes, hd, &mut back).unwrap();
-        let err_c: f64 = x.iter().zip(&back).map(|(a, b)| f64::from(a - b).powi(2)).sum();
+        let err_c: f64 = x
+            .iter()
+            .zip(&back)
+            .map(|(a, b)| f64::from(a - b).powi(2))
+            .sum();
         let row_kind = KvCodecKind::Int4 { group: 32 };
         let mut err_t = 0f64;
         for row in x.chunks_exact(hd) {
             let enc = crate::encode_row_to_vec(row_kind, row).unwrap();
             let mut dec = vec![0f32; hd];
             crate::decode_row(row_kind, &enc, &mut dec).unwrap();
-            err_t += row.iter().zip(&dec).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>();
+            err_t += row
+                .iter()
+                .zip(&dec)
+                .map(|(a, b)| f64::from(a - b).powi(2))
+                .sum::<f64>();
         }
-        assert!(err_c < 0.5 * err_t, "per-channel {err_c} vs per-token {err_t}");
+        assert!(
+            err_c < 0.5 * err_t,
+            "per-channel {err_c} vs per-token {err_t}"
+        );
         // Every value within half a step of its channel (the stored parameters cover the range
         // unless clipped; clipping only ever lowers the channel's squared error).
         assert_eq!(bytes.len(), t * kind.bytes_per_row(hd));
@@ -227,8 +238,15 @@ mod tests {
             let row_codes = &codes[r * hd / 2..(r + 1) * hd / 2];
             let s = portable.score(row_codes);
             assert_eq!(s.to_bits(), best.score(row_codes).to_bits());
-            let exact: f64 = q.iter().zip(row).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
-            assert!((f64::from(s) - exact).abs() < 1e-3 * (1.0 + exact.abs()), "{s} {exact}");
+            let exact: f64 = q
+                .iter()
+                .zip(row)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum();
+            assert!(
+                (f64::from(s) - exact).abs() < 1e-3 * (1.0 + exact.abs()),
+                "{s} {exact}"
+            );
         }
     }
 
@@ -240,8 +258,14 @@ mod tests {
         assert!(crate::encode_row_to_vec(kind, &[0.0; 64]).is_err());
         assert!(kind.validate(62).is_err(), "4·62 is not a multiple of 16");
         assert!(crate::KvCodecs { k: kind, v: kind }.validate(64).is_err());
-        assert!(crate::KvCodecs::parse("k=int4c,v=int4").unwrap().validate(64).is_ok());
-        assert_eq!(KvCodecKind::parse("int4c-t32"), Ok(KvCodecKind::Int4Channel { tokens: 32 }));
+        assert!(crate::KvCodecs::parse("k=int4c,v=int4")
+            .unwrap()
+            .validate(64)
+            .is_ok());
+        assert_eq!(
+            KvCodecKind::parse("int4c-t32"),
+            Ok(KvCodecKind::Int4Channel { tokens: 32 })
+        );
         assert_eq!(KvCodecKind::parse(&kind.id()), Ok(kind));
         assert!(KvCodecKind::parse("int4c-t").is_err());
         assert!(KvCodecKind::parse("int4cx").is_err());

@@ -130,7 +130,10 @@ fn encode_int(isa: Isa, x: &[f32], out: &mut [u8], group: usize, qmax: u32) {
                 }
             }
         } else {
-            pick!(isa, encode_codes(xg, wide, qmax, &mut codes[g * group..(g + 1) * group]));
+            pick!(
+                isa,
+                encode_codes(xg, wide, qmax, &mut codes[g * group..(g + 1) * group])
+            );
         }
     }
 }

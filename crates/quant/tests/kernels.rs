@@ -5,8 +5,8 @@
 
 use quant::{
     axpy_row, axpy_row_stored_with, axpy_row_with, decode_row_with, dot_row, dot_row_with,
-    encode_row, encode_row_to_vec, encode_row_with, unrotate_stored_sum, Isa, KvCodecKind, PreparedQuery,
-    QuantError,
+    encode_row, encode_row_to_vec, encode_row_with, unrotate_stored_sum, Isa, KvCodecKind,
+    PreparedQuery, QuantError,
 };
 use rand::{Rng, SeedableRng};
 
@@ -249,7 +249,10 @@ fn encode_paths_are_bit_identical() {
                         }
                     }
                     2 => x.iter_mut().for_each(|v| *v = 1.25),
-                    3 => x.iter_mut().enumerate().for_each(|(i, v)| *v = (i % 7) as f32 * 0.5),
+                    3 => x
+                        .iter_mut()
+                        .enumerate()
+                        .for_each(|(i, v)| *v = (i % 7) as f32 * 0.5),
                     _ => {}
                 }
                 if kind.validate(head_dim).is_err() {
