@@ -9,13 +9,20 @@ use bench::kvsize::{self, KvDtype, KvSizeParams, PRESETS};
 use engine::{EngineConfig, EngineCore};
 use model::testing::{tiny_model, TinyModelSpec};
 
-const DTYPES: [(&str, KvDtype); 6] = [
-    ("f32", KvDtype::F32),
-    ("f16", KvDtype::F16),
-    ("bf16", KvDtype::Bf16),
-    ("fp8", KvDtype::Fp8),
-    ("int8", KvDtype::Int8),
-    ("int4", KvDtype::Int4),
+/// Every codec family, rotated and mixed pairs, and per-channel K.
+const DTYPES: [&str; 12] = [
+    "f32",
+    "f16",
+    "bf16",
+    "fp8",
+    "int8",
+    "int4",
+    "int8-g32",
+    "int4h",
+    "int8h",
+    "k=int8,v=int4",
+    "k=int4c,v=int4",
+    "k=int4c,v=int8",
 ];
 
 fn calculator(shape: &kvsize::KvShape, dtype: KvDtype) -> u64 {
@@ -24,7 +31,6 @@ fn calculator(shape: &kvsize::KvShape, dtype: KvDtype) -> u64 {
         batch: 1,
         dtype,
         block_size: 1,
-        group_size: dtype.default_group_size(),
     };
     kvsize::compute(shape, params).unwrap().bytes_per_token
 }
@@ -33,7 +39,8 @@ fn calculator(shape: &kvsize::KvShape, dtype: KvDtype) -> u64 {
 fn the_calculator_counts_every_codec_as_the_codecs_store_it() {
     for (preset, _) in PRESETS {
         let shape = kvsize::preset(preset).unwrap();
-        for (name, dtype) in DTYPES {
+        for name in DTYPES {
+            let dtype = KvDtype::parse(name).unwrap();
             let codecs = quant::KvCodecs::parse(name).unwrap();
             let engine_bytes = codecs.bytes_per_token(
                 shape.num_layers as usize,
@@ -64,7 +71,8 @@ fn the_engine_allocates_what_the_calculator_says() {
         value_head_dim: (spec.hidden / spec.num_heads) as u64,
         sliding_window: None,
     };
-    for (name, dtype) in DTYPES {
+    for name in DTYPES {
+        let dtype = KvDtype::parse(name).unwrap();
         let cfg = EngineConfig {
             num_blocks: 4,
             kv_dtype: model::KvDtype::parse(name).unwrap(),
@@ -75,6 +83,12 @@ fn the_engine_allocates_what_the_calculator_says() {
         assert_eq!(
             core.memory().bytes_per_token() as u64,
             calculator(&shape, dtype),
+            "{name}"
+        );
+        // What the buffers hold, not only what the accounting says.
+        assert_eq!(
+            core.memory().allocated_bytes(),
+            core.memory().bytes_per_token() * 16 * 4,
             "{name}"
         );
     }

@@ -2,12 +2,11 @@
 //! with their quantisation overhead, block rounding, and the articles' naive formula for
 //! comparison. Pure; reading GGUF files is the caller's job (it fills a [`KvShape`]).
 //!
-//! Bytes per token per layer = Σ over K and V of `num_kv_heads × vector_bytes(head_dim)`, where a
-//! head vector of `d` elements costs `ceil(d × bits / 8)` bytes plus, for int8/int4, one f16 scale
-//! and one f16 offset per group of `group_size` elements (default 64 for int8, 32 for int4), and
-//! for fp8 one f32 scale per token per head — exactly the layout of the engine's codecs
-//! (`quant::KvCodecKind::bytes_per_row`; `crates/agentkv/tests/kv_size_agrees.rs` checks every
-//! codec against it and against the engine). Grouped-query attention is counted: KV heads, not
+//! Bytes per token per layer = Σ over K and V of `num_kv_heads × bytes_per_row(head_dim)`, taken
+//! from the engine's codecs themselves (`quant::KvCodecKind::bytes_per_row`: f16 scale + offset
+//! per group for int8/int4, one f32 scale per row for fp8, per-channel parameters amortised over
+//! a block for `int4c`) — one source of truth; `crates/agentkv/tests/kv_size_agrees.rs` checks
+//! every codec against what an engine allocates. Grouped-query attention is counted: KV heads, not
 //! query heads. Models with sliding-window layers (Gemma 3) also get the window-bounded figure:
 //! local layers need only their last `window` positions (what a cache that frees out-of-window
 //! K/V would hold); agentkv keeps every layer's K/V of a block (global layers need it all), so
@@ -136,62 +135,88 @@ pub fn from_hf_config(json: &str) -> Result<KvShape, BenchError> {
     })
 }
 
-/// Element type of the cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KvDtype {
-    F32,
-    F16,
-    Bf16,
-    /// 8-bit float, one f32 scale per token per head.
-    Fp8,
-    /// 8-bit integer, f16 scale + f16 offset per group.
-    Int8,
-    /// 4-bit integer, f16 scale + f16 offset per group.
-    Int4,
-}
+/// Element type of the cache: the engine's own codec pair (`quant::KvCodecs`, any name the
+/// engine accepts — `int8`, `int4h`, `k=int8,v=int4`, `k=int4c,v=int4`, …). Bytes come from the
+/// codecs' row layout (`quant::KvCodecKind::bytes_per_row`): the calculator has no formula of
+/// its own, so it cannot disagree with what the engine allocates. Serialised as the codec id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvDtype(pub quant::KvCodecs);
 
 impl KvDtype {
+    pub const F32: KvDtype = KvDtype(quant::KvCodecs::F32);
+    pub const F16: KvDtype = KvDtype(quant::KvCodecs::F16);
+
+    /// Any codec name the engine accepts (`--kv-dtype`).
     pub fn parse(s: &str) -> Option<KvDtype> {
-        Some(match s.to_ascii_lowercase().as_str() {
-            "f32" => KvDtype::F32,
-            "f16" => KvDtype::F16,
-            "bf16" => KvDtype::Bf16,
-            "fp8" => KvDtype::Fp8,
-            "int8" => KvDtype::Int8,
-            "int4" => KvDtype::Int4,
-            _ => return None,
+        quant::KvCodecs::parse(s).ok().map(KvDtype)
+    }
+
+    /// This codec pair with every integer codec's channel group set to `group`
+    /// (`--group-size`; float codecs and per-channel `int4c` are unchanged).
+    pub fn with_group(self, group: u64) -> KvDtype {
+        use quant::KvCodecKind as K;
+        let g = group as usize;
+        let regroup = |k: K| match k {
+            K::Int8 { .. } => K::Int8 { group: g },
+            K::Int4 { .. } => K::Int4 { group: g },
+            K::Int8Hadamard { .. } => K::Int8Hadamard { group: g },
+            K::Int4Hadamard { .. } => K::Int4Hadamard { group: g },
+            other => other,
+        };
+        KvDtype(quant::KvCodecs {
+            k: regroup(self.0.k),
+            v: regroup(self.0.v),
         })
     }
 
-    pub fn bits(self) -> u64 {
-        match self {
-            KvDtype::F32 => 32,
-            KvDtype::F16 | KvDtype::Bf16 => 16,
-            KvDtype::Fp8 | KvDtype::Int8 => 8,
-            KvDtype::Int4 => 4,
+    /// Bits per stored value of one codec, parameters excluded (the naive formula's figure).
+    fn kind_bits(kind: quant::KvCodecKind) -> u64 {
+        use quant::KvCodecKind as K;
+        match kind {
+            K::F32 => 32,
+            K::F16 | K::Bf16 => 16,
+            K::Fp8E4m3 | K::Int8 { .. } | K::Int8Hadamard { .. } => 8,
+            K::Int4 { .. } | K::Int4Hadamard { .. } | K::Int4Channel { .. } => 4,
         }
     }
 
-    /// The group size the engine's codec of this name uses (`int8` = `int8-g64`, `int4` =
-    /// `int4-g32`); 1 for types without groups.
-    pub fn default_group_size(self) -> u64 {
-        match self {
-            KvDtype::Int8 => 64,
-            KvDtype::Int4 => 32,
-            _ => 1,
-        }
+    /// Bits per K value and per V value, parameters excluded.
+    pub fn bits(self) -> (u64, u64) {
+        (Self::kind_bits(self.0.k), Self::kind_bits(self.0.v))
     }
 
-    /// Bytes of one head vector of `dim` elements, overhead included.
-    pub fn vector_bytes(self, dim: u64, group_size: u64) -> u64 {
-        let payload = (dim * self.bits()).div_ceil(8);
-        let overhead = match self {
-            KvDtype::F32 | KvDtype::F16 | KvDtype::Bf16 => 0,
-            KvDtype::Fp8 => 4,
-            KvDtype::Int8 | KvDtype::Int4 => dim.div_ceil(group_size.max(1)) * 4,
-        };
-        payload + overhead
+    /// Bytes of one K head vector and one V head vector of `key_dim` / `value_dim` values,
+    /// scales and offsets included (exactly the engine's rows); `Err` when a codec does not fit
+    /// the head size (e.g. a group that does not divide it).
+    pub fn vector_bytes(self, key_dim: u64, value_dim: u64) -> Result<(u64, u64), BenchError> {
+        let (k, v) = (self.0.k, self.0.v);
+        k.validate(key_dim as usize)
+            .and_then(|()| v.validate(value_dim as usize))
+            .map_err(|e| BenchError::Config(format!("{}: {e}", self.0)))?;
+        Ok((
+            k.bytes_per_row(key_dim as usize) as u64,
+            v.bytes_per_row(value_dim as usize) as u64,
+        ))
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl Serialize for KvDtype {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0.id())
+    }
+}
+
+impl<'de> Deserialize<'de> for KvDtype {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        KvDtype::parse(&s)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown KV codec {s:?}")))
     }
 }
 
@@ -205,8 +230,6 @@ pub struct KvSizeParams {
     pub dtype: KvDtype,
     /// Tokens per KV block; each sequence occupies whole blocks (1 = no rounding).
     pub block_size: u64,
-    /// Elements per int8/int4 quantisation group.
-    pub group_size: u64,
 }
 
 /// The figures, all in bytes.
@@ -230,17 +253,14 @@ pub struct KvSizeReport {
     pub window_bounded_total_bytes: Option<u64>,
 }
 
-/// Sizes the cache; `Err` for zero block size or group size.
+/// Sizes the cache; `Err` for a zero block size or codecs that do not fit the head size.
 pub fn compute(shape: &KvShape, params: KvSizeParams) -> Result<KvSizeReport, BenchError> {
-    if params.block_size == 0 || params.group_size == 0 {
-        return Err(BenchError::Config(
-            "block size and group size must be ≥ 1".into(),
-        ));
+    if params.block_size == 0 {
+        return Err(BenchError::Config("block size must be ≥ 1".into()));
     }
     let d = params.dtype;
-    let per_layer = shape.num_kv_heads
-        * (d.vector_bytes(shape.key_head_dim, params.group_size)
-            + d.vector_bytes(shape.value_head_dim, params.group_size));
+    let (k_bytes, v_bytes) = d.vector_bytes(shape.key_head_dim, shape.value_head_dim)?;
+    let per_layer = shape.num_kv_heads * (k_bytes + v_bytes);
     let per_token = per_layer * shape.num_layers;
     let allocated = params.num_tokens.div_ceil(params.block_size) * params.block_size;
     let per_seq = allocated * per_token;
@@ -249,11 +269,11 @@ pub fn compute(shape: &KvShape, params: KvSizeParams) -> Result<KvSizeReport, Be
         let local_tokens = allocated.min(sw.window.div_ceil(params.block_size) * params.block_size);
         ((shape.num_layers - local) * allocated + local * local_tokens) * per_layer * params.batch
     });
+    let (k_bits, v_bits) = d.bits();
     let naive_per_token = (shape.num_layers
         * shape.num_query_heads
-        * (shape.key_head_dim + shape.value_head_dim)
-        * d.bits())
-    .div_ceil(8);
+        * (shape.key_head_dim * k_bits + shape.value_head_dim * v_bits))
+        .div_ceil(8);
     Ok(KvSizeReport {
         shape: shape.clone(),
         params,
@@ -299,11 +319,7 @@ pub fn render_table(r: &KvSizeReport, naive: bool) -> String {
         ),
         (
             "dtype".into(),
-            format!(
-                "{:?} (group {}), block {} tokens",
-                p.dtype, p.group_size, p.block_size
-            )
-            .to_lowercase(),
+            format!("{}, block {} tokens", p.dtype, p.block_size),
         ),
         (
             "bytes per token per layer".into(),

@@ -4,13 +4,16 @@ use bench::kvsize::{
     compute, from_hf_config, preset, render_table, KvDtype, KvSizeParams, PRESETS,
 };
 
+fn d(name: &str) -> KvDtype {
+    KvDtype::parse(name).unwrap()
+}
+
 fn params(dtype: KvDtype, tokens: u64, batch: u64, block: u64) -> KvSizeParams {
     KvSizeParams {
         num_tokens: tokens,
         batch,
         dtype,
         block_size: block,
-        group_size: 32,
     }
 }
 
@@ -32,24 +35,29 @@ fn dtypes_and_overheads() {
     let s = preset("llama-3-8b").unwrap();
     let per_token = |d| compute(&s, params(d, 1, 1, 1)).unwrap().bytes_per_token;
     assert_eq!(per_token(KvDtype::F32), 262_144);
-    assert_eq!(per_token(KvDtype::Bf16), 131_072);
+    assert_eq!(per_token(d("bf16")), 131_072);
     // fp8: 128 bytes + one f32 scale per head vector = 132; × 8 heads × 2 × 32 layers.
-    assert_eq!(per_token(KvDtype::Fp8), 132 * 8 * 2 * 32);
+    assert_eq!(per_token(d("fp8")), 132 * 8 * 2 * 32);
     // int8: 128 + 4 groups × (2 + 2) = 144.
-    assert_eq!(per_token(KvDtype::Int8), 144 * 8 * 2 * 32);
+    assert_eq!(per_token(d("int8-g32")), 144 * 8 * 2 * 32);
     // int4: 64 + 16 = 80.
-    assert_eq!(per_token(KvDtype::Int4), 80 * 8 * 2 * 32);
-    let g64 = KvSizeParams {
-        group_size: 64,
-        ..params(KvDtype::Int4, 1, 1, 1)
-    };
+    assert_eq!(per_token(d("int4")), 80 * 8 * 2 * 32);
+    // Per-channel int4 K over blocks of 16 tokens: 64 code bytes + 128 channels × 4 bytes / 16
+    // rows = 96; int4 V 80. Every codec the engine accepts is accepted, mixed pairs included.
+    assert_eq!(per_token(d("k=int4c,v=int4")), (96 + 80) * 8 * 32);
+    assert_eq!(per_token(d("k=int8,v=int4")), (136 + 80) * 8 * 32);
+    assert_eq!(per_token(d("int4h")), 80 * 8 * 2 * 32);
+    // A group that does not divide the head is an error, not a wrong figure.
+    assert!(compute(&s, params(d("int8").with_group(48), 1, 1, 1)).is_err());
+    let g64 = params(d("int4").with_group(64), 1, 1, 1);
+    assert_eq!(d("int4").with_group(64), d("int4-g64"));
     assert_eq!(
         compute(&s, g64).unwrap().bytes_per_token,
         (64 + 8) * 8 * 2 * 32
     );
     // Naive formula ignores overhead: int4 naive = 32 × 32 × 256 × 4 bits.
     assert_eq!(
-        compute(&s, params(KvDtype::Int4, 1, 1, 1))
+        compute(&s, params(d("int4"), 1, 1, 1))
             .unwrap()
             .naive_bytes_per_token,
         131_072
@@ -114,7 +122,6 @@ fn sliding_window_layers_get_the_window_bounded_figure() {
         batch: 1,
         dtype: KvDtype::F16,
         block_size: 16,
-        group_size: 64,
     };
     let r = compute(&s, params).unwrap();
     // f16: 2 × 256 × 2 bytes per layer per token = 1024.

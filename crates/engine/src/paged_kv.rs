@@ -35,6 +35,15 @@ pub struct PagedKvMemory {
 impl PagedKvMemory {
     /// Allocates the pool; fails when the codecs do not fit the head size.
     pub fn new(geo: KvGeometry, dtype: KvDtype) -> Result<Self, KvError> {
+        if let Some(tokens) = dtype.k.block_tokens() {
+            if tokens != geo.block_size {
+                return Err(KvError::Codec(format!(
+                    "{} seals one block of one KV head at a time: it needs a KV block size of \
+                     {tokens}, got {} (use int4c-t{})",
+                    dtype.k, geo.block_size, geo.block_size
+                )));
+            }
+        }
         let num_rows = geo.num_blocks * geo.num_layers * geo.num_kv_heads * geo.block_size;
         Ok(PagedKvMemory {
             geo,
@@ -141,6 +150,10 @@ impl KvStore for StepKv<'_> {
         self.mem.rows.codecs()
     }
 
+    fn begin_step(&mut self) {
+        self.mem.rows.release_sealed();
+    }
+
     fn for_each_chunk(
         &self,
         layer: usize,
@@ -180,11 +193,15 @@ impl KvStore for StepKv<'_> {
                         .prefetch(self.mem.row(next, layer, kv_head, 0), next_n);
                 }
             }
+            // The block holding the query (the last one read) is its own: with a block K codec
+            // its full-precision rows are read (`KvRows::chunk_for`).
             f(
                 pos,
-                self.mem
-                    .rows
-                    .chunk(self.mem.row(block, layer, kv_head, 0), n),
+                self.mem.rows.chunk_for(
+                    self.mem.row(block, layer, kv_head, 0),
+                    n,
+                    pos + n == num_positions,
+                ),
             );
             pos += n;
         }

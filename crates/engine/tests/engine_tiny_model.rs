@@ -89,7 +89,18 @@ fn alone(p: &[u32], max_tokens: usize) -> Output {
 }
 
 fn alone_on(m: Arc<Model>, p: &[u32], max_tokens: usize) -> Output {
-    let mut core = EngineCore::new(m, cfg(256, 512)).unwrap();
+    alone_kv(m, p, max_tokens, model::KvDtype::F16)
+}
+
+fn alone_kv(m: Arc<Model>, p: &[u32], max_tokens: usize, kv_dtype: model::KvDtype) -> Output {
+    let mut core = EngineCore::new(
+        m,
+        EngineConfig {
+            kv_dtype,
+            ..cfg(256, 512)
+        },
+    )
+    .unwrap();
     run(&mut core, vec![greedy(p.to_vec(), max_tokens)])
         .remove(&(0, 0))
         .unwrap()
@@ -98,13 +109,23 @@ fn alone_on(m: Arc<Model>, p: &[u32], max_tokens: usize) -> Output {
 /// Each prompt alone vs all of them together with prefix caching (whole and chunked prefills)
 /// and without it: bitwise equal tokens and logprobs.
 fn check_batching_chunking_caching(m: Arc<Model>, ps: &[Vec<u32>], max_tokens: usize) {
+    check_batching_chunking_caching_kv(m, ps, max_tokens, model::KvDtype::F16);
+}
+
+fn check_batching_chunking_caching_kv(
+    m: Arc<Model>,
+    ps: &[Vec<u32>],
+    max_tokens: usize,
+    kv_dtype: model::KvDtype,
+) -> Vec<Output> {
     let want: Vec<Output> = ps
         .iter()
-        .map(|p| alone_on(m.clone(), p, max_tokens))
+        .map(|p| alone_kv(m.clone(), p, max_tokens, kv_dtype))
         .collect();
-    for (caching, batch) in [(true, 512), (true, 7), (false, 16)] {
+    for (caching, batch) in [(true, 512), (true, 7), (false, 16), (true, 3)] {
         let mut c = cfg(256, batch);
         c.prefix_caching = caching;
+        c.kv_dtype = kv_dtype;
         let mut core = EngineCore::new(m.clone(), c).unwrap();
         let specs = ps.iter().map(|p| greedy(p.clone(), max_tokens)).collect();
         let got = run(&mut core, specs);
@@ -112,10 +133,11 @@ fn check_batching_chunking_caching(m: Arc<Model>, ps: &[Vec<u32>], max_tokens: u
             assert_eq!(
                 &got[&(i, 0)],
                 w,
-                "prompt {i}, caching {caching}, batch {batch}"
+                "prompt {i}, caching {caching}, batch {batch}, {kv_dtype}"
             );
         }
     }
+    want
 }
 
 #[test]
@@ -140,6 +162,93 @@ fn sliding_window_layers_stay_exact_with_prefix_caching_and_chunking() {
     assert_eq!(m.config.window_of(0), Some(8));
     assert_eq!(m.config.window_of(2), None);
     check_batching_chunking_caching(m, &prompts(5, 24, 3), 12);
+}
+
+/// Per-channel 4-bit K (`int4c`, one group per block of one KV head) seals a block when its last
+/// row is written and a query reads its own block in f16, earlier blocks sealed: tokens and
+/// logprobs stay bitwise independent of batching, chunking (chunks of 3 and 7 tokens end inside
+/// blocks of 4), prefix caching and preemption — and differ from f16 (the codec is in use).
+#[test]
+fn per_channel_k_sealed_per_block_keeps_outputs_independent_of_batching_chunking_and_cache() {
+    let kv = model::KvDtype::parse("k=int4c-t4,v=int4-g16").unwrap();
+    let ps = prompts(6, 24, 1);
+    let got = check_batching_chunking_caching_kv(model(), &ps, 6, kv);
+    let f16: Vec<Output> = ps.iter().map(|p| alone(p, 6)).collect();
+    assert_ne!(got, f16, "int4c K changes logprobs");
+    // Preemption: the pool cannot hold every running sequence to the end.
+    let ps = prompts(5, 0, 2);
+    let want: Vec<Output> = ps.iter().map(|p| alone_kv(model(), p, 40, kv)).collect();
+    let mut core = EngineCore::new(
+        model(),
+        EngineConfig {
+            kv_dtype: kv,
+            ..cfg(24, 64)
+        },
+    )
+    .unwrap();
+    let got = run(
+        &mut core,
+        ps.iter().map(|p| greedy(p.clone(), 40)).collect(),
+    );
+    assert!(core.stats().preemptions > 0);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&got[&(i, 0)], w, "prompt {i}");
+    }
+    // A block size the codec does not seal is refused when the engine is built.
+    let bad = EngineConfig {
+        kv_dtype: model::KvDtype::parse("k=int4c-t16,v=int4-g16").unwrap(),
+        ..cfg(24, 64)
+    };
+    assert!(EngineCore::new(model(), bad).is_err());
+}
+
+/// `int4c` blocks demoted to a RAM tier and loaded back give the recomputed output (sealed bytes
+/// are a function of the block's rows), and greedy forks, which copy the partial last block's f16
+/// rows, decode what a single request does.
+#[test]
+fn per_channel_k_blocks_restore_from_a_tier_and_fork_exactly() {
+    let kv = model::KvDtype::parse("k=int4c-t4,v=int4-g16").unwrap();
+    let ps = prompts(6, 24, 5);
+    let want: Vec<Output> = ps.iter().map(|p| alone_kv(model(), p, 4, kv)).collect();
+    let store = Arc::new(RamStore::new(RamConfig {
+        max_bytes: 64 << 20,
+        compression: Compression::None,
+    }));
+    let mut c = cfg(24, 64);
+    c.kv_dtype = kv;
+    c.tiers.load_policy = engine::TierLoadPolicy::Always;
+    c.tiers.admission_wait = std::time::Duration::from_secs(600);
+    let mut core =
+        EngineCore::with_tier_stores(model(), c, vec![store as Arc<dyn TierStore>]).unwrap();
+    for round in 0..2 {
+        let specs = ps.iter().map(|p| greedy(p.clone(), 4)).collect();
+        let got = run(&mut core, specs);
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(&got[&(i, 0)], w, "round {round}, prompt {i}");
+        }
+        core.wait_for_demotions();
+    }
+    assert!(
+        core.snapshot().tiers.tiers[0].stats.hit_tokens > 0,
+        "loaded from the tier"
+    );
+    let mut core = EngineCore::new(
+        model(),
+        EngineConfig {
+            kv_dtype: kv,
+            ..cfg(256, 512)
+        },
+    )
+    .unwrap();
+    let mut spec = greedy(ps[0].clone(), 12);
+    spec.n = 3;
+    let forked = run(&mut core, vec![spec]);
+    let single = alone_kv(model(), &ps[0], 12, kv);
+    for choice in 0..3u32 {
+        let ids: Vec<u32> = forked[&(0, choice)].iter().map(|t| t.0).collect();
+        let want_ids: Vec<u32> = single.iter().map(|t| t.0).collect();
+        assert_eq!(ids, want_ids, "choice {choice}");
+    }
 }
 
 #[test]

@@ -39,6 +39,8 @@ pub struct AttnScratch {
     q16: Vec<f32>,    // [head_dim] — the query rounded to f16 (held as f32)
     /// The query prepared for dot products with quantized keys (per-group sums of q).
     prepared: Option<PreparedQuery>,
+    /// The query prepared for one group of a per-channel K codec (`int4c`).
+    channel: quant::ChannelQuery,
 }
 
 /// `out = softmax(q·Kᵀ · scale) · V` over positions `0..num_positions` of `kv_head`.
@@ -92,7 +94,12 @@ pub fn attend_window(
     scratch
         .q16
         .extend(q.iter().map(|&x| f16::from_f32(x).to_f32()));
-    let (scores, q16, prepared) = (&mut scratch.scores, &scratch.q16, &mut scratch.prepared);
+    let (scores, q16, prepared, channel) = (
+        &mut scratch.scores,
+        &scratch.q16,
+        &mut scratch.prepared,
+        &mut scratch.channel,
+    );
     out.fill(0.0);
     let mut online = OnlineSoftmax::default();
     let round_f16 = num_positions - first <= F16_ACC_MAX_POSITIONS;
@@ -112,6 +119,13 @@ pub fn attend_window(
             KvChunk::F16 { k, v } => {
                 is_f16 = true;
                 accumulate_rows(&mut online, out, q16, k, v, scale, round_f16);
+            }
+            KvChunk::Encoded { k, .. } if k.kind().is_block() => {
+                // Per-channel K: scales folded into the query once per group (block).
+                channel.prepare(q, k.params());
+                for row in k.rows() {
+                    scores.push(channel.score(row) * scale);
+                }
             }
             KvChunk::Encoded { k, .. } => {
                 // Scores straight from the encoded bytes: q·x̂ = scale·(q·codes) + offset·Σq

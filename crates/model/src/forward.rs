@@ -100,6 +100,7 @@ pub fn forward(
             vocab_size: cfg.vocab_size,
         });
     }
+    kv.begin_step();
     let (hd, qd, kvd, ffn) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_size);
     let head_dim = cfg.head_dim;
     let x = grow(&mut s.x, n * hd);

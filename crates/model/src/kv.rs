@@ -128,6 +128,10 @@ pub trait KvStore: Sync {
     /// The K and V encodings of every row (the attention plan tiles f16 stores).
     fn codecs(&self) -> KvDtype;
 
+    /// Called by the forward pass before it writes anything: stores with a block K codec
+    /// (`int4c`) drop the f16 rows of groups sealed by earlier steps. Never changes a result.
+    fn begin_step(&mut self) {}
+
     /// Calls `f(first_pos, chunk)` for consecutive chunks covering positions `0..num_positions`
     /// of `kv_head` in `layer`, in increasing position order.
     fn for_each_chunk(
@@ -156,12 +160,16 @@ pub trait KvStore: Sync {
     }
 }
 
-/// One contiguous buffer per slot: rows ordered `[num_layers, num_kv_heads, capacity]`.
+/// One contiguous buffer per slot: rows ordered `[num_layers, num_kv_heads, stride]`, where
+/// `stride` is the capacity rounded up to whole groups of a block K codec (`int4c`). With a block
+/// codec, positions are read in groups and the group holding the query reads its f16 rows (see
+/// `KvRows::chunk_for`); the f16 staging of sealed groups is released by `KvStore::begin_step`.
 pub struct ContiguousKv {
     codecs: KvDtype,
     num_layers: usize,
     num_kv_heads: usize,
     capacity: usize,
+    stride: usize,
     slots: Vec<KvRows>,
 }
 
@@ -176,7 +184,11 @@ impl ContiguousKv {
         capacity: usize,
         dtype: KvDtype,
     ) -> Result<Self, KvError> {
-        let rows = num_layers * num_kv_heads * capacity;
+        let stride = match dtype.k.block_tokens() {
+            Some(t) if t > 0 => capacity.div_ceil(t) * t,
+            _ => capacity,
+        };
+        let rows = num_layers * num_kv_heads * stride;
         let slots = (0..num_slots)
             .map(|_| KvRows::new(dtype, head_dim, rows))
             .collect::<Result<_, _>>()?;
@@ -185,6 +197,7 @@ impl ContiguousKv {
             num_layers,
             num_kv_heads,
             capacity,
+            stride,
             slots,
         })
     }
@@ -195,7 +208,7 @@ impl ContiguousKv {
 
     /// Row index of (layer, head, pos).
     fn row(&self, layer: usize, kv_head: usize, pos: usize) -> usize {
-        (layer * self.num_kv_heads + kv_head) * self.capacity + pos
+        (layer * self.num_kv_heads + kv_head) * self.stride + pos
     }
 }
 
@@ -234,6 +247,10 @@ impl KvStore for ContiguousKv {
         self.codecs
     }
 
+    fn begin_step(&mut self) {
+        self.slots.iter_mut().for_each(KvRows::release_sealed);
+    }
+
     fn for_each_chunk(
         &self,
         layer: usize,
@@ -243,9 +260,18 @@ impl KvStore for ContiguousKv {
         f: &mut dyn FnMut(usize, KvChunk<'_>),
     ) {
         let n = num_positions.min(self.capacity);
-        f(
-            0,
-            self.slots[slot.0 as usize].chunk(self.row(layer, kv_head, 0), n),
-        )
+        let rows = &self.slots[slot.0 as usize];
+        let base = self.row(layer, kv_head, 0);
+        match rows.group_rows() {
+            None => f(0, rows.chunk(base, n)),
+            Some(t) => {
+                let mut pos = 0;
+                while pos < n {
+                    let len = (n - pos).min(t);
+                    f(pos, rows.chunk_for(base + pos, len, pos + len == n));
+                    pos += len;
+                }
+            }
+        }
     }
 }

@@ -12,6 +12,7 @@ use quant::EncodedRows;
 
 use crate::hugepages::{advise_huge_pages, zeroed_vec};
 use crate::kv::{KvChunk, KvDtype, KvError, KvLayout};
+use crate::kv_sealed::SealedK;
 
 enum RowBuf {
     F32 {
@@ -26,6 +27,12 @@ enum RowBuf {
         k: Vec<u8>,
         v: Vec<u8>,
         k_row_bytes: usize,
+        v_row_bytes: usize,
+    },
+    /// K in a block codec (`int4c`: sealed groups + f16 staging), V encoded per row.
+    Sealed {
+        k: SealedK,
+        v: Vec<u8>,
         v_row_bytes: usize,
     },
 }
@@ -49,7 +56,21 @@ impl KvRows {
     /// Zeroed rows; fails when the codecs do not fit `head_dim`.
     pub fn new(codecs: KvDtype, head_dim: usize, num_rows: usize) -> Result<Self, KvError> {
         let n = num_rows * head_dim;
-        let buf = match KvLayout::of(codecs, head_dim)? {
+        let layout = KvLayout::of(codecs, head_dim)?;
+        if codecs.k.is_block() {
+            let v_row_bytes = codecs.v.bytes_per_row(head_dim);
+            return Ok(KvRows {
+                codecs,
+                head_dim,
+                num_rows,
+                buf: RowBuf::Sealed {
+                    k: SealedK::new(codecs.k, head_dim, num_rows)?,
+                    v: lazy_zeroes(num_rows * v_row_bytes),
+                    v_row_bytes,
+                },
+            });
+        }
+        let buf = match layout {
             KvLayout::F32 => RowBuf::F32 {
                 k: lazy_zeroes(n),
                 v: lazy_zeroes(n),
@@ -84,6 +105,32 @@ impl KvRows {
         self.num_rows
     }
 
+    /// Rows per sealed group when K uses a block codec (`int4c`): chunks must then stay inside
+    /// one group, and the store says which group holds the query (see [`KvRows::chunk_for`]).
+    pub fn group_rows(&self) -> Option<usize> {
+        match &self.buf {
+            RowBuf::Sealed { k, .. } => Some(k.tokens()),
+            _ => None,
+        }
+    }
+
+    /// Bytes of f16 staging held for K groups being filled (block codecs; 0 otherwise). Transient
+    /// and not part of [`KvRows::allocated_bytes`].
+    pub fn staged_bytes(&self) -> usize {
+        match &self.buf {
+            RowBuf::Sealed { k, .. } => k.staged_bytes(),
+            _ => 0,
+        }
+    }
+
+    /// Drops the f16 staging of K groups sealed since the last call; call at the start of a
+    /// step (block codecs; a no-op otherwise).
+    pub fn release_sealed(&mut self) {
+        if let RowBuf::Sealed { k, .. } = &mut self.buf {
+            k.release_sealed();
+        }
+    }
+
     /// Bytes of one K row plus one V row.
     pub fn row_pair_bytes(&self) -> usize {
         self.codecs.k.bytes_per_row(self.head_dim) + self.codecs.v.bytes_per_row(self.head_dim)
@@ -95,6 +142,7 @@ impl KvRows {
             RowBuf::F32 { k, v } => (k.len() + v.len()) * 4,
             RowBuf::F16 { k, v } => (k.len() + v.len()) * 2,
             RowBuf::Encoded { k, v, .. } => k.len() + v.len(),
+            RowBuf::Sealed { k, v, .. } => k.sealed_bytes() + v.len(),
         }
     }
 
@@ -126,6 +174,16 @@ impl KvRows {
                 quant::encode_row(codecs.v, v, &mut vb[row * vr..(row + 1) * vr])
                     .map_err(|e| KvError::Codec(e.to_string()))?;
             }
+            RowBuf::Sealed {
+                k: kb,
+                v: vb,
+                v_row_bytes: vr,
+            } => {
+                let vr = *vr;
+                quant::encode_row(codecs.v, v, &mut vb[row * vr..(row + 1) * vr])
+                    .map_err(|e| KvError::Codec(e.to_string()))?;
+                kb.write(row, k)?;
+            }
         }
         Ok(())
     }
@@ -155,7 +213,7 @@ impl KvRows {
                     )
                 }
                 // Encoded rows are small; not worth it.
-                RowBuf::Encoded { .. } => return,
+                RowBuf::Encoded { .. } | RowBuf::Sealed { .. } => return,
             };
             for off in (0..bytes).step_by(64) {
                 // SAFETY: `off < bytes`, the length of the borrowed (bounds-checked) row ranges
@@ -171,10 +229,27 @@ impl KvRows {
         let _ = (first, n);
     }
 
-    /// Rows `first..first + n` as one attention chunk.
+    /// Rows `first..first + n` as one attention chunk (inside one group for block codecs; the
+    /// sealed codes then, see [`KvRows::chunk_for`]).
     pub fn chunk(&self, first: usize, n: usize) -> KvChunk<'_> {
+        self.chunk_for(first, n, false)
+    }
+
+    /// [`KvRows::chunk`] for a query that lies in this chunk's group when `own`: with a block
+    /// K codec the group's full-precision (f16) rows are read then, its sealed codes otherwise,
+    /// so what a query reads depends on its position only. Other codecs ignore `own`.
+    pub fn chunk_for(&self, first: usize, n: usize, own: bool) -> KvChunk<'_> {
         let hd = self.head_dim;
         match &self.buf {
+            RowBuf::Sealed {
+                k,
+                v,
+                v_row_bytes: vr,
+            } => KvChunk::Encoded {
+                k: k.chunk(first, n, own),
+                v: EncodedRows::new(self.codecs.v, hd, &v[first * vr..(first + n) * vr])
+                    .expect("whole rows of a validated codec"),
+            },
             RowBuf::F32 { k, v } => KvChunk::F32 {
                 k: &k[first * hd..(first + n) * hd],
                 v: &v[first * hd..(first + n) * hd],
@@ -218,6 +293,14 @@ impl KvRows {
                 k.copy_within(src * *kr..(src + n) * *kr, dst * *kr);
                 v.copy_within(src * *vr..(src + n) * *vr, dst * *vr);
             }
+            RowBuf::Sealed {
+                k,
+                v,
+                v_row_bytes: vr,
+            } => {
+                k.copy_rows(src, dst, n);
+                v.copy_within(src * *vr..(src + n) * *vr, dst * *vr);
+            }
         }
     }
 
@@ -243,6 +326,19 @@ impl KvRows {
                 v_row_bytes: vr,
             } => {
                 out.extend_from_slice(&k[first * kr..(first + n) * kr]);
+                out.extend_from_slice(&v[first * vr..(first + n) * vr]);
+            }
+            RowBuf::Sealed {
+                k,
+                v,
+                v_row_bytes: vr,
+            } => {
+                let t = k.tokens();
+                assert!(
+                    first.is_multiple_of(t) && n.is_multiple_of(t),
+                    "whole groups"
+                );
+                k.groups_bytes(first / t, n / t, &mut out);
                 out.extend_from_slice(&v[first * vr..(first + n) * vr]);
             }
         }
@@ -288,6 +384,20 @@ impl KvRows {
             } => {
                 let (kb, vb) = bytes.split_at(n * *kr);
                 k[first * *kr..(first + n) * *kr].copy_from_slice(kb);
+                v[first * *vr..(first + n) * *vr].copy_from_slice(vb);
+            }
+            RowBuf::Sealed {
+                k,
+                v,
+                v_row_bytes: vr,
+            } => {
+                let t = k.tokens();
+                assert!(
+                    first.is_multiple_of(t) && n.is_multiple_of(t),
+                    "whole groups"
+                );
+                let (kb, vb) = bytes.split_at(n * self.codecs.k.bytes_per_row(hd));
+                k.load_groups_bytes(first / t, kb);
                 v[first * *vr..(first + n) * *vr].copy_from_slice(vb);
             }
         }

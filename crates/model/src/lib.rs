@@ -19,6 +19,7 @@ pub mod hugepages;
 pub mod kernels;
 pub mod kv;
 pub mod kv_rows;
+mod kv_sealed;
 pub mod membw;
 pub mod model;
 pub mod ops;

@@ -367,3 +367,62 @@ pub(crate) fn decode_u4(scale: f32, offset: f32, codes: &[u8], out: &mut [f32]) 
 }
 
 crate::dispatch::int_row_drivers!(target_feature(enable = "avx2,fma,f16c"));
+
+/// [`crate::scalar::encode_codes`], four values at a time in f64: sanitise (NaN → code 0,
+/// clamp to ±65504), `(x − offset)/scale` with an IEEE division, round to nearest even, clamp
+/// to `0..=qmax` — the same correctly rounded operations as `affine::code`, so the codes are
+/// identical.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn encode_codes(x: &[f32], wide: (f64, f64), qmax: u32, out: &mut [u8]) {
+    assert!(out.len() >= x.len(), "codes too short");
+    let (scale, offset) = wide;
+    if scale == 0.0 {
+        out[..x.len()].fill(0);
+        return;
+    }
+    let n4 = x.len() / 4 * 4;
+    let (sc, off) = (_mm256_set1_pd(scale), _mm256_set1_pd(offset));
+    let (lo, hi) = (
+        _mm256_set1_pd(-f64::from(crate::F16_MAX)),
+        _mm256_set1_pd(f64::from(crate::F16_MAX)),
+    );
+    let (zero, top) = (_mm256_setzero_pd(), _mm256_set1_pd(f64::from(qmax)));
+    let mut i = 0;
+    while i < n4 {
+        // SAFETY: i + 4 <= x.len(), so the 16 bytes read lie inside `x`.
+        let xs = _mm256_cvtps_pd(unsafe { _mm_loadu_ps(x.as_ptr().add(i)) });
+        let nan = _mm256_cmp_pd::<_CMP_UNORD_Q>(xs, xs);
+        let clamped = _mm256_min_pd(_mm256_max_pd(xs, lo), hi);
+        let c = _mm256_div_pd(_mm256_sub_pd(clamped, off), sc);
+        let r = _mm256_round_pd::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(c);
+        let r = _mm256_andnot_pd(nan, _mm256_min_pd(_mm256_max_pd(r, zero), top));
+        let ints = _mm256_cvtpd_epi32(r);
+        let mut lanes = [0i32; 4];
+        // SAFETY: `lanes` is 16 bytes, exactly one __m128i.
+        unsafe { _mm_storeu_si128(lanes.as_mut_ptr().cast::<__m128i>(), ints) };
+        for (o, &l) in out[i..i + 4].iter_mut().zip(&lanes) {
+            *o = l as u8;
+        }
+        i += 4;
+    }
+    crate::scalar::encode_codes(&x[n4..], wide, qmax, &mut out[n4..x.len()]);
+}
+
+/// [`crate::scalar::encode_f16`] with F16C's `vcvtps2ph` (round to nearest even, the same
+/// result as `half::f16::from_f32` for every input, NaN payloads included — tested).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn encode_f16(x: &[f32], out: &mut [u8]) {
+    assert!(out.len() >= 2 * x.len(), "f16 row too short");
+    let n8 = x.len() / 8 * 8;
+    let mut i = 0;
+    while i < n8 {
+        // SAFETY: i + 8 <= x.len() (32 bytes read) and 2(i + 8) <= out.len() (16 bytes written).
+        unsafe {
+            let v = _mm256_loadu_ps(x.as_ptr().add(i));
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+            _mm_storeu_si128(out.as_mut_ptr().add(2 * i).cast::<__m128i>(), h);
+        }
+        i += 8;
+    }
+    crate::scalar::encode_f16(&x[n8..], &mut out[2 * n8..2 * x.len()]);
+}

@@ -88,6 +88,7 @@ fn axpy_stored(isa: Isa, kind: KvCodecKind, w: f32, bytes: &[u8], acc: &mut [f32
             let (scale, codes) = split_fp8(bytes);
             pick!(isa, axpy_e4m3(w, scale, codes, acc))
         }
+        KvCodecKind::Int4Channel { .. } => unreachable!("assert_row rejects block codecs"),
         KvCodecKind::Int8 { group }
         | KvCodecKind::Int4 { group }
         | KvCodecKind::Int8Hadamard { group }

@@ -73,6 +73,12 @@ impl KvCodecs {
     /// Checks both codecs against `head_dim`.
     pub fn validate(&self, head_dim: usize) -> Result<(), QuantError> {
         self.k.validate(head_dim)?;
+        if self.v.is_block() {
+            return Err(QuantError::BlockCodec(
+                self.v.id(),
+                "per-channel codecs are for K; V stays per token",
+            ));
+        }
         self.v.validate(head_dim)
     }
 

@@ -123,6 +123,7 @@ fn dot_checked(
             let (scale, codes) = split_fp8(bytes);
             pick!(isa, dot_e4m3(q, codes)) * scale
         }
+        KvCodecKind::Int4Channel { .. } => unreachable!("assert_row rejects block codecs"),
         KvCodecKind::Int8 { group }
         | KvCodecKind::Int4 { group }
         | KvCodecKind::Int8Hadamard { group }

@@ -6,7 +6,8 @@ pub enum QuantError {
     /// `KvCodecKind::parse` got a name it does not know.
     #[error(
         "unknown KV codec {0:?} (expected f32, f16, bf16, fp8, int8, int4, or the \
-         Hadamard-rotated int8h, int4h, optionally with a group suffix such as int8-g32)"
+         Hadamard-rotated int8h, int4h, optionally with a group suffix such as int8-g32, or the \
+         per-channel K codec int4c / int4c-t16)"
     )]
     UnknownCodec(String),
     /// A row must hold at least one value.
@@ -23,6 +24,15 @@ pub enum QuantError {
         "Hadamard-rotated KV codecs (int8h, int4h) need a power-of-two head_dim, got {head_dim}"
     )]
     RotationNeedsPowerOfTwo { head_dim: usize },
+    /// `int4c` needs a token group whose per-channel parameters split into whole bytes per row.
+    #[error(
+        "per-channel int4 K (int4c) needs an even head_dim and a token group dividing 4·head_dim; \
+         got {tokens} tokens at head_dim {head_dim}"
+    )]
+    BadChannelTokens { tokens: usize, head_dim: usize },
+    /// A block codec (`int4c`) passed to a per-row function, or chosen for V.
+    #[error("{0} is a block codec (K only, encoded a whole block at a time): {1}")]
+    BlockCodec(String, &'static str),
     /// A slice passed to a row function has the wrong length.
     #[error("{what}: expected {expected} elements, got {got}")]
     LengthMismatch {

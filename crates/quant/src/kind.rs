@@ -13,6 +13,9 @@ use std::str::FromStr;
 pub const DEFAULT_INT8_GROUP: usize = 64;
 /// Default channel group of `int4`: 4-bit codes need finer groups to stay within +1% perplexity.
 pub const DEFAULT_INT4_GROUP: usize = 32;
+/// Default token group of `int4c` (per-channel K): the engine's default block size, so one
+/// sealed block of one KV head is one group.
+pub const DEFAULT_CHANNEL_TOKENS: usize = 16;
 
 /// How one row (one token × one KV head, `head_dim` values) is stored.
 ///
@@ -52,6 +55,15 @@ pub enum KvCodecKind {
     /// `Int4` of the Hadamard-rotated row.
     Int4Hadamard {
         group: usize,
+    },
+    /// KIVI-style per-channel 4-bit K: one f16 scale and f16 offset per *channel* over a group
+    /// of `tokens` consecutive rows (one KV head's rows of one block), 4-bit codes per value.
+    /// A *block codec*: it is encoded a whole group at a time when the group is complete
+    /// (`crate::channel`), never row by row; the row functions reject it. Layout of one group:
+    /// `[(scale: f16, offset: f16) × head_dim][tokens × head_dim/2 bytes]` (nibbles as `Int4`).
+    /// K only (`KvCodecs::validate` rejects it for V).
+    Int4Channel {
+        tokens: usize,
     },
 }
 
@@ -96,6 +108,7 @@ impl KvCodecKind {
             KvCodecKind::Int4 { .. } => "int4",
             KvCodecKind::Int8Hadamard { .. } => "int8h",
             KvCodecKind::Int4Hadamard { .. } => "int4h",
+            KvCodecKind::Int4Channel { .. } => "int4c",
         }
     }
 
@@ -109,6 +122,7 @@ impl KvCodecKind {
             KvCodecKind::Int4 { group } => format!("int4-g{group}"),
             KvCodecKind::Int8Hadamard { group } => format!("int8h-g{group}"),
             KvCodecKind::Int4Hadamard { group } => format!("int4h-g{group}"),
+            KvCodecKind::Int4Channel { tokens } => format!("int4c-t{tokens}"),
             other => other.name().to_string(),
         }
     }
@@ -116,7 +130,7 @@ impl KvCodecKind {
     /// Version of the byte layout and rounding rules; bumped whenever encoded bytes of the same
     /// input could change, so cached blocks of an older version are never read as the new one.
     /// `int4` / `int4h` are at 2: their encoder searches clipped ranges (same layout, same
-    /// decoder, different bytes); every other codec is at 1.
+    /// decoder, different bytes); every other codec (`int4c` included) is at 1.
     pub fn version(&self) -> u32 {
         match self {
             KvCodecKind::Int4 { .. } | KvCodecKind::Int4Hadamard { .. } => 2,
@@ -131,6 +145,29 @@ impl KvCodecKind {
             | KvCodecKind::Int4 { group }
             | KvCodecKind::Int8Hadamard { group }
             | KvCodecKind::Int4Hadamard { group } => Some(*group),
+            _ => None,
+        }
+    }
+
+    /// Whether the codec stores whole groups of rows (`int4c`) rather than independent rows.
+    pub fn is_block(&self) -> bool {
+        matches!(self, KvCodecKind::Int4Channel { .. })
+    }
+
+    /// Rows per group of a block codec.
+    pub fn block_tokens(&self) -> Option<usize> {
+        match self {
+            KvCodecKind::Int4Channel { tokens } => Some(*tokens),
+            _ => None,
+        }
+    }
+
+    /// Bytes of one encoded group of a block codec (`tokens · bytes_per_row`).
+    pub fn bytes_per_group(&self, head_dim: usize) -> Option<usize> {
+        match self {
+            KvCodecKind::Int4Channel { tokens } => {
+                Some(INT_PARAM_BYTES_PER_GROUP * head_dim + tokens * head_dim / 2)
+            }
             _ => None,
         }
     }
@@ -159,6 +196,16 @@ impl KvCodecKind {
     pub fn parse(s: &str) -> Result<KvCodecKind, QuantError> {
         let lower = s.trim().to_ascii_lowercase();
         let unknown = || QuantError::UnknownCodec(s.to_string());
+        if let Some(rest) = lower.strip_prefix("int4c") {
+            let tokens = match rest.strip_prefix("-t") {
+                None if rest.is_empty() => DEFAULT_CHANNEL_TOKENS,
+                Some(d) if !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()) => {
+                    d.parse::<usize>().map_err(|_| unknown())?
+                }
+                _ => return Err(unknown()),
+            };
+            return Ok(KvCodecKind::Int4Channel { tokens });
+        }
         let (family, group) = match lower.rsplit_once("-g") {
             Some((family, digits))
                 if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) =>
@@ -211,6 +258,15 @@ impl KvCodecKind {
         if self.is_rotated() && !head_dim.is_power_of_two() {
             return Err(QuantError::RotationNeedsPowerOfTwo { head_dim });
         }
+        if let Some(tokens) = self.block_tokens() {
+            // Whole bytes per row: the group's parameters amortised over its rows.
+            if tokens == 0
+                || !head_dim.is_multiple_of(2)
+                || !(INT_PARAM_BYTES_PER_GROUP * head_dim).is_multiple_of(tokens)
+            {
+                return Err(QuantError::BadChannelTokens { tokens, head_dim });
+            }
+        }
         Ok(())
     }
 
@@ -229,6 +285,11 @@ impl KvCodecKind {
             }
             KvCodecKind::Int8Hadamard { .. } | KvCodecKind::Int4Hadamard { .. } => {
                 self.storage().bytes_per_row(head_dim)
+            }
+            // The group's per-channel parameters amortised over its rows (exact when `validate`
+            // accepts the shape): head_dim 64, 16 tokens → 16 + 32 = 48 bytes.
+            KvCodecKind::Int4Channel { tokens } => {
+                INT_PARAM_BYTES_PER_GROUP * head_dim / tokens.max(&1) + head_dim.div_ceil(2)
             }
         }
     }

@@ -14,6 +14,12 @@ pub(crate) fn check_row(
     row_len: usize,
 ) -> Result<(), QuantError> {
     kind.validate(head_dim)?;
+    if kind.is_block() {
+        return Err(QuantError::BlockCodec(
+            kind.id(),
+            "rows are encoded, decoded and scored a group at a time (quant::channel)",
+        ));
+    }
     let expected = kind.bytes_per_row(head_dim);
     if row_len != expected {
         return Err(QuantError::LengthMismatch {

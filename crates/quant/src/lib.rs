@@ -16,6 +16,7 @@ mod affine;
 mod avx2;
 mod axpy;
 pub mod canonical;
+pub mod channel;
 mod codecs;
 mod dispatch;
 mod dot;
@@ -33,13 +34,15 @@ pub use affine::F16_MAX;
 pub use axpy::{
     axpy_row, axpy_row_stored, axpy_row_stored_with, axpy_row_with, unrotate_stored_sum,
 };
+pub use channel::ChannelQuery;
 pub use codecs::KvCodecs;
 pub use dot::{dot_row, dot_row_with, PreparedQuery};
 pub use error::QuantError;
 pub use hadamard::hadamard_rotate;
 pub use isa::Isa;
 pub use kind::{
-    KvCodecKind, DEFAULT_INT4_GROUP, DEFAULT_INT8_GROUP, FP8_SCALE_BYTES, INT_PARAM_BYTES_PER_GROUP,
+    KvCodecKind, DEFAULT_CHANNEL_TOKENS, DEFAULT_INT4_GROUP, DEFAULT_INT8_GROUP, FP8_SCALE_BYTES,
+    INT_PARAM_BYTES_PER_GROUP,
 };
-pub use row::{decode_row, decode_row_with, encode_row, encode_row_to_vec};
+pub use row::{decode_row, decode_row_with, encode_row, encode_row_to_vec, encode_row_with};
 pub use rows::EncodedRows;

@@ -40,10 +40,20 @@ use crate::hadamard;
 use crate::isa::Isa;
 use crate::kind::{KvCodecKind, FP8_SCALE_BYTES};
 use crate::layout::{check_row, split_fp8, split_int};
-use half::{bf16, f16};
+use half::bf16;
 
 /// Encodes `x` (`[head_dim]`) into `out` (`[kind.bytes_per_row(head_dim)]` bytes).
 pub fn encode_row(kind: KvCodecKind, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+    encode_row_with(Isa::detect(), kind, x, out)
+}
+
+/// [`encode_row`] on an explicit instruction-set path (bit-identical bytes on every path).
+pub fn encode_row_with(
+    isa: Isa,
+    kind: KvCodecKind,
+    x: &[f32],
+    out: &mut [u8],
+) -> Result<(), QuantError> {
     check_row(kind, x.len(), out.len())?;
     match kind {
         KvCodecKind::F32 => {
@@ -51,23 +61,20 @@ pub fn encode_row(kind: KvCodecKind, x: &[f32], out: &mut [u8]) -> Result<(), Qu
                 o.copy_from_slice(&v.to_le_bytes());
             }
         }
-        KvCodecKind::F16 => {
-            for (o, v) in out.chunks_exact_mut(2).zip(x) {
-                o.copy_from_slice(&f16::from_f32(*v).to_bits().to_le_bytes());
-            }
-        }
+        KvCodecKind::F16 => pick!(isa, encode_f16(x, out)),
         KvCodecKind::Bf16 => {
             for (o, v) in out.chunks_exact_mut(2).zip(x) {
                 o.copy_from_slice(&bf16::from_f32(*v).to_bits().to_le_bytes());
             }
         }
         KvCodecKind::Fp8E4m3 => encode_fp8(x, out),
-        KvCodecKind::Int8 { group } => encode_int(x, out, group, 255),
-        KvCodecKind::Int4 { group } => encode_int(x, out, group, 15),
+        KvCodecKind::Int8 { group } => encode_int(isa, x, out, group, 255),
+        KvCodecKind::Int4 { group } => encode_int(isa, x, out, group, 15),
+        KvCodecKind::Int4Channel { .. } => unreachable!("check_row rejects block codecs"),
         KvCodecKind::Int8Hadamard { .. } | KvCodecKind::Int4Hadamard { .. } => {
             hadamard::with_scratch(x.len(), |rotated| {
                 hadamard::rotate_sanitised(x, rotated);
-                encode_row(kind.storage(), rotated, out)
+                encode_row_with(isa, kind.storage(), rotated, out)
             })?
         }
     }
@@ -92,7 +99,7 @@ fn encode_fp8(x: &[f32], out: &mut [u8]) {
     }
 }
 
-fn encode_int(x: &[f32], out: &mut [u8], group: usize, qmax: u32) {
+fn encode_int(isa: Isa, x: &[f32], out: &mut [u8], group: usize, qmax: u32) {
     let num_groups = x.len() / group;
     let (params, codes) = out.split_at_mut(crate::kind::INT_PARAM_BYTES_PER_GROUP * num_groups);
     if qmax == 15 {
@@ -111,14 +118,22 @@ fn encode_int(x: &[f32], out: &mut [u8], group: usize, qmax: u32) {
         let wide = affine::widen(p);
         pg[..2].copy_from_slice(&p.scale.to_bits().to_le_bytes());
         pg[2..].copy_from_slice(&p.offset.to_bits().to_le_bytes());
-        for (k, &v) in xg.iter().enumerate() {
-            let c = affine::code(v, wide, qmax);
-            let i = g * group + k;
-            if qmax == 15 {
-                codes[i / 2] |= c << (4 * (i % 2));
-            } else {
-                codes[i] = c;
+        if qmax == 15 {
+            // Codes of up to 64 values at a time in a stack buffer, then packed in nibbles.
+            let mut buf = [0u8; 64];
+            for (j, xs) in xg.chunks(64).enumerate() {
+                pick!(isa, encode_codes(xs, wide, qmax, &mut buf[..xs.len()]));
+                let base = g * group + 64 * j;
+                for (k, &c) in buf[..xs.len()].iter().enumerate() {
+                    let i = base + k;
+                    codes[i / 2] |= c << (4 * (i % 2));
+                }
             }
+        } else {
+            pick!(
+                isa,
+                encode_codes(xg, wide, qmax, &mut codes[g * group..(g + 1) * group])
+            );
         }
     }
 }
@@ -150,6 +165,7 @@ pub fn decode_row_with(
             let (params, codes) = split_int(bytes, head_dim, group);
             pick!(isa, decode_int_row(params, codes, group, four_bit, out))
         }
+        KvCodecKind::Int4Channel { .. } => unreachable!("check_row rejects block codecs"),
         KvCodecKind::Int8Hadamard { .. } | KvCodecKind::Int4Hadamard { .. } => {
             decode_row_with(isa, kind.storage(), bytes, out)?;
             hadamard::fwht(out);

@@ -6,19 +6,28 @@
 use crate::error::QuantError;
 use crate::kind::KvCodecKind;
 
-/// `[num_rows, row_bytes]` encoded rows of `kind` with `head_dim` values each.
+/// `[num_rows, row_bytes]` encoded rows of `kind` with `head_dim` values each. For a block
+/// codec (`int4c`) the rows are codes only (`head_dim / 2` bytes each) and [`Self::params`] is
+/// their group's per-channel header; it is empty for row codecs.
 #[derive(Debug, Clone, Copy)]
 pub struct EncodedRows<'a> {
     kind: KvCodecKind,
     head_dim: usize,
     row_bytes: usize,
     bytes: &'a [u8],
+    params: &'a [u8],
 }
 
 impl<'a> EncodedRows<'a> {
     /// Checks that `kind` accepts `head_dim` and that `bytes` holds whole rows.
     pub fn new(kind: KvCodecKind, head_dim: usize, bytes: &'a [u8]) -> Result<Self, QuantError> {
         kind.validate(head_dim)?;
+        if kind.is_block() {
+            return Err(QuantError::BlockCodec(
+                kind.id(),
+                "its rows need their group's header (EncodedRows::new_group)",
+            ));
+        }
         let row_bytes = kind.bytes_per_row(head_dim);
         if !bytes.len().is_multiple_of(row_bytes) {
             return Err(QuantError::LengthMismatch {
@@ -32,7 +41,40 @@ impl<'a> EncodedRows<'a> {
             head_dim,
             row_bytes,
             bytes,
+            params: &[],
         })
+    }
+
+    /// Rows of one group of a block codec: `params` is the group's per-channel header
+    /// (`quant::channel::split_group`), `codes` whole rows of `head_dim / 2` bytes.
+    pub fn new_group(
+        kind: KvCodecKind,
+        head_dim: usize,
+        params: &'a [u8],
+        codes: &'a [u8],
+    ) -> Result<Self, QuantError> {
+        kind.validate(head_dim)?;
+        let row_bytes = head_dim / 2;
+        let header = crate::kind::INT_PARAM_BYTES_PER_GROUP * head_dim;
+        if !kind.is_block() || params.len() != header || !codes.len().is_multiple_of(row_bytes) {
+            return Err(QuantError::LengthMismatch {
+                what: "block-codec group (header of 4·head_dim bytes, whole code rows)",
+                expected: header,
+                got: params.len(),
+            });
+        }
+        Ok(EncodedRows {
+            kind,
+            head_dim,
+            row_bytes,
+            bytes: codes,
+            params,
+        })
+    }
+
+    /// The group's per-channel header (block codecs), or an empty slice.
+    pub fn params(&self) -> &'a [u8] {
+        self.params
     }
 
     pub fn kind(&self) -> KvCodecKind {

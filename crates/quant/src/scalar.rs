@@ -120,3 +120,18 @@ pub(crate) fn decode_u4(scale: f32, offset: f32, codes: &[u8], out: &mut [f32]) 
 }
 
 crate::dispatch::int_row_drivers!();
+
+/// Integer codes of `x` under the widened parameters `(scale, offset)`: [`affine::code`] per
+/// value (the reference every encode path must match bit for bit).
+pub(crate) fn encode_codes(x: &[f32], wide: (f64, f64), qmax: u32, out: &mut [u8]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = crate::affine::code(v, wide, qmax);
+    }
+}
+
+/// `x` rounded to binary16 (nearest, ties to even), little-endian.
+pub(crate) fn encode_f16(x: &[f32], out: &mut [u8]) {
+    for (o, v) in out.chunks_exact_mut(2).zip(x) {
+        o.copy_from_slice(&f16::from_f32(*v).to_bits().to_le_bytes());
+    }
+}

@@ -167,6 +167,9 @@ fn check_bound(kind: KvCodecKind, x: &[f32]) -> Result<(), String> {
     };
     let err = |i: usize, reference: f32| (f64::from(reference) - f64::from(xh[i])).abs();
     match kind {
+        KvCodecKind::Int4Channel { .. } => {
+            return Err(format!("{kind} is a block codec, not a row codec"))
+        }
         KvCodecKind::F32 => {
             for i in 0..x.len() {
                 if x[i].to_bits() != xh[i].to_bits() {

@@ -26,14 +26,15 @@ pub struct KvSizeArgs {
     /// Sequences held at once.
     #[arg(long, default_value_t = 1)]
     pub batch: u64,
-    /// f32, f16, bf16, fp8, int8 or int4.
+    /// Any KV codec the engine accepts: f32, f16, bf16, fp8, int8, int4, int8-g32, int4h,
+    /// int8h, `k=int8,v=int4`, `k=int4c,v=int4` (per-channel 4-bit K), …
     #[arg(long, default_value = "f16", value_parser = parse_dtype)]
     pub dtype: KvDtype,
     /// Tokens per KV block (sequences occupy whole blocks).
     #[arg(long, default_value_t = 16)]
     pub block_size: u64,
-    /// Elements per int8/int4 scale+offset group (default: the engine's, 64 for int8 and 32 for
-    /// int4).
+    /// Elements per int8/int4 scale+offset group (default: the codec's own, 64 for int8 and 32
+    /// for int4; the same as naming `int8-g32`).
     #[arg(long)]
     pub group_size: Option<u64>,
     /// Also print the articles' formula (query heads instead of KV heads).
@@ -45,8 +46,9 @@ pub struct KvSizeArgs {
 }
 
 fn parse_dtype(s: &str) -> Result<KvDtype, String> {
-    KvDtype::parse(s)
-        .ok_or_else(|| format!("unknown dtype {s:?} (f32, f16, bf16, fp8, int8, int4)"))
+    quant::KvCodecs::parse(s)
+        .map(KvDtype)
+        .map_err(|e| e.to_string())
 }
 
 pub fn run(args: KvSizeArgs) -> anyhow::Result<()> {
@@ -66,11 +68,11 @@ pub fn run(args: KvSizeArgs) -> anyhow::Result<()> {
         KvSizeParams {
             num_tokens: args.tokens,
             batch: args.batch,
-            dtype: args.dtype,
+            dtype: match args.group_size {
+                Some(g) => args.dtype.with_group(g),
+                None => args.dtype,
+            },
             block_size: args.block_size,
-            group_size: args
-                .group_size
-                .unwrap_or_else(|| args.dtype.default_group_size()),
         },
     )?;
     if args.json {
