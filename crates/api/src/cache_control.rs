@@ -58,6 +58,24 @@ pub struct SessionObject {
     pub ttl_left_s: f64,
     /// Higher survives longer among retained blocks.
     pub priority: u8,
+    /// Where the session's blocks are now: retained ones in the active pool, plus those lost
+    /// to eviction since, by the place holding them.
+    pub blocks_by_tier: SessionBlocksByTier,
+}
+
+/// A session's blocks by where they are (each block counted once, the fastest place first).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionBlocksByTier {
+    /// In the active pool: retained, or evicted and cached again since.
+    pub active: u64,
+    /// Evicted from the pool, held by the host-RAM tier.
+    pub ram: u64,
+    /// Evicted, held by the disk tier.
+    pub disk: u64,
+    /// Evicted, held by Redis.
+    pub redis: u64,
+    /// Evicted and held nowhere (no tier configured, or the tier dropped it): recomputed.
+    pub none: u64,
 }
 
 /// `DELETE /v1/sessions/{id}`: the retention ended now.

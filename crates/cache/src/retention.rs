@@ -11,6 +11,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::ids::{BlockId, PinId, SessionId, Tick};
+use crate::key::{BlockKey, NamespaceKey};
 
 /// Who retains a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,6 +54,10 @@ impl RetentionRank {
 pub(crate) struct HolderRecord {
     pub rank: RetentionRank,
     pub blocks: Vec<BlockId>,
+    /// Keys of blocks this holder retained that were evicted under pressure since (eviction
+    /// order: a chain's tail first), so the engine can say which storage tier holds them now.
+    /// A flush forgets nothing here: the keys are only a report, never looked up by the cache.
+    pub evicted: Vec<(NamespaceKey, BlockKey)>,
 }
 
 /// All holders.

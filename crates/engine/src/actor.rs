@@ -223,9 +223,16 @@ fn run(mut core: EngineCore, rx: Receiver<Command>) {
                     core.tool_pause(tenant, &salt, &tokens);
                 }
                 Command::Session(session, release, tx) => {
-                    let info = core.session(session, release);
+                    let found = core.session(session, release);
                     core.publish();
-                    let _ = tx.send(info);
+                    match found {
+                        Some(q) => core.locate_session(q, move |info| {
+                            let _ = tx.send(Some(info));
+                        }),
+                        None => {
+                            let _ = tx.send(None);
+                        }
+                    }
                 }
                 Command::Shutdown => return,
             }

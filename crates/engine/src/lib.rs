@@ -37,9 +37,9 @@ pub use kv_events::{KvEvent, KvEventSink, KvMedium};
 pub use paged_kv::PagedKvMemory;
 pub use request::{
     Breakpoint, EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec,
-    Retention, SessionInfo, Timings, TokenEvent, Usage,
+    EvictedBlocks, Retention, SessionInfo, SessionQuery, Timings, TokenEvent, Usage,
 };
 pub use snapshot::{EngineSnapshot, PinnedPrompt};
 pub use stats::EngineStats;
-pub use tiering::{TierCounters, TierSnapshot, TieringSnapshot, LOAD_LATENCY_BUCKETS_US};
+pub use tiering::{TierCounters, TierKind, TierSnapshot, TieringSnapshot, LOAD_LATENCY_BUCKETS_US};
 pub use tool_pause::{pause_ttl, ToolPauseConfig};

@@ -109,7 +109,7 @@ pub struct Usage {
 }
 
 /// A session's retention as the engine reports it (`GET /v1/sessions/{id}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionInfo {
     /// Retained tokens (whole blocks) in the active pool.
     pub tokens: usize,
@@ -117,6 +117,37 @@ pub struct SessionInfo {
     /// Time until the retention ends.
     pub ttl_left: Duration,
     pub priority: u8,
+    /// Where the blocks the session retained but lost to eviction since are now.
+    pub evicted: EvictedBlocks,
+}
+
+/// A session's retained blocks that were evicted from the active pool, by where they are now
+/// (each block counted once, in the first place holding it: the pool, then the tiers in lookup
+/// order).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EvictedBlocks {
+    /// Cached in the active pool again (loaded back or recomputed by a request), unretained.
+    pub in_pool: u32,
+    /// Held by a storage tier: blocks per tier, in lookup order.
+    pub in_tiers: Vec<(tier::TierKind, u32)>,
+    /// Held nowhere (no tiers, not demoted, or dropped by the tier); for a released session
+    /// (`DELETE`) every evicted block not in the pool is counted here, unlocated.
+    pub lost: u32,
+}
+
+impl EvictedBlocks {
+    /// Evicted blocks in all.
+    pub fn total(&self) -> u32 {
+        self.in_pool + self.in_tiers.iter().map(|(_, n)| n).sum::<u32>() + self.lost
+    }
+}
+
+/// A session found by [`crate::EngineCore::session`]: what the active pool says, plus the tier
+/// keys of its evicted blocks still to be located ([`crate::EngineCore::locate_session`]).
+#[derive(Debug, Clone)]
+pub struct SessionQuery {
+    pub info: SessionInfo,
+    pub(crate) to_locate: Vec<tier::TierKey>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -115,6 +115,10 @@ async fn a_keyed_session_survives_other_traffic_and_is_released_by_delete() {
         (Some("session"), Some(created))
     );
     assert_eq!(s["retained_blocks"].as_u64(), Some(created / 16));
+    assert_eq!(
+        s["blocks_by_tier"],
+        serde_json::json!({"active": created / 16, "ram": 0, "disk": 0, "redis": 0, "none": 0})
+    );
     let ttl = s["ttl_left_s"].as_f64().unwrap();
     assert!(ttl > 250.0 && ttl <= 300.0, "{ttl}");
     // Another tenant's key names another session.
