@@ -388,6 +388,8 @@ fn a_session_remembers_the_keys_of_its_evicted_blocks_until_it_retains_again() {
     cache.free(s, Tick(3)).unwrap();
     // A flush is not an eviction under pressure: nothing to report in a tier.
     cache.flush_all();
-    assert!(cache.session(SessionId(5)).is_none() || cache.session_evicted(SessionId(5)).is_empty());
+    assert!(
+        cache.session(SessionId(5)).is_none() || cache.session_evicted(SessionId(5)).is_empty()
+    );
     cache.check_invariants().unwrap();
 }

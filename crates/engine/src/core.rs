@@ -409,7 +409,10 @@ impl EngineCore {
         query: SessionQuery,
         reply: impl FnOnce(SessionInfo) + Send + 'static,
     ) {
-        let SessionQuery { mut info, to_locate } = query;
+        let SessionQuery {
+            mut info,
+            to_locate,
+        } = query;
         match self.tiers.as_mut() {
             Some(t) if !to_locate.is_empty() => t.locate(to_locate, move |in_tiers, lost| {
                 info.evicted.in_tiers = in_tiers;

@@ -36,8 +36,8 @@ pub use error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 pub use kv_events::{KvEvent, KvEventSink, KvMedium};
 pub use paged_kv::PagedKvMemory;
 pub use request::{
-    Breakpoint, EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec,
-    EvictedBlocks, Retention, SessionInfo, SessionQuery, Timings, TokenEvent, Usage,
+    Breakpoint, EngineEvent, EventReceiver, EventSender, EvictedBlocks, FinishReason, RequestId,
+    RequestSpec, Retention, SessionInfo, SessionQuery, Timings, TokenEvent, Usage,
 };
 pub use snapshot::{EngineSnapshot, PinnedPrompt};
 pub use stats::EngineStats;

@@ -649,14 +649,26 @@ fn all_retention_survives_preemption_and_comes_back_from_a_tier_identically() {
     let sessions = [1u64, 2, pause.session.0];
     let before: Vec<u32> = sessions
         .iter()
-        .map(|&s| core.session(cache::SessionId(s), false).unwrap().info.blocks)
+        .map(|&s| {
+            core.session(cache::SessionId(s), false)
+                .unwrap()
+                .info
+                .blocks
+        })
         .collect();
-    assert_eq!(before[..2], [5, 4], "A: 23 written tokens, B: its 16-token prefix");
+    assert_eq!(
+        before[..2],
+        [5, 4],
+        "A: 23 written tokens, B: its 16-token prefix"
+    );
     assert_eq!(before[2], 5, "C: 24 tokens, the last one never written");
 
     // A flood of long generations that cannot all fit: preemption, and retained blocks go.
     let flood = prompts(4, 0, 12);
-    let flood_out = run(&mut core, flood.iter().map(|p| greedy(p.clone(), 40)).collect());
+    let flood_out = run(
+        &mut core,
+        flood.iter().map(|p| greedy(p.clone(), 40)).collect(),
+    );
     assert!(core.stats().preemptions > 0, "{:?}", core.stats());
     for (i, p) in flood.iter().enumerate() {
         assert_eq!(flood_out[&(i, 0)], alone(p, 40), "flood prompt {i}");
@@ -700,7 +712,11 @@ fn all_retention_survives_preemption_and_comes_back_from_a_tier_identically() {
                 _ => {}
             }
         }
-        assert_eq!(got, alone(&next, 8), "agent {i}: restored KV computes what recomputing does");
+        assert_eq!(
+            got,
+            alone(&next, 8),
+            "agent {i}: restored KV computes what recomputing does"
+        );
         assert!(cached >= 16, "agent {i}: {cached} cached tokens");
     }
     assert!(

@@ -96,7 +96,11 @@ mod tests {
             priority: 0,
             evicted: EvictedBlocks {
                 in_pool: 1,
-                in_tiers: vec![(TierKind::Ram, 2), (TierKind::Disk, 3), (TierKind::Redis, 0)],
+                in_tiers: vec![
+                    (TierKind::Ram, 2),
+                    (TierKind::Disk, 3),
+                    (TierKind::Redis, 0),
+                ],
                 lost: 5,
             },
         };
