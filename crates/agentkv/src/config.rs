@@ -26,7 +26,7 @@
 //!   - {kind: redis, url: "redis://127.0.0.1:6379", ttl_secs: 3600}
 //! prompts:
 //!   system: {system: "You are a coding agent."}   # or {text: "raw prompt text"}
-//! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional",
+//! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional", priority: 0,
 //!            kv_reserved_share: 0.25, kv_max_share: 0.6, kv_max_retained_size: 256MB}]
 //! kv_events: {endpoint: "tcp://*:5557", replay_endpoint: "tcp://*:5558", topic: "",
 //!             buffer_steps: 10000, format: array_of_maps}  # vLLM KV events (off by default)
@@ -252,6 +252,10 @@ pub struct TenantSection {
     /// Most KV memory this tenant's sessions may retain (`cache_control`, session keys), e.g.
     /// `256MB`; beyond it a session retains its prefix only as far as the cap allows.
     pub kv_max_retained_size: Option<ByteSize>,
+    /// Priority of the tenant's requests, vLLM's convention (lower is more important; -63..=63,
+    /// default 0): admission order, preemption and the eviction order of retained blocks. A
+    /// request's own `priority` is added to it.
+    pub priority: Option<i32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -365,6 +369,10 @@ impl FileConfig {
         }
         let mut reserved_total = 0.0;
         for t in &self.tenants {
+            let (lo, hi) = (engine::MIN_PRIORITY, engine::MAX_PRIORITY);
+            if let Some(p) = t.priority.filter(|p| !(lo..=hi).contains(p)) {
+                bail!("tenants[{}].priority: {p} is outside [{lo}, {hi}]", t.name);
+            }
             for (what, v) in [
                 ("kv_reserved_share", t.kv_reserved_share),
                 ("kv_max_share", t.kv_max_share),
@@ -427,6 +435,10 @@ mod tests {
                 .to_string()
         };
         assert!(bad("{name: a, kv_reserved_share: 1.5}").contains("kv_reserved_share"));
+        assert!(bad("{name: a, priority: 64}").contains("priority"));
+        assert!(bad("{name: a, priority: -64}").contains("priority"));
+        let ok = FileConfig::parse("tenants: [{name: a, priority: -5}]\n").unwrap();
+        assert_eq!(ok.tenants[0].priority, Some(-5));
         assert!(bad("{name: a, kv_reserved_share: 0.4, kv_max_share: 0.3}").contains("more than"));
         let two = "{name: a, kv_reserved_share: 0.3}, {name: b, kv_reserved_share: 0.3}";
         assert!(bad(two).contains("0.5"));

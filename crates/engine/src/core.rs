@@ -450,8 +450,9 @@ impl EngineCore {
                 id.0
             )));
         }
+        let priority = spec.priority;
         self.seqs.insert(key, Sequence::new(spec, ns, sink));
-        self.scheduler.enqueue(key);
+        self.scheduler.enqueue(key, priority);
         self.start_prefetch(key, false);
         Ok(())
     }

@@ -36,8 +36,9 @@ pub use error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 pub use kv_events::{KvEvent, KvEventSink, KvMedium};
 pub use paged_kv::PagedKvMemory;
 pub use request::{
-    Breakpoint, EngineEvent, EventReceiver, EventSender, EvictedBlocks, FinishReason, RequestId,
-    RequestSpec, Retention, SessionInfo, SessionQuery, Timings, TokenEvent, Usage,
+    priority_of_rank, retention_rank, Breakpoint, EngineEvent, EventReceiver, EventSender,
+    EvictedBlocks, FinishReason, RequestId, RequestSpec, Retention, SessionInfo, SessionQuery,
+    Timings, TokenEvent, Usage, MAX_PRIORITY, MIN_PRIORITY,
 };
 pub use snapshot::{EngineSnapshot, PinnedPrompt};
 pub use stats::EngineStats;

@@ -40,6 +40,30 @@ pub struct RequestSpec {
     pub retention: Option<Retention>,
     /// `cache_control` breakpoints inside the prompt: each retains the prompt's prefix up to it.
     pub breakpoints: Vec<Breakpoint>,
+    /// Scheduling priority, vLLM's convention: lower is more important (default 0), within
+    /// [`MIN_PRIORITY`, `MAX_PRIORITY`]. Waiting requests are admitted by (priority, arrival);
+    /// a decode out of blocks preempts the least important running request (the newest among
+    /// equals). Retention made for the request should carry [`retention_rank`] of it.
+    pub priority: i32,
+}
+
+/// Most important request priority.
+pub const MIN_PRIORITY: i32 = -63;
+/// Least important request priority.
+pub const MAX_PRIORITY: i32 = 63;
+
+/// The cache's retention rank (`Retention::priority`: higher survives longer among retained
+/// blocks) for a request of `priority` (vLLM's convention, clamped to
+/// [`MIN_PRIORITY`, `MAX_PRIORITY`]); `explicit` (a `cache_control` breakpoint) ranks just above
+/// implicit retention (a session key, a tool pause) of the same priority. In 2..=255.
+pub fn retention_rank(priority: i32, explicit: bool) -> u8 {
+    let importance = 64 - priority.clamp(MIN_PRIORITY, MAX_PRIORITY); // 1..=127
+    (importance * 2 + i32::from(explicit)) as u8
+}
+
+/// The request priority a retention rank was made from ([`retention_rank`]'s inverse).
+pub fn priority_of_rank(rank: u8) -> i32 {
+    64 - i32::from(rank / 2)
 }
 
 /// A breakpoint inside the prompt: its prefix of `prefix_tokens` tokens (whole blocks of it) is
@@ -58,7 +82,8 @@ pub struct Breakpoint {
 pub struct Retention {
     pub session: cache::SessionId,
     pub ttl: std::time::Duration,
-    /// Higher survives longer among retained blocks.
+    /// Higher survives longer among retained blocks: [`retention_rank`] of the request's
+    /// priority.
     pub priority: u8,
 }
 
@@ -78,7 +103,29 @@ impl RequestSpec {
             n: 1,
             retention: None,
             breakpoints: Vec::new(),
+            priority: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_ranks_order_by_priority_then_explicitness_and_invert() {
+        let mut last = None;
+        for p in (MIN_PRIORITY..=MAX_PRIORITY).rev() {
+            for explicit in [false, true] {
+                let r = retention_rank(p, explicit);
+                assert!(last.is_none_or(|l| r > l), "{p} {explicit}");
+                assert_eq!(priority_of_rank(r), p);
+                last = Some(r);
+            }
+        }
+        assert_eq!(retention_rank(0, false), 128);
+        assert_eq!(retention_rank(-1000, true), 255);
+        assert_eq!(retention_rank(1000, false), 2);
     }
 }
 

@@ -644,7 +644,7 @@ fn all_retention_survives_preemption_and_comes_back_from_a_tier_identically() {
     let mut c_tokens = agents[2].clone();
     c_tokens.extend(out(2));
     let pause = core
-        .tool_pause(Default::default(), &[], &c_tokens)
+        .tool_pause(Default::default(), &[], &c_tokens, 0)
         .expect("tool pause retained");
     let sessions = [1u64, 2, pause.session.0];
     let before: Vec<u32> = sessions

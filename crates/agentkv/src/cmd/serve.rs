@@ -366,6 +366,7 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
                 name: t.name.clone(),
                 api_keys: t.api_keys.clone(),
                 salt: t.salt.clone(),
+                priority: t.priority.unwrap_or(0),
             })
             .collect(),
         admin_api_keys: file.server.admin_api_keys.clone(),

@@ -45,7 +45,7 @@ pub async fn get(
         retained_tokens: info.tokens as u64,
         retained_blocks: u64::from(info.blocks),
         ttl_left_s: info.ttl_left.as_secs_f64(),
-        priority: info.priority,
+        priority: engine::priority_of_rank(info.priority),
         blocks_by_tier: by_tier(&info),
     }))
 }
