@@ -20,6 +20,7 @@
 //!   tier_prefetch_max_size: 1GiB  # host memory for tier loads of queued requests
 //!   tier_lookup_timeout_ms: 2000  # a tier lookup unanswered this long is abandoned (recompute)
 //!   tier_write_queue_max_size: 256MiB  # blocks queued for tier writes; past it writes are dropped
+//!   max_retained_fraction: 0.5  # most of the pool sessions, breakpoints and tool pauses retain
 //! tiers:                      # after the active pool, in lookup order (docs/tiers.md)
 //!   - {kind: ram, max_size: 4GB}
 //!   - {kind: disk, path: /var/cache/agentkv, max_size: 50GB}
@@ -172,6 +173,9 @@ pub struct KvCacheSection {
     pub tool_pause_ttl_per_saved_second: Option<f64>,
     /// Longest tool-pause TTL in seconds (default 300; also capped by `limits.max_cache_ttl_secs`).
     pub tool_pause_max_ttl_s: Option<u64>,
+    /// Most of the pool (0–1) retention may hold: sessions, breakpoints, tool pauses and
+    /// warm-up pins (default 0.5). Retention always yields to running requests.
+    pub max_retained_fraction: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -400,6 +404,13 @@ impl FileConfig {
         if let Some(q) = &self.kv_cache_config.quantization {
             q.to_dtype()?;
         }
+        if let Some(f) = self
+            .kv_cache_config
+            .max_retained_fraction
+            .filter(|f| !(0.0..=1.0).contains(f))
+        {
+            bail!("kv_cache_config.max_retained_fraction: {f} is outside [0, 1]");
+        }
         for (name, v) in [
             ("limits.header_timeout_s", self.limits.header_timeout_s),
             ("limits.body_timeout_s", self.limits.body_timeout_s),
@@ -436,6 +447,11 @@ mod tests {
         };
         assert!(bad("{name: a, kv_reserved_share: 1.5}").contains("kv_reserved_share"));
         assert!(bad("{name: a, priority: 64}").contains("priority"));
+        let retained = FileConfig::parse("kv_cache_config: {max_retained_fraction: 1.5}\n");
+        assert!(retained
+            .unwrap_err()
+            .to_string()
+            .contains("max_retained_fraction"));
         assert!(bad("{name: a, priority: -64}").contains("priority"));
         let ok = FileConfig::parse("tenants: [{name: a, priority: -5}]\n").unwrap();
         assert_eq!(ok.tenants[0].priority, Some(-5));

@@ -122,6 +122,7 @@ impl EngineCore {
         let mut cache_cfg = CacheConfig::new(cfg.num_blocks as u32);
         cache_cfg.block_size = cfg.block_size as u32;
         cache_cfg.policy = cfg.policy;
+        cache_cfg.max_retained_fraction = cfg.max_retained_fraction;
         cache_cfg.record_events = !stores.is_empty() || cfg.kv_events.is_some();
         for (tenant, share) in &cfg.tenant_shares {
             if let Some(r) = share.reserved_blocks {
