@@ -4,8 +4,10 @@
 //! the job (so a lookup sees every block the engine wrote before asking), computes the chain's
 //! tier keys, plans with the cost model and fetches the payloads into host memory. The engine
 //! polls for results ([`Loader::take`]) and copies them into fresh blocks on admission, so a
-//! request waits for its tier blocks while other requests keep computing. Never touches the
-//! block table or the K/V memory, and never decides what to prefetch.
+//! request waits for its tier blocks while other requests keep computing. It also answers
+//! [`ProbeJob`]s (which tier holds each of some keys: a session's blocks by tier) without
+//! reading payloads. Never touches the block table or the K/V memory, and never decides what
+//! to prefetch.
 
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
