@@ -20,13 +20,14 @@
 //!   tier_prefetch_max_size: 1GiB  # host memory for tier loads of queued requests
 //!   tier_lookup_timeout_ms: 2000  # a tier lookup unanswered this long is abandoned (recompute)
 //!   tier_write_queue_max_size: 256MiB  # blocks queued for tier writes; past it writes are dropped
+//!   max_retained_fraction: 0.5  # most of the pool sessions, breakpoints and tool pauses retain
 //! tiers:                      # after the active pool, in lookup order (docs/tiers.md)
 //!   - {kind: ram, max_size: 4GB}
 //!   - {kind: disk, path: /var/cache/agentkv, max_size: 50GB}
 //!   - {kind: redis, url: "redis://127.0.0.1:6379", ttl_secs: 3600}
 //! prompts:
 //!   system: {system: "You are a coding agent."}   # or {text: "raw prompt text"}
-//! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional",
+//! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional", priority: 0,
 //!            kv_reserved_share: 0.25, kv_max_share: 0.6, kv_max_retained_size: 256MB}]
 //! kv_events: {endpoint: "tcp://*:5557", replay_endpoint: "tcp://*:5558", topic: "",
 //!             buffer_steps: 10000, format: array_of_maps}  # vLLM KV events (off by default)
@@ -172,6 +173,9 @@ pub struct KvCacheSection {
     pub tool_pause_ttl_per_saved_second: Option<f64>,
     /// Longest tool-pause TTL in seconds (default 300; also capped by `limits.max_cache_ttl_secs`).
     pub tool_pause_max_ttl_s: Option<u64>,
+    /// Most of the pool (0–1) retention may hold: sessions, breakpoints, tool pauses and
+    /// warm-up pins (default 0.5). Retention always yields to running requests.
+    pub max_retained_fraction: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -252,6 +256,10 @@ pub struct TenantSection {
     /// Most KV memory this tenant's sessions may retain (`cache_control`, session keys), e.g.
     /// `256MB`; beyond it a session retains its prefix only as far as the cap allows.
     pub kv_max_retained_size: Option<ByteSize>,
+    /// Priority of the tenant's requests, vLLM's convention (lower is more important; -63..=63,
+    /// default 0): admission order, preemption and the eviction order of retained blocks. A
+    /// request's own `priority` is added to it.
+    pub priority: Option<i32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -365,6 +373,10 @@ impl FileConfig {
         }
         let mut reserved_total = 0.0;
         for t in &self.tenants {
+            let (lo, hi) = (engine::MIN_PRIORITY, engine::MAX_PRIORITY);
+            if let Some(p) = t.priority.filter(|p| !(lo..=hi).contains(p)) {
+                bail!("tenants[{}].priority: {p} is outside [{lo}, {hi}]", t.name);
+            }
             for (what, v) in [
                 ("kv_reserved_share", t.kv_reserved_share),
                 ("kv_max_share", t.kv_max_share),
@@ -391,6 +403,13 @@ impl FileConfig {
         }
         if let Some(q) = &self.kv_cache_config.quantization {
             q.to_dtype()?;
+        }
+        if let Some(f) = self
+            .kv_cache_config
+            .max_retained_fraction
+            .filter(|f| !(0.0..=1.0).contains(f))
+        {
+            bail!("kv_cache_config.max_retained_fraction: {f} is outside [0, 1]");
         }
         for (name, v) in [
             ("limits.header_timeout_s", self.limits.header_timeout_s),
@@ -427,6 +446,15 @@ mod tests {
                 .to_string()
         };
         assert!(bad("{name: a, kv_reserved_share: 1.5}").contains("kv_reserved_share"));
+        assert!(bad("{name: a, priority: 64}").contains("priority"));
+        let retained = FileConfig::parse("kv_cache_config: {max_retained_fraction: 1.5}\n");
+        assert!(retained
+            .unwrap_err()
+            .to_string()
+            .contains("max_retained_fraction"));
+        assert!(bad("{name: a, priority: -64}").contains("priority"));
+        let ok = FileConfig::parse("tenants: [{name: a, priority: -5}]\n").unwrap();
+        assert_eq!(ok.tenants[0].priority, Some(-5));
         assert!(bad("{name: a, kv_reserved_share: 0.4, kv_max_share: 0.3}").contains("more than"));
         let two = "{name: a, kv_reserved_share: 0.3}, {name: b, kv_reserved_share: 0.3}";
         assert!(bad(two).contains("0.5"));

@@ -23,6 +23,10 @@ pub struct CacheFields {
     /// Anthropic's automatic breakpoint: retain the whole prompt for `ttl`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_control: Option<CacheControl>,
+    /// vLLM's request priority (lower is more important; added to the tenant's): admission
+    /// order, preemption and the eviction order of what the request retains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
 }
 
 /// `{"type": "ephemeral", "ttl": "5m" | "1h"}`.
@@ -41,6 +45,7 @@ impl KnownFields for CacheFields {
         "session_id",
         "prompt_cache_retention",
         "cache_control",
+        "priority",
     ];
 }
 
@@ -56,8 +61,27 @@ pub struct SessionObject {
     pub retained_blocks: u64,
     /// Seconds until the retention ends (each call of the session renews it).
     pub ttl_left_s: f64,
-    /// Higher survives longer among retained blocks.
-    pub priority: u8,
+    /// The priority the session retains at (vLLM's convention, the tenant's included: lower
+    /// survives longer among retained blocks).
+    pub priority: i32,
+    /// Where the session's blocks are now: retained ones in the active pool, plus those lost
+    /// to eviction since, by the place holding them.
+    pub blocks_by_tier: SessionBlocksByTier,
+}
+
+/// A session's blocks by where they are (each block counted once, the fastest place first).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionBlocksByTier {
+    /// In the active pool: retained, or evicted and cached again since.
+    pub active: u64,
+    /// Evicted from the pool, held by the host-RAM tier.
+    pub ram: u64,
+    /// Evicted, held by the disk tier.
+    pub disk: u64,
+    /// Evicted, held by Redis.
+    pub redis: u64,
+    /// Evicted and held nowhere (no tier configured, or the tier dropped it): recomputed.
+    pub none: u64,
 }
 
 /// `DELETE /v1/sessions/{id}`: the retention ended now.

@@ -23,7 +23,9 @@ pub mod tokenize;
 pub mod tools;
 pub mod usage;
 
-pub use cache_control::{CacheControl, CacheFields, SessionDeleted, SessionObject};
+pub use cache_control::{
+    CacheControl, CacheFields, SessionBlocksByTier, SessionDeleted, SessionObject,
+};
 pub use chat::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
     ChatCompletionResponse, ChatDelta, ChatMessage, FunctionKind, FunctionName, LogitBias,

@@ -73,6 +73,7 @@ fn cache_fields() -> api::CacheFields {
             kind: "ephemeral".into(),
             ttl: Some("1h".into()),
         }),
+        priority: Some(-2),
     }
 }
 

@@ -100,14 +100,18 @@ pub fn http_client() -> Result<reqwest::Client, BenchError> {
 }
 
 /// Sends `req` with `stream: true` and `include_usage`, reads the whole stream.
+/// `system_breakpoint` marks the first message with `cache_control: {"type": "ephemeral",
+/// "ttl": "1h"}` on the wire (Anthropic's breakpoint; the request type has no such field).
 pub async fn stream_chat(
     http: &reqwest::Client,
     target: &Target,
     req: &ChatCompletionRequest,
+    system_breakpoint: bool,
     timeout: Duration,
 ) -> Result<CallMetrics, CallError> {
     let start = Instant::now();
-    match tokio::time::timeout(timeout, stream_inner(http, target, req, start)).await {
+    let body = wire_body(req, system_breakpoint);
+    match tokio::time::timeout(timeout, stream_inner(http, target, &body, start)).await {
         Ok(r) => r,
         Err(_) => Err(CallError {
             kind: CallErrorKind::Timeout,
@@ -128,10 +132,25 @@ pub fn streaming_request(req: &ChatCompletionRequest) -> ChatCompletionRequest {
     req
 }
 
+/// The JSON body of `req` as sent ([`streaming_request`]), its first message marked as a
+/// `cache_control` breakpoint when `system_breakpoint`.
+pub fn wire_body(req: &ChatCompletionRequest, system_breakpoint: bool) -> serde_json::Value {
+    let mut body = serde_json::to_value(streaming_request(req)).unwrap_or_default();
+    if system_breakpoint {
+        if let Some(first) = body["messages"].get_mut(0).and_then(|m| m.as_object_mut()) {
+            first.insert(
+                "cache_control".into(),
+                serde_json::json!({"type": "ephemeral", "ttl": "1h"}),
+            );
+        }
+    }
+    body
+}
+
 async fn stream_inner(
     http: &reqwest::Client,
     target: &Target,
-    req: &ChatCompletionRequest,
+    body: &serde_json::Value,
     start: Instant,
 ) -> Result<CallMetrics, CallError> {
     let fail = |kind, status, message: String| CallError {
@@ -140,7 +159,7 @@ async fn stream_inner(
         message,
         after_s: start.elapsed().as_secs_f64(),
     };
-    let mut builder = http.post(target.chat_url()).json(&streaming_request(req));
+    let mut builder = http.post(target.chat_url()).json(body);
     if let Some(key) = &target.api_key {
         builder = builder.bearer_auth(key);
     }
@@ -222,4 +241,33 @@ fn apply_chunk(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::{ChatMessage, Role};
+
+    #[test]
+    fn the_wire_body_streams_and_marks_the_system_message_only_when_asked() {
+        let mut req = ChatCompletionRequest {
+            model: "m".into(),
+            messages: vec![
+                ChatMessage::new(Role::System, "sys"),
+                ChatMessage::new(Role::User, "hi"),
+            ],
+            ..Default::default()
+        };
+        req.cache.prompt_cache_key = Some("t/a0-t0".into());
+        let plain = wire_body(&req, false);
+        assert_eq!(plain["stream"], true);
+        assert_eq!(plain["prompt_cache_key"], "t/a0-t0");
+        assert!(plain["messages"][0].get("cache_control").is_none());
+        let marked = wire_body(&req, true);
+        assert_eq!(
+            marked["messages"][0]["cache_control"],
+            serde_json::json!({"type": "ephemeral", "ttl": "1h"})
+        );
+        assert!(marked["messages"][1].get("cache_control").is_none());
+    }
 }

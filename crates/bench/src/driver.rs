@@ -65,6 +65,12 @@ pub struct DriverConfig {
     /// flight finish); `None` = no limit.
     pub max_duration: Option<Duration>,
     pub progress: bool,
+    /// Scripted calls name their task's session (`prompt_cache_key` = `tenant/session`), so a
+    /// server with session retention keeps it through the tool pauses.
+    pub session_keys: bool,
+    /// Scripted calls mark their system message with `cache_control` (`ephemeral`, `1h`): a
+    /// breakpoint that retains the shared system prompt.
+    pub system_breakpoint: bool,
 }
 
 /// Outcome of one call.
@@ -265,7 +271,9 @@ async fn run_task(
                         delay_before_ms: delay_ms,
                         request: req.clone(),
                     });
-                match stream_chat(&sh.http, target, &req, sh.cfg.request_timeout).await {
+                let breakpoint = sh.cfg.system_breakpoint && matches!(plan, TaskPlan::Scripted(_));
+                let timeout = sh.cfg.request_timeout;
+                match stream_chat(&sh.http, target, &req, breakpoint, timeout).await {
                     Ok(m) => {
                         conv.latency_s += m.e2e_s;
                         if let TaskPlan::Scripted(s) = plan {
@@ -305,15 +313,21 @@ fn build_request(
     tenant: &str,
 ) -> ChatCompletionRequest {
     match plan {
-        TaskPlan::Scripted(s) => ChatCompletionRequest {
-            model: target.model.clone(),
-            messages: messages.to_vec(),
-            max_tokens: Some(s.steps[step].max_output_tokens),
-            temperature: Some(cfg.temperature),
-            seed: cfg.seed,
-            user: Some(tenant.to_string()),
-            ..Default::default()
-        },
+        TaskPlan::Scripted(s) => {
+            let mut req = ChatCompletionRequest {
+                model: target.model.clone(),
+                messages: messages.to_vec(),
+                max_tokens: Some(s.steps[step].max_output_tokens),
+                temperature: Some(cfg.temperature),
+                seed: cfg.seed,
+                user: Some(tenant.to_string()),
+                ..Default::default()
+            };
+            if cfg.session_keys {
+                req.cache.prompt_cache_key = Some(format!("{tenant}/{}", s.session()));
+            }
+            req
+        }
         TaskPlan::Fixed(f) => {
             let mut req = f.calls[step].1.clone();
             if !target.model.is_empty() {

@@ -50,6 +50,8 @@ async fn drive(targets: Vec<Target>, wl: &WorkloadConfig) -> RunOutput {
         request_timeout: Duration::from_secs(30),
         max_duration: None,
         progress: false,
+        session_keys: false,
+        system_breakpoint: false,
     };
     run(http_client().unwrap(), cfg, plans).await
 }
@@ -262,6 +264,8 @@ async fn trace_round_trips_and_replays_exact_requests() {
         request_timeout: Duration::from_secs(30),
         max_duration: None,
         progress: false,
+        session_keys: false,
+        system_breakpoint: false,
     };
     let replay = run(http_client().unwrap(), cfg, plans).await;
     assert_eq!(replay.calls.len(), 12);
@@ -366,6 +370,8 @@ async fn time_limit_stops_new_calls_without_counting_failures() {
         request_timeout: Duration::from_secs(30),
         max_duration: Some(Duration::from_millis(200)),
         progress: false,
+        session_keys: false,
+        system_breakpoint: false,
     };
     let out = run(http_client().unwrap(), cfg, plans).await;
     // The first call starts at once and finishes after the limit; nothing else is sent.

@@ -4,13 +4,14 @@
 //!
 //! Retention is a bias, not a lock: a retained unreferenced block stays an eviction candidate but
 //! ranks after every unretained one. Rank order (evicted first → last): unretained; session-retained
-//! by lower priority, then earlier expiry; pinned. The number of blocks carrying any retention is
+//! by lower priority, then later expiry (the most recently paused session first); pinned. The number of blocks carrying any retention is
 //! capped at `floor(max_retained_fraction · num_blocks)`; a retain request beyond the cap retains
 //! the chain from its root as far as the cap allows and reports the rest as refused.
 
 use std::collections::{BTreeSet, HashMap};
 
 use crate::ids::{BlockId, PinId, SessionId, Tick};
+use crate::key::{BlockKey, NamespaceKey};
 
 /// Who retains a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -19,13 +20,33 @@ pub(crate) enum Holder {
     Session(SessionId),
 }
 
-/// Retention strength of a block (max over its holders); smaller is evicted first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+/// Retention strength of a block (max over its holders); smaller is evicted first. Ordered by
+/// tier, then priority, then **later expiry first**: among sessions of one priority the one
+/// retained last (paused most recently) goes first — with tool latencies bounded, the session
+/// paused longest is the one closest to coming back, so evicting it first (as earliest-expiry
+/// order would) throws away the context needed soonest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(crate) struct RetentionRank {
     /// 0 = none, 1 = session, 2 = pin.
     pub tier: u8,
     pub priority: u8,
     pub until: Tick,
+}
+
+impl Ord for RetentionRank {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.tier, self.priority, std::cmp::Reverse(self.until)).cmp(&(
+            other.tier,
+            other.priority,
+            std::cmp::Reverse(other.until),
+        ))
+    }
+}
+
+impl PartialOrd for RetentionRank {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl RetentionRank {
@@ -53,6 +74,10 @@ impl RetentionRank {
 pub(crate) struct HolderRecord {
     pub rank: RetentionRank,
     pub blocks: Vec<BlockId>,
+    /// Keys of blocks this holder retained that were evicted under pressure since (eviction
+    /// order: a chain's tail first), so the engine can say which storage tier holds them now.
+    /// A flush forgets nothing here: the keys are only a report, never looked up by the cache.
+    pub evicted: Vec<(NamespaceKey, BlockKey)>,
 }
 
 /// All holders.

@@ -118,6 +118,34 @@ fn retained_session_is_passed_over_until_it_expires() {
 }
 
 #[test]
+fn among_sessions_of_one_priority_the_most_recently_paused_goes_first() {
+    let mut cache = KvCache::new(config(8, 4, EvictionPolicy::Lru)).unwrap();
+    let ns = ns(1);
+    // Session 1 paused at tick 1 (until 101), session 2 at tick 2 (until 102): same TTL.
+    let (a, _) = start(&mut cache, &ns, &toks(0, 8), 1); // b0 b1
+    cache
+        .retain_session(SessionId(1), a, Tick(101), 0, Tick(1))
+        .unwrap();
+    cache.free(a, Tick(1)).unwrap();
+    let (b, _) = start(&mut cache, &ns, &toks(50, 8), 2); // b2 b3
+    cache
+        .retain_session(SessionId(2), b, Tick(102), 0, Tick(2))
+        .unwrap();
+    cache.free(b, Tick(2)).unwrap();
+    // Session 1 has waited longest for its tool: it is the one coming back first, so session
+    // 2's tail goes first (earliest-expiry order would take session 1's).
+    assert_eq!(cache.eviction_order(), ids(&[3, 1]));
+    // A higher priority still wins over recency.
+    let (b, _) = start(&mut cache, &ns, &toks(50, 8), 3);
+    cache
+        .retain_session(SessionId(2), b, Tick(103), 1, Tick(3))
+        .unwrap();
+    cache.free(b, Tick(3)).unwrap();
+    assert_eq!(cache.eviction_order(), ids(&[1, 3]));
+    cache.check_invariants().unwrap();
+}
+
+#[test]
 fn pins_rank_after_sessions_and_are_evicted_only_as_a_last_resort() {
     let mut cache = KvCache::new(config(4, 4, EvictionPolicy::Lru)).unwrap();
     let ns = ns(1);

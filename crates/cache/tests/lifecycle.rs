@@ -355,3 +355,41 @@ fn a_released_match_is_not_counted_as_a_lookup() {
     cache.free(s, Tick(7)).unwrap();
     cache.check_invariants().unwrap();
 }
+
+#[test]
+fn a_session_remembers_the_keys_of_its_evicted_blocks_until_it_retains_again() {
+    let mut cache = KvCache::new(config(4, 4, EvictionPolicy::Lru)).unwrap();
+    let ns = ns(1);
+    let (s, _) = start(&mut cache, &ns, &toks(0, 12), 1);
+    cache
+        .retain_session(SessionId(5), s, Tick(1000), 0, Tick(1))
+        .unwrap();
+    cache.free(s, Tick(1)).unwrap();
+    assert!(cache.session_evicted(SessionId(5)).is_empty());
+    // Another prompt needs 3 of the 4 blocks: the retained chain loses its tail first.
+    let (s, _) = start(&mut cache, &ns, &toks(100, 12), 2);
+    let evicted = cache.session_evicted(SessionId(5)).to_vec();
+    assert_eq!(evicted.len(), 2);
+    assert_eq!(cache.session(SessionId(5)).unwrap().blocks, 1);
+    let chain = cache::key::chain_keys(&ns, &toks(0, 12), 4, 3);
+    assert_eq!(evicted[0], (ns, chain[2]), "the tail goes first");
+    assert_eq!(evicted[1], (ns, chain[1]));
+    assert!(!cache.is_cached(&chain[1]) && cache.is_cached(&chain[0]));
+    cache.free(s, Tick(2)).unwrap();
+    // Computed again (unretained): cached, still listed until the session retains again.
+    let (s, _) = start(&mut cache, &ns, &toks(0, 12), 3);
+    assert!(cache.is_cached(&chain[2]));
+    assert_eq!(cache.session_evicted(SessionId(5)).len(), 2);
+    cache
+        .retain_session(SessionId(5), s, Tick(1000), 0, Tick(3))
+        .unwrap();
+    assert!(cache.session_evicted(SessionId(5)).is_empty());
+    assert_eq!(cache.session(SessionId(5)).unwrap().blocks, 3);
+    cache.free(s, Tick(3)).unwrap();
+    // A flush is not an eviction under pressure: nothing to report in a tier.
+    cache.flush_all();
+    assert!(
+        cache.session(SessionId(5)).is_none() || cache.session_evicted(SessionId(5)).is_empty()
+    );
+    cache.check_invariants().unwrap();
+}

@@ -31,7 +31,7 @@ enum Command {
     /// Query (`false`) or release (`true`) a session's retention.
     Session(SessionId, bool, oneshot::Sender<Option<SessionInfo>>),
     /// A finished request ended in tool calls: (tenant, salt, prompt + output tokens).
-    ToolPause(TenantId, Vec<u8>, Vec<u32>),
+    ToolPause(TenantId, Vec<u8>, Vec<u32>, i32),
     Shutdown,
 }
 
@@ -147,7 +147,8 @@ impl EngineHandle {
         Ok(rx)
     }
 
-    /// A finished request (`tokens`: its prompt and output, `tenant` and `salt` as submitted)
+    /// A finished request (`tokens`: its prompt and output, `tenant`, `salt` and `priority` as
+    /// submitted)
     /// ended in tool calls: keep its blocks for the agent's next call (`tool_pause.rs`).
     /// Fire and forget.
     pub fn tool_pause(
@@ -155,9 +156,10 @@ impl EngineHandle {
         tenant: TenantId,
         salt: Vec<u8>,
         tokens: Vec<u32>,
+        priority: i32,
     ) -> Result<(), EngineError> {
         self.tx
-            .send(Command::ToolPause(tenant, salt, tokens))
+            .send(Command::ToolPause(tenant, salt, tokens, priority))
             .map_err(|_| EngineError::ShutDown)
     }
 
@@ -219,13 +221,20 @@ fn run(mut core: EngineCore, rx: Receiver<Command>) {
                     core.publish();
                     let _ = tx.send(pinned);
                 }
-                Command::ToolPause(tenant, salt, tokens) => {
-                    core.tool_pause(tenant, &salt, &tokens);
+                Command::ToolPause(tenant, salt, tokens, priority) => {
+                    core.tool_pause(tenant, &salt, &tokens, priority);
                 }
                 Command::Session(session, release, tx) => {
-                    let info = core.session(session, release);
+                    let found = core.session(session, release);
                     core.publish();
-                    let _ = tx.send(info);
+                    match found {
+                        Some(q) => core.locate_session(q, move |info| {
+                            let _ = tx.send(Some(info));
+                        }),
+                        None => {
+                            let _ = tx.send(None);
+                        }
+                    }
                 }
                 Command::Shutdown => return,
             }

@@ -35,6 +35,9 @@ pub struct EngineConfig {
     pub tool_pause: crate::tool_pause::ToolPauseConfig,
     /// Tenants' shares of the active pool, in blocks (see [`TenantShare`]).
     pub tenant_shares: std::collections::BTreeMap<cache::TenantId, TenantShare>,
+    /// Most of the pool (0–1) that sessions, breakpoints, tool pauses and pins may retain
+    /// (`cache::CacheConfig::max_retained_fraction`, default 0.5).
+    pub max_retained_fraction: f64,
 }
 
 /// One tenant's share of the active pool, in blocks.
@@ -66,6 +69,7 @@ impl Default for EngineConfig {
             kv_events: None,
             tenant_shares: Default::default(),
             tool_pause: Default::default(),
+            max_retained_fraction: 0.5,
         }
     }
 }

@@ -29,7 +29,10 @@ use crate::error::{internal, EngineBuildError, EngineError, RequestError, MAX_CH
 use crate::kv_events::KvEventLog;
 use crate::paged_kv::{KvGeometry, PagedKvMemory};
 use crate::plan::{PrefetchStart, StepPlan};
-use crate::request::{EngineEvent, EventSender, FinishReason, RequestId, RequestSpec, SessionInfo};
+use crate::request::{
+    EngineEvent, EventSender, EvictedBlocks, FinishReason, RequestId, RequestSpec, SessionInfo,
+    SessionQuery,
+};
 use crate::scheduler::{SchedContext, Scheduler, SchedulerConfig};
 use crate::sequence::{SeqKey, Sequence};
 use crate::snapshot::{EngineSnapshot, PinnedPrompt};
@@ -119,6 +122,7 @@ impl EngineCore {
         let mut cache_cfg = CacheConfig::new(cfg.num_blocks as u32);
         cache_cfg.block_size = cfg.block_size as u32;
         cache_cfg.policy = cfg.policy;
+        cache_cfg.max_retained_fraction = cfg.max_retained_fraction;
         cache_cfg.record_events = !stores.is_empty() || cfg.kv_events.is_some();
         for (tenant, share) in &cfg.tenant_shares {
             if let Some(r) = share.reserved_blocks {
@@ -363,21 +367,64 @@ impl EngineCore {
     }
 
     /// The retention `session` holds now (expired retention is ended first); `release` ends it
-    /// too. `None` when the session retains nothing.
-    pub fn session(&mut self, session: cache::SessionId, release: bool) -> Option<SessionInfo> {
+    /// too. `None` when the session retains nothing. Its evicted blocks are located in the pool
+    /// here; [`EngineCore::locate_session`] finds the rest in the tiers (not for a release).
+    pub fn session(&mut self, session: cache::SessionId, release: bool) -> Option<SessionQuery> {
         let tick = self.next_tick();
         self.cache.expire(tick);
         let r = self.cache.session(session)?;
+        let mut evicted = EvictedBlocks::default();
+        let mut to_locate = Vec::new();
+        for (ns, key) in self.cache.session_evicted(session) {
+            if self.cache.is_cached(key) {
+                evicted.in_pool += 1;
+            } else if release || self.tiers.is_none() {
+                evicted.lost += 1;
+            } else {
+                to_locate.push(tier::TierKey::new(ns.root().0, key.0));
+            }
+        }
         if release {
             // Found just above, so this cannot fail.
             let _ = self.cache.release_session(session);
         }
-        Some(SessionInfo {
-            tokens: r.tokens,
-            blocks: r.blocks,
-            ttl_left: std::time::Duration::from_millis(r.until.0.saturating_sub(tick.0)),
-            priority: r.priority,
+        // Evictions not yet handed to the demoter are queued first: the tiers must see them.
+        self.kv.sync(&mut self.cache, self.tiers.as_mut(), None);
+        Some(SessionQuery {
+            info: SessionInfo {
+                tokens: r.tokens,
+                blocks: r.blocks,
+                ttl_left: std::time::Duration::from_millis(r.until.0.saturating_sub(tick.0)),
+                priority: r.priority,
+                evicted,
+            },
+            to_locate,
         })
+    }
+
+    /// Completes `query` with the tiers holding its evicted blocks and hands it to `reply`: at
+    /// once when there is nothing to locate, otherwise from the tier loader thread (after the
+    /// demotions queued so far are written).
+    pub fn locate_session(
+        &mut self,
+        query: SessionQuery,
+        reply: impl FnOnce(SessionInfo) + Send + 'static,
+    ) {
+        let SessionQuery {
+            mut info,
+            to_locate,
+        } = query;
+        match self.tiers.as_mut() {
+            Some(t) if !to_locate.is_empty() => t.locate(to_locate, move |in_tiers, lost| {
+                info.evicted.in_tiers = in_tiers;
+                info.evicted.lost += lost;
+                reply(info)
+            }),
+            _ => {
+                info.evicted.lost += to_locate.len() as u32;
+                reply(info)
+            }
+        }
     }
 
     /// The cache's logical clock: milliseconds since the engine started, strictly increasing per
@@ -404,8 +451,9 @@ impl EngineCore {
                 id.0
             )));
         }
+        let priority = spec.priority;
         self.seqs.insert(key, Sequence::new(spec, ns, sink));
-        self.scheduler.enqueue(key);
+        self.scheduler.enqueue(key, priority);
         self.start_prefetch(key, false);
         Ok(())
     }

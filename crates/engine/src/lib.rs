@@ -36,10 +36,11 @@ pub use error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 pub use kv_events::{KvEvent, KvEventSink, KvMedium};
 pub use paged_kv::PagedKvMemory;
 pub use request::{
-    Breakpoint, EngineEvent, EventReceiver, EventSender, FinishReason, RequestId, RequestSpec,
-    Retention, SessionInfo, Timings, TokenEvent, Usage,
+    priority_of_rank, retention_rank, Breakpoint, EngineEvent, EventReceiver, EventSender,
+    EvictedBlocks, FinishReason, RequestId, RequestSpec, Retention, SessionInfo, SessionQuery,
+    Timings, TokenEvent, Usage, MAX_PRIORITY, MIN_PRIORITY,
 };
 pub use snapshot::{EngineSnapshot, PinnedPrompt};
 pub use stats::EngineStats;
-pub use tiering::{TierCounters, TierSnapshot, TieringSnapshot, LOAD_LATENCY_BUCKETS_US};
+pub use tiering::{TierCounters, TierKind, TierSnapshot, TieringSnapshot, LOAD_LATENCY_BUCKETS_US};
 pub use tool_pause::{pause_ttl, ToolPauseConfig};

@@ -4,8 +4,10 @@
 //! the job (so a lookup sees every block the engine wrote before asking), computes the chain's
 //! tier keys, plans with the cost model and fetches the payloads into host memory. The engine
 //! polls for results ([`Loader::take`]) and copies them into fresh blocks on admission, so a
-//! request waits for its tier blocks while other requests keep computing. Never touches the
-//! block table or the K/V memory, and never decides what to prefetch.
+//! request waits for its tier blocks while other requests keep computing. It also answers
+//! [`ProbeJob`]s (which tier holds each of some keys: a session's blocks by tier) without
+//! reading payloads. Never touches the block table or the K/V memory, and never decides what
+//! to prefetch.
 
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
@@ -32,6 +34,29 @@ pub(crate) struct LoadJob {
     pub first_block: usize,
     pub max_blocks: usize,
     pub demote_ticket: u64,
+}
+
+/// Where blocks are now: for each key, the first store (in lookup order) that holds it, after
+/// demotion ticket `demote_ticket` is written; `reply` gets one count per store and the number
+/// of keys no store holds. Used to report a session's blocks by tier; reads no payload.
+pub(crate) struct ProbeJob {
+    pub keys: Vec<TierKey>,
+    pub demote_ticket: u64,
+    pub reply: Box<dyn FnOnce(ProbeCounts) + Send>,
+}
+
+/// The answer of a [`ProbeJob`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ProbeCounts {
+    /// Keys found per store, in lookup order (each key counted in the first store holding it).
+    pub per_store: Vec<u32>,
+    /// Keys no store holds (or whose store could not answer).
+    pub missing: u32,
+}
+
+enum Job {
+    Load(JobId, LoadJob),
+    Probe(ProbeJob),
 }
 
 /// The verified payloads of blocks `first_block..first_block + payloads.len()` of a chain (the
@@ -73,7 +98,7 @@ struct Results {
 }
 
 pub(crate) struct Loader {
-    tx: Option<Sender<(JobId, LoadJob)>>,
+    tx: Option<Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     results: Arc<(Mutex<Results>, Condvar)>,
     next: u64,
@@ -106,7 +131,7 @@ impl Loader {
         let sent = self
             .tx
             .as_ref()
-            .is_some_and(|tx| tx.send((id, job)).is_ok());
+            .is_some_and(|tx| tx.send(Job::Load(id, job)).is_ok());
         if !sent {
             // The thread is gone (only at shutdown): an empty result, the request recomputes.
             self.lock().done.insert(
@@ -118,6 +143,26 @@ impl Loader {
             );
         }
         id
+    }
+
+    /// Queues a probe; its reply runs on the loader thread (or here, with every key missing,
+    /// when the thread is gone at shutdown).
+    pub fn probe(&mut self, job: ProbeJob) {
+        let Some(tx) = self.tx.as_ref() else {
+            let missing = job.keys.len() as u32;
+            (job.reply)(ProbeCounts {
+                per_store: Vec::new(),
+                missing,
+            });
+            return;
+        };
+        if let Err(mpsc::SendError(Job::Probe(job))) = tx.send(Job::Probe(job)) {
+            let missing = job.keys.len() as u32;
+            (job.reply)(ProbeCounts {
+                per_store: Vec::new(),
+                missing,
+            });
+        }
     }
 
     /// Whether `job` is done (its result waits to be taken).
@@ -158,12 +203,25 @@ impl Loader {
 }
 
 fn run(
-    rx: Receiver<(JobId, LoadJob)>,
+    rx: Receiver<Job>,
     shared: Arc<TierShared>,
     demotions: Arc<DemoteProgress>,
     results: Arc<(Mutex<Results>, Condvar)>,
 ) {
-    for (id, job) in rx {
+    for job in rx {
+        let (id, job) = match job {
+            Job::Load(id, job) => (id, job),
+            Job::Probe(p) => {
+                demotions.wait_until(p.demote_ticket);
+                let counts = std::panic::catch_unwind(AssertUnwindSafe(|| probe(&shared, &p.keys)))
+                    .unwrap_or_else(|_| ProbeCounts {
+                        per_store: vec![0; shared.stores.len()],
+                        missing: p.keys.len() as u32,
+                    });
+                (p.reply)(counts);
+                continue;
+            }
+        };
         if results
             .0
             .lock()
@@ -204,6 +262,26 @@ fn run(
             results.1.notify_all();
         }
     }
+}
+
+/// Counts `keys` by the first store holding each (a store that errs holds nothing).
+fn probe(shared: &TierShared, keys: &[TierKey]) -> ProbeCounts {
+    let mut counts = ProbeCounts {
+        per_store: vec![0; shared.stores.len()],
+        missing: 0,
+    };
+    for key in keys {
+        let chain = std::slice::from_ref(key);
+        match shared
+            .stores
+            .iter()
+            .position(|s| s.contains_prefix(chain).unwrap_or(0) > 0)
+        {
+            Some(i) => counts.per_store[i] += 1,
+            None => counts.missing += 1,
+        }
+    }
+    counts
 }
 
 impl Drop for Loader {

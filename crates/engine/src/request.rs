@@ -40,6 +40,30 @@ pub struct RequestSpec {
     pub retention: Option<Retention>,
     /// `cache_control` breakpoints inside the prompt: each retains the prompt's prefix up to it.
     pub breakpoints: Vec<Breakpoint>,
+    /// Scheduling priority, vLLM's convention: lower is more important (default 0), within
+    /// [`MIN_PRIORITY`, `MAX_PRIORITY`]. Waiting requests are admitted by (priority, arrival);
+    /// a decode out of blocks preempts the least important running request (the newest among
+    /// equals). Retention made for the request should carry [`retention_rank`] of it.
+    pub priority: i32,
+}
+
+/// Most important request priority.
+pub const MIN_PRIORITY: i32 = -63;
+/// Least important request priority.
+pub const MAX_PRIORITY: i32 = 63;
+
+/// The cache's retention rank (`Retention::priority`: higher survives longer among retained
+/// blocks) for a request of `priority` (vLLM's convention, clamped to
+/// [`MIN_PRIORITY`, `MAX_PRIORITY`]); `explicit` (a `cache_control` breakpoint) ranks just above
+/// implicit retention (a session key, a tool pause) of the same priority. In 2..=255.
+pub fn retention_rank(priority: i32, explicit: bool) -> u8 {
+    let importance = 64 - priority.clamp(MIN_PRIORITY, MAX_PRIORITY); // 1..=127
+    (importance * 2 + i32::from(explicit)) as u8
+}
+
+/// The request priority a retention rank was made from ([`retention_rank`]'s inverse).
+pub fn priority_of_rank(rank: u8) -> i32 {
+    64 - i32::from(rank / 2)
 }
 
 /// A breakpoint inside the prompt: its prefix of `prefix_tokens` tokens (whole blocks of it) is
@@ -58,7 +82,8 @@ pub struct Breakpoint {
 pub struct Retention {
     pub session: cache::SessionId,
     pub ttl: std::time::Duration,
-    /// Higher survives longer among retained blocks.
+    /// Higher survives longer among retained blocks: [`retention_rank`] of the request's
+    /// priority.
     pub priority: u8,
 }
 
@@ -78,7 +103,29 @@ impl RequestSpec {
             n: 1,
             retention: None,
             breakpoints: Vec::new(),
+            priority: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_ranks_order_by_priority_then_explicitness_and_invert() {
+        let mut last = None;
+        for p in (MIN_PRIORITY..=MAX_PRIORITY).rev() {
+            for explicit in [false, true] {
+                let r = retention_rank(p, explicit);
+                assert!(last.is_none_or(|l| r > l), "{p} {explicit}");
+                assert_eq!(priority_of_rank(r), p);
+                last = Some(r);
+            }
+        }
+        assert_eq!(retention_rank(0, false), 128);
+        assert_eq!(retention_rank(-1000, true), 255);
+        assert_eq!(retention_rank(1000, false), 2);
     }
 }
 
@@ -109,7 +156,7 @@ pub struct Usage {
 }
 
 /// A session's retention as the engine reports it (`GET /v1/sessions/{id}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionInfo {
     /// Retained tokens (whole blocks) in the active pool.
     pub tokens: usize,
@@ -117,6 +164,37 @@ pub struct SessionInfo {
     /// Time until the retention ends.
     pub ttl_left: Duration,
     pub priority: u8,
+    /// Where the blocks the session retained but lost to eviction since are now.
+    pub evicted: EvictedBlocks,
+}
+
+/// A session's retained blocks that were evicted from the active pool, by where they are now
+/// (each block counted once, in the first place holding it: the pool, then the tiers in lookup
+/// order).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EvictedBlocks {
+    /// Cached in the active pool again (loaded back or recomputed by a request), unretained.
+    pub in_pool: u32,
+    /// Held by a storage tier: blocks per tier, in lookup order.
+    pub in_tiers: Vec<(tier::TierKind, u32)>,
+    /// Held nowhere (no tiers, not demoted, or dropped by the tier); for a released session
+    /// (`DELETE`) every evicted block not in the pool is counted here, unlocated.
+    pub lost: u32,
+}
+
+impl EvictedBlocks {
+    /// Evicted blocks in all.
+    pub fn total(&self) -> u32 {
+        self.in_pool + self.in_tiers.iter().map(|(_, n)| n).sum::<u32>() + self.lost
+    }
+}
+
+/// A session found by [`crate::EngineCore::session`]: what the active pool says, plus the tier
+/// keys of its evicted blocks still to be located ([`crate::EngineCore::locate_session`]).
+#[derive(Debug, Clone)]
+pub struct SessionQuery {
+    pub info: SessionInfo,
+    pub(crate) to_locate: Vec<tier::TierKey>,
 }
 
 #[derive(Debug, Clone, Default)]

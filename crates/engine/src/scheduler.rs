@@ -1,9 +1,10 @@
 //! [`Scheduler`]: the waiting and running queues, and the decision of what one step computes.
 //!
 //! Owns the queues, the step-time cost model and the rules: decodes first (oldest first), then
-//! prefill chunks of running requests, then admissions in FIFO order with cache-aware grouping
-//! (a request whose prompt shares a block with a prompt being prefilled waits for it);
-//! preemption by recompute of the newest request when a decode finds no block; chunks capped by
+//! prefill chunks of running requests, then admissions in priority order (vLLM's convention:
+//! lower first; FIFO among equals) with cache-aware grouping (a request whose prompt shares a
+//! block with a prompt being prefilled waits for it); preemption by recompute of the least
+//! important running request (the newest among equals) when a decode finds no block; chunks capped by
 //! the token budget and the step-time target. It turns the cache's bookkeeping into a
 //! [`StepPlan`], extending block tables, looking up prefixes and taking finished tier lookups
 //! as it goes. It never touches the model or K/V bytes and never starts tier I/O: tier payloads
@@ -51,9 +52,12 @@ enum Admission {
 
 pub(crate) struct Scheduler {
     cfg: SchedulerConfig,
+    /// By priority, then arrival (a preempted request goes first among its equals).
     waiting: VecDeque<SeqKey>,
-    /// Admission order: the newest is last (preempted first).
+    /// Admission order: the newest is last (preempted first among equal priorities).
     running: Vec<SeqKey>,
+    /// Priority of every waiting and running request (lower is more important).
+    priority: HashMap<SeqKey, i32>,
     /// Online model of step time, for the prefill cap of steps that carry decodes.
     cost: StepCostModel,
 }
@@ -64,6 +68,7 @@ impl Scheduler {
             cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            priority: HashMap::new(),
             cost: StepCostModel::default(),
         }
     }
@@ -88,15 +93,50 @@ impl Scheduler {
         self.running.len()
     }
 
-    /// Queues a submitted request last.
-    pub fn enqueue(&mut self, id: SeqKey) {
-        self.waiting.push_back(id);
+    /// Queues a submitted request of `priority` after every waiting request at least as
+    /// important.
+    pub fn enqueue(&mut self, id: SeqKey, priority: i32) {
+        self.priority.insert(id, priority);
+        let pos = self
+            .waiting
+            .iter()
+            .position(|w| self.priority_of(*w) > priority)
+            .unwrap_or(self.waiting.len());
+        self.waiting.insert(pos, id);
+    }
+
+    /// Puts a request taken from the queue (not admitted now, or preempted) back ahead of
+    /// every waiting request of its priority.
+    fn requeue_front(&mut self, id: SeqKey) {
+        let p = self.priority_of(id);
+        let pos = self
+            .waiting
+            .iter()
+            .position(|w| self.priority_of(*w) >= p)
+            .unwrap_or(self.waiting.len());
+        self.waiting.insert(pos, id);
+    }
+
+    fn priority_of(&self, id: SeqKey) -> i32 {
+        self.priority.get(&id).copied().unwrap_or(0)
+    }
+
+    /// The running request to preempt: the least important, the newest among equals, skipping
+    /// those `skip` says are planned already.
+    fn victim(&self, skip: impl Fn(SeqKey) -> bool) -> Option<SeqKey> {
+        self.running
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !skip(**r))
+            .max_by_key(|(i, r)| (self.priority_of(**r), *i))
+            .map(|(_, r)| *r)
     }
 
     /// Forgets a finished or cancelled request.
     pub fn remove(&mut self, id: SeqKey) {
         self.running.retain(|r| *r != id);
         self.waiting.retain(|r| *r != id);
+        self.priority.remove(&id);
     }
 
     /// Places forked choices right after their parent in the running order.
@@ -106,8 +146,10 @@ impl Scheduler {
             .iter()
             .position(|r| *r == parent)
             .map_or(self.running.len(), |p| p + 1);
+        let p = self.priority_of(parent);
         for (i, c) in children.iter().enumerate() {
             self.running.insert(pos + i, *c);
+            self.priority.insert(*c, p);
         }
     }
 
@@ -146,13 +188,8 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            // Out of blocks: preempt the newest running request not yet planned.
-            let victim = self
-                .running
-                .iter()
-                .rev()
-                .copied()
-                .find(|v| !plan.work.iter().any(|w| w.id == *v));
+            // Out of blocks: preempt the least important running request not yet planned.
+            let victim = self.victim(|v| plan.work.iter().any(|w| w.id == v));
             let Some(v) = victim else {
                 return Err(EngineError::Internal(
                     "no block for a decode and nothing to preempt".into(),
@@ -213,19 +250,21 @@ impl Scheduler {
                     plan.work.push(w);
                 }
                 Admission::NoBlocks => {
-                    self.waiting.push_front(id);
+                    self.requeue_front(id);
                     break;
                 }
                 Admission::Later => skipped.push_back(id),
             }
         }
         while let Some(id) = skipped.pop_back() {
-            self.waiting.push_front(id);
+            self.requeue_front(id);
         }
-        // Nothing could run although requests hold blocks: free the newest to make progress.
-        if plan.work.is_empty() && !self.running.is_empty() && !self.waiting.is_empty() {
-            let v = *self.running.last().expect("non-empty");
-            self.preempt(cx, v, &mut plan);
+        // Nothing could run although requests hold blocks: free the least important (newest)
+        // to make progress.
+        if plan.work.is_empty() && !self.waiting.is_empty() {
+            if let Some(v) = self.victim(|_| false) {
+                self.preempt(cx, v, &mut plan);
+            }
         }
         cx.events.record(cx.cache, None);
         Ok(plan)
@@ -411,7 +450,7 @@ impl Scheduler {
         s.num_computed = 0;
         s.num_preemptions += 1;
         self.running.retain(|r| *r != id);
-        self.waiting.push_front(id);
+        self.requeue_front(id);
         plan.preempted.push(id);
     }
 }

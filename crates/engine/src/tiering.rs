@@ -19,7 +19,7 @@ use cache::{BlockId, BlockKey, NamespaceKey};
 use tier::{TierKey, TierStore};
 
 use crate::demoter::Demoter;
-use crate::loader::{JobId, LoadJob, Loaded, Loader};
+use crate::loader::{JobId, LoadJob, Loaded, Loader, ProbeCounts, ProbeJob};
 use crate::sequence::SeqKey;
 
 pub use tier::{TierKind, TierStats, LOAD_LATENCY_BUCKETS_US};
@@ -461,6 +461,28 @@ impl Tiering {
             crate::loader::tier_keys(ns, tokens, self.shared.block_size, first_block, max_blocks);
         let plan = self.shared.plan(&keys);
         self.shared.fetch(plan)
+    }
+
+    /// Finds, on the loader thread after the writes queued so far, the first tier holding each
+    /// of `keys`; `reply` gets the counts per tier kind (lookup order) and the keys no tier
+    /// holds. Reads no payload.
+    pub fn locate(
+        &mut self,
+        keys: Vec<TierKey>,
+        reply: impl FnOnce(Vec<(TierKind, u32)>, u32) + Send + 'static,
+    ) {
+        let kinds: Vec<TierKind> = self.shared.stores.iter().map(|s| s.kind()).collect();
+        self.loader.probe(ProbeJob {
+            keys,
+            demote_ticket: self.demoter.ticket(),
+            reply: Box::new(move |c: ProbeCounts| {
+                let per_tier = kinds
+                    .into_iter()
+                    .zip(c.per_store.into_iter().chain(std::iter::repeat(0)))
+                    .collect();
+                reply(per_tier, c.missing)
+            }),
+        });
     }
 
     /// Waits until every queued write is done (or failed).

@@ -619,8 +619,9 @@ fn a_retained_session_survives_a_flood_that_evicts_an_unretained_prefix() {
     assert_eq!(first.retained_tokens, 40);
     let plain = usage_of(&mut core, 1, greedy(ps[1].clone(), 4));
     assert_eq!(plain.retained_tokens, 0);
-    let info = core.session(cache::SessionId(42), false).unwrap();
+    let info = core.session(cache::SessionId(42), false).unwrap().info;
     assert_eq!((info.tokens, info.blocks), (40, 10));
+    assert_eq!(info.evicted.total(), 0);
     assert!(info.ttl_left > std::time::Duration::from_secs(3500));
     for (i, p) in ps[2..].iter().enumerate() {
         usage_of(&mut core, 10 + i as u64, greedy(p.clone(), 4));
@@ -637,9 +638,9 @@ fn a_retained_session_survives_a_flood_that_evicts_an_unretained_prefix() {
         "the unretained prefix was evicted"
     );
     // Released: the session holds nothing and the flood now evicts its blocks too.
-    let released = core.session(cache::SessionId(42), true).unwrap();
+    let released = core.session(cache::SessionId(42), true).unwrap().info;
     assert_eq!(released.blocks, 10);
-    assert_eq!(core.session(cache::SessionId(42), false), None);
+    assert!(core.session(cache::SessionId(42), false).is_none());
     assert_eq!(core.cache().usage().retained, 0);
     for (i, p) in ps[2..].iter().enumerate() {
         usage_of(&mut core, 200 + i as u64, greedy(p.clone(), 4));
@@ -694,4 +695,141 @@ fn long_prefills_log_progress_after_each_chunk() {
     assert_eq!(lines.len(), 4, "{text}");
     assert!(lines[0].contains("computed=512") && lines[0].contains("prompt_tokens=2148"));
     assert!(lines[3].contains("computed=2048"), "{text}");
+}
+
+/// Where a session's blocks are now, tiers included (the loader thread answers).
+fn located(core: &mut EngineCore, session: u64) -> engine::SessionInfo {
+    let q = core
+        .session(cache::SessionId(session), false)
+        .expect("session retains something");
+    let (tx, rx) = std::sync::mpsc::channel();
+    core.locate_session(q, move |info| {
+        let _ = tx.send(info);
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(30))
+        .expect("located")
+}
+
+/// Every kind of retention — a keyed session, a `cache_control` breakpoint inside the prompt and
+/// a tool pause — loses its blocks to preemption under a flood of long generations in a small
+/// pool, they are demoted to a RAM tier (the session reports them there), and each agent's next
+/// call is looked up in the tier on submission (before admission), loads them back and
+/// generates exactly (tokens and logprob bits) what a cold engine computes from scratch.
+#[test]
+fn all_retention_survives_preemption_and_comes_back_from_a_tier_identically() {
+    let store = Arc::new(RamStore::new(RamConfig {
+        max_bytes: 1 << 24,
+        compression: Compression::None,
+    }));
+    let stores: Vec<Arc<dyn TierStore>> = vec![store];
+    let mut c = cfg(32, 64);
+    c.tiers.load_policy = engine::TierLoadPolicy::Always;
+    c.tool_pause.min_ttl = std::time::Duration::from_secs(600);
+    c.tool_pause.max_ttl = std::time::Duration::from_secs(600);
+    let mut core = EngineCore::with_tier_stores(model(), c, stores).unwrap();
+    let retain = |session: u64| engine::Retention {
+        session: cache::SessionId(session),
+        ttl: std::time::Duration::from_secs(3600),
+        priority: 1,
+    };
+    let agents: Vec<Vec<u32>> = prompts(3, 0, 11)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut p)| {
+            p.resize(20, 7 + i as u32);
+            p
+        })
+        .collect();
+    // Call 1 of each agent: A keyed (session 1), B a breakpoint after 16 tokens (session 2),
+    // C a tool pause on its prompt and output.
+    let mut specs: Vec<RequestSpec> = agents.iter().map(|p| greedy(p.clone(), 4)).collect();
+    specs[0].retention = Some(retain(1));
+    specs[1].breakpoints = vec![engine::Breakpoint {
+        retention: retain(2),
+        prefix_tokens: 16,
+    }];
+    let first = run(&mut core, specs);
+    let out = |i: usize| first[&(i, 0)].iter().map(|t| t.0).collect::<Vec<u32>>();
+    let mut c_tokens = agents[2].clone();
+    c_tokens.extend(out(2));
+    let pause = core
+        .tool_pause(Default::default(), &[], &c_tokens, 0)
+        .expect("tool pause retained");
+    let sessions = [1u64, 2, pause.session.0];
+    let before: Vec<u32> = sessions
+        .iter()
+        .map(|&s| {
+            core.session(cache::SessionId(s), false)
+                .unwrap()
+                .info
+                .blocks
+        })
+        .collect();
+    assert_eq!(
+        before[..2],
+        [5, 4],
+        "A: 23 written tokens, B: its 16-token prefix"
+    );
+    assert_eq!(before[2], 5, "C: 24 tokens, the last one never written");
+
+    // A flood of long generations that cannot all fit: preemption, and retained blocks go.
+    let flood = prompts(4, 0, 12);
+    let flood_out = run(
+        &mut core,
+        flood.iter().map(|p| greedy(p.clone(), 40)).collect(),
+    );
+    assert!(core.stats().preemptions > 0, "{:?}", core.stats());
+    for (i, p) in flood.iter().enumerate() {
+        assert_eq!(flood_out[&(i, 0)], alone(p, 40), "flood prompt {i}");
+    }
+    core.wait_for_demotions();
+    for (&s, &had) in sessions.iter().zip(&before) {
+        let info = located(&mut core, s);
+        let in_ram: u32 = info.evicted.in_tiers.iter().map(|(_, n)| n).sum();
+        assert!(in_ram > 0, "session {s}: {info:?}");
+        assert_eq!(info.evicted.in_tiers[0].0, engine::TierKind::Ram);
+        assert_eq!(info.evicted.lost, 0, "session {s}: {info:?}");
+        assert_eq!(info.blocks + info.evicted.total(), had, "session {s}");
+    }
+
+    // Each agent's next call extends its last one.
+    let loaded_before = core.snapshot().tiers.tiers[0].engine.loaded_blocks;
+    for (i, p) in agents.iter().enumerate() {
+        let mut next = p.clone();
+        next.extend(out(i));
+        next.extend([40 + i as u32; 6]);
+        let prefetches = core.snapshot().tiers.prefetches;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        core.submit(RequestId(1000 + i as u64), greedy(next.clone(), 8), tx)
+            .unwrap();
+        assert_eq!(
+            core.snapshot().tiers.prefetches,
+            prefetches + 1,
+            "agent {i}: the tier lookup starts on submission, ahead of admission"
+        );
+        while core.has_work() {
+            core.step().unwrap();
+            core.cache().check_invariants().unwrap();
+        }
+        let mut got = Vec::new();
+        let mut cached = 0;
+        while let Ok(ev) = rx.try_recv() {
+            match ev {
+                EngineEvent::Token(t) => got.push((t.id, t.logprob.to_bits())),
+                EngineEvent::Finished { usage, .. } => cached = usage.cached_tokens,
+                EngineEvent::Error(e) => panic!("agent {i}: {e}"),
+                _ => {}
+            }
+        }
+        assert_eq!(
+            got,
+            alone(&next, 8),
+            "agent {i}: restored KV computes what recomputing does"
+        );
+        assert!(cached >= 16, "agent {i}: {cached} cached tokens");
+    }
+    assert!(
+        core.snapshot().tiers.tiers[0].engine.loaded_blocks > loaded_before,
+        "blocks came back from the tier"
+    );
 }

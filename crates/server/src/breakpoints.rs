@@ -17,7 +17,7 @@ use engine::{Breakpoint, Retention};
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::sessions::{cache_control_ttl, session_id, EXPLICIT_PRIORITY};
+use crate::sessions::{cache_control_ttl, session_id};
 use crate::settings::Limits;
 use crate::tenants::Tenant;
 
@@ -148,10 +148,11 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 /// The engine's retention of each breakpoint. `prefix_of(site)` returns how many tokens of
 /// `prompt` the breakpoint covers (see the module docs). Each breakpoint retains under a session
 /// named by its tenant and prefix, so repeating the prefix refreshes it; TTLs are capped by
-/// `limits.max_cache_ttl_secs` (0: none is retained).
+/// `limits.max_cache_ttl_secs` (0: none is retained); `priority` is the request's.
 pub fn retentions(
     limits: &Limits,
     tenant: &Tenant,
+    priority: i32,
     prompt: &[u32],
     marked: &[Marked],
     mut prefix_of: impl FnMut(&Site) -> Result<usize, ApiError>,
@@ -171,7 +172,7 @@ pub fn retentions(
             retention: Retention {
                 session: session_id(tenant, &name),
                 ttl,
-                priority: EXPLICIT_PRIORITY,
+                priority: engine::retention_rank(priority, true),
             },
             prefix_tokens,
         });
@@ -288,6 +289,7 @@ mod tests {
             id: TenantId(id),
             name: format!("t{id}"),
             salt: Vec::new(),
+            priority: 0,
         };
         let marked = vec![
             Marked {
@@ -316,7 +318,7 @@ mod tests {
             max_cache_ttl_secs: 600,
             ..Limits::default()
         };
-        let r = retentions(&limits, &tenant(1), &prompt, &marked, at).unwrap();
+        let r = retentions(&limits, &tenant(1), 0, &prompt, &marked, at).unwrap();
         assert_eq!(
             r.iter()
                 .map(|b| (b.prefix_tokens, b.retention.ttl))
@@ -327,15 +329,15 @@ mod tests {
             ]
         );
         assert_ne!(r[0].retention.session, r[1].retention.session);
-        let again = retentions(&limits, &tenant(1), &prompt, &marked, at).unwrap();
+        let again = retentions(&limits, &tenant(1), 0, &prompt, &marked, at).unwrap();
         assert_eq!(again, r, "the same prefix names the same session");
-        let other = retentions(&limits, &tenant(2), &prompt, &marked, at).unwrap();
+        let other = retentions(&limits, &tenant(2), 0, &prompt, &marked, at).unwrap();
         assert_ne!(other[0].retention.session, r[0].retention.session);
         let off = Limits {
             max_cache_ttl_secs: 0,
             ..Limits::default()
         };
-        assert!(retentions(&off, &tenant(1), &prompt, &marked, at)
+        assert!(retentions(&off, &tenant(1), 0, &prompt, &marked, at)
             .unwrap()
             .is_empty());
         assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);

@@ -468,6 +468,7 @@ pub fn prepare(
             tenant: tenant.id,
             cache_salt: tenant.request_salt(o.extra.cache_salt.as_deref()),
             n: n as usize,
+            priority: tenant.priority,
             // Fields this server does not set keep the engine's defaults.
             ..RequestSpec::greedy(prompt, max_tokens)
         },

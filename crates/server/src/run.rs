@@ -67,8 +67,8 @@ pub struct Running {
     retains: bool,
     retained_tokens: usize,
     /// Without explicit retention: what a tool pause retains if the reply ends in tool calls
-    /// (`tool_paused`): tenant, salt, prompt, then choice 0's output as it arrives.
-    pause: Option<(cache::TenantId, Vec<u8>, Vec<u32>)>,
+    /// (`tool_paused`): tenant, salt, prompt, then choice 0's output as it arrives; priority.
+    pause: Option<(cache::TenantId, Vec<u8>, Vec<u32>, i32)>,
     last_token_at: Vec<Option<Instant>>,
     ttft: Option<Duration>,
     queue: Duration,
@@ -99,6 +99,7 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
             p.spec.tenant,
             p.spec.cache_salt.clone(),
             p.spec.prompt.clone(),
+            p.spec.priority,
         )
     });
     let (id, rx) = state.engine.submit(p.spec).map_err(ApiError::from_engine)?;
@@ -139,11 +140,11 @@ impl Running {
     /// the engine keeps its blocks for the agent's next call (a TTL from its cost model). Call
     /// it after the choice finished.
     pub fn tool_paused(&self) {
-        if let Some((tenant, salt, tokens)) = &self.pause {
+        if let Some((tenant, salt, tokens, priority)) = &self.pause {
             let _ = self
                 .state
                 .engine
-                .tool_pause(*tenant, salt.clone(), tokens.clone());
+                .tool_pause(*tenant, salt.clone(), tokens.clone(), *priority);
         }
     }
 

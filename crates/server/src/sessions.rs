@@ -25,8 +25,23 @@ pub const MAX_KEY_BYTES: usize = 256;
 /// in-memory retention).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 
-/// Priority of a call with explicit `cache_control`: it outlives key-only retention.
-pub(crate) const EXPLICIT_PRIORITY: u8 = 1;
+/// The priority of a request of `tenant` (vLLM's convention, lower is more important): the
+/// tenant's plus the request's own `priority` (an integer in
+/// `engine::MIN_PRIORITY..=MAX_PRIORITY`, else 400), clamped to that range.
+pub fn priority(tenant: &Tenant, f: &CacheFields) -> Result<i32, ApiError> {
+    let (lo, hi) = (engine::MIN_PRIORITY, engine::MAX_PRIORITY);
+    let own = match f.priority {
+        None => 0,
+        Some(p) if (i64::from(lo)..=i64::from(hi)).contains(&p) => p as i32,
+        Some(p) => {
+            return Err(ApiError::invalid(
+                format!("priority must be an integer from {lo} to {hi}, got {p}"),
+                "priority",
+            ))
+        }
+    };
+    Ok((tenant.priority + own).clamp(lo, hi))
+}
 
 /// The TTL a `cache_control` asks for (`5m` by default, or `1h`), before the config's cap; bad
 /// values → 400 naming `{param}.type` / `{param}.ttl`.
@@ -102,13 +117,15 @@ pub fn session_key<'a>(
 }
 
 /// The retention a request asks for, `None` when it asks for none (or `max_cache_ttl_secs` is
-/// 0). `prompt` names the anonymous session of a `cache_control` request without a key.
+/// 0). `prompt` names the anonymous session of a `cache_control` request without a key;
+/// `priority` is the request's ([`priority`]).
 pub fn retention(
     limits: &Limits,
     tenant: &Tenant,
     headers: &HeaderMap,
     f: &CacheFields,
     prompt: &[u32],
+    priority: i32,
 ) -> Result<Option<Retention>, ApiError> {
     let key = session_key(headers, f)?;
     let explicit = match &f.cache_control {
@@ -147,11 +164,7 @@ pub fn retention(
     Ok(Some(Retention {
         session,
         ttl,
-        priority: if explicit.is_some() {
-            EXPLICIT_PRIORITY
-        } else {
-            0
-        },
+        priority: engine::retention_rank(priority, explicit.is_some()),
     }))
 }
 
@@ -166,6 +179,7 @@ mod tests {
             id: TenantId(id),
             name: format!("t{id}"),
             salt: Vec::new(),
+            priority: 0,
         }
     }
 
@@ -180,6 +194,7 @@ mod tests {
             headers,
             &fields(v),
             &[1, 2, 3],
+            0,
         )
     }
 
@@ -200,7 +215,7 @@ mod tests {
         let r = ask(serde_json::json!({"prompt_cache_key": "k"}), &none)
             .unwrap()
             .unwrap();
-        assert_eq!((r.ttl, r.priority), (DEFAULT_TTL, 0));
+        assert_eq!((r.ttl, r.priority), (DEFAULT_TTL, 128));
         assert_eq!(r.session, session_id(&tenant(1), "k"));
         let r = ask(
             serde_json::json!({"cache_control": {"type": "ephemeral", "ttl": "1h"}}),
@@ -208,7 +223,7 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        assert_eq!((r.ttl, r.priority), (Duration::from_secs(3600), 1));
+        assert_eq!((r.ttl, r.priority), (Duration::from_secs(3600), 129));
         let r = ask(
             serde_json::json!({"cache_control": {"type": "ephemeral"}}),
             &none,
@@ -236,12 +251,15 @@ mod tests {
             ..Limits::default()
         };
         let f = fields(serde_json::json!({"cache_control": {"type": "ephemeral"}}));
-        assert_eq!(retention(&off, &tenant(1), &none, &f, &[1]).unwrap(), None);
+        assert_eq!(
+            retention(&off, &tenant(1), &none, &f, &[1], 0).unwrap(),
+            None
+        );
         let short = Limits {
             max_cache_ttl_secs: 60,
             ..Limits::default()
         };
-        let r = retention(&short, &tenant(1), &none, &f, &[1])
+        let r = retention(&short, &tenant(1), &none, &f, &[1], 0)
             .unwrap()
             .unwrap();
         assert_eq!(r.ttl, Duration::from_secs(60));
@@ -267,13 +285,13 @@ mod tests {
         let f = fields(serde_json::json!({"cache_control": {"type": "ephemeral"}}));
         let none = HeaderMap::new();
         let l = Limits::default();
-        let a = retention(&l, &tenant(1), &none, &f, &[1, 2])
+        let a = retention(&l, &tenant(1), &none, &f, &[1, 2], 0)
             .unwrap()
             .unwrap();
-        let b = retention(&l, &tenant(1), &none, &f, &[1, 2])
+        let b = retention(&l, &tenant(1), &none, &f, &[1, 2], 0)
             .unwrap()
             .unwrap();
-        let c = retention(&l, &tenant(1), &none, &f, &[1, 3])
+        let c = retention(&l, &tenant(1), &none, &f, &[1, 3], 0)
             .unwrap()
             .unwrap();
         assert_eq!(a.session, b.session);
@@ -319,5 +337,35 @@ mod tests {
                 .as_deref(),
             Some(SESSION_HEADER)
         );
+    }
+
+    #[test]
+    fn priority_adds_the_tenants_and_rejects_values_out_of_range() {
+        let mut t = tenant(1);
+        let p = |t: &Tenant, v: serde_json::Value| priority(t, &fields(v));
+        assert_eq!(p(&t, serde_json::json!({})).unwrap(), 0);
+        assert_eq!(p(&t, serde_json::json!({"priority": -5})).unwrap(), -5);
+        t.priority = 10;
+        assert_eq!(p(&t, serde_json::json!({})).unwrap(), 10);
+        assert_eq!(p(&t, serde_json::json!({"priority": -3})).unwrap(), 7);
+        assert_eq!(
+            p(&t, serde_json::json!({"priority": 63})).unwrap(),
+            63,
+            "clamped"
+        );
+        for bad in [64, -64, 1 << 40] {
+            let e = p(&t, serde_json::json!({ "priority": bad })).unwrap_err();
+            assert_eq!(param(e).0, 400);
+        }
+        // The retention of a more important request outranks a less important one's.
+        let none = HeaderMap::new();
+        let f = fields(serde_json::json!({"prompt_cache_key": "k"}));
+        let rank = |p| {
+            retention(&Limits::default(), &t, &none, &f, &[1], p)
+                .unwrap()
+                .unwrap()
+                .priority
+        };
+        assert!(rank(-1) > rank(0) && rank(0) > rank(1));
     }
 }

@@ -11,6 +11,10 @@ pub struct TenantSpec {
     pub api_keys: Vec<String>,
     /// Server-side salt (default: none beyond the tenant id, which already separates namespaces).
     pub salt: Option<String>,
+    /// Scheduling and retention priority of the tenant's requests (vLLM's convention: lower is
+    /// more important; `engine::MIN_PRIORITY..=MAX_PRIORITY`, default 0). A request's own
+    /// `priority` is added to it.
+    pub priority: i32,
 }
 
 /// Request and queue limits.

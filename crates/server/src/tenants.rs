@@ -18,6 +18,8 @@ pub struct Tenant {
     pub name: String,
     /// Server-side salt; a request's `cache_salt` is appended after it (narrowing only).
     pub salt: Vec<u8>,
+    /// Priority of the tenant's requests (vLLM's convention; a request's own is added).
+    pub priority: i32,
 }
 
 impl Tenant {
@@ -54,6 +56,7 @@ impl Tenants {
             id: TenantId(0),
             name: DEFAULT_TENANT.into(),
             salt: Vec::new(),
+            priority: 0,
         }];
         let mut keys = Vec::new();
         for (i, t) in settings.tenants.iter().enumerate() {
@@ -61,6 +64,7 @@ impl Tenants {
                 id: TenantId(i as u32 + 1),
                 name: t.name.clone(),
                 salt: t.salt.clone().unwrap_or_default().into_bytes(),
+                priority: t.priority,
             });
             for k in &t.api_keys {
                 keys.push((k.as_bytes().to_vec(), i + 1));

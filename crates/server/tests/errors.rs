@@ -13,11 +13,13 @@ fn tenants() -> ServerSettings {
                 name: "alpha".into(),
                 api_keys: vec!["ka".into()],
                 salt: None,
+                priority: 0,
             },
             TenantSpec {
                 name: "beta".into(),
                 api_keys: vec!["kb".into()],
                 salt: Some("s".into()),
+                priority: 0,
             },
         ],
         admin_api_keys: vec!["admin".into()],

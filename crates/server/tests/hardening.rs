@@ -45,11 +45,13 @@ fn two_tenants() -> Vec<TenantSpec> {
             name: "alpha".into(),
             api_keys: vec!["ka".into()],
             salt: None,
+            priority: 0,
         },
         TenantSpec {
             name: "beta".into(),
             api_keys: vec!["kb".into()],
             salt: None,
+            priority: 0,
         },
     ]
 }

@@ -18,11 +18,13 @@ fn settings() -> ServerSettings {
                 name: "alpha".into(),
                 api_keys: vec!["ka".into()],
                 salt: None,
+                priority: 0,
             },
             TenantSpec {
                 name: "beta".into(),
                 api_keys: vec!["kb".into()],
                 salt: None,
+                priority: 0,
             },
         ],
         ..ServerSettings::default()

@@ -37,11 +37,13 @@ fn app_with_shares(
                 name: "alpha".into(),
                 api_keys: vec!["ka".into()],
                 salt: None,
+                priority: 0,
             },
             TenantSpec {
                 name: "beta".into(),
                 api_keys: vec!["kb".into()],
                 salt: None,
+                priority: 0,
             },
         ],
         ..ServerSettings::default()
@@ -115,6 +117,10 @@ async fn a_keyed_session_survives_other_traffic_and_is_released_by_delete() {
         (Some("session"), Some(created))
     );
     assert_eq!(s["retained_blocks"].as_u64(), Some(created / 16));
+    assert_eq!(
+        s["blocks_by_tier"],
+        serde_json::json!({"active": created / 16, "ram": 0, "disk": 0, "redis": 0, "none": 0})
+    );
     let ttl = s["ttl_left_s"].as_f64().unwrap();
     assert!(ttl > 250.0 && ttl <= 300.0, "{ttl}");
     // Another tenant's key names another session.
@@ -253,7 +259,8 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
         .header("x-session-id", "tool-loop")
         .body(Body::from(body(
             &task(5),
-            serde_json::json!({"cache_control": {"type": "ephemeral", "ttl": "1h"}}),
+            serde_json::json!({"cache_control": {"type": "ephemeral", "ttl": "1h"},
+                "priority": -3}),
         )))
         .unwrap();
     let resp = r.clone().oneshot(req).await.unwrap();
@@ -268,7 +275,7 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
         .await
         .json();
     assert_eq!(s["retained_tokens"].as_u64(), Some(created));
-    assert_eq!(s["priority"], 1);
+    assert_eq!(s["priority"], -3, "vLLM's convention: lower is kept longer");
     let ttl = s["ttl_left_s"].as_f64().unwrap();
     assert!(ttl > 3500.0 && ttl <= 3600.0, "{ttl}");
 
@@ -284,6 +291,8 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
             None,
         ),
         (serde_json::json!({"session_id": ""}), "session_id", None),
+        (serde_json::json!({"priority": 64}), "priority", None),
+        (serde_json::json!({"priority": "high"}), "priority", None),
         (
             serde_json::json!({"messages": [{"role": "user", "content": "hi",
                 "cache_control": {"type": "ephemeral", "ttl": "2h"}}]}),

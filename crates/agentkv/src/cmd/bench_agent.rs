@@ -103,6 +103,13 @@ pub struct AgentArgs {
     /// Sampling temperature (0 = greedy, so both targets of --compare see comparable answers).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// Name each task's session in its calls (`prompt_cache_key`), so a server with session
+    /// retention keeps it through the tool pauses.
+    #[arg(long)]
+    pub session_keys: bool,
+    /// Mark each call's system message with `cache_control` (ephemeral, 1h).
+    #[arg(long)]
+    pub system_breakpoint: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -195,6 +202,8 @@ fn driver_config(
             .filter(|d| d.is_finite() && *d > 0.0)
             .map(std::time::Duration::from_secs_f64),
         progress: !t.no_progress,
+        session_keys: false,
+        system_breakpoint: false,
     })
 }
 
@@ -251,7 +260,9 @@ fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
         .into_iter()
         .map(|tasks| tasks.into_iter().map(TaskPlan::Scripted).collect())
         .collect();
-    let cfg = driver_config(&a.target, targets.clone(), a.temperature, Some(a.seed))?;
+    let mut cfg = driver_config(&a.target, targets.clone(), a.temperature, Some(a.seed))?;
+    cfg.session_keys = a.session_keys;
+    cfg.system_breakpoint = a.system_breakpoint;
     let mut out = run_blocking(cfg, plans)?;
     let trace = std::mem::take(&mut out.trace);
     let results = aggregate("agent".into(), Some(wl), &targets, out);

@@ -296,6 +296,9 @@ fn engine_config(
     if let Some(on) = kv.tool_pause_retention {
         cfg.tool_pause.enabled = on;
     }
+    if let Some(f) = kv.max_retained_fraction {
+        cfg.max_retained_fraction = f; // checked by `FileConfig::parse`
+    }
     if let Some(r) = kv.tool_pause_ttl_per_saved_second {
         if !(r.is_finite() && r >= 0.0) {
             bail!("kv_cache_config.tool_pause_ttl_per_saved_second: must be a number >= 0");
@@ -366,6 +369,7 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
                 name: t.name.clone(),
                 api_keys: t.api_keys.clone(),
                 salt: t.salt.clone(),
+                priority: t.priority.unwrap_or(0),
             })
             .collect(),
         admin_api_keys: file.server.admin_api_keys.clone(),

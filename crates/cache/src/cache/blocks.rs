@@ -150,6 +150,13 @@ impl KvCache {
             self.attach(parent);
         }
         self.drop_block_from_holders(id, &holders);
+        if cause != EvictionCause::Flush {
+            for h in &holders {
+                if let Some(record) = self.registry.records.get_mut(h) {
+                    record.evicted.push((p.ns, p.key));
+                }
+            }
+        }
         let tenant = self.tenants.get_mut(p.ns.tenant());
         tenant.cached_blocks -= 1;
         if !holders.is_empty() {

@@ -120,6 +120,21 @@ impl KvCache {
         }
     }
 
+    /// The keys of blocks `session` retained that were evicted from the pool since it retained
+    /// them (eviction order: the chain's tail first; empty when none or no such session). The
+    /// engine asks its storage tiers where they are now; a key may also be cached again.
+    pub fn session_evicted(&self, session: SessionId) -> &[(NamespaceKey, BlockKey)] {
+        self.registry
+            .records
+            .get(&Holder::Session(session))
+            .map_or(&[], |r| r.evicted.as_slice())
+    }
+
+    /// Whether a block with chain key `key` is cached (published) in the active pool now.
+    pub fn is_cached(&self, key: &BlockKey) -> bool {
+        self.index.get(key).is_some()
+    }
+
     /// The blocks `session` retains now (chain order, root first; empty when none).
     pub fn session_blocks(&self, session: SessionId) -> &[BlockId] {
         self.registry
@@ -141,6 +156,7 @@ impl KvCache {
             HolderRecord {
                 rank,
                 blocks: Vec::new(),
+                evicted: Vec::new(),
             },
         );
         let is_pin = matches!(holder, Holder::Pin(_));

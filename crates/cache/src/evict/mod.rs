@@ -10,7 +10,7 @@
 //! Candidates are kept in a `BTreeSet<(OrderKey, BlockId)>`; eviction pops the smallest. The key is
 //! `(retention rank, policy primary, last_use, Reverse(depth))`, then `BlockId`:
 //! 1. retention rank (see `retention.rs`): unretained blocks first, then session-retained blocks
-//!    (lower priority first, then earlier expiry), pinned blocks last;
+//!    (lower priority first, then later expiry: the most recently paused first), pinned last;
 //! 2. the policy's primary key ([`lru`], [`lfu`], [`slru`]; [`adaptive`] segmented LRU orders
 //!    exactly as [`slru`] and only moves the protected capacity);
 //! 3. least recent `last_use` first;

@@ -70,6 +70,9 @@ pub struct AdaptiveModel {
 }
 
 pub type AllocResult = Result<Vec<usize>, (u32, u32)>;
+/// A block's retention rank as ordered: (tier, priority, expiry reversed).
+type OrderRank = (u8, u8, Reverse<u64>);
+
 /// (tier, priority, until)
 pub type Rank = (u8, u8, u64);
 /// (child, copy (src, dst)) or (needed, available).
@@ -129,13 +132,17 @@ impl Model {
         self.blocks.iter().position(|b| b.key.as_ref() == Some(key))
     }
 
-    fn rank(&self, id: usize) -> (u8, u8, u64) {
+    /// Later expiry ranks lower (evicted first) among equal tiers and priorities.
+    fn rank(&self, id: usize) -> OrderRank {
         self.blocks[id]
             .holders
             .iter()
-            .map(|h| self.records[h].0)
+            .map(|h| {
+                let (t, p, u) = self.records[h].0;
+                (t, p, Reverse(u))
+            })
             .max()
-            .unwrap_or((0, 0, 0))
+            .unwrap_or((0, 0, Reverse(0)))
     }
 
     fn is_candidate(&self, id: usize) -> bool {
@@ -148,7 +155,7 @@ impl Model {
                 .any(|c| c.key.is_some() && c.parent == Some(id))
     }
 
-    fn order_key(&self, id: usize) -> ((u8, u8, u64), u64, u64, Reverse<u32>, usize) {
+    fn order_key(&self, id: usize) -> (OrderRank, u64, u64, Reverse<u32>, usize) {
         let b = &self.blocks[id];
         let primary = match self.policy {
             EvictionPolicy::Lru => 0,

@@ -18,12 +18,14 @@ impl EngineCore {
     /// The request whose prompt and output were `tokens` (tenant and salt as submitted) ended in
     /// tool calls: retain its cached blocks for a TTL from the cost model, under a session named
     /// by the tokens, and release the pauses it extends. `None` when disabled or nothing of it
-    /// is cached any more.
+    /// is cached any more. `priority` is the request's (vLLM's convention: lower is kept longer
+    /// among retained blocks).
     pub fn tool_pause(
         &mut self,
         tenant: TenantId,
         salt: &[u8],
         tokens: &[u32],
+        priority: i32,
     ) -> Option<ToolPauseInfo> {
         let cfg = self.cfg.tool_pause;
         if !cfg.enabled || tokens.len() < self.cfg.block_size {
@@ -42,12 +44,13 @@ impl EngineCore {
             (tenant.0, salt, &tokens[..full]).hash(&mut h);
             SessionId(h.finish() | 1 << 63)
         };
+        let rank = crate::request::retention_rank(priority, false);
         let tick = self.next_tick();
         self.cache.expire(tick);
         let until = cache::Tick(tick.0 + ttl.as_millis() as u64);
         let out = self
             .cache
-            .retain_tokens(session, &ns, &tokens[..full], until, 0, tick);
+            .retain_tokens(session, &ns, &tokens[..full], until, rank, tick);
         if out.retained_blocks == 0 {
             let _ = self.cache.release_session(session);
             return None;

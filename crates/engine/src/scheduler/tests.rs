@@ -113,13 +113,20 @@ impl Sim {
     }
 
     fn submit(&mut self, prompt: Vec<u32>, max_tokens: usize) -> SeqKey {
+        self.submit_at(prompt, max_tokens, 0)
+    }
+
+    fn submit_at(&mut self, prompt: Vec<u32>, max_tokens: usize, priority: i32) -> SeqKey {
         self.next_id += 1;
         let id = SeqKey(RequestId(self.next_id), 0);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.receivers.push(rx);
-        let spec = RequestSpec::greedy(prompt, max_tokens);
+        let spec = RequestSpec {
+            priority,
+            ..RequestSpec::greedy(prompt, max_tokens)
+        };
         self.seqs.insert(id, Sequence::new(spec, ns(0), tx));
-        self.sched.enqueue(id);
+        self.sched.enqueue(id, priority);
         id
     }
 
@@ -304,6 +311,44 @@ fn a_decode_without_a_block_preempts_the_newest_request() {
     assert_eq!(sim.seqs[&SeqKey(RequestId(2), 0)].num_preemptions, 1);
     sim.run_to_end(50);
     assert_eq!(sim.finished.len(), 2);
+}
+
+#[test]
+fn a_decode_without_a_block_preempts_the_least_important_request_first() {
+    // As above, but the older request is the less important one (vLLM's convention: a higher
+    // value): it is preempted, not the newest.
+    let mut sim = Sim::new(4, config(2, 16, 4));
+    sim.submit_at(prompt(1, 3), 4, 5); // 1
+    assert_eq!(chunks(&sim.step()), [(1, 0, 3)]);
+    sim.submit_at(prompt(2, 3), 4, 0); // 2, the newest
+    assert_eq!(chunks(&sim.step()), [(1, 3, 1), (2, 0, 3)]);
+    // 1's decode at position 4 needs a third block: 1 itself goes, 2 decodes.
+    let plan = sim.step();
+    assert_eq!(plan.preempted, vec![SeqKey(RequestId(1), 0)]);
+    assert_eq!(chunks(&plan)[0], (2, 3, 1));
+    sim.run_to_end(50);
+    assert_eq!(sim.finished.len(), 2);
+}
+
+#[test]
+fn waiting_requests_are_admitted_by_priority_then_arrival() {
+    // One sequence at a time: the admission order is the queue order.
+    let mut sim = Sim::new(64, config(4, 64, 1));
+    sim.submit_at(prompt(1, 3), 1, 0); // 1
+    sim.submit_at(prompt(2, 3), 1, 3); // 2
+    sim.submit_at(prompt(3, 3), 1, -2); // 3
+    sim.submit_at(prompt(4, 3), 1, 0); // 4
+    sim.submit_at(prompt(5, 3), 1, -2); // 5
+    let mut order = Vec::new();
+    for _ in 0..20 {
+        for (id, _, _) in chunks(&sim.step()) {
+            if !order.contains(&id) {
+                order.push(id);
+            }
+        }
+    }
+    assert_eq!(order, [3, 5, 1, 4, 2]);
+    assert_eq!(sim.finished.len(), 5);
 }
 
 #[test]

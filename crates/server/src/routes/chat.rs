@@ -37,16 +37,23 @@ pub async fn chat_completions(
     let (tenant, req, marked) =
         read_generation_request(&state, &headers, body, |r: &ChatCompletionRequest| &r.model)?;
     let (mut prepared, tool_mode) = prepare_chat(&state, &tenant, &req)?;
+    prepared.spec.priority = crate::sessions::priority(&tenant, &req.cache)?;
     prepared.spec.retention = crate::sessions::retention(
         &state.settings.limits,
         &tenant,
         &headers,
         &req.cache,
         &prepared.spec.prompt,
+        prepared.spec.priority,
     )?;
     let prompt = &prepared.spec.prompt;
-    prepared.spec.breakpoints =
-        breakpoints::retentions(&state.settings.limits, &tenant, prompt, &marked, |site| {
+    prepared.spec.breakpoints = breakpoints::retentions(
+        &state.settings.limits,
+        &tenant,
+        prepared.spec.priority,
+        prompt,
+        &marked,
+        |site| {
             Ok(breakpoint_prefix(
                 &state,
                 &req,
@@ -64,7 +71,8 @@ pub async fn chat_completions(
                     (v.messages.len() == index + 1).then_some(v)
                 },
             ))
-        })?;
+        },
+    )?;
     let mut running = submit(&state, &tenant, prepared)?;
     let id = format!("chatcmpl-{}", running.id.0);
     let call_id = {

@@ -76,16 +76,23 @@ pub async fn create(
     conversation.extend(input_messages(&req.input)?);
     let chat = chat_request(&req, &conversation);
     let (mut prepared, tool_mode) = prepare_chat(&state, &tenant, &chat).map_err(rename_param)?;
+    prepared.spec.priority = crate::sessions::priority(&tenant, &req.cache)?;
     prepared.spec.retention = crate::sessions::retention(
         &state.settings.limits,
         &tenant,
         &headers,
         &req.cache,
         &prepared.spec.prompt,
+        prepared.spec.priority,
     )?;
     let prompt = &prepared.spec.prompt;
-    prepared.spec.breakpoints =
-        breakpoints::retentions(&state.settings.limits, &tenant, prompt, &marked, |site| {
+    prepared.spec.breakpoints = breakpoints::retentions(
+        &state.settings.limits,
+        &tenant,
+        prepared.spec.priority,
+        prompt,
+        &marked,
+        |site| {
             Ok(breakpoint_prefix(
                 &state,
                 &chat,
@@ -107,7 +114,8 @@ pub async fn create(
                     Some(chat_request(&req, &conversation))
                 },
             ))
-        })?;
+        },
+    )?;
     let mut running = submit(&state, &tenant, prepared)?;
     let suffix = format!("{:x}{:x}", state.started_unix_s, running.id.0);
     let draft = Draft {
