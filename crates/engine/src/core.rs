@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cache::{CacheConfig, KvCache, Namespace, NamespaceKey, TenantId, Tick};
-use model::forward::{ForwardBatch, Scratch};
+use model::forward::{AttnArith, ForwardBatch, Scratch};
 use model::kv::SeqSlot;
 use model::{Model, ThreadPool};
 
@@ -339,6 +339,7 @@ impl EngineCore {
                     positions: &positions,
                     slots: &slots,
                     logits_for: &[],
+                    arith: AttnArith::Row,
                 };
                 let mut writer = self.kv.writer(&mut self.cache, self.tiers.as_mut());
                 let mut kv = writer.view(&tables);
@@ -640,6 +641,7 @@ impl EngineCore {
             positions: &positions,
             slots: &slots,
             logits_for: &logits_for,
+            arith: AttnArith::Row,
         };
         let mut kv = writer.view(&table_refs);
         // Constrained sequences that sample after this pass get their token masks computed now,

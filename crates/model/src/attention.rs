@@ -36,7 +36,7 @@ use quant::PreparedQuery;
 #[derive(Default)]
 pub struct AttnScratch {
     scores: Vec<f32>, // [num_positions]
-    q16: Vec<f32>,    // [head_dim] — the query rounded to f16 (held as f32)
+    q16: Vec<f32>,    // [head_dim] — the query as the f16 kernel reads it (rounded to f16 or not)
     /// The query prepared for dot products with quantized keys (per-group sums of q).
     prepared: Option<PreparedQuery>,
     /// The query prepared for one group of a per-channel K codec (`int4c`).
@@ -87,13 +87,76 @@ pub fn attend_window(
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
+    attend_window_with(
+        AttnArith::Row,
+        kv,
+        layer,
+        slot,
+        kv_head,
+        first,
+        num_positions,
+        q,
+        scale,
+        scratch,
+        out,
+    )
+}
+
+/// Which of llama.cpp's two CPU flash-attention kernels a forward step reproduces over f16 K/V
+/// (other encodings are unaffected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttnArith {
+    /// `flash_attn_ext_f16_one_chunk`, which llama.cpp runs for steps of fewer than
+    /// [`PREFILL_MIN_TOKENS`] query tokens (decode, short prompts): query rounded to f16, f16
+    /// accumulator up to [`F16_ACC_MAX_POSITIONS`] positions.
+    #[default]
+    Row,
+    /// `flash_attn_ext_tiled`, which llama.cpp runs for steps of at least
+    /// [`PREFILL_MIN_TOKENS`] query tokens (prompt prefill, perplexity): f32 query, f16 K/V
+    /// widened to f32, f32 accumulator at every depth.
+    Prefill,
+}
+
+/// llama.cpp takes its tiled prefill kernel from this many query tokens in one step on
+/// (`GGML_FA_TILE_Q`).
+pub const PREFILL_MIN_TOKENS: usize = 64;
+
+impl AttnArith {
+    /// The kernel llama.cpp uses for a step of `num_tokens` query tokens.
+    pub fn for_step(num_tokens: usize) -> AttnArith {
+        if num_tokens >= PREFILL_MIN_TOKENS {
+            AttnArith::Prefill
+        } else {
+            AttnArith::Row
+        }
+    }
+}
+
+/// [`attend_window`] in the arithmetic `arith` selects.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_window_with(
+    arith: AttnArith,
+    kv: &dyn KvStore,
+    layer: usize,
+    slot: SeqSlot,
+    kv_head: usize,
+    first: usize,
+    num_positions: usize,
+    q: &[f32],
+    scale: f32,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
     let head_dim = q.len();
     debug_assert!(first < num_positions, "a query attends at least itself");
     scratch.scores.clear();
     scratch.q16.clear();
-    scratch
-        .q16
-        .extend(q.iter().map(|&x| f16::from_f32(x).to_f32()));
+    match arith {
+        AttnArith::Row => scratch
+            .q16
+            .extend(q.iter().map(|&x| f16::from_f32(x).to_f32())),
+        AttnArith::Prefill => scratch.q16.extend_from_slice(q),
+    }
     let (scores, q16, prepared, channel) = (
         &mut scratch.scores,
         &scratch.q16,
@@ -102,7 +165,8 @@ pub fn attend_window(
     );
     out.fill(0.0);
     let mut online = OnlineSoftmax::default();
-    let round_f16 = num_positions - first <= F16_ACC_MAX_POSITIONS;
+    let round_f16 =
+        arith == AttnArith::Row && num_positions - first <= F16_ACC_MAX_POSITIONS;
     let mut is_f16 = false;
     kv.for_each_chunk_from(
         layer,

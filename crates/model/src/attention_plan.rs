@@ -4,18 +4,20 @@
 //! Owns the split of a step's attention into parallel tasks and the arithmetic regime of each
 //! query row. It never touches K/V bytes and never runs anything.
 //!
-//! Regimes (a function of the row's own position count `n = pos + 1`, the head size and the K/V
-//! encoding only — never of the batch, so a sequence's output does not depend on batching):
-//! - **exact** (`n ≤ F16_ACC_MAX_POSITIONS`, or K/V not f16, or `head_dim % 8 != 0`): one task
-//!   per (token, query head) through `attention::attend_one`, llama.cpp's decode arithmetic;
-//! - **tiled** (otherwise): the query rows of all heads of a GQA group and up to
+//! Regimes (a function of the row's own position count `n = pos + 1`, the head size, the K/V
+//! encoding and the step's [`AttnArith`], which the caller chooses — never of the batch's
+//! contents, so a sequence's output does not depend on what shares its step):
+//! - **exact** (`n ≤ F16_ACC_MAX_POSITIONS` in a step of [`AttnArith::Row`], or K/V not f16, or
+//!   `head_dim % 8 != 0`): one task per (token, query head) through `attention::attend_one`,
+//!   llama.cpp's decode arithmetic;
+//! - **tiled** (otherwise, so every f16 row of an [`AttnArith::Prefill`] step): the query rows of all heads of a GQA group and up to
 //!   [`QUERY_TILE_TOKENS`] consecutive tokens of one sequence share each K/V tile
 //!   (`attention_tiled`); positions are split into segments of [`SEGMENT_POSITIONS`] whose
 //!   partial states are merged in order. A one-token tile (a decode) gets one task per
 //!   segment (split-K, flash-decoding style); a longer tile runs its segments in one task. The
 //!   segment split is part of the arithmetic (always applied), only the task grouping differs.
 
-use crate::attention::F16_ACC_MAX_POSITIONS;
+use crate::attention::{AttnArith, F16_ACC_MAX_POSITIONS};
 use crate::kv::SeqSlot;
 
 /// Positions per segment of the tiled regime (a multiple of the softmax tile).
@@ -65,12 +67,17 @@ pub struct AttnShape {
     pub head_dim: usize,
     /// Whether K/V are stored as f16 (the tiled regime's input).
     pub kv_is_f16: bool,
+    /// The step's arithmetic: with [`AttnArith::Prefill`] every f16 row takes the tiled regime
+    /// (f32 accumulation at every depth, like llama.cpp's tiled prefill kernel).
+    pub arith: AttnArith,
 }
 
 impl AttnShape {
     /// Whether a row attending over `n` positions takes the tiled regime.
     pub fn tiled(&self, n: usize) -> bool {
-        self.kv_is_f16 && self.head_dim.is_multiple_of(8) && n > F16_ACC_MAX_POSITIONS
+        self.kv_is_f16
+            && self.head_dim.is_multiple_of(8)
+            && (n > F16_ACC_MAX_POSITIONS || self.arith == AttnArith::Prefill)
     }
 }
 
@@ -147,6 +154,7 @@ mod tests {
         num_kv_heads: 2,
         head_dim: 64,
         kv_is_f16: true,
+        arith: AttnArith::Row,
     };
 
     #[test]

@@ -1,8 +1,9 @@
 //! Attention at depth, tiled: runs one [`AttnTask::Tile`] of an [`AttnPlan`] and merges the
 //! resulting per-segment partial states into output rows.
 //!
-//! The query rows are rounded to f16 first (llama.cpp's CPU flash attention converts Q to the K
-//! type). Owns streaming K/V from a [`KvStore`] into tiles (each f16 K/V row widened once, then
+//! The query rows are rounded to f16 first (llama.cpp's per-row CPU flash attention converts Q to
+//! the K type), except in a step of [`AttnArith::Prefill`] arithmetic (its tiled prefill kernel
+//! keeps Q in f32). Owns streaming K/V from a [`KvStore`] into tiles (each f16 K/V row widened once, then
 //! used by every query row of the task: all query heads of the GQA group and up to
 //! `QUERY_TILE_TOKENS` tokens) and the causal limits per row. The arithmetic is that of
 //! `kernels::flash_tile`; it never writes K/V and never decides the task split (see
@@ -12,6 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use half::f16;
 
+use crate::attention::AttnArith;
 use crate::attention_plan::{AttnPlan, AttnTask, SEGMENT_POSITIONS};
 use crate::kernels::flash_tile::{
     merge_segments, tile_update, tile_update_rows, widen_f16, TileElem, TileSoftmax,
@@ -49,6 +51,9 @@ pub struct TileInputs<'a> {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// [`AttnArith::Row`]: queries rounded to f16 (llama.cpp's per-row kernel converts Q to the
+    /// K type); [`AttnArith::Prefill`]: f32 queries (its tiled prefill kernel).
+    pub arith: AttnArith,
 }
 
 /// One participating query row of a segment: its query, causal position count and partial row
@@ -203,15 +208,15 @@ pub unsafe fn run_tile_task(
         vals32,
         q16,
     } = scratch;
-    // Every query row of the task, rounded to f16 once.
+    // Every query row of the task, rounded to f16 once (not in the prefill arithmetic).
     q16.clear();
     for t in tokens.0 as usize..tokens.1 as usize {
         let first = t * qd + kv_head as usize * group * hd;
-        q16.extend(
-            inp.q[first..first + group * hd]
-                .iter()
-                .map(|&x| f16::from_f32(x).to_f32()),
-        );
+        let rows = &inp.q[first..first + group * hd];
+        match inp.arith {
+            AttnArith::Row => q16.extend(rows.iter().map(|&x| f16::from_f32(x).to_f32())),
+            AttnArith::Prefill => q16.extend_from_slice(rows),
+        }
     }
     let q16: &[f32] = q16;
     for j in segments.0..segments.1 {

@@ -7,7 +7,8 @@
 //! and however its prompt was chunked: matrix products are batch-invariant (see `kernels`) and
 //! attention always reads K/V back from the [`KvStore`]. It never decides what to batch.
 
-use crate::attention::{attend_window, AttnScratch};
+pub use crate::attention::AttnArith;
+use crate::attention::{attend_window_with, AttnScratch};
 use crate::attention_plan::{self, AttnShape, AttnTask};
 use crate::attention_tiled::{run_tile_task, TileInputs, TileOutputs, TileScratch};
 use crate::config::{FfnAct, ModelConfig};
@@ -25,6 +26,9 @@ pub struct ForwardBatch<'a> {
     pub slots: &'a [SeqSlot],
     /// Indices into `tokens` whose logits are wanted, in the order they are returned.
     pub logits_for: &'a [usize],
+    /// Which of llama.cpp's attention kernels this step reproduces over f16 K/V
+    /// ([`AttnArith::for_step`] picks llama.cpp's own choice for a step of that many tokens).
+    pub arith: AttnArith,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +137,7 @@ pub fn forward(
         num_kv_heads: cfg.num_kv_heads,
         head_dim,
         kv_is_f16: kv.codecs() == KvDtype::F16,
+        arith: batch.arith,
     };
     let plan = attention_plan::plan(&shape, batch.slots, batch.positions);
     // Sliding-window layers: one exact-regime task per (token, head) (the window bounds what a
@@ -214,6 +219,7 @@ pub fn forward(
                 num_kv_heads: cfg.num_kv_heads,
                 head_dim,
                 scale: attn_scale,
+                arith: batch.arith,
             };
             pool.for_each(plan.tasks.len(), &|i| match plan.tasks[i] {
                 AttnTask::Row { token, head } => {
@@ -226,7 +232,8 @@ pub fn forward(
                     let end = batch.positions[t] as usize + 1;
                     let first = window.map_or(0, |size| end.saturating_sub(size));
                     ATTN_SCRATCH.with_borrow_mut(|scratch| {
-                        attend_window(
+                        attend_window_with(
+                            batch.arith,
                             kv_ro,
                             l,
                             batch.slots[t],

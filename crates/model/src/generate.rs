@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::forward::{ForwardBatch, ForwardError, Scratch};
+use crate::forward::{AttnArith, ForwardBatch, ForwardError, Scratch};
 use crate::kernels::ThreadPool;
 use crate::kv::{KvDtype, SeqSlot};
 use crate::model::Model;
@@ -110,6 +110,7 @@ pub fn generate(
             positions: &positions,
             slots: &slots,
             logits_for: if is_last_chunk { &last } else { &[] },
+            arith: AttnArith::for_step(piece.len()),
         };
         logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
     }
@@ -133,6 +134,7 @@ pub fn generate(
             positions: &[pos as u32],
             slots: &[SeqSlot(0)],
             logits_for: &[0],
+            arith: AttnArith::Row,
         };
         logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
         pos += 1;

@@ -6,7 +6,7 @@
 //! cache and only the second half is scored: the logits at positions `ctx/2 .. ctx-2` predict the
 //! tokens at `ctx/2+1 .. ctx-1`. Reports `exp(mean NLL)` and llama.cpp's standard error.
 
-use crate::forward::{ForwardBatch, ForwardError, Scratch};
+use crate::forward::{AttnArith, ForwardBatch, ForwardError, Scratch};
 use crate::kernels::ThreadPool;
 use crate::kv::KvDtype;
 use crate::kv::SeqSlot;
@@ -106,6 +106,8 @@ pub fn perplexity(
             positions: &positions,
             slots: &slots,
             logits_for: &logits_for,
+            // llama-perplexity evaluates each window in one step, so its tiled kernel.
+            arith: AttnArith::for_step(ctx),
         };
         let logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
         if let Some(rkv) = ref_kv.as_mut() {

@@ -134,6 +134,7 @@ fn run(m: &Loaded, tokens: &[u32], chunk: usize) -> Vec<Vec<f32>> {
             positions: &positions,
             slots: &slots,
             logits_for: &logits_for,
+            arith: model::AttnArith::Row,
         };
         let logits = forward(
             &m.cfg,

@@ -389,6 +389,7 @@ fn check(arch: &str, want_arch: Arch, tolerance: f64) {
         positions: &positions,
         slots: &slots,
         logits_for: &logits_for,
+        arith: model::AttnArith::Row,
     };
     let got = forward(
         &cfg,
@@ -521,6 +522,7 @@ fn long_context_logits_do_not_depend_on_chunking_or_batching() {
             positions: &pos,
             slots: &slots,
             logits_for: &logits_for,
+            arith: model::AttnArith::Row,
         };
         let out = forward(
             &cfg,

@@ -95,6 +95,7 @@ fn teacher_forced(m: &Model, pool: &ThreadPool, r: &Reference) -> Vec<(f32, u32)
         positions: &positions,
         slots: &slots,
         logits_for: &logits_for,
+        arith: model::AttnArith::Row,
     };
     let logits = m
         .forward(pool, &batch, &mut kv, &mut Scratch::default())

@@ -25,6 +25,7 @@ fn teacher_forced(m: &model::Model, pool: &ThreadPool, r: &common::Reference) ->
         positions: &positions,
         slots: &slots,
         logits_for: &logits_for,
+        arith: model::AttnArith::Row,
     };
     let logits = m
         .forward(pool, &batch, &mut kv, &mut Scratch::default())

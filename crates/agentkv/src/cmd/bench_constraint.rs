@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use anyhow::{anyhow, Result};
-use model::forward::{ForwardBatch, Scratch};
+use model::forward::{AttnArith, ForwardBatch, Scratch};
 use model::{ConstraintSpec, SeqSlot};
 use serde_json::json;
 use server::grammar::Grammars;
@@ -190,6 +190,7 @@ pub fn run(args: BenchConstraintArgs) -> Result<()> {
             positions: &[pos as u32],
             slots: &[SeqSlot(0)],
             logits_for: &[0],
+            arith: AttnArith::Row,
         };
         let t0 = Instant::now();
         let logits = model.forward(&pool, &batch, &mut kv, &mut scratch)?;

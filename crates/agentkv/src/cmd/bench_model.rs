@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use model::forward::{ForwardBatch, Scratch};
+use model::forward::{AttnArith, ForwardBatch, Scratch};
 use model::SeqSlot;
 
 use super::common::ModelArgs;
@@ -69,6 +69,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
             positions: &positions,
             slots: &slots,
             logits_for: &[len - 1],
+            arith: AttnArith::for_step(len),
         };
         Ok(model.forward(&pool, &batch, kv, scratch)?)
     };
@@ -96,6 +97,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
                 positions: &[pos as u32],
                 slots: &[SeqSlot(0)],
                 logits_for: &[0],
+                arith: AttnArith::Row,
             };
             let logits = model.forward(&pool, &batch, &mut kv, &mut scratch)?;
             tok = model::sampler::argmax(&logits);

@@ -12,7 +12,9 @@
 //! (one dispatch per run, so the per-position work inlines): `s = dot(q, k) * scale`; on a new
 //! maximum `M` the accumulator is scaled by `ms = expf(M_old - s)` and `vs = 1`, otherwise
 //! `vs = expf(s - M)`; then `acc += v * vs` and `S = fma(S, ms, vs)`. With `round_f16 == false`
-//! the accumulator stays f32 (no rounding), everything else unchanged.
+//! the accumulator stays f32 (no rounding), everything else unchanged. The query is taken as
+//! given (f32): callers pass it rounded to f16 for ggml's arithmetic, or unrounded for the f32
+//! arithmetic of llama.cpp's tiled prefill kernel.
 //!
 //! The f16 accumulator is held as f32 values that are exactly representable in f16. The AVX2
 //! path and the portable path perform the same IEEE operations and agree bit for bit (tests pin
@@ -103,9 +105,8 @@ pub fn accumulate_rows_with(
     }
     let _ = features;
     let p = CpuFeatures::PORTABLE;
-    let q16: Vec<f16> = q.iter().map(|&x| f16::from_f32(x)).collect();
     for (k, v) in keys.chunks_exact(hd).zip(vals.chunks_exact(hd)) {
-        let (ms, vs) = st.factors(dot_f16_with(p, &q16, k) * scale);
+        let (ms, vs) = st.factors(dot_wide(q, k) * scale);
         if round_f16 {
             if ms != 1.0 {
                 scale_f16_with(p, acc, ms);
@@ -121,6 +122,32 @@ pub fn accumulate_rows_with(
         }
         st.sum = st.sum.mul_add(ms, vs);
     }
+}
+
+/// `Σ q[i] * k[i]` for an f32 query and f16 keys in [`dot_f16`]'s order (the portable twin of the
+/// AVX2 `dot_wide`); for a query already rounded to f16 it equals `dot_f16` of the two.
+fn dot_wide(q: &[f32], k: &[f16]) -> f32 {
+    let n = q.len().min(k.len());
+    let np = n & !31;
+    let mut acc = [[0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, accj) in acc.iter_mut().enumerate() {
+            for (l, lane) in accj.iter_mut().enumerate() {
+                let e = i + 8 * j + l;
+                *lane = q[e].mul_add(k[e].to_f32(), *lane);
+            }
+        }
+    }
+    let mut s = [0f32; 8];
+    for (l, sl) in s.iter_mut().enumerate() {
+        *sl = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let t = [s[0] + s[4], s[1] + s[5], s[2] + s[6], s[3] + s[7]];
+    let mut sum = f64::from((t[0] + t[1]) + (t[2] + t[3]));
+    for (x, y) in q[np..n].iter().zip(&k[np..n]) {
+        sum += f64::from(x * y.to_f32());
+    }
+    sum as f32
 }
 
 /// `Σ a[i] * b[i]` over f16 operands in `ggml_vec_dot_f16`'s order. Panics if lengths differ.
