@@ -353,7 +353,7 @@ mod tests {
             63,
             "clamped"
         );
-        for bad in [64, -64, 1 << 40] {
+        for bad in [64, -64, 1_i64 << 40] {
             let e = p(&t, serde_json::json!({ "priority": bad })).unwrap_err();
             assert_eq!(param(e).0, 400);
         }
