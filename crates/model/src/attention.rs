@@ -158,8 +158,7 @@ pub fn attend_window_with(
     let (scores, q16, prepared) = (&mut scratch.scores, &scratch.q16, &mut scratch.prepared);
     out.fill(0.0);
     let mut online = OnlineSoftmax::default();
-    let round_f16 =
-        arith == AttnArith::Row && num_positions - first <= F16_ACC_MAX_POSITIONS;
+    let round_f16 = arith == AttnArith::Row && num_positions - first <= F16_ACC_MAX_POSITIONS;
     let mut is_f16 = false;
     kv.for_each_chunk_from(
         layer,
