@@ -165,8 +165,7 @@ pub fn attend_window_with(
     );
     out.fill(0.0);
     let mut online = OnlineSoftmax::default();
-    let round_f16 =
-        arith == AttnArith::Row && num_positions - first <= F16_ACC_MAX_POSITIONS;
+    let round_f16 = arith == AttnArith::Row && num_positions - first <= F16_ACC_MAX_POSITIONS;
     let mut is_f16 = false;
     kv.for_each_chunk_from(
         layer,

@@ -1,0 +1,79 @@
+//! Fidelity on held-out prompts through the server: a third of the 52 prompts of
+//! `crates/model/tests/data/heldout_greedy.jsonl` (llama.cpp's greedy tokens and logprobs; see
+//! `gen_heldout_reference.py` there) sent to `/v1/completions` as token ids, greedy, with
+//! logprobs. Checked: the generated text equals llama.cpp's stable greedy prefix on at least 90%
+//! of them (the goal is 98%), and the mean |Δ logprob| of the chosen tokens stays within the bound below.
+
+mod common;
+
+use common::{app, call, model};
+use server::ServerSettings;
+
+#[derive(serde::Deserialize)]
+struct Reference {
+    id: String,
+    prompt_ids: Vec<u32>,
+    greedy_ids: Vec<u32>,
+    top_logprobs: Vec<Position>,
+    stable_len: usize,
+}
+
+#[derive(serde::Deserialize)]
+struct Position {
+    logprob: f32,
+}
+
+/// Bound on the mean |Δ logprob| through the server (measured value in docs/benchmarks.md).
+const MEAN_BOUND: f64 = 0.06;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "unfinished: 5/14 texts equal (mean |Δ logprob| 0.040 on those); the comparison of the completion text with the decoded stable prefix (end-of-turn tokens, stops) is not yet verified"]
+async fn heldout_prompts_match_llama_cpp_through_the_server() {
+    let refs: Vec<Reference> = include_str!("../../model/tests/data/heldout_greedy.jsonl")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("reference line"))
+        .collect();
+    let (_e, _s, r) = app(ServerSettings::default());
+    let m = model();
+    let (mut abs_err, mut compared, mut equal, mut total) = (0.0f64, 0usize, 0usize, 0usize);
+    let mut diverged = Vec::new();
+    for rf in refs.iter().step_by(3).filter(|rf| rf.stable_len > 0) {
+        total += 1;
+        let body = serde_json::json!({"model": "agentkv", "prompt": rf.prompt_ids,
+            "max_tokens": rf.stable_len, "temperature": 0, "logprobs": 1});
+        let v = call(&r, "POST", "/v1/completions", None, &body.to_string()).await;
+        assert_eq!(v.status, 200, "{}: {}", rf.id, v.body);
+        let v = v.json();
+        let choice = &v["choices"][0];
+        let want = m
+            .tokenizer()
+            .decode(&rf.greedy_ids[..rf.stable_len], false)
+            .expect("decode");
+        if choice["text"].as_str() == Some(want.as_str()) {
+            equal += 1;
+            let lps = choice["logprobs"]["token_logprobs"]
+                .as_array()
+                .expect("token_logprobs");
+            for (got, want) in lps.iter().zip(&rf.top_logprobs) {
+                abs_err += (got.as_f64().expect("logprob") - f64::from(want.logprob)).abs();
+                compared += 1;
+            }
+        } else {
+            diverged.push(format!("{}: {:?} vs {want:?}", rf.id, choice["text"]));
+        }
+    }
+    let mean = abs_err / compared.max(1) as f64;
+    eprintln!(
+        "server held-out: stable prefixes equal on {equal}/{total}; mean |Δ logprob| {mean:.5} over {compared} positions"
+    );
+    assert!(total >= 15);
+    assert!(
+        equal as f64 >= 0.9 * total as f64,
+        "stable prefixes differ: {diverged:#?}"
+    );
+    assert!(
+        mean <= MEAN_BOUND,
+        "mean |Δ logprob| {mean:.5} > {MEAN_BOUND}"
+    );
+}
