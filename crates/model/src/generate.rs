@@ -20,6 +20,11 @@ pub struct GenerateOptions {
     /// Prompt tokens per forward call.
     pub prefill_chunk: usize,
     pub kv_dtype: KvDtype,
+    /// Prompt chunks of 64+ tokens in llama.cpp's tiled prefill arithmetic
+    /// ([`AttnArith::for_step`]), as llama-server computes them. Off by default: the engine (and
+    /// so the server) uses the per-row arithmetic for every step so that a sequence's output
+    /// never depends on how its prompt was chunked or batched, and `generate` matches it.
+    pub llama_cpp_prefill: bool,
 }
 
 impl Default for GenerateOptions {
@@ -30,6 +35,7 @@ impl Default for GenerateOptions {
             stop_ids: Vec::new(),
             prefill_chunk: 512,
             kv_dtype: KvDtype::F16,
+            llama_cpp_prefill: false,
         }
     }
 }
@@ -110,7 +116,11 @@ pub fn generate(
             positions: &positions,
             slots: &slots,
             logits_for: if is_last_chunk { &last } else { &[] },
-            arith: AttnArith::for_step(piece.len()),
+            arith: if opts.llama_cpp_prefill {
+                AttnArith::for_step(piece.len())
+            } else {
+                AttnArith::Row
+            },
         };
         logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
     }

@@ -3,7 +3,7 @@
 //! llama.cpp's greedy tokens and logprobs in tests/data/heldout_greedy.jsonl (written by
 //! tests/data/gen_heldout_reference.py against llama-server). Each prompt is generated the way
 //! llama-server runs it: the prompt prefilled in one step (llama.cpp's tiled attention kernel
-//! from 64 tokens on, `AttnArith::for_step`), then greedy decoding one token per step.
+//! from 64 tokens on, `AttnArith::for_step`, `GenerateOptions::llama_cpp_prefill`), then greedy decoding one token per step.
 //!
 //! Checked: the stable greedy prefix (tokens before llama.cpp's first top-2 gap below 0.1 nats)
 //! is reproduced on at least `MIN_SHARE` of the prompts, and the mean |Δ logprob| of the chosen tokens
@@ -40,6 +40,7 @@ fn heldout_prompts_match_llama_cpp() {
         let opts = GenerateOptions {
             max_tokens: r.greedy_ids.len(),
             kv_dtype: KvDtype::F16,
+            llama_cpp_prefill: true,
             ..Default::default()
         };
         let (out, _) = generate(m, &pool, &r.prompt_ids, &opts, |_| true).expect("generation");
