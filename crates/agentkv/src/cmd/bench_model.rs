@@ -69,7 +69,9 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
             positions: &positions,
             slots: &slots,
             logits_for: &[len - 1],
-            arith: AttnArith::for_step(len),
+            // The engine's arithmetic for every step (what `serve` runs), not llama.cpp's
+            // tiled-prefill choice that `perplexity` follows.
+            arith: AttnArith::Row,
         };
         Ok(model.forward(&pool, &batch, kv, scratch)?)
     };
