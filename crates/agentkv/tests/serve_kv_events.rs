@@ -3,7 +3,8 @@
 //! pyzmq + msgpack, strict checks of every frame and field, then a replay from seq 0): after real
 //! requests of two tenants and enough prompts to evict, the decoded events say what the server
 //! did — blocks stored in the pool (`GPU`), removed from it and stored in the RAM tier (`CPU`)
-//! with the same hash and tokens, chains that link — and the two tenants' identical prompts
+//! with the same hash and tokens, removed from the RAM tier when its byte budget evicts them
+//! (`BlockRemoved`, `CPU`), chains that link — and the two tenants' identical prompts
 //! announce disjoint hashes (a router can never match one tenant's request to the other's blocks).
 
 mod common;
@@ -23,7 +24,8 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A 24-block pool (16-token blocks, f16: 23,040 bytes per token) and a RAM tier.
+/// A 24-block pool (16-token blocks, f16: 23,040 bytes per token) and a RAM tier of 11
+/// objects (368,640 bytes and a header each), smaller than what the prompts demote.
 fn config(pub_port: u16, replay_port: u16) -> String {
     format!(
         r#"
@@ -32,7 +34,7 @@ tenants:
   - {{name: alpha, api_keys: ["ka"]}}
   - {{name: beta, api_keys: ["kb"]}}
 kv_cache_config: {{max_size: 8847360, block_size: 16, replacement_policy: lru, quantization: f16}}
-tiers: [{{kind: ram, max_size: 64MiB}}]
+tiers: [{{kind: ram, max_size: 4MiB}}]
 kv_events: {{endpoint: "tcp://127.0.0.1:{pub_port}", replay_endpoint: "tcp://127.0.0.1:{replay_port}"}}
 model: {{threads: 2}}
 "#
@@ -128,6 +130,7 @@ fn a_python_subscriber_decodes_the_servers_kv_events_and_tenants_never_share_has
     let mut blocks: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut media: HashMap<u64, HashSet<String>> = HashMap::new();
     let mut removed_gpu = Vec::new();
+    let mut removed_cpu = 0;
     for e in &events {
         match e["type"].as_str().unwrap() {
             "stored" => {
@@ -160,6 +163,10 @@ fn a_python_subscriber_decodes_the_servers_kv_events_and_tenants_never_share_has
                     if e["medium"] == "GPU" {
                         removed_gpu.push(h);
                     }
+                    if e["medium"] == "CPU" {
+                        assert!(media[&h].contains("CPU"), "{h} left the RAM tier unstored");
+                        removed_cpu += 1;
+                    }
                 }
             }
             other => assert_eq!(other, "cleared"),
@@ -171,6 +178,10 @@ fn a_python_subscriber_decodes_the_servers_kv_events_and_tenants_never_share_has
             .iter()
             .any(|h| media[h].contains("CPU") && media[h].contains("GPU")),
         "evicted blocks are announced in the RAM tier under the same hash"
+    );
+    assert!(
+        removed_cpu > 0,
+        "the RAM tier's budget evictions are announced (BlockRemoved, CPU)"
     );
     // Tenants: the first prompt's blocks carry the same tokens for alpha and beta but never
     // the same hash.

@@ -129,6 +129,11 @@ impl KvEventLog {
         }
     }
 
+    /// A tier dropped the block with chain key `chain_key` by itself (byte budget, TTL).
+    pub fn tier_dropped(&mut self, chain_key: &[u8; 32], kind: TierKind) {
+        self.push_removed(external_hash(&BlockKey(*chain_key)), KvMedium::Tier(kind));
+    }
+
     /// Appends to the last event when it continues its chain in the same medium (one
     /// `Stored` per published run, as vLLM sends them).
     fn push_stored(&mut self, a: &Announced, medium: KvMedium) {

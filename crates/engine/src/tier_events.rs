@@ -154,6 +154,16 @@ impl KvStorage {
                 }
             }
         }
+        if let Some(t) = &tiers {
+            // Taken even when nothing is announced, so the stores' lists stay short.
+            for (kind, keys) in t.take_dropped() {
+                if let Some(log) = &mut self.log {
+                    for key in &keys {
+                        log.tier_dropped(&key.chain_key, kind);
+                    }
+                }
+            }
+        }
         if let Some(log) = &mut self.log {
             log.flush();
         }

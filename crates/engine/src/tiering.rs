@@ -273,6 +273,17 @@ impl Tiering {
             .collect()
     }
 
+    /// Keys each tier dropped on its own since the last call (evicted for its byte budget,
+    /// expired by its TTL), with the tier's kind, for the router announcements.
+    pub fn take_dropped(&self) -> Vec<(tier::TierKind, Vec<TierKey>)> {
+        self.shared
+            .stores
+            .iter()
+            .map(|s| (s.kind(), s.take_dropped()))
+            .filter(|(_, keys)| !keys.is_empty())
+            .collect()
+    }
+
     /// A forward pass computed `num_tokens` tokens, `num_prefill` of them prefill, in `elapsed`.
     pub fn observe_forward(&mut self, num_tokens: usize, num_prefill: usize, elapsed: Duration) {
         if num_prefill >= MIN_PREFILL_SAMPLE_TOKENS {

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
+use crate::dropped::DroppedKeys;
 use crate::lru::ByteLru;
 use crate::object::{self, Compression, HEADER_BYTES};
 use crate::store::RawObjectAccess;
@@ -75,6 +76,7 @@ pub struct DiskStore {
     tmp_counter: AtomicU64,
     metrics: TierMetrics,
     scan: ScanReport,
+    dropped: DroppedKeys,
 }
 
 impl DiskStore {
@@ -163,6 +165,7 @@ impl DiskStore {
             tmp_counter: AtomicU64::new(0),
             metrics,
             scan,
+            dropped: DroppedKeys::default(),
         };
         for key in to_delete {
             if let Err(e) = remove_file(&store.object_path(&key)) {
@@ -356,6 +359,7 @@ impl TierStore for DiskStore {
             self.metrics.written(bytes.len());
             let evicted = self.lock().insert(block.key, (), len);
             self.metrics.evicted(evicted.len());
+            self.dropped.push(evicted.iter().map(|(key, ())| *key));
             for (key, ()) in evicted {
                 if let Err(e) = remove_file(&self.object_path(&key)) {
                     self.metrics.error();
@@ -382,6 +386,10 @@ impl TierStore for DiskStore {
             (lru.len() as u64, lru.total_bytes())
         };
         self.metrics.snapshot(Some(objects), Some(bytes))
+    }
+
+    fn take_dropped(&self) -> Vec<TierKey> {
+        self.dropped.take()
     }
 }
 

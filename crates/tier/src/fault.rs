@@ -109,6 +109,10 @@ impl<S: TierStore + RawObjectAccess> TierStore for FaultStore<S> {
         stats.errors += self.injected.load(Ordering::SeqCst);
         stats
     }
+
+    fn take_dropped(&self) -> Vec<TierKey> {
+        self.inner.take_dropped()
+    }
 }
 
 impl<S: RawObjectAccess> RawObjectAccess for FaultStore<S> {

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod conformance;
 mod disk;
+mod dropped;
 mod error;
 mod fault;
 mod key;
@@ -20,9 +21,11 @@ mod ram;
 mod redis_store;
 mod store;
 pub mod testing;
+mod testing_cluster;
 
 pub use config::{open_tiers, ByteSize, TierConfig};
 pub use disk::{DiskConfig, DiskStore, ScanReport, LAYOUT_DIR};
+pub use dropped::MAX_PENDING_DROPPED;
 pub use error::TierError;
 pub use fault::FaultStore;
 pub use key::TierKey;

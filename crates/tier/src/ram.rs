@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use crate::dropped::DroppedKeys;
 use crate::lru::ByteLru;
 use crate::object::{self, Compression};
 use crate::store::RawObjectAccess;
@@ -26,6 +27,7 @@ pub struct RamStore {
     lru: Mutex<ByteLru<Arc<Vec<u8>>>>,
     compression: Compression,
     metrics: TierMetrics,
+    dropped: DroppedKeys,
 }
 
 impl RamStore {
@@ -35,6 +37,7 @@ impl RamStore {
             lru: Mutex::new(ByteLru::new(config.max_bytes)),
             compression: config.compression,
             metrics: TierMetrics::default(),
+            dropped: DroppedKeys::default(),
         }
     }
 
@@ -106,6 +109,7 @@ impl TierStore for RamStore {
             let evicted = self.lock().insert(key, Arc::new(bytes), len as u64);
             self.metrics.written(len);
             self.metrics.evicted(evicted.len());
+            self.dropped.push(evicted.into_iter().map(|(key, _)| key));
         }
         Ok(())
     }
@@ -124,6 +128,10 @@ impl TierStore for RamStore {
             (lru.len() as u64, lru.total_bytes())
         };
         self.metrics.snapshot(Some(objects), Some(bytes))
+    }
+
+    fn take_dropped(&self) -> Vec<TierKey> {
+        self.dropped.take()
     }
 }
 

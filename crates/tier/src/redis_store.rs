@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConnection};
 use redis::{Client, Connection, RedisError, Value};
 
+use crate::dropped::TtlWatch;
 use crate::object::{self, Compression, MacKey};
 use crate::store::RawObjectAccess;
 use crate::{
@@ -122,6 +123,8 @@ pub struct RedisStore {
     idle: Mutex<Vec<Conn>>,
     down_until: Mutex<Option<Instant>>,
     metrics: TierMetrics,
+    /// When the objects this process wrote expire (`None` without a TTL).
+    expiry: Option<TtlWatch>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -159,6 +162,7 @@ impl RedisStore {
         };
         Ok(RedisStore {
             backend,
+            expiry: config.ttl.map(TtlWatch::new),
             mac: config.secret.as_deref().map(MacKey::from_secret),
             config,
             idle: Mutex::new(Vec::new()),
@@ -361,6 +365,11 @@ impl TierStore for RedisStore {
                 batch.cmd(self.set_cmd(&block.key, bytes));
             }
         })?;
+        if let Some(expiry) = &self.expiry {
+            // Timed after the SETs were answered, so an object is never reported before Redis
+            // expires it (at most one round trip late).
+            expiry.written(blocks.iter().map(|b| b.key), Instant::now());
+        }
         for bytes in &encoded {
             self.metrics.written(bytes.len());
         }
@@ -370,6 +379,9 @@ impl TierStore for RedisStore {
     fn remove(&self, keys: &[TierKey]) -> Result<(), TierError> {
         if keys.is_empty() {
             return Ok(());
+        }
+        if let Some(expiry) = &self.expiry {
+            expiry.removed(keys);
         }
         let () = self.with_conn(|batch| {
             for key in keys {
@@ -383,6 +395,14 @@ impl TierStore for RedisStore {
 
     fn stats(&self) -> TierStats {
         self.metrics.snapshot(None, None)
+    }
+
+    /// Objects whose TTL has run out since this process last wrote them (Redis expires them
+    /// itself and tells no one). Evictions by the server's own `maxmemory` policy are not seen.
+    fn take_dropped(&self) -> Vec<TierKey> {
+        self.expiry
+            .as_ref()
+            .map_or_else(Vec::new, |e| e.expired(Instant::now()))
     }
 }
 

@@ -57,6 +57,14 @@ pub trait TierStore: Send + Sync {
     /// Snapshot of the store's counters.
     fn stats(&self) -> TierStats;
 
+    /// Keys the store dropped on its own since the last call — evicted for its byte budget, or
+    /// expired by its TTL — so the caller can announce them gone (router `BlockRemoved`
+    /// events). Not the keys the caller removed. At most [`crate::MAX_PENDING_DROPPED`] are
+    /// kept between calls. Default: none (a store that never drops by itself).
+    fn take_dropped(&self) -> Vec<TierKey> {
+        Vec::new()
+    }
+
     /// The leading run of verified blocks of `chain`: `get_many` cut at the first `None`.
     fn get_prefix(&self, chain: &[TierKey]) -> Result<Vec<StoredBlock>, TierError> {
         Ok(self

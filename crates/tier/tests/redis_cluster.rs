@@ -5,95 +5,26 @@
 //! lookup stops at the first block it cannot read (the engine recomputes from there), nothing
 //! hangs and nothing wrong is returned.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tier::testing::{hash32, payload, RedisServer};
+use tier::testing::{hash32, payload, RedisCluster};
 use tier::{BlockRef, RedisConfig, RedisStore, TierKey, TierStore};
 
 fn key(i: u64) -> TierKey {
     TierKey::new(hash32("cluster-ns", 0), hash32("cluster-chain", i))
 }
 
-struct Cluster {
-    nodes: Vec<RedisServer>,
-    _dir: tempfile::TempDir,
-}
-
-fn start_cluster() -> Cluster {
-    let dir = tempfile::tempdir().unwrap();
-    let mut nodes = Vec::new();
-    for i in 0..3 {
-        let conf = dir.path().join(format!("nodes-{i}.conf"));
-        nodes.push(
-            RedisServer::start_with_args(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                conf.to_str().unwrap(),
-                "--cluster-node-timeout",
-                "1000",
-                // Live masters keep serving their slots while one is down.
-                "--cluster-require-full-coverage",
-                "no",
-                "--dir",
-                dir.path().to_str().unwrap(),
-            ])
-            .expect("redis-server (CI installs it with apt)"),
-        );
-    }
-    let addrs: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port()))
-        .collect();
-    let out = Command::new("redis-cli")
-        .args(["--cluster", "create"])
-        .args(&addrs)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .output()
-        .expect("redis-cli (installed with redis-server)");
-    assert!(
-        out.status.success(),
-        "cluster create: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    // Wait until every node reports the cluster up.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for n in &nodes {
-        loop {
-            let info = Command::new("redis-cli")
-                .args(["-p", &n.port().to_string(), "cluster", "info"])
-                .output()
-                .unwrap();
-            if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "cluster never became ok");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-    Cluster { nodes, _dir: dir }
-}
-
-fn store(cluster: &Cluster) -> RedisStore {
+fn store(cluster: &RedisCluster) -> RedisStore {
     let mut cfg = RedisConfig::single(cluster.nodes[0].url());
-    cfg.urls = cluster.nodes.iter().map(|n| n.url()).collect();
+    cfg.urls = cluster.urls();
     cfg.cluster = true;
     cfg.retry_backoff = Duration::from_millis(200);
     RedisStore::open(cfg).unwrap()
 }
 
-fn dbsize(node: &RedisServer) -> u64 {
-    let out = Command::new("redis-cli")
-        .args(["-p", &node.port().to_string(), "dbsize"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-}
-
 #[test]
 fn a_three_master_cluster_shares_blocks_and_survives_a_dead_master() {
-    let mut cluster = start_cluster();
+    let mut cluster = RedisCluster::start().expect("redis-server (CI installs it with apt)");
     let writer = store(&cluster);
     let n = 60u64;
     let payloads: Vec<Vec<u8>> = (0..n).map(|i| payload(i, 2048)).collect();
@@ -106,7 +37,7 @@ fn a_three_master_cluster_shares_blocks_and_survives_a_dead_master() {
         })
         .collect();
     writer.put_many(&blocks).unwrap();
-    let sizes: Vec<u64> = cluster.nodes.iter().map(dbsize).collect();
+    let sizes: Vec<u64> = (0..3).map(|i| cluster.dbsize(i)).collect();
     assert_eq!(sizes.iter().sum::<u64>(), n, "one key per block: {sizes:?}");
     assert!(
         sizes.iter().all(|&s| s > 0),
