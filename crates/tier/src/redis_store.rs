@@ -20,6 +20,11 @@ use crate::{
     BlockRef, StoredBlock, TierError, TierKey, TierKind, TierMetrics, TierStats, TierStore,
 };
 
+/// Retries of one cluster command (redirections and a dead node's errors), and the range of the
+/// wait before each in milliseconds.
+const CLUSTER_RETRIES: u32 = 2;
+const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (10, 100);
+
 /// Configuration of a [`RedisStore`].
 #[derive(Clone, Debug)]
 pub struct RedisConfig {
@@ -149,9 +154,15 @@ impl RedisStore {
             ));
         }
         let backend = if config.cluster {
+            // The client's own retries default to 16 with sleeps of 1.28 s and more between them
+            // (a command for a dead master's slots then stalls for minutes); a tier miss is
+            // cheap, so retry little and briefly and let the caller recompute.
             let client = ClusterClientBuilder::new(config.urls.clone())
                 .connection_timeout(config.connect_timeout)
                 .response_timeout(config.io_timeout)
+                .retries(CLUSTER_RETRIES)
+                .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
+                .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1)
                 .build()
                 .map_err(|e| TierError::Config(format!("redis cluster: {e}")))?;
             Backend::Cluster(client)
