@@ -54,6 +54,29 @@ a redis-server binary on PATH, then run scripts/test.sh again."
 fi
 redis-server --version
 
+# Valkey for crates/tier/tests/valkey.rs (the shared tier on Valkey; the test says SKIPPED and
+# passes where it is absent). Debian bookworm has it only in bookworm-backports: the script adds
+# that suite from the mirror already configured for bookworm, pinned to one version.
+VALKEY_VERSION="8.0.1+dfsg1-1~bpo12+1"
+echo "== valkey-server (optional)"
+if ! command -v valkey-server >/dev/null && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null \
+  && grep -q '^VERSION_CODENAME=bookworm$' /etc/os-release 2>/dev/null; then
+  list=/etc/apt/sources.list.d/agentkv-bookworm-backports.sources
+  if [ ! -e "$list" ]; then
+    mirror=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' | awk '$2 == "bookworm" { print $1; exit }')
+    if [ -n "$mirror" ]; then
+      printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\n' "$mirror" > "$list"
+    fi
+  fi
+  if [ -e "$list" ]; then
+    apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports \
+      "valkey-server=$VALKEY_VERSION" "valkey-tools=$VALKEY_VERSION" \
+      || echo "valkey-server could not be installed: crates/tier/tests/valkey.rs will skip"
+  fi
+fi
+command -v valkey-server >/dev/null && valkey-server --version || echo "valkey-server absent: the Valkey tier test will skip"
+
 echo "== python clients in $VENV (${PY_PINS[*]})"
 stamp="$VENV/.agentkv-pins"
 if [ ! -x "$VENV/bin/python" ]; then

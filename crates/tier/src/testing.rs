@@ -32,6 +32,8 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     extra_args: Vec<String>,
+    /// The server binary (`redis-server`, or `valkey-server`: same protocol and flags).
+    binary: String,
 }
 
 fn free_port() -> Result<u16, RedisServerError> {
@@ -51,17 +53,27 @@ impl RedisServer {
 
     /// Like [`RedisServer::start`] with extra `redis-server` arguments (e.g. `--maxmemory 2mb`).
     pub fn start_with_args(extra_args: &[&str]) -> Result<RedisServer, RedisServerError> {
+        Self::start_binary("redis-server", extra_args)
+    }
+
+    /// Like [`RedisServer::start_with_args`] with another server binary that takes Redis's flags
+    /// (`valkey-server`).
+    pub fn start_binary(
+        binary: &str,
+        extra_args: &[&str],
+    ) -> Result<RedisServer, RedisServerError> {
         let mut server = RedisServer {
             child: None,
             port: free_port()?,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            binary: binary.to_owned(),
         };
         server.spawn()?;
         Ok(server)
     }
 
     fn spawn(&mut self) -> Result<(), RedisServerError> {
-        let child = Command::new("redis-server")
+        let child = Command::new(&self.binary)
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(&self.extra_args)

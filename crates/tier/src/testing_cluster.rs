@@ -13,6 +13,7 @@ pub struct RedisCluster {
     /// The masters (slots split evenly by `redis-cli --cluster create`).
     pub nodes: Vec<RedisServer>,
     dir: PathBuf,
+    cli: String,
 }
 
 impl RedisCluster {
@@ -20,6 +21,12 @@ impl RedisCluster {
     /// another is down (`cluster-require-full-coverage no`), creates the cluster and waits until
     /// every node reports it up. Panics with the tool's output when `redis-cli` fails.
     pub fn start() -> Result<RedisCluster, RedisServerError> {
+        Self::start_binary("redis-server", "redis-cli")
+    }
+
+    /// Like [`RedisCluster::start`] with other binaries that take Redis's flags
+    /// (`valkey-server`, `valkey-cli`).
+    pub fn start_binary(server: &str, cli: &str) -> Result<RedisCluster, RedisServerError> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir =
@@ -28,29 +35,33 @@ impl RedisCluster {
         let mut cluster = RedisCluster {
             nodes: Vec::new(),
             dir,
+            cli: cli.to_owned(),
         };
         let dir_arg = cluster.dir.to_str().expect("utf-8 temp dir").to_owned();
         for i in 0..3 {
             let conf = format!("{dir_arg}/nodes-{i}.conf");
-            cluster.nodes.push(RedisServer::start_with_args(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                &conf,
-                "--cluster-node-timeout",
-                "1000",
-                "--cluster-require-full-coverage",
-                "no",
-                "--dir",
-                &dir_arg,
-            ])?);
+            cluster.nodes.push(RedisServer::start_binary(
+                server,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &conf,
+                    "--cluster-node-timeout",
+                    "1000",
+                    "--cluster-require-full-coverage",
+                    "no",
+                    "--dir",
+                    &dir_arg,
+                ],
+            )?);
         }
         let addrs: Vec<String> = cluster
             .nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let out = Command::new("redis-cli")
+        let out = Command::new(cli)
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -64,7 +75,7 @@ impl RedisCluster {
         let deadline = Instant::now() + Duration::from_secs(20);
         for node in &cluster.nodes {
             loop {
-                let info = Command::new("redis-cli")
+                let info = Command::new(cli)
                     .args(["-p", &node.port().to_string(), "cluster", "info"])
                     .output()
                     .map_err(RedisServerError::Spawn)?;
@@ -85,10 +96,10 @@ impl RedisCluster {
 
     /// Keys held by `node` (`DBSIZE`).
     pub fn dbsize(&self, node: usize) -> u64 {
-        let out = Command::new("redis-cli")
+        let out = Command::new(&self.cli)
             .args(["-p", &self.nodes[node].port().to_string(), "dbsize"])
             .output()
-            .expect("redis-cli");
+            .expect("the cluster's cli");
         String::from_utf8_lossy(&out.stdout)
             .trim()
             .parse()
