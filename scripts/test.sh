@@ -63,7 +63,7 @@ if ! command -v valkey-server >/dev/null && [ "$(id -u)" -eq 0 ] && command -v a
   && grep -q '^VERSION_CODENAME=bookworm$' /etc/os-release 2>/dev/null; then
   list=/etc/apt/sources.list.d/agentkv-bookworm-backports.sources
   if [ ! -e "$list" ]; then
-    mirror=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' | awk '$2 == "bookworm" { print $1; exit }')
+    mirror=$( (apt-get indextargets --format '$(REPO_URI) $(RELEASE)' || true) | awk '$2 == "bookworm" { print $1; exit }')
     if [ -n "$mirror" ]; then
       printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\n' "$mirror" > "$list"
     fi
