@@ -35,6 +35,14 @@ pub fn serialized_len(
     Ok(num_rows * (codecs.k.bytes_per_row(head_dim) + codecs.v.bytes_per_row(head_dim)))
 }
 
+/// f32, f16, bf16: rows are plain values, so any number of rows is one "row" of the codec.
+fn is_plain_float(kind: KvCodecKind) -> bool {
+    matches!(
+        kind,
+        KvCodecKind::F32 | KvCodecKind::F16 | KvCodecKind::Bf16
+    )
+}
+
 /// `num_rows` rows of one side (K or V) under `kind`, decoded into `out` (`num_rows · head_dim`).
 fn decode_side(
     kind: KvCodecKind,
@@ -51,6 +59,8 @@ fn decode_side(
                 decode_group(kind, g, head_dim, o)?;
             }
         }
+        // Float codecs have no per-row parameters: the whole side is one run of values.
+        _ if is_plain_float(kind) => decode_row(kind, bytes, out)?,
         _ => {
             let row_bytes = kind.bytes_per_row(head_dim);
             for (r, o) in bytes
@@ -84,6 +94,7 @@ fn encode_side(
                 encode_group(kind, x, head_dim, o)?;
             }
         }
+        _ if is_plain_float(kind) => encode_row(kind, values, dst)?,
         _ => {
             let row_bytes = kind.bytes_per_row(head_dim);
             for (x, o) in values
