@@ -97,6 +97,11 @@ pub const DEFAULT_ADMISSION_WAIT: Duration = Duration::from_millis(2);
 pub struct TieringConfig {
     /// Stores after the active pool, consulted in order (empty: no tiers).
     pub stores: Vec<tier::TierConfig>,
+    /// The KV codec each tier stores blocks in, in lookup order (missing or `None`: the pool's
+    /// codec, bytes as they are). Another codec than the pool's is lossy: blocks are transcoded
+    /// on demotion and back on load, and the cache namespace commits to it. `EngineCore::new`
+    /// fills it from each store's `codec:` setting.
+    pub codecs: Vec<Option<model::kv::KvDtype>>,
     /// Demote evicted blocks to every tier (`true`) or only the first (write-back, `false`).
     pub write_through: bool,
     /// Also write each block to the tiers as soon as it is computed, not only when it is
@@ -125,6 +130,7 @@ impl Default for TieringConfig {
     fn default() -> Self {
         TieringConfig {
             stores: Vec::new(),
+            codecs: Vec::new(),
             write_through: false,
             write_on_publish: false,
             load_policy: TierLoadPolicy::CostModel,

@@ -38,6 +38,7 @@ use crate::sequence::{SeqKey, Sequence};
 use crate::snapshot::{EngineSnapshot, PinnedPrompt};
 use crate::stats::EngineStats;
 use crate::step_budget::StepBudget;
+use crate::tier_codec::{self, TierCodec};
 use crate::tier_events::{KvStorage, Publisher};
 use crate::tiering::{TierMatch, Tiering};
 
@@ -52,6 +53,9 @@ pub struct EngineCore {
     kv: KvStorage,
     scratch: Scratch,
     model_fingerprint: [u8; 32],
+    /// The namespace's `kv_settings`: which lossy codecs the tiers store blocks in (empty when
+    /// every tier is lossless).
+    tier_settings: Vec<u8>,
     seqs: HashMap<SeqKey, Sequence>,
     scheduler: Scheduler,
     tick: u64,
@@ -89,7 +93,19 @@ impl SnapshotCell {
 impl EngineCore {
     /// An engine over `model`; opens the stores of `cfg.tiers` (a disk tier scans its
     /// directory; Redis connects lazily).
-    pub fn new(model: Arc<Model>, cfg: EngineConfig) -> Result<Self, EngineBuildError> {
+    pub fn new(model: Arc<Model>, mut cfg: EngineConfig) -> Result<Self, EngineBuildError> {
+        for (i, store) in cfg.tiers.stores.iter().enumerate() {
+            if let Some(name) = store.codec() {
+                let codec =
+                    model::kv::KvDtype::parse(name).map_err(|e| EngineBuildError::TierCodec {
+                        tier: i,
+                        reason: e.to_string(),
+                    })?;
+                let codecs = &mut cfg.tiers.codecs;
+                codecs.resize(codecs.len().max(i + 1), None);
+                codecs[i] = Some(codec);
+            }
+        }
         let stores = tier::open_tiers(&cfg.tiers.stores)?
             .into_iter()
             .map(Arc::from)
@@ -150,6 +166,40 @@ impl EngineCore {
             .clone()
             .map(|sink| KvEventLog::new(sink, cfg.num_blocks, cfg.block_size));
         let model_fingerprint = *blake3::hash(model.gguf().file_bytes()).as_bytes();
+        let rows_per_block = c.num_layers * c.num_kv_heads * cfg.block_size;
+        let mut codecs = Vec::with_capacity(stores.len());
+        for i in 0..stores.len() {
+            let stored = cfg.tiers.codecs.get(i).copied().flatten();
+            let codec = TierCodec::new(
+                cfg.kv_dtype,
+                stored.unwrap_or(cfg.kv_dtype),
+                c.head_dim,
+                cfg.block_size,
+                rows_per_block,
+            )
+            .map_err(|e| EngineBuildError::TierCodec {
+                tier: i,
+                reason: e.to_string(),
+            })?;
+            debug_assert!(codec.is_lossy() || codec.block_bytes == mem.block_num_bytes());
+            codecs.push(codec);
+        }
+        let tier_settings = tier_codec::namespace_settings(
+            &codecs
+                .iter()
+                .enumerate()
+                .map(|(i, tc)| {
+                    let stored = cfg.tiers.codecs.get(i).copied().flatten();
+                    (stored.unwrap_or(cfg.kv_dtype), tc.is_lossy())
+                })
+                .collect::<Vec<_>>(),
+        );
+        if !tier_settings.is_empty() {
+            tracing::info!(
+                settings = %String::from_utf8_lossy(&tier_settings),
+                "lossy tier codecs: restored blocks are approximate, keyed apart from exact ones"
+            );
+        }
         let tiers = (!stores.is_empty()).then(|| {
             Tiering::new(
                 stores,
@@ -157,7 +207,7 @@ impl EngineCore {
                 cfg.num_blocks,
                 cfg.block_size,
                 mem.block_num_bytes(),
-                cfg.kv_dtype.id(),
+                codecs,
             )
         });
         let scheduler = Scheduler::new(SchedulerConfig {
@@ -178,6 +228,7 @@ impl EngineCore {
             kv: KvStorage::new(mem, kv_log),
             scratch: Scratch::default(),
             model_fingerprint,
+            tier_settings,
             seqs: HashMap::new(),
             scheduler,
             tick: 0,
@@ -243,7 +294,7 @@ impl EngineCore {
             model_fingerprint: self.model_fingerprint,
             codec_id: self.codec_name(),
             codec_version: self.cfg.kv_dtype.version(),
-            kv_settings: Vec::new(),
+            kv_settings: self.tier_settings.clone(),
             tenant,
             tenant_salt: salt.to_vec(),
             adapter_id: None,

@@ -16,6 +16,8 @@ use std::thread::JoinHandle;
 
 use tier::{BlockRef, TierKey, TierStore};
 
+use crate::tier_codec::TierCodec;
+
 /// One batch of evicted blocks for the first `targets` stores.
 struct Job {
     blocks: Vec<(TierKey, Vec<u8>)>,
@@ -76,12 +78,15 @@ pub struct Demoter {
 }
 
 impl Demoter {
+    /// A demoter writing to `stores`, each in its codec (`codecs[i]` for `stores[i]`: blocks
+    /// are transcoded here, on the demotion thread, when a tier stores another codec).
     pub fn new(
         stores: Vec<Arc<dyn TierStore>>,
         block_size: usize,
-        codec_id: String,
+        codecs: Vec<TierCodec>,
         max_queued_bytes: usize,
     ) -> Demoter {
+        assert_eq!(stores.len(), codecs.len(), "one codec per store");
         let counts: Arc<Vec<DemoteCounts>> =
             Arc::new((0..stores.len()).map(|_| DemoteCounts::default()).collect());
         let progress = Arc::new(DemoteProgress::default());
@@ -90,7 +95,7 @@ impl Demoter {
         let (c, p, q) = (counts.clone(), progress.clone(), queue.clone());
         let thread = std::thread::Builder::new()
             .name("agentkv-demote".into())
-            .spawn(move || run(rx, stores, block_size, codec_id, c, p, q))
+            .spawn(move || run(rx, stores, block_size, codecs, c, p, q))
             .expect("spawning the demotion thread");
         Demoter {
             tx: Some(tx),
@@ -145,31 +150,43 @@ fn run(
     rx: Receiver<Job>,
     stores: Vec<Arc<dyn TierStore>>,
     block_size: usize,
-    codec_id: String,
+    codecs: Vec<TierCodec>,
     counts: Arc<Vec<DemoteCounts>>,
     progress: Arc<DemoteProgress>,
     queue: Arc<QueueCounts>,
 ) {
     for job in rx {
         let bytes: usize = job.blocks.iter().map(|(_, b)| b.len()).sum();
-        let refs: Vec<BlockRef<'_>> = job
-            .blocks
+        for ((store, c), codec) in stores
             .iter()
-            .map(|(key, payload)| BlockRef {
-                key: *key,
-                num_tokens: block_size as u32,
-                codec_id: &codec_id,
-                payload,
-            })
-            .collect();
-        for (store, c) in stores.iter().zip(counts.iter()).take(job.targets) {
-            // A store that panics counts as a failed write: the job still finishes, so lookups
-            // waiting for its ticket never hang.
-            let put = std::panic::catch_unwind(AssertUnwindSafe(|| store.put_many(&refs)));
+            .zip(counts.iter())
+            .zip(&codecs)
+            .take(job.targets)
+        {
+            // A store that panics (or a block its codec cannot encode) counts as a failed
+            // write: the job still finishes, so lookups waiting for its ticket never hang.
+            let put = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let encoded = job
+                    .blocks
+                    .iter()
+                    .map(|(_, payload)| codec.encode(payload))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| tier::TierError::InvalidBlock(e.to_string()))?;
+                let refs: Vec<BlockRef<'_>> = job
+                    .blocks
+                    .iter()
+                    .zip(&encoded)
+                    .map(|((key, _), payload)| BlockRef {
+                        key: *key,
+                        num_tokens: block_size as u32,
+                        codec_id: &codec.id,
+                        payload,
+                    })
+                    .collect();
+                store.put_many(&refs).map(|()| refs.len())
+            }));
             match put {
-                Ok(Ok(())) => c
-                    .demoted_blocks
-                    .fetch_add(refs.len() as u64, Ordering::Relaxed),
+                Ok(Ok(n)) => c.demoted_blocks.fetch_add(n as u64, Ordering::Relaxed),
                 Ok(Err(_)) | Err(_) => c.demote_errors.fetch_add(1, Ordering::Relaxed),
             };
         }
@@ -206,7 +223,12 @@ mod tests {
         })));
         slow.set_delay(Duration::from_millis(50));
         let stores: Vec<Arc<dyn TierStore>> = vec![slow.clone()];
-        let mut d = Demoter::new(stores, 16, "f16".into(), usize::MAX);
+        let mut d = Demoter::new(
+            stores,
+            16,
+            vec![TierCodec::as_is("f16".into(), 64)],
+            usize::MAX,
+        );
         for i in 0..3u8 {
             d.submit(vec![(key(i), vec![i; 64])], 1);
         }
@@ -229,7 +251,12 @@ mod tests {
         })));
         failing.set_failing(true);
         let stores: Vec<Arc<dyn TierStore>> = vec![failing];
-        let mut d = Demoter::new(stores, 16, "f16".into(), usize::MAX);
+        let mut d = Demoter::new(
+            stores,
+            16,
+            vec![TierCodec::as_is("f16".into(), 64)],
+            usize::MAX,
+        );
         d.submit(vec![(key(1), vec![1; 64])], 1);
         d.barrier();
         assert_eq!(d.counts[0].demote_errors.load(Ordering::Relaxed), 1);

@@ -21,6 +21,9 @@ pub enum EngineBuildError {
     Kv(#[from] model::kv::KvError),
     #[error("tiers: {0}")]
     Tiers(#[from] tier::TierError),
+    /// A tier's `codec:` is not a KV codec this model's blocks can be stored in.
+    #[error("tier {tier} codec: {reason}")]
+    TierCodec { tier: usize, reason: String },
 }
 
 /// Why a request was refused at submission: the request's fault, never the engine's.

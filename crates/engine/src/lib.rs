@@ -21,6 +21,7 @@ mod snapshot;
 mod stats;
 mod step_budget;
 mod text;
+mod tier_codec;
 mod tier_cost;
 mod tier_events;
 mod tiering;

@@ -99,8 +99,10 @@ pub(crate) struct TierShared {
     pub stores: Vec<Arc<dyn TierStore>>,
     pub policy: TierLoadPolicy,
     pub block_size: usize,
+    /// Bytes of one block in the pool.
     pub block_bytes: usize,
-    pub codec_id: String,
+    /// How each store holds blocks (`codecs[i]` for `stores[i]`).
+    pub codecs: Vec<crate::tier_codec::TierCodec>,
     pub state: Mutex<CostState>,
 }
 
@@ -153,7 +155,7 @@ impl TierShared {
         if self.policy == TierLoadPolicy::Always
             || load_is_faster(
                 num_blocks,
-                self.block_bytes,
+                self.codecs[tier].block_bytes,
                 self.block_size,
                 st.bandwidth[tier].0,
                 st.prefill.0,
@@ -175,12 +177,14 @@ impl TierShared {
     }
 
     /// Fetches a plan: the payloads of the leading run of blocks that arrived verified and fit
-    /// this engine (codec, token count, byte length), in chain order. Stops at the first miss,
-    /// error or rejection (the rest is recomputed); measures each tier's load bandwidth.
+    /// this engine (the tier's codec, token count, byte length), decoded into the pool's codec,
+    /// in chain order. Stops at the first miss, error or rejection (the rest is recomputed);
+    /// measures each tier's load bandwidth (stored bytes per second, decoding included).
     pub fn fetch(&self, plan: TierPlan) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         for (tier, keys) in plan.segments {
             self.lock().counters[tier].load_calls += 1;
+            let codec = &self.codecs[tier];
             let start = Instant::now();
             let got = match self.stores[tier].get_prefix(&keys) {
                 Ok(got) => got,
@@ -189,20 +193,26 @@ impl TierShared {
                     return out;
                 }
             };
-            let elapsed = start.elapsed();
             let (mut num_ok, mut bytes, mut rejected) = (0, 0, 0);
             for block in got {
                 if block.num_tokens as usize != self.block_size
-                    || block.codec_id != self.codec_id
-                    || block.payload.len() != self.block_bytes
+                    || block.codec_id != codec.id
+                    || block.payload.len() != codec.block_bytes
                 {
                     rejected += 1;
                     break;
                 }
                 bytes += block.payload.len();
-                out.push(block.payload);
+                match codec.decode(block.payload) {
+                    Ok(payload) if payload.len() == self.block_bytes => out.push(payload),
+                    _ => {
+                        rejected += 1;
+                        break;
+                    }
+                }
                 num_ok += 1;
             }
+            let elapsed = start.elapsed();
             let mut st = self.lock();
             if bytes > 0 {
                 st.bandwidth[tier].observe(bytes as f64 / elapsed.as_secs_f64().max(1e-9));

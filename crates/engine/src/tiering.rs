@@ -21,6 +21,7 @@ use tier::{TierKey, TierStore};
 use crate::demoter::Demoter;
 use crate::loader::{JobId, LoadJob, Loaded, Loader, ProbeCounts, ProbeJob};
 use crate::sequence::SeqKey;
+use crate::tier_codec::TierCodec;
 
 pub use tier::{TierKind, TierStats, LOAD_LATENCY_BUCKETS_US};
 
@@ -36,6 +37,11 @@ use crate::tier_cost::{CostState, Ewma, TierShared, MIN_PREFILL_SAMPLE_TOKENS};
 #[derive(Debug, Clone, PartialEq)]
 pub struct TierSnapshot {
     pub kind: TierKind,
+    /// Codec id the tier stores blocks in (the pool's, or its `codec:` setting).
+    pub codec: String,
+    /// Blocks loaded back may differ from those stored (the tier keeps another codec than the
+    /// pool's; the cache namespace says so).
+    pub lossy: bool,
     pub stats: TierStats,
     pub engine: TierCounters,
 }
@@ -144,21 +150,21 @@ pub(crate) struct Tiering {
 
 impl Tiering {
     /// Tiers over `stores` (in lookup order) for a pool of `num_blocks` blocks of `block_size`
-    /// tokens, `block_bytes` each in codec `codec_id`.
+    /// tokens, `block_bytes` each, `codecs[i]` saying how `stores[i]` holds them.
     pub fn new(
         stores: Vec<Arc<dyn TierStore>>,
         cfg: &TieringConfig,
         num_blocks: usize,
         block_size: usize,
         block_bytes: usize,
-        codec_id: String,
+        codecs: Vec<TierCodec>,
     ) -> Tiering {
         let policy = cfg.load_policy;
         let n = stores.len();
         let demoter = Demoter::new(
             stores.clone(),
             block_size,
-            codec_id.clone(),
+            codecs.clone(),
             cfg.max_queued_write_bytes,
         );
         let shared = Arc::new(TierShared {
@@ -166,7 +172,7 @@ impl Tiering {
             policy,
             block_size,
             block_bytes,
-            codec_id,
+            codecs,
             state: Mutex::new(CostState {
                 counters: vec![TierCounters::default(); n],
                 bandwidth: vec![Ewma::default(); n],
@@ -513,8 +519,11 @@ impl Tiering {
                 .zip(&st.counters)
                 .zip(&st.bandwidth)
                 .zip(self.demoter.counts.iter())
-                .map(|(((store, counters), bw), d)| TierSnapshot {
+                .zip(&self.shared.codecs)
+                .map(|((((store, counters), bw), d), codec)| TierSnapshot {
                     kind: store.kind(),
+                    codec: codec.id.clone(),
+                    lossy: codec.is_lossy(),
                     stats: store.stats(),
                     engine: TierCounters {
                         load_bytes_per_s: bw.0,
@@ -563,7 +572,8 @@ mod tests {
             prefetch_max_bytes,
             ..TieringConfig::default()
         };
-        Tiering::new(stores, &cfg, 8, 2, 4, "f16".into())
+        let codecs = vec![TierCodec::as_is("f16".into(), 4); stores.len()];
+        Tiering::new(stores, &cfg, 8, 2, 4, codecs)
     }
 
     fn tiering(stores: Vec<Arc<dyn TierStore>>, policy: TierLoadPolicy) -> Tiering {

@@ -251,6 +251,83 @@ fn per_channel_k_blocks_restore_from_a_tier_and_fork_exactly() {
     }
 }
 
+/// A tier storing another codec than the f16 pool (`codec:`, lossy): it holds the tier codec's
+/// bytes (named in every object, fewer bytes than f16), restores from them, and keys its blocks
+/// apart — an exact engine sharing the store never loads them and computes the exact output;
+/// and the lossy engine never serves the exact engine's blocks either.
+#[test]
+fn a_lossy_tier_stores_its_codec_and_is_never_served_as_exact() {
+    let tier_codec = model::KvDtype::parse("k=int4c-t4,v=int8-g16").unwrap();
+    let ps = prompts(4, 24, 9);
+    let want: Vec<Output> = ps.iter().map(|p| alone(p, 4)).collect();
+    let store = Arc::new(RamStore::new(RamConfig {
+        max_bytes: 64 << 20,
+        compression: Compression::None,
+    }));
+    let engine = |codec: Option<model::KvDtype>| {
+        let mut c = cfg(24, 64);
+        c.tiers.load_policy = engine::TierLoadPolicy::Always;
+        c.tiers.admission_wait = std::time::Duration::from_secs(600);
+        c.tiers.codecs = vec![codec];
+        // Every block reaches the store when computed (so the shared prefix is there too).
+        c.tiers.write_on_publish = true;
+        EngineCore::with_tier_stores(model(), c, vec![store.clone() as Arc<dyn TierStore>]).unwrap()
+    };
+    let mut lossy = engine(Some(tier_codec));
+    let tier = &lossy.snapshot().tiers.tiers[0];
+    assert_eq!(
+        (tier.codec.as_str(), tier.lossy),
+        ("k=int4c-t4,v=int8-g16", true)
+    );
+    // Round 0 computes everything (exact) and writes every block; the pool of 24 blocks cannot
+    // keep them all, so round 1 loads some back through the codec.
+    for round in 0..2 {
+        let specs = ps.iter().map(|p| greedy(p.clone(), 4)).collect();
+        let got = run(&mut lossy, specs);
+        if round == 0 {
+            for (i, w) in want.iter().enumerate() {
+                assert_eq!(&got[&(i, 0)], w, "prompt {i}");
+            }
+        }
+        lossy.wait_for_demotions();
+    }
+    let snap = lossy.snapshot();
+    let t = &snap.tiers.tiers[0];
+    assert!(t.engine.loaded_blocks > 0, "{:?}", t.engine);
+    assert_eq!(t.engine.rejected, 0);
+    // Each object: the 128-byte header, the codec id and 2 layers × 2 heads × 4 rows of
+    // K (int4c-t4 at head_dim 16: 16 parameter bytes per row + 8 code bytes) and V (int8-g16:
+    // 4 + 16) — 704 payload bytes where f16 stores 1,024.
+    let object = 128 + "k=int4c-t4,v=int8-g16".len() as u64 + 16 * (24 + 20);
+    assert!(t.stats.puts > 0);
+    assert_eq!(t.stats.bytes_written, t.stats.puts * object);
+    // An exact engine on the same store finds none of the lossy blocks: exact outputs, no loads.
+    let mut exact = engine(None);
+    assert!(!exact.snapshot().tiers.tiers[0].lossy);
+    let specs = ps.iter().map(|p| greedy(p.clone(), 4)).collect();
+    let got = run(&mut exact, specs);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&got[&(i, 0)], w, "prompt {i}");
+    }
+    // Not even found (a different namespace), rather than found and rejected by codec id.
+    let ex = exact.snapshot().tiers.tiers[0].engine.clone();
+    assert_eq!(
+        (ex.loaded_blocks, ex.load_decisions, ex.rejected),
+        (0, 0, 0)
+    );
+    // Its exact blocks are in the store now; a fresh lossy engine loads only its own kind.
+    exact.wait_for_demotions();
+    let mut lossy2 = engine(Some(tier_codec));
+    let specs = ps.iter().map(|p| greedy(p.clone(), 4)).collect();
+    run(&mut lossy2, specs);
+    let t2 = &lossy2.snapshot().tiers.tiers[0].engine;
+    assert_eq!(t2.rejected, 0, "never handed an exact (f16) object");
+    assert!(
+        t2.loaded_blocks > 0,
+        "finds the lossy blocks of the first engine"
+    );
+}
+
 #[test]
 fn a_small_pool_preempts_and_outputs_stay_identical() {
     let ps = prompts(5, 0, 2);

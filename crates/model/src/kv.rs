@@ -210,6 +210,49 @@ impl ContiguousKv {
     fn row(&self, layer: usize, kv_head: usize, pos: usize) -> usize {
         (layer * self.num_kv_heads + kv_head) * self.stride + pos
     }
+
+    /// Replaces the K/V of positions `0..num_positions` of `slot` by what a storage tier keeping
+    /// them in `through` gives back (encoded to `through`, decoded to this cache's codecs): what
+    /// a prefix restored from a lossy tier holds. A no-op when `through` is this cache's codec.
+    /// Used to measure lossy tiers (perplexity, greedy agreement); a block codec needs whole
+    /// groups.
+    pub fn round_trip(
+        &mut self,
+        slot: SeqSlot,
+        num_positions: usize,
+        through: KvDtype,
+    ) -> Result<(), KvError> {
+        let n = num_positions.min(self.capacity);
+        let (codecs, hd) = (self.codecs, self.head_dim());
+        let codec_err = |e: quant::QuantError| KvError::Codec(e.to_string());
+        if let Some(t) = codecs.k.block_tokens() {
+            if !n.is_multiple_of(t) {
+                return Err(KvError::Codec(format!(
+                    "{n} positions are not whole groups of {t} rows"
+                )));
+            }
+        }
+        for layer in 0..self.num_layers {
+            for h in 0..self.num_kv_heads {
+                let base = self.row(layer, h, 0);
+                let rows = self
+                    .slots
+                    .get_mut(slot.0 as usize)
+                    .ok_or(KvError::UnknownSlot(slot.0))?;
+                let bytes = rows.rows_bytes(base, n);
+                let stored =
+                    quant::transcode_rows(codecs, through, hd, n, &bytes).map_err(codec_err)?;
+                let back =
+                    quant::transcode_rows(through, codecs, hd, n, &stored).map_err(codec_err)?;
+                rows.load_rows_bytes(base, n, &back);
+            }
+        }
+        Ok(())
+    }
+
+    fn head_dim(&self) -> usize {
+        self.slots.first().map_or(0, KvRows::head_dim)
+    }
 }
 
 impl KvStore for ContiguousKv {

@@ -101,6 +101,10 @@ impl KvRows {
         self.codecs
     }
 
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
     pub fn num_rows(&self) -> usize {
         self.num_rows
     }

@@ -24,6 +24,12 @@ pub struct PerplexityOptions {
     /// Also evaluate each window with this KV codec and report the mean KL divergence
     /// `KL(p_reference ‖ p)` over the scored tokens (e.g. f32 KV as the reference).
     pub kl_reference: Option<KvDtype>,
+    /// Evaluate each window as a prompt whose first half was restored from a storage tier that
+    /// keeps K/V in this codec: the first half is prefilled, its K/V round-tripped through the
+    /// codec (`ContiguousKv::round_trip`), then the second half (every scored token) is computed
+    /// over it. With the cache's own codec the round trip is a no-op: the exact baseline of the
+    /// same two-step evaluation.
+    pub restored_through: Option<KvDtype>,
 }
 
 #[derive(Debug, Clone)]
@@ -109,7 +115,30 @@ pub fn perplexity(
             // llama-perplexity evaluates each window in one step, so its tiled kernel.
             arith: AttnArith::for_step(ctx),
         };
-        let logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
+        let logits = match opts.restored_through {
+            None => model.forward(pool, &batch, &mut kv, &mut scratch)?,
+            Some(through) => {
+                let prefix = ForwardBatch {
+                    tokens: &window[..first],
+                    positions: &positions[..first],
+                    slots: &slots[..first],
+                    logits_for: &[],
+                    arith: AttnArith::for_step(first),
+                };
+                model.forward(pool, &prefix, &mut kv, &mut scratch)?;
+                kv.round_trip(SeqSlot(0), first, through)
+                    .map_err(ForwardError::from)?;
+                let shifted: Vec<usize> = logits_for.iter().map(|&t| t - first).collect();
+                let rest = ForwardBatch {
+                    tokens: &window[first..],
+                    positions: &positions[first..],
+                    slots: &slots[first..],
+                    logits_for: &shifted,
+                    arith: AttnArith::for_step(ctx - first),
+                };
+                model.forward(pool, &rest, &mut kv, &mut scratch)?
+            }
+        };
         if let Some(rkv) = ref_kv.as_mut() {
             let reference = model.forward(pool, &batch, rkv, &mut scratch)?;
             for j in 0..logits_for.len() {

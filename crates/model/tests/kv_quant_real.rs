@@ -24,6 +24,7 @@ fn ppl(kv_dtype: KvDtype, chunks: usize) -> f64 {
         kv_dtype,
         max_chunks: Some(chunks),
         kl_reference: None,
+        restored_through: None,
     };
     perplexity(m, &pool, &tokens, &opts, |_, _, _| {})
         .unwrap()

@@ -187,6 +187,7 @@ fn check_perplexity(ctx: usize, chunks: usize, llama_cpp: f64) {
         kv_dtype: KvDtype::F16,
         max_chunks: Some(chunks),
         kl_reference: None,
+        restored_through: None,
     };
     let report = perplexity(m, &pool, &tokens, &opts, |_, _, _| {}).expect("perplexity");
     let rel = (report.ppl - llama_cpp).abs() / llama_cpp;

@@ -146,6 +146,7 @@ fn perplexity_matches_llama_cpp_f16_kv() {
         kv_dtype: KvDtype::F16,
         max_chunks: None,
         kl_reference: None,
+        restored_through: None,
     };
     let report = perplexity(m, &pool, &tokens, &opts, |_, _, _| {}).expect("perplexity");
     let rel = (report.ppl - LLAMA_CPP_PPL).abs() / LLAMA_CPP_PPL;

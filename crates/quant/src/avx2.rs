@@ -366,6 +366,37 @@ pub(crate) fn decode_u4(scale: f32, offset: f32, codes: &[u8], out: &mut [f32]) 
     )
 }
 
+/// [`crate::scalar::decode_u4_channels`]: 8 values at a time, each with its own scale and offset.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn decode_u4_channels(scales: &[f32], offsets: &[f32], codes: &[u8], out: &mut [f32]) {
+    assert!(
+        2 * codes.len() >= out.len() && scales.len() >= out.len() && offsets.len() >= out.len(),
+        "int4c row too short"
+    );
+    let n = out.len();
+    let (sp, op, cp, dst) = (
+        scales.as_ptr(),
+        offsets.as_ptr(),
+        codes.as_ptr(),
+        out.as_mut_ptr(),
+    );
+    let mut i = 0usize;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n <= scales.len(), offsets.len(), out.len() and 2·codes.len()
+        // (asserted above), so every load and the store are in bounds.
+        unsafe {
+            let v = ld_u4(cp, i);
+            let x = _mm256_fmadd_ps(v, _mm256_loadu_ps(sp.add(i)), _mm256_loadu_ps(op.add(i)));
+            _mm256_storeu_ps(dst.add(i), x);
+        }
+        i += 8;
+    }
+    while i < n {
+        out[i] = dequant(u4_at(codes, i), scales[i], offsets[i]);
+        i += 1;
+    }
+}
+
 crate::dispatch::int_row_drivers!(target_feature(enable = "avx2,fma,f16c"));
 
 /// [`crate::scalar::encode_codes`], four values at a time in f64: sanitise (NaN → code 0,

@@ -19,7 +19,7 @@ use crate::dispatch::pick;
 use crate::error::QuantError;
 use crate::isa::Isa;
 use crate::kind::{KvCodecKind, INT_PARAM_BYTES_PER_GROUP};
-use crate::layout::{group_params, u4_at};
+use crate::layout::group_params;
 
 fn check_group(kind: KvCodecKind, head_dim: usize, len: usize) -> Result<usize, QuantError> {
     kind.validate(head_dim)?;
@@ -97,16 +97,23 @@ pub fn decode_group(
             got: out.len(),
         });
     }
-    let (params, codes) = split_group(bytes, head_dim);
-    let row_bytes = head_dim / 2;
-    for (t, row) in out.chunks_exact_mut(head_dim).enumerate() {
-        let row_codes = &codes[t * row_bytes..(t + 1) * row_bytes];
-        for (c, x) in row.iter_mut().enumerate() {
-            let (s, o) = group_params(params, c);
-            *x = affine::dequant(u4_at(row_codes, c), s, o);
-        }
-    }
+    decode_group_with(Isa::detect(), split_group(bytes, head_dim), head_dim, out);
     Ok(())
+}
+
+/// [`decode_group`] on an explicit instruction-set path (bit-identical on every path): the
+/// per-channel parameters are widened once, then each row is one fused multiply-add per value.
+fn decode_group_with(isa: Isa, group: (&[u8], &[u8]), head_dim: usize, out: &mut [f32]) {
+    let (params, codes) = group;
+    let (scales, offsets): (Vec<f32>, Vec<f32>) =
+        (0..head_dim).map(|c| group_params(params, c)).unzip();
+    let row_bytes = head_dim / 2;
+    for (row, row_codes) in out
+        .chunks_exact_mut(head_dim)
+        .zip(codes.chunks_exact(row_bytes))
+    {
+        pick!(isa, decode_u4_channels(&scales, &offsets, row_codes, row));
+    }
 }
 
 /// A query prepared for the rows of one group: `q_c·scale_c` per channel and `Σ q_c·offset_c`.
@@ -229,7 +236,18 @@ mod tests {
         decode_group(kind, &bytes, hd, &mut back).unwrap();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
         let q: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        // Decoding: the dispatched path is bit-identical to the portable one, and both to the
+        // per-value definition `code·scale_c + offset_c`.
         let (params, codes) = split_group(&bytes, hd);
+        let mut portable_rows = vec![0f32; t * hd];
+        decode_group_with(Isa::Portable, (params, codes), hd, &mut portable_rows);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&portable_rows), bits(&back));
+        for (i, x) in back.iter().enumerate() {
+            let (s, o) = group_params(params, i % hd);
+            let code = crate::layout::u4_at(&codes[(i / hd) * hd / 2..], i % hd);
+            assert_eq!(x.to_bits(), affine::dequant(code, s, o).to_bits());
+        }
         let mut portable = ChannelQuery::new_with(Isa::Portable);
         portable.prepare(&q, params);
         let mut best = ChannelQuery::default();

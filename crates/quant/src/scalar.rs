@@ -119,6 +119,14 @@ pub(crate) fn decode_u4(scale: f32, offset: f32, codes: &[u8], out: &mut [f32]) 
     }
 }
 
+/// One `int4c` row: `out[c] = code_c·scales[c] + offsets[c]` (fused), each channel with its
+/// own parameters (hoisted out of the group header once per group).
+pub(crate) fn decode_u4_channels(scales: &[f32], offsets: &[f32], codes: &[u8], out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = dequant(u4_at(codes, i), scales[i], offsets[i]);
+    }
+}
+
 crate::dispatch::int_row_drivers!();
 
 /// Integer codes of `x` under the widened parameters `(scale, offset)`: [`affine::code`] per

@@ -232,6 +232,7 @@ async fn metrics_are_valid_prometheus_exposition() {
             stores: vec![tier::TierConfig::Ram {
                 max_size: tier::ByteSize(64 << 20),
                 compression: Default::default(),
+                codec: None,
             }],
             ..Default::default()
         },

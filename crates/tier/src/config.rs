@@ -79,6 +79,11 @@ pub enum TierConfig {
         /// `none` (default), `lz4` or `lz4_shuffle16`.
         #[serde(default)]
         compression: Compression,
+        /// KV codec the tier stores blocks in (`--kv-dtype` names: `int8`, `k=int4c,v=int4`, …);
+        /// default: the active pool's, stored as is. The engine transcodes on demotion and back on
+        /// load; a codec other than the pool's is lossy and enters the cache namespace.
+        #[serde(default)]
+        codec: Option<String>,
     },
     /// `{kind: disk, path: /var/cache/agentkv, max_size: 50GB}`
     Disk {
@@ -92,6 +97,11 @@ pub enum TierConfig {
         /// Payload compression.
         #[serde(default)]
         compression: Compression,
+        /// KV codec the tier stores blocks in (`--kv-dtype` names: `int8`, `k=int4c,v=int4`, …);
+        /// default: the active pool's, stored as is. The engine transcodes on demotion and back on
+        /// load; a codec other than the pool's is lossy and enters the cache namespace.
+        #[serde(default)]
+        codec: Option<String>,
     },
     /// `{kind: redis, url: redis://127.0.0.1:6379, ttl_secs: 3600}`. The byte budget is the
     /// server's `maxmemory` with an `allkeys-lru` policy.
@@ -120,10 +130,25 @@ pub enum TierConfig {
         /// Redis key prefix (default `akv1`).
         #[serde(default)]
         key_prefix: Option<String>,
+        /// KV codec the tier stores blocks in (`--kv-dtype` names: `int8`, `k=int4c,v=int4`, …);
+        /// default: the active pool's, stored as is. The engine transcodes on demotion and back on
+        /// load; a codec other than the pool's is lossy and enters the cache namespace.
+        #[serde(default)]
+        codec: Option<String>,
     },
 }
 
 impl TierConfig {
+    /// The KV codec this tier stores blocks in, when it is not the active pool's (opaque here:
+    /// the engine parses and applies it).
+    pub fn codec(&self) -> Option<&str> {
+        match self {
+            TierConfig::Ram { codec, .. }
+            | TierConfig::Disk { codec, .. }
+            | TierConfig::Redis { codec, .. } => codec.as_deref(),
+        }
+    }
+
     /// Build the store this entry describes (opens/scans a disk directory; Redis connects
     /// lazily).
     pub fn open(&self) -> Result<Box<dyn TierStore>, TierError> {
@@ -131,6 +156,7 @@ impl TierConfig {
             TierConfig::Ram {
                 max_size,
                 compression,
+                ..
             } => Ok(Box::new(RamStore::new(RamConfig {
                 max_bytes: max_size.0,
                 compression: *compression,
@@ -140,6 +166,7 @@ impl TierConfig {
                 max_size,
                 fsync,
                 compression,
+                ..
             } => Ok(Box::new(DiskStore::open(DiskConfig {
                 path: path.clone(),
                 max_bytes: max_size.0,
@@ -155,6 +182,7 @@ impl TierConfig {
                 io_timeout_ms,
                 secret_env,
                 key_prefix,
+                ..
             } => {
                 let mut all: Vec<String> = url.iter().cloned().collect();
                 all.extend(urls.iter().cloned());
@@ -216,7 +244,8 @@ mod tests {
             tiers[0],
             TierConfig::Ram {
                 max_size: ByteSize(4_000_000_000),
-                compression: Compression::None
+                compression: Compression::None,
+                codec: None,
             }
         );
         assert!(matches!(&tiers[1], TierConfig::Disk { fsync: true, .. }));
@@ -227,6 +256,11 @@ mod tests {
                 ..
             }
         ));
+        let coded: TierConfig =
+            serde_json::from_str(r#"{"kind":"disk","path":"/x","max_size":1,"codec":"int8"}"#)
+                .unwrap();
+        assert_eq!(coded.codec(), Some("int8"));
+        assert_eq!(tiers[2].codec(), None);
         let typo = r#"[{"kind":"ram","max_sise":"4GB"}]"#;
         assert!(serde_json::from_str::<Vec<TierConfig>>(typo).is_err());
     }

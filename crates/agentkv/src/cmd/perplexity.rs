@@ -29,6 +29,11 @@ pub struct PerplexityArgs {
     /// Also run each window with this KV codec (e.g. f32) and report the mean KL divergence.
     #[arg(long, value_parser = super::common::parse_kv_dtype)]
     pub kl_reference: Option<model::KvDtype>,
+    /// Score each window's second half over a first half restored from a storage tier that
+    /// keeps K/V in this codec (a lossy tier's cost; `--tier-codec` = `--kv-dtype` gives the
+    /// exact baseline of the same two-step evaluation).
+    #[arg(long, value_parser = super::common::parse_kv_dtype)]
+    pub tier_codec: Option<model::KvDtype>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -58,6 +63,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         kv_dtype,
         max_chunks: args.chunks,
         kl_reference: args.kl_reference,
+        restored_through: args.tier_codec,
     };
     let start = Instant::now();
     let report = perplexity(&model, &pool, &tokens, &opts, |i, n, ppl| {
@@ -74,6 +80,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
                 "kv_codecs": kv_dtype.id(), "kv_bytes_per_token": kv_dtype.bytes_per_token(
                     model.config.num_layers, model.config.num_kv_heads, model.config.head_dim),
                 "mean_kl": report.mean_kl,
+                "tier_codec": args.tier_codec.map(|c| c.id()),
             })
         );
     } else {

@@ -212,8 +212,17 @@ impl Summary {
     }
 }
 
-/// `ram(4000000000)`, `disk(/var/cache/agentkv)`, `redis(redis://…)`.
+/// `ram(4000000000)`, `disk(/var/cache/agentkv)`, `redis(redis://…)`, with `, codec int8 (lossy)`
+/// when the tier stores another codec than the pool's.
 fn tier_name(t: &tier::TierConfig) -> String {
+    let name = tier_place(t);
+    match t.codec() {
+        Some(codec) => format!("{name} codec {codec}"),
+        None => name,
+    }
+}
+
+fn tier_place(t: &tier::TierConfig) -> String {
     use tier::TierConfig;
     match t {
         TierConfig::Ram { max_size, .. } => format!("ram({} bytes)", max_size.0),
