@@ -1,10 +1,14 @@
 //! The K/V tensor memory of the paged cache and its [`KvStore`] view for one step.
 //!
-//! Owns the bytes: `num_blocks` blocks, each `[num_layers, num_kv_heads, block_size, head_dim]`
-//! (rows of f32, f16 or `quant`-encoded bytes) so one block is contiguous (a unit for
-//! copy-on-write and for tiers) and one head's rows inside a block are contiguous (one attention
-//! chunk). Which block belongs to whom is the
-//! `cache` crate's business; this module only reads and writes the blocks a table names.
+//! Owns the bytes: rows of f32, f16 or `quant`-encoded bytes ordered
+//! `[num_layers, num_kv_heads, num_blocks, block_size]`, so one (layer, head) of one block is a
+//! contiguous run of `block_size` rows (one attention chunk) and the runs of blocks with
+//! consecutive ids lie next to each other: a sequence's blocks, handed out in id order by a fresh
+//! pool, stream through memory like a contiguous cache when attention walks them (the hardware
+//! prefetcher follows them). A block is therefore `num_layers · num_kv_heads` runs spread over the
+//! pool; copy-on-write and the tier (de)serialisation gather and scatter them. Which block
+//! belongs to whom is the `cache` crate's business; this module only reads and writes the blocks
+//! a table names.
 
 use cache::BlockId;
 use model::kv::{KvChunk, KvDtype, KvError, KvRows, KvStore, SeqSlot};
@@ -26,7 +30,7 @@ impl KvGeometry {
     }
 }
 
-/// All K/V memory of the pool: rows ordered `[block, layer, kv_head, row in block]`.
+/// All K/V memory of the pool: rows ordered `[layer, kv_head, block, row in block]`.
 pub struct PagedKvMemory {
     geo: KvGeometry,
     rows: KvRows,
@@ -84,7 +88,16 @@ impl PagedKvMemory {
     /// Index of the row of (block, layer, kv_head, row within the block).
     fn row(&self, block: BlockId, layer: usize, kv_head: usize, row: usize) -> usize {
         let g = &self.geo;
-        ((block.index() * g.num_layers + layer) * g.num_kv_heads + kv_head) * g.block_size + row
+        ((layer * g.num_kv_heads + kv_head) * g.num_blocks + block.index()) * g.block_size + row
+    }
+
+    /// First rows of a block's runs, in the order `(layer, kv_head)` — the order of its rows in
+    /// serialised block bytes.
+    fn block_runs(&self, block: BlockId) -> impl Iterator<Item = usize> + '_ {
+        let g = self.geo;
+        (0..g.num_layers)
+            .flat_map(move |layer| (0..g.num_kv_heads).map(move |h| (layer, h)))
+            .map(move |(layer, h)| self.row(block, layer, h, 0))
     }
 
     /// Copies the first `num_rows` token rows of `src` into `dst` (copy-on-write of a partial block).
@@ -166,7 +179,8 @@ impl KvStore for StepKv<'_> {
     }
 
     /// Blocks from the one holding `from`; while a block is read, the next block's rows are
-    /// prefetched (blocks are scattered in memory, so the hardware prefetcher cannot follow).
+    /// prefetched when that block is not the next in memory (the hardware prefetcher cannot
+    /// follow a jump).
     fn for_each_chunk_from(
         &self,
         layer: usize,
@@ -186,7 +200,10 @@ impl KvStore for StepKv<'_> {
             }
             let n = (num_positions - pos).min(bs);
             if let Some(&next) = table.get(i + 1) {
-                if pos + bs < num_positions {
+                // Runs of consecutive block ids are adjacent in memory and the hardware
+                // prefetcher follows them (software prefetches then only cost: measured);
+                // a jump to another block is prefetched.
+                if pos + bs < num_positions && next.index() != block.index() + 1 {
                     let next_n = (num_positions - pos - bs).min(bs);
                     self.mem
                         .rows
@@ -358,10 +375,19 @@ impl PagedKvMemory {
         self.rows_per_block() * self.rows.row_pair_bytes()
     }
 
-    /// One block's K then V (every layer, head and row).
+    /// One block's K then V (every layer, head and row, in that order), gathered from its runs.
     pub fn block_bytes(&self, block: BlockId) -> Vec<u8> {
-        let n = self.rows_per_block();
-        self.rows.rows_bytes(block.index() * n, n)
+        let bs = self.geo.block_size;
+        let k_run = bs * self.rows.codecs().k.bytes_per_row(self.geo.head_dim);
+        let mut k = Vec::with_capacity(self.block_num_bytes());
+        let mut v = Vec::new();
+        for first in self.block_runs(block) {
+            let run = self.rows.rows_bytes(first, bs);
+            k.extend_from_slice(&run[..k_run]);
+            v.extend_from_slice(&run[k_run..]);
+        }
+        k.extend_from_slice(&v);
+        k
     }
 
     /// Overwrites one block with bytes from [`PagedKvMemory::block_bytes`] of the same geometry
@@ -384,8 +410,18 @@ impl PagedKvMemory {
                 expected,
             });
         }
-        let n = self.rows_per_block();
-        self.rows.load_rows_bytes(block.index() * n, n, bytes);
+        let bs = self.geo.block_size;
+        let k_run = bs * self.rows.codecs().k.bytes_per_row(self.geo.head_dim);
+        let v_run = bs * self.rows.codecs().v.bytes_per_row(self.geo.head_dim);
+        let (k, v) = bytes.split_at(k_run * self.geo.num_layers * self.geo.num_kv_heads);
+        let firsts: Vec<usize> = self.block_runs(block).collect();
+        let mut run = Vec::with_capacity(k_run + v_run);
+        for (i, first) in firsts.into_iter().enumerate() {
+            run.clear();
+            run.extend_from_slice(&k[i * k_run..(i + 1) * k_run]);
+            run.extend_from_slice(&v[i * v_run..(i + 1) * v_run]);
+            self.rows.load_rows_bytes(first, bs, &run);
+        }
         Ok(())
     }
 }
@@ -437,5 +473,56 @@ mod block_bytes_tests {
                 "nothing written on error"
             );
         }
+    }
+
+    /// The serialised format is fixed (tiers keep bytes across restarts): K rows then V rows,
+    /// each in `(layer, kv_head, row)` order, whatever the pool's memory layout; and the block
+    /// between two others holds its own rows only.
+    #[test]
+    fn block_bytes_are_k_then_v_in_layer_head_row_order() {
+        let geo = KvGeometry {
+            num_blocks: 3,
+            block_size: 2,
+            num_layers: 2,
+            num_kv_heads: 2,
+            head_dim: 2,
+        };
+        let mut mem = PagedKvMemory::new(geo, KvDtype::F32).unwrap();
+        let table: Vec<BlockId> = (0..3).map(BlockId).collect();
+        {
+            let tables = [table.as_slice()];
+            let mut kv = mem.view(&tables);
+            for layer in 0..2 {
+                for pos in 0..6 {
+                    // K element e of head h: 1000·layer + 100·pos + 10·h + e; V its negation.
+                    let k: Vec<f32> = (0..4)
+                        .map(|i| (1000 * layer + 100 * pos + 10 * (i / 2) + i % 2) as f32)
+                        .collect();
+                    let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                    kv.write(layer, SeqSlot(0), pos, &k, &v).unwrap();
+                }
+            }
+        }
+        let floats: Vec<f32> = mem
+            .block_bytes(BlockId(1))
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let mut want_k = Vec::new();
+        for layer in 0..2 {
+            for h in 0..2 {
+                for pos in 2..4 {
+                    for e in 0..2 {
+                        want_k.push((1000 * layer + 100 * pos + 10 * h + e) as f32);
+                    }
+                }
+            }
+        }
+        let want: Vec<f32> = want_k
+            .iter()
+            .copied()
+            .chain(want_k.iter().map(|x| -x))
+            .collect();
+        assert_eq!(floats, want);
     }
 }

@@ -9,6 +9,7 @@ Exits non-zero with a message on the first failed check.
 import json
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import openai
@@ -336,6 +337,40 @@ cached = c2.usage.prompt_tokens_details.cached_tokens
 check(cached is not None and cached >= 16, f"the marked system prefix is reused ({cached})")
 sess = json.loads(get("/v1/sessions/sdk-agent", "ka"))
 check(sess["object"] == "session" and sess["retained_tokens"] > 0, f"GET /v1/sessions: {sess}")
+tiers = sess["blocks_by_tier"]
+check(tiers["active"] == sess["retained_blocks"] and tiers["active"] > 0
+      and all(tiers[k] == 0 for k in ("ram", "disk", "redis", "none")) and 0 < sess["ttl_left_s"] <= 3600,
+      f"the session's blocks by tier, all active, and its TTL left: {sess}")
+# A request priority (vLLM's convention) and the x-session-id header, both through the SDK.
+r = alpha.chat.completions.create(
+    model="m", max_tokens=2, temperature=0,
+    messages=[{"role": "system", "content": [{"type": "text", "text": sys_text,
+               "cache_control": {"type": "ephemeral", "ttl": "5m"}}]},
+              {"role": "user", "content": "Third step?"}],
+    extra_headers={"x-session-id": "sdk-header"}, extra_body={"priority": 5})
+check(r.usage.prompt_tokens_details.cached_tokens >= 16, "priority + x-session-id call reuses the prefix")
+hs = json.loads(get("/v1/sessions/sdk-header", "ka"))
+check(hs["priority"] == 5 and 0 < hs["ttl_left_s"] <= 300, f"the header names the session, with its priority: {hs}")
+try:
+    alpha.chat.completions.create(model="m", max_tokens=1, messages=plain, extra_body={"priority": 1000})
+    check(False, "out-of-range priority refused")
+except openai.BadRequestError as e:
+    check(e.param == "priority", f"out-of-range priority is a 400 naming priority ({e.param})")
+try:
+    get("/v1/sessions/sdk-header", "kb")
+    check(False, "another tenant cannot see the session")
+except urllib.error.HTTPError as e:
+    check(e.code == 404, f"another tenant's GET of the session is a 404 ({e.code})")
+req = urllib.request.Request(BASE + "/v1/sessions/sdk-header", method="DELETE")
+req.add_header("Authorization", "Bearer ka")
+with urllib.request.urlopen(req, timeout=30) as resp:
+    gone = json.loads(resp.read().decode())
+check(gone["deleted"] and gone["released_tokens"] > 0, f"DELETE releases the session: {gone}")
+try:
+    get("/v1/sessions/sdk-header", "ka")
+    check(False, "a released session retains nothing")
+except urllib.error.HTTPError as e:
+    check(e.code == 404, f"GET after DELETE is a 404 ({e.code})")
 try:
     alpha.chat.completions.create(model="m", max_tokens=1, messages=plain,
                                   extra_body={"cache_control": {"type": "ephemeral", "ttl": "2d"}})
