@@ -12,8 +12,9 @@ use crate::attention::{attend_window_with, AttnScratch};
 use crate::attention_plan::{self, AttnShape, AttnTask};
 use crate::attention_tiled::{run_tile_task, TileInputs, TileOutputs, TileScratch};
 use crate::config::{FfnAct, ModelConfig};
-use crate::kernels::{matmul, matmul_many, KernelError, ThreadPool};
-use crate::kv::{KvDtype, KvError, KvStore, SeqSlot};
+use crate::ggml_tiled::{self, TiledScratch};
+use crate::kernels::{cpu_features, matmul, matmul_many, KernelError, ThreadPool};
+use crate::kv::{KvChunk, KvDtype, KvError, KvStore, SeqSlot};
 use crate::ops::{geglu, rms_norm, softcap, swiglu, Rope};
 use crate::par::DisjointRows;
 use crate::weights::{Weights, WeightsError};
@@ -65,6 +66,10 @@ thread_local! {
     /// Per-thread attention buffers (the pool's workers are persistent, so these are reused).
     static ATTN_SCRATCH: std::cell::RefCell<AttnScratch> = std::cell::RefCell::new(AttnScratch::default());
     static TILE_SCRATCH: std::cell::RefCell<TileScratch> = std::cell::RefCell::new(TileScratch::default());
+    /// Per-thread buffers of llama.cpp's tiled prefill arithmetic: the kernel's, and one row
+    /// range of K and of V.
+    static GGML_TILED_SCRATCH: std::cell::RefCell<(TiledScratch, Vec<half::f16>, Vec<half::f16>)> =
+        std::cell::RefCell::new(Default::default());
 }
 
 fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -132,11 +137,14 @@ pub fn forward(
         cfg.attn_scale
     };
     let group = cfg.num_heads / cfg.num_kv_heads;
+    // A step in llama.cpp's tiled prefill arithmetic over f16 K/V is reproduced row by row
+    // (`ggml_tiled`), so every (token, head) is one exact-regime task.
+    let ggml_prefill = batch.arith == AttnArith::Prefill && kv.codecs() == KvDtype::F16;
     let shape = AttnShape {
         num_heads: cfg.num_heads,
         num_kv_heads: cfg.num_kv_heads,
         head_dim,
-        kv_is_f16: kv.codecs() == KvDtype::F16,
+        kv_is_f16: kv.codecs() == KvDtype::F16 && !ggml_prefill,
         arith: batch.arith,
     };
     let plan = attention_plan::plan(&shape, batch.slots, batch.positions);
@@ -231,6 +239,24 @@ pub fn forward(
                     let qh = &q_ro[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
                     let end = batch.positions[t] as usize + 1;
                     let first = window.map_or(0, |size| end.saturating_sub(size));
+                    if ggml_prefill {
+                        GGML_TILED_SCRATCH.with_borrow_mut(|(scratch, ks, vs)| {
+                            let (slot, kv_head) = (batch.slots[t], head / group);
+                            gather_f16(kv_ro, l, slot, kv_head, first, end, head_dim, ks, vs);
+                            ggml_tiled::attend_row(
+                                cpu_features(),
+                                qh,
+                                ks,
+                                vs,
+                                first,
+                                end,
+                                attn_scale,
+                                scratch,
+                                out,
+                            )
+                        });
+                        return;
+                    }
                     ATTN_SCRATCH.with_borrow_mut(|scratch| {
                         attend_window_with(
                             batch.arith,
@@ -303,6 +329,42 @@ pub fn forward(
         softcap(&mut logits, cap);
     }
     Ok(logits)
+}
+
+/// The f16 K and V rows of positions `first..end` of one KV head, copied into `k` and `v`.
+#[allow(clippy::too_many_arguments)]
+fn gather_f16(
+    kv: &dyn KvStore,
+    layer: usize,
+    slot: SeqSlot,
+    kv_head: usize,
+    first: usize,
+    end: usize,
+    head_dim: usize,
+    k: &mut Vec<half::f16>,
+    v: &mut Vec<half::f16>,
+) {
+    k.clear();
+    v.clear();
+    kv.for_each_chunk_from(
+        layer,
+        slot,
+        kv_head,
+        first,
+        end,
+        &mut |start, chunk| match chunk.skip_positions(first.saturating_sub(start), head_dim) {
+            KvChunk::F16 { k: ck, v: cv } => {
+                k.extend_from_slice(ck);
+                v.extend_from_slice(cv);
+            }
+            _ => unreachable!("an f16 store yields f16 chunks"),
+        },
+    );
+    debug_assert_eq!(
+        k.len(),
+        (end - first) * head_dim,
+        "wrong number of positions"
+    );
 }
 
 /// RMSNorm of each `weight.len()`-wide head of `x`, in place (QK-norm).

@@ -14,6 +14,7 @@ pub mod config;
 pub mod forward;
 pub mod frontend;
 pub mod generate;
+pub mod ggml_tiled;
 pub mod gguf;
 pub mod hugepages;
 pub mod kernels;

@@ -59,8 +59,11 @@ fn heldout_prompts_match_llama_cpp() {
         let mut err = 0.0f64;
         let mut k = 0;
         for (j, (t, want)) in out.iter().zip(&r.top_logprobs).enumerate() {
-            err += f64::from((t.logprob - want.logprob).abs());
-            k += 1;
+            // Positions llama-server did not report (see the generator) are compared by id only.
+            if let Some(lp) = want.logprob {
+                err += f64::from((t.logprob - lp).abs());
+                k += 1;
+            }
             if t.id != r.greedy_ids[j] {
                 break;
             }
@@ -88,8 +91,8 @@ fn heldout_prompts_match_llama_cpp() {
     );
 }
 
-/// Bounds at what is reached today (2026-12-01: 50/52 stable prefixes, mean |Δ logprob| 0.0416
-/// over 1024 positions, against llama.cpp 0.3.36's AVX-512 build); the goals (98%, 0.005) are
-/// not met yet.
-const MIN_SHARE: f64 = 0.96;
-const MEAN_BOUND: f64 = 0.05;
+/// The goals: stable greedy prefixes equal on at least 98% of the prompts and a mean
+/// |Δ logprob| of at most 0.005 (reached 2026-12-02 against llama.cpp's AVX2 build; see
+/// docs/benchmarks.md "Held-out fidelity").
+const MIN_SHARE: f64 = 0.98;
+const MEAN_BOUND: f64 = 0.005;

@@ -35,7 +35,9 @@ pub struct Reference {
 #[derive(serde::Deserialize, Debug, Clone)]
 pub struct RefPosition {
     pub id: u32,
-    pub logprob: f32,
+    /// `None` where llama-server reported no probabilities (a token that leaves the text ending
+    /// in an incomplete UTF-8 character; held-out set only).
+    pub logprob: Option<f32>,
     pub top: Vec<RefCandidate>,
 }
 

@@ -5,8 +5,14 @@ text and code. Raw prompts: chat turns are written out in ChatML here, so the pr
 exactly what both implementations tokenise.
 
 Run by hand against a llama-server built from the `llama-cpp-python` source package (f16 KV,
-flash attention auto = on for the CPU, one slot so every prompt is prefilled alone):
-    llama-server -m models/SmolLM2-135M-Instruct.Q4_1.gguf -c 4096 -t 2 -np 1 --port 8092 &
+flash attention auto = on for the CPU, one slot so every prompt is prefilled alone), with the
+CPU backend built for AVX2 (no AVX-512) like the one that wrote the shared references
+(greedy.jsonl): the AVX-512 build sums attention in another order, which alone moves logprobs by
+0.04 on average (docs/benchmarks.md, "Held-out fidelity"). On an AVX-512 machine:
+    cmake -S . -B build-avx2 -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+        -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF && cmake --build build-avx2 --target ggml-cpu
+    LD_LIBRARY_PATH=build-avx2/bin:build/bin build/bin/llama-server \
+        -m models/SmolLM2-135M-Instruct.Q4_1.gguf -c 4096 -t 2 -np 1 --port 8092 &
     python3 gen_heldout_reference.py http://127.0.0.1:8092 > heldout_greedy.jsonl
 Fields as in greedy.jsonl: id, prompt (= prompt_text), prompt_ids (special tokens parsed, no BOS
 added: SmolLM2 does not ask for one), greedy_ids, greedy_text, top_logprobs (chosen id + logprob
@@ -137,12 +143,25 @@ def main():
         out = post(base, "/completion", {
             "prompt": ids, "n_predict": N_PREDICT, "temperature": 0, "top_k": 1,
             "samplers": ["top_k"], "n_probs": 5, "cache_prompt": False, "ignore_eos": False,
+            "return_tokens": True,
         })
+        # llama-server reports no probabilities for a token that leaves the text ending in an
+        # incomplete UTF-8 character (e.g. the first byte token of a CJK or Cyrillic character);
+        # `tokens` has every generated id. Such positions get "logprob": null and no candidates.
+        greedy = out["tokens"]
         probs = out["completion_probabilities"]
-        greedy = [p["id"] for p in probs]
-        top = [{"id": p["id"], "logprob": round(p["logprob"], 5),
-                "top": [{"id": c["id"], "logprob": round(c["logprob"], 5)} for c in p["top_logprobs"]]}
-               for p in probs]
+        top, j = [], 0
+        for tok in greedy:
+            if j < len(probs) and probs[j]["id"] == tok:
+                p = probs[j]
+                j += 1
+                top.append({"id": tok, "logprob": round(p["logprob"], 5),
+                            "top": [{"id": c["id"], "logprob": round(c["logprob"], 5)}
+                                    for c in p["top_logprobs"]]})
+            else:
+                top.append({"id": tok, "logprob": None, "top": []})
+        assert j == len(probs), f"{pid}: probabilities do not align with the tokens"
+        # Unreported positions do not end the stable prefix (their token is known, their gap is not).
         stable = 0
         for p in top:
             if len(p["top"]) > 1 and p["top"][0]["logprob"] - p["top"][1]["logprob"] < 0.1:

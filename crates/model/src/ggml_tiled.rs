@@ -1,0 +1,359 @@
+//! llama.cpp's tiled CPU flash attention (`ggml_compute_forward_flash_attn_ext_tiled` in
+//! `ggml-cpu/ops.cpp`, which it runs for every row of a step of at least 64 query tokens: prompt
+//! prefill, `llama-perplexity`) for one query row over f16 K/V, operation for operation as its
+//! x86 AVX2 build performs it — the build whose outputs our references come from (the AVX-512
+//! build sums some of these in another order, see docs/benchmarks.md "Fidelity").
+//!
+//! The arithmetic for a row with f32 query `q` attending positions `first..end`: K/V positions
+//! are visited in tiles of [`KV_TILE`] aligned to position 0 (one sequence's cache cells); tiles
+//! without an attended position are skipped. Per tile:
+//! 1. `s[t] = Σ_dk fma(k[t][dk], q[dk], ·)` — one fused multiply-add chain in `dk` order from 0
+//!    (its `simd_gemm`, lanes = positions), then `s[t] *= scale`; unattended slots are `-inf`;
+//! 2. `M' = max(M, max_t s[t])`; when `M' > M`: `ms = expf(M − M')` (libm), `acc *= ms`,
+//!    `S *= ms`;
+//! 3. `p[t] = ggml_v_expf(s[t] − M')` (its AVX2 polynomial, reproduced lane for lane by
+//!    [`ggml_expf`]); `S = f32(f64(S) + Σ_g f64(hsum8(p[8g..8g+8])))` with its 8-lane horizontal
+//!    sum `((p0+p4)+(p2+p6)) + ((p1+p5)+(p3+p7))`;
+//! 4. `acc[e] = fma(v[t][e], p[t], acc[e])` for `t` in order (unattended slots add `0·v`, a no-op).
+//!
+//! At the end `out = acc · (1/S)`. A row's result depends only on its query, its K/V and its
+//! position range, never on the other rows of the step. It never reads a KV store and never
+//! parallelises; `attend_row` runs an AVX2+FMA-compiled copy of the same code when the CPU has it
+//! (bit-identical: `mul_add` is always fused), the portable copy otherwise.
+
+use half::f16;
+
+use crate::kernels::CpuFeatures;
+
+/// Positions per K/V tile (`GGML_FA_TILE_KV`).
+pub const KV_TILE: usize = 64;
+
+/// Reusable buffers of one worker.
+#[derive(Debug, Default)]
+pub struct TiledScratch {
+    /// K of one tile, transposed and widened: `[head_dim, KV_TILE]`.
+    kt: Vec<f32>,
+    /// Scores, then softmax weights, of one tile: `[KV_TILE]`.
+    s: Vec<f32>,
+    /// The f32 accumulator: `[head_dim]`.
+    acc: Vec<f32>,
+}
+
+/// `out = softmax(q·Kᵀ·scale)·V` over positions `first..end` in llama.cpp's tiled arithmetic.
+/// `k`, `v`: f16 rows of positions `first..end` (`[end − first, head_dim]`); `q`, `out`:
+/// `[head_dim]`. Panics on inconsistent shapes (a caller bug).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_row(
+    features: CpuFeatures,
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    first: usize,
+    end: usize,
+    scale: f32,
+    scratch: &mut TiledScratch,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    assert!(first < end, "a query attends at least itself");
+    assert!(k.len() == (end - first) * hd && v.len() == k.len() && out.len() == hd);
+    scratch.kt.resize(hd * KV_TILE, 0.0);
+    scratch.s.resize(KV_TILE, 0.0);
+    scratch.acc.resize(hd, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx2 {
+        // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
+        unsafe { attend_row_fma(q, k, v, first, end, scale, scratch, out) };
+        return;
+    }
+    let _ = features;
+    attend_row_body(q, k, v, first, end, scale, scratch, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn attend_row_fma(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    first: usize,
+    end: usize,
+    scale: f32,
+    scratch: &mut TiledScratch,
+    out: &mut [f32],
+) {
+    attend_row_body(q, k, v, first, end, scale, scratch, out)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_row_body(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    first: usize,
+    end: usize,
+    scale: f32,
+    scratch: &mut TiledScratch,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let TiledScratch { kt, s, acc } = scratch;
+    let (kt, s, acc) = (&mut kt[..hd * KV_TILE], &mut s[..KV_TILE], &mut acc[..hd]);
+    acc.fill(0.0);
+    let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+    let mut tile = first / KV_TILE * KV_TILE;
+    while tile < end {
+        let lo = first.max(tile);
+        let hi = end.min(tile + KV_TILE);
+        // 1. Scores: K transposed so each position is one lane of the fma chain over dk.
+        for p in lo..hi {
+            let row = &k[(p - first) * hd..(p - first + 1) * hd];
+            for (dk, &x) in row.iter().enumerate() {
+                kt[dk * KV_TILE + (p - tile)] = x.to_f32();
+            }
+        }
+        s.fill(f32::NEG_INFINITY);
+        let (a, b) = (lo - tile, hi - tile);
+        for x in &mut s[a..b] {
+            *x = 0.0;
+        }
+        for (dk, &qd) in q.iter().enumerate() {
+            let col = &kt[dk * KV_TILE + a..dk * KV_TILE + b];
+            for (x, &kv) in s[a..b].iter_mut().zip(col) {
+                *x = kv.mul_add(qd, *x);
+            }
+        }
+        for x in &mut s[a..b] {
+            *x *= scale;
+        }
+        // 2. Running maximum.
+        let tile_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m_new = m.max(tile_max);
+        if m_new > m {
+            let ms = (m - m_new).exp();
+            for x in acc.iter_mut() {
+                *x *= ms;
+            }
+            sum *= ms;
+        }
+        m = m_new;
+        // 3. Weights and their sum (ggml_vec_soft_max_f32).
+        let mut tile_sum = 0.0f64;
+        for g in s.chunks_exact_mut(8) {
+            for x in g.iter_mut() {
+                *x = ggml_expf(*x - m_new);
+            }
+            tile_sum +=
+                f64::from(((g[0] + g[4]) + (g[2] + g[6])) + ((g[1] + g[5]) + (g[3] + g[7])));
+        }
+        sum = (f64::from(sum) + tile_sum) as f32;
+        // 4. Weighted values.
+        for p in lo..hi {
+            let w = s[p - tile];
+            let row = &v[(p - first) * hd..(p - first + 1) * hd];
+            for (o, &x) in acc.iter_mut().zip(row) {
+                *o = x.to_f32().mul_add(w, *o);
+            }
+        }
+        tile += KV_TILE;
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    for (o, &x) in out.iter_mut().zip(acc.iter()) {
+        *o = x * inv;
+    }
+}
+
+/// One lane of ggml's AVX2 `ggml_v_expf` (`ggml-cpu/vec.h`): the same IEEE operations in the
+/// same order (fused multiply-adds as `mul_add`, the bit manipulations of the exponent as
+/// integer operations), so the result is bit-identical. `ggml_expf(-inf) == 0`.
+#[inline(always)]
+pub fn ggml_expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0
+    let n = z - r;
+    // fnmadd(a, b, c) = c − a·b, fused.
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),                  // 0x1.7f7d1cp-20
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1
+    );
+    let e = z.to_bits().wrapping_shl(23);
+    let kk = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
+    let c = n.abs() > 126.0;
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010) // 0x1.0e4020p-7
+        .mul_add(b, f32::from_bits(0x3d2b_9f17)) // 0x1.573e2ep-5
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)), // 0x1.555e66p-3, 0x1.fffdb6p-2
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b); // 0x1.ffffecp-1
+    if !c {
+        return j.mul_add(kk, kk);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// `0x1.xxxxp±e` hex-float literals as C writes them.
+    fn hexf(lit: &str) -> f32 {
+        let (m, e) = lit.trim_start_matches("0x").split_once('p').unwrap();
+        let (int, frac) = m.split_once('.').unwrap();
+        let mut v = u64::from_str_radix(int, 16).unwrap() as f64;
+        for (i, c) in frac.chars().enumerate() {
+            v += c.to_digit(16).unwrap() as f64 / 16f64.powi(i as i32 + 1);
+        }
+        (v * 2f64.powi(e.parse().unwrap())) as f32
+    }
+
+    #[test]
+    fn expf_constants_are_ggmls_hex_floats() {
+        for (bits, lit) in [
+            (0x4b40_0000u32, "0x1.8p23"),
+            (0x3fb8_aa3b, "0x1.715476p+0"),
+            (0x35bf_be8e, "0x1.7f7d1cp-20"),
+            (0x3f31_7200, "0x1.62e4p-1"),
+            (0x3c07_2010, "0x1.0e4020p-7"),
+            (0x3d2b_9f17, "0x1.573e2ep-5"),
+            (0x3e2a_af33, "0x1.555e66p-3"),
+            (0x3eff_fedb, "0x1.fffdb6p-2"),
+            (0x3f7f_fff6, "0x1.ffffecp-1"),
+        ] {
+            assert_eq!(f32::from_bits(bits), hexf(lit), "{lit}");
+        }
+    }
+
+    #[test]
+    fn expf_is_close_to_exp_and_zero_at_minus_infinity() {
+        assert_eq!(ggml_expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(ggml_expf(0.0), 1.0);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        for _ in 0..10_000 {
+            let x: f32 = rng.gen_range(-80.0..0.0);
+            let want = (x as f64).exp();
+            let got = ggml_expf(x) as f64;
+            assert!((got - want).abs() <= 4e-7 * want, "{x}: {got} vs {want}");
+        }
+        // The far range (|n| > 126) takes the rescaled branch; far below it underflows to 0.
+        assert_eq!(ggml_expf(-200.0), 0.0);
+        let x = -90.0f32;
+        assert!((ggml_expf(x) as f64 / (x as f64).exp() - 1.0).abs() < 1e-5);
+    }
+
+    fn naive(q: &[f32], k: &[f16], v: &[f16], scale: f32) -> Vec<f64> {
+        let hd = q.len();
+        let n = k.len() / hd;
+        let s: Vec<f64> = (0..n)
+            .map(|p| {
+                (0..hd)
+                    .map(|d| q[d] as f64 * k[p * hd + d].to_f64())
+                    .sum::<f64>()
+                    * scale as f64
+            })
+            .collect();
+        let m = s.iter().copied().fold(f64::MIN, f64::max);
+        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+        (0..hd)
+            .map(|d| {
+                (0..n)
+                    .map(|p| (s[p] - m).exp() / z * v[p * hd + d].to_f64())
+                    .sum()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn paths_are_bit_identical_and_close_to_the_exact_result() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        let mut scratch = TiledScratch::default();
+        for &(hd, first, end) in &[
+            (64usize, 0usize, 1usize),
+            (64, 0, 64),
+            (64, 0, 65),
+            (256, 100, 612),
+            (64, 63, 200),
+            (32, 5, 7),
+        ] {
+            let q: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let n = end - first;
+            let k: Vec<f16> = (0..n * hd)
+                .map(|_| f16::from_f32(rng.gen_range(-2.0f32..2.0)))
+                .collect();
+            let v: Vec<f16> = (0..n * hd)
+                .map(|_| f16::from_f32(rng.gen_range(-2.0f32..2.0)))
+                .collect();
+            let scale = 0.3;
+            let mut a = vec![0f32; hd];
+            let mut b = vec![0f32; hd];
+            attend_row(
+                CpuFeatures::PORTABLE,
+                &q,
+                &k,
+                &v,
+                first,
+                end,
+                scale,
+                &mut scratch,
+                &mut a,
+            );
+            attend_row(
+                CpuFeatures::detect(),
+                &q,
+                &k,
+                &v,
+                first,
+                end,
+                scale,
+                &mut scratch,
+                &mut b,
+            );
+            assert_eq!(
+                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "hd {hd}, {first}..{end}"
+            );
+            let want = naive(&q, &k, &v, scale);
+            for (x, w) in a.iter().zip(&want) {
+                assert!((*x as f64 - w).abs() < 1e-5, "{x} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_straddling_a_tile_boundary_is_a_weighted_average() {
+        // Positions 60..70 straddle the tile boundary at 64 (two tiles, two rescalings).
+        let hd = 8;
+        let q = vec![0.5f32; hd];
+        let k: Vec<f16> = (0..10 * hd)
+            .map(|i| f16::from_f32((i % 7) as f32 * 0.1))
+            .collect();
+        let v: Vec<f16> = (0..10 * hd).map(|_| f16::from_f32(1.0)).collect();
+        let mut out = vec![0f32; hd];
+        attend_row(
+            CpuFeatures::detect(),
+            &q,
+            &k,
+            &v,
+            60,
+            70,
+            1.0,
+            &mut TiledScratch::default(),
+            &mut out,
+        );
+        for x in out {
+            assert!((x - 1.0).abs() < 1e-6);
+        }
+    }
+}
