@@ -4,7 +4,8 @@
 //! prefill chunks of running requests, then admissions in priority order (vLLM's convention:
 //! lower first; FIFO among equals) with cache-aware grouping (a request whose prompt shares a
 //! block with a prompt being prefilled waits for it); preemption by recompute of the least
-//! important running request (the newest among equals) when a decode finds no block; chunks capped by
+//! important running request (the newest among equals) when a decode finds no block, or when a
+//! strictly more important request waits for a slot or blocks; chunks capped by
 //! the token budget and the step-time target. It turns the cache's bookkeeping into a
 //! [`StepPlan`], extending block tables, looking up prefixes and taking finished tier lookups
 //! as it goes. It never touches the model or K/V bytes and never starts tier I/O: tier payloads
@@ -58,6 +59,9 @@ pub(crate) struct Scheduler {
     running: Vec<SeqKey>,
     /// Priority of every waiting and running request (lower is more important).
     priority: HashMap<SeqKey, i32>,
+    /// The head of the queue when the last step's admissions stopped for want of a slot or of
+    /// blocks (not of token budget): it may preempt a less important running request.
+    blocked_head: Option<SeqKey>,
     /// Online model of step time, for the prefill cap of steps that carry decodes.
     cost: StepCostModel,
 }
@@ -69,6 +73,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             priority: HashMap::new(),
+            blocked_head: None,
             cost: StepCostModel::default(),
         }
     }
@@ -132,6 +137,25 @@ impl Scheduler {
             .map(|(_, r)| *r)
     }
 
+    /// vLLM's priority policy: when the last step could not admit the head of the queue (no
+    /// slot or no blocks), the least important running request is preempted (recomputed later)
+    /// if it is strictly less important than that head, which is then admitted as soon as what
+    /// it freed suffices (one victim per step). Equal priorities never preempt each other, so
+    /// with every request at the default priority nothing changes.
+    fn preempt_for_priority(&mut self, cx: &mut SchedContext<'_>, plan: &mut StepPlan) {
+        let Some(head) = self.blocked_head.take() else {
+            return;
+        };
+        if self.waiting.front() != Some(&head) {
+            return;
+        }
+        if let Some(v) = self.victim(|_| false) {
+            if self.priority_of(v) > self.priority_of(head) {
+                self.preempt(cx, v, plan);
+            }
+        }
+    }
+
     /// Forgets a finished or cancelled request.
     pub fn remove(&mut self, id: SeqKey) {
         self.running.retain(|r| *r != id);
@@ -169,6 +193,7 @@ impl Scheduler {
             t.begin_step();
         }
         let mut plan = StepPlan::default();
+        self.preempt_for_priority(cx, &mut plan);
         let mut budget = self.cfg.max_batch_tokens;
         // What the step holds so far, for the prefill cap (`step_budget`).
         let mut load = StepLoad::default();
@@ -237,7 +262,8 @@ impl Scheduler {
             let Some(id) = self.waiting.pop_front() else {
                 break;
             };
-            if self.shares_prefix_in_flight(cx, id) {
+            // A request preempted in this step comes back in a later one at the earliest.
+            if plan.preempted.contains(&id) || self.shares_prefix_in_flight(cx, id) {
                 skipped.push_back(id);
                 continue;
             }
@@ -251,6 +277,7 @@ impl Scheduler {
                 }
                 Admission::NoBlocks => {
                     self.requeue_front(id);
+                    self.blocked_head = Some(id);
                     break;
                 }
                 Admission::Later => skipped.push_back(id),
@@ -258,6 +285,9 @@ impl Scheduler {
         }
         while let Some(id) = skipped.pop_back() {
             self.requeue_front(id);
+        }
+        if self.running.len() >= self.cfg.max_seqs {
+            self.blocked_head = self.waiting.front().copied();
         }
         // Nothing could run although requests hold blocks: free the least important (newest)
         // to make progress.

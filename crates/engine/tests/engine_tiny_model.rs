@@ -345,6 +345,57 @@ fn a_small_pool_preempts_and_outputs_stay_identical() {
 }
 
 #[test]
+fn a_more_important_request_preempts_a_running_one_and_both_outputs_stay_identical() {
+    // One slot: a long request of priority 5 is decoding when one of priority -1 arrives; the
+    // newcomer takes the slot (the first is recomputed afterwards) and finishes first.
+    let ps = prompts(2, 0, 11);
+    let want: Vec<Output> = vec![alone(&ps[0], 48), alone(&ps[1], 4)];
+    let mut core = EngineCore::new(
+        model(),
+        EngineConfig {
+            max_seqs: 1,
+            ..cfg(256, 512)
+        },
+    )
+    .unwrap();
+    let (tx0, mut rx0) = mpsc::unbounded_channel();
+    let low = RequestSpec {
+        priority: 5,
+        ..greedy(ps[0].clone(), 48)
+    };
+    core.submit(RequestId(0), low, tx0).unwrap();
+    for _ in 0..4 {
+        core.step().unwrap();
+    }
+    let (tx1, mut rx1) = mpsc::unbounded_channel();
+    let high = RequestSpec {
+        priority: -1,
+        ..greedy(ps[1].clone(), 4)
+    };
+    core.submit(RequestId(1), high, tx1).unwrap();
+    let mut order = Vec::new();
+    let (mut out0, mut out1) = (Vec::new(), Vec::new());
+    while core.has_work() {
+        core.step().unwrap();
+        core.cache().check_invariants().unwrap();
+        for (i, rx, out) in [(0, &mut rx0, &mut out0), (1, &mut rx1, &mut out1)] {
+            while let Ok(ev) = rx.try_recv() {
+                match ev {
+                    EngineEvent::Token(t) => out.push((t.id, t.logprob.to_bits())),
+                    EngineEvent::Finished { .. } => order.push(i),
+                    EngineEvent::Error(e) => panic!("request {i}: {e}"),
+                    _ => {}
+                }
+            }
+        }
+    }
+    assert_eq!(order, [1, 0], "the more important request finishes first");
+    assert!(core.stats().preemptions > 0, "{:?}", core.stats());
+    assert_eq!(out0, want[0]);
+    assert_eq!(out1, want[1]);
+}
+
+#[test]
 fn choices_fork_after_the_prompt_and_sample_as_separate_seeded_requests() {
     let p = prompts(1, 0, 3).remove(0);
     let sampled = |n: usize, seed: u64| {

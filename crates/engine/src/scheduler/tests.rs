@@ -148,11 +148,14 @@ impl Sim {
 
     /// Schedules, "executes" and commits one step; returns the plan.
     fn step(&mut self) -> StepPlan {
+        let was_running = self.sched.running.clone();
         let plan = self.schedule();
+        // Decodes of requests that were running come first (a preempted request re-admitted
+        // with all but its last token cached is an admission, wherever it lands).
         let decodes: Vec<bool> = plan
             .work
             .iter()
-            .map(|w| self.seqs[&w.id].is_decoding())
+            .map(|w| was_running.contains(&w.id) && self.seqs[&w.id].is_decoding())
             .collect();
         assert!(
             decodes.windows(2).all(|d| d[0] || !d[1]),
@@ -352,6 +355,69 @@ fn waiting_requests_are_admitted_by_priority_then_arrival() {
 }
 
 #[test]
+fn a_more_important_request_waiting_for_a_slot_preempts_a_less_important_one() {
+    // One slot: 1 (priority 5) runs; 2 (priority -1) arrives, waits one step, then takes the
+    // slot from 1, which is recomputed after 2 finishes.
+    let mut sim = Sim::new(64, config(4, 64, 1));
+    sim.submit_at(prompt(1, 3), 6, 5); // 1
+    assert_eq!(chunks(&sim.step()), [(1, 0, 3)]);
+    sim.submit_at(prompt(2, 3), 2, -1); // 2
+    assert_eq!(chunks(&sim.step()), [(1, 3, 1)]);
+    let plan = sim.step();
+    assert_eq!(plan.preempted, vec![SeqKey(RequestId(1), 0)]);
+    assert_eq!(chunks(&plan), [(2, 0, 3)]);
+    assert_eq!(chunks(&sim.step()), [(2, 3, 1)]);
+    // 2 finished: 1 comes back, its prompt and first token from the cache (2 full blocks of
+    // 4 are published; the last token of what it had is recomputed).
+    let plan = sim.step();
+    assert_eq!(chunks(&plan), [(1, 4, 1)]);
+    assert_eq!(sim.seqs[&SeqKey(RequestId(1), 0)].num_preemptions, 1);
+    sim.run_to_end(50);
+    assert_eq!(sim.finished.len(), 2);
+    assert_eq!(
+        sim.finished[&SeqKey(RequestId(1), 0)],
+        alone(&prompt(1, 3), 6),
+        "a preempted request's output does not change"
+    );
+}
+
+#[test]
+fn equal_priorities_never_preempt_for_a_slot() {
+    let mut sim = Sim::new(64, config(4, 64, 1));
+    sim.submit_at(prompt(1, 3), 4, 0); // 1
+    assert_eq!(chunks(&sim.step()), [(1, 0, 3)]);
+    sim.submit_at(prompt(2, 3), 2, 0); // 2
+    for pos in 3..6 {
+        let plan = sim.step();
+        assert!(plan.preempted.is_empty());
+        assert_eq!(chunks(&plan), [(1, pos, 1)]);
+    }
+    assert_eq!(chunks(&sim.step()), [(2, 0, 3)]);
+}
+
+#[test]
+fn a_more_important_request_waiting_for_blocks_preempts_a_less_important_one() {
+    // 4 blocks of 2 tokens: 1 (priority 3) holds 3 of them; 2 (priority 0) needs 2.
+    let mut sim = Sim::new(4, config(2, 16, 4));
+    sim.submit_at(prompt(1, 5), 4, 3); // 1
+    assert_eq!(chunks(&sim.step()), [(1, 0, 5)]);
+    sim.submit_at(prompt(2, 3), 1, 0); // 2
+                                       // No blocks for 2 in this step: 1 decodes, 2 is noted as blocked.
+    let plan = sim.step();
+    assert_eq!(chunks(&plan), [(1, 5, 1)]);
+    assert!(plan.preempted.is_empty());
+    let plan = sim.step();
+    assert_eq!(plan.preempted, vec![SeqKey(RequestId(1), 0)]);
+    assert_eq!(chunks(&plan)[0], (2, 0, 3));
+    sim.run_to_end(50);
+    assert_eq!(sim.finished.len(), 2);
+    assert_eq!(
+        sim.finished[&SeqKey(RequestId(1), 0)],
+        alone(&prompt(1, 5), 4)
+    );
+}
+
+#[test]
 fn a_prompt_sharing_a_block_with_one_in_flight_waits_and_then_hits_the_cache() {
     let mut sim = Sim::new(64, config(4, 5, 8));
     let shared = prompt(5, 8);
@@ -476,6 +542,7 @@ fn a_step_time_target_caps_prefill_beside_decodes_but_never_below_the_floor() {
 /// output it would have alone.
 #[test]
 fn random_workloads_match_the_naive_model() {
+    let mut preemptions = 0;
     for seed in 0..40u64 {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let bs = [2usize, 4][rng.gen_range(0..2)];
@@ -491,8 +558,10 @@ fn random_workloads_match_the_naive_model() {
                 let len = rng.gen_range(1..(num_blocks as usize * bs / 3).max(2));
                 let p: Vec<u32> = (0..len).map(|_| rng.gen_range(0..3)).collect();
                 let max_tokens = rng.gen_range(1..6);
+                // Mixed priorities exercise preemption for priority as well.
+                let priority = rng.gen_range(-1..2);
                 let want = alone(&p, max_tokens);
-                expected.insert(sim.submit(p, max_tokens), want);
+                expected.insert(sim.submit_at(p, max_tokens, priority), want);
             }
             if rng.gen_bool(0.03) {
                 let mut live: Vec<SeqKey> = sim.seqs.keys().copied().collect();
@@ -506,6 +575,7 @@ fn random_workloads_match_the_naive_model() {
             }
             if sim.sched.has_work() {
                 let plan = sim.step();
+                preemptions += plan.preempted.len();
                 assert!(plan.num_tokens() <= max_batch, "seed {seed}");
                 assert!(plan.work.len() <= max_seqs, "seed {seed}");
             }
@@ -517,6 +587,7 @@ fn random_workloads_match_the_naive_model() {
         );
         assert_eq!(sim.cache.usage().in_use, 0, "seed {seed}: all blocks freed");
     }
+    assert!(preemptions > 0, "the seeds exercise preemption");
 }
 
 /// The output of a request run alone under the naive model.
