@@ -2,7 +2,7 @@
 //!
 //! Owns the name → tensor lookup for every supported layout (llama, qwen2/3, gemma3, phi3's fused
 //! matrices, seen as row ranges of one tensor) and shape checks. Quantized matrices
-//! stay in the mapping (zero copy), except that Q4_0 / Q4_1 / Q8_0 matrices are also repacked
+//! stay in the mapping (zero copy), except that Q4_0 / Q4_1 / Q5_0 / Q8_0 matrices are also repacked
 //! row-interleaved at load ([`Packed32`], the fast kernels' layout; `AGENTKV_NO_PACK=1` turns
 //! that off, for A/B measurements); only small vectors (norms, biases) are dequantised to f32 at
 //! load. It never computes anything.
@@ -237,7 +237,7 @@ impl Weights {
         Ok(weights)
     }
 
-    /// Repacks every Q4_0 / Q4_1 / Q8_0 matrix (each row range once) into [`Packed32`].
+    /// Repacks every Q4_0 / Q4_1 / Q5_0 / Q8_0 matrix (each row range once) into [`Packed32`].
     fn pack_matrices(&mut self) -> Result<(), WeightsError> {
         let mut mats: Vec<MatRef> = vec![self.output.clone()];
         for l in &self.layers {

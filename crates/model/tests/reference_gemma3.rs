@@ -208,15 +208,16 @@ fn check_perplexity(ctx: usize, chunks: usize, llama_cpp: f64) {
 
 #[test]
 fn perplexity_matches_llama_cpp_at_512() {
-    // `llama-perplexity -c 512` (f16 KV) after 2 chunks: [2] 15.2161 (4 chunks: 18.4680).
-    check_perplexity(512, 2, 15.2161);
+    // `llama-perplexity -c 512 --chunks 2 -t 2` (f16 KV) with the CPU backend built for AVX2 (see
+    // tests/data/gen_gemma3_reference.py): [2] 15.1805 (the AVX-512 build: 15.2161).
+    check_perplexity(512, 2, 15.1805);
 }
 
 #[test]
 fn perplexity_beyond_the_sliding_window_matches_llama_cpp() {
-    // `llama-perplexity -c 1024 --chunks 2` (f16 KV): [2] 16.7075. Queries past position 511 of the local
-    // layers no longer see the chunk's start.
-    check_perplexity(1024, 2, 16.7075);
+    // `llama-perplexity -c 1024 --chunks 2` (f16 KV, AVX2 backend): [2] 16.6924 (AVX-512 build:
+    // 16.7075). Queries past position 511 of the local layers no longer see the chunk's start.
+    check_perplexity(1024, 2, 16.6924);
 }
 
 #[test]

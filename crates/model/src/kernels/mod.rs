@@ -5,7 +5,7 @@
 //! load; [`flash_f16`]: ggml's flash-attention primitives with an f16 accumulator), SwiGLU with
 //! ggml's vectorised `expf` ([`swiglu`]), activation quantisation to 8-bit blocks ([`act_quant`]),
 //! per-block integer dot products for the 32-element quant types ([`block32`], with a portable
-//! scalar path and an AVX2 path; row-interleaved Q4_0 / Q4_1 / Q8_0 matrices packed at load and
+//! scalar path and an AVX2 path; row-interleaved Q4_0 / Q4_1 / Q5_0 / Q8_0 matrices packed at load and
 //! their 16-rows-per-instruction kernels: [`packed32`]), the same for the K-quant super-block types Q4_K / Q5_K / Q6_K
 //! against 256-element activation blocks ([`kquant`], AVX2 / VNNI tiles in `kquant_avx2`), row conversion to f32 for everything else ([`row_f32`]) and the
 //! matrix-times-activations driver ([`matmul`]; several matrices sharing one input in one dispatch:

@@ -1,18 +1,23 @@
-//! Row-interleaved ("packed") 32-element block weights and their matmul: Q4_0, Q4_1 and Q8_0
-//! matrices repacked once at load so that one 512-bit integer dot product computes a block's
+//! Row-interleaved ("packed") 32-element block weights and their matmul: Q4_0, Q4_1, Q5_0 and
+//! Q8_0 matrices repacked once at load so that one 512-bit integer dot product computes a block's
 //! partial sums for 16 weight rows at once.
 //!
 //! Layout of a [`Packed32`]: rows are taken in groups of [`GROUP_ROWS`] (the last group padded
 //! with zero rows); group `g`, block `b` occupies `block_bytes` bytes at
 //! `(g * num_blocks + b) * block_bytes`:
 //! ```text
-//! chunk c (64 bytes, c = 0..4 for Q4_*, 0..8 for Q8_0): bytes 4c..4c+4 of each row's quants
-//!         (row r of the group at bytes 4r..4r+4 of the chunk)
+//! chunk c (64 bytes, c = 0..4 for Q4_* / Q5_0, 0..8 for Q8_0): bytes 4c..4c+4 of each row's
+//!         quants (row r of the group at bytes 4r..4r+4 of the chunk)
+//! h      (64 bytes, Q5_0 only): each row's 32 high bits, rearranged so that bit l of byte j
+//!         of the row's 4 bytes is the high bit of element 4l + j
 //! d      (16 x f16): each row's block scale
 //! m      (16 x f16, Q4_1 only): each row's block minimum
 //! ```
-//! For Q4_* chunk `c` holds elements `4c..4c+4` in its low nibbles and `16+4c..16+4c+4` in its
-//! high nibbles (GGUF's nibble order); for Q8_0 the signed bytes of elements `4c..4c+4`.
+//! For Q4_* / Q5_0 chunk `c` holds elements `4c..4c+4` in its low nibbles and `16+4c..16+4c+4`
+//! in its high nibbles (GGUF's nibble order); for Q8_0 the signed bytes of elements `4c..4c+4`.
+//! A Q5_0 value is `nibble | high_bit << 4` minus 16, so lane `l`'s fifth bits are one shift and
+//! mask of `h` away (Q4_K_M files store most matrices whose rows are not a multiple of 256 as
+//! Q5_0, so their prefill runs here).
 //!
 //! Owns the packing and the driver; the per-output operation sequence is exactly that of
 //! [`super::block32`] (ggml's: eight lane sums of four products, one fused multiply-add per lane
@@ -37,7 +42,7 @@ pub const GROUP_ROWS: usize = 16;
 /// Tokens per register tile of the batched kernels.
 pub(super) const TILE_TOKENS: usize = 2;
 
-/// A Q4_0 / Q4_1 / Q8_0 matrix in the row-interleaved layout of the module doc.
+/// A Q4_0 / Q4_1 / Q5_0 / Q8_0 matrix in the row-interleaved layout of the module doc.
 #[derive(Debug, Clone)]
 pub struct Packed32 {
     ty: GgmlType,
@@ -56,13 +61,17 @@ struct Line([u8; 64]);
 
 /// Whether `ty` can be packed.
 pub fn packable(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+    matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0
+    )
 }
 
 /// Bytes of quants per row and block, and number of 64-byte chunks per group and block.
 fn quant_layout(ty: GgmlType) -> (usize, usize) {
     match ty {
         GgmlType::Q8_0 => (32, 8),
+        GgmlType::Q5_0 => (16, 5),
         _ => (16, 4),
     }
 }
@@ -109,8 +118,12 @@ impl Packed32 {
         let mut data_out = vec![Line([0; 64]); total.div_ceil(64)];
         let out = lines_as_bytes_mut(&mut data_out);
         let src_block = ty.block_bytes();
-        // Offset of the quants inside a GGUF block: after d (and m for Q4_1).
-        let q_off = if ty == GgmlType::Q4_1 { 4 } else { 2 };
+        // Offset of the quants inside a GGUF block: after d (and m for Q4_1, qh for Q5_0).
+        let q_off = match ty {
+            GgmlType::Q4_1 => 4,
+            GgmlType::Q5_0 => 6,
+            _ => 2,
+        };
         for r in 0..num_rows {
             let (g, lane) = (r / GROUP_ROWS, r % GROUP_ROWS);
             for b in 0..num_blocks {
@@ -118,6 +131,10 @@ impl Packed32 {
                 let dst = &mut out[(g * num_blocks + b) * block_bytes..][..block_bytes];
                 for c in 0..qbytes / 4 {
                     dst[c * 64 + lane * 4..][..4].copy_from_slice(&src[q_off + 4 * c..][..4]);
+                }
+                if ty == GgmlType::Q5_0 {
+                    let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+                    dst[4 * 64 + lane * 4..][..4].copy_from_slice(&rearrange_high_bits(qh));
                 }
                 let scales = chunks * 64;
                 dst[scales + lane * 2..][..2].copy_from_slice(&src[0..2]);
@@ -188,6 +205,18 @@ fn lines_as_bytes_mut(lines: &mut [Line]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), lines.len() * 64) }
 }
 
+/// A Q5_0 block's `qh` (bit `k` = high bit of element `k`) as 4 bytes where bit `l` of byte `j`
+/// is the high bit of element `4l + j` (lane `l`, position `j` of the packed layout).
+fn rearrange_high_bits(qh: u32) -> [u8; 4] {
+    let mut out = [0u8; 4];
+    for (j, o) in out.iter_mut().enumerate() {
+        for l in 0..8 {
+            *o |= (((qh >> (4 * l + j)) & 1) as u8) << l;
+        }
+    }
+    out
+}
+
 #[inline(always)]
 fn f16_at(b: &[u8], off: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])).to_f32()
@@ -202,8 +231,14 @@ fn value(ty: GgmlType, blk: &[u8], lane: usize, k: usize) -> i32 {
             let j = k % 16;
             let byte = blk[(j / 4) * 64 + lane * 4 + j % 4];
             let nib = if k < 16 { byte & 0x0F } else { byte >> 4 };
-            let bias = if ty == GgmlType::Q4_0 { 8 } else { 0 };
-            i32::from(nib) - bias
+            match ty {
+                GgmlType::Q4_0 => i32::from(nib) - 8,
+                GgmlType::Q5_0 => {
+                    let hi = (blk[4 * 64 + lane * 4 + k % 4] >> (k / 4)) & 1;
+                    i32::from(nib | hi << 4) - 16
+                }
+                _ => i32::from(nib),
+            }
         }
     }
 }
@@ -296,7 +331,7 @@ pub(super) fn split(p: &Packed32, pool: &ThreadPool) -> (usize, usize) {
 mod tests {
     use super::*;
     use crate::gguf::quantize::quantize_row;
-    use crate::kernels::block32::{dot_row_scalar, Block32, Q4_0, Q4_1, Q8_0};
+    use crate::kernels::block32::{dot_row_scalar, Block32, Q4_0, Q4_1, Q5_0, Q8_0};
     use rand::{Rng, SeedableRng};
 
     fn random_matrix(ty: GgmlType, rows: usize, row_len: usize, seed: u64) -> Vec<u8> {
@@ -335,7 +370,12 @@ mod tests {
         // Padding rows are zero.
         let last = p.group(1);
         assert!(
-            value(ty, &last[..p.block_bytes], 15, 3) == if ty == GgmlType::Q4_0 { -8 } else { 0 }
+            value(ty, &last[..p.block_bytes], 15, 3)
+                == match ty {
+                    GgmlType::Q4_0 => -8,
+                    GgmlType::Q5_0 => -16,
+                    _ => 0,
+                }
         );
     }
 
@@ -343,6 +383,7 @@ mod tests {
     fn packing_keeps_values_and_scales() {
         check_values::<Q4_0>(GgmlType::Q4_0);
         check_values::<Q4_1>(GgmlType::Q4_1);
+        check_values::<Q5_0>(GgmlType::Q5_0);
         check_values::<Q8_0>(GgmlType::Q8_0);
     }
 
@@ -368,6 +409,7 @@ mod tests {
         for (ty, seed) in [
             (GgmlType::Q4_0, 1),
             (GgmlType::Q4_1, 2),
+            (GgmlType::Q5_0, 7),
             (GgmlType::Q8_0, 3),
         ] {
             let (rows, row_len, toks) = (19, 128, 3);
@@ -393,6 +435,7 @@ mod tests {
                         let want = match ty {
                             GgmlType::Q4_0 => dot_row_scalar::<Q4_0>(w_row, &act, t),
                             GgmlType::Q4_1 => dot_row_scalar::<Q4_1>(w_row, &act, t),
+                            GgmlType::Q5_0 => dot_row_scalar::<Q5_0>(w_row, &act, t),
                             _ => dot_row_scalar::<Q8_0>(w_row, &act, t),
                         };
                         assert_eq!(
@@ -424,6 +467,7 @@ mod tests {
         for (ty, seed) in [
             (GgmlType::Q4_0, 4),
             (GgmlType::Q4_1, 5),
+            (GgmlType::Q5_0, 8),
             (GgmlType::Q8_0, 6),
         ] {
             let (rows, row_len) = (37, 96);

@@ -3,9 +3,10 @@
 //! or AVX2 (`maddubs` + `madd` on two 8-row halves).
 //!
 //! Owns only the SIMD twins of `packed32::group_scalar`: the same exact integer lane sums (the
-//! unsigned-operand forms are corrected exactly: Q4_0 nibbles carry `+8`, Q8_0 bytes are
+//! unsigned-operand forms are corrected exactly: Q4_0 nibbles carry `+8`, Q5_0 values `+16`
+//! (nibble plus the fifth bit from the group's high-bit chunk), Q8_0 bytes are
 //! flipped to `w + 128` for `vpdpbusd`, and the accumulator starts at `-8·Σq_x` / `-128·Σq_x`
-//! of the lane's four activations; AVX2 handles Q8_0's signs with `psignb` instead) followed by
+//! (`-16·Σq_x`) of the lane's four activations; AVX2 handles Q8_0's signs with `psignb` instead) followed by
 //! the same float operations (one fused multiply-add per lane and block, `hsum8`'s tree as
 //! vertical adds), so every path gives bit-identical outputs. It never allocates.
 
@@ -19,6 +20,7 @@ use crate::gguf::GgmlType;
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q8_0: u8 = 2;
+const Q5_0: u8 = 3;
 
 /// Computes `out` (one row of 16 outputs per token `tok0..tok0 + out.len()`) for group `g` on the
 /// best SIMD path `features` allows; `false` when there is none (the caller runs the scalar twin).
@@ -41,6 +43,7 @@ pub(super) fn group(
     let kind = match p.ty() {
         GgmlType::Q4_0 => Q4_0,
         GgmlType::Q4_1 => Q4_1,
+        GgmlType::Q5_0 => Q5_0,
         _ => Q8_0,
     };
     macro_rules! dispatch {
@@ -49,10 +52,13 @@ pub(super) fn group(
                 (Q4_0, 2) => $kernel::<Q4_0, 2>(p, g, act, tok0, out),
                 (Q4_1, 2) => $kernel::<Q4_1, 2>(p, g, act, tok0, out),
                 (Q8_0, 2) => $kernel::<Q8_0, 2>(p, g, act, tok0, out),
+                (Q5_0, 2) => $kernel::<Q5_0, 2>(p, g, act, tok0, out),
                 (Q4_0, _) => (0..out.len())
                     .for_each(|t| $kernel::<Q4_0, 1>(p, g, act, tok0 + t, &mut out[t..t + 1])),
                 (Q4_1, _) => (0..out.len())
                     .for_each(|t| $kernel::<Q4_1, 1>(p, g, act, tok0 + t, &mut out[t..t + 1])),
+                (Q5_0, _) => (0..out.len())
+                    .for_each(|t| $kernel::<Q5_0, 1>(p, g, act, tok0 + t, &mut out[t..t + 1])),
                 _ => (0..out.len())
                     .for_each(|t| $kernel::<Q8_0, 1>(p, g, act, tok0 + t, &mut out[t..t + 1])),
             }
@@ -102,9 +108,28 @@ macro_rules! hsum8_lanes {
 fn lane_start<const K: u8>(act: &ActQ8, xi: usize, l: usize, avx512: bool) -> i32 {
     match K {
         Q4_0 => -8 * act.lane_sums[xi * 8 + l],
+        Q5_0 => -16 * act.lane_sums[xi * 8 + l],
         Q8_0 if avx512 => -128 * act.lane_sums[xi * 8 + l],
         _ => 0,
     }
+}
+
+/// Q5_0's fifth bit of lane `$l` as `0x10` per byte, from the group's rearranged high-bit
+/// chunk `$h` (bit `l` of each byte; see `packed32`): shifted to bit 4 and masked. 32-bit shifts
+/// by at most 3 never carry another byte's bit into bit 4.
+macro_rules! high_bit {
+    ($sll:ident, $srl:ident, $and:ident, $h:expr, $l:expr, $m:expr) => {
+        match $l {
+            0 => $and($sll::<4>($h), $m),
+            1 => $and($sll::<3>($h), $m),
+            2 => $and($sll::<2>($h), $m),
+            3 => $and($sll::<1>($h), $m),
+            4 => $and($h, $m),
+            5 => $and($srl::<1>($h), $m),
+            6 => $and($srl::<2>($h), $m),
+            _ => $and($srl::<3>($h), $m),
+        }
+    };
 }
 
 /// How far ahead (bytes) the single-token kernel prefetches the packed stream (as the unpacked
@@ -125,7 +150,11 @@ unsafe fn group512<const K: u8, const T: usize>(
 ) {
     let (nb, bb) = (p.num_blocks(), p.block_bytes());
     let grp = p.group(g);
-    let chunks = if K == Q8_0 { 8 } else { 4 };
+    let chunks = match K {
+        Q8_0 => 8,
+        Q5_0 => 5,
+        _ => 4,
+    };
     let scales = chunks * 64;
     let row_len = nb * QK8;
     let nib = _mm512_set1_epi8(0x0F);
@@ -163,6 +192,32 @@ unsafe fn group512<const K: u8, const T: usize>(
             if K == Q8_0 {
                 for (c, wc) in w.iter_mut().enumerate() {
                     *wc = _mm512_xor_si512(_mm512_loadu_si512(bp.add(64 * c).cast()), flip);
+                }
+            } else if K == Q5_0 {
+                let h = _mm512_loadu_si512(bp.add(64 * 4).cast());
+                let bit = _mm512_set1_epi8(0x10);
+                for c in 0..4 {
+                    let v = _mm512_loadu_si512(bp.add(64 * c).cast());
+                    let (lo, hi) = (
+                        high_bit!(
+                            _mm512_slli_epi32,
+                            _mm512_srli_epi32,
+                            _mm512_and_si512,
+                            h,
+                            c,
+                            bit
+                        ),
+                        high_bit!(
+                            _mm512_slli_epi32,
+                            _mm512_srli_epi32,
+                            _mm512_and_si512,
+                            h,
+                            4 + c,
+                            bit
+                        ),
+                    );
+                    w[c] = _mm512_or_si512(_mm512_and_si512(v, nib), lo);
+                    w[4 + c] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v, 4), nib), hi);
                 }
             } else {
                 for c in 0..4 {
@@ -217,7 +272,11 @@ unsafe fn group256<const K: u8, const T: usize>(
 ) {
     let (nb, bb) = (p.num_blocks(), p.block_bytes());
     let grp = p.group(g);
-    let chunks = if K == Q8_0 { 8 } else { 4 };
+    let chunks = match K {
+        Q8_0 => 8,
+        Q5_0 => 5,
+        _ => 4,
+    };
     let scales = chunks * 64;
     let row_len = nb * QK8;
     let nib = _mm256_set1_epi8(0x0F);
@@ -240,6 +299,33 @@ unsafe fn group256<const K: u8, const T: usize>(
                 if K == Q8_0 {
                     for (c, wc) in w.iter_mut().enumerate() {
                         *wc = _mm256_loadu_si256(bp.add(64 * c + 32 * h).cast());
+                    }
+                } else if K == Q5_0 {
+                    let hb = _mm256_loadu_si256(bp.add(64 * 4 + 32 * h).cast());
+                    let bit = _mm256_set1_epi8(0x10);
+                    for c in 0..4 {
+                        let v = _mm256_loadu_si256(bp.add(64 * c + 32 * h).cast());
+                        let (lo, hi) = (
+                            high_bit!(
+                                _mm256_slli_epi32,
+                                _mm256_srli_epi32,
+                                _mm256_and_si256,
+                                hb,
+                                c,
+                                bit
+                            ),
+                            high_bit!(
+                                _mm256_slli_epi32,
+                                _mm256_srli_epi32,
+                                _mm256_and_si256,
+                                hb,
+                                4 + c,
+                                bit
+                            ),
+                        );
+                        w[c] = _mm256_or_si256(_mm256_and_si256(v, nib), lo);
+                        w[4 + c] =
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), nib), hi);
                     }
                 } else {
                     for c in 0..4 {

@@ -2,8 +2,15 @@
 Gemma 3 270M (models/gemma-3-270m-q4_k_m.gguf) on raw-text prompts (a base model: no template).
 
 Run by hand against a llama-server built from the `llama-cpp-python` source package (f16 KV,
-flash attention auto = on for the CPU):
-    llama-server -m models/gemma-3-270m-q4_k_m.gguf -c 2048 -t 2 --port 8091 &
+flash attention auto = on for the CPU, one slot), with the CPU backend built for AVX2 (no
+AVX-512) as for heldout_greedy.jsonl (see gen_heldout_reference.py for the cmake line): the
+AVX-512 build sums attention in another order, and Gemma 3 amplifies that. The committed
+gemma3_greedy.jsonl is still the AVX-512 build's (written before this procedure): regenerated
+with the AVX2 backend, our default path's greedy tokens diverge on `story` at its second token
+(docs/benchmarks.md, "K-quant weights"); the perplexity figures in reference_gemma3.rs are the
+AVX2 build's.
+    LD_LIBRARY_PATH=build-avx2/bin:build/bin build/bin/llama-server \
+        -m models/gemma-3-270m-q4_k_m.gguf -c 2048 -t 2 -np 1 --port 8091 &
     python3 gen_gemma3_reference.py http://127.0.0.1:8091 > gemma3_greedy.jsonl
 Fields as in greedy.jsonl (the SmolLM2 reference): id, prompt, prompt_text, prompt_ids
 (BOS added, as the GGUF asks), greedy_ids, greedy_text, top_logprobs (chosen id + logprob and the
@@ -56,18 +63,29 @@ def main():
                 "n_probs": 5,
                 "cache_prompt": False,
                 "ignore_eos": False,
+                "return_tokens": True,
             },
         )
+        # As in gen_heldout_reference.py: a token that leaves the text ending in an incomplete
+        # UTF-8 character gets no probabilities from llama-server; `tokens` has every id, such
+        # positions get "logprob": null and no candidates.
+        greedy = out["tokens"]
         probs = out["completion_probabilities"]
-        greedy = [p["id"] for p in probs]
-        top = [
-            {
-                "id": p["id"],
-                "logprob": p["logprob"],
-                "top": [{"id": c["id"], "logprob": c["logprob"]} for c in p["top_logprobs"]],
-            }
-            for p in probs
-        ]
+        top, j = [], 0
+        for tok in greedy:
+            if j < len(probs) and probs[j]["id"] == tok:
+                p = probs[j]
+                j += 1
+                top.append(
+                    {
+                        "id": tok,
+                        "logprob": p["logprob"],
+                        "top": [{"id": c["id"], "logprob": c["logprob"]} for c in p["top_logprobs"]],
+                    }
+                )
+            else:
+                top.append({"id": tok, "logprob": None, "top": []})
+        assert j == len(probs), f"{pid}: probabilities do not align with the tokens"
         stable = 0
         for p in top:
             if len(p["top"]) > 1 and p["top"][0]["logprob"] - p["top"][1]["logprob"] < 0.1:
