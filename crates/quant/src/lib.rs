@@ -29,6 +29,7 @@ mod layout;
 pub mod row;
 mod rows;
 mod scalar;
+mod tile;
 pub mod transcode;
 
 pub use affine::F16_MAX;
@@ -47,4 +48,5 @@ pub use kind::{
 };
 pub use row::{decode_row, decode_row_with, encode_row, encode_row_to_vec, encode_row_with};
 pub use rows::EncodedRows;
+pub use tile::{decode_rows, decode_rows_with};
 pub use transcode::{serialized_len, transcode_rows};
