@@ -14,6 +14,8 @@
 mod affine;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod axpy;
 pub mod canonical;
 pub mod channel;
