@@ -366,15 +366,15 @@ mod tests {
         let hd = inp.head_dim;
         let mut att = vec![f32::NAN; inp.positions.len() * inp.num_heads * hd];
         let mut partials = vec![0f32; plan.partial_rows * (hd + 2)];
-        let rows = DisjointRows::new(&mut att, hd);
-        let outputs = TileOutputs::new(plan, &mut partials, hd, &rows);
-        let mut scratch = TileScratch::default();
-        for &task in &plan.tasks {
-            // SAFETY: tasks run one after the other, so no row has two concurrent writers.
-            unsafe { run_tile_task(inp, plan, task, &outputs, &mut scratch) };
+        {
+            let rows = DisjointRows::new(&mut att, hd);
+            let outputs = TileOutputs::new(plan, &mut partials, hd, &rows);
+            let mut scratch = TileScratch::default();
+            for &task in &plan.tasks {
+                // SAFETY: tasks run one after the other, so no row has two concurrent writers.
+                unsafe { run_tile_task(inp, plan, task, &outputs, &mut scratch) };
+            }
         }
-        drop(outputs);
-        drop(rows);
         att
     }
 

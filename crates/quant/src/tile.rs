@@ -94,12 +94,14 @@ pub fn decode_rows_with(isa: Isa, rows: &EncodedRows<'_>, out: &mut [f32]) {
             let mut pairs = [0f32; 2 * STACK_CHANNELS];
             if hd <= STACK_CHANNELS {
                 pick!(isa, decode_f16(params, &mut pairs[..2 * hd]));
-                for c in 0..hd {
-                    (scales[c], offsets[c]) = (pairs[2 * c], pairs[2 * c + 1]);
+                let channels = scales.iter_mut().zip(offsets.iter_mut());
+                for ((s, o), pair) in channels.zip(pairs.chunks_exact(2)) {
+                    (*s, *o) = (pair[0], pair[1]);
                 }
             } else {
-                for c in 0..hd {
-                    (scales[c], offsets[c]) = group_params(params, c);
+                let channels = scales.iter_mut().zip(offsets.iter_mut());
+                for (c, (s, o)) in channels.enumerate() {
+                    (*s, *o) = group_params(params, c);
                 }
             }
             let (scales, offsets): (&[f32], &[f32]) = (scales, offsets);
