@@ -388,6 +388,7 @@ mod tests {
         let (heads, kv_heads, hd, n) = (4, 2, 64, 530);
         for spec in [
             "int8",
+            "int4",
             "k=int4c,v=int4",
             "int4h",
             "fp8",
