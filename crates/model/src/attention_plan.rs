@@ -7,10 +7,11 @@
 //! Regimes (a function of the row's own position count `n = pos + 1`, the head size, the K/V
 //! encoding and the step's [`AttnArith`], which the caller chooses — never of the batch's
 //! contents, so a sequence's output does not depend on what shares its step):
-//! - **exact** (`n ≤ F16_ACC_MAX_POSITIONS` in a step of [`AttnArith::Row`], or K/V not f16, or
-//!   `head_dim % 8 != 0`): one task per (token, query head) through `attention::attend_one`,
+//! - **exact** (f16 K/V with `n ≤ F16_ACC_MAX_POSITIONS` in a step of [`AttnArith::Row`], or
+//!   f32 K/V, or `head_dim % 8 != 0`): one task per (token, query head) through `attention::attend_one`,
 //!   llama.cpp's decode arithmetic;
-//! - **tiled** (otherwise, so every f16 row of an [`AttnArith::Prefill`] step): the query rows of all heads of a GQA group and up to
+//! - **tiled** (otherwise, so every f16 row of an [`AttnArith::Prefill`] step and every row over
+//!   encoded K/V): the query rows of all heads of a GQA group and up to
 //!   [`QUERY_TILE_TOKENS`] consecutive tokens of one sequence share each K/V tile
 //!   (`attention_tiled`); positions are split into segments of [`SEGMENT_POSITIONS`] whose
 //!   partial states are merged in order. A one-token tile (a decode) gets one task per
@@ -67,6 +68,13 @@ pub struct AttnShape {
     pub head_dim: usize,
     /// Whether K/V are stored as f16 (the tiled regime's input).
     pub kv_is_f16: bool,
+    /// Whether K/V are stored as encoded rows (a quantized codec): the tiled regime decodes
+    /// each K/V tile once for all its query rows, and takes every such row at every depth
+    /// (f32 queries, whatever the step's [`AttnArith`]).
+    pub kv_encoded: bool,
+    /// Rows per group of a block K codec (`int4c`), else 0: a query tile then never spans two
+    /// groups, because a query reads its own group's f16 rows and earlier groups' codes.
+    pub k_group_tokens: usize,
     /// The step's arithmetic: with [`AttnArith::Prefill`] every f16 row takes the tiled regime
     /// (f32 accumulation at every depth, like llama.cpp's tiled prefill kernel).
     pub arith: AttnArith,
@@ -75,9 +83,10 @@ pub struct AttnShape {
 impl AttnShape {
     /// Whether a row attending over `n` positions takes the tiled regime.
     pub fn tiled(&self, n: usize) -> bool {
-        self.kv_is_f16
-            && self.head_dim.is_multiple_of(8)
-            && (n > F16_ACC_MAX_POSITIONS || self.arith == AttnArith::Prefill)
+        self.head_dim.is_multiple_of(8)
+            && (self.kv_encoded
+                || (self.kv_is_f16
+                    && (n > F16_ACC_MAX_POSITIONS || self.arith == AttnArith::Prefill)))
     }
 }
 
@@ -115,6 +124,8 @@ pub fn plan(shape: &AttnShape, slots: &[SeqSlot], positions: &[u32]) -> AttnPlan
             && end - t < QUERY_TILE_TOKENS
             && slots[end] == slots[t]
             && positions[end] == positions[end - 1] + 1
+            && (shape.k_group_tokens == 0
+                || !(positions[end] as usize).is_multiple_of(shape.k_group_tokens))
         {
             end += 1;
         }
@@ -154,6 +165,8 @@ mod tests {
         num_kv_heads: 2,
         head_dim: 64,
         kv_is_f16: true,
+        kv_encoded: false,
+        k_group_tokens: 0,
         arith: AttnArith::Row,
     };
 
@@ -231,10 +244,47 @@ mod tests {
     }
 
     #[test]
-    fn quantized_kv_or_odd_head_sizes_stay_exact() {
+    fn encoded_kv_is_tiled_at_every_depth_and_block_codecs_cut_tiles_at_groups() {
+        let shape = AttnShape {
+            kv_is_f16: false,
+            kv_encoded: true,
+            ..SHAPE
+        };
+        let positions: Vec<u32> = (10..30).collect();
+        let p = plan(&shape, &[SeqSlot(0); 20], &positions);
+        assert!(p.tasks.iter().all(|t| matches!(t, AttnTask::Tile { .. })));
+        let tiles = |p: &AttnPlan| -> Vec<(u32, u32)> {
+            p.tasks
+                .iter()
+                .filter_map(|t| match *t {
+                    AttnTask::Tile {
+                        tokens, kv_head: 0, ..
+                    } => Some(tokens),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(tiles(&p), vec![(0, 8), (8, 16), (16, 20)]);
+        // int4c groups of 16: positions 10..=15 | 16..=23, 24..=29 (tiles of ≤ 8 tokens).
+        let blocked = AttnShape {
+            k_group_tokens: 16,
+            ..shape
+        };
+        let p = plan(&blocked, &[SeqSlot(0); 20], &positions);
+        assert_eq!(tiles(&p), vec![(0, 6), (6, 14), (14, 20)]);
+    }
+
+    #[test]
+    fn f32_kv_or_odd_head_sizes_stay_exact() {
         for shape in [
             AttnShape {
                 kv_is_f16: false,
+                ..SHAPE
+            },
+            AttnShape {
+                kv_is_f16: false,
+                kv_encoded: true,
+                head_dim: 60,
                 ..SHAPE
             },
             AttnShape {

@@ -3,9 +3,10 @@
 //!
 //! The query rows are rounded to f16 first (llama.cpp's per-row CPU flash attention converts Q to
 //! the K type), except in a step of [`AttnArith::Prefill`] arithmetic (its tiled prefill kernel
-//! keeps Q in f32). Owns streaming K/V from a [`KvStore`] into tiles (each f16 K/V row widened once, then
-//! used by every query row of the task: all query heads of the GQA group and up to
-//! `QUERY_TILE_TOKENS` tokens) and the causal limits per row. The arithmetic is that of
+//! keeps Q in f32) and over encoded (quantized) K/V, whose queries stay f32. Owns streaming K/V
+//! from a [`KvStore`] into tiles (each f16 K/V row widened once, each encoded row decoded once by
+//! `quant::decode_rows`, then used by every query row of the task: all query heads of the GQA
+//! group and up to `QUERY_TILE_TOKENS` tokens) and the causal limits per row. The arithmetic is that of
 //! `kernels::flash_tile`; it never writes K/V and never decides the task split (see
 //! `attention_plan`).
 
@@ -19,8 +20,9 @@ use crate::kernels::flash_tile::{
     merge_segments, tile_update, tile_update_rows, widen_f16, TileElem, TileSoftmax,
     TILE_POSITIONS, TILE_ROWS,
 };
-use crate::kv::{KvChunk, KvStore, SeqSlot};
+use crate::kv::{KvChunk, KvDtype, KvStore, SeqSlot};
 use crate::par::DisjointRows;
+use quant::decode_rows;
 
 /// From this many query rows sharing a tile on, the tile is widened to f32 once instead of
 /// widening each element on load for every row (same bits either way).
@@ -214,11 +216,19 @@ pub unsafe fn run_tile_task(
         let first = t * qd + kv_head as usize * group * hd;
         let rows = &inp.q[first..first + group * hd];
         match inp.arith {
-            AttnArith::Row => q16.extend(rows.iter().map(|&x| f16::from_f32(x).to_f32())),
-            AttnArith::Prefill => q16.extend_from_slice(rows),
+            AttnArith::Row if inp.kv.codecs() == KvDtype::F16 => {
+                q16.extend(rows.iter().map(|&x| f16::from_f32(x).to_f32()))
+            }
+            _ => q16.extend_from_slice(rows),
         }
     }
     let q16: &[f32] = q16;
+    // Encoded K/V: every tile is decoded once into the f32 scratch. With a block K codec only
+    // the group holding the queries (one group: the plan cuts query tiles there) may be read as
+    // theirs (its f16 rows); every earlier group is read as sealed codes.
+    let codecs = inp.kv.codecs();
+    let encoded = codecs != KvDtype::F16;
+    let query_end = inp.positions[tokens.1 as usize - 1] as usize + 1;
     for j in segments.0..segments.1 {
         let seg_start = j as usize * SEGMENT_POSITIONS;
         let mut rows: Vec<Row<'_>> = Vec::new();
@@ -250,18 +260,27 @@ pub unsafe fn run_tile_task(
         else {
             continue;
         };
+        // A store reads the last chunk it visits as the query's own group. Before the queries'
+        // segment, one position past the segment end makes that the next group (not read here).
+        let store_end = match codecs.k.block_tokens() {
+            Some(t) if seg_end < query_end && seg_end.is_multiple_of(t) => seg_end + 1,
+            Some(_) => query_end,
+            None => seg_end,
+        };
         inp.kv.for_each_chunk_from(
             inp.layer,
             slot,
             kv_head as usize,
             seg_start,
-            seg_end,
+            store_end,
             &mut |start, chunk| {
-                let KvChunk::F16 { k, v } = chunk else {
-                    unreachable!("the plan tiles only f16 K/V stores");
+                let (k, v, coded) = match chunk {
+                    KvChunk::F16 { k, v } => (k, v, None),
+                    KvChunk::Encoded { k: ek, v: ev } => (&[][..], &[][..], Some((ek, ev))),
+                    KvChunk::F32 { .. } => unreachable!("the plan never tiles f32 K/V stores"),
                 };
-                let chunk_end = start + k.len() / hd;
-                let widen = rows.len() >= WIDEN_MIN_ROWS;
+                let chunk_end = start + chunk.num_positions(hd);
+                let widen = encoded || rows.len() >= WIDEN_MIN_ROWS;
                 let mut a = start.max(seg_start);
                 while a < chunk_end.min(seg_end) {
                     let tile_start = seg_start + (a - seg_start) / TILE_POSITIONS * TILE_POSITIONS;
@@ -280,7 +299,11 @@ pub unsafe fn run_tile_task(
                         (a - start) * hd..(b - start) * hd,
                         (a - tile_start) * hd..(b - tile_start) * hd,
                     );
-                    if widen {
+                    if let Some((ek, ev)) = coded {
+                        let (first, n) = (a - start, b - a);
+                        decode_rows(&ek.skip_rows(first).take_rows(n), &mut keys32[dst.clone()]);
+                        decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst]);
+                    } else if widen {
                         widen_f16(&k[src.clone()], &mut keys32[dst.clone()]);
                         widen_f16(&v[src], &mut vals32[dst]);
                     } else {
@@ -325,6 +348,129 @@ pub unsafe fn run_tile_task(
                     )
                 });
                 merge_segments(states, out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::{attend_one, AttnScratch};
+    use crate::attention_plan::{plan, AttnShape};
+    use crate::kv::ContiguousKv;
+    use rand::{Rng, SeedableRng};
+
+    /// Runs every task of `plan` (serially) and returns `[tokens · heads, hd]` outputs.
+    fn run_plan(inp: &TileInputs<'_>, plan: &AttnPlan) -> Vec<f32> {
+        let hd = inp.head_dim;
+        let mut att = vec![f32::NAN; inp.positions.len() * inp.num_heads * hd];
+        let mut partials = vec![0f32; plan.partial_rows * (hd + 2)];
+        {
+            let rows = DisjointRows::new(&mut att, hd);
+            let outputs = TileOutputs::new(plan, &mut partials, hd, &rows);
+            let mut scratch = TileScratch::default();
+            for &task in &plan.tasks {
+                // SAFETY: tasks run one after the other, so no row has two concurrent writers.
+                unsafe { run_tile_task(inp, plan, task, &outputs, &mut scratch) };
+            }
+        }
+        att
+    }
+
+    /// Tiles over encoded K/V (every codec family, K and V codecs differing, a block K codec
+    /// whose queries read their own group in f16) against the exact per-row regime over the
+    /// same store: equal to float rounding; and each row's bits do not depend on the query
+    /// tile it shares (one token per step vs a run of tokens, decode split into segments).
+    #[test]
+    fn encoded_tiles_match_the_exact_regime_and_do_not_depend_on_the_query_tile() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let (heads, kv_heads, hd, n) = (4, 2, 64, 530);
+        for spec in [
+            "int8",
+            "int4",
+            "k=int4c,v=int4",
+            "int4h",
+            "fp8",
+            "k=int8h,v=int4-g64",
+        ] {
+            let codecs = KvDtype::parse(spec).unwrap();
+            let mut kv = ContiguousKv::new(1, 1, kv_heads, hd, n, codecs).unwrap();
+            for p in 0..n {
+                let mut k: Vec<f32> = (0..kv_heads * hd)
+                    .map(|_| rng.gen_range(-1.0f32..1.0))
+                    .collect();
+                k[5] += 6.0; // an outlier channel
+                let v: Vec<f32> = (0..kv_heads * hd)
+                    .map(|_| rng.gen_range(-2.0f32..2.0))
+                    .collect();
+                kv.write(0, SeqSlot(0), p, &k, &v).unwrap();
+            }
+            // The queries of positions 500..530 (the last spans 2 segments).
+            let positions: Vec<u32> = (500..n as u32).collect();
+            let slots = vec![SeqSlot(0); positions.len()];
+            let q: Vec<f32> = (0..positions.len() * heads * hd)
+                .map(|_| rng.gen_range(-1.0f32..1.0))
+                .collect();
+            let shape = AttnShape {
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim: hd,
+                kv_is_f16: false,
+                kv_encoded: true,
+                k_group_tokens: codecs.k.block_tokens().unwrap_or(0),
+                arith: AttnArith::Row,
+            };
+            let inp = TileInputs {
+                kv: &kv,
+                layer: 0,
+                q: &q,
+                slots: &slots,
+                positions: &positions,
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim: hd,
+                scale: 0.125,
+                arith: AttnArith::Row,
+            };
+            let together = run_plan(&inp, &plan(&shape, &slots, &positions));
+            let qd = heads * hd;
+            for (t, &pos) in positions.iter().enumerate() {
+                // Alone: one token per step (a decode, segments split into tasks).
+                let alone_inp = TileInputs {
+                    q: &q[t * qd..(t + 1) * qd],
+                    slots: &slots[t..t + 1],
+                    positions: &positions[t..t + 1],
+                    ..inp
+                };
+                let alone = run_plan(&alone_inp, &plan(&shape, &slots[..1], &[pos]));
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&alone),
+                    bits(&together[t * qd..(t + 1) * qd]),
+                    "{spec} position {pos}: alone vs tiled with its neighbours"
+                );
+                for h in 0..heads {
+                    let mut want = vec![0f32; hd];
+                    attend_one(
+                        &kv,
+                        0,
+                        SeqSlot(0),
+                        h / (heads / kv_heads),
+                        pos as usize + 1,
+                        &q[t * qd + h * hd..t * qd + (h + 1) * hd],
+                        0.125,
+                        &mut AttnScratch::default(),
+                        &mut want,
+                    );
+                    let got = &together[t * qd + h * hd..t * qd + (h + 1) * hd];
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                            "{spec} position {pos} head {h} [{i}]: tiled {g} vs exact {w}"
+                        );
+                    }
+                }
             }
         }
     }

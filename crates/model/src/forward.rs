@@ -145,6 +145,8 @@ pub fn forward(
         num_kv_heads: cfg.num_kv_heads,
         head_dim,
         kv_is_f16: kv.codecs() == KvDtype::F16 && !ggml_prefill,
+        kv_encoded: kv.codecs() != KvDtype::F16 && kv.codecs() != KvDtype::F32,
+        k_group_tokens: kv.codecs().k.block_tokens().unwrap_or(0),
         arith: batch.arith,
     };
     let plan = attention_plan::plan(&shape, batch.slots, batch.positions);
@@ -154,6 +156,7 @@ pub fn forward(
         attention_plan::plan(
             &AttnShape {
                 kv_is_f16: false,
+                kv_encoded: false,
                 ..shape
             },
             batch.slots,

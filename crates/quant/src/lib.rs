@@ -14,6 +14,8 @@
 mod affine;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod axpy;
 pub mod canonical;
 pub mod channel;
@@ -29,6 +31,7 @@ mod layout;
 pub mod row;
 mod rows;
 mod scalar;
+mod tile;
 pub mod transcode;
 
 pub use affine::F16_MAX;
@@ -47,4 +50,5 @@ pub use kind::{
 };
 pub use row::{decode_row, decode_row_with, encode_row, encode_row_to_vec, encode_row_with};
 pub use rows::EncodedRows;
+pub use tile::{decode_rows, decode_rows_with};
 pub use transcode::{serialized_len, transcode_rows};

@@ -102,6 +102,15 @@ impl<'a> EncodedRows<'a> {
         }
     }
 
+    /// The first `n` rows only (all of them when `n >= num_rows`).
+    pub fn take_rows(&self, n: usize) -> Self {
+        let at = (n * self.row_bytes).min(self.bytes.len());
+        EncodedRows {
+            bytes: &self.bytes[..at],
+            ..*self
+        }
+    }
+
     /// The encoded bytes of every row, in position order.
     pub fn rows(&self) -> std::slice::ChunksExact<'a, u8> {
         self.bytes.chunks_exact(self.row_bytes)
