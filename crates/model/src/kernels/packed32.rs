@@ -293,9 +293,7 @@ pub(super) fn split(p: &Packed32, pool: &ThreadPool, num_tokens: usize) -> (usiz
         return (1, num_groups);
     }
     let per_thread = if num_tokens <= TILE_TOKENS { 2 } else { 4 };
-    let per = num_groups
-        .div_ceil(pool.num_threads() * per_thread)
-        .max(1);
+    let per = num_groups.div_ceil(pool.num_threads() * per_thread).max(1);
     (num_groups.div_ceil(per), per)
 }
 
