@@ -295,6 +295,18 @@ mod avx2 {
         kq_scale: f32,
     ) {
         let hd = q.len().min(acc.len());
+        // Head sizes of 64 and 128 keep the accumulator in registers across the run.
+        if hd == 64 && acc.len() == 64 {
+            // SAFETY: `acc` holds 64 elements; `keys`/`vals` are whole rows of `hd` (checked by
+            // `accumulate_rows_with`).
+            unsafe { accumulate_rows_reg::<ROUND, 8>(st, acc, q, keys, vals, kq_scale) };
+            return;
+        }
+        if hd == 128 && acc.len() == 128 {
+            // SAFETY: as above with 128.
+            unsafe { accumulate_rows_reg::<ROUND, 16>(st, acc, q, keys, vals, kq_scale) };
+            return;
+        }
         // Scores do not depend on the running state: compute a group of them first (independent
         // dot products pipeline well), then run the sequential online update over the group.
         const GROUP: usize = 16;
@@ -320,6 +332,65 @@ mod avx2 {
                 }
                 st.sum = st.sum.mul_add(ms, vs);
             }
+        }
+    }
+
+    /// [`accumulate_rows`] for a head of `8 * C` elements with the accumulator held in `C`
+    /// registers across the whole run: per element exactly the operations of `scale`/`mad`
+    /// (`ROUND`) or of the f32 scaling and `axpy` (not `ROUND`), in the same order, so the
+    /// result is bit-identical to the in-memory loop.
+    ///
+    /// # Safety
+    /// `acc` and `q` hold `8 * C` elements, `keys` and `vals` whole rows of `8 * C`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn accumulate_rows_reg<const ROUND: bool, const C: usize>(
+        st: &mut super::OnlineSoftmax,
+        acc: &mut [f32],
+        q: &[f32],
+        keys: &[f16],
+        vals: &[f16],
+        kq_scale: f32,
+    ) {
+        let hd = 8 * C;
+        let ap = acc.as_mut_ptr();
+        let mut a = [_mm256_setzero_ps(); C];
+        for (c, ac) in a.iter_mut().enumerate() {
+            // SAFETY: `8c + 8 <= hd = acc.len()`.
+            *ac = unsafe { _mm256_loadu_ps(ap.add(8 * c)) };
+        }
+        const GROUP: usize = 16;
+        let mut scores = [0f32; GROUP];
+        for (kg, vg) in keys.chunks(GROUP * hd).zip(vals.chunks(GROUP * hd)) {
+            for (sc, k) in scores.iter_mut().zip(kg.chunks_exact(hd)) {
+                // SAFETY: `q` and `k` hold `hd` elements.
+                *sc = unsafe { dot_wide(q.as_ptr(), k.as_ptr(), hd) } * kq_scale;
+            }
+            for (&s, v) in scores.iter().zip(vg.chunks_exact(hd)) {
+                let (ms, vs) = st.factors(s);
+                if ms != 1.0 {
+                    let vm = _mm256_set1_ps(ms);
+                    for ac in a.iter_mut() {
+                        let x = _mm256_mul_ps(*ac, vm);
+                        *ac = if ROUND { round8(x) } else { x };
+                    }
+                }
+                let vv = _mm256_set1_ps(vs);
+                let vp = v.as_ptr();
+                for (c, ac) in a.iter_mut().enumerate() {
+                    // SAFETY: `v` holds `hd` elements, `8c + 8 <= hd`.
+                    let xv = unsafe { load8(vp.add(8 * c)) };
+                    *ac = if ROUND {
+                        round8(_mm256_fmadd_ps(xv, vv, *ac))
+                    } else {
+                        _mm256_fmadd_ps(vv, xv, *ac)
+                    };
+                }
+                st.sum = st.sum.mul_add(ms, vs);
+            }
+        }
+        for (c, ac) in a.iter().enumerate() {
+            // SAFETY: as at the load above.
+            unsafe { _mm256_storeu_ps(ap.add(8 * c), *ac) };
         }
     }
 
@@ -448,7 +519,14 @@ mod tests {
     #[test]
     fn accumulate_rows_paths_agree_and_compose_the_primitives() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
-        for (hd, n) in [(64usize, 0usize), (64, 1), (64, 40), (40, 9), (8, 3)] {
+        for (hd, n) in [
+            (64usize, 0usize),
+            (64, 1),
+            (64, 40),
+            (128, 37),
+            (40, 9),
+            (8, 3),
+        ] {
             let q: Vec<f32> = rand_f16(&mut rng, hd).iter().map(|v| v.to_f32()).collect();
             let keys = rand_f16(&mut rng, n * hd);
             let vals = rand_f16(&mut rng, n * hd);

@@ -270,7 +270,7 @@ impl Job<'_> {
         with_act_scratch(|act: &mut ActQ8| {
             act.quantize(self.features, x, self.num_tokens, self.w.row_len);
             let act = &*act;
-            let (num_tasks, per) = packed32::split(p, pool);
+            let (num_tasks, per) = packed32::split(p, pool, self.num_tokens);
             pool.for_each(num_tasks, &|task| {
                 let start = task * per;
                 let groups = start..(start + per).min(p.num_groups());

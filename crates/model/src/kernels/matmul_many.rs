@@ -132,7 +132,7 @@ fn run_packed_fused(
     let mut total_tasks = 0;
     for (i, w) in ws.iter().enumerate() {
         if let (Some(p), Some(_)) = (w.packed, &jobs[i]) {
-            splits[i] = packed32::split(p, pool);
+            splits[i] = packed32::split(p, pool, num_tokens);
             task_start[i] = total_tasks;
             total_tasks += splits[i].0;
         }

@@ -20,8 +20,12 @@
 //! while it holds a claimed task, and the caller then waits a whole scheduler time slice
 //! (milliseconds) for a microsecond task. When a call waits for workers longer than
 //! `STALL_THRESHOLD` plus twice the caller's own average task duration, the pool runs the calls
-//! of the next `STALL_BACKOFF` inline on the caller, then tries the workers again. This only
-//! changes which thread runs a task, never a result.
+//! of a backoff period inline on the caller, then tries the workers again. The period starts at
+//! `STALL_BACKOFF_MIN` and doubles with every stall that follows the previous one within
+//! `STALL_STREAK` (a worker that keeps losing its core), up to `STALL_BACKOFF`; an isolated stall
+//! (a hypervisor hiccup on an otherwise idle machine) so costs about a millisecond of
+//! single-threaded work instead of a tenth of a second. This only changes which thread runs a
+//! task, never a result.
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -36,8 +40,13 @@ const SPIN_BEFORE_PARK: Duration = Duration::from_micros(300);
 /// finish their claimed tasks concludes that a worker was preempted (decode tasks take
 /// microseconds; a lost time slice takes milliseconds).
 const STALL_THRESHOLD: Duration = Duration::from_micros(100);
-/// After a stall, calls run on the caller alone for this long, then try the workers again.
+/// After an isolated stall, calls run on the caller alone for this long, then try the workers
+/// again.
+const STALL_BACKOFF_MIN: Duration = Duration::from_millis(1);
+/// The longest backoff (reached after repeated stalls).
 const STALL_BACKOFF: Duration = Duration::from_millis(100);
+/// A stall within this long of the previous one doubles the backoff.
+const STALL_STREAK: Duration = Duration::from_millis(200);
 /// Largest task count one published job may carry (the ticket keeps the index in 32 bits).
 const MAX_TASKS_PER_JOB: usize = 1 << 31;
 /// Ticket index meaning "generation announced, job fields being written: do not claim yet".
@@ -78,7 +87,12 @@ pub struct ThreadPool {
     /// inline on the caller (see [`ThreadPool::for_each`]).
     epoch: Instant,
     inline_until_ns: AtomicU64,
+    /// When the last stall was detected (ns since `epoch`, 0: never) and the backoff it started;
+    /// only touched by the `busy` holder.
+    last_stall_ns: AtomicU64,
+    backoff_ns: AtomicU64,
     stall_threshold: Duration,
+    stall_backoff_min: Duration,
     stall_backoff: Duration,
 }
 
@@ -120,7 +134,10 @@ impl ThreadPool {
             generation: UnsafeCell::new(0),
             epoch: Instant::now(),
             inline_until_ns: AtomicU64::new(0),
+            last_stall_ns: AtomicU64::new(0),
+            backoff_ns: AtomicU64::new(0),
             stall_threshold: STALL_THRESHOLD,
+            stall_backoff_min: STALL_BACKOFF_MIN,
             stall_backoff: STALL_BACKOFF,
         }
     }
@@ -163,6 +180,28 @@ impl ThreadPool {
             start += count;
         }
         self.busy.store(false, Ordering::Release);
+    }
+
+    /// A stall was detected: run calls inline for the next backoff period (see module doc).
+    fn start_backoff(&self) {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let last = self.last_stall_ns.load(Ordering::Relaxed);
+        let (min, max) = (
+            self.stall_backoff_min.as_nanos() as u64,
+            self.stall_backoff.as_nanos() as u64,
+        );
+        let backoff = if last != 0 && now - last < STALL_STREAK.as_nanos() as u64 {
+            self.backoff_ns
+                .load(Ordering::Relaxed)
+                .saturating_mul(2)
+                .clamp(min, max.max(min))
+        } else {
+            min
+        };
+        self.backoff_ns.store(backoff, Ordering::Relaxed);
+        self.last_stall_ns.store(now.max(1), Ordering::Relaxed);
+        self.inline_until_ns
+            .store(now.saturating_add(backoff), Ordering::Relaxed);
     }
 
     /// Publishes one generation and participates until all `num_tasks` tasks completed.
@@ -225,9 +264,7 @@ impl ThreadPool {
             let waited = start.elapsed();
             let own_avg = (start - own_start) / own_tasks.max(1);
             if waited >= self.stall_threshold + 2 * own_avg {
-                let until = self.epoch.elapsed() + self.stall_backoff;
-                self.inline_until_ns
-                    .store(until.as_nanos() as u64, Ordering::Relaxed);
+                self.start_backoff();
             }
         }
         // Every task is claimed and finished: no worker can run `f` again (claims for this
@@ -431,6 +468,7 @@ mod tests {
     fn a_stalled_worker_makes_later_calls_run_inline_until_the_backoff_ends() {
         let mut pool = ThreadPool::new(2);
         pool.stall_threshold = Duration::from_millis(2);
+        pool.stall_backoff_min = Duration::from_secs(3600);
         pool.stall_backoff = Duration::from_secs(3600);
         let caller = std::thread::current().id();
         // Task bodies sleep; whichever task the worker claims outlasts the threshold. The worker
@@ -467,6 +505,40 @@ mod tests {
         // Once the backoff is over, workers take part again.
         pool.inline_until_ns.store(0, Ordering::Relaxed);
         assert!(!pool.backing_off());
+    }
+
+    #[test]
+    fn repeated_stalls_double_the_backoff_up_to_the_maximum_and_isolated_ones_stay_short() {
+        let mut pool = ThreadPool::new(2);
+        pool.stall_backoff_min = Duration::from_millis(1);
+        pool.stall_backoff = Duration::from_millis(8);
+        let backoff = |p: &ThreadPool| Duration::from_nanos(p.backoff_ns.load(Ordering::Relaxed));
+        pool.start_backoff();
+        assert_eq!(
+            backoff(&pool),
+            Duration::from_millis(1),
+            "a first stall backs off briefly"
+        );
+        assert!(pool.backing_off());
+        for want in [2, 4, 8, 8] {
+            pool.start_backoff();
+            assert_eq!(
+                backoff(&pool),
+                Duration::from_millis(want),
+                "stalls in a row double it"
+            );
+        }
+        // A stall long after the previous one starts over at the minimum.
+        pool.last_stall_ns.store(1, Ordering::Relaxed);
+        std::thread::sleep(STALL_STREAK + Duration::from_millis(5));
+        pool.start_backoff();
+        assert_eq!(backoff(&pool), Duration::from_millis(1));
+        // Whatever the backoff, every task still runs exactly once.
+        let ran: Vec<AtomicU32> = (0..16).map(|_| AtomicU32::new(0)).collect();
+        pool.for_each(16, &|i| {
+            ran[i].fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(ran.iter().all(|r| r.load(Ordering::Relaxed) == 1));
     }
 
     #[test]
