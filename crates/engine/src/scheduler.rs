@@ -142,18 +142,22 @@ impl Scheduler {
     /// if it is strictly less important than that head, which is then admitted as soon as what
     /// it freed suffices (one victim per step). Equal priorities never preempt each other, so
     /// with every request at the default priority nothing changes.
-    fn preempt_for_priority(&mut self, cx: &mut SchedContext<'_>, plan: &mut StepPlan) {
-        let Some(head) = self.blocked_head.take() else {
-            return;
-        };
+    /// Returns the request it preempted.
+    fn preempt_for_priority(
+        &mut self,
+        cx: &mut SchedContext<'_>,
+        plan: &mut StepPlan,
+    ) -> Option<SeqKey> {
+        let head = self.blocked_head.take()?;
         if self.waiting.front() != Some(&head) {
-            return;
+            return None;
         }
-        if let Some(v) = self.victim(|_| false) {
-            if self.priority_of(v) > self.priority_of(head) {
-                self.preempt(cx, v, plan);
-            }
+        let v = self.victim(|_| false)?;
+        if self.priority_of(v) <= self.priority_of(head) {
+            return None;
         }
+        self.preempt(cx, v, plan);
+        Some(v)
     }
 
     /// Forgets a finished or cancelled request.
@@ -193,7 +197,7 @@ impl Scheduler {
             t.begin_step();
         }
         let mut plan = StepPlan::default();
-        self.preempt_for_priority(cx, &mut plan);
+        let priority_victim = self.preempt_for_priority(cx, &mut plan);
         let mut budget = self.cfg.max_batch_tokens;
         // What the step holds so far, for the prefill cap (`step_budget`).
         let mut load = StepLoad::default();
@@ -262,8 +266,8 @@ impl Scheduler {
             let Some(id) = self.waiting.pop_front() else {
                 break;
             };
-            // A request preempted in this step comes back in a later one at the earliest.
-            if plan.preempted.contains(&id) || self.shares_prefix_in_flight(cx, id) {
+            // A request preempted for priority comes back in a later step at the earliest.
+            if Some(id) == priority_victim || self.shares_prefix_in_flight(cx, id) {
                 skipped.push_back(id);
                 continue;
             }
