@@ -65,6 +65,9 @@ pub struct TierCacheStats {
     pub stored_bytes: Option<u64>,
     /// Blocks demoted into this tier from the active pool.
     pub demoted_blocks: u64,
+    /// Evicted blocks not written again because this tier already held them.
+    #[serde(default)]
+    pub already_held_blocks: u64,
     /// Hits the cost model loaded / recomputed instead.
     pub load_decisions: u64,
     pub recompute_decisions: u64,

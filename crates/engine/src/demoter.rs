@@ -5,8 +5,10 @@
 //! stalling them. The engine copies a block's bytes before handing them over (the block may be
 //! reused at once). Jobs are numbered (tickets) and finish in order; every tier lookup waits for
 //! the ticket current when it was issued ([`DemoteProgress::wait_until`]), so a lookup always
-//! sees every write issued before it — results never depend on the writer's timing. Never
-//! decides what to write.
+//! sees every write issued before it — results never depend on the writer's timing. A RAM or
+//! disk tier that already holds a block (one loaded from it and evicted again: tier keys name
+//! content) is not written again; Redis is, which refreshes the block's TTL. Never decides
+//! what to write.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -14,7 +16,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use tier::{BlockRef, TierKey, TierStore};
+use tier::{BlockRef, TierKey, TierKind, TierStore};
 
 use crate::tier_codec::TierCodec;
 
@@ -29,6 +31,8 @@ struct Job {
 pub struct DemoteCounts {
     pub demoted_blocks: AtomicU64,
     pub demote_errors: AtomicU64,
+    /// Blocks not written because the store already held them.
+    pub already_held_blocks: AtomicU64,
 }
 
 /// Bytes queued for writing and blocks dropped because the queue was full (a store that stopped
@@ -166,14 +170,14 @@ fn run(
             // A store that panics (or a block its codec cannot encode) counts as a failed
             // write: the job still finishes, so lookups waiting for its ticket never hang.
             let put = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                let encoded = job
-                    .blocks
+                let todo = not_held(store.as_ref(), &job.blocks);
+                let held = job.blocks.len() - todo.len();
+                let encoded = todo
                     .iter()
                     .map(|(_, payload)| codec.encode(payload))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| tier::TierError::InvalidBlock(e.to_string()))?;
-                let refs: Vec<BlockRef<'_>> = job
-                    .blocks
+                let refs: Vec<BlockRef<'_>> = todo
                     .iter()
                     .zip(&encoded)
                     .map(|((key, _), payload)| BlockRef {
@@ -183,16 +187,43 @@ fn run(
                         payload,
                     })
                     .collect();
-                store.put_many(&refs).map(|()| refs.len())
+                if !refs.is_empty() {
+                    store.put_many(&refs)?;
+                }
+                Ok::<_, tier::TierError>((refs.len(), held))
             }));
             match put {
-                Ok(Ok(n)) => c.demoted_blocks.fetch_add(n as u64, Ordering::Relaxed),
-                Ok(Err(_)) | Err(_) => c.demote_errors.fetch_add(1, Ordering::Relaxed),
+                Ok(Ok((n, held))) => {
+                    c.demoted_blocks.fetch_add(n as u64, Ordering::Relaxed);
+                    c.already_held_blocks
+                        .fetch_add(held as u64, Ordering::Relaxed);
+                }
+                Ok(Err(_)) | Err(_) => {
+                    c.demote_errors.fetch_add(1, Ordering::Relaxed);
+                }
             };
         }
         queue.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
         progress.finish_one();
     }
+}
+
+/// The blocks `store` must be written: all of them for Redis (a write refreshes the TTL), the
+/// ones it does not hold yet for RAM and disk tiers, whose `contains_prefix` is an in-memory
+/// index lookup. A tier key names its content (namespace and token chain), so a held block is
+/// the same block; an index entry whose object turns out corrupt is deleted on its next read
+/// and written again on the next eviction.
+fn not_held<'a>(
+    store: &dyn TierStore,
+    blocks: &'a [(TierKey, Vec<u8>)],
+) -> Vec<&'a (TierKey, Vec<u8>)> {
+    let check = matches!(store.kind(), TierKind::Ram | TierKind::Disk);
+    blocks
+        .iter()
+        .filter(|(key, _)| {
+            !check || store.contains_prefix(std::slice::from_ref(key)).ok() != Some(1)
+        })
+        .collect()
 }
 
 impl Drop for Demoter {
@@ -241,6 +272,38 @@ mod tests {
             .count();
         assert_eq!(present, 3);
         assert_eq!(d.counts[0].demoted_blocks.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn a_block_the_store_already_holds_is_not_written_again() {
+        let ram = Arc::new(RamStore::new(RamConfig {
+            max_bytes: 1 << 20,
+            compression: Compression::None,
+        }));
+        let stores: Vec<Arc<dyn TierStore>> = vec![ram.clone()];
+        let mut d = Demoter::new(
+            stores,
+            16,
+            vec![TierCodec::as_is("f16".into(), 64)],
+            usize::MAX,
+        );
+        d.submit(vec![(key(1), vec![1; 64])], 1);
+        // Evicted again after a reload (same key, same content), next to a new block.
+        d.submit(vec![(key(1), vec![1; 64]), (key(2), vec![2; 64])], 1);
+        d.barrier();
+        assert_eq!(d.counts[0].demoted_blocks.load(Ordering::Relaxed), 2);
+        assert_eq!(d.counts[0].already_held_blocks.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            ram.stats().puts,
+            2,
+            "the store saw one write per distinct block"
+        );
+        // Once the store dropped it, the block is written again.
+        ram.remove(&[key(1)]).unwrap();
+        d.submit(vec![(key(1), vec![1; 64])], 1);
+        d.barrier();
+        assert_eq!(d.counts[0].demoted_blocks.load(Ordering::Relaxed), 3);
+        assert_eq!(ram.stats().puts, 3);
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct TierCounters {
     pub demoted_blocks: u64,
     /// `put_many` calls that failed (those blocks are dropped).
     pub demote_errors: u64,
+    /// Evicted blocks not written because this (RAM or disk) tier already held them: blocks
+    /// loaded from it and evicted again.
+    pub already_held_blocks: u64,
     /// Measured load bandwidth (EWMA, bytes/s), once measured.
     pub load_bytes_per_s: Option<f64>,
 }

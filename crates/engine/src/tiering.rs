@@ -529,6 +529,7 @@ impl Tiering {
                         load_bytes_per_s: bw.0,
                         demoted_blocks: d.demoted_blocks.load(Ordering::Relaxed),
                         demote_errors: d.demote_errors.load(Ordering::Relaxed),
+                        already_held_blocks: d.already_held_blocks.load(Ordering::Relaxed),
                         ..counters.clone()
                     },
                 })

@@ -431,7 +431,7 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
         return;
     }
     type Field = fn(&engine::TierSnapshot) -> u64;
-    let series: [(&str, &str, &str, Field); 11] = [
+    let series: [(&str, &str, &str, Field); 12] = [
         (
             "agentkv_tier_hit_tokens_total",
             "counter",
@@ -485,6 +485,12 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
             "counter",
             "KV blocks written to the tier (on eviction from the active pool, or when computed).",
             |t| t.engine.demoted_blocks,
+        ),
+        (
+            "agentkv_tier_already_held_blocks_total",
+            "counter",
+            "Evicted KV blocks not written again because the (RAM or disk) tier already held them.",
+            |t| t.engine.already_held_blocks,
         ),
         (
             "agentkv_tier_load_decisions_total",
