@@ -228,9 +228,10 @@ fn check_perplexity(ctx: usize, chunks: usize, llama_cpp: f64) {
         rel * 100.0
     );
     assert_eq!(report.num_chunks, chunks);
+    // Measured 0.0003% and 0.0000% (the dequantise-to-f32 K-quant path: 0.19% / 0.17%).
     assert!(
-        rel < 0.005,
-        "perplexity {:.4} is more than 0.5% from llama.cpp's {llama_cpp}",
+        rel < 0.0005,
+        "perplexity {:.4} is more than 0.05% from llama.cpp's {llama_cpp}",
         report.ppl
     );
 }
