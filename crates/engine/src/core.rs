@@ -386,6 +386,7 @@ impl EngineCore {
                 let positions: Vec<u32> = (done as u32..(done + len) as u32).collect();
                 let slots = vec![SeqSlot(0); len];
                 let batch = ForwardBatch {
+                    matmul_arith: model::MatmulArith::Invariant,
                     tokens: &tokens[done..done + len],
                     positions: &positions,
                     slots: &slots,
@@ -688,6 +689,7 @@ impl EngineCore {
         }
         let table_refs: Vec<&[cache::BlockId]> = tables.iter().map(|t| t.as_slice()).collect();
         let batch = ForwardBatch {
+            matmul_arith: model::MatmulArith::Invariant,
             tokens: &tokens,
             positions: &positions,
             slots: &slots,

@@ -4,8 +4,10 @@
 //! [post-norm] → gated FFN → [post-norm]) and the final logits. Sliding-window layers attend the
 //! last `window` positions of their sequence only (always in the exact regime: a window bounds
 //! the positions a row reads), with their own RoPE base. Every token is processed with the same float operations whatever batch it is in
-//! and however its prompt was chunked: matrix products are batch-invariant (see `kernels`) and
-//! attention always reads K/V back from the [`KvStore`]. It never decides what to batch.
+//! and however its prompt was chunked: matrix products are batch-invariant (see `kernels`; a
+//! batch may instead ask for llama.cpp's step-dependent K-quant orders, [`MatmulArith`]) and
+//! attention always reads K/V back from the [`KvStore`]. The last layer's output projection is
+//! followed by the FFN of the rows whose logits are wanted only. It never decides what to batch.
 
 pub use crate::attention::AttnArith;
 use crate::attention::{attend_window_with, AttnScratch};
@@ -13,7 +15,11 @@ use crate::attention_plan::{self, AttnShape, AttnTask};
 use crate::attention_tiled::{run_tile_task, TileInputs, TileOutputs, TileScratch};
 use crate::config::{FfnAct, ModelConfig};
 use crate::ggml_tiled::{self, TiledScratch};
-use crate::kernels::{cpu_features, matmul, matmul_many, KernelError, ThreadPool};
+pub use crate::kernels::MatmulArith;
+use crate::kernels::{
+    cpu_features, matmul_many_with_arith as matmul_many, matmul_with_arith as matmul, KernelError,
+    ThreadPool,
+};
 use crate::kv::{KvChunk, KvDtype, KvError, KvStore, SeqSlot};
 use crate::ops::{geglu, rms_norm, softcap, swiglu, Rope};
 use crate::par::DisjointRows;
@@ -30,6 +36,9 @@ pub struct ForwardBatch<'a> {
     /// Which of llama.cpp's attention kernels this step reproduces over f16 K/V
     /// ([`AttnArith::for_step`] picks llama.cpp's own choice for a step of that many tokens).
     pub arith: AttnArith,
+    /// Whether the matrix products take llama.cpp's batch-position-dependent K-quant order
+    /// ([`MatmulArith::LlamaCpp`], for reproductions of llama.cpp) or the batch-invariant one.
+    pub matmul_arith: MatmulArith,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +69,8 @@ pub struct Scratch {
     up: Vec<f32>,   // [num_tokens, ffn]
     /// `[partial_rows, head_dim + 2]`: tiled attention's per-segment states.
     partials: Vec<f32>,
+    /// The rows the last layer keeps, gathered before they are moved to the front.
+    keep: Vec<f32>,
 }
 
 thread_local! {
@@ -164,6 +175,9 @@ pub fn forward(
         )
     });
 
+    // Whether the last layer keeps only the rows of `logits_for` (always, unless every token's
+    // logits are wanted in order, when it would change nothing).
+    let compact = !batch.logits_for.iter().copied().eq(0..n);
     for (l, lw) in w.layers.iter().enumerate() {
         let window = cfg.window_of(l);
         let (plan, angles) = match (window, &local_plan) {
@@ -185,7 +199,14 @@ pub fn forward(
         let v = grow(&mut s.v, n * kvd);
         // One dispatch for Q, K and V (bit-identical to three `matmul` calls).
         let qkv = [w.qmatrix(&lw.wq), w.qmatrix(&lw.wk), w.qmatrix(&lw.wv)];
-        matmul_many(pool, &qkv, xn, n, &mut [&mut *q, &mut *k, &mut *v])?;
+        matmul_many(
+            pool,
+            &qkv,
+            xn,
+            n,
+            &mut [&mut *q, &mut *k, &mut *v],
+            batch.matmul_arith,
+        )?;
         for t in 0..n {
             let (qt, kt, vt) = (
                 &mut q[t * qd..(t + 1) * qd],
@@ -285,7 +306,25 @@ pub fn forward(
             });
         }
         let proj = grow(&mut s.proj, n * hd);
-        matmul(pool, &w.qmatrix(&lw.wo), att, n, proj)?;
+        matmul(pool, &w.qmatrix(&lw.wo), att, n, proj, batch.matmul_arith)?;
+        // After the last layer's attention output projection only the tokens whose logits are
+        // wanted matter: keep those rows (in `logits_for` order) and drop the others, where
+        // llama.cpp does (`inp_out_ids`). Every row's arithmetic stays the same (for
+        // `MatmulArith::LlamaCpp`, the step size of the FFN is then llama.cpp's too).
+        let n = if l + 1 == w.layers.len() && compact {
+            let m = batch.logits_for.len();
+            for (buf, width) in [(&mut s.proj, hd), (&mut s.x, hd)] {
+                s.keep.clear();
+                for &t in batch.logits_for {
+                    s.keep.extend_from_slice(&buf[t * width..(t + 1) * width]);
+                }
+                buf[..m * width].copy_from_slice(&s.keep);
+            }
+            m
+        } else {
+            n
+        };
+        let proj = &mut s.proj[..n * hd];
         post_norm(proj, lw.post_attn_norm.as_deref(), cfg.rms_eps, hd);
         add_in_place(&mut s.x[..n * hd], proj);
 
@@ -302,13 +341,27 @@ pub fn forward(
         let gate = grow(&mut s.gate, n * ffn);
         let up = grow(&mut s.up, n * ffn);
         let gate_up = [w.qmatrix(&lw.w_gate), w.qmatrix(&lw.w_up)];
-        matmul_many(pool, &gate_up, xn, n, &mut [&mut *gate, &mut *up])?;
+        matmul_many(
+            pool,
+            &gate_up,
+            xn,
+            n,
+            &mut [&mut *gate, &mut *up],
+            batch.matmul_arith,
+        )?;
         match cfg.ffn_act {
             FfnAct::Silu => swiglu(gate, up),
             FfnAct::GeluTanh => geglu(gate, up),
         }
         let proj = grow(&mut s.proj, n * hd);
-        matmul(pool, &w.qmatrix(&lw.w_down), gate, n, proj)?;
+        matmul(
+            pool,
+            &w.qmatrix(&lw.w_down),
+            gate,
+            n,
+            proj,
+            batch.matmul_arith,
+        )?;
         post_norm(proj, lw.post_ffn_norm.as_deref(), cfg.rms_eps, hd);
         add_in_place(&mut s.x[..n * hd], proj);
     }
@@ -317,6 +370,8 @@ pub fn forward(
     let m = batch.logits_for.len();
     let xn = grow(&mut s.xn, m.max(1) * hd);
     for (j, &t) in batch.logits_for.iter().enumerate() {
+        // After the last layer's compaction, row `j` holds token `logits_for[j]`.
+        let t = if compact { j } else { t };
         rms_norm(
             &s.x[t * hd..(t + 1) * hd],
             &w.output_norm,
@@ -326,7 +381,14 @@ pub fn forward(
     }
     let mut logits = vec![0.0f32; m * cfg.vocab_size];
     if m > 0 {
-        matmul(pool, &w.qmatrix(&w.output), &xn[..m * hd], m, &mut logits)?;
+        matmul(
+            pool,
+            &w.qmatrix(&w.output),
+            &xn[..m * hd],
+            m,
+            &mut logits,
+            batch.matmul_arith,
+        )?;
     }
     if let Some(cap) = cfg.final_logit_softcap {
         softcap(&mut logits, cap);

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::forward::{AttnArith, ForwardBatch, ForwardError, Scratch};
+use crate::forward::{AttnArith, ForwardBatch, ForwardError, MatmulArith, Scratch};
 use crate::kernels::ThreadPool;
 use crate::kv::{KvDtype, SeqSlot};
 use crate::model::Model;
@@ -112,6 +112,11 @@ pub fn generate(
         let last = [piece.len() - 1];
         let is_last_chunk = (c + 1) * chunk >= prompt.len();
         let batch = ForwardBatch {
+            matmul_arith: if opts.llama_cpp_prefill {
+                MatmulArith::LlamaCpp
+            } else {
+                MatmulArith::Invariant
+            },
             tokens: piece,
             positions: &positions,
             slots: &slots,
@@ -140,6 +145,7 @@ pub fn generate(
             break;
         }
         let batch = ForwardBatch {
+            matmul_arith: MatmulArith::Invariant,
             tokens: &[id],
             positions: &[pos as u32],
             slots: &[SeqSlot(0)],

@@ -33,7 +33,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::ModelConfig;
-pub use forward::{AttnArith, ForwardBatch, ForwardError, Scratch};
+pub use forward::{AttnArith, ForwardBatch, ForwardError, MatmulArith, Scratch};
 pub use frontend::Frontend;
 pub use kernels::ThreadPool;
 pub use kv::{KvDtype, KvStore, SeqSlot};

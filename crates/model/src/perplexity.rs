@@ -6,7 +6,7 @@
 //! cache and only the second half is scored: the logits at positions `ctx/2 .. ctx-2` predict the
 //! tokens at `ctx/2+1 .. ctx-1`. Reports `exp(mean NLL)` and llama.cpp's standard error.
 
-use crate::forward::{AttnArith, ForwardBatch, ForwardError, Scratch};
+use crate::forward::{AttnArith, ForwardBatch, ForwardError, MatmulArith, Scratch};
 use crate::kernels::ThreadPool;
 use crate::kv::KvDtype;
 use crate::kv::SeqSlot;
@@ -108,6 +108,7 @@ pub fn perplexity(
             window[0] = b;
         }
         let batch = ForwardBatch {
+            matmul_arith: MatmulArith::LlamaCpp,
             tokens: &window,
             positions: &positions,
             slots: &slots,
@@ -119,6 +120,7 @@ pub fn perplexity(
             None => model.forward(pool, &batch, &mut kv, &mut scratch)?,
             Some(through) => {
                 let prefix = ForwardBatch {
+                    matmul_arith: MatmulArith::LlamaCpp,
                     tokens: &window[..first],
                     positions: &positions[..first],
                     slots: &slots[..first],
@@ -130,6 +132,7 @@ pub fn perplexity(
                     .map_err(ForwardError::from)?;
                 let shifted: Vec<usize> = logits_for.iter().map(|&t| t - first).collect();
                 let rest = ForwardBatch {
+                    matmul_arith: MatmulArith::LlamaCpp,
                     tokens: &window[first..],
                     positions: &positions[first..],
                     slots: &slots[first..],

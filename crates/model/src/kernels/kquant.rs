@@ -4,25 +4,35 @@
 //!
 //! Owns the activation format, the portable (scalar) kernels and the canonical per-output
 //! operation order; the AVX2 / AVX-512 VNNI tiles live in [`super::kquant_avx2`] and follow the
-//! same order bit for bit. For weight row `W[r]` and token `t`, over super-blocks `b` in order:
+//! same order bit for bit. The order is the one of llama.cpp's x86 AVX2 kernels (the build our
+//! references come from). For weight row `W[r]` and token `t`, over super-blocks `b` in order:
 //! ```text
-//! lane[l]  = Σ_{e : (e mod 32) / 4 == l} sc16[e / 16] * (q[e] - OFFSET) * x_q[e]   (exact i32, l = 0..8)
-//! acc[l]   = fma(lane[l] as f32, d_w[b] * d_x[b], acc[l])
-//! mlane[i] = m[2i] * bs32_x[2i] + m[2i+1] * bs32_x[2i+1]                          (exact i32, i = 0..4)
-//! accm[i]  = fma(mlane[i] as f32, dmin_w[b] * d_x[b], accm[i])                   (types with mins)
-//! y[t, r]  = hsum8(acc) - ((accm[0] + accm[2]) + (accm[1] + accm[3]))
+//! lane[l] = Σ_{e : (e mod 32) / 4 == l} sc16[e / 16] * q[e] * x_q[e]
+//!           - OFFSET * (sc16[2l] * bs16_x[2l] + sc16[2l+1] * bs16_x[2l+1])        (exact i32, l = 0..8)
+//! msum    = Σ_j m[j] * bs32_x[j]                                                   (exact i32)
+//! lanes:  acc[l] = fma(lane[l] as f32, d_w[b] * d_x[b], acc[l]);   y = hsum8(acc) - mins
+//! flat:   acc    = fma(Σ_l lane[l] as f32, d_w[b] * d_x[b], acc);  y = acc - mins
 //! ```
 //! where `q` are the unsigned stored values (0..16, 0..32 or 0..64), `sc16` the integer scale of
-//! each 16-element group (Q4_K/Q5_K repeat their per-32 scale), `m` the per-32 integer mins and
-//! `bs32_x` the sums of 32 quantised activations. The integer lanes are exactly what AVX2's
-//! `maddubs` + `madd` (or VNNI's `vpdpwssd`) produce, so every path gives identical results.
-//! It never allocates once its scratch has grown, and never decides what a layer is.
+//! each 16-element group (Q4_K/Q5_K repeat their per-32 scale), `m` the per-32 integer mins,
+//! `bs16_x` / `bs32_x` the sums of 16 / 32 quantised activations and `OFFSET` 32 for Q6_K (its
+//! stored values are `q - 32`), 0 otherwise. The mins (types that have them) accumulate as
+//! `accm = fma(msum as f32, dmin_w[b] * d_x[b], accm)` (`mins = accm`), except in Q4_K's lane
+//! order where they take four lanes, `mlane[i] = m[2i] * bs32_x[2i] + m[2i+1] * bs32_x[2i+1]`,
+//! `accm[i] = fma(mlane[i] as f32, dmin_w[b] * d_x[b], accm[i])`, `mins = (accm[0] + accm[2]) +
+//! (accm[1] + accm[3])`.
+//!
+//! Which order: Q5_K and Q6_K always use the lanes (ggml's `ggml_vec_dot_q5_K_q8_K` /
+//! `_q6_K_q8_K`, Q6_K's offset subtracted through the activation sums as they do); Q4_K uses the
+//! flat order when the matrix has a multiple of 8 rows (llama.cpp repacks such Q4_K matrices
+//! into 8-row interleaved blocks on AVX2 CPUs, and its `ggml_gemv/gemm_q4_K_8x8_q8_K` convert one
+//! exact integer per super-block), the lanes otherwise (`ggml_vec_dot_q4_K_q8_K`). The integer
+//! lanes are exactly what AVX2's `maddubs` + `madd` (or VNNI's `vpdpwssd`) produce, so every
+//! path gives identical results. It never allocates once its scratch has grown, and never
+//! decides what a layer is.
 
 use std::cell::RefCell;
-use std::ops::Range;
 
-use super::matmul::{Job, OutPtr};
-use super::pool::ThreadPool;
 use super::vec_f32::hsum8;
 use crate::gguf::dequant::scale_min_k4;
 use crate::gguf::GgmlType;
@@ -32,16 +42,16 @@ pub const QK_K: usize = 256;
 
 /// Activations quantised like ggml's `Q8_K`: per token and 256-element block, an f32 scale
 /// `d = 1 / (-127 / max)` (`max` the signed value of largest magnitude), 256 signed bytes
-/// `q = min(127, round_half_even(x * (-127 / max)))` and the eight sums of 32 consecutive `q`.
-/// Layouts: `d`: `[num_tokens, num_blocks]`; `qs`: `[num_tokens, row_len]`; `bs32`:
-/// `[num_tokens, num_blocks, 8]`.
+/// `q = min(127, round_half_even(x * (-127 / max)))` and the sixteen sums of 16 consecutive `q`.
+/// Layouts: `d`: `[num_tokens, num_blocks]`; `qs`: `[num_tokens, row_len]`; `bs16`:
+/// `[num_tokens, num_blocks, 16]`.
 #[derive(Debug, Default, Clone)]
 pub struct ActQ8K {
     pub num_tokens: usize,
     pub num_blocks: usize,
     pub d: Vec<f32>,
     pub qs: Vec<i8>,
-    pub bs32: Vec<i16>,
+    pub bs16: Vec<i16>,
 }
 
 impl ActQ8K {
@@ -57,10 +67,10 @@ impl ActQ8K {
         self.num_blocks = num_blocks;
         let total = num_tokens * num_blocks;
         self.d.resize(total, 0.0);
-        self.bs32.resize(total * 8, 0);
+        self.bs16.resize(total * 16, 0);
         self.qs.resize(num_tokens * row_len, 0);
         let blocks = x.chunks_exact(QK_K).zip(self.qs.chunks_exact_mut(QK_K));
-        let scales = self.d.iter_mut().zip(self.bs32.chunks_exact_mut(8));
+        let scales = self.d.iter_mut().zip(self.bs16.chunks_exact_mut(16));
         for ((xb, qb), (d, bs)) in blocks.zip(scales) {
             *d = quantize_block(xb, qb, bs);
         }
@@ -75,12 +85,12 @@ fn nearest_int(f: f32) -> i32 {
 }
 
 /// One 256-element block; returns its scale `d`.
-fn quantize_block(x: &[f32], q: &mut [i8], bs32: &mut [i16]) -> f32 {
+fn quantize_block(x: &[f32], q: &mut [i8], bs16: &mut [i16]) -> f32 {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     // `f32::max` skips NaN, so a block of NaNs has `amax == 0`.
     if amax == 0.0 || !amax.is_finite() {
         q.fill(0);
-        bs32.fill(0);
+        bs16.fill(0);
         return 0.0;
     }
     // ggml keeps the sign of the first element of largest magnitude.
@@ -89,7 +99,7 @@ fn quantize_block(x: &[f32], q: &mut [i8], bs32: &mut [i16]) -> f32 {
     for (qi, xi) in q.iter_mut().zip(x) {
         *qi = nearest_int(iscale * xi).clamp(-128, 127) as i8;
     }
-    for (s, qb) in bs32.iter_mut().zip(q.chunks_exact(32)) {
+    for (s, qb) in bs16.iter_mut().zip(q.chunks_exact(16)) {
         *s = qb.iter().map(|&v| i16::from(v)).sum();
     }
     1.0 / iscale
@@ -108,6 +118,11 @@ pub(crate) trait KQuant {
     const HAS_MIN: bool;
     /// Subtracted from every stored value (32 for Q6_K, else 0).
     const OFFSET: i32;
+    /// Whether the order of a matrix of this type depends on its row count (Q4_K: flat with a
+    /// multiple of 8 rows, see the module doc); the other types always use the lanes.
+    const FLAT_WITH_8_ROWS: bool;
+    /// Whether the lane order keeps one mins accumulator (Q5_K) rather than four (Q4_K).
+    const ONE_MIN_LANE: bool;
     /// `(d, dmin)` (dmin is 0 for types without mins).
     fn scales(b: &[u8]) -> (f32, f32);
     /// The 256 unsigned stored values, the 16 integer scales (one per 16 elements) and the 8
@@ -136,6 +151,8 @@ impl KQuant for Q4K {
     const BYTES: usize = 144;
     const HAS_MIN: bool = true;
     const OFFSET: i32 = 0;
+    const FLAT_WITH_8_ROWS: bool = true;
+    const ONE_MIN_LANE: bool = false;
     fn scales(b: &[u8]) -> (f32, f32) {
         (f16_at(b, 0), f16_at(b, 2))
     }
@@ -156,6 +173,8 @@ impl KQuant for Q5K {
     const BYTES: usize = 176;
     const HAS_MIN: bool = true;
     const OFFSET: i32 = 0;
+    const FLAT_WITH_8_ROWS: bool = false;
+    const ONE_MIN_LANE: bool = true;
     fn scales(b: &[u8]) -> (f32, f32) {
         (f16_at(b, 0), f16_at(b, 2))
     }
@@ -179,6 +198,8 @@ impl KQuant for Q6K {
     const BYTES: usize = 210;
     const HAS_MIN: bool = false;
     const OFFSET: i32 = 32;
+    const FLAT_WITH_8_ROWS: bool = false;
+    const ONE_MIN_LANE: bool = false;
     fn scales(b: &[u8]) -> (f32, f32) {
         (f16_at(b, 208), 0.0)
     }
@@ -203,42 +224,110 @@ impl KQuant for Q6K {
     }
 }
 
-/// Scalar dot of one weight row with token `tok` of `act`, in the canonical order of the module
-/// doc.
-pub(crate) fn dot_row_scalar<K: KQuant>(w_row: &[u8], act: &ActQ8K, tok: usize) -> f32 {
+/// Whether a `K` matrix of `num_rows` rows takes the flat order (module doc).
+pub(crate) fn flat_order<K: KQuant>(num_rows: usize) -> bool {
+    K::FLAT_WITH_8_ROWS && num_rows.is_multiple_of(8)
+}
+
+/// The per-output float orders of the module doc.
+pub(crate) mod order {
+    /// Eight lanes (`ggml_vec_dot_*_q8_K`).
+    pub const LANES: u8 = 0;
+    /// One fused multiply-add per super-block (`ggml_gemv_q4_K_8x8_q8_K`).
+    pub const FLAT: u8 = 1;
+    /// One per 64 elements (`ggml_gemm_q4_K_8x8_q8_K`, llama.cpp's 4-token groups).
+    pub const FLAT64: u8 = 2;
+    /// llama.cpp's tiled K-quant matmul (`ggml-cpu/tiled`, steps of 8+ tokens over matrices it
+    /// does not repack): per super-block `res = d_w · f32(Σ lanes)`, minus `dmin_w · msum`
+    /// fused, then `acc = fma(res, d_x, acc)`.
+    pub const TILED: u8 = 3;
+}
+
+/// llama.cpp takes its tiled K-quant matmul from this many tokens in one step on
+/// (`ggml_tiled_min_batch`).
+pub(crate) const TILED_MIN_TOKENS: usize = 8;
+
+/// Scalar dot of one weight row with token `tok` of `act`, in the canonical order `ORDER` (one
+/// of [`order`]) of the module doc.
+pub(crate) fn dot_row_scalar<K: KQuant, const ORDER: u8>(
+    w_row: &[u8],
+    act: &ActQ8K,
+    tok: usize,
+) -> f32 {
     let nb = act.num_blocks;
     let mut acc = [0f32; 8];
     let mut accm = [0f32; 4];
+    let (mut acc1, mut accm1) = (0f32, 0f32);
     for (b, blk) in w_row.chunks_exact(K::BYTES).take(nb).enumerate() {
         let ab = tok * nb + b;
         let (dw, mw) = K::scales(blk);
         let (v, sc, mins) = K::decode(blk);
         let x = &act.qs[ab * QK_K..(ab + 1) * QK_K];
+        let bs16 = &act.bs16[ab * 16..ab * 16 + 16];
         let mut lanes = [0i32; 8];
         for e in 0..QK_K {
-            let p = (i32::from(v[e]) - K::OFFSET) * i32::from(x[e]);
+            let p = i32::from(v[e]) * i32::from(x[e]);
             lanes[(e % 32) / 4] += i32::from(sc[e / 16]) * p;
+        }
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let s = i32::from(sc[2 * l]) * i32::from(bs16[2 * l])
+                + i32::from(sc[2 * l + 1]) * i32::from(bs16[2 * l + 1]);
+            *lane -= K::OFFSET * s;
         }
         let dx = act.d[ab];
         let d = dw * dx;
-        for (a, l) in acc.iter_mut().zip(lanes) {
-            *a = (l as f32).mul_add(d, *a);
+        let dm = mw * dx;
+        let bs32 = |j: usize| i32::from(bs16[2 * j]) + i32::from(bs16[2 * j + 1]);
+        let ml = |j: usize| i32::from(mins[j]) * bs32(j);
+        if ORDER == order::FLAT64 {
+            for c in 0..4 {
+                let mut sb = 0i32;
+                for e in 64 * c..64 * c + 64 {
+                    sb += i32::from(sc[e / 16]) * i32::from(v[e]) * i32::from(x[e]);
+                }
+                acc1 = (sb as f32).mul_add(d, acc1);
+                if K::HAS_MIN {
+                    accm1 = ((ml(2 * c) + ml(2 * c + 1)) as f32).mul_add(dm, accm1);
+                }
+            }
+            continue;
+        }
+        if ORDER == order::TILED {
+            let mut res = dw * lanes.iter().sum::<i32>() as f32;
+            if K::HAS_MIN {
+                res = (-mw).mul_add((0..8).map(ml).sum::<i32>() as f32, res);
+            }
+            acc1 = res.mul_add(dx, acc1);
+            continue;
+        }
+        if ORDER == order::FLAT {
+            acc1 = (lanes.iter().sum::<i32>() as f32).mul_add(d, acc1);
+        } else {
+            for (a, l) in acc.iter_mut().zip(lanes) {
+                *a = (l as f32).mul_add(d, *a);
+            }
         }
         if K::HAS_MIN {
-            let dm = mw * dx;
-            let bs = &act.bs32[ab * 8..ab * 8 + 8];
-            for (i, a) in accm.iter_mut().enumerate() {
-                let ml = i32::from(mins[2 * i]) * i32::from(bs[2 * i])
-                    + i32::from(mins[2 * i + 1]) * i32::from(bs[2 * i + 1]);
-                *a = (ml as f32).mul_add(dm, *a);
+            if ORDER == order::FLAT || K::ONE_MIN_LANE {
+                accm1 = ((0..8).map(ml).sum::<i32>() as f32).mul_add(dm, accm1);
+            } else {
+                for (i, a) in accm.iter_mut().enumerate() {
+                    *a = ((ml(2 * i) + ml(2 * i + 1)) as f32).mul_add(dm, *a);
+                }
             }
         }
     }
-    let s = hsum8(&acc);
-    if K::HAS_MIN {
-        s - ((accm[0] + accm[2]) + (accm[1] + accm[3]))
-    } else {
+    if ORDER == order::TILED {
+        return acc1;
+    }
+    let flat = ORDER != order::LANES;
+    let s = if flat { acc1 } else { hsum8(&acc) };
+    if !K::HAS_MIN {
         s
+    } else if flat || K::ONE_MIN_LANE {
+        s - accm1
+    } else {
+        s - ((accm[0] + accm[2]) + (accm[1] + accm[3]))
     }
 }
 
@@ -246,16 +335,6 @@ pub(crate) fn dot_row_scalar<K: KQuant>(w_row: &[u8], act: &ActQ8K, tok: usize) 
 pub(super) fn is_kquant(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K)
 }
-
-/// Kernel set of one K-quant type on this architecture.
-#[cfg(target_arch = "x86_64")]
-trait Kernel: super::kquant_avx2::KQuantAvx2 {}
-#[cfg(target_arch = "x86_64")]
-impl<K: super::kquant_avx2::KQuantAvx2> Kernel for K {}
-#[cfg(not(target_arch = "x86_64"))]
-trait Kernel: KQuant {}
-#[cfg(not(target_arch = "x86_64"))]
-impl<K: KQuant> Kernel for K {}
 
 thread_local! {
     /// Per-calling-thread activation scratch, reused across calls.
@@ -268,133 +347,6 @@ pub(super) fn with_act_k_scratch(f: impl FnOnce(&mut ActQ8K)) {
         Ok(mut act) => f(&mut act),
         Err(_) => f(&mut ActQ8K::default()),
     });
-}
-
-impl Job<'_> {
-    /// The whole matmul for a K-quant weight: quantise `x` once, then one pool task per row range.
-    pub(super) fn run_kquant(&self, pool: &ThreadPool, x: &[f32], out: &OutPtr) {
-        with_act_k_scratch(|act| {
-            act.quantize(x, self.num_tokens, self.w.row_len);
-            let act = &*act;
-            let (num_tasks, rows_per_task) = self.split(pool);
-            pool.for_each(num_tasks, &|task| {
-                let start = task * rows_per_task;
-                let rows = start..(start + rows_per_task).min(self.w.num_rows);
-                self.rows_kquant_any(act, rows, out);
-            });
-        });
-    }
-
-    /// `rows` of the output for the job's weight type, which must be [`is_kquant`].
-    pub(super) fn rows_kquant_any(&self, act: &ActQ8K, rows: Range<usize>, out: &OutPtr) {
-        match self.w.ty {
-            GgmlType::Q4K => self.rows_kquant::<Q4K>(act, rows, out),
-            GgmlType::Q5K => self.rows_kquant::<Q5K>(act, rows, out),
-            GgmlType::Q6K => self.rows_kquant::<Q6K>(act, rows, out),
-            other => unreachable!("rows_kquant_any called for {other:?}, not a K-quant"),
-        }
-    }
-
-    fn rows_kquant<K: Kernel>(&self, act: &ActQ8K, rows: Range<usize>, out: &OutPtr) {
-        #[cfg(target_arch = "x86_64")]
-        if self.features.avx2 {
-            // SAFETY: `features` was clamped to the detected CPU features, so AVX2+FMA+F16C (and
-            // AVX-512 VNNI+VL when `vnni`) exist.
-            unsafe {
-                if self.features.vnni {
-                    self.rows_kquant_avx2::<K, true>(act, rows, out)
-                } else {
-                    self.rows_kquant_avx2::<K, false>(act, rows, out)
-                }
-            };
-            return;
-        }
-        let num_rows = self.w.num_rows;
-        for r in rows {
-            let w_row = &self.w.data[r * self.row_bytes..(r + 1) * self.row_bytes];
-            for t in 0..self.num_tokens {
-                out.write(t * num_rows + r, dot_row_scalar::<K>(w_row, act, t));
-            }
-        }
-    }
-
-    /// Row range in register tiles: 1 token × 4 rows with prefetch for decode, 4 tokens × 2 rows
-    /// for batches (each weight super-block decoded once per 4 tokens).
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn rows_kquant_avx2<K: Kernel, const VNNI: bool>(
-        &self,
-        act: &ActQ8K,
-        rows: Range<usize>,
-        out: &OutPtr,
-    ) {
-        /// One tile on the path `VNNI` selects (same results either way).
-        #[inline(always)]
-        fn tile<K: Kernel, const T: usize, const R: usize, const PF: bool, const VNNI: bool>(
-            w: &[u8],
-            row_bytes: usize,
-            row0: usize,
-            act: &ActQ8K,
-            tok0: usize,
-            out: &mut [[f32; R]; T],
-        ) {
-            use super::kquant_avx2 as k;
-            // SAFETY: only reached from `rows_kquant`, which checked AVX2+FMA+F16C and, for
-            // `VNNI`, AVX-512 VNNI+VL on this CPU.
-            unsafe {
-                if VNNI {
-                    k::tile_vnni::<K, T, R, PF>(w, row_bytes, row0, act, tok0, out)
-                } else {
-                    k::tile::<K, T, R, PF>(w, row_bytes, row0, act, tok0, out)
-                }
-            }
-        }
-        let (w, rb, n) = (self.w.data, self.row_bytes, self.w.num_rows);
-        let num_tokens = self.num_tokens;
-        let mut r = rows.start;
-        if num_tokens == 1 {
-            let mut o = [[0f32; 4]; 1];
-            while r + 4 <= rows.end {
-                tile::<K, 1, 4, true, VNNI>(w, rb, r, act, 0, &mut o);
-                (0..4).for_each(|i| out.write(r + i, o[0][i]));
-                r += 4;
-            }
-            let mut o = [[0f32; 1]; 1];
-            while r < rows.end {
-                tile::<K, 1, 1, true, VNNI>(w, rb, r, act, 0, &mut o);
-                out.write(r, o[0][0]);
-                r += 1;
-            }
-            return;
-        }
-        while r + 2 <= rows.end {
-            let mut t = 0;
-            let mut o4 = [[0f32; 2]; 4];
-            while t + 4 <= num_tokens {
-                tile::<K, 4, 2, false, VNNI>(w, rb, r, act, t, &mut o4);
-                for (dt, row) in o4.iter().enumerate() {
-                    out.write((t + dt) * n + r, row[0]);
-                    out.write((t + dt) * n + r + 1, row[1]);
-                }
-                t += 4;
-            }
-            let mut o1 = [[0f32; 2]; 1];
-            while t < num_tokens {
-                tile::<K, 1, 2, false, VNNI>(w, rb, r, act, t, &mut o1);
-                out.write(t * n + r, o1[0][0]);
-                out.write(t * n + r + 1, o1[0][1]);
-                t += 1;
-            }
-            r += 2;
-        }
-        if r < rows.end {
-            let mut o = [[0f32; 1]; 1];
-            for t in 0..num_tokens {
-                tile::<K, 1, 1, false, VNNI>(w, rb, r, act, t, &mut o);
-                out.write(t * n + r, o[0][0]);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -426,12 +378,12 @@ mod tests {
                 let err = (f32::from(a.qs[i]) * d - x[i]).abs();
                 assert!(err <= 0.5 * d.abs() * 1.0001 + 1e-7, "elem {i}");
             }
-            for j in 0..8 {
-                let s: i32 = a.qs[blk * QK_K + 32 * j..blk * QK_K + 32 * j + 32]
+            for j in 0..16 {
+                let s: i32 = a.qs[blk * QK_K + 16 * j..blk * QK_K + 16 * j + 16]
                     .iter()
                     .map(|&q| i32::from(q))
                     .sum();
-                assert_eq!(i32::from(a.bs32[blk * 8 + j]), s);
+                assert_eq!(i32::from(a.bs16[blk * 16 + j]), s);
             }
         }
     }

@@ -1,29 +1,22 @@
-//! AVX2 and AVX-512 VNNI (256-bit) tiles for the K-quant integer dot products.
-//!
-//! Owns the SIMD unpacking of Q4_K / Q5_K / Q6_K super-blocks (values, 6-bit scales and mins)
-//! and the `T tokens × R rows` tile that follows the canonical order of [`super::kquant`]
-//! exactly: `maddubs` (unsigned weights × signed activations, pairs into i16, never saturating
-//! for these ranges), then `madd` with the 16-element group scale (AVX2) or `vpdpwssd` (VNNI)
-//! into eight exact i32 lanes per super-block, one fused multiply-add per lane and super-block,
-//! and the mins through `madd` of the per-32 mins with the activation sums. Callers must have
-//! checked AVX2+FMA+F16C (and AVX-512 VNNI+VL for the `_vnni` tile) at runtime. It never
-//! allocates.
+//! AVX2 unpacking of the K-quant super-blocks (Q4_K / Q5_K / Q6_K) for the integer tiles of
+//! [`super::kquant_tile`]: stored values as unsigned bytes per 32-element vector, the integer
+//! group scales expanded for `madd` / `vpdpwssd`, the per-32 mins and the float scales. Callers
+//! must have checked AVX2+FMA+F16C at runtime. It never allocates and computes no dot product.
 #![cfg(target_arch = "x86_64")]
 
 use std::arch::x86_64::*;
 
-use super::kquant::{ActQ8K, KQuant, QK_K};
-use super::vec_f32::avx2::hsum8_ps;
+use super::kquant::KQuant;
 
 /// What one row's super-block contributes besides its values: float scales, the packed integer
 /// scales (expanded per 32-element vector by [`KQuantAvx2::scale`]) and the eight per-32 mins
 /// as i16.
 #[derive(Clone, Copy)]
 pub(crate) struct Prep {
-    d: f32,
-    dmin: f32,
-    scales: __m256i,
-    mins: __m128i,
+    pub(super) d: f32,
+    pub(super) dmin: f32,
+    pub(super) scales: __m256i,
+    pub(super) mins: __m128i,
 }
 
 /// Per-type AVX2 unpacking of a super-block at `p` (which must point at `K::BYTES` readable
@@ -45,6 +38,16 @@ pub(crate) trait KQuantAvx2: KQuant {
     /// # Safety
     /// As above, and `c < 4`.
     unsafe fn chunk(p: *const u8, c: usize) -> [__m256i; 2];
+    /// The sixteen integer 16-element group scales as i16 (only called for types with an
+    /// `OFFSET`).
+    ///
+    /// # Safety
+    /// AVX2 is available.
+    #[inline(always)]
+    unsafe fn scales16(prep: &Prep) -> __m256i {
+        // SAFETY: AVX2 is the caller's contract.
+        unsafe { _mm256_cvtepi8_epi16(_mm256_castsi256_si128(prep.scales)) }
+    }
 }
 
 /// Reads 4 bytes at `p` as a little-endian u32.
@@ -279,164 +282,3 @@ impl KQuantAvx2 for super::kquant::Q6K {
         }
     }
 }
-
-/// 4-lane horizontal sum `(v0 + v2) + (v1 + v3)` (the order of the module doc of `kquant`).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn hsum4_ps(v: __m128) -> f32 {
-    let u = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)))
-}
-
-/// `acc + madd(p, s)`: pairs of i16 products summed into the i32 lanes.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn lanes_madd(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
-    _mm256_add_epi32(acc, _mm256_madd_epi16(p, s))
-}
-
-/// The same with AVX-512 VNNI's `vpdpwssd` (one instruction, identical integers).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
-#[inline]
-fn lanes_vnni(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
-    _mm256_dpwssd_epi32(acc, p, s)
-}
-
-/// How far (bytes) beyond the tile's own rows the decode tile prefetches (as for the 32-element
-/// block types).
-const PF_DIST: usize = 4096;
-
-macro_rules! define_tile {
-    ($name:ident, $features:literal, $lanes:ident) => {
-        /// `out[t][r] = dot(W[row0 + r], X[tok0 + t])` for a `T × R` tile, canonical order.
-        /// `w` is the whole weight matrix with rows of `row_bytes` bytes; `PF` prefetches the
-        /// weight stream beyond the tile (for `T == 1`).
-        ///
-        /// Panics (internal bug) if the tile is out of range.
-        #[target_feature(enable = $features)]
-        pub(crate) fn $name<K: KQuantAvx2, const T: usize, const R: usize, const PF: bool>(
-            w: &[u8],
-            row_bytes: usize,
-            row0: usize,
-            act: &ActQ8K,
-            tok0: usize,
-            out: &mut [[f32; R]; T],
-        ) {
-            let nb = act.num_blocks;
-            assert!(
-                row_bytes == nb * K::BYTES && (row0 + R) * row_bytes <= w.len(),
-                "tile rows in range"
-            );
-            assert!(tok0 + T <= act.num_tokens, "tile tokens in range");
-            assert!(
-                act.qs.len() >= act.num_tokens * nb * QK_K
-                    && act.bs32.len() >= act.num_tokens * nb * 8,
-                "activation buffers hold the whole shape"
-            );
-            let row_len = nb * QK_K;
-            let wbase = w.as_ptr();
-            let xq = act.qs.as_ptr();
-            let off = _mm256_set1_epi8(K::OFFSET as i8);
-            let mut acc = [[_mm256_setzero_ps(); R]; T];
-            let mut accm = [[_mm_setzero_ps(); R]; T];
-            let pf_step = R * K::BYTES;
-            let pf_start = (row0 + R) * row_bytes + PF_DIST;
-            let mut pf_next = pf_start;
-            for b in 0..nb {
-                if PF {
-                    let pf_end = (pf_start + (b + 1) * pf_step).min(w.len());
-                    while pf_next < pf_end {
-                        // SAFETY: `pf_next < w.len()`, so the address lies inside `w`; a
-                        // prefetch never faults and has no architectural effect.
-                        unsafe { _mm_prefetch::<_MM_HINT_T0>(wbase.add(pf_next).cast()) };
-                        pf_next += 64;
-                    }
-                }
-                // Block `b` of row `row0 + r`; for `r < R` it lies inside `w`:
-                // `(row0 + r) * row_bytes + (b + 1) * K::BYTES <= w.len()` by the assert above.
-                let blk = |r: usize| wbase.wrapping_add((row0 + r) * row_bytes + b * K::BYTES);
-                // SAFETY: see above.
-                let mut prep = [unsafe { K::prep(blk(0)) }; R];
-                for (r, pr) in prep.iter_mut().enumerate().skip(1) {
-                    // SAFETY: see above.
-                    *pr = unsafe { K::prep(blk(r)) };
-                }
-                let mut isum = [[_mm256_setzero_si256(); R]; T];
-                for c in 0..4 {
-                    let mut wv = [[_mm256_setzero_si256(); 2]; R];
-                    let mut sv = [[_mm256_setzero_si256(); 2]; R];
-                    for r in 0..R {
-                        // SAFETY: see above; `c < 4`, so `2 * c + 1 < 8`.
-                        unsafe {
-                            wv[r] = K::chunk(blk(r), c);
-                            sv[r] = [K::scale(&prep[r], 2 * c), K::scale(&prep[r], 2 * c + 1)];
-                        }
-                    }
-                    for t in 0..T {
-                        let at = (tok0 + t) * row_len + b * QK_K + 64 * c;
-                        // SAFETY: `tok0 + t < num_tokens` and `b < nb`, so the 64 bytes at `at`
-                        // lie inside `act.qs` (asserted to hold the whole shape).
-                        let (x0, x1) = unsafe {
-                            (
-                                _mm256_loadu_si256(xq.add(at).cast()),
-                                _mm256_loadu_si256(xq.add(at + 32).cast()),
-                            )
-                        };
-                        let (o0, o1) = if K::OFFSET != 0 {
-                            (_mm256_maddubs_epi16(off, x0), _mm256_maddubs_epi16(off, x1))
-                        } else {
-                            (_mm256_setzero_si256(), _mm256_setzero_si256())
-                        };
-                        for r in 0..R {
-                            let mut p0 = _mm256_maddubs_epi16(wv[r][0], x0);
-                            let mut p1 = _mm256_maddubs_epi16(wv[r][1], x1);
-                            if K::OFFSET != 0 {
-                                p0 = _mm256_sub_epi16(p0, o0);
-                                p1 = _mm256_sub_epi16(p1, o1);
-                            }
-                            isum[t][r] = $lanes(isum[t][r], p0, sv[r][0]);
-                            isum[t][r] = $lanes(isum[t][r], p1, sv[r][1]);
-                        }
-                    }
-                }
-                for t in 0..T {
-                    let ab = (tok0 + t) * nb + b;
-                    let dx = act.d[ab];
-                    let bs = if K::HAS_MIN {
-                        // SAFETY: `ab < num_tokens * nb`, so 8 i16 at `ab * 8` lie inside
-                        // `act.bs32` (asserted above).
-                        unsafe { _mm_loadu_si128(act.bs32.as_ptr().add(ab * 8).cast()) }
-                    } else {
-                        _mm_setzero_si128()
-                    };
-                    for r in 0..R {
-                        let d = _mm256_set1_ps(prep[r].d * dx);
-                        acc[t][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][r]), d, acc[t][r]);
-                        if K::HAS_MIN {
-                            let ml = _mm_cvtepi32_ps(_mm_madd_epi16(prep[r].mins, bs));
-                            let dm = _mm_set1_ps(prep[r].dmin * dx);
-                            accm[t][r] = _mm_fmadd_ps(ml, dm, accm[t][r]);
-                        }
-                    }
-                }
-            }
-            for t in 0..T {
-                for r in 0..R {
-                    let s = hsum8_ps(acc[t][r]);
-                    out[t][r] = if K::HAS_MIN {
-                        s - hsum4_ps(accm[t][r])
-                    } else {
-                        s
-                    };
-                }
-            }
-        }
-    };
-}
-
-define_tile!(tile, "avx2,fma,f16c", lanes_madd);
-define_tile!(
-    tile_vnni,
-    "avx2,fma,f16c,avx512f,avx512vnni,avx512vl",
-    lanes_vnni
-);

@@ -67,6 +67,21 @@ impl QMatrix<'_> {
     }
 }
 
+/// Which float order a token of a multi-token step gets where llama.cpp's own depends on the
+/// token's place in the step (Q4_K matrices with a multiple of 8 rows, which llama.cpp repacks:
+/// see [`super::kquant`]). Every other product is the same either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MatmulArith {
+    /// Every token in the order llama.cpp gives a step of one token (decode), whatever the
+    /// batch: the batch invariance the engine relies on.
+    #[default]
+    Invariant,
+    /// llama.cpp's: tokens `0..n - n % 4` of an `n`-token step in the order of its 4-token
+    /// groups, the rest as `Invariant` (for reproductions of llama.cpp: perplexity, reference
+    /// tests; results then depend on how tokens are batched).
+    LlamaCpp,
+}
+
 /// `y[t, r] = dot(W[r, :], x[t, :])` on the pool, with the process-wide CPU features.
 pub fn matmul(
     pool: &ThreadPool,
@@ -88,7 +103,31 @@ pub fn matmul_with_features(
     y: &mut [f32],
     features: CpuFeatures,
 ) -> Result<(), KernelError> {
-    let Some((job, out)) = prepare(w, x, num_tokens, y, features)? else {
+    matmul_impl(pool, w, x, num_tokens, y, features, MatmulArith::Invariant)
+}
+
+/// [`matmul`] in the arithmetic `arith` selects.
+pub fn matmul_with_arith(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    x: &[f32],
+    num_tokens: usize,
+    y: &mut [f32],
+    arith: MatmulArith,
+) -> Result<(), KernelError> {
+    matmul_impl(pool, w, x, num_tokens, y, cpu_features(), arith)
+}
+
+pub(super) fn matmul_impl(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    x: &[f32],
+    num_tokens: usize,
+    y: &mut [f32],
+    features: CpuFeatures,
+    arith: MatmulArith,
+) -> Result<(), KernelError> {
+    let Some((job, out)) = prepare(w, x, num_tokens, y, features, arith)? else {
         return Ok(());
     };
     if let Some(p) = w.packed {
@@ -101,7 +140,7 @@ pub fn matmul_with_features(
         GgmlType::Q5_0 => job.run_quantized::<Q5_0>(pool, x, &out),
         GgmlType::Q5_1 => job.run_quantized::<Q5_1>(pool, x, &out),
         GgmlType::Q8_0 => job.run_quantized::<Q8_0>(pool, x, &out),
-        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K if kquant_integer() => {
+        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K if super::kquant_rows::kquant_integer() => {
             job.run_kquant(pool, x, &out)
         }
         GgmlType::Q4K
@@ -121,6 +160,7 @@ pub(super) fn prepare<'a>(
     num_tokens: usize,
     y: &mut [f32],
     features: CpuFeatures,
+    arith: MatmulArith,
 ) -> Result<Option<(Job<'a>, OutPtr)>, KernelError> {
     let row_bytes = w.checked_row_bytes()?;
     if let Some(p) = w.packed {
@@ -158,6 +198,7 @@ pub(super) fn prepare<'a>(
         row_bytes,
         num_tokens,
         features: features.clamp_to_detected(),
+        ggml_groups: arith == MatmulArith::LlamaCpp,
     };
     let out = OutPtr {
         ptr: y.as_mut_ptr(),
@@ -224,6 +265,9 @@ pub(super) struct Job<'a> {
     pub(super) row_bytes: usize,
     pub(super) num_tokens: usize,
     pub(super) features: CpuFeatures,
+    /// K-quant matrices that llama.cpp repacks take its 4-token-group order for tokens
+    /// `0..n - n % 4` (see `kquant`'s module doc).
+    pub(super) ggml_groups: bool,
 }
 
 impl Job<'_> {
@@ -398,7 +442,7 @@ impl Job<'_> {
         }
     }
 
-    fn run_float_rows(&self, pool: &ThreadPool, x: &[f32], out: &OutPtr) {
+    pub(super) fn run_float_rows(&self, pool: &ThreadPool, x: &[f32], out: &OutPtr) {
         let (num_tasks, rows_per_task) = self.split(pool);
         let (row_len, num_rows) = (self.w.row_len, self.w.num_rows);
         pool.for_each(num_tasks, &|task| {
@@ -432,12 +476,3 @@ fn _assert_block32<B: Block32>() {}
 const DOT_MADD: u8 = 0;
 const DOT_VNNI512: u8 = 1;
 const DOT_AVXVNNI: u8 = 2;
-
-/// Whether K-quant weights take the integer kernels (`kquant.rs`) rather than the dequantise-to-f32
-/// path. Off unless `AGENTKV_KQUANT_INT=1`: on Gemma 3 270M the integer path moves perplexity
-/// 0.9% away from llama.cpp's (15.07 vs 15.22; the f32 path: 15.19) although it matches on
-/// SmolLM2 Q4_K_M (+0.004%); until that is understood the exact path is the default.
-pub(crate) fn kquant_integer() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("AGENTKV_KQUANT_INT").is_ok_and(|v| v == "1"))
-}

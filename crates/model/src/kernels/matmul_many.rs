@@ -12,7 +12,7 @@
 use super::act_quant::ActQ8;
 use super::cpu::{cpu_features, CpuFeatures};
 use super::kquant::{is_kquant, with_act_k_scratch, ActQ8K};
-use super::matmul::{is_block32, matmul_with_features, prepare, with_act_scratch, Job, OutPtr};
+use super::matmul::{is_block32, matmul_impl, prepare, with_act_scratch, Job, MatmulArith, OutPtr};
 use super::packed32;
 use super::pool::ThreadPool;
 use super::{KernelError, QMatrix};
@@ -42,26 +42,58 @@ pub fn matmul_many_with_features(
     ys: &mut [&mut [f32]],
     features: CpuFeatures,
 ) -> Result<(), KernelError> {
+    matmul_many_impl(
+        pool,
+        ws,
+        x,
+        num_tokens,
+        ys,
+        features,
+        MatmulArith::Invariant,
+    )
+}
+
+/// [`matmul_many`] in the arithmetic `arith` selects.
+pub fn matmul_many_with_arith(
+    pool: &ThreadPool,
+    ws: &[QMatrix],
+    x: &[f32],
+    num_tokens: usize,
+    ys: &mut [&mut [f32]],
+    arith: MatmulArith,
+) -> Result<(), KernelError> {
+    matmul_many_impl(pool, ws, x, num_tokens, ys, cpu_features(), arith)
+}
+
+fn matmul_many_impl(
+    pool: &ThreadPool,
+    ws: &[QMatrix],
+    x: &[f32],
+    num_tokens: usize,
+    ys: &mut [&mut [f32]],
+    features: CpuFeatures,
+    arith: MatmulArith,
+) -> Result<(), KernelError> {
     if ws.len() != ys.len() {
         return Err(KernelError::FusedCount {
             matrices: ws.len(),
             outputs: ys.len(),
         });
     }
-    let all_kquant = super::matmul::kquant_integer() && ws.iter().all(|w| is_kquant(w.ty));
+    let all_kquant = super::kquant_rows::kquant_integer() && ws.iter().all(|w| is_kquant(w.ty));
     let all_packed = ws.iter().all(|w| w.packed.is_some());
     let all_block32 = ws.iter().all(|w| is_block32(w.ty) && w.packed.is_none());
     let fusable = ws.len() <= MAX_FUSED && (all_kquant || all_packed || all_block32);
     if !fusable {
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
-            matmul_with_features(pool, w, x, num_tokens, y, features)?;
+            matmul_impl(pool, w, x, num_tokens, y, features, arith)?;
         }
         return Ok(());
     }
     // Validate everything before computing anything.
     let mut jobs: [Option<(Job, OutPtr)>; MAX_FUSED] = [None, None, None, None];
     for ((slot, w), y) in jobs.iter_mut().zip(ws).zip(ys.iter_mut()) {
-        *slot = prepare(w, x, num_tokens, y, features)?;
+        *slot = prepare(w, x, num_tokens, y, features, arith)?;
     }
     // `prepare` checked `x.len() == num_tokens * row_len` for every matrix, so with
     // `num_tokens > 0` all row lengths agree.

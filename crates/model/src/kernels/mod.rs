@@ -7,7 +7,7 @@
 //! per-block integer dot products for the 32-element quant types ([`block32`], with a portable
 //! scalar path and an AVX2 path; row-interleaved Q4_0 / Q4_1 / Q5_0 / Q8_0 matrices packed at load and
 //! their 16-rows-per-instruction kernels: [`packed32`]), the same for the K-quant super-block types Q4_K / Q5_K / Q6_K
-//! against 256-element activation blocks ([`kquant`], AVX2 / VNNI tiles in `kquant_avx2`), row conversion to f32 for everything else ([`row_f32`]) and the
+//! against 256-element activation blocks ([`kquant`], AVX2 / VNNI tiles in `kquant_tile`, their unpacking in `kquant_avx2`, the driver in `kquant_rows`), row conversion to f32 for everything else ([`row_f32`]) and the
 //! matrix-times-activations driver ([`matmul`]; several matrices sharing one input in one dispatch:
 //! [`matmul_many`]). It never reads files, never allocates per task,
 //! and never decides what a model layer is.
@@ -28,6 +28,9 @@ pub mod flash_tile;
 pub mod kquant;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
+mod kquant_rows;
+#[cfg(target_arch = "x86_64")]
+mod kquant_tile;
 pub mod matmul;
 pub mod matmul_many;
 pub mod packed32;
@@ -41,10 +44,13 @@ pub mod vec_f32;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_kquant;
 
 pub use cpu::{cpu_features, set_force_portable, CpuFeatures};
-pub use matmul::{matmul, matmul_with_features, QMatrix};
-pub use matmul_many::{matmul_many, matmul_many_with_features, MAX_FUSED};
+pub use kquant_rows::matmul_kquant_f32;
+pub use matmul::{matmul, matmul_with_arith, matmul_with_features, MatmulArith, QMatrix};
+pub use matmul_many::{matmul_many, matmul_many_with_arith, matmul_many_with_features, MAX_FUSED};
 pub use packed32::Packed32;
 pub use pool::ThreadPool;
 pub use vec_f16::{axpy_f16, dot_f32_f16};

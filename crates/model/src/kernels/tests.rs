@@ -28,7 +28,7 @@ const ALL_TYPES: [GgmlType; 11] = [
 
 /// Portable, AVX2 without VNNI, AVX2 with AVX-VNNI (only where the CPU has it: elsewhere this
 /// clamps to plain AVX2) and everything detected (each clamped to this CPU).
-fn both_paths() -> [CpuFeatures; 4] {
+pub(super) fn both_paths() -> [CpuFeatures; 4] {
     [
         CpuFeatures::PORTABLE,
         CpuFeatures::AVX2.clamp_to_detected(),
@@ -52,7 +52,12 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
 }
 
 /// Random but well-formed weights: random bits, finite scales.
-fn random_matrix(rng: &mut ChaCha8Rng, ty: GgmlType, num_rows: usize, row_len: usize) -> Vec<u8> {
+pub(super) fn random_matrix(
+    rng: &mut ChaCha8Rng,
+    ty: GgmlType,
+    num_rows: usize,
+    row_len: usize,
+) -> Vec<u8> {
     let n = num_rows * row_len;
     match ty {
         GgmlType::F32 => (0..n)
@@ -86,13 +91,18 @@ fn random_matrix(rng: &mut ChaCha8Rng, ty: GgmlType, num_rows: usize, row_len: u
     }
 }
 
-fn random_acts(rng: &mut ChaCha8Rng, num_tokens: usize, row_len: usize) -> Vec<f32> {
+pub(super) fn random_acts(rng: &mut ChaCha8Rng, num_tokens: usize, row_len: usize) -> Vec<f32> {
     (0..num_tokens * row_len)
         .map(|_| rng.gen_range(-3.0f32..3.0))
         .collect()
 }
 
-fn dequant_matrix(ty: GgmlType, data: &[u8], num_rows: usize, row_len: usize) -> Vec<f32> {
+pub(super) fn dequant_matrix(
+    ty: GgmlType,
+    data: &[u8],
+    num_rows: usize,
+    row_len: usize,
+) -> Vec<f32> {
     let rb = ty.row_bytes(row_len).expect("whole blocks");
     let mut out = vec![0f32; num_rows * row_len];
     for r in 0..num_rows {
@@ -186,42 +196,55 @@ fn matmul_matches_f64_reference_within_quantisation_bound_and_paths_agree() {
             let bits = |v: &Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&ys[0]), bits(&ys[1]), "{ty:?}: scalar and AVX2 differ");
             assert_eq!(bits(&ys[0]), bits(&ys[2]), "{ty:?}: scalar and VNNI differ");
-            for t in 0..num_tokens {
-                let xt = &x[t * row_len..(t + 1) * row_len];
-                for r in 0..num_rows {
-                    let wr = &wf[r * row_len..(r + 1) * row_len];
-                    let exact: f64 = wr
-                        .iter()
-                        .zip(xt)
-                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                        .sum();
-                    let mag: f64 = wr
-                        .iter()
-                        .zip(xt)
-                        .map(|(a, b)| f64::from(a.abs()) * f64::from(b.abs()))
-                        .sum();
-                    // 8-bit activations: each x is off by at most half a step d_x = amax/127
-                    // of its block.
-                    let quant_bound: f64 = if let Some(block) = act_block(ty) {
-                        wr.chunks(block)
-                            .zip(xt.chunks(block))
-                            .map(|(wb, xb)| {
-                                let dx =
-                                    f64::from(xb.iter().fold(0f32, |m, v| m.max(v.abs()))) / 127.0;
-                                wb.iter().map(|v| f64::from(v.abs())).sum::<f64>() * dx * 0.5
-                            })
-                            .sum()
-                    } else {
-                        0.0
-                    };
-                    let tol = quant_bound * 1.001 + 2e-6 * mag + 1e-6;
-                    let got = f64::from(ys[0][t * num_rows + r]);
-                    assert!(
-                        (got - exact).abs() <= tol,
-                        "{ty:?} t={t} r={r}: {got} vs {exact} (tol {tol})"
-                    );
-                }
-            }
+            assert_within_quant_bound(ty, &wf, &x, &ys[0], num_rows, row_len, num_tokens);
+        }
+    }
+}
+
+/// Every output of `y` (`[num_tokens, num_rows]`) within the 8-bit activation bound of the f64
+/// dot of the dequantised rows `wf` with `x`.
+pub(super) fn assert_within_quant_bound(
+    ty: GgmlType,
+    wf: &[f32],
+    x: &[f32],
+    y: &[f32],
+    num_rows: usize,
+    row_len: usize,
+    num_tokens: usize,
+) {
+    for t in 0..num_tokens {
+        let xt = &x[t * row_len..(t + 1) * row_len];
+        for r in 0..num_rows {
+            let wr = &wf[r * row_len..(r + 1) * row_len];
+            let exact: f64 = wr
+                .iter()
+                .zip(xt)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum();
+            let mag: f64 = wr
+                .iter()
+                .zip(xt)
+                .map(|(a, b)| f64::from(a.abs()) * f64::from(b.abs()))
+                .sum();
+            // 8-bit activations: each x is off by at most half a step d_x = amax/127
+            // of its block.
+            let quant_bound: f64 = if let Some(block) = act_block(ty) {
+                wr.chunks(block)
+                    .zip(xt.chunks(block))
+                    .map(|(wb, xb)| {
+                        let dx = f64::from(xb.iter().fold(0f32, |m, v| m.max(v.abs()))) / 127.0;
+                        wb.iter().map(|v| f64::from(v.abs())).sum::<f64>() * dx * 0.5
+                    })
+                    .sum()
+            } else {
+                0.0
+            };
+            let tol = quant_bound * 1.001 + 2e-6 * mag + 1e-6;
+            let got = f64::from(y[t * num_rows + r]);
+            assert!(
+                (got - exact).abs() <= tol,
+                "{ty:?} t={t} r={r}: {got} vs {exact} (tol {tol})"
+            );
         }
     }
 }

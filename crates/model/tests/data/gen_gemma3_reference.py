@@ -4,11 +4,7 @@ Gemma 3 270M (models/gemma-3-270m-q4_k_m.gguf) on raw-text prompts (a base model
 Run by hand against a llama-server built from the `llama-cpp-python` source package (f16 KV,
 flash attention auto = on for the CPU, one slot), with the CPU backend built for AVX2 (no
 AVX-512) as for heldout_greedy.jsonl (see gen_heldout_reference.py for the cmake line): the
-AVX-512 build sums attention in another order, and Gemma 3 amplifies that. The committed
-gemma3_greedy.jsonl is still the AVX-512 build's (written before this procedure): regenerated
-with the AVX2 backend, our default path's greedy tokens diverge on `story` at its second token
-(docs/benchmarks.md, "K-quant weights"); the perplexity figures in reference_gemma3.rs are the
-AVX2 build's.
+AVX-512 build sums attention in another order, and Gemma 3 amplifies that.
     LD_LIBRARY_PATH=build-avx2/bin:build/bin build/bin/llama-server \
         -m models/gemma-3-270m-q4_k_m.gguf -c 2048 -t 2 -np 1 --port 8091 &
     python3 gen_gemma3_reference.py http://127.0.0.1:8091 > gemma3_greedy.jsonl
