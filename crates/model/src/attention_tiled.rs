@@ -7,8 +7,10 @@
 //! from a [`KvStore`] into tiles (each f16 K/V row widened once, each encoded row decoded once by
 //! `quant::decode_rows`, then used by every query row of the task: all query heads of the GQA
 //! group and up to `QUERY_TILE_TOKENS` tokens) and the causal limits per row. The arithmetic is that of
-//! `kernels::flash_tile`; it never writes K/V and never decides the task split (see
-//! `attention_plan`).
+//! `kernels::flash_tile`; a tile shared by many rows (a prefill run) is widened once — with
+//! AVX-512, K straight into the transposed `[head_dim, 16]` layout of `kernels::flash_tile_wide`,
+//! whose 512-bit step gives the same bits as the row-major kernels a decode uses. It never
+//! writes K/V and never decides the task split (see `attention_plan`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -365,10 +367,17 @@ pub unsafe fn run_tile_task(
                         (a - start) * hd..(b - start) * hd,
                         (a - tile_start) * hd..(b - tile_start) * hd,
                     );
+                    let (first, n) = (a - start, b - a);
                     if let Some((ek, ev)) = coded {
-                        let (first, n) = (a - start, b - a);
                         decode_rows(&ek.skip_rows(first).take_rows(n), &mut keys32[dst.clone()]);
-                        decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst]);
+                        decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst.clone()]);
+                        if wide.is_some() {
+                            transpose_keys(&keys32[dst], n, hd, keys_t, a - tile_start);
+                        }
+                    } else if widen && wide.is_some() {
+                        // K straight from f16 into the transposed tile; V widened.
+                        transpose_keys(&k[src.clone()], n, hd, keys_t, a - tile_start);
+                        widen_f16(&v[src], &mut vals32[dst]);
                     } else if widen {
                         widen_f16(&k[src.clone()], &mut keys32[dst.clone()]);
                         widen_f16(&v[src], &mut vals32[dst]);
@@ -379,7 +388,6 @@ pub unsafe fn run_tile_task(
                     a = b;
                     if a == tile_end {
                         if let (true, Some(proof)) = (widen, wide) {
-                            transpose_keys(keys32, tile_end - tile_start, hd, keys_t);
                             update_rows_wide(
                                 proof, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
                                 inp.scale,

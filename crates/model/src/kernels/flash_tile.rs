@@ -18,7 +18,9 @@
 //! over the range used, 0 below −87). Segments `(m_j, l_j, acc_j)` are merged in order by
 //! [`merge_segments`]. The AVX2 path performs exactly these IEEE operations, so both paths give
 //! bit-identical results (tests pin this), and a row's result depends only on its query, its
-//! K/V and its position count — never on which other rows share the tile.
+//! K/V and its position count — never on which other rows share the tile. Many rows sharing a
+//! widened tile run the same arithmetic in 512-bit registers over the tile's K transposed
+//! (`flash_tile_wide`, AVX-512 F), also bit-identical.
 
 use half::f16;
 

@@ -15,7 +15,7 @@
 //! never allocates and never decides which rows share a tile (`attention_tiled` does).
 
 use super::cpu::{cpu_features, CpuFeatures};
-use super::flash_tile::{TileSoftmax, TILE_POSITIONS};
+use super::flash_tile::{TileElem, TileSoftmax, TILE_POSITIONS};
 
 /// Rows one register-blocked call takes (the heads of a GQA group of three; other rows run one
 /// at a time, same bits).
@@ -38,12 +38,13 @@ impl WideTiles {
     }
 }
 
-/// `kt[d · TILE_POSITIONS + t] = keys[t · hd + d]` for `t < n` and `d < hd`; positions `n..16`
-/// of `kt` are left as they are (the kernel masks them). Panics on a shape mismatch.
-pub fn transpose_keys(keys: &[f32], n: usize, hd: usize, kt: &mut [f32]) {
+/// `kt[d · TILE_POSITIONS + at + t] = f32(keys[t · hd + d])` for `t < n` and `d < hd` (a run of
+/// `n` K rows, f32 or f16 widened exactly, landing at tile position `at`); other positions of
+/// `kt` are left as they are (the kernel masks them). Panics on a shape mismatch.
+pub fn transpose_keys<E: TileElem>(keys: &[E], n: usize, hd: usize, kt: &mut [f32], at: usize) {
     assert!(
-        n <= TILE_POSITIONS && keys.len() >= n * hd && kt.len() >= hd * TILE_POSITIONS,
-        "transpose shapes: n={n} hd={hd} keys={} kt={}",
+        at + n <= TILE_POSITIONS && keys.len() >= n * hd && kt.len() >= hd * TILE_POSITIONS,
+        "transpose shapes: n={n} at={at} hd={hd} keys={} kt={}",
         keys.len(),
         kt.len()
     );
@@ -52,17 +53,17 @@ pub fn transpose_keys(keys: &[f32], n: usize, hd: usize, kt: &mut [f32]) {
     if cpu_features().avx2 && hd.is_multiple_of(8) {
         while t0 + 8 <= n {
             for d0 in (0..hd).step_by(8) {
-                // SAFETY: AVX2 presence was checked at runtime; rows `t0..t0 + 8 <= n` of
+                // SAFETY: AVX2+F16C presence was checked at runtime; rows `t0..t0 + 8 <= n` of
                 // `keys` hold columns `d0..d0 + 8 <= hd`, and `kt` holds rows `d0..d0 + 8` of
-                // `TILE_POSITIONS` with columns `t0..t0 + 8 <= 16` (checked by the assertion).
-                unsafe { x86::transpose8(keys, hd, t0, d0, kt) };
+                // `TILE_POSITIONS` with columns `at + t0..at + t0 + 8 <= 16` (the assertion).
+                unsafe { x86::transpose8(keys, hd, t0, d0, kt, at + t0) };
             }
             t0 += 8;
         }
     }
     for t in t0..n {
         for d in 0..hd {
-            kt[d * TILE_POSITIONS + t] = keys[t * hd + d];
+            kt[d * TILE_POSITIONS + at + t] = keys[t * hd + d].widen();
         }
     }
 }
@@ -147,16 +148,23 @@ mod x86 {
     use std::arch::x86_64::*;
 
     /// Transposes the 8×8 block of rows `t0..t0+8`, columns `d0..d0+8` of `keys` (row stride
-    /// `hd`) into rows `d0..d0+8`, columns `t0..t0+8` of `kt` (row stride 16).
+    /// `hd`, widened to f32) into rows `d0..d0+8`, columns `c0..c0+8` of `kt` (row stride 16).
     ///
     /// # Safety
-    /// AVX2 present; both blocks lie inside their slices.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn transpose8(keys: &[f32], hd: usize, t0: usize, d0: usize, kt: &mut [f32]) {
+    /// AVX2+F16C present; both blocks lie inside their slices.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn transpose8<E: TileElem>(
+        keys: &[E],
+        hd: usize,
+        t0: usize,
+        d0: usize,
+        kt: &mut [f32],
+        c0: usize,
+    ) {
         let kp = keys.as_ptr();
         // SAFETY: rows `t0 + i` of `keys`, columns `d0..d0 + 8` (caller's contract).
         let r: [__m256; 8] =
-            std::array::from_fn(|i| unsafe { _mm256_loadu_ps(kp.add((t0 + i) * hd + d0)) });
+            std::array::from_fn(|i| unsafe { E::load8(kp.add((t0 + i) * hd + d0)) });
         let t0_ = _mm256_unpacklo_ps(r[0], r[1]);
         let t1 = _mm256_unpackhi_ps(r[0], r[1]);
         let t2 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -186,7 +194,7 @@ mod x86 {
         let dp = kt.as_mut_ptr();
         for (j, o) in out.iter().enumerate() {
             // SAFETY: row `d0 + j` of `kt`, columns `t0..t0 + 8` (caller's contract).
-            unsafe { _mm256_storeu_ps(dp.add((d0 + j) * TILE_POSITIONS + t0), *o) };
+            unsafe { _mm256_storeu_ps(dp.add((d0 + j) * TILE_POSITIONS + c0), *o) };
         }
     }
 
@@ -247,11 +255,20 @@ mod x86 {
         let ktp = kt.as_ptr();
         let qps: [*const f32; R] = std::array::from_fn(|r| qs[r].as_ptr());
         // Step 1: lane chain `l` of every position is accumulator `l` (columns `d ≡ l mod 8`).
-        let mut a = [[_mm512_setzero_ps(); 8]; R];
-        for c in 0..hd / 8 {
+        // Chunk 0 starts every chain from +0 (`fma(q, k, 0)`, as the definition does), written
+        // as one expression so the accumulators start in registers (no zeroed stack array).
+        // SAFETY (both loops): `d < hd`: row `d` of `kt` (16 floats), element `d` of each query.
+        let k0: [__m512; 8] =
+            std::array::from_fn(|l| unsafe { _mm512_loadu_ps(ktp.add(l * TILE_POSITIONS)) });
+        let mut a: [[__m512; 8]; R] = std::array::from_fn(|r| {
+            std::array::from_fn(|l| {
+                let q = _mm512_set1_ps(unsafe { *qps[r].add(l) });
+                _mm512_fmadd_ps(q, k0[l], _mm512_setzero_ps())
+            })
+        });
+        for c in 1..hd / 8 {
             for l in 0..8 {
                 let d = 8 * c + l;
-                // SAFETY: `d < hd`: row `d` of `kt` (16 floats) and element `d` of each query.
                 let k = unsafe { _mm512_loadu_ps(ktp.add(d * TILE_POSITIONS)) };
                 for r in 0..R {
                     let q = _mm512_set1_ps(unsafe { *qps[r].add(d) });
@@ -452,7 +469,7 @@ mod tests {
                 // matter for rows that do not read it.
                 kt.iter_mut().for_each(|x| *x = 1e30);
                 let max_valid = *valids.iter().max().unwrap();
-                transpose_keys(&keys, max_valid, hd, &mut kt);
+                transpose_keys(&keys, max_valid, hd, &mut kt, 0);
                 let mut acc_refs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..]).collect();
                 let q_refs: Vec<&[f32]> = qs.iter().map(|q| &q[..]).collect();
                 tile_update_wide(
