@@ -257,11 +257,13 @@ mod x86 {
         // Step 1: lane chain `l` of every position is accumulator `l` (columns `d ≡ l mod 8`).
         // Chunk 0 starts every chain from +0 (`fma(q, k, 0)`, as the definition does), written
         // as one expression so the accumulators start in registers (no zeroed stack array).
-        // SAFETY (both loops): `d < hd`: row `d` of `kt` (16 floats), element `d` of each query.
-        let k0: [__m512; 8] =
-            std::array::from_fn(|l| unsafe { _mm512_loadu_ps(ktp.add(l * TILE_POSITIONS)) });
+        let k0: [__m512; 8] = std::array::from_fn(|l| {
+            // SAFETY: `l < 8 <= hd`: row `l` of `kt` holds 16 floats.
+            unsafe { _mm512_loadu_ps(ktp.add(l * TILE_POSITIONS)) }
+        });
         let mut a: [[__m512; 8]; R] = std::array::from_fn(|r| {
             std::array::from_fn(|l| {
+                // SAFETY: `l < 8 <= hd`: element `l` of the query.
                 let q = _mm512_set1_ps(unsafe { *qps[r].add(l) });
                 _mm512_fmadd_ps(q, k0[l], _mm512_setzero_ps())
             })
@@ -269,8 +271,10 @@ mod x86 {
         for c in 1..hd / 8 {
             for l in 0..8 {
                 let d = 8 * c + l;
+                // SAFETY: `d < hd`: row `d` of `kt` holds 16 floats.
                 let k = unsafe { _mm512_loadu_ps(ktp.add(d * TILE_POSITIONS)) };
                 for r in 0..R {
+                    // SAFETY: `d < hd`: element `d` of the query.
                     let q = _mm512_set1_ps(unsafe { *qps[r].add(d) });
                     a[r][l] = _mm512_fmadd_ps(q, k, a[r][l]);
                 }
@@ -387,28 +391,35 @@ mod tests {
     #[test]
     fn transpose_matches_the_definition() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-        for (n, hd) in [
-            (16usize, 64usize),
-            (9, 64),
-            (8, 16),
-            (3, 8),
-            (16, 72),
-            (1, 128),
+        for (n, at, hd) in [
+            (16usize, 0usize, 64usize),
+            (9, 0, 64),
+            (8, 8, 16),
+            (3, 5, 8),
+            (16, 0, 72),
+            (1, 15, 128),
+            (11, 3, 64),
         ] {
-            let keys: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-            let mut kt = vec![f32::NAN; hd * TILE_POSITIONS];
-            transpose_keys(&keys, n, hd, &mut kt);
-            for t in 0..TILE_POSITIONS {
-                for d in 0..hd {
-                    let got = kt[d * TILE_POSITIONS + t];
-                    if t < n {
-                        assert_eq!(
-                            got.to_bits(),
-                            keys[t * hd + d].to_bits(),
-                            "n={n} t={t} d={d}"
-                        );
-                    } else {
-                        assert!(got.is_nan(), "n={n}: position {t} was written");
+            let keys: Vec<f32> = (0..n * hd)
+                .map(|_| f16::from_f32(rng.gen_range(-1.0f32..1.0)).to_f32())
+                .collect();
+            let keys16: Vec<f16> = keys.iter().map(|&x| f16::from_f32(x)).collect();
+            for from_f16 in [false, true] {
+                let mut kt = vec![f32::NAN; hd * TILE_POSITIONS];
+                if from_f16 {
+                    transpose_keys(&keys16, n, hd, &mut kt, at);
+                } else {
+                    transpose_keys(&keys, n, hd, &mut kt, at);
+                }
+                for c in 0..TILE_POSITIONS {
+                    for d in 0..hd {
+                        let got = kt[d * TILE_POSITIONS + c];
+                        if (at..at + n).contains(&c) {
+                            let want = keys[(c - at) * hd + d];
+                            assert_eq!(got.to_bits(), want.to_bits(), "n={n} at={at} c={c} d={d}");
+                        } else {
+                            assert!(got.is_nan(), "n={n} at={at}: position {c} was written");
+                        }
                     }
                 }
             }
