@@ -7,8 +7,10 @@
 //! from a [`KvStore`] into tiles (each f16 K/V row widened once, each encoded row decoded once by
 //! `quant::decode_rows`, then used by every query row of the task: all query heads of the GQA
 //! group and up to `QUERY_TILE_TOKENS` tokens) and the causal limits per row. The arithmetic is that of
-//! `kernels::flash_tile`; it never writes K/V and never decides the task split (see
-//! `attention_plan`).
+//! `kernels::flash_tile`; a tile shared by many rows (a prefill run) is widened once — with
+//! AVX-512, K straight into the transposed `[head_dim, 16]` layout of `kernels::flash_tile_wide`,
+//! whose 512-bit step gives the same bits as the row-major kernels a decode uses. It never
+//! writes K/V and never decides the task split (see `attention_plan`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -20,6 +22,7 @@ use crate::kernels::flash_tile::{
     merge_segments, tile_update, tile_update_rows, widen_f16, TileElem, TileSoftmax,
     TILE_POSITIONS, TILE_ROWS,
 };
+use crate::kernels::flash_tile_wide::{tile_update_wide, transpose_keys, WideTiles, WIDE_ROWS};
 use crate::kv::{KvChunk, KvDtype, KvStore, SeqSlot};
 use crate::par::DisjointRows;
 use quant::decode_rows;
@@ -35,6 +38,8 @@ pub struct TileScratch {
     vals16: Vec<f16>, // [TILE_POSITIONS, head_dim]
     keys32: Vec<f32>, // [TILE_POSITIONS, head_dim]
     vals32: Vec<f32>, // [TILE_POSITIONS, head_dim]
+    /// The widened K tile transposed, `[head_dim, TILE_POSITIONS]` (the 512-bit kernel's input).
+    keys_t: Vec<f32>,
     /// The task's query rows rounded to f16 (as llama.cpp's CPU flash attention converts the
     /// query to the K type), `[rows, head_dim]`.
     q16: Vec<f32>,
@@ -140,6 +145,62 @@ fn update_rows<E: TileElem>(
     }
 }
 
+/// [`update_rows`] through the 512-bit kernel of `flash_tile_wide` (same bits): `kt` is the
+/// tile's K transposed, `vals` its widened V; rows go in blocks of [`WIDE_ROWS`].
+#[allow(clippy::too_many_arguments)]
+fn update_rows_wide(
+    proof: WideTiles,
+    rows: &mut [Row<'_>],
+    hd: usize,
+    kt: &[f32],
+    vals: &[f32],
+    tile_start: usize,
+    tile_end: usize,
+    scale: f32,
+) {
+    for block in rows.chunks_mut(WIDE_ROWS) {
+        let mut sts = [TileSoftmax::default(); WIDE_ROWS];
+        let mut valids = [0usize; WIDE_ROWS];
+        let mut qs: [&[f32]; WIDE_ROWS] = [&[]; WIDE_ROWS];
+        let mut accs: [&mut [f32]; WIDE_ROWS] = std::array::from_fn(|_| <&mut [f32]>::default());
+        let mut states: [&mut [f32]; WIDE_ROWS] = std::array::from_fn(|_| <&mut [f32]>::default());
+        let mut live = 0;
+        for row in block.iter_mut() {
+            let end = row.n.min(tile_end);
+            if end <= tile_start {
+                continue;
+            }
+            let (acc, st) = row.partial.split_at_mut(hd);
+            sts[live] = TileSoftmax {
+                max: st[0],
+                sum: st[1],
+            };
+            valids[live] = end - tile_start;
+            qs[live] = row.q;
+            accs[live] = acc;
+            states[live] = st;
+            live += 1;
+        }
+        if live == 0 {
+            continue;
+        }
+        tile_update_wide(
+            proof,
+            &mut sts[..live],
+            &mut accs[..live],
+            &qs[..live],
+            &valids[..live],
+            kt,
+            vals,
+            scale,
+        );
+        for (st, sm) in states.iter_mut().zip(&sts).take(live) {
+            st[0] = sm.max;
+            st[1] = sm.sum;
+        }
+    }
+}
+
 /// Where tile tasks write: per-segment partial rows, the output rows (`[num_tokens *
 /// num_heads, head_dim]`) and one countdown per (tile, kv_head) group (`plan.group_tasks`).
 pub struct TileOutputs<'a> {
@@ -200,7 +261,11 @@ pub unsafe fn run_tile_task(
     for buf in [&mut scratch.keys16, &mut scratch.vals16] {
         buf.resize(TILE_POSITIONS * hd, f16::ZERO);
     }
-    for buf in [&mut scratch.keys32, &mut scratch.vals32] {
+    for buf in [
+        &mut scratch.keys32,
+        &mut scratch.vals32,
+        &mut scratch.keys_t,
+    ] {
         buf.resize(TILE_POSITIONS * hd, 0.0);
     }
     let TileScratch {
@@ -208,8 +273,11 @@ pub unsafe fn run_tile_task(
         vals16,
         keys32,
         vals32,
+        keys_t,
         q16,
     } = scratch;
+    // Widened tiles go through the 512-bit kernel where it runs (same bits either way).
+    let wide = WideTiles::here().filter(|_| hd.is_multiple_of(16));
     // Every query row of the task, rounded to f16 once (not in the prefill arithmetic).
     q16.clear();
     for t in tokens.0 as usize..tokens.1 as usize {
@@ -299,10 +367,17 @@ pub unsafe fn run_tile_task(
                         (a - start) * hd..(b - start) * hd,
                         (a - tile_start) * hd..(b - tile_start) * hd,
                     );
+                    let (first, n) = (a - start, b - a);
                     if let Some((ek, ev)) = coded {
-                        let (first, n) = (a - start, b - a);
                         decode_rows(&ek.skip_rows(first).take_rows(n), &mut keys32[dst.clone()]);
-                        decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst]);
+                        decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst.clone()]);
+                        if wide.is_some() {
+                            transpose_keys(&keys32[dst], n, hd, keys_t, a - tile_start);
+                        }
+                    } else if widen && wide.is_some() {
+                        // K straight from f16 into the transposed tile; V widened.
+                        transpose_keys(&k[src.clone()], n, hd, keys_t, a - tile_start);
+                        widen_f16(&v[src], &mut vals32[dst]);
                     } else if widen {
                         widen_f16(&k[src.clone()], &mut keys32[dst.clone()]);
                         widen_f16(&v[src], &mut vals32[dst]);
@@ -312,7 +387,12 @@ pub unsafe fn run_tile_task(
                     }
                     a = b;
                     if a == tile_end {
-                        if widen {
+                        if let (true, Some(proof)) = (widen, wide) {
+                            update_rows_wide(
+                                proof, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
+                                inp.scale,
+                            );
+                        } else if widen {
                             update_rows(
                                 &mut rows, hd, keys32, vals32, tile_start, tile_end, inp.scale,
                             );
@@ -472,6 +552,73 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// f16 K/V at depth: a run of tokens sharing each tile (24 rows: the widened tile and, where
+    /// the CPU has AVX-512, the 512-bit transposed kernel of `flash_tile_wide`) gives every row
+    /// the bits it gets alone (a decode: three rows, row-major kernel) and on the portable path.
+    #[test]
+    fn f16_prefill_tiles_equal_decodes_and_the_portable_path_bitwise() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(31);
+        let (heads, kv_heads, hd, n) = (6, 2, 64, 1100);
+        let mut kv = ContiguousKv::new(1, 1, kv_heads, hd, n, KvDtype::F16).unwrap();
+        for p in 0..n {
+            let k: Vec<f32> = (0..kv_heads * hd)
+                .map(|_| rng.gen_range(-2.0f32..2.0))
+                .collect();
+            let v: Vec<f32> = (0..kv_heads * hd)
+                .map(|_| rng.gen_range(-2.0f32..2.0))
+                .collect();
+            kv.write(0, SeqSlot(0), p, &k, &v).unwrap();
+        }
+        // 20 queries ending at n - 1 (several query tiles, the last crossing a segment end).
+        let positions: Vec<u32> = (n as u32 - 20..n as u32).collect();
+        let slots = vec![SeqSlot(0); positions.len()];
+        let q: Vec<f32> = (0..positions.len() * heads * hd)
+            .map(|_| rng.gen_range(-1.0f32..1.0))
+            .collect();
+        let shape = AttnShape {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: hd,
+            kv_is_f16: true,
+            kv_encoded: false,
+            k_group_tokens: 0,
+            arith: AttnArith::Row,
+        };
+        let inp = TileInputs {
+            kv: &kv,
+            layer: 0,
+            q: &q,
+            slots: &slots,
+            positions: &positions,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: hd,
+            scale: 0.125,
+            arith: AttnArith::Row,
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let together = run_plan(&inp, &plan(&shape, &slots, &positions));
+        crate::kernels::set_force_portable(true);
+        let portable = run_plan(&inp, &plan(&shape, &slots, &positions));
+        crate::kernels::set_force_portable(false);
+        assert_eq!(bits(&together), bits(&portable), "native vs portable");
+        let qd = heads * hd;
+        for (t, &pos) in positions.iter().enumerate() {
+            let alone_inp = TileInputs {
+                q: &q[t * qd..(t + 1) * qd],
+                slots: &slots[t..t + 1],
+                positions: &positions[t..t + 1],
+                ..inp
+            };
+            let alone = run_plan(&alone_inp, &plan(&shape, &slots[..1], &[pos]));
+            assert_eq!(
+                bits(&alone),
+                bits(&together[t * qd..(t + 1) * qd]),
+                "position {pos}: alone vs tiled with its neighbours"
+            );
         }
     }
 }

@@ -22,7 +22,8 @@ pub struct CpuFeatures {
     /// AVX-512 VNNI; same integers, same results). Used only when `vnni` is absent.
     pub avxvnni: bool,
     /// On top of `avx2`: AVX-512 F+VL (32 vector registers for the 256-bit tile kernels of
-    /// `flash_tile`; same operations, same results).
+    /// `flash_tile`, and the 512-bit transposed tile step of `flash_tile_wide`; same
+    /// operations lane by lane, same results).
     pub avx512: bool,
 }
 

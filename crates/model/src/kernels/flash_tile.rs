@@ -18,7 +18,9 @@
 //! over the range used, 0 below −87). Segments `(m_j, l_j, acc_j)` are merged in order by
 //! [`merge_segments`]. The AVX2 path performs exactly these IEEE operations, so both paths give
 //! bit-identical results (tests pin this), and a row's result depends only on its query, its
-//! K/V and its position count — never on which other rows share the tile.
+//! K/V and its position count — never on which other rows share the tile. Many rows sharing a
+//! widened tile run the same arithmetic in 512-bit registers over the tile's K transposed
+//! (`flash_tile_wide`, AVX-512 F), also bit-identical.
 
 use half::f16;
 
@@ -98,16 +100,16 @@ impl Default for TileSoftmax {
     }
 }
 
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-const EXP_MIN: f32 = -87.0;
-const P0: f32 = 1.987_569_1e-4;
-const P1: f32 = 1.398_199_9e-3;
-const P2: f32 = 8.333_452e-3;
-const P3: f32 = 4.166_579_6e-2;
-const P4: f32 = 1.666_666_5e-1;
-const P5: f32 = 0.5;
+pub(super) const LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(super) const LN2_HI: f32 = 0.693_359_4;
+pub(super) const LN2_LO: f32 = -2.121_944_4e-4;
+pub(super) const EXP_MIN: f32 = -87.0;
+pub(super) const P0: f32 = 1.987_569_1e-4;
+pub(super) const P1: f32 = 1.398_199_9e-3;
+pub(super) const P2: f32 = 8.333_452e-3;
+pub(super) const P3: f32 = 4.166_579_6e-2;
+pub(super) const P4: f32 = 1.666_666_5e-1;
+pub(super) const P5: f32 = 0.5;
 
 /// `e^x` for `x ≤ 0` (the only arguments softmax needs): 0 below −87, else Cephes' polynomial.
 /// The AVX2 lanes compute exactly this.

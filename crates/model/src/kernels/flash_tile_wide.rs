@@ -1,0 +1,508 @@
+//! The tile step of `flash_tile` for many query rows against a K tile stored transposed
+//! (`[head_dim][TILE_POSITIONS]` f32), in AVX-512 (512-bit) registers: one score vector holds
+//! all 16 positions of the tile, so the eight lane chains of a dot product (`flash_tile`'s
+//! module doc, step 1) are eight vector accumulators fed by broadcast-FMA chains, and their
+//! reduction tree `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))` is seven vertical adds — no horizontal
+//! sums per position. The softmax runs on the 16-lane score vector, and `p·V` broadcasts each
+//! `p[t]` over V rows into register accumulators shared by up to [`WIDE_ROWS`] rows.
+//!
+//! Every IEEE operation is the one `flash_tile::tile_update` performs (same chains, same tree,
+//! same exponential lanes, same accumulation order), so the results are bit-identical to the
+//! row-major kernels and to the portable definition (tests pin this): a row's result still
+//! depends only on its query, its K/V and its position count.
+//!
+//! Owns transposing a widened K tile and the 512-bit tile step; it never reads a KV store,
+//! never allocates and never decides which rows share a tile (`attention_tiled` does).
+
+use super::cpu::{cpu_features, CpuFeatures};
+use super::flash_tile::{TileElem, TileSoftmax, TILE_POSITIONS};
+
+/// Rows one register-blocked call takes (the heads of a GQA group of three; other rows run one
+/// at a time, same bits).
+pub const WIDE_ROWS: usize = 3;
+
+/// Proof that the 512-bit tile step may run here (AVX-512 F with AVX2, FMA and F16C detected
+/// and not overridden): obtained once per task, so the kernel checks no feature per call.
+#[derive(Debug, Clone, Copy)]
+pub struct WideTiles(());
+
+impl WideTiles {
+    /// The token when `features` (clamped to what the CPU has) allow the 512-bit kernel.
+    pub fn with(features: CpuFeatures) -> Option<WideTiles> {
+        features.clamp_to_detected().avx512.then_some(WideTiles(()))
+    }
+
+    /// [`WideTiles::with`] the process's features.
+    pub fn here() -> Option<WideTiles> {
+        WideTiles::with(cpu_features())
+    }
+}
+
+/// `kt[d · TILE_POSITIONS + at + t] = f32(keys[t · hd + d])` for `t < n` and `d < hd` (a run of
+/// `n` K rows, f32 or f16 widened exactly, landing at tile position `at`); other positions of
+/// `kt` are left as they are (the kernel masks them). Panics on a shape mismatch.
+pub fn transpose_keys<E: TileElem>(keys: &[E], n: usize, hd: usize, kt: &mut [f32], at: usize) {
+    assert!(
+        at + n <= TILE_POSITIONS && keys.len() >= n * hd && kt.len() >= hd * TILE_POSITIONS,
+        "transpose shapes: n={n} at={at} hd={hd} keys={} kt={}",
+        keys.len(),
+        kt.len()
+    );
+    let mut t0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if cpu_features().avx2 && hd.is_multiple_of(8) {
+        while t0 + 8 <= n {
+            for d0 in (0..hd).step_by(8) {
+                // SAFETY: AVX2+F16C presence was checked at runtime; rows `t0..t0 + 8 <= n` of
+                // `keys` hold columns `d0..d0 + 8 <= hd`, and `kt` holds rows `d0..d0 + 8` of
+                // `TILE_POSITIONS` with columns `at + t0..at + t0 + 8 <= 16` (the assertion).
+                unsafe { x86::transpose8(keys, hd, t0, d0, kt, at + t0) };
+            }
+            t0 += 8;
+        }
+    }
+    for t in t0..n {
+        for d in 0..hd {
+            kt[d * TILE_POSITIONS + at + t] = keys[t * hd + d].widen();
+        }
+    }
+}
+
+/// The tile step of `flash_tile::tile_update` for each row `r` (state `sts[r]`, accumulator
+/// `accs[r]`, query `qs[r]`, `valids[r]` positions of the tile, 1..=16), reading keys from
+/// `kt` (transposed by [`transpose_keys`]) and values from `vals` (`[≥ max valid, hd]` f32).
+/// Bit-identical to `tile_update` with the same K rows. Rows `r, r+1, r+2` with equal `valid`
+/// share every K and V register load.
+///
+/// Panics unless `hd` is a multiple of 16 and shapes match.
+#[allow(clippy::too_many_arguments)]
+pub fn tile_update_wide(
+    _proof: WideTiles,
+    sts: &mut [TileSoftmax],
+    accs: &mut [&mut [f32]],
+    qs: &[&[f32]],
+    valids: &[usize],
+    kt: &[f32],
+    vals: &[f32],
+    scale: f32,
+) {
+    let rows = qs.len();
+    assert!(rows == sts.len() && rows == accs.len() && rows == valids.len());
+    if rows == 0 {
+        return;
+    }
+    let hd = qs[0].len();
+    let max_valid = valids.iter().copied().max().unwrap_or(0);
+    assert!(
+        hd > 0
+            && hd.is_multiple_of(16)
+            && qs.iter().all(|q| q.len() == hd)
+            && accs.iter().all(|a| a.len() == hd)
+            && valids.iter().all(|v| (1..=TILE_POSITIONS).contains(v))
+            && kt.len() >= hd * TILE_POSITIONS
+            && vals.len() >= max_valid * hd,
+        "wide tile shapes: hd={hd} kt={} vals={} valids={valids:?}",
+        kt.len(),
+        vals.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut r = 0;
+        while r < rows {
+            if r + WIDE_ROWS <= rows && valids[r + 1] == valids[r] && valids[r + 2] == valids[r] {
+                let (s3, _) = sts[r..]
+                    .split_first_chunk_mut::<WIDE_ROWS>()
+                    .expect("3 rows");
+                let (a3, _) = accs[r..]
+                    .split_first_chunk_mut::<WIDE_ROWS>()
+                    .expect("3 rows");
+                let q3: &[&[f32]; WIDE_ROWS] = qs[r..r + WIDE_ROWS].try_into().expect("3 rows");
+                // SAFETY: AVX-512 F (with AVX2, FMA, F16C) presence is proven by the `WideTiles`
+                // token; every shape was checked by the assertion above.
+                unsafe { x86::rows::<WIDE_ROWS>(s3, a3, q3, valids[r], kt, vals, scale) };
+                r += WIDE_ROWS;
+            } else {
+                let (s1, _) = sts[r..].split_first_chunk_mut::<1>().expect("1 row");
+                let (a1, _) = accs[r..].split_first_chunk_mut::<1>().expect("1 row");
+                let q1: &[&[f32]; 1] = qs[r..r + 1].try_into().expect("1 row");
+                // SAFETY: as above.
+                unsafe { x86::rows::<1>(s1, a1, q1, valids[r], kt, vals, scale) };
+                r += 1;
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (sts, accs, kt, vals, scale);
+        unreachable!("no WideTiles token exists off x86-64");
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! AVX2 transposition and AVX-512 tile bodies; callers check the features at runtime.
+    use super::super::flash_tile::{
+        exp_poly, EXP_MIN, LN2_HI, LN2_LO, LOG2E, P0, P1, P2, P3, P4, P5,
+    };
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// Transposes the 8×8 block of rows `t0..t0+8`, columns `d0..d0+8` of `keys` (row stride
+    /// `hd`, widened to f32) into rows `d0..d0+8`, columns `c0..c0+8` of `kt` (row stride 16).
+    ///
+    /// # Safety
+    /// AVX2+F16C present; both blocks lie inside their slices.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn transpose8<E: TileElem>(
+        keys: &[E],
+        hd: usize,
+        t0: usize,
+        d0: usize,
+        kt: &mut [f32],
+        c0: usize,
+    ) {
+        let kp = keys.as_ptr();
+        // SAFETY: rows `t0 + i` of `keys`, columns `d0..d0 + 8` (caller's contract).
+        let r: [__m256; 8] =
+            std::array::from_fn(|i| unsafe { E::load8(kp.add((t0 + i) * hd + d0)) });
+        let t0_ = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let s0 = _mm256_shuffle_ps::<0x44>(t0_, t2);
+        let s1 = _mm256_shuffle_ps::<0xEE>(t0_, t2);
+        let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        let out = [
+            _mm256_permute2f128_ps::<0x20>(s0, s4),
+            _mm256_permute2f128_ps::<0x20>(s1, s5),
+            _mm256_permute2f128_ps::<0x20>(s2, s6),
+            _mm256_permute2f128_ps::<0x20>(s3, s7),
+            _mm256_permute2f128_ps::<0x31>(s0, s4),
+            _mm256_permute2f128_ps::<0x31>(s1, s5),
+            _mm256_permute2f128_ps::<0x31>(s2, s6),
+            _mm256_permute2f128_ps::<0x31>(s3, s7),
+        ];
+        let dp = kt.as_mut_ptr();
+        for (j, o) in out.iter().enumerate() {
+            // SAFETY: row `d0 + j` of `kt`, columns `t0..t0 + 8` (caller's contract).
+            unsafe { _mm256_storeu_ps(dp.add((d0 + j) * TILE_POSITIONS + c0), *o) };
+        }
+    }
+
+    /// `flash_tile`'s exponential on 16 lanes (the same operations as its 8-lane form, lane by
+    /// lane; arguments ≤ 0 or −∞).
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn exp16(x: __m512) -> __m512 {
+        let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_MIN));
+        let x = _mm512_min_ps(
+            _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN)),
+            _mm512_setzero_ps(),
+        );
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+        );
+        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
+        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+        let z = _mm512_mul_ps(r, r);
+        let mut y = _mm512_fmadd_ps(_mm512_set1_ps(P0), r, _mm512_set1_ps(P1));
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(P2));
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(P3));
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(P4));
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(P5));
+        y = _mm512_fmadd_ps(y, z, r);
+        y = _mm512_add_ps(y, _mm512_set1_ps(1.0));
+        let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_cvtps_epi32(n),
+            _mm512_set1_epi32(127),
+        ));
+        let res = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+        _mm512_maskz_mov_ps(!below, res)
+    }
+
+    /// `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))` of eight scalars.
+    #[inline(always)]
+    fn hsum8(x: &[f32]) -> f32 {
+        ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))
+    }
+
+    /// `R` rows sharing `valid` against one transposed tile (module doc).
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA, F16C present; every `qs[r]`, `accs[r]` holds `hd` (a multiple of
+    /// 16) floats, `kt` `hd · 16`, `vals` `valid · hd`; `1 <= valid <= 16`.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn rows<const R: usize>(
+        sts: &mut [TileSoftmax; R],
+        accs: &mut [&mut [f32]; R],
+        qs: &[&[f32]; R],
+        valid: usize,
+        kt: &[f32],
+        vals: &[f32],
+        scale: f32,
+    ) {
+        let hd = qs[0].len();
+        let ktp = kt.as_ptr();
+        let qps: [*const f32; R] = std::array::from_fn(|r| qs[r].as_ptr());
+        // Step 1: lane chain `l` of every position is accumulator `l` (columns `d ≡ l mod 8`).
+        // Chunk 0 starts every chain from +0 (`fma(q, k, 0)`, as the definition does), written
+        // as one expression so the accumulators start in registers (no zeroed stack array).
+        let k0: [__m512; 8] = std::array::from_fn(|l| {
+            // SAFETY: `l < 8 <= hd`: row `l` of `kt` holds 16 floats.
+            unsafe { _mm512_loadu_ps(ktp.add(l * TILE_POSITIONS)) }
+        });
+        let mut a: [[__m512; 8]; R] = std::array::from_fn(|r| {
+            std::array::from_fn(|l| {
+                // SAFETY: `l < 8 <= hd`: element `l` of the query.
+                let q = _mm512_set1_ps(unsafe { *qps[r].add(l) });
+                _mm512_fmadd_ps(q, k0[l], _mm512_setzero_ps())
+            })
+        });
+        for c in 1..hd / 8 {
+            for l in 0..8 {
+                let d = 8 * c + l;
+                // SAFETY: `d < hd`: row `d` of `kt` holds 16 floats.
+                let k = unsafe { _mm512_loadu_ps(ktp.add(d * TILE_POSITIONS)) };
+                for r in 0..R {
+                    // SAFETY: `d < hd`: element `d` of the query.
+                    let q = _mm512_set1_ps(unsafe { *qps[r].add(d) });
+                    a[r][l] = _mm512_fmadd_ps(q, k, a[r][l]);
+                }
+            }
+        }
+        let live: __mmask16 = if valid >= TILE_POSITIONS {
+            0xFFFF
+        } else {
+            (1u16 << valid) - 1
+        };
+        let vscale = _mm512_set1_ps(scale);
+        let mut p = [[0f32; TILE_POSITIONS]; R];
+        for r in 0..R {
+            let x = a[r];
+            let s = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(x[0], x[1]), _mm512_add_ps(x[2], x[3])),
+                _mm512_add_ps(_mm512_add_ps(x[4], x[5]), _mm512_add_ps(x[6], x[7])),
+            );
+            let s = _mm512_mul_ps(s, vscale);
+            // Lanes at or past `valid` become −∞ (weight exactly 0, never the maximum).
+            let s = _mm512_mask_blend_ps(live, _mm512_set1_ps(f32::NEG_INFINITY), s);
+            // Step 2.
+            let st = &mut sts[r];
+            let tile_max = _mm512_reduce_max_ps(s);
+            if tile_max > st.max {
+                let f = exp_poly(st.max - tile_max);
+                let vf = _mm512_set1_ps(f);
+                let ap = accs[r].as_mut_ptr();
+                for c in 0..hd / 16 {
+                    // SAFETY: `16c + 16 <= hd = accs[r].len()`.
+                    unsafe {
+                        let v = _mm512_loadu_ps(ap.add(16 * c));
+                        _mm512_storeu_ps(ap.add(16 * c), _mm512_mul_ps(v, vf));
+                    }
+                }
+                st.sum *= f;
+                st.max = tile_max;
+            }
+            // Step 3: the two groups of eight summed in order (the second is all zeros when
+            // `valid <= 8`, which adds exactly nothing).
+            let e = exp16(_mm512_sub_ps(s, _mm512_set1_ps(st.max)));
+            // SAFETY: `p[r]` holds 16 floats.
+            unsafe { _mm512_storeu_ps(p[r].as_mut_ptr(), e) };
+            let tile_sum = hsum8(&p[r][..8]) + hsum8(&p[r][8..]);
+            st.sum += tile_sum;
+        }
+        // Step 4: `acc += p[t]·v[t]` in position order, up to four vectors per row held in
+        // registers (constant block widths, so the accumulators never leave registers).
+        let aps: [*mut f32; R] = std::array::from_fn(|r| accs[r].as_mut_ptr());
+        let vp = vals.as_ptr();
+        let mut e0 = 0;
+        while e0 + 64 <= hd {
+            // SAFETY: elements `e0..e0 + 64 <= hd` of every accumulator and `vals` row.
+            unsafe { pv::<R, 4>(&aps, vp, hd, e0, &p, valid) };
+            e0 += 64;
+        }
+        while e0 < hd {
+            // SAFETY: elements `e0..e0 + 16 <= hd` (`hd` is a multiple of 16).
+            unsafe { pv::<R, 1>(&aps, vp, hd, e0, &p, valid) };
+            e0 += 16;
+        }
+    }
+
+    /// `acc_r[e0..e0 + 16W] = fma(p[r][t], v[t][e0..e0 + 16W], acc_r)` for `t < valid` in
+    /// order, every row's `W` vectors held in registers and each V load shared by the rows.
+    ///
+    /// # Safety
+    /// AVX-512 F present; `aps[r] + e0` holds `16W` floats; `vp + t·hd + e0` holds `16W` floats
+    /// for every `t < valid <= 16`.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn pv<const R: usize, const W: usize>(
+        aps: &[*mut f32; R],
+        vp: *const f32,
+        hd: usize,
+        e0: usize,
+        p: &[[f32; TILE_POSITIONS]; R],
+        valid: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); W]; R];
+        for r in 0..R {
+            for i in 0..W {
+                // SAFETY: caller's contract.
+                acc[r][i] = unsafe { _mm512_loadu_ps(aps[r].add(e0 + 16 * i)) };
+            }
+        }
+        for t in 0..valid {
+            let bp: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(p[r][t]));
+            for i in 0..W {
+                // SAFETY: caller's contract (row `t < valid`).
+                let x = unsafe { _mm512_loadu_ps(vp.add(t * hd + e0 + 16 * i)) };
+                for r in 0..R {
+                    acc[r][i] = _mm512_fmadd_ps(bp[r], x, acc[r][i]);
+                }
+            }
+        }
+        for r in 0..R {
+            for i in 0..W {
+                // SAFETY: caller's contract.
+                unsafe { _mm512_storeu_ps(aps[r].add(e0 + 16 * i), acc[r][i]) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::flash_tile::tile_update_with;
+    use super::*;
+    use half::f16;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn transpose_matches_the_definition() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for (n, at, hd) in [
+            (16usize, 0usize, 64usize),
+            (9, 0, 64),
+            (8, 8, 16),
+            (3, 5, 8),
+            (16, 0, 72),
+            (1, 15, 128),
+            (11, 3, 64),
+        ] {
+            let keys: Vec<f32> = (0..n * hd)
+                .map(|_| f16::from_f32(rng.gen_range(-1.0f32..1.0)).to_f32())
+                .collect();
+            let keys16: Vec<f16> = keys.iter().map(|&x| f16::from_f32(x)).collect();
+            for from_f16 in [false, true] {
+                let mut kt = vec![f32::NAN; hd * TILE_POSITIONS];
+                if from_f16 {
+                    transpose_keys(&keys16, n, hd, &mut kt, at);
+                } else {
+                    transpose_keys(&keys, n, hd, &mut kt, at);
+                }
+                for c in 0..TILE_POSITIONS {
+                    for d in 0..hd {
+                        let got = kt[d * TILE_POSITIONS + c];
+                        if (at..at + n).contains(&c) {
+                            let want = keys[(c - at) * hd + d];
+                            assert_eq!(got.to_bits(), want.to_bits(), "n={n} at={at} c={c} d={d}");
+                        } else {
+                            assert!(got.is_nan(), "n={n} at={at}: position {c} was written");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The 512-bit kernel (three-row blocks and single rows, rows with different `valid`)
+    /// against the portable row-major definition, bit for bit, over several tiles so the
+    /// running maximum and rescaling are exercised; stale keys past `valid` must not leak.
+    #[test]
+    #[allow(clippy::needless_range_loop)]
+    fn wide_tiles_match_the_portable_definition_bitwise() {
+        let Some(proof) = WideTiles::here() else {
+            eprintln!("no AVX-512 here: the 512-bit tile kernel is not exercised");
+            return;
+        };
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(29);
+        for hd in [64usize, 16, 128] {
+            let rows = 8;
+            let qs: Vec<Vec<f32>> = (0..rows)
+                .map(|_| (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect())
+                .collect();
+            // Per tile: each row's valid (rows 0..3 and 3..6 share theirs, 6 and 7 differ).
+            let tiles: Vec<[usize; 8]> = vec![
+                [16; 8],
+                [16, 16, 16, 5, 5, 5, 9, 1],
+                [7, 7, 7, 16, 16, 16, 8, 16],
+                [16; 8],
+                [1, 1, 1, 2, 2, 2, 3, 15],
+            ];
+            let mut want_st = vec![TileSoftmax::default(); rows];
+            let mut want_acc = vec![vec![0f32; hd]; rows];
+            let mut sts = vec![TileSoftmax::default(); rows];
+            let mut accs = vec![vec![0f32; hd]; rows];
+            let mut kt = vec![0f32; hd * TILE_POSITIONS];
+            for (i, valids) in tiles.iter().enumerate() {
+                // f16-exact K/V (what the store holds), larger spread in later tiles.
+                let s = 1.0 + i as f32;
+                let mut gen = |s: f32| -> Vec<f32> {
+                    (0..TILE_POSITIONS * hd)
+                        .map(|_| f16::from_f32(rng.gen_range(-s..s)).to_f32())
+                        .collect()
+                };
+                let (keys, vals) = (gen(s), gen(2.0));
+                for r in 0..rows {
+                    tile_update_with(
+                        CpuFeatures::PORTABLE,
+                        &mut want_st[r],
+                        &mut want_acc[r],
+                        &qs[r],
+                        &keys,
+                        &vals,
+                        valids[r],
+                        0.125,
+                    );
+                }
+                // Stale positions past the shortest valid: transposing only a prefix must not
+                // matter for rows that do not read it.
+                kt.iter_mut().for_each(|x| *x = 1e30);
+                let max_valid = *valids.iter().max().unwrap();
+                transpose_keys(&keys, max_valid, hd, &mut kt, 0);
+                let mut acc_refs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..]).collect();
+                let q_refs: Vec<&[f32]> = qs.iter().map(|q| &q[..]).collect();
+                tile_update_wide(
+                    proof,
+                    &mut sts,
+                    &mut acc_refs,
+                    &q_refs,
+                    valids,
+                    &kt,
+                    &vals,
+                    0.125,
+                );
+                for r in 0..rows {
+                    assert_eq!(sts[r], want_st[r], "hd={hd} tile {i} row {r}");
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&accs[r]),
+                        bits(&want_acc[r]),
+                        "hd={hd} tile {i} row {r}"
+                    );
+                }
+            }
+        }
+    }
+}
