@@ -150,6 +150,8 @@ struct Summary {
     pool_bytes: u64,
     tiers: String,
     threads: usize,
+    /// Step-time target in ms (0 = off).
+    step_target_ms: u64,
     tenants: usize,
 }
 
@@ -187,6 +189,7 @@ impl Summary {
                     .join(" > ")
             },
             threads: cfg.threads,
+            step_target_ms: cfg.step_time_target.map_or(0, |t| t.as_millis() as u64),
             tenants: settings.tenants.len(),
         }
     }
@@ -205,6 +208,7 @@ impl Summary {
             pool_bytes = self.pool_bytes,
             tiers = %self.tiers,
             threads = self.threads,
+            step_target_ms = self.step_target_ms,
             tenants = self.tenants,
             listen = %format!("http://{addr}"),
             "agentkv serving"
@@ -270,9 +274,7 @@ fn engine_config(
     if let Some(n) = file.limits.max_batch_tokens {
         cfg.max_batch_tokens = n;
     }
-    if let Some(ms) = file.limits.step_time_target_ms {
-        cfg.step_time_target = (ms > 0).then(|| std::time::Duration::from_millis(ms));
-    }
+    cfg.step_time_target = file.limits.step_time_target();
     if let Some(n) = file.limits.min_prefill_tokens_per_step {
         cfg.min_prefill_tokens_per_step = n;
     }
