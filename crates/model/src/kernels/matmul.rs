@@ -239,6 +239,7 @@ impl OutPtr {
     /// No other task reads or writes any element of `range` while the slice lives (tasks own
     /// disjoint ranges, see the `Sync` impl).
     #[inline(always)]
+    #[allow(clippy::mut_from_ref)] // disjoint ranges per task, the caller's contract above
     pub(super) unsafe fn slice_mut(&self, range: Range<usize>) -> &mut [f32] {
         assert!(
             range.start <= range.end && range.end <= self.len,
