@@ -232,6 +232,23 @@ impl OutPtr {
         // SAFETY: in bounds (checked above); no other task writes this index (see `Sync` impl).
         unsafe { self.ptr.add(index).write(value) };
     }
+
+    /// Elements `range` as a slice, for a task that writes all of them.
+    ///
+    /// # Safety
+    /// No other task reads or writes any element of `range` while the slice lives (tasks own
+    /// disjoint ranges, see the `Sync` impl).
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)] // disjoint ranges per task, the caller's contract above
+    pub(super) unsafe fn slice_mut(&self, range: Range<usize>) -> &mut [f32] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "output range in bounds"
+        );
+        // SAFETY: in bounds (checked above); exclusive for its lifetime (the caller's contract);
+        // `ptr` comes from a `&mut [f32]` that outlives every task.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len()) }
+    }
 }
 
 /// Kernel set of one 32-element block type on this architecture.

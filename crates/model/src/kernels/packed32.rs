@@ -292,6 +292,18 @@ pub(super) fn run_groups(
 ) {
     let n = p.num_rows;
     let num_tokens = act.num_tokens;
+    #[cfg(target_arch = "x86_64")]
+    if num_tokens == 1 && !groups.is_empty() {
+        // A decode: the whole range in one call (features and shapes checked once), the rows of
+        // the range written in place.
+        let rows = groups.start * GROUP_ROWS..(groups.end * GROUP_ROWS).min(n);
+        // SAFETY: for one token the rows of `groups` are outputs `rows`, which only this task
+        // writes (tasks own disjoint group ranges).
+        let o = unsafe { out.slice_mut(rows) };
+        if super::packed32_x86::groups_one_token(p, features, groups.clone(), act, o) {
+            return;
+        }
+    }
     let mut tile = [[0f32; 16]; TILE_TOKENS];
     for g in groups {
         let rows = (n - g * GROUP_ROWS).min(GROUP_ROWS);
@@ -318,16 +330,18 @@ pub(super) fn run_groups(
 }
 
 /// Splits a packed matrix's groups for `num_tokens` tokens into tasks: `(num_tasks,
-/// groups_per_task)`. About four tasks per thread in general; two for a decode (at most one
+/// groups_per_task)`. About four tasks per thread in general; one for a decode (at most one
 /// register tile of tokens), where a task lasts microseconds and every further task costs a
-/// claim and a completion on shared counters and starts a new memory stream cold (measured:
-/// streaming decode 21 → 28 GB/s, `examples/packed_stream.rs`).
+/// claim and a completion on shared counters and starts a new memory stream cold. Measured on
+/// the decode of the default model (paired in one process, AMD Zen 5, 2 threads): one task per
+/// thread decodes 9–11% faster than two, three 7% slower (two was chosen on Zen 4, where one
+/// and two measured the same within that machine's noise).
 pub(super) fn split(p: &Packed32, pool: &ThreadPool, num_tokens: usize) -> (usize, usize) {
     let num_groups = p.num_groups();
     if pool.num_threads() == 1 {
         return (1, num_groups);
     }
-    let per_thread = if num_tokens <= TILE_TOKENS { 2 } else { 4 };
+    let per_thread = if num_tokens <= TILE_TOKENS { 1 } else { 4 };
     let per = num_groups.div_ceil(pool.num_threads() * per_thread).max(1);
     (num_groups.div_ceil(per), per)
 }

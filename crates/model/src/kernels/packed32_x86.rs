@@ -78,6 +78,60 @@ pub(super) fn group(
     }
 }
 
+/// A decode's groups `groups` (token 0 of `act`, which holds one token) on the best SIMD path
+/// `features` allows, into `out` (the rows of those groups, `out[0]` = row `16 * groups.start`);
+/// `false` when there is none. Same kernels as [`group`], checked once per range.
+pub(super) fn groups_one_token(
+    p: &Packed32,
+    features: CpuFeatures,
+    groups: std::ops::Range<usize>,
+    act: &ActQ8,
+    out: &mut [f32],
+) -> bool {
+    let f = features.clamp_to_detected();
+    assert!(
+        groups.start <= groups.end
+            && groups.end <= p.num_groups()
+            && act.num_tokens == 1
+            && act.num_blocks == p.num_blocks()
+            && out.len()
+                == (groups.end * 16).min(p.num_rows()) - (groups.start * 16).min(p.num_rows()),
+        "groups, token and output in range"
+    );
+    let kind = match p.ty() {
+        GgmlType::Q4_0 => Q4_0,
+        GgmlType::Q4_1 => Q4_1,
+        GgmlType::Q5_0 => Q5_0,
+        _ => Q8_0,
+    };
+    macro_rules! run {
+        ($kernel:ident) => {{
+            let mut tile = [[0f32; 16]; 1];
+            for (g, o) in groups.clone().zip(out.chunks_mut(16)) {
+                match kind {
+                    Q4_0 => $kernel::<Q4_0, 1>(p, g, act, 0, &mut tile),
+                    Q4_1 => $kernel::<Q4_1, 1>(p, g, act, 0, &mut tile),
+                    Q5_0 => $kernel::<Q5_0, 1>(p, g, act, 0, &mut tile),
+                    _ => $kernel::<Q8_0, 1>(p, g, act, 0, &mut tile),
+                }
+                o.copy_from_slice(&tile[0][..o.len()]);
+            }
+        }};
+    }
+    if f.vnni && f.avx512 {
+        // SAFETY: AVX-512 F+VL+VNNI (and AVX2+FMA+F16C) were detected on this CPU; shapes were
+        // checked above.
+        unsafe { run!(group512) };
+        true
+    } else if f.avx2 {
+        // SAFETY: AVX2+FMA+F16C were detected on this CPU; shapes were checked above.
+        unsafe { run!(group256) };
+        true
+    } else {
+        false
+    }
+}
+
 /// Reads 4 bytes at `p` as an i32 (unaligned).
 ///
 /// # Safety
