@@ -39,7 +39,9 @@ fn main() {
             data: &data,
             packed: Some(&p),
         };
-        let x: Vec<f32> = (0..toks * row_len).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let x: Vec<f32> = (0..toks * row_len)
+            .map(|_| rng.gen_range(-1.0f32..1.0))
+            .collect();
         let mut y = vec![0f32; toks * rows];
         let mut best = f64::MAX;
         for _ in 0..5 {

@@ -57,7 +57,7 @@ impl Job<'_> {
     /// The whole matmul for a K-quant weight: quantise `x` once, then one pool task per row range.
     pub(super) fn run_kquant(&self, pool: &ThreadPool, x: &[f32], out: &OutPtr) {
         with_act_k_scratch(|act| {
-            act.quantize(x, self.num_tokens, self.w.row_len);
+            act.quantize_on(pool, x, self.num_tokens, self.w.row_len);
             let act = &*act;
             let (num_tasks, rows_per_task) = self.split(pool);
             pool.for_each(num_tasks, &|task| {

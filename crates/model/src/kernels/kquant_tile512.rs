@@ -186,7 +186,10 @@ pub(crate) fn tile512<K: KQuant512, const T: usize, const R: usize, const ORDER:
     out: &mut [[f32; R]; T],
 ) {
     let nb = act.num_blocks;
-    assert!(ORDER == order::LANES || ORDER == order::FLAT, "lane or flat order");
+    assert!(
+        ORDER == order::LANES || ORDER == order::FLAT,
+        "lane or flat order"
+    );
     assert!(
         row_bytes == nb * K::BYTES && (row0 + R) * row_bytes <= w.len(),
         "tile rows in range"
@@ -256,10 +259,8 @@ pub(crate) fn tile512<K: KQuant512, const T: usize, const R: usize, const ORDER:
             );
             for r in 0..R {
                 let v = isum[t][r];
-                let mut lanes = _mm256_add_epi32(
-                    _mm512_castsi512_si256(v),
-                    _mm512_extracti64x4_epi64::<1>(v),
-                );
+                let mut lanes =
+                    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
                 if K::OFFSET != 0 {
                     // SAFETY: AVX2 is enabled for this function.
                     let sc16 = unsafe { K::scales16(&prep[r]) };

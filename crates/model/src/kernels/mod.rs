@@ -38,9 +38,9 @@ pub mod matmul;
 pub mod matmul_many;
 pub mod packed32;
 #[cfg(target_arch = "x86_64")]
-mod packed32_x86;
-#[cfg(target_arch = "x86_64")]
 mod packed32_prefill;
+#[cfg(target_arch = "x86_64")]
+mod packed32_x86;
 pub mod pool;
 pub mod row_f32;
 pub mod swiglu;

@@ -223,7 +223,9 @@ unsafe fn decode_group<const K: u8>(p: &Packed32, g: usize, dec: &mut [Line]) {
     let flip = _mm512_set1_epi8(-128);
     for b in 0..nb {
         let bp = grp[b * bb..(b + 1) * bb].as_ptr();
-        let dp = dec[b * DEC_LINES..(b + 1) * DEC_LINES].as_mut_ptr().cast::<u8>();
+        let dp = dec[b * DEC_LINES..(b + 1) * DEC_LINES]
+            .as_mut_ptr()
+            .cast::<u8>();
         // SAFETY: a packed block holds `chunks` 64-byte chunks, then 32 bytes of d (and 32 of m
         // for Q4_1), all inside its `bb` bytes; the block's `DEC_LINES` lines of `dec` are
         // 64-byte aligned and exclusively borrowed.
