@@ -176,6 +176,8 @@ fn hsum4_ps(v: __m128) -> f32 {
 /// whole weight matrix with rows of `row_bytes` bytes.
 ///
 /// Panics (internal bug) if the tile is out of range or the order is another.
+// The register tile indexes several arrays by token, row and lane at once.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) fn tile512<K: KQuant512, const T: usize, const R: usize, const ORDER: u8>(
     w: &[u8],

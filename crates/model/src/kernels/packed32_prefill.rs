@@ -284,6 +284,8 @@ fn hsum8_lanes(a: &[__m512; 8]) -> __m512 {
 /// AVX-512 F+VL+VNNI and AVX2+FMA+F16C present; `dec` holds `nb` decoded blocks; `starts` holds
 /// the starts of tokens `tc0..tc0 + T` of the chunk (`(tc0 + T) * nb * 8` values); `act` holds
 /// tokens `tok0..tok0 + T` of `nb` blocks in every buffer.
+// The register tile indexes several arrays by token, row and lane at once.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 unsafe fn tile<const K: u8, const T: usize>(
     dec: &[Line],
