@@ -94,6 +94,22 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 /// the GELU of the gate rounded to f16 and back, looked up at the f16 value of the gate, for
 /// gates in (-10, 10); 0 below, the gate itself above. Shapes: `[ffn]`.
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    let table = gelu_table();
+    let n = gate.len().min(up.len());
+    #[cfg(target_arch = "x86_64")]
+    let done = if crate::kernels::cpu_features().avx2 {
+        // SAFETY: AVX2+FMA+F16C were detected (`cpu_features` only reports what the CPU has).
+        unsafe { geglu_avx2(table, &mut gate[..n], &up[..n]) }
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
+    geglu_scalar(table, &mut gate[done..n], &up[done..n]);
+}
+
+/// The portable GeGLU loop over the table (also the tail of the AVX2 path).
+fn geglu_scalar(table: &[f32; 1 << 16], gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
         *g = if x <= -10.0 {
@@ -101,9 +117,51 @@ pub fn geglu(gate: &mut [f32], up: &[f32]) {
         } else if x >= 10.0 {
             x * u
         } else {
-            gelu_f16(half::f16::from_f32(x)) * u
+            table[usize::from(half::f16::from_f32(x).to_bits())] * u
         };
     }
+}
+
+/// AVX2 twin of [`geglu_scalar`], 8 gates at a time: the same f16 rounding (F16C's
+/// round-to-nearest-even, what `half` uses), the same table entry (a gather) and the same
+/// products, so bit-identical. Returns how many leading elements it did (a multiple of 8).
+///
+/// # Safety
+/// AVX2, FMA and F16C are available; `gate.len() == up.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn geglu_avx2(table: &[f32; 1 << 16], gate: &mut [f32], up: &[f32]) -> usize {
+    use std::arch::x86_64::*;
+    let n = gate.len() / 8 * 8;
+    let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+    for i in (0..n).step_by(8) {
+        // SAFETY: `i + 8 <= n <= gate.len() == up.len()`; every gathered index is a u16, inside
+        // the 65536-entry table.
+        unsafe {
+            let x = _mm256_loadu_ps(gate.as_ptr().add(i));
+            let u = _mm256_loadu_ps(up.as_ptr().add(i));
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+            let g = _mm256_i32gather_ps::<4>(table.as_ptr(), _mm256_cvtepu16_epi32(h));
+            let mid = _mm256_mul_ps(g, u);
+            let y = _mm256_blendv_ps(mid, _mm256_mul_ps(x, u), _mm256_cmp_ps::<_CMP_GE_OQ>(x, hi));
+            let y = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(x, lo), y);
+            _mm256_storeu_ps(gate.as_mut_ptr().add(i), y);
+        }
+    }
+    n
+}
+
+/// [`gelu_f16`] of every f16 bit pattern (256 KiB, built once on first use): ggml's table, so a
+/// gate costs one lookup instead of a `tanh` (same values).
+fn gelu_table() -> &'static [f32; 1 << 16] {
+    static TABLE: std::sync::OnceLock<Box<[f32; 1 << 16]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = Box::new([0f32; 1 << 16]);
+        for (bits, v) in t.iter_mut().enumerate() {
+            *v = gelu_f16(half::f16::from_bits(bits as u16));
+        }
+        t
+    })
 }
 
 /// `gelu_tanh(x)` of an f16 input, computed in f32 and rounded to f16 (ggml's table entry), with
@@ -194,6 +252,58 @@ mod tests {
         let ggml = half::f16::from_f32(-0.045_501_7).to_f32();
         assert_eq!(gelu_f16(x), ggml);
         assert_ne!(ggml, half::f16::from_f32(-0.045_471_2).to_f32());
+    }
+
+    /// The vector path (whole lengths and tails) equals the scalar loop bit for bit on every
+    /// f16 value, values between them, the ±10 edges and beyond.
+    #[test]
+    fn geglu_paths_agree_bitwise() {
+        let mut xs: Vec<f32> = (0..=u16::MAX)
+            .map(|b| half::f16::from_bits(b).to_f32())
+            .filter(|x| !x.is_nan())
+            .collect();
+        let mut v = -12.0f32;
+        while v < 12.0 {
+            xs.push(v);
+            v += 0.000_731;
+        }
+        xs.extend([
+            -10.0,
+            10.0,
+            -9.999_999,
+            9.999_999,
+            -10.000_001,
+            10.000_001,
+            0.0,
+            -0.0,
+        ]);
+        xs.push(1.0); // an odd length: the tail takes the scalar loop
+        let up: Vec<f32> = (0..xs.len()).map(|i| 0.5 + (i % 7) as f32 * 0.37).collect();
+        let mut want = xs.clone();
+        geglu_scalar(gelu_table(), &mut want, &up);
+        let mut got = xs.clone();
+        geglu(&mut got, &up);
+        for i in 0..xs.len() {
+            assert_eq!(got[i].to_bits(), want[i].to_bits(), "x = {}", xs[i]);
+        }
+    }
+
+    /// The table holds exactly the per-element function for every gate in (-10, 10).
+    #[test]
+    fn geglu_table_equals_the_direct_computation() {
+        let mut checked = 0;
+        for bits in 0..=u16::MAX {
+            let x = half::f16::from_bits(bits).to_f32();
+            if !(x > -10.0 && x < 10.0) {
+                continue;
+            }
+            let mut g = [x];
+            geglu(&mut g, &[1.5]);
+            let want = gelu_f16(half::f16::from_bits(bits)) * 1.5;
+            assert_eq!(g[0].to_bits(), want.to_bits(), "x = {x}");
+            checked += 1;
+        }
+        assert!(checked > 30_000);
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! `gen_heldout_reference.py` there) sent to `/v1/completions` as token ids, greedy, with
 //! logprobs. Checked: the generated text equals llama.cpp's stable greedy prefix on at least 90%
 //! of them (the goal is 98%), and the mean |Δ logprob| of the chosen tokens stays within the bound below.
+//! The prefix is compared up to its first end-of-generation token, which the server stops at and
+//! leaves out of the text (before that cut, 6 of the 16 prompts "differed" by their `<|im_end|>`).
 
 mod common;
 
@@ -24,11 +26,12 @@ struct Position {
     logprob: Option<f32>,
 }
 
-/// Bound on the mean |Δ logprob| through the server (measured value in docs/benchmarks.md).
-const MEAN_BOUND: f64 = 0.06;
+/// Bound on the mean |Δ logprob| through the server (measured: 0.0146 over 270 positions, 16/16
+/// prefixes equal; the engine keeps its batch-invariant arithmetic, not llama.cpp's tiled
+/// prefill, so it is looser than the model-API test's).
+const MEAN_BOUND: f64 = 0.03;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "unfinished: 5/14 texts equal (mean |Δ logprob| 0.040 on those); the comparison of the completion text with the decoded stable prefix (end-of-turn tokens, stops) is not yet verified"]
 async fn heldout_prompts_match_llama_cpp_through_the_server() {
     let refs: Vec<Reference> = include_str!("../../model/tests/data/heldout_greedy.jsonl")
         .lines()
@@ -47,16 +50,21 @@ async fn heldout_prompts_match_llama_cpp_through_the_server() {
         assert_eq!(v.status, 200, "{}: {}", rf.id, v.body);
         let v = v.json();
         let choice = &v["choices"][0];
-        let want = m
-            .tokenizer()
-            .decode(&rf.greedy_ids[..rf.stable_len], false)
-            .expect("decode");
+        // The server stops at an end-of-generation token and leaves it out of the text (and of
+        // the logprobs): compare the stable prefix up to it.
+        let tok = m.tokenizer();
+        let stable = &rf.greedy_ids[..rf.stable_len];
+        let cut = stable
+            .iter()
+            .position(|id| tok.eot_ids().contains(id) || tok.eos_id() == Some(*id))
+            .unwrap_or(stable.len());
+        let want = tok.decode(&stable[..cut], false).expect("decode");
         if choice["text"].as_str() == Some(want.as_str()) {
             equal += 1;
             let lps = choice["logprobs"]["token_logprobs"]
                 .as_array()
                 .expect("token_logprobs");
-            for (got, want) in lps.iter().zip(&rf.top_logprobs) {
+            for (got, want) in lps.iter().zip(&rf.top_logprobs[..cut]) {
                 if let Some(lp) = want.logprob {
                     abs_err += (got.as_f64().expect("logprob") - f64::from(lp)).abs();
                     compared += 1;

@@ -75,7 +75,67 @@ impl ActQ8K {
             *d = quantize_block(xb, qb, bs);
         }
     }
+
+    /// [`Self::quantize`] spread over `pool` by token ranges for steps of at least
+    /// [`PAR_QUANTIZE_MIN_TOKENS`] tokens (the same blocks, each quantised by the same code, so
+    /// the same result; in a prefill the quantisation otherwise runs on one thread while the
+    /// others wait).
+    pub(super) fn quantize_on(
+        &mut self,
+        pool: &super::pool::ThreadPool,
+        x: &[f32],
+        num_tokens: usize,
+        row_len: usize,
+    ) {
+        if pool.num_threads() == 1 || num_tokens < PAR_QUANTIZE_MIN_TOKENS {
+            return self.quantize(x, num_tokens, row_len);
+        }
+        assert!(
+            row_len.is_multiple_of(QK_K) && x.len() == num_tokens * row_len,
+            "caller checks shapes"
+        );
+        let nb = row_len / QK_K;
+        self.num_tokens = num_tokens;
+        self.num_blocks = nb;
+        self.d.resize(num_tokens * nb, 0.0);
+        self.bs16.resize(num_tokens * nb * 16, 0);
+        self.qs.resize(num_tokens * row_len, 0);
+        /// The three buffers, shared by the tasks; each task writes only its own tokens.
+        struct Bufs(*mut f32, *mut i8, *mut i16);
+        // SAFETY: the pointers come from `&mut` borrows of `self`'s buffers that outlive the
+        // `for_each` below, and tasks write disjoint token ranges.
+        unsafe impl Sync for Bufs {}
+        let bufs = Bufs(
+            self.d.as_mut_ptr(),
+            self.qs.as_mut_ptr(),
+            self.bs16.as_mut_ptr(),
+        );
+        let per = num_tokens.div_ceil(2 * pool.num_threads());
+        pool.for_each(num_tokens.div_ceil(per), &|task| {
+            let (t0, t1) = (task * per, ((task + 1) * per).min(num_tokens));
+            let blocks = (t1 - t0) * nb;
+            // SAFETY: tokens `t0..t1` (`t1 <= num_tokens`) lie inside the buffers resized above
+            // (`nb` scales, `row_len` bytes and `16 nb` sums per token) and belong to this task
+            // alone (the ranges of distinct tasks are disjoint).
+            let (d, qs, bs16) = unsafe {
+                let b = &bufs;
+                (
+                    std::slice::from_raw_parts_mut(b.0.add(t0 * nb), blocks),
+                    std::slice::from_raw_parts_mut(b.1.add(t0 * row_len), blocks * QK_K),
+                    std::slice::from_raw_parts_mut(b.2.add(t0 * nb * 16), blocks * 16),
+                )
+            };
+            let xs = &x[t0 * row_len..t1 * row_len];
+            let quants = xs.chunks_exact(QK_K).zip(qs.chunks_exact_mut(QK_K));
+            for ((xb, qb), (db, bs)) in quants.zip(d.iter_mut().zip(bs16.chunks_exact_mut(16))) {
+                *db = quantize_block(xb, qb, bs);
+            }
+        });
+    }
 }
+
+/// Fewest tokens for which [`ActQ8K::quantize_on`] spreads the work over the pool.
+pub(super) const PAR_QUANTIZE_MIN_TOKENS: usize = 8;
 
 /// ggml's `nearest_int`: round half to even via the 1.5·2^23 trick (valid for |f| < 2^22).
 #[inline(always)]
@@ -354,6 +414,27 @@ mod tests {
     use super::*;
     use crate::gguf::{dequantize_row, quantize_row};
     use rand::{Rng, SeedableRng};
+
+    /// Quantising over a pool gives the same buffers as on one thread.
+    #[test]
+    fn pooled_activation_quantisation_equals_serial() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let pool = super::super::pool::ThreadPool::new(2);
+        for toks in [PAR_QUANTIZE_MIN_TOKENS, 37] {
+            let row_len = 512;
+            let x: Vec<f32> = (0..toks * row_len)
+                .map(|_| rng.gen_range(-4.0f32..4.0))
+                .collect();
+            let (mut a, mut b) = (ActQ8K::default(), ActQ8K::default());
+            a.quantize(&x, toks, row_len);
+            b.quantize_on(&pool, &x, toks, row_len);
+            assert_eq!((a.num_tokens, a.num_blocks), (b.num_tokens, b.num_blocks));
+            assert_eq!(a.qs, b.qs);
+            assert_eq!(a.bs16, b.bs16);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.d), bits(&b.d));
+        }
+    }
 
     #[test]
     fn activations_follow_ggml_q8_k() {

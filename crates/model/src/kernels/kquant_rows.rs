@@ -45,9 +45,9 @@ pub fn matmul_kquant_f32(
 
 /// Kernel set of one K-quant type on this architecture.
 #[cfg(target_arch = "x86_64")]
-trait Kernel: super::kquant_avx2::KQuantAvx2 {}
+trait Kernel: super::kquant_tile512::KQuant512 {}
 #[cfg(target_arch = "x86_64")]
-impl<K: super::kquant_avx2::KQuantAvx2> Kernel for K {}
+impl<K: super::kquant_tile512::KQuant512> Kernel for K {}
 #[cfg(not(target_arch = "x86_64"))]
 trait Kernel: KQuant {}
 #[cfg(not(target_arch = "x86_64"))]
@@ -57,7 +57,7 @@ impl Job<'_> {
     /// The whole matmul for a K-quant weight: quantise `x` once, then one pool task per row range.
     pub(super) fn run_kquant(&self, pool: &ThreadPool, x: &[f32], out: &OutPtr) {
         with_act_k_scratch(|act| {
-            act.quantize(x, self.num_tokens, self.w.row_len);
+            act.quantize_on(pool, x, self.num_tokens, self.w.row_len);
             let act = &*act;
             let (num_tasks, rows_per_task) = self.split(pool);
             pool.for_each(num_tasks, &|task| {
@@ -185,11 +185,25 @@ impl Job<'_> {
             }
             return;
         }
+        // The engine's orders (every token alike) on AVX-512 BW + VNNI: the 512-bit tiles
+        // (same results, half the integer instructions).
+        let wide = VNNI
+            && BULK == TAIL
+            && (BULK == order::LANES || BULK == order::FLAT)
+            && super::kquant_tile512::available();
         while r + 2 <= rows.end {
             let mut t = 0;
             let mut o4 = [[0f32; 2]; 4];
             while t + 4 <= num_tokens {
-                tile::<K, 4, 2, false, BULK, VNNI>(w, rb, r, act, t, &mut o4);
+                if wide {
+                    // SAFETY: `available()` checked AVX-512 F+BW+VL+VNNI; `rows_kquant` checked
+                    // AVX2+FMA+F16C.
+                    unsafe {
+                        super::kquant_tile512::tile512::<K, 4, 2, BULK>(w, rb, r, act, t, &mut o4)
+                    };
+                } else {
+                    tile::<K, 4, 2, false, BULK, VNNI>(w, rb, r, act, t, &mut o4);
+                }
                 for (dt, row) in o4.iter().enumerate() {
                     out.write((t + dt) * n + r, row[0]);
                     out.write((t + dt) * n + r + 1, row[1]);

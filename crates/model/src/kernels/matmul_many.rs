@@ -130,7 +130,7 @@ fn matmul_many_impl(
     };
     if all_kquant {
         with_act_k_scratch(|act: &mut ActQ8K| {
-            act.quantize(x, num_tokens, row_len);
+            act.quantize_on(pool, x, num_tokens, row_len);
             let act = &*act;
             pool.for_each(total_tasks, &|task| {
                 run_task(task, &|job, rows, out| job.rows_kquant_any(act, rows, out))

@@ -32,9 +32,13 @@ mod kquant_avx2;
 mod kquant_rows;
 #[cfg(target_arch = "x86_64")]
 mod kquant_tile;
+#[cfg(target_arch = "x86_64")]
+mod kquant_tile512;
 pub mod matmul;
 pub mod matmul_many;
 pub mod packed32;
+#[cfg(target_arch = "x86_64")]
+mod packed32_prefill;
 #[cfg(target_arch = "x86_64")]
 mod packed32_x86;
 pub mod pool;

@@ -290,6 +290,10 @@ pub(super) fn run_groups(
     groups: std::ops::Range<usize>,
     out: &OutPtr,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if super::packed32_prefill::run_groups(p, features, act, groups.clone(), out) {
+        return;
+    }
     let n = p.num_rows;
     let num_tokens = act.num_tokens;
     #[cfg(target_arch = "x86_64")]
