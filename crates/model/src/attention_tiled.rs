@@ -230,7 +230,7 @@ fn update_rows_coded(
     for block in rows.chunks_mut(BLOCK) {
         let mut sts = [TileSoftmax::default(); BLOCK];
         let mut valids = [0usize; BLOCK];
-        let mut qs: [Option<QueryRef<'_>>; BLOCK] = [None; BLOCK];
+        let mut qs: [QueryRef<'_>; BLOCK] = [QueryRef::EMPTY; BLOCK];
         let mut accs: [&mut [f32]; BLOCK] = std::array::from_fn(|_| <&mut [f32]>::default());
         let mut states: [&mut [f32]; BLOCK] = std::array::from_fn(|_| <&mut [f32]>::default());
         let mut live = 0;
@@ -245,7 +245,7 @@ fn update_rows_coded(
                 sum: st[1],
             };
             valids[live] = end - tile_start;
-            qs[live] = Some(qcodes.row(row.idx));
+            qs[live] = qcodes.row(row.idx);
             accs[live] = acc;
             states[live] = st;
             live += 1;
@@ -253,13 +253,12 @@ fn update_rows_coded(
         if live == 0 {
             continue;
         }
-        let qs: Vec<QueryRef<'_>> = qs[..live].iter().map(|q| q.expect("live row")).collect();
         tile_update_codes(
             features,
             keys,
             &mut sts[..live],
             &mut accs[..live],
-            &qs,
+            &qs[..live],
             &valids[..live],
             tile,
             vals,

@@ -4,7 +4,8 @@
 //! the integer sums. Steps 2–4 (softmax, `p·V`) are `flash_tile`'s.
 //!
 //! Which K codecs: `int8` with one group per row ([`KeyCodes::Rows`]) and the per-channel
-//! `int4c` groups ([`KeyCodes::Channels`]); `head_dim` a multiple of 16, at most
+//! `int4c` groups of a multiple of 16 rows, so that a tile lies in one group
+//! ([`KeyCodes::Channels`]); `head_dim` a multiple of 16, at most
 //! [`MAX_CODED_HEAD_DIM`] (integer sums stay below 2^24, so exact in f32).
 //!
 //! The arithmetic (every path performs exactly these operations, so results are bit-identical;
@@ -27,7 +28,7 @@ use half::f16;
 use quant::{EncodedRows, KvCodecKind};
 
 use super::cpu::CpuFeatures;
-use super::flash_tile::{tile_update_scored, TileSoftmax, TILE_POSITIONS};
+use super::flash_tile::{tile_update_scored, widen_f16, TileSoftmax, TILE_POSITIONS};
 
 /// Widest head scored from codes (`head_dim · 255 · 127 < 2^24`: integer sums exact in f32).
 pub const MAX_CODED_HEAD_DIM: usize = 512;
@@ -49,7 +50,10 @@ impl KeyCodes {
         }
         match kind {
             KvCodecKind::Int8 { group } if group == head_dim => Some(KeyCodes::Rows),
-            KvCodecKind::Int4Channel { .. } => Some(KeyCodes::Channels),
+            // A tile must lie inside one group (one set of channel parameters).
+            KvCodecKind::Int4Channel { tokens } if tokens.is_multiple_of(TILE_POSITIONS) => {
+                Some(KeyCodes::Channels)
+            }
             _ => None,
         }
     }
@@ -68,6 +72,9 @@ pub struct CodedTile {
     unpacked: Vec<u8>,
     /// The per-channel `(scale, offset)` of the current `Channels` group, `[2, hd]`.
     channel: Vec<f32>,
+    /// The group header's f16 values and their widening, `[hd, 2]` interleaved.
+    halves: Vec<f16>,
+    pairs: Vec<f32>,
 }
 
 impl CodedTile {
@@ -77,6 +84,8 @@ impl CodedTile {
         self.kt.resize(hd / 4 * TILE_POSITIONS, 0);
         self.unpacked.resize(TILE_POSITIONS * hd, 0);
         self.channel.resize(2 * hd, 0.0);
+        self.halves.resize(2 * hd, f16::ZERO);
+        self.pairs.resize(2 * hd, 0.0);
     }
 
     /// The current group's per-channel scales and offsets (`Channels`).
@@ -92,10 +101,16 @@ impl CodedTile {
             "int8 rows do not fit the tile"
         );
         let bytes = rows.bytes();
+        let mut halves = [f16::ZERO; 2 * TILE_POSITIONS];
         for (t, row) in bytes.chunks_exact(rb).enumerate() {
-            self.k_scale[at + t] = f16::from_bits(u16::from_le_bytes([row[0], row[1]])).to_f32();
-            self.k_offset[at + t] = f16::from_bits(u16::from_le_bytes([row[2], row[3]])).to_f32();
+            halves[t] = f16::from_bits(u16::from_le_bytes([row[0], row[1]]));
+            halves[TILE_POSITIONS + t] = f16::from_bits(u16::from_le_bytes([row[2], row[3]]));
         }
+        // Widening is exact on every path.
+        let mut wide = [0f32; 2 * TILE_POSITIONS];
+        widen_f16(&halves, &mut wide);
+        self.k_scale[at..at + n].copy_from_slice(&wide[..n]);
+        self.k_offset[at..at + n].copy_from_slice(&wide[TILE_POSITIONS..TILE_POSITIONS + n]);
         transpose_codes(features, &bytes[4.min(bytes.len())..], rb, n, hd, &mut self.kt, at);
     }
 
@@ -111,10 +126,14 @@ impl CodedTile {
             "int4c rows do not fit the tile"
         );
         let params = rows.params();
+        for (h, b) in self.halves.iter_mut().zip(params.chunks_exact(2)) {
+            *h = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+        }
+        // Widening is exact on every path.
+        widen_f16(&self.halves, &mut self.pairs);
         let (scales, offsets) = self.channel.split_at_mut(hd);
-        for (c, pair) in params.chunks_exact(4).enumerate() {
-            scales[c] = f16::from_bits(u16::from_le_bytes([pair[0], pair[1]])).to_f32();
-            offsets[c] = f16::from_bits(u16::from_le_bytes([pair[2], pair[3]])).to_f32();
+        for ((s, o), pair) in scales.iter_mut().zip(offsets).zip(self.pairs.chunks_exact(2)) {
+            (*s, *o) = (pair[0], pair[1]);
         }
         unpack_nibbles(features, rows.bytes(), &mut self.unpacked[..n * hd]);
         transpose_codes(features, &self.unpacked, hd, n, hd, &mut self.kt, at);
@@ -190,6 +209,16 @@ pub struct QueryRef<'a> {
     pub s: f32,
     pub sum8: f32,
     pub bias: f32,
+}
+
+impl QueryRef<'_> {
+    /// A placeholder (no codes).
+    pub const EMPTY: QueryRef<'static> = QueryRef {
+        q8: &[],
+        s: 0.0,
+        sum8: 0.0,
+        bias: 0.0,
+    };
 }
 
 impl QueryCodes {
@@ -534,10 +563,43 @@ mod x86 {
         }
     }
 
-    /// [`quantize_def`] compiled for AVX-512 (same operations).
+    /// [`quantize_def`] in 512-bit lanes: the same maximum (order-free), product, rounding
+    /// and clamp per element (NaN elements to 0, as Rust's saturating cast does), exact sums.
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
     pub(super) unsafe fn quantize(x: &[f32], out: &mut [u32]) -> (f32, f32) {
-        quantize_def(x, out)
+        let n = x.len();
+        assert!(n.is_multiple_of(16) && out.len() * 4 == n);
+        let xp = x.as_ptr();
+        let mut m = _mm512_setzero_ps();
+        for i in (0..n).step_by(16) {
+            // SAFETY: `i + 16 <= n`.
+            let v = unsafe { _mm512_loadu_ps(xp.add(i)) };
+            // `max(|v|, m)` returns `m` for a NaN `v` (f32::max ignores NaN too).
+            m = _mm512_max_ps(_mm512_abs_ps(v), m);
+        }
+        let a = _mm512_reduce_max_ps(m);
+        if !(a > 0.0 && a.is_finite()) {
+            out.fill(0);
+            return (0.0, 0.0);
+        }
+        let viq = _mm512_set1_ps(127.0 / a);
+        let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+        let mut sum = _mm512_setzero_si512();
+        let op = out.as_mut_ptr();
+        for i in (0..n).step_by(16) {
+            // SAFETY: `i + 16 <= n`.
+            let v = unsafe { _mm512_loadu_ps(xp.add(i)) };
+            let y = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_ps(v, viq),
+            );
+            let y = _mm512_min_ps(_mm512_max_ps(y, lo), hi);
+            let finite = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v);
+            let q = _mm512_maskz_mov_epi32(finite, _mm512_cvttps_epi32(y));
+            sum = _mm512_add_epi32(sum, q);
+            // SAFETY: words `i/4..i/4 + 4` of `out` (16 bytes).
+            unsafe { _mm_storeu_si128(op.add(i / 4).cast(), _mm512_cvtepi32_epi8(q)) };
+        }
+        (a / 127.0, _mm512_reduce_add_epi32(sum) as f32)
     }
 
     /// [`channel_bias_def`] compiled for AVX-512 (same operations).
@@ -754,32 +816,59 @@ mod x86 {
         };
         let (base, rb) = (v.bytes().as_ptr(), v.row_bytes());
         let mut e0 = 0;
+        while e0 + 64 <= hd {
+            // SAFETY: elements `e0..e0 + 64 <= hd` (caller's contract).
+            unsafe { pv_block::<R, 4>(aps, base, rb, hd, group, four_bit, e0, p, valid) };
+            e0 += 64;
+        }
         while e0 < hd {
-            let w = ((hd - e0) / 16).min(4);
-            let mut acc = [[_mm512_setzero_ps(); 4]; R];
-            for r in 0..R {
-                for i in 0..w {
-                    // SAFETY: elements `e0 + 16i + 16 <= hd` of the accumulator.
-                    acc[r][i] = unsafe { _mm512_loadu_ps(aps[r].add(e0 + 16 * i)) };
+            // SAFETY: elements `e0..e0 + 16 <= hd` (`hd` is a multiple of 16).
+            unsafe { pv_block::<R, 1>(aps, base, rb, hd, group, four_bit, e0, p, valid) };
+            e0 += 16;
+        }
+    }
+
+    /// [`pv_codes`] for elements `e0..e0 + 16W`, the `W` accumulators of every row held in
+    /// registers (a constant width, so they never leave them).
+    ///
+    /// # Safety
+    /// As [`pv_codes`]; `e0 + 16W <= hd`; `base + t·rb` is row `t < valid`.
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn pv_block<const R: usize, const W: usize>(
+        aps: &[*mut f32; R],
+        base: *const u8,
+        rb: usize,
+        hd: usize,
+        group: usize,
+        four_bit: bool,
+        e0: usize,
+        p: &[[f32; TILE_POSITIONS]; R],
+        valid: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); W]; R];
+        for r in 0..R {
+            for i in 0..W {
+                // SAFETY: elements `e0 + 16i + 16 <= hd` of the accumulator.
+                acc[r][i] = unsafe { _mm512_loadu_ps(aps[r].add(e0 + 16 * i)) };
+            }
+        }
+        for t in 0..valid {
+            let bp: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(p[r][t]));
+            for i in 0..W {
+                // SAFETY: row `t < valid`, elements `e0 + 16i + 16 <= hd` (caller's contract).
+                let x = unsafe { value16(base.add(t * rb), hd, group, four_bit, e0 + 16 * i) };
+                for r in 0..R {
+                    acc[r][i] = _mm512_fmadd_ps(bp[r], x, acc[r][i]);
                 }
             }
-            for t in 0..valid {
-                let bp: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(p[r][t]));
-                for i in 0..w {
-                    // SAFETY: row `t < valid` of `v`, elements `e0 + 16i + 16 <= hd`.
-                    let x = unsafe { value16(base.add(t * rb), hd, group, four_bit, e0 + 16 * i) };
-                    for r in 0..R {
-                        acc[r][i] = _mm512_fmadd_ps(bp[r], x, acc[r][i]);
-                    }
-                }
+        }
+        for r in 0..R {
+            for i in 0..W {
+                // SAFETY: as above.
+                unsafe { _mm512_storeu_ps(aps[r].add(e0 + 16 * i), acc[r][i]) };
             }
-            for r in 0..R {
-                for i in 0..w {
-                    // SAFETY: as above.
-                    unsafe { _mm512_storeu_ps(aps[r].add(e0 + 16 * i), acc[r][i]) };
-                }
-            }
-            e0 += 16 * w;
         }
     }
 }
