@@ -384,10 +384,14 @@ pub unsafe fn run_tile_task(
         && features.vnni
         && values_from_codes(codecs.v, hd)
         && tokens.1 - tokens.0 < 3;
+    // Sealed `int4c` groups are decoded straight into the transposed K tile of the 512-bit
+    // kernel (the arithmetic of every other path; re-quantising every query row per group
+    // costs more than the integer scores save in a prefill). Elsewhere they are decoded.
+    let key_codes = key_codes.filter(|&k| k == KeyCodes::Rows || wide.is_some());
     if let Some(keys) = key_codes {
         coded.reset(hd);
-        qcodes.reset(q16.len() / hd, hd);
         if keys == KeyCodes::Rows {
+            qcodes.reset(q16.len() / hd, hd);
             for (r, q) in q16.chunks_exact(hd).enumerate() {
                 qcodes.prepare_rows(features, r, q);
             }
@@ -477,7 +481,11 @@ pub unsafe fn run_tile_task(
                             }
                         }
                         let v_run = ev.skip_rows(first).take_rows(n);
-                        if fuse_values && a == tile_start && b == tile_end {
+                        if fuse_values
+                            && keys == KeyCodes::Rows
+                            && a == tile_start
+                            && b == tile_end
+                        {
                             // A whole tile of few rows: V decoded in registers (same values).
                             v_codes = Some(v_run);
                         } else {
@@ -502,15 +510,13 @@ pub unsafe fn run_tile_task(
                     }
                     a = b;
                     if a == tile_end {
-                        if let Some(keys) = coded_tile {
-                            if keys == KeyCodes::Channels {
-                                let (scales, offsets) = coded.channel_params();
-                                for row in rows.iter().filter(|r| r.n > tile_start) {
-                                    qcodes.prepare_channels(
-                                        features, row.idx, row.q, scales, offsets,
-                                    );
-                                }
-                            }
+                        if let (Some(KeyCodes::Channels), Some(proof)) = (coded_tile, wide) {
+                            coded.widen_channels(features, keys_t);
+                            update_rows_wide(
+                                proof, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
+                                inp.scale,
+                            );
+                        } else if let Some(keys) = coded_tile {
                             let vals = match v_codes {
                                 Some(v) => TileValues::Codes(v),
                                 None => TileValues::Decoded(vals32),
@@ -683,7 +689,7 @@ mod tests {
                     // K scored from codes quantises the query to i8 (`flash_tile_codes`):
                     // equal to the exact regime up to that rounding; other codecs to f32
                     // rounding.
-                    let tol = if KeyCodes::of(codecs.k, hd).is_some() {
+                    let tol = if KeyCodes::of(codecs.k, hd) == Some(KeyCodes::Rows) {
                         2e-2
                     } else {
                         1e-5

@@ -140,6 +140,34 @@ impl CodedTile {
     }
 }
 
+impl CodedTile {
+    /// The loaded `Channels` tile decoded into K transposed (`flash_tile_wide`'s layout):
+    /// `kt32[c · 16 + t] = fma(code_{t,c}, σ_c, ω_c)` for every position of the tile (what
+    /// `quant::decode_rows` gives for the row, so the f32 tile step's bits are unchanged).
+    /// Panics unless `kt32` holds `hd · 16` floats.
+    pub fn widen_channels(&self, features: CpuFeatures, kt32: &mut [f32]) {
+        let hd = self.hd;
+        assert!(kt32.len() >= hd * TILE_POSITIONS, "transposed K tile too short");
+        let (scales, offsets) = self.channel_params();
+        #[cfg(target_arch = "x86_64")]
+        if features.clamp_to_detected().avx512 {
+            // SAFETY: AVX-512 F presence was checked at runtime; lengths asserted above and by
+            // `reset` (`kt` holds `hd / 4 · 16` words, the parameters `hd` each).
+            unsafe { x86::widen_channels(&self.kt, scales, offsets, kt32) };
+            return;
+        }
+        let _ = features;
+        for (j, words) in self.kt.chunks_exact(TILE_POSITIONS).enumerate() {
+            for (t, w) in words.iter().enumerate() {
+                for (i, b) in w.to_le_bytes().into_iter().enumerate() {
+                    let c = 4 * j + i;
+                    kt32[c * TILE_POSITIONS + t] = (b as f32).mul_add(scales[c], offsets[c]);
+                }
+            }
+        }
+    }
+}
+
 /// `kt[j · 16 + at + t] = u32(codes[t · stride + 4j .. + 4])` for `t < n`, `j < hd / 4`.
 fn transpose_codes(
     features: CpuFeatures,
@@ -533,6 +561,44 @@ mod x86 {
             for (c, o) in outs {
                 // SAFETY: row `j0 + c < j0 + 16` of `kt` (asserted above).
                 unsafe { _mm512_storeu_si512(dp.add((j0 + c) * TILE_POSITIONS).cast(), o) };
+            }
+        }
+    }
+
+    /// [`CodedTile::widen_channels`] 16 positions at a time.
+    ///
+    /// # Safety
+    /// AVX-512 F present; `kt` holds `scales.len() / 4 · 16` words, `kt32` `scales.len() · 16`
+    /// floats, `offsets` as many as `scales`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn widen_channels(
+        kt: &[u32],
+        scales: &[f32],
+        offsets: &[f32],
+        kt32: &mut [f32],
+    ) {
+        let hd = scales.len();
+        assert!(kt.len() >= hd / 4 * 16 && kt32.len() >= hd * 16 && offsets.len() >= hd);
+        let low = _mm512_set1_epi32(0xFF);
+        let dp = kt32.as_mut_ptr();
+        for j in 0..hd / 4 {
+            // SAFETY: row `j < hd / 4` of `kt` holds 16 words.
+            let w = unsafe { _mm512_loadu_si512(kt.as_ptr().add(16 * j).cast()) };
+            let bytes = [
+                _mm512_and_si512(w, low),
+                _mm512_and_si512(_mm512_srli_epi32::<8>(w), low),
+                _mm512_and_si512(_mm512_srli_epi32::<16>(w), low),
+                _mm512_srli_epi32::<24>(w),
+            ];
+            for (i, b) in bytes.into_iter().enumerate() {
+                let c = 4 * j + i;
+                let x = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(b),
+                    _mm512_set1_ps(scales[c]),
+                    _mm512_set1_ps(offsets[c]),
+                );
+                // SAFETY: row `c < hd` of `kt32` holds 16 floats.
+                unsafe { _mm512_storeu_ps(dp.add(16 * c), x) };
             }
         }
     }
@@ -987,6 +1053,39 @@ mod tests {
             }
             for (i, r) in results.iter().enumerate().skip(1) {
                 assert_eq!(r, &results[0], "hd={hd} {keys:?}: path {i} vs portable");
+            }
+        }
+    }
+
+    /// A `Channels` tile widened into the transposed layout holds exactly the decoded group
+    /// (`quant::channel::decode_group`), on the portable and the detected path.
+    #[test]
+    fn widened_channel_tiles_equal_decoded_groups() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(45);
+        for hd in [64usize, 128, 16] {
+            let kind = KvCodecKind::Int4Channel { tokens: 16 };
+            let x: Vec<f32> = (0..16 * hd).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+            let mut group = vec![0u8; kind.bytes_per_group(hd).unwrap()];
+            quant::channel::encode_group(kind, &x, hd, &mut group).unwrap();
+            let mut want = vec![0f32; 16 * hd];
+            quant::channel::decode_group(kind, &group, hd, &mut want).unwrap();
+            let (params, codes) = quant::channel::split_group(&group, hd);
+            let er = EncodedRows::new_group(kind, hd, params, codes).unwrap();
+            for features in [CpuFeatures::PORTABLE, CpuFeatures::detect()] {
+                let mut tile = CodedTile::default();
+                tile.reset(hd);
+                tile.load_channels(features, &er, 0);
+                let mut kt32 = vec![0f32; hd * 16];
+                tile.widen_channels(features, &mut kt32);
+                for t in 0..16 {
+                    for c in 0..hd {
+                        assert_eq!(
+                            kt32[c * 16 + t].to_bits(),
+                            want[t * hd + c].to_bits(),
+                            "hd={hd} t={t} c={c} {features:?}"
+                        );
+                    }
+                }
             }
         }
     }
