@@ -26,6 +26,8 @@ use crate::kernels::cpu::{cpu_features, CpuFeatures};
 use crate::kernels::flash_tile_codes::{
     tile_update_codes, values_from_codes, CodedTile, KeyCodes, QueryCodes, QueryRef, TileValues,
 };
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::flash_tile_codes::tile_update_wide_codes;
 use crate::kernels::flash_tile_wide::{tile_update_wide, transpose_keys, WideTiles, WIDE_ROWS};
 use crate::kv::{KvChunk, KvDtype, KvStore, SeqSlot};
 use crate::par::DisjointRows;
@@ -271,6 +273,85 @@ fn update_rows_coded(
     }
 }
 
+/// [`update_rows_wide`] with the tile's V read as codes (`flash_tile_codes`, same bits): a
+/// decode's rows (one or two tokens), so rows sharing `valid` go three at a time.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn update_rows_wide_codes(
+    proof: WideTiles,
+    rows: &mut [Row<'_>],
+    hd: usize,
+    kt: &[f32],
+    vals: &quant::EncodedRows<'_>,
+    tile_start: usize,
+    tile_end: usize,
+    scale: f32,
+) {
+    for block in rows.chunks_mut(WIDE_ROWS) {
+        let valid_of = |r: &Row<'_>| r.n.min(tile_end).saturating_sub(tile_start);
+        let valid = valid_of(&block[0]);
+        if valid == 0 || block.iter().any(|r| valid_of(r) != valid) {
+            // Rows of differing reach: one at a time.
+            for row in block.iter_mut() {
+                let v = valid_of(row);
+                if v > 0 {
+                    update_rows_wide_codes_one(proof, row, hd, kt, vals, v, scale);
+                }
+            }
+            continue;
+        }
+        let mut sts = [TileSoftmax::default(); WIDE_ROWS];
+        let mut qs: [&[f32]; WIDE_ROWS] = [&[]; WIDE_ROWS];
+        let mut accs: [&mut [f32]; WIDE_ROWS] = std::array::from_fn(|_| <&mut [f32]>::default());
+        let mut states: [&mut [f32]; WIDE_ROWS] = std::array::from_fn(|_| <&mut [f32]>::default());
+        let live = block.len();
+        for (i, row) in block.iter_mut().enumerate() {
+            let (acc, st) = row.partial.split_at_mut(hd);
+            sts[i] = TileSoftmax {
+                max: st[0],
+                sum: st[1],
+            };
+            qs[i] = row.q;
+            accs[i] = acc;
+            states[i] = st;
+        }
+        tile_update_wide_codes(
+            proof,
+            &mut sts[..live],
+            &mut accs[..live],
+            &qs[..live],
+            valid,
+            kt,
+            vals,
+            scale,
+        );
+        for (st, sm) in states.iter_mut().zip(&sts).take(live) {
+            st[0] = sm.max;
+            st[1] = sm.sum;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn update_rows_wide_codes_one(
+    proof: WideTiles,
+    row: &mut Row<'_>,
+    hd: usize,
+    kt: &[f32],
+    vals: &quant::EncodedRows<'_>,
+    valid: usize,
+    scale: f32,
+) {
+    let (acc, st) = row.partial.split_at_mut(hd);
+    let mut sts = [TileSoftmax {
+        max: st[0],
+        sum: st[1],
+    }];
+    tile_update_wide_codes(proof, &mut sts, &mut [acc], &[row.q], valid, kt, vals, scale);
+    st[0] = sts[0].max;
+    st[1] = sts[0].sum;
+}
+
 /// Where tile tasks write: per-segment partial rows, the output rows (`[num_tokens *
 /// num_heads, head_dim]`) and one countdown per (tile, kv_head) group (`plan.group_tasks`).
 pub struct TileOutputs<'a> {
@@ -481,11 +562,7 @@ pub unsafe fn run_tile_task(
                             }
                         }
                         let v_run = ev.skip_rows(first).take_rows(n);
-                        if fuse_values
-                            && keys == KeyCodes::Rows
-                            && a == tile_start
-                            && b == tile_end
-                        {
+                        if fuse_values && a == tile_start && b == tile_end {
                             // A whole tile of few rows: V decoded in registers (same values).
                             v_codes = Some(v_run);
                         } else {
@@ -512,10 +589,17 @@ pub unsafe fn run_tile_task(
                     if a == tile_end {
                         if let (Some(KeyCodes::Channels), Some(proof)) = (coded_tile, wide) {
                             coded.widen_channels(features, keys_t);
-                            update_rows_wide(
-                                proof, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
-                                inp.scale,
-                            );
+                            match v_codes {
+                                #[cfg(target_arch = "x86_64")]
+                                Some(v) => update_rows_wide_codes(
+                                    proof, &mut rows, hd, keys_t, &v, tile_start, tile_end,
+                                    inp.scale,
+                                ),
+                                _ => update_rows_wide(
+                                    proof, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
+                                    inp.scale,
+                                ),
+                            }
                         } else if let Some(keys) = coded_tile {
                             let vals = match v_codes {
                                 Some(v) => TileValues::Codes(v),

@@ -510,10 +510,85 @@ pub fn tile_update_codes(
     }
 }
 
+/// `flash_tile_wide::tile_update_wide` (f32 queries, K transposed in `kt`) for rows sharing
+/// `valid`, reading V as codes (decoded in registers: the same values, so the same bits as
+/// with the decoded tile). Panics on a shape mismatch or a V codec [`values_from_codes`]
+/// rejects.
+#[cfg(target_arch = "x86_64")]
+pub fn tile_update_wide_codes(
+    proof: super::flash_tile_wide::WideTiles,
+    sts: &mut [TileSoftmax],
+    accs: &mut [&mut [f32]],
+    qs: &[&[f32]],
+    valid: usize,
+    kt: &[f32],
+    vals: &EncodedRows<'_>,
+    scale: f32,
+) {
+    let _ = proof;
+    let rows = qs.len();
+    let hd = vals.head_dim();
+    assert!(
+        rows == sts.len()
+            && rows == accs.len()
+            && hd.is_multiple_of(16)
+            && qs.iter().all(|q| q.len() == hd)
+            && accs.iter().all(|a| a.len() == hd)
+            && (1..=TILE_POSITIONS).contains(&valid)
+            && kt.len() >= hd * TILE_POSITIONS
+            && values_from_codes(vals.kind(), hd)
+            && vals.num_rows() >= valid,
+        "wide coded-V tile shapes: hd={hd} valid={valid}"
+    );
+    let mut r = 0;
+    while r < rows {
+        if r + 3 <= rows {
+            let (s3, _) = sts[r..].split_first_chunk_mut::<3>().expect("3 rows");
+            let (a3, _) = accs[r..].split_first_chunk_mut::<3>().expect("3 rows");
+            let q3: &[&[f32]; 3] = qs[r..r + 3].try_into().expect("3 rows");
+            // SAFETY: AVX-512 F (with AVX2, FMA, F16C) is proven by the `WideTiles` token;
+            // shapes checked above.
+            unsafe { x86::wide_rows::<3>(s3, a3, q3, valid, kt, vals, scale) };
+            r += 3;
+        } else {
+            let (s1, _) = sts[r..].split_first_chunk_mut::<1>().expect("1 row");
+            let (a1, _) = accs[r..].split_first_chunk_mut::<1>().expect("1 row");
+            let q1: &[&[f32]; 1] = qs[r..r + 1].try_into().expect("1 row");
+            // SAFETY: as above.
+            unsafe { x86::wide_rows::<1>(s1, a1, q1, valid, kt, vals, scale) };
+            r += 1;
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! AVX2 / AVX-VNNI / AVX-512 VNNI bodies; callers check the features at runtime.
-    use super::super::flash_tile_wide::x86::{finish, softmax16};
+    use super::super::flash_tile_wide::x86::{finish, scores16, softmax16};
+
+    /// `flash_tile_wide`'s step for `R` rows with V read as codes.
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA, F16C present; shapes as [`tile_update_wide_codes`] asserts.
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn wide_rows<const R: usize>(
+        sts: &mut [TileSoftmax; R],
+        accs: &mut [&mut [f32]; R],
+        qs: &[&[f32]; R],
+        valid: usize,
+        kt: &[f32],
+        vals: &EncodedRows<'_>,
+        scale: f32,
+    ) {
+        // SAFETY: forwarded caller's contract.
+        let s = unsafe { scores16::<R>(qs, kt, scale) };
+        // SAFETY: as above; `softmax16` masks positions past `valid`.
+        let p = unsafe { softmax16::<R>(sts, accs, s, valid) };
+        let aps: [*mut f32; R] = std::array::from_fn(|r| accs[r].as_mut_ptr());
+        // SAFETY: every accumulator holds `hd` floats; `vals` holds `valid` rows of an
+        // accepted codec (asserted by the caller).
+        unsafe { pv_codes::<R>(&aps, vals, &p, valid) };
+    }
     use super::*;
     use std::arch::x86_64::*;
 

@@ -251,6 +251,25 @@ pub(in crate::kernels) mod x86 {
         vals: &[f32],
         scale: f32,
     ) {
+        // SAFETY: forwarded caller's contract.
+        let s = unsafe { scores16::<R>(qs, kt, scale) };
+        // SAFETY: forwarded caller's contract.
+        unsafe { finish::<R>(sts, accs, s, valid, vals) };
+    }
+
+    /// Step 1 of [`rows`]: the scaled score vectors (16 positions) of `R` rows.
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA, F16C present; every `qs[r]` holds `hd` (a multiple of 16)
+    /// floats, `kt` `hd · 16`.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    pub(in crate::kernels) unsafe fn scores16<const R: usize>(
+        qs: &[&[f32]; R],
+        kt: &[f32],
+        scale: f32,
+    ) -> [__m512; R] {
         let hd = qs[0].len();
         let ktp = kt.as_ptr();
         let qps: [*const f32; R] = std::array::from_fn(|r| qs[r].as_ptr());
@@ -281,16 +300,14 @@ pub(in crate::kernels) mod x86 {
             }
         }
         let vscale = _mm512_set1_ps(scale);
-        let s: [__m512; R] = std::array::from_fn(|r| {
+        std::array::from_fn(|r| {
             let x = a[r];
             let s = _mm512_add_ps(
                 _mm512_add_ps(_mm512_add_ps(x[0], x[1]), _mm512_add_ps(x[2], x[3])),
                 _mm512_add_ps(_mm512_add_ps(x[4], x[5]), _mm512_add_ps(x[6], x[7])),
             );
             _mm512_mul_ps(s, vscale)
-        });
-        // SAFETY: forwarded caller's contract.
-        unsafe { finish::<R>(sts, accs, s, valid, vals) };
+        })
     }
 
     /// Steps 2–4 (softmax update, `p·V` in position order) for `R` rows sharing `valid`, whose
