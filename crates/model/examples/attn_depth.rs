@@ -18,14 +18,14 @@ use rand::{Rng, SeedableRng};
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let depth: usize = args.first().map_or(4096, |s| s.parse().expect("DEPTH"));
-    let prefill: usize = args.get(1).map_or(64, |s| s.parse().expect("PREFILL_TOKENS"));
+    let prefill: usize = args
+        .get(1)
+        .map_or(64, |s| s.parse().expect("PREFILL_TOKENS"));
     let reps: usize = args.get(2).map_or(5, |s| s.parse().expect("REPS"));
     let codecs: Vec<String> = if args.len() > 3 {
         args[3..].to_vec()
     } else {
-        ["f16", "int8", "k=int4c,v=int4"]
-            .map(String::from)
-            .to_vec()
+        ["f16", "int8", "k=int4c,v=int4"].map(String::from).to_vec()
     };
     let (heads, kv_heads, hd) = (9usize, 3usize, 64usize);
     let n = depth + prefill;

@@ -18,16 +18,16 @@ use half::f16;
 
 use crate::attention::AttnArith;
 use crate::attention_plan::{AttnPlan, AttnTask, SEGMENT_POSITIONS};
+use crate::kernels::cpu::{cpu_features, CpuFeatures};
 use crate::kernels::flash_tile::{
     merge_segments, tile_update, tile_update_rows, widen_f16, TileElem, TileSoftmax,
     TILE_POSITIONS, TILE_ROWS,
 };
-use crate::kernels::cpu::{cpu_features, CpuFeatures};
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::flash_tile_codes::tile_update_wide_codes;
 use crate::kernels::flash_tile_codes::{
     tile_update_codes, values_from_codes, CodedTile, KeyCodes, QueryCodes, QueryRef, TileValues,
 };
-#[cfg(target_arch = "x86_64")]
-use crate::kernels::flash_tile_codes::tile_update_wide_codes;
 use crate::kernels::flash_tile_wide::{tile_update_wide, transpose_keys, WideTiles, WIDE_ROWS};
 use crate::kv::{KvChunk, KvDtype, KvStore, SeqSlot};
 use crate::par::DisjointRows;
@@ -347,7 +347,16 @@ fn update_rows_wide_codes_one(
         max: st[0],
         sum: st[1],
     }];
-    tile_update_wide_codes(proof, &mut sts, &mut [acc], &[row.q], valid, kt, vals, scale);
+    tile_update_wide_codes(
+        proof,
+        &mut sts,
+        &mut [acc],
+        &[row.q],
+        valid,
+        kt,
+        vals,
+        scale,
+    );
     st[0] = sts[0].max;
     st[1] = sts[0].sum;
 }
@@ -740,7 +749,11 @@ mod tests {
             crate::kernels::set_force_portable(true);
             let portable = run_plan(&inp, &plan(&shape, &slots, &positions));
             crate::kernels::set_force_portable(false);
-            assert_eq!(bits(&together), bits(&portable), "{spec}: native vs portable");
+            assert_eq!(
+                bits(&together),
+                bits(&portable),
+                "{spec}: native vs portable"
+            );
             let qd = heads * hd;
             for (t, &pos) in positions.iter().enumerate() {
                 // Alone: one token per step (a decode, segments split into tasks).

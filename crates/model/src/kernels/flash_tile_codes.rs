@@ -111,7 +111,15 @@ impl CodedTile {
         widen_f16(&halves, &mut wide);
         self.k_scale[at..at + n].copy_from_slice(&wide[..n]);
         self.k_offset[at..at + n].copy_from_slice(&wide[TILE_POSITIONS..TILE_POSITIONS + n]);
-        transpose_codes(features, &bytes[4.min(bytes.len())..], rb, n, hd, &mut self.kt, at);
+        transpose_codes(
+            features,
+            &bytes[4.min(bytes.len())..],
+            rb,
+            n,
+            hd,
+            &mut self.kt,
+            at,
+        );
     }
 
     /// Loads `rows` (a sealed `int4c` group's rows, its header in `rows.params()`) at tile
@@ -132,7 +140,11 @@ impl CodedTile {
         // Widening is exact on every path.
         widen_f16(&self.halves, &mut self.pairs);
         let (scales, offsets) = self.channel.split_at_mut(hd);
-        for ((s, o), pair) in scales.iter_mut().zip(offsets).zip(self.pairs.chunks_exact(2)) {
+        for ((s, o), pair) in scales
+            .iter_mut()
+            .zip(offsets)
+            .zip(self.pairs.chunks_exact(2))
+        {
             (*s, *o) = (pair[0], pair[1]);
         }
         unpack_nibbles(features, rows.bytes(), &mut self.unpacked[..n * hd]);
@@ -147,7 +159,10 @@ impl CodedTile {
     /// Panics unless `kt32` holds `hd · 16` floats.
     pub fn widen_channels(&self, features: CpuFeatures, kt32: &mut [f32]) {
         let hd = self.hd;
-        assert!(kt32.len() >= hd * TILE_POSITIONS, "transposed K tile too short");
+        assert!(
+            kt32.len() >= hd * TILE_POSITIONS,
+            "transposed K tile too short"
+        );
         let (scales, offsets) = self.channel_params();
         #[cfg(target_arch = "x86_64")]
         if features.clamp_to_detected().avx512 {
@@ -183,7 +198,10 @@ fn transpose_codes(
         "code rows too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if n == TILE_POSITIONS && at == 0 && hd.is_multiple_of(64) && features.clamp_to_detected().avx512
+    if n == TILE_POSITIONS
+        && at == 0
+        && hd.is_multiple_of(64)
+        && features.clamp_to_detected().avx512
     {
         for b in 0..hd / 64 {
             // SAFETY: AVX-512 F presence was checked at runtime; rows `0..16` hold bytes
@@ -285,7 +303,11 @@ impl QueryCodes {
         for ((x, &qc), &sc) in self.scaled.iter_mut().zip(q).zip(scales) {
             *x = qc * sc;
         }
-        let (s, sum8) = quantize(features, &self.scaled, &mut self.q8[r * hd / 4..(r + 1) * hd / 4]);
+        let (s, sum8) = quantize(
+            features,
+            &self.scaled,
+            &mut self.q8[r * hd / 4..(r + 1) * hd / 4],
+        );
         (self.s[r], self.sum8[r]) = (s, sum8);
         self.bias[r] = channel_bias(features, q, offsets);
     }
@@ -400,7 +422,14 @@ pub fn values_from_codes(kind: KvCodecKind, hd: usize) -> bool {
 
 /// The score of position `t` from its integer dot product (module doc).
 #[inline(always)]
-fn score_of(keys: KeyCodes, tile: &CodedTile, q: &QueryRef<'_>, t: usize, dot: i32, scale: f32) -> f32 {
+fn score_of(
+    keys: KeyCodes,
+    tile: &CodedTile,
+    q: &QueryRef<'_>,
+    t: usize,
+    dot: i32,
+    scale: f32,
+) -> f32 {
     let d = dot as f32;
     match keys {
         KeyCodes::Rows => (tile.k_scale[t].mul_add(d, tile.k_offset[t] * q.sum8) * q.s) * scale,
@@ -433,9 +462,7 @@ pub fn tile_update_codes(
     let vals = match vals {
         TileValues::Codes(v) if fast => {
             assert!(
-                values_from_codes(v.kind(), hd)
-                    && v.head_dim() == hd
-                    && v.num_rows() >= max_valid,
+                values_from_codes(v.kind(), hd) && v.head_dim() == hd && v.num_rows() >= max_valid,
                 "coded values do not fit the tile"
             );
             TileValues::Codes(v.take_rows(max_valid))
@@ -908,7 +935,13 @@ mod x86 {
     /// AVX-512 F present; `row` is one row of an accepted codec of `hd` values, `e0 + 16 <= hd`.
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
     #[inline]
-    unsafe fn value16(row: *const u8, hd: usize, group: usize, four_bit: bool, e0: usize) -> __m512 {
+    unsafe fn value16(
+        row: *const u8,
+        hd: usize,
+        group: usize,
+        four_bit: bool,
+        e0: usize,
+    ) -> __m512 {
         let g = e0 / group;
         // SAFETY: the header holds `hd / group` (scale, offset) f16 pairs (caller's contract).
         let (sc, of) = unsafe {
@@ -1056,8 +1089,12 @@ mod tests {
             let qs: Vec<Vec<f32>> = (0..rows)
                 .map(|_| (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect())
                 .collect();
-            let valids_per_tile: Vec<[usize; 5]> =
-                vec![[16; 5], [9, 9, 9, 3, 16], [16, 16, 16, 1, 1], [2, 2, 2, 2, 2]];
+            let valids_per_tile: Vec<[usize; 5]> = vec![
+                [16; 5],
+                [9, 9, 9, 3, 16],
+                [16, 16, 16, 1, 1],
+                [2, 2, 2, 2, 2],
+            ];
             let mut results: Vec<Vec<Vec<u32>>> = Vec::new();
             for features in feature_sets() {
                 let mut sts = vec![TileSoftmax::default(); rows];
@@ -1069,7 +1106,8 @@ mod tests {
                 let mut trng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
                 for valids in &valids_per_tile {
                     let n = *valids.iter().max().unwrap();
-                    let vals: Vec<f32> = (0..n * hd).map(|_| trng.gen_range(-1.0f32..1.0)).collect();
+                    let vals: Vec<f32> =
+                        (0..n * hd).map(|_| trng.gen_range(-1.0f32..1.0)).collect();
                     match keys {
                         KeyCodes::Rows => {
                             let mut bytes = Vec::new();
@@ -1106,7 +1144,8 @@ mod tests {
                         }
                     }
                     let qrefs: Vec<QueryRef<'_>> = (0..rows).map(|r| qc.row(r)).collect();
-                    let mut acc_refs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..]).collect();
+                    let mut acc_refs: Vec<&mut [f32]> =
+                        accs.iter_mut().map(|a| &mut a[..]).collect();
                     tile_update_codes(
                         features,
                         keys,
@@ -1123,7 +1162,11 @@ mod tests {
                     .iter()
                     .map(|a| a.iter().map(|x| x.to_bits()).collect())
                     .collect();
-                bits.push(sts.iter().flat_map(|s| [s.max.to_bits(), s.sum.to_bits()]).collect());
+                bits.push(
+                    sts.iter()
+                        .flat_map(|s| [s.max.to_bits(), s.sum.to_bits()])
+                        .collect(),
+                );
                 results.push(bits);
             }
             for (i, r) in results.iter().enumerate().skip(1) {
@@ -1198,10 +1241,20 @@ mod tests {
         let qr = qc.row(0);
         let qn = q.iter().map(|x| x * x).sum::<f32>().sqrt();
         for (t, k) in dec.iter().enumerate() {
-            let got = score_of(KeyCodes::Rows, &slow, &qr, t, dot_codes(qr.q8, &slow.kt, t), 1.0);
+            let got = score_of(
+                KeyCodes::Rows,
+                &slow,
+                &qr,
+                t,
+                dot_codes(qr.q8, &slow.kt, t),
+                1.0,
+            );
             let want: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
             let kn = k.iter().map(|x| x * x).sum::<f32>().sqrt();
-            assert!((got - want).abs() < 0.02 * qn * kn, "t={t}: {got} vs {want}");
+            assert!(
+                (got - want).abs() < 0.02 * qn * kn,
+                "t={t}: {got} vs {want}"
+            );
         }
     }
 }
