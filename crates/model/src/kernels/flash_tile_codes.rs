@@ -441,7 +441,7 @@ fn score_of(
 /// `sts[r]`, accumulator `accs[r]`, prepared query `qs[r]`, `valids[r]` positions (1..=16) of
 /// `tile`, values `vals` (`[≥ max valid, hd]` f32). Rows `r..r+3` with equal `valid` share
 /// every load on the AVX-512 VNNI path. Panics on a shape mismatch.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 pub fn tile_update_codes(
     features: CpuFeatures,
     keys: KeyCodes,
@@ -542,6 +542,7 @@ pub fn tile_update_codes(
 /// with the decoded tile). Panics on a shape mismatch or a V codec [`values_from_codes`]
 /// rejects.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 pub fn tile_update_wide_codes(
     proof: super::flash_tile_wide::WideTiles,
     sts: &mut [TileSoftmax],
