@@ -18,9 +18,15 @@ use half::f16;
 
 use crate::attention::AttnArith;
 use crate::attention_plan::{AttnPlan, AttnTask, SEGMENT_POSITIONS};
+use crate::kernels::cpu::{cpu_features, CpuFeatures};
 use crate::kernels::flash_tile::{
     merge_segments, tile_update, tile_update_rows, widen_f16, TileElem, TileSoftmax,
     TILE_POSITIONS, TILE_ROWS,
+};
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::flash_tile_codes::tile_update_wide_codes;
+use crate::kernels::flash_tile_codes::{
+    tile_update_codes, values_from_codes, CodedTile, KeyCodes, QueryCodes, QueryRef, TileValues,
 };
 use crate::kernels::flash_tile_wide::{tile_update_wide, transpose_keys, WideTiles, WIDE_ROWS};
 use crate::kv::{KvChunk, KvDtype, KvStore, SeqSlot};
@@ -43,6 +49,10 @@ pub struct TileScratch {
     /// The task's query rows rounded to f16 (as llama.cpp's CPU flash attention converts the
     /// query to the K type), `[rows, head_dim]`.
     q16: Vec<f32>,
+    /// A K tile kept as integer codes (K codecs scored from codes, `flash_tile_codes`).
+    coded: CodedTile,
+    /// The task's query rows quantised for those codes.
+    qcodes: QueryCodes,
 }
 
 /// What a tile task reads: one layer's queries and the step's token positions.
@@ -66,6 +76,8 @@ pub struct TileInputs<'a> {
 /// One participating query row of a segment: its query, causal position count and partial row
 /// (`[head_dim]` accumulator, then max and sum).
 struct Row<'a> {
+    /// The row's index in the task (its quantised query in `TileScratch::qcodes`).
+    idx: usize,
     q: &'a [f32],
     n: usize,
     partial: &'a mut [f32],
@@ -201,6 +213,154 @@ fn update_rows_wide(
     }
 }
 
+/// [`update_rows`] for a tile whose K is kept as codes (`flash_tile_codes`): scores from the
+/// rows' quantised queries, `vals` the tile's decoded V; rows go in blocks of three.
+#[allow(clippy::too_many_arguments)]
+fn update_rows_coded(
+    features: CpuFeatures,
+    keys: KeyCodes,
+    rows: &mut [Row<'_>],
+    hd: usize,
+    tile: &CodedTile,
+    qcodes: &QueryCodes,
+    vals: TileValues<'_>,
+    tile_start: usize,
+    tile_end: usize,
+    scale: f32,
+) {
+    const BLOCK: usize = 3;
+    for block in rows.chunks_mut(BLOCK) {
+        let mut sts = [TileSoftmax::default(); BLOCK];
+        let mut valids = [0usize; BLOCK];
+        let mut qs: [QueryRef<'_>; BLOCK] = [QueryRef::EMPTY; BLOCK];
+        let mut accs: [&mut [f32]; BLOCK] = std::array::from_fn(|_| <&mut [f32]>::default());
+        let mut states: [&mut [f32]; BLOCK] = std::array::from_fn(|_| <&mut [f32]>::default());
+        let mut live = 0;
+        for row in block.iter_mut() {
+            let end = row.n.min(tile_end);
+            if end <= tile_start {
+                continue;
+            }
+            let (acc, st) = row.partial.split_at_mut(hd);
+            sts[live] = TileSoftmax {
+                max: st[0],
+                sum: st[1],
+            };
+            valids[live] = end - tile_start;
+            qs[live] = qcodes.row(row.idx);
+            accs[live] = acc;
+            states[live] = st;
+            live += 1;
+        }
+        if live == 0 {
+            continue;
+        }
+        tile_update_codes(
+            features,
+            keys,
+            &mut sts[..live],
+            &mut accs[..live],
+            &qs[..live],
+            &valids[..live],
+            tile,
+            vals,
+            scale,
+        );
+        for (st, sm) in states.iter_mut().zip(&sts).take(live) {
+            st[0] = sm.max;
+            st[1] = sm.sum;
+        }
+    }
+}
+
+/// [`update_rows_wide`] with the tile's V read as codes (`flash_tile_codes`, same bits): a
+/// decode's rows (one or two tokens), so rows sharing `valid` go three at a time.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn update_rows_wide_codes(
+    proof: WideTiles,
+    rows: &mut [Row<'_>],
+    hd: usize,
+    kt: &[f32],
+    vals: &quant::EncodedRows<'_>,
+    tile_start: usize,
+    tile_end: usize,
+    scale: f32,
+) {
+    for block in rows.chunks_mut(WIDE_ROWS) {
+        let valid_of = |r: &Row<'_>| r.n.min(tile_end).saturating_sub(tile_start);
+        let valid = valid_of(&block[0]);
+        if valid == 0 || block.iter().any(|r| valid_of(r) != valid) {
+            // Rows of differing reach: one at a time.
+            for row in block.iter_mut() {
+                let v = valid_of(row);
+                if v > 0 {
+                    update_rows_wide_codes_one(proof, row, hd, kt, vals, v, scale);
+                }
+            }
+            continue;
+        }
+        let mut sts = [TileSoftmax::default(); WIDE_ROWS];
+        let mut qs: [&[f32]; WIDE_ROWS] = [&[]; WIDE_ROWS];
+        let mut accs: [&mut [f32]; WIDE_ROWS] = std::array::from_fn(|_| <&mut [f32]>::default());
+        let mut states: [&mut [f32]; WIDE_ROWS] = std::array::from_fn(|_| <&mut [f32]>::default());
+        let live = block.len();
+        for (i, row) in block.iter_mut().enumerate() {
+            let (acc, st) = row.partial.split_at_mut(hd);
+            sts[i] = TileSoftmax {
+                max: st[0],
+                sum: st[1],
+            };
+            qs[i] = row.q;
+            accs[i] = acc;
+            states[i] = st;
+        }
+        tile_update_wide_codes(
+            proof,
+            &mut sts[..live],
+            &mut accs[..live],
+            &qs[..live],
+            valid,
+            kt,
+            vals,
+            scale,
+        );
+        for (st, sm) in states.iter_mut().zip(&sts).take(live) {
+            st[0] = sm.max;
+            st[1] = sm.sum;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn update_rows_wide_codes_one(
+    proof: WideTiles,
+    row: &mut Row<'_>,
+    hd: usize,
+    kt: &[f32],
+    vals: &quant::EncodedRows<'_>,
+    valid: usize,
+    scale: f32,
+) {
+    let (acc, st) = row.partial.split_at_mut(hd);
+    let mut sts = [TileSoftmax {
+        max: st[0],
+        sum: st[1],
+    }];
+    tile_update_wide_codes(
+        proof,
+        &mut sts,
+        &mut [acc],
+        &[row.q],
+        valid,
+        kt,
+        vals,
+        scale,
+    );
+    st[0] = sts[0].max;
+    st[1] = sts[0].sum;
+}
+
 /// Where tile tasks write: per-segment partial rows, the output rows (`[num_tokens *
 /// num_heads, head_dim]`) and one countdown per (tile, kv_head) group (`plan.group_tasks`).
 pub struct TileOutputs<'a> {
@@ -275,6 +435,8 @@ pub unsafe fn run_tile_task(
         vals32,
         keys_t,
         q16,
+        coded,
+        qcodes,
     } = scratch;
     // Widened tiles go through the 512-bit kernel where it runs (same bits either way).
     let wide = WideTiles::here().filter(|_| hd.is_multiple_of(16));
@@ -291,12 +453,40 @@ pub unsafe fn run_tile_task(
         }
     }
     let q16: &[f32] = q16;
-    // Encoded K/V: every tile is decoded once into the f32 scratch. With a block K codec only
-    // the group holding the queries (one group: the plan cuts query tiles there) may be read as
-    // theirs (its f16 rows); every earlier group is read as sealed codes.
+    // Encoded K/V: every tile's V (and K, unless it is scored from its codes) is decoded once
+    // into the f32 scratch. With a block K codec only the group holding the queries (one group:
+    // the plan cuts query tiles there) may be read as theirs (its f16 rows); every earlier
+    // group is read as sealed codes.
     let codecs = inp.kv.codecs();
     let encoded = codecs != KvDtype::F16;
     let query_end = inp.positions[tokens.1 as usize - 1] as usize + 1;
+    // K scored from its codes: every tile of a row codec; for a block codec every tile before
+    // the queries' own group (a function of the queries' positions only).
+    let features = cpu_features();
+    let key_codes = KeyCodes::of(codecs.k, hd);
+    let own_start = match (key_codes, codecs.k.block_tokens()) {
+        (Some(_), Some(t)) => (query_end - 1) / t * t,
+        _ => usize::MAX,
+    };
+    // Few rows per tile (a decode): V is read from its codes by the fused AVX-512 VNNI kernel
+    // instead of being decoded to the scratch first (same values, so the same bits).
+    let fuse_values = features.avx512
+        && features.vnni
+        && values_from_codes(codecs.v, hd)
+        && tokens.1 - tokens.0 < 3;
+    // Sealed `int4c` groups are decoded straight into the transposed K tile of the 512-bit
+    // kernel (the arithmetic of every other path; re-quantising every query row per group
+    // costs more than the integer scores save in a prefill). Elsewhere they are decoded.
+    let key_codes = key_codes.filter(|&k| k == KeyCodes::Rows || wide.is_some());
+    if let Some(keys) = key_codes {
+        coded.reset(hd);
+        if keys == KeyCodes::Rows {
+            qcodes.reset(q16.len() / hd, hd);
+            for (r, q) in q16.chunks_exact(hd).enumerate() {
+                qcodes.prepare_rows(features, r, q);
+            }
+        }
+    }
     for j in segments.0..segments.1 {
         let seg_start = j as usize * SEGMENT_POSITIONS;
         let mut rows: Vec<Row<'_>> = Vec::new();
@@ -315,6 +505,7 @@ pub unsafe fn run_tile_task(
                 partial[hd + 1] = 0.0;
                 let at = ((t - tokens.0 as usize) * group + g) * hd;
                 rows.push(Row {
+                    idx: at / hd,
                     q: &q16[at..at + hd],
                     n: inp.positions[t] as usize + 1,
                     partial,
@@ -342,7 +533,7 @@ pub unsafe fn run_tile_task(
             seg_start,
             store_end,
             &mut |start, chunk| {
-                let (k, v, coded) = match chunk {
+                let (k, v, coded_kv) = match chunk {
                     KvChunk::F16 { k, v } => (k, v, None),
                     KvChunk::Encoded { k: ek, v: ev } => (&[][..], &[][..], Some((ek, ev))),
                     KvChunk::F32 { .. } => unreachable!("the plan never tiles f32 K/V stores"),
@@ -368,7 +559,25 @@ pub unsafe fn run_tile_task(
                         (a - tile_start) * hd..(b - tile_start) * hd,
                     );
                     let (first, n) = (a - start, b - a);
-                    if let Some((ek, ev)) = coded {
+                    let coded_tile = key_codes.filter(|_| tile_start + TILE_POSITIONS <= own_start);
+                    let mut v_codes = None;
+                    if let (Some(keys), Some((ek, ev))) = (coded_tile, coded_kv) {
+                        debug_assert_eq!(KeyCodes::of(ek.kind(), hd), Some(keys));
+                        let run = ek.skip_rows(first).take_rows(n);
+                        match keys {
+                            KeyCodes::Rows => coded.load_rows(features, &run, a - tile_start),
+                            KeyCodes::Channels => {
+                                coded.load_channels(features, &run, a - tile_start)
+                            }
+                        }
+                        let v_run = ev.skip_rows(first).take_rows(n);
+                        if fuse_values && a == tile_start && b == tile_end {
+                            // A whole tile of few rows: V decoded in registers (same values).
+                            v_codes = Some(v_run);
+                        } else {
+                            decode_rows(&v_run, &mut vals32[dst]);
+                        }
+                    } else if let Some((ek, ev)) = coded_kv {
                         decode_rows(&ek.skip_rows(first).take_rows(n), &mut keys32[dst.clone()]);
                         decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst.clone()]);
                         if wide.is_some() {
@@ -387,7 +596,29 @@ pub unsafe fn run_tile_task(
                     }
                     a = b;
                     if a == tile_end {
-                        if let (true, Some(proof)) = (widen, wide) {
+                        if let (Some(KeyCodes::Channels), Some(proof)) = (coded_tile, wide) {
+                            coded.widen_channels(features, keys_t);
+                            match v_codes {
+                                #[cfg(target_arch = "x86_64")]
+                                Some(v) => update_rows_wide_codes(
+                                    proof, &mut rows, hd, keys_t, &v, tile_start, tile_end,
+                                    inp.scale,
+                                ),
+                                _ => update_rows_wide(
+                                    proof, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
+                                    inp.scale,
+                                ),
+                            }
+                        } else if let Some(keys) = coded_tile {
+                            let vals = match v_codes {
+                                Some(v) => TileValues::Codes(v),
+                                None => TileValues::Decoded(vals32),
+                            };
+                            update_rows_coded(
+                                features, keys, &mut rows, hd, coded, qcodes, vals, tile_start,
+                                tile_end, inp.scale,
+                            );
+                        } else if let (true, Some(proof)) = (widen, wide) {
                             update_rows_wide(
                                 proof, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
                                 inp.scale,
@@ -514,6 +745,15 @@ mod tests {
                 arith: AttnArith::Row,
             };
             let together = run_plan(&inp, &plan(&shape, &slots, &positions));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            crate::kernels::set_force_portable(true);
+            let portable = run_plan(&inp, &plan(&shape, &slots, &positions));
+            crate::kernels::set_force_portable(false);
+            assert_eq!(
+                bits(&together),
+                bits(&portable),
+                "{spec}: native vs portable"
+            );
             let qd = heads * hd;
             for (t, &pos) in positions.iter().enumerate() {
                 // Alone: one token per step (a decode, segments split into tasks).
@@ -524,7 +764,6 @@ mod tests {
                     ..inp
                 };
                 let alone = run_plan(&alone_inp, &plan(&shape, &slots[..1], &[pos]));
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&alone),
                     bits(&together[t * qd..(t + 1) * qd]),
@@ -544,9 +783,17 @@ mod tests {
                         &mut want,
                     );
                     let got = &together[t * qd + h * hd..t * qd + (h + 1) * hd];
+                    // K scored from codes quantises the query to i8 (`flash_tile_codes`):
+                    // equal to the exact regime up to that rounding; other codecs to f32
+                    // rounding.
+                    let tol = if KeyCodes::of(codecs.k, hd) == Some(KeyCodes::Rows) {
+                        2e-2
+                    } else {
+                        1e-5
+                    };
                     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                         assert!(
-                            (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                            (g - w).abs() <= tol * (1.0 + w.abs()),
                             "{spec} position {pos} head {h} [{i}]: tiled {g} vs exact {w}"
                         );
                     }

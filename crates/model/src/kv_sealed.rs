@@ -142,18 +142,22 @@ impl SealedK {
         let (g, r) = (first / self.tokens, first % self.tokens);
         assert!(r + n <= self.tokens, "a chunk stays inside one group");
         let hd = self.head_dim;
-        match self.staged.get(&g) {
-            Some(stage) if own || !self.is_sealed[g] => {
-                EncodedRows::new(KvCodecKind::F16, hd, &stage[r * hd * 2..(r + n) * hd * 2])
-                    .expect("f16 rows")
-            }
-            _ => {
-                let bytes = &self.sealed[g * self.group_bytes..(g + 1) * self.group_bytes];
-                let (params, codes) = quant::channel::split_group(bytes, hd);
-                EncodedRows::new_group(self.kind, hd, params, &codes[r * hd / 2..(r + n) * hd / 2])
-                    .expect("a validated block codec")
+        // The staging is only looked up when it may be read (a sealed earlier group, the
+        // common case at depth, skips the hash lookup).
+        if own || !self.is_sealed[g] {
+            if let Some(stage) = self.staged.get(&g) {
+                return EncodedRows::new(
+                    KvCodecKind::F16,
+                    hd,
+                    &stage[r * hd * 2..(r + n) * hd * 2],
+                )
+                .expect("f16 rows");
             }
         }
+        let bytes = &self.sealed[g * self.group_bytes..(g + 1) * self.group_bytes];
+        let (params, codes) = quant::channel::split_group(bytes, hd);
+        EncodedRows::new_group(self.kind, hd, params, &codes[r * hd / 2..(r + n) * hd / 2])
+            .expect("a validated block codec")
     }
 
     /// Copies rows `src..src + n` of one group over rows `dst..dst + n` of another (both group

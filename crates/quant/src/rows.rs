@@ -111,6 +111,11 @@ impl<'a> EncodedRows<'a> {
         }
     }
 
+    /// All rows' bytes, `num_rows · row_bytes` long (row `i` at `i · row_bytes`).
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
     /// The encoded bytes of every row, in position order.
     pub fn rows(&self) -> std::slice::ChunksExact<'a, u8> {
         self.bytes.chunks_exact(self.row_bytes)

@@ -69,12 +69,13 @@ impl CpuFeatures {
 
     /// `self` restricted to what the CPU really has (guards explicitly passed feature sets).
     pub fn clamp_to_detected(self) -> CpuFeatures {
-        let avx2 = self.avx2 && detected().avx2;
+        let d = detected();
+        let avx2 = self.avx2 && d.avx2;
         CpuFeatures {
             avx2,
-            vnni: avx2 && self.vnni && detected().vnni,
-            avxvnni: avx2 && self.avxvnni && detected().avxvnni,
-            avx512: avx2 && self.avx512 && detected().avx512,
+            vnni: avx2 && self.vnni && d.vnni,
+            avxvnni: avx2 && self.avxvnni && d.avxvnni,
+            avx512: avx2 && self.avx512 && d.avx512,
         }
     }
 }

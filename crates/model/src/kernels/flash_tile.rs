@@ -211,6 +211,19 @@ pub fn tile_update_with<E: TileElem>(
         }
         *s = hsum8(&lanes) * scale;
     }
+    finish_portable(st, acc, &scores, vals, valid);
+}
+
+/// Steps 2–4 of the module doc in scalar operations, for scores already computed.
+fn finish_portable<E: TileElem>(
+    st: &mut TileSoftmax,
+    acc: &mut [f32],
+    scores: &[f32; TILE_POSITIONS],
+    vals: &[E],
+    valid: usize,
+) {
+    let hd = acc.len();
+    let groups = valid.div_ceil(8);
     let tile_max = scores[..valid]
         .iter()
         .copied()
@@ -235,6 +248,37 @@ pub fn tile_update_with<E: TileElem>(
             *a = pt.mul_add(v.widen(), *a);
         }
     }
+}
+
+/// Steps 2–4 of the module doc (softmax update and `p·V`) for one row whose scores
+/// `scores[..valid]` (already multiplied by the softmax scale) were computed elsewhere — from
+/// integer K codes (`flash_tile_codes`). The same operations as those steps of [`tile_update`],
+/// on every path. Panics on a shape mismatch.
+pub fn tile_update_scored(
+    features: CpuFeatures,
+    st: &mut TileSoftmax,
+    acc: &mut [f32],
+    scores: &[f32; TILE_POSITIONS],
+    vals: &[f32],
+    valid: usize,
+) {
+    let hd = acc.len();
+    assert!(
+        hd > 0
+            && hd.is_multiple_of(8)
+            && (1..=TILE_POSITIONS).contains(&valid)
+            && vals.len() >= valid * hd,
+        "scored tile shapes: hd={hd} valid={valid} vals={}",
+        vals.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx2 {
+        // SAFETY: AVX2+FMA presence was checked at runtime just above; shapes by the assertion.
+        unsafe { avx2::tile_scored(st, acc, scores, vals, valid) };
+        return;
+    }
+    let _ = features;
+    finish_portable(st, acc, scores, vals, valid);
 }
 
 /// Rows one [`tile_update_rows`] call takes.
@@ -532,7 +576,7 @@ mod avx2 {
         let hd = q.len();
         let chunks = hd / 8;
         let groups = valid.div_ceil(8);
-        let (qp, kp, vp) = (q.as_ptr(), keys.as_ptr(), vals.as_ptr());
+        let (qp, kp) = (q.as_ptr(), keys.as_ptr());
         let vscale = _mm256_set1_ps(scale);
         let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
         let lane_ids = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
@@ -556,6 +600,29 @@ mod avx2 {
             unsafe { _mm256_storeu_ps(scores.as_mut_ptr().add(8 * g), s) };
             vmax = _mm256_max_ps(vmax, s);
         }
+        // SAFETY: forwarded caller's contract.
+        unsafe { finish(st, acc, scores, vmax, vals, valid) };
+    }
+
+    /// Steps 2–4 of the module doc for one row whose scores (−∞ past `valid`) are in `scores`
+    /// and whose lane maxima are `vmax`.
+    ///
+    /// # Safety
+    /// `acc` holds `hd` (a multiple of 8) floats, `vals` `valid` rows of `hd`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn finish<E: TileElem>(
+        st: &mut TileSoftmax,
+        acc: &mut [f32],
+        scores: &[f32; TILE_POSITIONS],
+        vmax: __m256,
+        vals: &[E],
+        valid: usize,
+    ) {
+        let hd = acc.len();
+        let chunks = hd / 8;
+        let groups = valid.div_ceil(8);
+        let vp = vals.as_ptr();
         let p = softmax_step(st, acc, scores, vmax, groups);
         let ap = acc.as_mut_ptr();
         // acc += Σ_t p[t]·v[t], eight chunks (64 floats) held in registers at a time.
@@ -571,6 +638,36 @@ mod avx2 {
             c0 += 1;
         }
     }
+    /// Steps 2–4 for scores computed elsewhere (`tile_update_scored`).
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C present; `acc` holds `hd` (a multiple of 8) floats, `vals` `valid` rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile_scored(
+        st: &mut TileSoftmax,
+        acc: &mut [f32],
+        scores: &[f32; TILE_POSITIONS],
+        vals: &[f32],
+        valid: usize,
+    ) {
+        let lane_ids = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
+        let mut masked = [f32::NEG_INFINITY; TILE_POSITIONS];
+        let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
+        for g in 0..valid.div_ceil(8) {
+            // SAFETY: `8g + 8 <= TILE_POSITIONS` for both arrays.
+            unsafe {
+                let s = _mm256_loadu_ps(scores.as_ptr().add(8 * g));
+                let limit = _mm256_set1_ps((valid - 8 * g) as f32);
+                let live = _mm256_cmp_ps::<_CMP_LT_OQ>(lane_ids, limit);
+                let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, live);
+                _mm256_storeu_ps(masked.as_mut_ptr().add(8 * g), s);
+                vmax = _mm256_max_ps(vmax, s);
+            }
+        }
+        // SAFETY: forwarded caller's contract.
+        unsafe { finish(st, acc, &masked, vmax, vals, valid) };
+    }
+
     /// Four vectors' lane sums `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))` (the tree of
     /// [`reduce8x8`]), lane `j` from `a[j]`.
     #[target_feature(enable = "avx2,fma")]

@@ -139,7 +139,7 @@ pub fn tile_update_wide(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(in crate::kernels) mod x86 {
     //! AVX2 transposition and AVX-512 tile bodies; callers check the features at runtime.
     use super::super::flash_tile::{
         exp_poly, EXP_MIN, LN2_HI, LN2_LO, LOG2E, P0, P1, P2, P3, P4, P5,
@@ -251,6 +251,25 @@ mod x86 {
         vals: &[f32],
         scale: f32,
     ) {
+        // SAFETY: forwarded caller's contract.
+        let s = unsafe { scores16::<R>(qs, kt, scale) };
+        // SAFETY: forwarded caller's contract.
+        unsafe { finish::<R>(sts, accs, s, valid, vals) };
+    }
+
+    /// Step 1 of [`rows`]: the scaled score vectors (16 positions) of `R` rows.
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA, F16C present; every `qs[r]` holds `hd` (a multiple of 16)
+    /// floats, `kt` `hd · 16`.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    pub(in crate::kernels) unsafe fn scores16<const R: usize>(
+        qs: &[&[f32]; R],
+        kt: &[f32],
+        scale: f32,
+    ) -> [__m512; R] {
         let hd = qs[0].len();
         let ktp = kt.as_ptr();
         let qps: [*const f32; R] = std::array::from_fn(|r| qs[r].as_ptr());
@@ -280,20 +299,78 @@ mod x86 {
                 }
             }
         }
-        let live: __mmask16 = if valid >= TILE_POSITIONS {
-            0xFFFF
-        } else {
-            (1u16 << valid) - 1
-        };
         let vscale = _mm512_set1_ps(scale);
-        let mut p = [[0f32; TILE_POSITIONS]; R];
-        for r in 0..R {
+        std::array::from_fn(|r| {
             let x = a[r];
             let s = _mm512_add_ps(
                 _mm512_add_ps(_mm512_add_ps(x[0], x[1]), _mm512_add_ps(x[2], x[3])),
                 _mm512_add_ps(_mm512_add_ps(x[4], x[5]), _mm512_add_ps(x[6], x[7])),
             );
-            let s = _mm512_mul_ps(s, vscale);
+            _mm512_mul_ps(s, vscale)
+        })
+    }
+
+    /// Steps 2–4 (softmax update, `p·V` in position order) for `R` rows sharing `valid`, whose
+    /// scaled score vectors (16 positions each) are `s`: the tail of [`rows`], also used for
+    /// scores computed from integer K codes (`flash_tile_codes`).
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA, F16C present; every `accs[r]` holds `hd` (a multiple of 16)
+    /// floats, `vals` `valid · hd`; `1 <= valid <= 16`.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    pub(in crate::kernels) unsafe fn finish<const R: usize>(
+        sts: &mut [TileSoftmax; R],
+        accs: &mut [&mut [f32]; R],
+        s: [__m512; R],
+        valid: usize,
+        vals: &[f32],
+    ) {
+        let hd = accs[0].len();
+        // SAFETY: forwarded caller's contract.
+        let p = unsafe { softmax16::<R>(sts, accs, s, valid) };
+        // Step 4: `acc += p[t]·v[t]` in position order, up to four vectors per row held in
+        // registers (constant block widths, so the accumulators never leave registers).
+        let aps: [*mut f32; R] = std::array::from_fn(|r| accs[r].as_mut_ptr());
+        let vp = vals.as_ptr();
+        let mut e0 = 0;
+        while e0 + 64 <= hd {
+            // SAFETY: elements `e0..e0 + 64 <= hd` of every accumulator and `vals` row.
+            unsafe { pv::<R, 4>(&aps, vp, hd, e0, &p, valid) };
+            e0 += 64;
+        }
+        while e0 < hd {
+            // SAFETY: elements `e0..e0 + 16 <= hd` (`hd` is a multiple of 16).
+            unsafe { pv::<R, 1>(&aps, vp, hd, e0, &p, valid) };
+            e0 += 16;
+        }
+    }
+
+    /// Steps 2–3 for `R` rows (masking positions past `valid`, rescaling `accs` and the
+    /// states): returns the weights `p` of step 4.
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA, F16C present; every `accs[r]` holds a multiple of 16 floats;
+    /// `1 <= valid <= 16`.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    pub(in crate::kernels) unsafe fn softmax16<const R: usize>(
+        sts: &mut [TileSoftmax; R],
+        accs: &mut [&mut [f32]; R],
+        s: [__m512; R],
+        valid: usize,
+    ) -> [[f32; TILE_POSITIONS]; R] {
+        let hd = accs[0].len();
+        let live: __mmask16 = if valid >= TILE_POSITIONS {
+            0xFFFF
+        } else {
+            (1u16 << valid) - 1
+        };
+        let mut p = [[0f32; TILE_POSITIONS]; R];
+        for r in 0..R {
+            let s = s[r];
             // Lanes at or past `valid` become −∞ (weight exactly 0, never the maximum).
             let s = _mm512_mask_blend_ps(live, _mm512_set1_ps(f32::NEG_INFINITY), s);
             // Step 2.
@@ -321,21 +398,7 @@ mod x86 {
             let tile_sum = hsum8(&p[r][..8]) + hsum8(&p[r][8..]);
             st.sum += tile_sum;
         }
-        // Step 4: `acc += p[t]·v[t]` in position order, up to four vectors per row held in
-        // registers (constant block widths, so the accumulators never leave registers).
-        let aps: [*mut f32; R] = std::array::from_fn(|r| accs[r].as_mut_ptr());
-        let vp = vals.as_ptr();
-        let mut e0 = 0;
-        while e0 + 64 <= hd {
-            // SAFETY: elements `e0..e0 + 64 <= hd` of every accumulator and `vals` row.
-            unsafe { pv::<R, 4>(&aps, vp, hd, e0, &p, valid) };
-            e0 += 64;
-        }
-        while e0 < hd {
-            // SAFETY: elements `e0..e0 + 16 <= hd` (`hd` is a multiple of 16).
-            unsafe { pv::<R, 1>(&aps, vp, hd, e0, &p, valid) };
-            e0 += 16;
-        }
+        p
     }
 
     /// `acc_r[e0..e0 + 16W] = fma(p[r][t], v[t][e0..e0 + 16W], acc_r)` for `t < valid` in

@@ -25,6 +25,7 @@ pub mod block32;
 pub mod cpu;
 pub mod flash_f16;
 pub mod flash_tile;
+pub mod flash_tile_codes;
 pub mod flash_tile_wide;
 pub mod kquant;
 #[cfg(target_arch = "x86_64")]
