@@ -5,7 +5,9 @@
 //! 32 registers?
 //! Detection runs
 //! once; `AGENTKV_NO_SIMD=1` (read once, at first use) or [`set_force_portable`] forces the scalar
-//! path. It never selects kernels itself (callers branch on [`CpuFeatures::avx2`]).
+//! path, and `AGENTKV_ISA=avx2` caps the paths at AVX2+FMA+F16C (no VNNI, no AVX-512), so a
+//! newer machine can run and measure what an AVX2-only one runs. It never selects kernels itself
+//! (callers branch on [`CpuFeatures::avx2`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -92,13 +94,45 @@ fn env_forces_portable() -> bool {
     *ENV.get_or_init(|| std::env::var("AGENTKV_NO_SIMD").is_ok_and(|v| v == "1"))
 }
 
-/// Features the kernels use now: detected ones, minus anything disabled by `AGENTKV_NO_SIMD=1`
-/// or [`set_force_portable`].
+/// The cap `AGENTKV_ISA` puts on the detected features (read once): `avx2` or `portable`;
+/// unset, empty or `native` caps nothing.
+fn env_isa_cap() -> Option<CpuFeatures> {
+    static ENV: OnceLock<Option<CpuFeatures>> = OnceLock::new();
+    *ENV.get_or_init(
+        || match parse_isa_cap(std::env::var("AGENTKV_ISA").ok().as_deref()) {
+            Ok(cap) => cap,
+            Err(bad) => {
+                // Read inside a kernel, where there is no caller to return an error to: say it
+                // once and run the detected paths (the results are the same on every path).
+                eprintln!(
+                    "agentkv: AGENTKV_ISA={bad:?} is not one of native, avx2, portable; ignored"
+                );
+                None
+            }
+        },
+    )
+}
+
+/// `AGENTKV_ISA`'s value as a cap; `Err` with the value when it names no path.
+fn parse_isa_cap(value: Option<&str>) -> Result<Option<CpuFeatures>, String> {
+    match value.map(str::trim) {
+        None | Some("") | Some("native") => Ok(None),
+        Some("avx2") => Ok(Some(CpuFeatures::AVX2)),
+        Some("portable") => Ok(Some(CpuFeatures::PORTABLE)),
+        Some(other) => Err(other.to_string()),
+    }
+}
+
+/// Features the kernels use now: detected ones, minus anything disabled by `AGENTKV_NO_SIMD=1`,
+/// [`set_force_portable`] or `AGENTKV_ISA`.
 pub fn cpu_features() -> CpuFeatures {
     if env_forces_portable() || FORCE_PORTABLE.load(Ordering::Relaxed) {
         CpuFeatures::PORTABLE
     } else {
-        detected()
+        match env_isa_cap() {
+            Some(cap) => cap.clamp_to_detected(),
+            None => detected(),
+        }
     }
 }
 
@@ -130,11 +164,26 @@ mod tests {
     }
 
     #[test]
+    fn the_isa_cap_parses_and_never_adds_features() {
+        assert_eq!(parse_isa_cap(None), Ok(None));
+        assert_eq!(parse_isa_cap(Some("native")), Ok(None));
+        assert_eq!(parse_isa_cap(Some(" avx2 ")), Ok(Some(CpuFeatures::AVX2)));
+        assert_eq!(
+            parse_isa_cap(Some("portable")),
+            Ok(Some(CpuFeatures::PORTABLE))
+        );
+        assert_eq!(parse_isa_cap(Some("avx512")), Err("avx512".to_string()));
+        let capped = CpuFeatures::AVX2.clamp_to_detected();
+        assert!(!capped.vnni && !capped.avxvnni && !capped.avx512);
+        assert_eq!(capped.avx2, CpuFeatures::detect().avx2);
+    }
+
+    #[test]
     fn force_portable_switch_round_trips() {
         set_force_portable(true);
         assert_eq!(cpu_features(), CpuFeatures::PORTABLE);
         set_force_portable(false);
-        if !env_forces_portable() {
+        if !env_forces_portable() && env_isa_cap().is_none() {
             assert_eq!(cpu_features(), CpuFeatures::detect());
         }
     }
