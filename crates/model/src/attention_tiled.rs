@@ -157,6 +157,57 @@ fn update_rows<E: TileElem>(
     }
 }
 
+/// Calls `kernel` once per block of `BLOCK` rows with the rows that reach into the tile
+/// (`tile_start..tile_end`): their softmax states (loaded from and stored back into
+/// `Row::partial`), accumulators, queries (`query` of each row) and valid positions.
+fn for_live_blocks<'r, const BLOCK: usize, Q: Copy>(
+    rows: &mut [Row<'r>],
+    hd: usize,
+    tile_start: usize,
+    tile_end: usize,
+    empty: Q,
+    query: impl Fn(&Row<'r>) -> Q,
+    mut kernel: impl FnMut(&mut [TileSoftmax], &mut [&mut [f32]], &[Q], &[usize]),
+) {
+    for block in rows.chunks_mut(BLOCK) {
+        let mut sts = [TileSoftmax::default(); BLOCK];
+        let mut valids = [0usize; BLOCK];
+        let mut qs = [empty; BLOCK];
+        let mut accs: [&mut [f32]; BLOCK] = std::array::from_fn(|_| <&mut [f32]>::default());
+        let mut states: [&mut [f32]; BLOCK] = std::array::from_fn(|_| <&mut [f32]>::default());
+        let mut live = 0;
+        for row in block.iter_mut() {
+            let end = row.n.min(tile_end);
+            if end <= tile_start {
+                continue;
+            }
+            qs[live] = query(row);
+            let (acc, st) = row.partial.split_at_mut(hd);
+            sts[live] = TileSoftmax {
+                max: st[0],
+                sum: st[1],
+            };
+            valids[live] = end - tile_start;
+            accs[live] = acc;
+            states[live] = st;
+            live += 1;
+        }
+        if live == 0 {
+            continue;
+        }
+        kernel(
+            &mut sts[..live],
+            &mut accs[..live],
+            &qs[..live],
+            &valids[..live],
+        );
+        for (st, sm) in states.iter_mut().zip(&sts).take(live) {
+            st[0] = sm.max;
+            st[1] = sm.sum;
+        }
+    }
+}
+
 /// [`update_rows`] through the 512-bit kernel of `flash_tile_wide` (same bits): `kt` is the
 /// tile's K transposed, `vals` its widened V; rows go in blocks of [`WIDE_ROWS`].
 #[allow(clippy::too_many_arguments)]
@@ -170,47 +221,16 @@ fn update_rows_wide(
     tile_end: usize,
     scale: f32,
 ) {
-    for block in rows.chunks_mut(WIDE_ROWS) {
-        let mut sts = [TileSoftmax::default(); WIDE_ROWS];
-        let mut valids = [0usize; WIDE_ROWS];
-        let mut qs: [&[f32]; WIDE_ROWS] = [&[]; WIDE_ROWS];
-        let mut accs: [&mut [f32]; WIDE_ROWS] = std::array::from_fn(|_| <&mut [f32]>::default());
-        let mut states: [&mut [f32]; WIDE_ROWS] = std::array::from_fn(|_| <&mut [f32]>::default());
-        let mut live = 0;
-        for row in block.iter_mut() {
-            let end = row.n.min(tile_end);
-            if end <= tile_start {
-                continue;
-            }
-            let (acc, st) = row.partial.split_at_mut(hd);
-            sts[live] = TileSoftmax {
-                max: st[0],
-                sum: st[1],
-            };
-            valids[live] = end - tile_start;
-            qs[live] = row.q;
-            accs[live] = acc;
-            states[live] = st;
-            live += 1;
-        }
-        if live == 0 {
-            continue;
-        }
-        tile_update_wide(
-            proof,
-            &mut sts[..live],
-            &mut accs[..live],
-            &qs[..live],
-            &valids[..live],
-            kt,
-            vals,
-            scale,
-        );
-        for (st, sm) in states.iter_mut().zip(&sts).take(live) {
-            st[0] = sm.max;
-            st[1] = sm.sum;
-        }
-    }
+    let empty: &[f32] = &[];
+    for_live_blocks::<WIDE_ROWS, _>(
+        rows,
+        hd,
+        tile_start,
+        tile_end,
+        empty,
+        |row| row.q,
+        |sts, accs, qs, valids| tile_update_wide(proof, sts, accs, qs, valids, kt, vals, scale),
+    );
 }
 
 /// [`update_rows`] for a tile whose K is kept as codes (`flash_tile_codes`): scores from the
@@ -228,49 +248,17 @@ fn update_rows_coded(
     tile_end: usize,
     scale: f32,
 ) {
-    const BLOCK: usize = 3;
-    for block in rows.chunks_mut(BLOCK) {
-        let mut sts = [TileSoftmax::default(); BLOCK];
-        let mut valids = [0usize; BLOCK];
-        let mut qs: [QueryRef<'_>; BLOCK] = [QueryRef::EMPTY; BLOCK];
-        let mut accs: [&mut [f32]; BLOCK] = std::array::from_fn(|_| <&mut [f32]>::default());
-        let mut states: [&mut [f32]; BLOCK] = std::array::from_fn(|_| <&mut [f32]>::default());
-        let mut live = 0;
-        for row in block.iter_mut() {
-            let end = row.n.min(tile_end);
-            if end <= tile_start {
-                continue;
-            }
-            let (acc, st) = row.partial.split_at_mut(hd);
-            sts[live] = TileSoftmax {
-                max: st[0],
-                sum: st[1],
-            };
-            valids[live] = end - tile_start;
-            qs[live] = qcodes.row(row.idx);
-            accs[live] = acc;
-            states[live] = st;
-            live += 1;
-        }
-        if live == 0 {
-            continue;
-        }
-        tile_update_codes(
-            features,
-            keys,
-            &mut sts[..live],
-            &mut accs[..live],
-            &qs[..live],
-            &valids[..live],
-            tile,
-            vals,
-            scale,
-        );
-        for (st, sm) in states.iter_mut().zip(&sts).take(live) {
-            st[0] = sm.max;
-            st[1] = sm.sum;
-        }
-    }
+    for_live_blocks::<3, _>(
+        rows,
+        hd,
+        tile_start,
+        tile_end,
+        QueryRef::EMPTY,
+        |row| qcodes.row(row.idx),
+        |sts, accs, qs, valids| {
+            tile_update_codes(features, keys, sts, accs, qs, valids, tile, vals, scale)
+        },
+    );
 }
 
 /// [`update_rows_wide`] with the tile's V read as codes (`flash_tile_codes`, same bits): a
