@@ -208,8 +208,12 @@ fn for_live_blocks<'r, const BLOCK: usize, Q: Copy>(
     }
 }
 
+/// Rows handed to one call of the 512-bit kernel: several triples, so it can overlap one
+/// triple's softmax with the next triple's scores (`flash_tile_wide::x86::triples`).
+const WIDE_BLOCK_ROWS: usize = 8 * WIDE_ROWS;
+
 /// [`update_rows`] through the 512-bit kernel of `flash_tile_wide` (same bits): `kt` is the
-/// tile's K transposed, `vals` its widened V; rows go in blocks of [`WIDE_ROWS`].
+/// tile's K transposed, `vals` its widened V; rows go in blocks of [`WIDE_BLOCK_ROWS`].
 #[allow(clippy::too_many_arguments)]
 fn update_rows_wide(
     proof: WideTiles,
@@ -222,7 +226,7 @@ fn update_rows_wide(
     scale: f32,
 ) {
     let empty: &[f32] = &[];
-    for_live_blocks::<WIDE_ROWS, _>(
+    for_live_blocks::<WIDE_BLOCK_ROWS, _>(
         rows,
         hd,
         tile_start,

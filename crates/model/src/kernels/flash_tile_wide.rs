@@ -109,18 +109,29 @@ pub fn tile_update_wide(
     {
         let mut r = 0;
         while r < rows {
-            if r + WIDE_ROWS <= rows && valids[r + 1] == valids[r] && valids[r + 2] == valids[r] {
-                let (s3, _) = sts[r..]
-                    .split_first_chunk_mut::<WIDE_ROWS>()
-                    .expect("3 rows");
-                let (a3, _) = accs[r..]
-                    .split_first_chunk_mut::<WIDE_ROWS>()
-                    .expect("3 rows");
-                let q3: &[&[f32]; WIDE_ROWS] = qs[r..r + WIDE_ROWS].try_into().expect("3 rows");
+            // A run of consecutive triples whose rows all see `valids[r]` positions.
+            let triple = |i: usize| {
+                i + WIDE_ROWS <= rows && valids[i..i + WIDE_ROWS].iter().all(|&v| v == valids[r])
+            };
+            let mut end = r;
+            while triple(end) {
+                end += WIDE_ROWS;
+            }
+            if end > r {
                 // SAFETY: AVX-512 F (with AVX2, FMA, F16C) presence is proven by the `WideTiles`
                 // token; every shape was checked by the assertion above.
-                unsafe { x86::rows::<WIDE_ROWS>(s3, a3, q3, valids[r], kt, vals, scale) };
-                r += WIDE_ROWS;
+                unsafe {
+                    x86::triples(
+                        &mut sts[r..end],
+                        &mut accs[r..end],
+                        &qs[r..end],
+                        valids[r],
+                        kt,
+                        vals,
+                        scale,
+                    )
+                };
+                r = end;
             } else {
                 let (s1, _) = sts[r..].split_first_chunk_mut::<1>().expect("1 row");
                 let (a1, _) = accs[r..].split_first_chunk_mut::<1>().expect("1 row");
@@ -229,10 +240,19 @@ pub(in crate::kernels) mod x86 {
         _mm512_maskz_mov_ps(!below, res)
     }
 
-    /// `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))` of eight scalars.
-    #[inline(always)]
-    fn hsum8(x: &[f32]) -> f32 {
-        ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]))
+    /// `hsum8(x[0..8]) + hsum8(x[8..16])` of a 16-lane vector, in registers: lane pairs,
+    /// then pairs of pairs, then halves of each group of eight are added (IEEE addition
+    /// commutes, so every lane holding a partial sum holds exactly `hsum8`'s partial sum), and
+    /// lanes 0 and 8 end up holding the two groups' sums — no store-to-load round trip.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn group_sums(x: __m512) -> f32 {
+        let a = _mm512_add_ps(x, _mm512_permute_ps::<0xB1>(x));
+        let b = _mm512_add_ps(a, _mm512_permute_ps::<0x4E>(a));
+        let c = _mm512_add_ps(b, _mm512_shuffle_f32x4::<0xB1>(b, b));
+        let g0 = _mm512_cvtss_f32(c);
+        let g1 = _mm_cvtss_f32(_mm512_extractf32x4_ps::<2>(c));
+        g0 + g1
     }
 
     /// `R` rows sharing `valid` against one transposed tile (module doc).
@@ -255,6 +275,45 @@ pub(in crate::kernels) mod x86 {
         let s = unsafe { scores16::<R>(qs, kt, scale) };
         // SAFETY: forwarded caller's contract.
         unsafe { finish::<R>(sts, accs, s, valid, vals) };
+    }
+
+    /// [`rows`] for consecutive triples of rows (`sts.len()` a multiple of three, every row
+    /// seeing `valid` positions), software-pipelined: the scores of the next triple are
+    /// computed between the softmax of the current one and its `p·V`, so the softmax's serial
+    /// chain (maximum, exponential, sums) overlaps independent multiply-adds instead of
+    /// stalling the core once per triple. Each row's operations are those of [`rows`], in the
+    /// same order: same bits.
+    ///
+    /// # Safety
+    /// As [`rows`], for every row.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) unsafe fn triples(
+        sts: &mut [TileSoftmax],
+        accs: &mut [&mut [f32]],
+        qs: &[&[f32]],
+        valid: usize,
+        kt: &[f32],
+        vals: &[f32],
+        scale: f32,
+    ) {
+        const R: usize = WIDE_ROWS;
+        let n = sts.len() / R;
+        debug_assert!(sts.len() == n * R && accs.len() == n * R && qs.len() == n * R);
+        let q3 = |b: usize| -> &[&[f32]; R] { qs[b * R..b * R + R].try_into().expect("3 rows") };
+        // SAFETY: forwarded caller's contract.
+        let mut s = unsafe { scores16::<R>(q3(0), kt, scale) };
+        for b in 0..n {
+            let (s3, _) = sts[b * R..].split_first_chunk_mut::<R>().expect("3 rows");
+            let (a3, _) = accs[b * R..].split_first_chunk_mut::<R>().expect("3 rows");
+            // SAFETY: forwarded caller's contract.
+            let p = unsafe { softmax16::<R>(s3, a3, s, valid) };
+            if b + 1 < n {
+                // SAFETY: forwarded caller's contract.
+                s = unsafe { scores16::<R>(q3(b + 1), kt, scale) };
+            }
+            // SAFETY: forwarded caller's contract.
+            unsafe { values16::<R>(a3, &p, valid, vals) };
+        }
     }
 
     /// Step 1 of [`rows`]: the scaled score vectors (16 positions) of `R` rows.
@@ -327,22 +386,38 @@ pub(in crate::kernels) mod x86 {
         valid: usize,
         vals: &[f32],
     ) {
-        let hd = accs[0].len();
         // SAFETY: forwarded caller's contract.
         let p = unsafe { softmax16::<R>(sts, accs, s, valid) };
-        // Step 4: `acc += p[t]·v[t]` in position order, up to four vectors per row held in
-        // registers (constant block widths, so the accumulators never leave registers).
+        // SAFETY: forwarded caller's contract.
+        unsafe { values16::<R>(accs, &p, valid, vals) };
+    }
+
+    /// Step 4 of [`finish`]: `acc += p[t]·v[t]` in position order, up to four vectors per row
+    /// held in registers (constant block widths, so the accumulators never leave registers).
+    ///
+    /// # Safety
+    /// As [`finish`].
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    pub(in crate::kernels) unsafe fn values16<const R: usize>(
+        accs: &mut [&mut [f32]; R],
+        p: &[[f32; TILE_POSITIONS]; R],
+        valid: usize,
+        vals: &[f32],
+    ) {
+        let hd = accs[0].len();
         let aps: [*mut f32; R] = std::array::from_fn(|r| accs[r].as_mut_ptr());
         let vp = vals.as_ptr();
         let mut e0 = 0;
         while e0 + 64 <= hd {
             // SAFETY: elements `e0..e0 + 64 <= hd` of every accumulator and `vals` row.
-            unsafe { pv::<R, 4>(&aps, vp, hd, e0, &p, valid) };
+            unsafe { pv::<R, 4>(&aps, vp, hd, e0, p, valid) };
             e0 += 64;
         }
         while e0 < hd {
             // SAFETY: elements `e0..e0 + 16 <= hd` (`hd` is a multiple of 16).
-            unsafe { pv::<R, 1>(&aps, vp, hd, e0, &p, valid) };
+            unsafe { pv::<R, 1>(&aps, vp, hd, e0, p, valid) };
             e0 += 16;
         }
     }
@@ -395,8 +470,7 @@ pub(in crate::kernels) mod x86 {
             let e = exp16(_mm512_sub_ps(s, _mm512_set1_ps(st.max)));
             // SAFETY: `p[r]` holds 16 floats.
             unsafe { _mm512_storeu_ps(p[r].as_mut_ptr(), e) };
-            let tile_sum = hsum8(&p[r][..8]) + hsum8(&p[r][8..]);
-            st.sum += tile_sum;
+            st.sum += group_sums(e);
         }
         p
     }
@@ -489,7 +563,7 @@ mod tests {
         }
     }
 
-    /// The 512-bit kernel (three-row blocks and single rows, rows with different `valid`)
+    /// The 512-bit kernel (runs of three-row blocks and single rows, rows with different `valid`)
     /// against the portable row-major definition, bit for bit, over several tiles so the
     /// running maximum and rescaling are exercised; stale keys past `valid` must not leak.
     #[test]
@@ -501,17 +575,18 @@ mod tests {
         };
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(29);
         for hd in [64usize, 16, 128] {
-            let rows = 8;
+            let rows = 11;
             let qs: Vec<Vec<f32>> = (0..rows)
                 .map(|_| (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect())
                 .collect();
-            // Per tile: each row's valid (rows 0..3 and 3..6 share theirs, 6 and 7 differ).
-            let tiles: Vec<[usize; 8]> = vec![
-                [16; 8],
-                [16, 16, 16, 5, 5, 5, 9, 1],
-                [7, 7, 7, 16, 16, 16, 8, 16],
-                [16; 8],
-                [1, 1, 1, 2, 2, 2, 3, 15],
+            // Per tile: each row's valid (runs of one to three triples sharing theirs, so the
+            // pipelined triples run; single rows that differ).
+            let tiles: Vec<[usize; 11]> = vec![
+                [16; 11],
+                [16, 16, 16, 16, 16, 16, 5, 5, 5, 9, 1],
+                [7, 7, 7, 16, 16, 16, 16, 16, 16, 8, 16],
+                [16; 11],
+                [1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 15],
             ];
             let mut want_st = vec![TileSoftmax::default(); rows];
             let mut want_acc = vec![vec![0f32; hd]; rows];
