@@ -37,6 +37,19 @@ unsafe fn ld16_u4(p: *const u8) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)))
 }
 
+/// `(scale, offset)` of group `g` of an integer row's header widened to f32 with one F16C
+/// conversion (exact; the value `layout::group_params` gives).
+///
+/// # Panics
+/// If `params` is shorter than `4·(g + 1)` bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[inline]
+pub(crate) fn group_params_f16c(params: &[u8], g: usize) -> (f32, f32) {
+    let b: [u8; 4] = params[4 * g..4 * g + 4].try_into().expect("4 bytes");
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes(b)));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
 /// `out[i] = fma(codes[i], scale, offset)` (int8 codes).
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub(crate) fn decode_u8(scale: f32, offset: f32, codes: &[u8], out: &mut [f32]) {

@@ -132,7 +132,8 @@ fn decode_int_row_avx512(
     out: &mut [f32],
 ) {
     for (g, og) in out.chunks_exact_mut(group).enumerate() {
-        let (scale, offset) = group_params(params, g);
+        // F16C inline: the exact widening of `group_params` without `half`'s out-of-line call.
+        let (scale, offset) = crate::avx512::group_params_f16c(params, g);
         if four_bit {
             crate::avx512::decode_u4(
                 scale,
