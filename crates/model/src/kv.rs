@@ -343,14 +343,14 @@ mod tests {
         kv.for_each_chunk_from(0, SeqSlot(0), 1, from, n, &mut |pos, chunk| {
             let f16_k =
                 matches!(chunk, KvChunk::Encoded { k, .. } if k.kind() == quant::KvCodecKind::F16);
-            out.push((pos, chunk.num_positions(8), f16_k));
+            out.push((pos, chunk.num_positions(32), f16_k));
         });
         out
     }
 
     #[test]
     fn chunks_from_a_position_are_the_tail_of_all_chunks() {
-        let (heads, hd, n) = (2, 8, 70);
+        let (heads, hd, n) = (2, 32, 70);
         let mut kv = ContiguousKv::new(
             1,
             1,

@@ -211,8 +211,8 @@ pub(crate) fn choose_clipped(values: &[f32], qmax: u32) -> Affine {
     }
     let e = lanes(_mm256_add_ps(total, tail));
     let mut best = 0;
-    for k in 1..CLIP_CANDIDATES.len() {
-        if e[k] < e[best] {
+    for (k, &ek) in e.iter().enumerate().take(CLIP_CANDIDATES.len()).skip(1) {
+        if ek < e[best] {
             best = k;
         }
     }
@@ -310,10 +310,10 @@ pub(crate) fn encode_channels8(
         halves(_mm256_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(best_scale)),
         halves(_mm256_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(best_off)),
     );
-    for j in 0..LANES {
-        let c = c0 + j;
-        params[4 * c..4 * c + 2].copy_from_slice(&scale_b[j].to_le_bytes());
-        params[4 * c + 2..4 * c + 4].copy_from_slice(&off_b[j].to_le_bytes());
+    let header = &mut params[4 * c0..4 * (c0 + LANES)];
+    for ((p, s), o) in header.chunks_exact_mut(4).zip(scale_b).zip(off_b) {
+        p[..2].copy_from_slice(&s.to_le_bytes());
+        p[2..].copy_from_slice(&o.to_le_bytes());
     }
     // Codes: `affine::code` per value in f64 (IEEE division, nearest-even, clamp to 0..=15;
     // code 0 where the scale is 0), packed two channels per byte (even channel low).
