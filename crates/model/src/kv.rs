@@ -302,13 +302,27 @@ impl KvStore for ContiguousKv {
         num_positions: usize,
         f: &mut dyn FnMut(usize, KvChunk<'_>),
     ) {
+        self.for_each_chunk_from(layer, slot, kv_head, 0, num_positions, f)
+    }
+
+    /// With a block K codec, starts at the group holding `from` (a tiled reader's segment
+    /// would otherwise visit every earlier group's chunk again, to skip it).
+    fn for_each_chunk_from(
+        &self,
+        layer: usize,
+        slot: SeqSlot,
+        kv_head: usize,
+        from: usize,
+        num_positions: usize,
+        f: &mut dyn FnMut(usize, KvChunk<'_>),
+    ) {
         let n = num_positions.min(self.capacity);
         let rows = &self.slots[slot.0 as usize];
         let base = self.row(layer, kv_head, 0);
         match rows.group_rows() {
             None => f(0, rows.chunk(base, n)),
             Some(t) => {
-                let mut pos = 0;
+                let mut pos = from.min(n) / t * t;
                 while pos < n {
                     let len = (n - pos).min(t);
                     f(pos, rows.chunk_for(base + pos, len, pos + len == n));
@@ -316,5 +330,56 @@ impl KvStore for ContiguousKv {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(first_pos, positions, own-group f16?)` of every chunk `for_each_chunk_from` visits.
+    fn visits(kv: &ContiguousKv, from: usize, n: usize) -> Vec<(usize, usize, bool)> {
+        let mut out = Vec::new();
+        kv.for_each_chunk_from(0, SeqSlot(0), 1, from, n, &mut |pos, chunk| {
+            let f16_k =
+                matches!(chunk, KvChunk::Encoded { k, .. } if k.kind() == quant::KvCodecKind::F16);
+            out.push((pos, chunk.num_positions(32), f16_k));
+        });
+        out
+    }
+
+    #[test]
+    fn chunks_from_a_position_are_the_tail_of_all_chunks() {
+        let (heads, hd, n) = (2, 32, 70);
+        let mut kv = ContiguousKv::new(
+            1,
+            1,
+            heads,
+            hd,
+            80,
+            KvDtype::parse("k=int4c,v=int4").unwrap(),
+        )
+        .unwrap();
+        for p in 0..n {
+            let x: Vec<f32> = (0..heads * hd)
+                .map(|i| (i * 7 + p * 3) as f32 % 5.0 - 2.0)
+                .collect();
+            kv.write(0, SeqSlot(0), p, &x, &x).unwrap();
+        }
+        let all = visits(&kv, 0, n);
+        assert_eq!(all.len(), n.div_ceil(16));
+        assert_eq!(
+            all.last(),
+            Some(&(64, 6, true)),
+            "the query's own group reads f16 rows"
+        );
+        for from in [0, 1, 15, 16, 17, 40, 64, 69, 70, 500] {
+            let tail = visits(&kv, from, n);
+            let first = from.min(n) / 16;
+            assert_eq!(tail, all[first..], "from {from}");
+        }
+        // Fewer positions: the last chunk visited is the own group (shorter), skipping still holds.
+        let short = visits(&kv, 20, 37);
+        assert_eq!(short, vec![(16, 16, false), (32, 5, true)]);
     }
 }

@@ -235,6 +235,7 @@ impl KvRows {
 
     /// Rows `first..first + n` as one attention chunk (inside one group for block codecs; the
     /// sealed codes then, see [`KvRows::chunk_for`]).
+    #[inline]
     pub fn chunk(&self, first: usize, n: usize) -> KvChunk<'_> {
         self.chunk_for(first, n, false)
     }
@@ -242,6 +243,7 @@ impl KvRows {
     /// [`KvRows::chunk`] for a query that lies in this chunk's group when `own`: with a block
     /// K codec the group's full-precision (f16) rows are read then, its sealed codes otherwise,
     /// so what a query reads depends on its position only. Other codecs ignore `own`.
+    #[inline]
     pub fn chunk_for(&self, first: usize, n: usize, own: bool) -> KvChunk<'_> {
         let hd = self.head_dim;
         match &self.buf {

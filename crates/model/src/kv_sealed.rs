@@ -138,6 +138,7 @@ impl SealedK {
 
     /// Rows `first..first + n` (inside one group) for attention: the f16 rows when `own` (the
     /// group holding the query) and they are staged, else the sealed codes.
+    #[inline]
     pub(crate) fn chunk(&self, first: usize, n: usize, own: bool) -> EncodedRows<'_> {
         let (g, r) = (first / self.tokens, first % self.tokens);
         assert!(r + n <= self.tokens, "a chunk stays inside one group");

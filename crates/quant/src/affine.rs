@@ -93,17 +93,35 @@ pub(crate) fn choose_clipped(values: &[f32], qmax: u32) -> Affine {
     best.1
 }
 
+/// [`choose_clipped`] on an explicit instruction-set path (bit-identical on every path).
+pub(crate) fn choose_clipped_with(isa: crate::isa::Isa, values: &[f32], qmax: u32) -> Affine {
+    #[cfg(target_arch = "x86_64")]
+    if isa.use_avx2() {
+        // SAFETY: `use_avx2` is true only when AVX2, FMA and F16C were detected at runtime.
+        return unsafe { crate::clip_avx2::choose_clipped(values, qmax) };
+    }
+    let _ = isa;
+    choose_clipped(values, qmax)
+}
+
 const ALL_NAN: Affine = Affine {
     scale: f16::ZERO,
     offset: f16::ZERO,
 };
 
-/// `(min, max)` of the sanitised values, or `None` when all are NaN.
+/// `(min, max)` of the sanitised values (the first of equal values: a zero extreme keeps the
+/// sign of the first zero), or `None` when all are NaN.
 fn finite_range(values: &[f32]) -> Option<(f32, f32)> {
     let (mut min, mut max) = (f32::INFINITY, f32::NEG_INFINITY);
+    // Explicit comparisons (what `f32::min`/`max` compile to on x86-64): the first of equal
+    // values is kept, so the sign of a zero extreme is defined and the SIMD paths can match it.
     for x in values.iter().filter_map(|&x| sanitize(x)) {
-        min = min.min(x);
-        max = max.max(x);
+        if x < min {
+            min = x;
+        }
+        if x > max {
+            max = x;
+        }
     }
     (min <= max).then_some((min, max))
 }

@@ -37,6 +37,53 @@ unsafe fn ld16_u4(p: *const u8) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)))
 }
 
+/// `(scale, offset)` of group `g` of an integer row's header widened to f32 with one F16C
+/// conversion (exact; the value `layout::group_params` gives).
+///
+/// # Panics
+/// If `params` is shorter than `4·(g + 1)` bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[inline]
+pub(crate) fn group_params_f16c(params: &[u8], g: usize) -> (f32, f32) {
+    let b: [u8; 4] = params[4 * g..4 * g + 4].try_into().expect("4 bytes");
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes(b)));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+/// Every row of a run of `int4` rows into `out` (`[rows, hd]`): `bytes` holds whole rows, each
+/// the `(scale, offset)` header of its `hd / group` groups then the packed codes. Each value is
+/// `fma(nibble, scale_g, offset_g)`, as [`decode_u4`] per group; the row loop runs here so a
+/// tile pays no call per row or group.
+///
+/// # Panics
+/// If `group` is not a positive multiple of 16 dividing `hd`, `out` is not whole rows, or
+/// `bytes` holds fewer rows than `out` (a caller bug).
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(crate) fn decode_u4_rows(bytes: &[u8], hd: usize, group: usize, out: &mut [f32]) {
+    assert!(group > 0 && group.is_multiple_of(16) && hd.is_multiple_of(group));
+    let header = 4 * (hd / group);
+    let row_bytes = header + hd / 2;
+    let n = out.len() / hd;
+    assert!(
+        out.len() == n * hd && bytes.len() >= n * row_bytes,
+        "int4 rows too short"
+    );
+    for (row, o) in bytes.chunks_exact(row_bytes).zip(out.chunks_exact_mut(hd)) {
+        for g in 0..hd / group {
+            let (scale, offset) = group_params_f16c(row, g);
+            let (sv, ov) = (_mm512_set1_ps(scale), _mm512_set1_ps(offset));
+            for x in (g * group..(g + 1) * group).step_by(16) {
+                // SAFETY: x + 16 <= hd, so the 8 code bytes at header + x/2 lie inside the row
+                // (header + hd/2 bytes) and the 16 values stored lie inside `o` (hd values).
+                unsafe {
+                    let v = _mm512_fmadd_ps(ld16_u4(row.as_ptr().add(header + x / 2)), sv, ov);
+                    _mm512_storeu_ps(o.as_mut_ptr().add(x), v);
+                }
+            }
+        }
+    }
+}
+
 /// `out[i] = fma(codes[i], scale, offset)` (int8 codes).
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub(crate) fn decode_u8(scale: f32, offset: f32, codes: &[u8], out: &mut [f32]) {

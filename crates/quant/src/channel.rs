@@ -60,26 +60,84 @@ pub fn encode_group(
             got: rows.len(),
         });
     }
+    encode_group_with(Isa::detect(), rows, tokens, head_dim, out);
+    Ok(())
+}
+
+/// [`encode_group`] on an explicit instruction-set path (bit-identical bytes on every path),
+/// shapes already checked: on AVX2, 8 channels at a time with the channels in the lanes
+/// (`clip_avx2::encode_channels8`); the rest (and channels holding NaN or values beyond
+/// ±65504) one channel at a time.
+fn encode_group_with(isa: Isa, rows: &[f32], tokens: usize, head_dim: usize, out: &mut [u8]) {
     let (params, codes) = out.split_at_mut(INT_PARAM_BYTES_PER_GROUP * head_dim);
     codes.fill(0);
-    let row_bytes = head_dim / 2;
     let mut column = vec![0f32; tokens];
     let mut column_codes = vec![0u8; tokens];
-    for c in 0..head_dim {
-        for (t, v) in column.iter_mut().enumerate() {
-            *v = rows[t * head_dim + c];
+    let mut c = 0;
+    while c < head_dim {
+        #[cfg(target_arch = "x86_64")]
+        if isa.use_avx2() && c + 8 <= head_dim {
+            // SAFETY: `use_avx2` is true only when AVX2, FMA and F16C were detected at runtime;
+            // the shapes were checked by the caller (and are asserted inside).
+            if unsafe {
+                crate::clip_avx2::encode_channels8(rows, tokens, head_dim, c, params, codes)
+            } {
+                c += 8;
+                continue;
+            }
+            for j in c..c + 8 {
+                encode_channel(
+                    isa,
+                    rows,
+                    head_dim,
+                    j,
+                    params,
+                    codes,
+                    &mut column,
+                    &mut column_codes,
+                );
+            }
+            c += 8;
+            continue;
         }
-        let p = affine::choose_clipped(&column, 15);
-        params[4 * c..4 * c + 2].copy_from_slice(&p.scale.to_bits().to_le_bytes());
-        params[4 * c + 2..4 * c + 4].copy_from_slice(&p.offset.to_bits().to_le_bytes());
-        let wide = affine::widen(p);
-        let isa = Isa::detect();
-        pick!(isa, encode_codes(&column, wide, 15, &mut column_codes));
-        for (t, &code) in column_codes.iter().enumerate() {
-            codes[t * row_bytes + c / 2] |= code << (4 * (c % 2));
-        }
+        encode_channel(
+            isa,
+            rows,
+            head_dim,
+            c,
+            params,
+            codes,
+            &mut column,
+            &mut column_codes,
+        );
+        c += 1;
     }
-    Ok(())
+}
+
+/// Channel `c` of a group on the per-column path (`column` and `column_codes`: `tokens` long).
+#[allow(clippy::too_many_arguments)]
+fn encode_channel(
+    isa: Isa,
+    rows: &[f32],
+    head_dim: usize,
+    c: usize,
+    params: &mut [u8],
+    codes: &mut [u8],
+    column: &mut [f32],
+    column_codes: &mut [u8],
+) {
+    let row_bytes = head_dim / 2;
+    for (t, v) in column.iter_mut().enumerate() {
+        *v = rows[t * head_dim + c];
+    }
+    let p = affine::choose_clipped(column, 15);
+    params[4 * c..4 * c + 2].copy_from_slice(&p.scale.to_bits().to_le_bytes());
+    params[4 * c + 2..4 * c + 4].copy_from_slice(&p.offset.to_bits().to_le_bytes());
+    let wide = affine::widen(p);
+    pick!(isa, encode_codes(column, wide, 15, column_codes));
+    for (t, &code) in column_codes.iter().enumerate() {
+        codes[t * row_bytes + c / 2] |= code << (4 * (c % 2));
+    }
 }
 
 /// Decodes a group into `out` (`[tokens, head_dim]`): `x̂ = code·scale_c + offset_c`.
@@ -265,6 +323,28 @@ mod tests {
                 (f64::from(s) - exact).abs() < 1e-3 * (1.0 + exact.abs()),
                 "{s} {exact}"
             );
+        }
+    }
+
+    #[test]
+    fn simd_group_encoder_matches_the_portable_one_bit_for_bit() {
+        if Isa::detect() == Isa::Portable {
+            return;
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
+        for case in 0..600 {
+            let (tokens, hd) = [(16, 64), (32, 64), (16, 68), (8, 32), (16, 128)][case % 5];
+            let kind = KvCodecKind::Int4Channel { tokens };
+            // Each channel its own shape (outliers, constants, signed zeros, NaN, …).
+            let columns: Vec<Vec<f32>> = (0..hd)
+                .map(|_| crate::clip_avx2::tests::group(&mut rng, tokens, case % 3 == 0))
+                .collect();
+            let rows: Vec<f32> = (0..tokens * hd).map(|i| columns[i % hd][i / hd]).collect();
+            let bytes = kind.bytes_per_group(hd).unwrap();
+            let (mut want, mut got) = (vec![0u8; bytes], vec![0xAAu8; bytes]);
+            encode_group_with(Isa::Portable, &rows, tokens, hd, &mut want);
+            encode_group_with(Isa::detect(), &rows, tokens, hd, &mut got);
+            assert_eq!(want, got, "case {case}");
         }
     }
 

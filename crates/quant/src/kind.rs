@@ -139,6 +139,7 @@ impl KvCodecKind {
     }
 
     /// The channel group of an integer codec (rotated or not).
+    #[inline]
     pub fn group(&self) -> Option<usize> {
         match self {
             KvCodecKind::Int8 { group }
@@ -150,11 +151,13 @@ impl KvCodecKind {
     }
 
     /// Whether the codec stores whole groups of rows (`int4c`) rather than independent rows.
+    #[inline]
     pub fn is_block(&self) -> bool {
         matches!(self, KvCodecKind::Int4Channel { .. })
     }
 
     /// Rows per group of a block codec.
+    #[inline]
     pub fn block_tokens(&self) -> Option<usize> {
         match self {
             KvCodecKind::Int4Channel { tokens } => Some(*tokens),
@@ -173,6 +176,7 @@ impl KvCodecKind {
     }
 
     /// Whether rows are Hadamard-rotated before they are stored.
+    #[inline]
     pub fn is_rotated(&self) -> bool {
         matches!(
             self,
@@ -182,6 +186,7 @@ impl KvCodecKind {
 
     /// The codec that stores the (rotated) values: `Int4 { group }` for `Int4Hadamard { group }`,
     /// `Int8 { group }` for `Int8Hadamard { group }`, the codec itself otherwise.
+    #[inline]
     pub fn storage(&self) -> KvCodecKind {
         match *self {
             KvCodecKind::Int8Hadamard { group } => KvCodecKind::Int8 { group },
@@ -246,6 +251,7 @@ impl KvCodecKind {
 
     /// Checks that rows of `head_dim` values can use this codec: integer groups must be positive
     /// multiples of 8 dividing `head_dim`; rotated codecs need a power-of-two `head_dim`.
+    #[inline]
     pub fn validate(&self, head_dim: usize) -> Result<(), QuantError> {
         if head_dim == 0 {
             return Err(QuantError::ZeroHeadDim);
@@ -272,6 +278,7 @@ impl KvCodecKind {
 
     /// Exact bytes of one encoded row of `head_dim` values, scales and offsets included
     /// (meaningful only when [`Self::validate`] accepts `head_dim`).
+    #[inline]
     pub fn bytes_per_row(&self, head_dim: usize) -> usize {
         match self {
             KvCodecKind::F32 => 4 * head_dim,

@@ -19,6 +19,8 @@ mod avx512;
 mod axpy;
 pub mod canonical;
 pub mod channel;
+#[cfg(target_arch = "x86_64")]
+mod clip_avx2;
 mod codecs;
 mod dispatch;
 mod dot;

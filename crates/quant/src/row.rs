@@ -111,7 +111,7 @@ fn encode_int(isa: Isa, x: &[f32], out: &mut [u8], group: usize, qmax: u32) {
         .enumerate()
     {
         let p = if qmax == 15 {
-            affine::choose_clipped(xg, qmax)
+            affine::choose_clipped_with(isa, xg, qmax)
         } else {
             affine::choose(xg, qmax)
         };

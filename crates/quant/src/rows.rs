@@ -20,6 +20,7 @@ pub struct EncodedRows<'a> {
 
 impl<'a> EncodedRows<'a> {
     /// Checks that `kind` accepts `head_dim` and that `bytes` holds whole rows.
+    #[inline]
     pub fn new(kind: KvCodecKind, head_dim: usize, bytes: &'a [u8]) -> Result<Self, QuantError> {
         kind.validate(head_dim)?;
         if kind.is_block() {
@@ -47,6 +48,7 @@ impl<'a> EncodedRows<'a> {
 
     /// Rows of one group of a block codec: `params` is the group's per-channel header
     /// (`quant::channel::split_group`), `codes` whole rows of `head_dim / 2` bytes.
+    #[inline]
     pub fn new_group(
         kind: KvCodecKind,
         head_dim: usize,
@@ -73,27 +75,33 @@ impl<'a> EncodedRows<'a> {
     }
 
     /// The group's per-channel header (block codecs), or an empty slice.
+    #[inline]
     pub fn params(&self) -> &'a [u8] {
         self.params
     }
 
+    #[inline]
     pub fn kind(&self) -> KvCodecKind {
         self.kind
     }
 
+    #[inline]
     pub fn head_dim(&self) -> usize {
         self.head_dim
     }
 
+    #[inline]
     pub fn row_bytes(&self) -> usize {
         self.row_bytes
     }
 
+    #[inline]
     pub fn num_rows(&self) -> usize {
         self.bytes.len() / self.row_bytes
     }
 
     /// The rows after the first `n` (none when `n >= num_rows`).
+    #[inline]
     pub fn skip_rows(&self, n: usize) -> Self {
         let at = (n * self.row_bytes).min(self.bytes.len());
         EncodedRows {
@@ -103,6 +111,7 @@ impl<'a> EncodedRows<'a> {
     }
 
     /// The first `n` rows only (all of them when `n >= num_rows`).
+    #[inline]
     pub fn take_rows(&self, n: usize) -> Self {
         let at = (n * self.row_bytes).min(self.bytes.len());
         EncodedRows {
@@ -112,11 +121,13 @@ impl<'a> EncodedRows<'a> {
     }
 
     /// All rows' bytes, `num_rows · row_bytes` long (row `i` at `i · row_bytes`).
+    #[inline]
     pub fn bytes(&self) -> &'a [u8] {
         self.bytes
     }
 
     /// The encoded bytes of every row, in position order.
+    #[inline]
     pub fn rows(&self) -> std::slice::ChunksExact<'a, u8> {
         self.bytes.chunks_exact(self.row_bytes)
     }

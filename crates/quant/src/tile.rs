@@ -59,6 +59,13 @@ pub fn decode_rows_with(isa: Isa, rows: &EncodedRows<'_>, out: &mut [f32]) {
         }
         KvCodecKind::Int8 { group } | KvCodecKind::Int4 { group } => {
             let four_bit = matches!(kind.storage(), KvCodecKind::Int4 { .. });
+            #[cfg(target_arch = "x86_64")]
+            if isa.use_avx512() && four_bit && !kind.is_rotated() && group.is_multiple_of(16) {
+                // SAFETY: `use_avx512` is true only when AVX-512 F+BW and AVX2+FMA+F16C were
+                // detected at runtime; the kernel asserts its shapes (whole rows, checked above).
+                unsafe { crate::avx512::decode_u4_rows(rows.bytes(), hd, group, out) };
+                return;
+            }
             for (o, r) in outs.zip(rows.rows()) {
                 let (params, codes) = split_int(r, hd, group);
                 #[cfg(target_arch = "x86_64")]
@@ -132,7 +139,8 @@ fn decode_int_row_avx512(
     out: &mut [f32],
 ) {
     for (g, og) in out.chunks_exact_mut(group).enumerate() {
-        let (scale, offset) = group_params(params, g);
+        // F16C inline: the exact widening of `group_params` without `half`'s out-of-line call.
+        let (scale, offset) = crate::avx512::group_params_f16c(params, g);
         if four_bit {
             crate::avx512::decode_u4(
                 scale,
