@@ -112,6 +112,7 @@ pub fn generate(
         let last = [piece.len() - 1];
         let is_last_chunk = (c + 1) * chunk >= prompt.len();
         let batch = ForwardBatch {
+            prefill_rows: &[],
             matmul_arith: if opts.llama_cpp_prefill {
                 MatmulArith::LlamaCpp
             } else {
@@ -145,6 +146,7 @@ pub fn generate(
             break;
         }
         let batch = ForwardBatch {
+            prefill_rows: &[],
             matmul_arith: MatmulArith::Invariant,
             tokens: &[id],
             positions: &[pos as u32],

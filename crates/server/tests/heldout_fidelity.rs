@@ -64,12 +64,21 @@ async fn heldout_prompts_match_llama_cpp_through_the_server() {
             let lps = choice["logprobs"]["token_logprobs"]
                 .as_array()
                 .expect("token_logprobs");
+            let (mut err, mut k) = (0.0f64, 0usize);
             for (got, want) in lps.iter().zip(&rf.top_logprobs[..cut]) {
                 if let Some(lp) = want.logprob {
-                    abs_err += (got.as_f64().expect("logprob") - f64::from(lp)).abs();
-                    compared += 1;
+                    err += (got.as_f64().expect("logprob") - f64::from(lp)).abs();
+                    k += 1;
                 }
             }
+            eprintln!(
+                "{:<12} prompt {:>3} tokens, {k:>2} positions; mean |Δ logprob| {:.5}",
+                rf.id,
+                rf.prompt_ids.len(),
+                err / k.max(1) as f64
+            );
+            abs_err += err;
+            compared += k;
         } else {
             diverged.push(format!("{}: {:?} vs {want:?}", rf.id, choice["text"]));
         }
