@@ -158,10 +158,20 @@ fn llama_cpp_prefill_rows_keep_outputs_independent_of_batching_chunking_and_cach
     let mut c = cfg(256, 512);
     c.llama_cpp_prefill = false;
     let mut core = EngineCore::new(model(), c).unwrap();
-    let per_row = run(&mut core, vec![greedy(ps[0].clone(), 6)]).remove(&(0, 0)).unwrap();
-    assert_ne!(per_row, want[0], "a 71+ token prompt's logprobs change with the setting");
-    let short = run(&mut core, vec![greedy(ps[4].clone(), 6)]).remove(&(0, 0)).unwrap();
-    assert_eq!(short, want[4], "a prompt under 64 tokens is per-row either way");
+    let per_row = run(&mut core, vec![greedy(ps[0].clone(), 6)])
+        .remove(&(0, 0))
+        .unwrap();
+    assert_ne!(
+        per_row, want[0],
+        "a 71+ token prompt's logprobs change with the setting"
+    );
+    let short = run(&mut core, vec![greedy(ps[4].clone(), 6)])
+        .remove(&(0, 0))
+        .unwrap();
+    assert_eq!(
+        short, want[4],
+        "a prompt under 64 tokens is per-row either way"
+    );
 }
 
 /// A later turn whose prompt holds an earlier turn's prompt and generated tokens (a long one
@@ -170,18 +180,27 @@ fn llama_cpp_prefill_rows_keep_outputs_independent_of_batching_chunking_and_cach
 /// arithmetic than a fresh prefill would use.
 #[test]
 fn a_later_turn_over_cached_earlier_turns_matches_a_fresh_run() {
-    for (first, extra) in [(prompts(1, 80, 7).remove(0), 9), (prompts(1, 30, 8).remove(0), 40)] {
+    for (first, extra) in [
+        (prompts(1, 80, 7).remove(0), 9),
+        (prompts(1, 30, 8).remove(0), 40),
+    ] {
         let mut core = EngineCore::new(model(), cfg(256, 512)).unwrap();
-        let out = run(&mut core, vec![greedy(first.clone(), 8)]).remove(&(0, 0)).unwrap();
+        let out = run(&mut core, vec![greedy(first.clone(), 8)])
+            .remove(&(0, 0))
+            .unwrap();
         let mut next = first.clone();
         next.extend(out.iter().map(|t| t.0));
         next.extend((0..extra).map(|i| 3 + (i * 37) % 250));
-        let cached = run(&mut core, vec![greedy(next.clone(), 6)]).remove(&(0, 0)).unwrap();
+        let cached = run(&mut core, vec![greedy(next.clone(), 6)])
+            .remove(&(0, 0))
+            .unwrap();
         assert_eq!(cached, alone(&next, 6), "prompt {} + {extra}", first.len());
         let mut c = cfg(256, 7);
         c.prefix_caching = false;
         let mut core = EngineCore::new(model(), c).unwrap();
-        let off = run(&mut core, vec![greedy(next.clone(), 6)]).remove(&(0, 0)).unwrap();
+        let off = run(&mut core, vec![greedy(next.clone(), 6)])
+            .remove(&(0, 0))
+            .unwrap();
         assert_eq!(cached, off);
     }
 }

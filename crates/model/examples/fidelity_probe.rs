@@ -14,8 +14,8 @@
 //! tokens agree) and the overall mean; `EVERY` = 3 takes the server test's subset.
 
 use model::forward::{AttnArith, ForwardBatch, MatmulArith, Scratch};
-use model::sampler::{Sampler, SamplingParams};
 use model::kv::{ContiguousKv, KvChunk};
+use model::sampler::{Sampler, SamplingParams};
 use model::{KvDtype, KvStore, Model, SeqSlot, ThreadPool};
 
 #[derive(serde::Deserialize)]
@@ -176,7 +176,10 @@ fn main() {
             let n = r.prompt_ids.len();
             let a = prefill_kv(&m, &pool, r, Rule::Row);
             let b = prefill_kv(&m, &pool, r, Rule::Llama);
-            println!("{} ({n} prompt tokens): max |ΔK|, max |ΔV| (rel. to max |K|, |V|), mean |ΔV|", r.id);
+            println!(
+                "{} ({n} prompt tokens): max |ΔK|, max |ΔV| (rel. to max |K|, |V|), mean |ΔV|",
+                r.id
+            );
             for l in 0..c.num_layers {
                 let (mut dk, mut dv, mut mk, mut mv, mut sv) = (0f32, 0f32, 0f32, 0f32, 0f64);
                 let mut cnt = 0usize;

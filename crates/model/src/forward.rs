@@ -305,7 +305,9 @@ pub fn forward(
                             }
                         }
                         let slot = batch.slots[t0];
-                        gather_f16(kv_ro, l, slot, kv_head, lo, hi, head_dim, &mut g.k, &mut g.v);
+                        gather_f16(
+                            kv_ro, l, slot, kv_head, lo, hi, head_dim, &mut g.k, &mut g.v,
+                        );
                         g.out.resize(g.q.len(), 0.0);
                         ggml_tiled::attend_rows(
                             cpu_features(),
@@ -333,37 +335,37 @@ pub fn forward(
                     return;
                 }
                 match plan.tasks[i] {
-                AttnTask::Row { token, head } => {
-                    let (t, head) = (token as usize, head as usize);
-                    // SAFETY: the plan holds one `Row` task per (token, head) of the exact
-                    // regime and those rows are written by no other task, so each row of `att`
-                    // has exactly one writer.
-                    let out = unsafe { rows.row_mut(t * cfg.num_heads + head) };
-                    let qh = &q_ro[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
-                    let end = batch.positions[t] as usize + 1;
-                    let first = window.map_or(0, |size| end.saturating_sub(size));
-                    ATTN_SCRATCH.with_borrow_mut(|scratch| {
-                        attend_window_with(
-                            batch.arith,
-                            kv_ro,
-                            l,
-                            batch.slots[t],
-                            head / group,
-                            first,
-                            end,
-                            qh,
-                            attn_scale,
-                            scratch,
-                            out,
-                        )
-                    });
-                }
-                task @ AttnTask::Tile { .. } => TILE_SCRATCH.with_borrow_mut(|scratch| {
-                    // SAFETY: the plan gives every (token, head, segment) partial row to exactly
-                    // one task and every tiled output row to one group, merged by its last task
-                    // (tested in `attention_plan`); `Row` tasks write only exact-regime rows.
-                    unsafe { run_tile_task(&inputs, plan, task, &outputs, scratch) }
-                }),
+                    AttnTask::Row { token, head } => {
+                        let (t, head) = (token as usize, head as usize);
+                        // SAFETY: the plan holds one `Row` task per (token, head) of the exact
+                        // regime and those rows are written by no other task, so each row of `att`
+                        // has exactly one writer.
+                        let out = unsafe { rows.row_mut(t * cfg.num_heads + head) };
+                        let qh = &q_ro[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
+                        let end = batch.positions[t] as usize + 1;
+                        let first = window.map_or(0, |size| end.saturating_sub(size));
+                        ATTN_SCRATCH.with_borrow_mut(|scratch| {
+                            attend_window_with(
+                                batch.arith,
+                                kv_ro,
+                                l,
+                                batch.slots[t],
+                                head / group,
+                                first,
+                                end,
+                                qh,
+                                attn_scale,
+                                scratch,
+                                out,
+                            )
+                        });
+                    }
+                    task @ AttnTask::Tile { .. } => TILE_SCRATCH.with_borrow_mut(|scratch| {
+                        // SAFETY: the plan gives every (token, head, segment) partial row to exactly
+                        // one task and every tiled output row to one group, merged by its last task
+                        // (tested in `attention_plan`); `Row` tasks write only exact-regime rows.
+                        unsafe { run_tile_task(&inputs, plan, task, &outputs, scratch) }
+                    }),
                 }
             });
         }

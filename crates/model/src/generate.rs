@@ -21,9 +21,10 @@ pub struct GenerateOptions {
     pub prefill_chunk: usize,
     pub kv_dtype: KvDtype,
     /// Prompt chunks of 64+ tokens in llama.cpp's tiled prefill arithmetic
-    /// ([`AttnArith::for_step`]), as llama-server computes them. Off by default: the engine (and
-    /// so the server) uses the per-row arithmetic for every step so that a sequence's output
-    /// never depends on how its prompt was chunked or batched, and `generate` matches it.
+    /// ([`AttnArith::for_step`]), as llama-server computes them. Off by default: every step
+    /// per-row. (The engine, by default, computes the prompt rows of 64+ token prompts in the
+    /// tiled arithmetic whatever its chunks — `ForwardBatch::prefill_rows` — which equals this
+    /// for prompts of up to 512 tokens.)
     pub llama_cpp_prefill: bool,
 }
 

@@ -288,7 +288,10 @@ fn attend_rows_body(
                 kt[dk * KV_TILE + (p - tile)] = x.to_f32();
             }
             let vrow = &v[(p - base) * hd..(p - base + 1) * hd];
-            for (o, &x) in vt[(p - tile) * hd..(p - tile + 1) * hd].iter_mut().zip(vrow) {
+            for (o, &x) in vt[(p - tile) * hd..(p - tile + 1) * hd]
+                .iter_mut()
+                .zip(vrow)
+            {
                 *o = x.to_f32();
             }
         }
