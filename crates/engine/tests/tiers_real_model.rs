@@ -123,8 +123,13 @@ fn flood(core: &mut EngineCore, first: u32) {
     core.wait_for_demotions();
 }
 
+/// The namespace of this file's 100-token prompts (which prefill like llama.cpp by default).
 fn ns(core: &EngineCore, tenant: u32) -> NamespaceKey {
-    core.namespace(TenantId(tenant), format!("salt-{tenant}").as_bytes())
+    core.namespace_for(
+        TenantId(tenant),
+        format!("salt-{tenant}").as_bytes(),
+        PROMPT_TOKENS,
+    )
 }
 
 /// Tier keys of the cacheable blocks of `p` for `tenant`.
