@@ -220,10 +220,18 @@ pub fn attend_rows(
     scratch.m.resize(rows, 0.0);
     scratch.sum.resize(rows, 0.0);
     #[cfg(target_arch = "x86_64")]
-    if features.clamp_to_detected().avx2 {
-        // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
-        unsafe { attend_rows_fma(q, k, v, base, ranges, scale, scratch, out) };
-        return;
+    {
+        let features = features.clamp_to_detected();
+        if features.avx512 {
+            // SAFETY: AVX-512 F+VL on top of AVX2+FMA+F16C was checked at runtime just above.
+            unsafe { attend_rows_avx512(q, k, v, base, ranges, scale, scratch, out) };
+            return;
+        }
+        if features.avx2 {
+            // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
+            unsafe { attend_rows_fma(q, k, v, base, ranges, scale, scratch, out) };
+            return;
+        }
     }
     let _ = features;
     attend_rows_body(q, k, v, base, ranges, scale, scratch, out);
@@ -233,6 +241,25 @@ pub fn attend_rows(
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn attend_rows_fma(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    base: usize,
+    ranges: &[(usize, usize)],
+    scale: f32,
+    scratch: &mut RowsScratch,
+    out: &mut [f32],
+) {
+    attend_rows_body(q, k, v, base, ranges, scale, scratch, out)
+}
+
+/// The same code with 512-bit vectors available: every operation is per lane (a score per
+/// position, an accumulator element per dimension) or an explicit scalar sum, so the width
+/// changes no result.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+fn attend_rows_avx512(
     q: &[f32],
     k: &[f16],
     v: &[f16],
@@ -547,7 +574,11 @@ mod tests {
             let q: Vec<f32> = (0..ranges.len() * hd)
                 .map(|_| rng.gen_range(-1.0f32..1.0))
                 .collect();
-            for features in [CpuFeatures::PORTABLE, CpuFeatures::detect()] {
+            let avx2_only = CpuFeatures {
+                avx512: false,
+                ..CpuFeatures::detect()
+            };
+            for features in [CpuFeatures::PORTABLE, avx2_only, CpuFeatures::detect()] {
                 let mut got = vec![0f32; q.len()];
                 attend_rows(
                     features, &q, &k, &v, base, &ranges, 0.3, &mut many, &mut got,
