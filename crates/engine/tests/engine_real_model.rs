@@ -65,6 +65,9 @@ fn cfg(prefix_caching: bool) -> EngineConfig {
         num_blocks: 256,
         prefix_caching,
         threads: 2,
+        // Prompts of 64+ tokens (all of these) in llama.cpp's prefill arithmetic (off by
+        // default): every guarantee below holds with it.
+        llama_cpp_prefill: true,
         ..Default::default()
     }
 }

@@ -49,6 +49,9 @@ fn cfg(num_blocks: usize, max_batch_tokens: usize) -> EngineConfig {
         block_size: 4,
         max_batch_tokens,
         threads: 1,
+        // Prompts of 64+ tokens in llama.cpp's prefill arithmetic (off by default): every
+        // guarantee below holds with it.
+        llama_cpp_prefill: true,
         ..Default::default()
     }
 }
@@ -146,7 +149,7 @@ fn outputs_are_identical_alone_batched_chunked_and_with_the_cache_off() {
 }
 
 /// Prompts of 64+ tokens take llama.cpp's tiled prefill arithmetic for their prompt rows
-/// (`EngineConfig::llama_cpp_prefill`, on by default) and the per-row one for generated rows:
+/// (`EngineConfig::llama_cpp_prefill`, on in this file) and the per-row one for generated rows:
 /// still the same bits alone, batched, chunked (chunks of 3 and 7 cut prompts anywhere) and
 /// with the cache off, mixed with short prompts — and different bits from the per-row
 /// arithmetic everywhere (the setting is in effect).

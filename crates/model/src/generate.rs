@@ -22,7 +22,7 @@ pub struct GenerateOptions {
     pub kv_dtype: KvDtype,
     /// Prompt chunks of 64+ tokens in llama.cpp's tiled prefill arithmetic
     /// ([`AttnArith::for_step`]), as llama-server computes them. Off by default: every step
-    /// per-row. (The engine, by default, computes the prompt rows of 64+ token prompts in the
+    /// per-row. (The engine, with `EngineConfig::llama_cpp_prefill`, computes the prompt rows of 64+ token prompts in the
     /// tiled arithmetic whatever its chunks — `ForwardBatch::prefill_rows` — which equals this
     /// for prompts of up to 512 tokens.)
     pub llama_cpp_prefill: bool,

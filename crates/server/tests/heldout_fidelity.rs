@@ -9,8 +9,9 @@
 
 mod common;
 
-use common::{app, call, model};
-use server::ServerSettings;
+use common::{call, model};
+use engine::{Engine, EngineConfig, EngineCore};
+use server::{AppState, ServerSettings};
 
 #[derive(serde::Deserialize)]
 struct Reference {
@@ -29,7 +30,7 @@ struct Position {
 
 /// Bound on the mean |Δ logprob| through the server: the goal (measured 0.00126 over
 /// 270 positions, 16/16 prefixes equal, with the engine computing prompt rows in llama.cpp's
-/// tiled prefill arithmetic, `EngineConfig::llama_cpp_prefill`; 0.0146 before it did).
+/// tiled prefill arithmetic, `EngineConfig::llama_cpp_prefill`; 0.0146 without it).
 const MEAN_BOUND: f64 = 0.005;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,7 +40,22 @@ async fn heldout_prompts_match_llama_cpp_through_the_server() {
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).expect("reference line"))
         .collect();
-    let (_e, _s, r) = app(ServerSettings::default());
+    // The engine computes prompt rows of 64+ token prompts in llama.cpp's tiled prefill
+    // arithmetic, as llama-server does (`EngineConfig::llama_cpp_prefill`, off by default).
+    let cfg = EngineConfig {
+        num_blocks: 256,
+        threads: 2,
+        llama_cpp_prefill: true,
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(EngineCore::new(model(), cfg).expect("engine"));
+    let state = AppState::new(
+        engine.handle(),
+        model().frontend.clone(),
+        ServerSettings::default(),
+    )
+    .expect("settings");
+    let r = server::router(state);
     let m = model();
     let (mut abs_err, mut compared, mut equal, mut total) = (0.0f64, 0usize, 0usize, 0usize);
     let mut diverged = Vec::new();
