@@ -489,7 +489,7 @@ fn preempted_requests_come_back_from_the_tier_with_identical_output() {
     // Six 100-token prompts generating 40 tokens each (9 blocks apiece) in a 24-block pool: three
     // are admitted and outgrow it, so the engine preempts; a preempted request's blocks are evicted and demoted while it waits, and
     // its re-admission loads them from the RAM tier instead of recomputing (swap to a tier).
-    // Requests that prefill like llama.cpp (`llama_cpp_prefill`, the default for these 100-token
+    // Requests that prefill like llama.cpp (`llama_cpp_prefill` on, as for these 100-token
     // prompts) publish their prompt blocks only, so their generated blocks are recomputed, not
     // swapped: the swap is checked in the per-row arithmetic, identical output in both.
     let run = |stores: Vec<Arc<dyn TierStore>>, prefix_caching: bool, llama_cpp_prefill: bool| {
