@@ -38,6 +38,17 @@ pub struct EngineConfig {
     /// Most of the pool (0–1) that sessions, breakpoints, tool pauses and pins may retain
     /// (`cache::CacheConfig::max_retained_fraction`, default 0.5).
     pub max_retained_fraction: f64,
+    /// Compute the prompt rows of prompts of [`model::attention::PREFILL_MIN_TOKENS`]+ tokens in
+    /// llama.cpp's tiled prefill attention arithmetic, as llama-server does, and every other
+    /// row (generated tokens, short prompts) in its per-row one: logprobs then match
+    /// llama.cpp's to ~0.001 where they differ by ~0.015 otherwise (docs/benchmarks.md
+    /// "Held-out fidelity"). A row's arithmetic is then a property of its request, not of the
+    /// batch or the chunking; to keep cache hits exact, such requests share blocks in a
+    /// namespace of their own and publish their prompt blocks only — so a later turn (or a
+    /// preempted request) recomputes earlier generated tokens instead of hitting them. Off by
+    /// default: its kernel (`model::ggml_tiled::attend_rows`) prefills 1.5–2× slower than the
+    /// per-row engine's for now. Off: every row per-row, and generated blocks are shared too.
+    pub llama_cpp_prefill: bool,
 }
 
 /// One tenant's share of the active pool, in blocks.
@@ -70,6 +81,7 @@ impl Default for EngineConfig {
             tenant_shares: Default::default(),
             tool_pause: Default::default(),
             max_retained_fraction: 0.5,
+            llama_cpp_prefill: false,
         }
     }
 }

@@ -288,13 +288,31 @@ impl EngineCore {
         self.cfg.kv_dtype.id()
     }
 
-    /// The cache namespace of a tenant (with its salt) under this model and KV codec.
+    /// The cache namespace of a tenant (with its salt) under this model and KV codec, for
+    /// requests whose rows are all in the per-row attention arithmetic.
     pub fn namespace(&self, tenant: TenantId, salt: &[u8]) -> NamespaceKey {
+        self.namespace_for(tenant, salt, 0)
+    }
+
+    /// Whether a request with a prompt of `prompt_len` tokens computes its prompt rows in
+    /// llama.cpp's tiled prefill arithmetic (`EngineConfig::llama_cpp_prefill`).
+    pub fn prefills_like_llama_cpp(&self, prompt_len: usize) -> bool {
+        self.cfg.llama_cpp_prefill && prompt_len >= model::attention::PREFILL_MIN_TOKENS
+    }
+
+    /// The cache namespace of a request of a tenant with a prompt of `prompt_len` tokens: the
+    /// blocks of requests that prefill like llama.cpp (their prompt rows in another arithmetic)
+    /// are shared only among themselves.
+    pub fn namespace_for(&self, tenant: TenantId, salt: &[u8], prompt_len: usize) -> NamespaceKey {
+        let mut kv_settings = self.tier_settings.clone();
+        if self.prefills_like_llama_cpp(prompt_len) {
+            kv_settings.extend_from_slice(b";prompt-attention=llama.cpp-tiled");
+        }
         Namespace {
             model_fingerprint: self.model_fingerprint,
             codec_id: self.codec_name(),
             codec_version: self.cfg.kv_dtype.version(),
-            kv_settings: self.tier_settings.clone(),
+            kv_settings,
             tenant,
             tenant_salt: salt.to_vec(),
             adapter_id: None,
@@ -369,7 +387,10 @@ impl EngineCore {
             .into());
         }
         let tick = self.next_tick();
-        let ns = self.namespace(tenant, salt);
+        // Pinned tokens are a prompt prefix: computed as a prompt of their own length would
+        // be, and only requests in the same arithmetic (namespace) hit them.
+        let ns = self.namespace_for(tenant, salt, tokens.len());
+        let llama_rows = vec![self.prefills_like_llama_cpp(tokens.len()); tokens.len()];
         // One token beyond the prompt is never needed: only full blocks are pinned.
         let m = self.cache.lookup(&ns, tokens, tick);
         let cached = m.num_cached_tokens();
@@ -392,6 +413,7 @@ impl EngineCore {
                     slots: &slots,
                     logits_for: &[],
                     arith: AttnArith::Row,
+                    prefill_rows: &llama_rows[done..done + len],
                 };
                 let mut writer = self.kv.writer(&mut self.cache, self.tiers.as_mut());
                 let mut kv = writer.view(&tables);
@@ -496,7 +518,7 @@ impl EngineCore {
         sink: EventSender,
     ) -> Result<(), EngineError> {
         self.check_request(&spec)?;
-        let ns = self.namespace(spec.tenant, &spec.cache_salt);
+        let ns = self.namespace_for(spec.tenant, &spec.cache_salt, spec.prompt.len());
         let key = SeqKey(id, 0);
         if self.seqs.contains_key(&key) {
             return Err(EngineError::Internal(format!(
@@ -658,15 +680,21 @@ impl EngineCore {
         let mut positions = Vec::new();
         let mut slots = Vec::new();
         let mut logits_for = Vec::new();
+        // Rows in llama.cpp's tiled prefill arithmetic: the prompt rows of requests that
+        // prefill like it (a property of the request, never of this batch).
+        let mut prefill_rows = Vec::new();
         // Sequences that sample after this pass.
         let mut samples = Vec::new();
         let mut tables = Vec::with_capacity(plan.work.len());
         for (slot, w) in plan.work.iter().enumerate() {
             let s = &self.seqs[&w.id];
+            let prompt_len = s.spec.prompt.len();
+            let llama = self.prefills_like_llama_cpp(prompt_len);
             for p in w.start..w.start + w.len {
                 tokens.push(s.tokens[p]);
                 positions.push(p as u32);
                 slots.push(SeqSlot(slot as u32));
+                prefill_rows.push(llama && p < prompt_len);
             }
             if w.start + w.len == s.tokens.len() {
                 logits_for.push(tokens.len() - 1);
@@ -695,6 +723,7 @@ impl EngineCore {
             slots: &slots,
             logits_for: &logits_for,
             arith: AttnArith::Row,
+            prefill_rows: &prefill_rows,
         };
         let mut kv = writer.view(&table_refs);
         // Constrained sequences that sample after this pass get their token masks computed now,
@@ -732,10 +761,21 @@ impl EngineCore {
             s.num_computed = w.start + w.len;
             let cs = s.cache_seq.expect("planned sequences hold blocks");
             if self.cfg.prefix_caching {
-                // Publishes every full block now written (visible to lookups from here on).
+                // Publishes every full block now written (visible to lookups from here on) —
+                // of a request that prefills like llama.cpp, its prompt blocks only: a fresh
+                // request would compute the generated rows as prompt rows, in the other
+                // arithmetic.
                 let ns = s.ns;
+                let prompt_len = s.spec.prompt.len();
+                let publish = if self.cfg.llama_cpp_prefill
+                    && prompt_len >= model::attention::PREFILL_MIN_TOKENS
+                {
+                    s.num_computed.min(prompt_len)
+                } else {
+                    s.num_computed
+                };
                 self.cache
-                    .mark_written(cs, s.num_computed, tick)
+                    .mark_written(cs, publish, tick)
                     .map_err(internal)?;
                 let publisher = Some(Publisher::computed(&ns));
                 self.kv

@@ -49,6 +49,9 @@ fn cfg(num_blocks: usize, max_batch_tokens: usize) -> EngineConfig {
         block_size: 4,
         max_batch_tokens,
         threads: 1,
+        // Prompts of 64+ tokens in llama.cpp's prefill arithmetic (off by default): every
+        // guarantee below holds with it.
+        llama_cpp_prefill: true,
         ..Default::default()
     }
 }
@@ -143,6 +146,67 @@ fn check_batching_chunking_caching_kv(
 #[test]
 fn outputs_are_identical_alone_batched_chunked_and_with_the_cache_off() {
     check_batching_chunking_caching(model(), &prompts(6, 24, 1), 6);
+}
+
+/// Prompts of 64+ tokens take llama.cpp's tiled prefill arithmetic for their prompt rows
+/// (`EngineConfig::llama_cpp_prefill`, on in this file) and the per-row one for generated rows:
+/// still the same bits alone, batched, chunked (chunks of 3 and 7 cut prompts anywhere) and
+/// with the cache off, mixed with short prompts — and different bits from the per-row
+/// arithmetic everywhere (the setting is in effect).
+#[test]
+fn llama_cpp_prefill_rows_keep_outputs_independent_of_batching_chunking_and_cache() {
+    let mut ps = prompts(4, 70, 5);
+    ps.extend(prompts(2, 20, 6));
+    let want = check_batching_chunking_caching_kv(model(), &ps, 6, model::KvDtype::F16);
+    let mut c = cfg(256, 512);
+    c.llama_cpp_prefill = false;
+    let mut core = EngineCore::new(model(), c).unwrap();
+    let per_row = run(&mut core, vec![greedy(ps[0].clone(), 6)])
+        .remove(&(0, 0))
+        .unwrap();
+    assert_ne!(
+        per_row, want[0],
+        "a 71+ token prompt's logprobs change with the setting"
+    );
+    let short = run(&mut core, vec![greedy(ps[4].clone(), 6)])
+        .remove(&(0, 0))
+        .unwrap();
+    assert_eq!(
+        short, want[4],
+        "a prompt under 64 tokens is per-row either way"
+    );
+}
+
+/// A later turn whose prompt holds an earlier turn's prompt and generated tokens (a long one
+/// and a short one, which prefill in different arithmetics) gives the same bits with the
+/// earlier turn in the cache as alone: the cache never hands it rows computed in another
+/// arithmetic than a fresh prefill would use.
+#[test]
+fn a_later_turn_over_cached_earlier_turns_matches_a_fresh_run() {
+    for (first, extra) in [
+        (prompts(1, 80, 7).remove(0), 9),
+        (prompts(1, 20, 8).remove(0), 40),
+    ] {
+        let mut core = EngineCore::new(model(), cfg(256, 512)).unwrap();
+        let out = run(&mut core, vec![greedy(first.clone(), 8)])
+            .remove(&(0, 0))
+            .unwrap();
+        let mut next = first.clone();
+        next.extend(out.iter().map(|t| t.0));
+        next.extend((0..extra).map(|i| 3 + (i * 37) % 250));
+        assert!(next.len() >= 64, "the later turn prefills like llama.cpp");
+        let cached = run(&mut core, vec![greedy(next.clone(), 6)])
+            .remove(&(0, 0))
+            .unwrap();
+        assert_eq!(cached, alone(&next, 6), "prompt {} + {extra}", first.len());
+        let mut c = cfg(256, 7);
+        c.prefix_caching = false;
+        let mut core = EngineCore::new(model(), c).unwrap();
+        let off = run(&mut core, vec![greedy(next.clone(), 6)])
+            .remove(&(0, 0))
+            .unwrap();
+        assert_eq!(cached, off);
+    }
 }
 
 /// A Gemma-3-like model whose local layers attend 8 positions: prompts that share 24 tokens

@@ -123,8 +123,13 @@ fn flood(core: &mut EngineCore, first: u32) {
     core.wait_for_demotions();
 }
 
+/// The namespace of this file's 100-token prompts (which prefill like llama.cpp by default).
 fn ns(core: &EngineCore, tenant: u32) -> NamespaceKey {
-    core.namespace(TenantId(tenant), format!("salt-{tenant}").as_bytes())
+    core.namespace_for(
+        TenantId(tenant),
+        format!("salt-{tenant}").as_bytes(),
+        PROMPT_TOKENS,
+    )
 }
 
 /// Tier keys of the cacheable blocks of `p` for `tenant`.
@@ -484,11 +489,15 @@ fn preempted_requests_come_back_from_the_tier_with_identical_output() {
     // Six 100-token prompts generating 40 tokens each (9 blocks apiece) in a 24-block pool: three
     // are admitted and outgrow it, so the engine preempts; a preempted request's blocks are evicted and demoted while it waits, and
     // its re-admission loads them from the RAM tier instead of recomputing (swap to a tier).
-    let run = |stores: Vec<Arc<dyn TierStore>>, prefix_caching: bool| {
+    // Requests that prefill like llama.cpp (`llama_cpp_prefill` on, as for these 100-token
+    // prompts) publish their prompt blocks only, so their generated blocks are recomputed, not
+    // swapped: the swap is checked in the per-row arithmetic, identical output in both.
+    let run = |stores: Vec<Arc<dyn TierStore>>, prefix_caching: bool, llama_cpp_prefill: bool| {
         let mut core = EngineCore::with_tier_stores(
             model(),
             EngineConfig {
                 prefix_caching,
+                llama_cpp_prefill,
                 ..cfg()
             },
             stores,
@@ -520,8 +529,12 @@ fn preempted_requests_come_back_from_the_tier_with_identical_output() {
             .collect();
         (outs, core)
     };
-    let (reference, _) = run(Vec::new(), false);
-    let (outs, core) = run(vec![ram() as Arc<dyn TierStore>], true);
+    let (reference, _) = run(Vec::new(), false, true);
+    let (outs, core) = run(vec![ram() as Arc<dyn TierStore>], true, true);
+    assert!(core.stats().preemptions > 0);
+    assert_eq!(outs, reference, "identical output after preemption");
+    let (reference, _) = run(Vec::new(), false, false);
+    let (outs, core) = run(vec![ram() as Arc<dyn TierStore>], true, false);
     assert!(
         core.stats().preemptions > 0,
         "the pool is too small: preemption"

@@ -97,7 +97,19 @@ pub fn num_segments(n: usize) -> usize {
 
 /// Plans one step. `slots` and `positions` are `[num_tokens]`.
 pub fn plan(shape: &AttnShape, slots: &[SeqSlot], positions: &[u32]) -> AttnPlan {
+    plan_without(shape, slots, positions, &[])
+}
+
+/// [`plan`] with no task for the tokens `without` marks (empty: none), which the caller
+/// attends by other means (llama.cpp's tiled prefill rows); a tile never spans one of them.
+pub fn plan_without(
+    shape: &AttnShape,
+    slots: &[SeqSlot],
+    positions: &[u32],
+    without: &[bool],
+) -> AttnPlan {
     let n = slots.len();
+    let skipped = |t: usize| without.get(t).copied().unwrap_or(false);
     let mut p = AttnPlan {
         tasks: Vec::new(),
         partial_base: vec![None; n],
@@ -107,6 +119,10 @@ pub fn plan(shape: &AttnShape, slots: &[SeqSlot], positions: &[u32]) -> AttnPlan
     };
     let mut t = 0;
     while t < n {
+        if skipped(t) {
+            t += 1;
+            continue;
+        }
         let npos = positions[t] as usize + 1;
         if !shape.tiled(npos) {
             for head in 0..shape.num_heads {
@@ -124,6 +140,7 @@ pub fn plan(shape: &AttnShape, slots: &[SeqSlot], positions: &[u32]) -> AttnPlan
             && end - t < QUERY_TILE_TOKENS
             && slots[end] == slots[t]
             && positions[end] == positions[end - 1] + 1
+            && !skipped(end)
             && (shape.k_group_tokens == 0
                 || !(positions[end] as usize).is_multiple_of(shape.k_group_tokens))
         {
@@ -272,6 +289,33 @@ mod tests {
         };
         let p = plan(&blocked, &[SeqSlot(0); 20], &positions);
         assert_eq!(tiles(&p), vec![(0, 6), (6, 14), (14, 20)]);
+    }
+
+    #[test]
+    fn tokens_left_out_get_no_task_and_split_tiles() {
+        let positions: Vec<u32> = (300..310).collect();
+        let mut without = vec![false; 10];
+        without[0] = true;
+        without[4] = true;
+        let p = plan_without(&SHAPE, &[SeqSlot(0); 10], &positions, &without);
+        let tiles: Vec<(u32, u32)> = p
+            .tasks
+            .iter()
+            .filter_map(|t| match *t {
+                AttnTask::Tile {
+                    tokens, kv_head: 0, ..
+                } => Some(tokens),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tiles, vec![(1, 4), (5, 10)]);
+        assert_eq!(p.partial_base[0], None);
+        assert_eq!(p.partial_base[4], None);
+        assert_eq!(p.partial_rows, 8 * 4);
+        assert_eq!(
+            plan_without(&SHAPE, &[SeqSlot(0); 10], &positions, &[]),
+            plan(&SHAPE, &[SeqSlot(0); 10], &positions)
+        );
     }
 
     #[test]

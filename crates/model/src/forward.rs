@@ -14,7 +14,7 @@ use crate::attention::{attend_window_with, AttnScratch};
 use crate::attention_plan::{self, AttnShape, AttnTask};
 use crate::attention_tiled::{run_tile_task, TileInputs, TileOutputs, TileScratch};
 use crate::config::{FfnAct, ModelConfig};
-use crate::ggml_tiled::{self, TiledScratch};
+use crate::ggml_tiled::{self, RowsScratch};
 pub use crate::kernels::MatmulArith;
 use crate::kernels::{
     cpu_features, matmul_many_with_arith as matmul_many, matmul_with_arith as matmul, KernelError,
@@ -36,6 +36,10 @@ pub struct ForwardBatch<'a> {
     /// Which of llama.cpp's attention kernels this step reproduces over f16 K/V
     /// ([`AttnArith::for_step`] picks llama.cpp's own choice for a step of that many tokens).
     pub arith: AttnArith,
+    /// Per token (empty: none): rows that take llama.cpp's tiled prefill arithmetic over f16
+    /// K/V whatever `arith` says — a choice made per row, so a batch may mix them (the engine
+    /// marks the prompt rows of prompts llama.cpp prefills with that kernel).
+    pub prefill_rows: &'a [bool],
     /// Whether the matrix products take llama.cpp's batch-position-dependent K-quant order
     /// ([`MatmulArith::LlamaCpp`], for reproductions of llama.cpp) or the batch-invariant one.
     pub matmul_arith: MatmulArith,
@@ -77,11 +81,25 @@ thread_local! {
     /// Per-thread attention buffers (the pool's workers are persistent, so these are reused).
     static ATTN_SCRATCH: std::cell::RefCell<AttnScratch> = std::cell::RefCell::new(AttnScratch::default());
     static TILE_SCRATCH: std::cell::RefCell<TileScratch> = std::cell::RefCell::new(TileScratch::default());
-    /// Per-thread buffers of llama.cpp's tiled prefill arithmetic: the kernel's, and one row
-    /// range of K and of V.
-    static GGML_TILED_SCRATCH: std::cell::RefCell<(TiledScratch, Vec<half::f16>, Vec<half::f16>)> =
+    /// Per-thread buffers of llama.cpp's tiled prefill arithmetic: the kernel's, one position
+    /// range of K and of V, and the task's query rows, row ranges and outputs.
+    static GGML_TILED_SCRATCH: std::cell::RefCell<GgmlTaskScratch> =
         std::cell::RefCell::new(Default::default());
 }
+
+#[derive(Default)]
+struct GgmlTaskScratch {
+    kernel: RowsScratch,
+    k: Vec<half::f16>,
+    v: Vec<half::f16>,
+    q: Vec<f32>,
+    ranges: Vec<(usize, usize)>,
+    out: Vec<f32>,
+}
+
+/// Tokens of one sequence at consecutive positions whose query rows (all heads of one KV head)
+/// share one task of llama.cpp's tiled prefill arithmetic.
+const GGML_TASK_TOKENS: usize = 32;
 
 fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if buf.len() < len {
@@ -148,23 +166,37 @@ pub fn forward(
         cfg.attn_scale
     };
     let group = cfg.num_heads / cfg.num_kv_heads;
-    // A step in llama.cpp's tiled prefill arithmetic over f16 K/V is reproduced row by row
-    // (`ggml_tiled`), so every (token, head) is one exact-regime task.
-    let ggml_prefill = batch.arith == AttnArith::Prefill && kv.codecs() == KvDtype::F16;
+    // Rows in llama.cpp's tiled prefill arithmetic over f16 K/V (every row of an
+    // `AttnArith::Prefill` step, and the rows the batch marks) are reproduced by `ggml_tiled`,
+    // in tasks of their own (a run of one sequence's tokens × one KV head); the plan leaves them out.
+    let f16_kv = kv.codecs() == KvDtype::F16;
+    if !batch.prefill_rows.is_empty() && batch.prefill_rows.len() != n {
+        return Err(ForwardError::BadBatch(
+            "prefill_rows is neither empty nor one flag per token".into(),
+        ));
+    }
+    let ggml_rows: Vec<bool> = (0..n)
+        .map(|t| {
+            f16_kv
+                && (batch.arith == AttnArith::Prefill
+                    || batch.prefill_rows.get(t).copied().unwrap_or(false))
+        })
+        .collect();
+    let ggml_tasks = ggml_task_runs(&ggml_rows, batch.slots, batch.positions, cfg.num_kv_heads);
     let shape = AttnShape {
         num_heads: cfg.num_heads,
         num_kv_heads: cfg.num_kv_heads,
         head_dim,
-        kv_is_f16: kv.codecs() == KvDtype::F16 && !ggml_prefill,
+        kv_is_f16: f16_kv,
         kv_encoded: kv.codecs() != KvDtype::F16 && kv.codecs() != KvDtype::F32,
         k_group_tokens: kv.codecs().k.block_tokens().unwrap_or(0),
         arith: batch.arith,
     };
-    let plan = attention_plan::plan(&shape, batch.slots, batch.positions);
+    let plan = attention_plan::plan_without(&shape, batch.slots, batch.positions, &ggml_rows);
     // Sliding-window layers: one exact-regime task per (token, head) (the window bounds what a
     // row reads; the tiled regime's segments are absolute positions).
     let local_plan = cfg.sliding_window.as_ref().map(|_| {
-        attention_plan::plan(
+        attention_plan::plan_without(
             &AttnShape {
                 kv_is_f16: false,
                 kv_encoded: false,
@@ -172,6 +204,7 @@ pub fn forward(
             },
             batch.slots,
             batch.positions,
+            &ggml_rows,
         )
     });
 
@@ -253,56 +286,87 @@ pub fn forward(
                 scale: attn_scale,
                 arith: batch.arith,
             };
-            pool.for_each(plan.tasks.len(), &|i| match plan.tasks[i] {
-                AttnTask::Row { token, head } => {
-                    let (t, head) = (token as usize, head as usize);
-                    // SAFETY: the plan holds one `Row` task per (token, head) of the exact
-                    // regime and those rows are written by no other task, so each row of `att`
-                    // has exactly one writer.
-                    let out = unsafe { rows.row_mut(t * cfg.num_heads + head) };
-                    let qh = &q_ro[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
-                    let end = batch.positions[t] as usize + 1;
-                    let first = window.map_or(0, |size| end.saturating_sub(size));
-                    if ggml_prefill {
-                        GGML_TILED_SCRATCH.with_borrow_mut(|(scratch, ks, vs)| {
-                            let (slot, kv_head) = (batch.slots[t], head / group);
-                            gather_f16(kv_ro, l, slot, kv_head, first, end, head_dim, ks, vs);
-                            ggml_tiled::attend_row(
-                                cpu_features(),
-                                qh,
-                                ks,
-                                vs,
+            let num_plan = plan.tasks.len();
+            pool.for_each(num_plan + ggml_tasks.len(), &|i| {
+                if i >= num_plan {
+                    let (t0, t1, kv_head) = ggml_tasks[i - num_plan];
+                    GGML_TILED_SCRATCH.with_borrow_mut(|g| {
+                        g.q.clear();
+                        g.ranges.clear();
+                        let (mut lo, mut hi) = (usize::MAX, 0);
+                        for t in t0..t1 {
+                            let end = batch.positions[t] as usize + 1;
+                            let first = window.map_or(0, |size| end.saturating_sub(size));
+                            (lo, hi) = (lo.min(first), hi.max(end));
+                            for head in kv_head * group..(kv_head + 1) * group {
+                                let at = t * qd + head * head_dim;
+                                g.q.extend_from_slice(&q_ro[at..at + head_dim]);
+                                g.ranges.push((first, end));
+                            }
+                        }
+                        let slot = batch.slots[t0];
+                        gather_f16(
+                            kv_ro, l, slot, kv_head, lo, hi, head_dim, &mut g.k, &mut g.v,
+                        );
+                        g.out.resize(g.q.len(), 0.0);
+                        ggml_tiled::attend_rows(
+                            cpu_features(),
+                            &g.q,
+                            &g.k,
+                            &g.v,
+                            lo,
+                            &g.ranges,
+                            attn_scale,
+                            &mut g.kernel,
+                            &mut g.out,
+                        );
+                        let mut r = 0;
+                        for t in t0..t1 {
+                            for head in kv_head * group..(kv_head + 1) * group {
+                                // SAFETY: `ggml_task_runs` gives each marked token to exactly
+                                // one run, whose tasks (one per KV head) write its rows of
+                                // their heads only; the plan has no task for marked tokens.
+                                let out = unsafe { rows.row_mut(t * cfg.num_heads + head) };
+                                out.copy_from_slice(&g.out[r * head_dim..(r + 1) * head_dim]);
+                                r += 1;
+                            }
+                        }
+                    });
+                    return;
+                }
+                match plan.tasks[i] {
+                    AttnTask::Row { token, head } => {
+                        let (t, head) = (token as usize, head as usize);
+                        // SAFETY: the plan holds one `Row` task per (token, head) of the exact
+                        // regime and those rows are written by no other task, so each row of `att`
+                        // has exactly one writer.
+                        let out = unsafe { rows.row_mut(t * cfg.num_heads + head) };
+                        let qh = &q_ro[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
+                        let end = batch.positions[t] as usize + 1;
+                        let first = window.map_or(0, |size| end.saturating_sub(size));
+                        ATTN_SCRATCH.with_borrow_mut(|scratch| {
+                            attend_window_with(
+                                batch.arith,
+                                kv_ro,
+                                l,
+                                batch.slots[t],
+                                head / group,
                                 first,
                                 end,
+                                qh,
                                 attn_scale,
                                 scratch,
                                 out,
                             )
                         });
-                        return;
                     }
-                    ATTN_SCRATCH.with_borrow_mut(|scratch| {
-                        attend_window_with(
-                            batch.arith,
-                            kv_ro,
-                            l,
-                            batch.slots[t],
-                            head / group,
-                            first,
-                            end,
-                            qh,
-                            attn_scale,
-                            scratch,
-                            out,
-                        )
-                    });
+                    task @ AttnTask::Tile { .. } => TILE_SCRATCH.with_borrow_mut(|scratch| {
+                        // SAFETY: the plan gives every (token, head, segment) partial row to exactly
+                        // one task and every tiled output row to one group, merged by its last task
+                        // (tested in `attention_plan`); `Row` tasks write only exact-regime rows.
+                        unsafe { run_tile_task(&inputs, plan, task, &outputs, scratch) }
+                    }),
                 }
-                task @ AttnTask::Tile { .. } => TILE_SCRATCH.with_borrow_mut(|scratch| {
-                    // SAFETY: the plan gives every (token, head, segment) partial row to exactly
-                    // one task and every tiled output row to one group, merged by its last task
-                    // (tested in `attention_plan`); `Row` tasks write only exact-regime rows.
-                    unsafe { run_tile_task(&inputs, plan, task, &outputs, scratch) }
-                }),
             });
         }
         let proj = grow(&mut s.proj, n * hd);
@@ -394,6 +458,37 @@ pub fn forward(
         softcap(&mut logits, cap);
     }
     Ok(logits)
+}
+
+/// The tasks of llama.cpp's tiled prefill arithmetic: runs of up to [`GGML_TASK_TOKENS`]
+/// marked tokens of one sequence at consecutive positions, × every KV head, as
+/// `(first token, end token, kv_head)`. Each marked token is in exactly one run.
+fn ggml_task_runs(
+    marked: &[bool],
+    slots: &[SeqSlot],
+    positions: &[u32],
+    num_kv_heads: usize,
+) -> Vec<(usize, usize, usize)> {
+    let mut tasks = Vec::new();
+    let mut t = 0;
+    while t < marked.len() {
+        if !marked[t] {
+            t += 1;
+            continue;
+        }
+        let mut end = t + 1;
+        while end < marked.len()
+            && end - t < GGML_TASK_TOKENS
+            && marked[end]
+            && slots[end] == slots[t]
+            && positions[end] == positions[end - 1] + 1
+        {
+            end += 1;
+        }
+        tasks.extend((0..num_kv_heads).map(|h| (t, end, h)));
+        t = end;
+    }
+    tasks
 }
 
 /// The f16 K and V rows of positions `first..end` of one KV head, copied into `k` and `v`.

@@ -21,9 +21,10 @@ pub struct GenerateOptions {
     pub prefill_chunk: usize,
     pub kv_dtype: KvDtype,
     /// Prompt chunks of 64+ tokens in llama.cpp's tiled prefill arithmetic
-    /// ([`AttnArith::for_step`]), as llama-server computes them. Off by default: the engine (and
-    /// so the server) uses the per-row arithmetic for every step so that a sequence's output
-    /// never depends on how its prompt was chunked or batched, and `generate` matches it.
+    /// ([`AttnArith::for_step`]), as llama-server computes them. Off by default: every step
+    /// per-row. (The engine, with `EngineConfig::llama_cpp_prefill`, computes the prompt rows of 64+ token prompts in the
+    /// tiled arithmetic whatever its chunks — `ForwardBatch::prefill_rows` — which equals this
+    /// for prompts of up to 512 tokens.)
     pub llama_cpp_prefill: bool,
 }
 
@@ -112,6 +113,7 @@ pub fn generate(
         let last = [piece.len() - 1];
         let is_last_chunk = (c + 1) * chunk >= prompt.len();
         let batch = ForwardBatch {
+            prefill_rows: &[],
             matmul_arith: if opts.llama_cpp_prefill {
                 MatmulArith::LlamaCpp
             } else {
@@ -145,6 +147,7 @@ pub fn generate(
             break;
         }
         let batch = ForwardBatch {
+            prefill_rows: &[],
             matmul_arith: MatmulArith::Invariant,
             tokens: &[id],
             positions: &[pos as u32],

@@ -17,7 +17,8 @@
 //! 4. `acc[e] = fma(v[t][e], p[t], acc[e])` for `t` in order (unattended slots add `0·v`, a no-op).
 //!
 //! At the end `out = acc · (1/S)`. A row's result depends only on its query, its K/V and its
-//! position range, never on the other rows of the step. It never reads a KV store and never
+//! position range, never on the other rows of the step ([`attend_rows`] runs many rows of one
+//! KV head together, widening each K/V tile once, with each row's result unchanged). It never reads a KV store and never
 //! parallelises; `attend_row` runs an AVX2+FMA-compiled copy of the same code when the CPU has it
 //! (bit-identical: `mul_add` is always fused), the portable copy otherwise.
 
@@ -162,6 +163,228 @@ fn attend_row_body(
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
     for (o, &x) in out.iter_mut().zip(acc.iter()) {
         *o = x * inv;
+    }
+}
+
+/// Reusable buffers of [`attend_rows`].
+#[derive(Debug, Default)]
+pub struct RowsScratch {
+    /// K of one tile, transposed and widened: `[head_dim, KV_TILE]`.
+    kt: Vec<f32>,
+    /// V of one tile, widened: `[KV_TILE, head_dim]`.
+    vt: Vec<f32>,
+    /// Scores, then softmax weights, of one row and tile: `[KV_TILE]`.
+    s: Vec<f32>,
+    /// Per row: the f32 accumulator `[rows, head_dim]`, running maximum and sum.
+    acc: Vec<f32>,
+    m: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+/// [`attend_row`] for many rows over the same K/V (one KV head of one sequence), each tile of
+/// K/V widened once for all of them: row `r` (query `q[r·hd..]`) attends positions
+/// `ranges[r].0..ranges[r].1`; `k`, `v` hold positions `base..` (`[*, head_dim]` f16 rows,
+/// covering every range). Row `r`'s result, written to `out[r·hd..]`, is bit-identical to
+/// `attend_row` on that row alone (widening f16 is exact and each row's operations and their
+/// order are unchanged). Panics on inconsistent shapes (a caller bug).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_rows(
+    features: CpuFeatures,
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    base: usize,
+    ranges: &[(usize, usize)],
+    scale: f32,
+    scratch: &mut RowsScratch,
+    out: &mut [f32],
+) {
+    let rows = ranges.len();
+    if rows == 0 {
+        return;
+    }
+    let hd = q.len() / rows;
+    assert!(q.len() == rows * hd && out.len() == q.len() && hd > 0);
+    assert!(k.len() == v.len() && k.len().is_multiple_of(hd));
+    let avail = base + k.len() / hd;
+    for &(first, end) in ranges {
+        assert!(
+            base <= first && first < end && end <= avail,
+            "range {first}..{end} outside {base}..{avail}"
+        );
+    }
+    scratch.kt.resize(hd * KV_TILE, 0.0);
+    scratch.vt.resize(KV_TILE * hd, 0.0);
+    scratch.s.resize(KV_TILE, 0.0);
+    scratch.acc.resize(rows * hd, 0.0);
+    scratch.m.resize(rows, 0.0);
+    scratch.sum.resize(rows, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let features = features.clamp_to_detected();
+        if features.avx512 {
+            // SAFETY: AVX-512 F+VL on top of AVX2+FMA+F16C was checked at runtime just above.
+            unsafe { attend_rows_avx512(q, k, v, base, ranges, scale, scratch, out) };
+            return;
+        }
+        if features.avx2 {
+            // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
+            unsafe { attend_rows_fma(q, k, v, base, ranges, scale, scratch, out) };
+            return;
+        }
+    }
+    let _ = features;
+    attend_rows_body(q, k, v, base, ranges, scale, scratch, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn attend_rows_fma(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    base: usize,
+    ranges: &[(usize, usize)],
+    scale: f32,
+    scratch: &mut RowsScratch,
+    out: &mut [f32],
+) {
+    attend_rows_body(q, k, v, base, ranges, scale, scratch, out)
+}
+
+/// The same code with 512-bit vectors available: every operation is per lane (a score per
+/// position, an accumulator element per dimension) or an explicit scalar sum, so the width
+/// changes no result.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+fn attend_rows_avx512(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    base: usize,
+    ranges: &[(usize, usize)],
+    scale: f32,
+    scratch: &mut RowsScratch,
+    out: &mut [f32],
+) {
+    attend_rows_body(q, k, v, base, ranges, scale, scratch, out)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_rows_body(
+    q: &[f32],
+    k: &[f16],
+    v: &[f16],
+    base: usize,
+    ranges: &[(usize, usize)],
+    scale: f32,
+    scratch: &mut RowsScratch,
+    out: &mut [f32],
+) {
+    let rows = ranges.len();
+    let hd = q.len() / rows;
+    let RowsScratch {
+        kt,
+        vt,
+        s,
+        acc,
+        m,
+        sum,
+    } = scratch;
+    let (kt, vt, s) = (
+        &mut kt[..hd * KV_TILE],
+        &mut vt[..KV_TILE * hd],
+        &mut s[..KV_TILE],
+    );
+    let (acc, m, sum) = (&mut acc[..rows * hd], &mut m[..rows], &mut sum[..rows]);
+    acc.fill(0.0);
+    m.fill(f32::NEG_INFINITY);
+    sum.fill(0.0);
+    let lo_all = ranges.iter().map(|r| r.0).min().expect("rows");
+    let hi_all = ranges.iter().map(|r| r.1).max().expect("rows");
+    let mut tile = lo_all / KV_TILE * KV_TILE;
+    while tile < hi_all {
+        // The tile's K (transposed) and V, widened once for every row.
+        let (tlo, thi) = (lo_all.max(tile), hi_all.min(tile + KV_TILE));
+        for p in tlo..thi {
+            let krow = &k[(p - base) * hd..(p - base + 1) * hd];
+            for (dk, &x) in krow.iter().enumerate() {
+                kt[dk * KV_TILE + (p - tile)] = x.to_f32();
+            }
+            let vrow = &v[(p - base) * hd..(p - base + 1) * hd];
+            for (o, &x) in vt[(p - tile) * hd..(p - tile + 1) * hd]
+                .iter_mut()
+                .zip(vrow)
+            {
+                *o = x.to_f32();
+            }
+        }
+        for (r, &(first, end)) in ranges.iter().enumerate() {
+            let (lo, hi) = (first.max(tile), end.min(tile + KV_TILE));
+            if lo >= hi {
+                // `attend_row` never visits a tile without an attended position.
+                continue;
+            }
+            let qr = &q[r * hd..(r + 1) * hd];
+            let accr = &mut acc[r * hd..(r + 1) * hd];
+            // 1. Scores.
+            s.fill(f32::NEG_INFINITY);
+            let (a, b) = (lo - tile, hi - tile);
+            for x in &mut s[a..b] {
+                *x = 0.0;
+            }
+            for (dk, &qd) in qr.iter().enumerate() {
+                let col = &kt[dk * KV_TILE + a..dk * KV_TILE + b];
+                for (x, &kv) in s[a..b].iter_mut().zip(col) {
+                    *x = kv.mul_add(qd, *x);
+                }
+            }
+            for x in &mut s[a..b] {
+                *x *= scale;
+            }
+            // 2. Running maximum.
+            let tile_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let m_new = m[r].max(tile_max);
+            if m_new > m[r] {
+                let ms = (m[r] - m_new).exp();
+                for x in accr.iter_mut() {
+                    *x *= ms;
+                }
+                sum[r] *= ms;
+            }
+            m[r] = m_new;
+            // 3. Weights and their sum.
+            let mut tile_sum = 0.0f64;
+            for g in s.chunks_exact_mut(8) {
+                for x in g.iter_mut() {
+                    *x = ggml_expf(*x - m_new);
+                }
+                tile_sum +=
+                    f64::from(((g[0] + g[4]) + (g[2] + g[6])) + ((g[1] + g[5]) + (g[3] + g[7])));
+            }
+            sum[r] = (f64::from(sum[r]) + tile_sum) as f32;
+            // 4. Weighted values.
+            for p in lo..hi {
+                let w = s[p - tile];
+                let row = &vt[(p - tile) * hd..(p - tile + 1) * hd];
+                for (o, &x) in accr.iter_mut().zip(row) {
+                    *o = x.mul_add(w, *o);
+                }
+            }
+        }
+        tile += KV_TILE;
+    }
+    for r in 0..rows {
+        let inv = if sum[r] == 0.0 { 0.0 } else { 1.0 / sum[r] };
+        for (o, &x) in out[r * hd..(r + 1) * hd]
+            .iter_mut()
+            .zip(&acc[r * hd..(r + 1) * hd])
+        {
+            *o = x * inv;
+        }
     }
 }
 
@@ -325,6 +548,63 @@ mod tests {
         );
         for x in out {
             assert!((x - 1.0).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn many_rows_at_once_are_bit_identical_to_one_row_at_a_time() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+        let mut one = TiledScratch::default();
+        let mut many = RowsScratch::default();
+        for &(hd, base, len) in &[(64usize, 0usize, 300usize), (32, 40, 90), (64, 0, 1)] {
+            let k: Vec<f16> = (0..len * hd)
+                .map(|_| f16::from_f32(rng.gen_range(-2.0f32..2.0)))
+                .collect();
+            let v: Vec<f16> = (0..len * hd)
+                .map(|_| f16::from_f32(rng.gen_range(-2.0f32..2.0)))
+                .collect();
+            // Causal rows at the end, a window, and rows repeated (several heads per position).
+            let mut ranges = Vec::new();
+            for i in 0..len.min(20) {
+                let end = base + len - i;
+                ranges.push((base, end));
+                ranges.push((base, end));
+                ranges.push((end.saturating_sub(70).max(base), end));
+            }
+            let q: Vec<f32> = (0..ranges.len() * hd)
+                .map(|_| rng.gen_range(-1.0f32..1.0))
+                .collect();
+            let avx2_only = CpuFeatures {
+                avx512: false,
+                ..CpuFeatures::detect()
+            };
+            for features in [CpuFeatures::PORTABLE, avx2_only, CpuFeatures::detect()] {
+                let mut got = vec![0f32; q.len()];
+                attend_rows(
+                    features, &q, &k, &v, base, &ranges, 0.3, &mut many, &mut got,
+                );
+                for (r, &(first, end)) in ranges.iter().enumerate() {
+                    let mut want = vec![0f32; hd];
+                    let (a, b) = ((first - base) * hd, (end - base) * hd);
+                    attend_row(
+                        CpuFeatures::PORTABLE,
+                        &q[r * hd..(r + 1) * hd],
+                        &k[a..b],
+                        &v[a..b],
+                        first,
+                        end,
+                        0.3,
+                        &mut one,
+                        &mut want,
+                    );
+                    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got[r * hd..(r + 1) * hd]),
+                        bits(&want),
+                        "hd {hd}, row {r}: {first}..{end}"
+                    );
+                }
+            }
         }
     }
 }

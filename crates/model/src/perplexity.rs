@@ -108,6 +108,7 @@ pub fn perplexity(
             window[0] = b;
         }
         let batch = ForwardBatch {
+            prefill_rows: &[],
             matmul_arith: MatmulArith::LlamaCpp,
             tokens: &window,
             positions: &positions,
@@ -120,6 +121,7 @@ pub fn perplexity(
             None => model.forward(pool, &batch, &mut kv, &mut scratch)?,
             Some(through) => {
                 let prefix = ForwardBatch {
+                    prefill_rows: &[],
                     matmul_arith: MatmulArith::LlamaCpp,
                     tokens: &window[..first],
                     positions: &positions[..first],
@@ -132,6 +134,7 @@ pub fn perplexity(
                     .map_err(ForwardError::from)?;
                 let shifted: Vec<usize> = logits_for.iter().map(|&t| t - first).collect();
                 let rest = ForwardBatch {
+                    prefill_rows: &[],
                     matmul_arith: MatmulArith::LlamaCpp,
                     tokens: &window[first..],
                     positions: &positions[first..],

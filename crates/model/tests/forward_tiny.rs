@@ -385,6 +385,7 @@ fn check(arch: &str, want_arch: Arch, tolerance: f64) {
     let mut kv = ContiguousKv::new(1, LAYERS, KV_HEADS, HEAD_DIM, 16, KvDtype::F32).unwrap();
     let pool = ThreadPool::new(2);
     let batch = ForwardBatch {
+        prefill_rows: &[],
         matmul_arith: model::MatmulArith::Invariant,
         tokens: &tokens,
         positions: &positions,
@@ -569,6 +570,7 @@ fn check_long_context_invariance(tiny: &Tiny, tokens: &[u32], kv_dtype: KvDtype)
         }
         let logits_for: Vec<usize> = (0..toks.len()).collect();
         let batch = ForwardBatch {
+            prefill_rows: &[],
             matmul_arith: model::MatmulArith::Invariant,
             tokens: &toks,
             positions: &pos,

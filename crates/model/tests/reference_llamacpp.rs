@@ -21,6 +21,7 @@ fn teacher_forced(m: &model::Model, pool: &ThreadPool, r: &common::Reference) ->
     let logits_for: Vec<usize> = (r.prompt_ids.len() - 1..all.len()).take(n).collect();
     let mut kv = m.contiguous_kv(1, all.len(), KvDtype::F16).unwrap();
     let batch = ForwardBatch {
+        prefill_rows: &[],
         matmul_arith: model::MatmulArith::Invariant,
         tokens: &all,
         positions: &positions,

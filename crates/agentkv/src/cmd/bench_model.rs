@@ -65,6 +65,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         let positions: Vec<u32> = (start as u32..(start + len) as u32).collect();
         let slots = vec![SeqSlot(0); len];
         let batch = ForwardBatch {
+            prefill_rows: &[],
             matmul_arith: model::MatmulArith::Invariant,
             tokens: &tokens,
             positions: &positions,
@@ -96,6 +97,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         let mut tok = 1u32;
         for pos in depth..depth + args.gen_tokens {
             let batch = ForwardBatch {
+                prefill_rows: &[],
                 matmul_arith: model::MatmulArith::Invariant,
                 tokens: &[tok],
                 positions: &[pos as u32],

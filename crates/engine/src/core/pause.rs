@@ -31,7 +31,8 @@ impl EngineCore {
         if !cfg.enabled || tokens.len() < self.cfg.block_size {
             return None;
         }
-        let ns = self.namespace(tenant, salt);
+        // The tokens a resumed request would send as its prompt.
+        let ns = self.namespace_for(tenant, salt, tokens.len());
         let bs = self.cfg.block_size;
         let full = tokens.len() / bs * bs;
         let recompute_s = self.scheduler.predict_prefill_seconds(full);
