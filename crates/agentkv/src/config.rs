@@ -7,7 +7,7 @@
 //!          admin_api_keys: [..], shutdown_timeout_s: 30,
 //!          trusted_proxy_api_keys: [..], trusted_tenant_header: x-agentkv-tenant,  # both or neither
 //!          metrics_api_keys: [..], metrics_per_tenant: true}
-//! model: {path: models/SmolLM2-135M-Instruct.Q4_1.gguf, threads: 4}
+//! model: {path: models/SmolLM2-135M-Instruct.Q4_1.gguf, threads: 4, llama_cpp_prefill: false}
 //! kv_cache_config:
 //!   max_size: 2GB            # bytes of KV memory (KB/MB/GB = 1000^k, KiB/MiB/GiB = 1024^k)
 //!   replacement_policy: segmented_lru   # lru | lfu | segmented_lru | adaptive_segmented_lru
@@ -141,6 +141,11 @@ impl UnknownFieldsPolicy {
 pub struct ModelSection {
     pub path: Option<PathBuf>,
     pub threads: Option<usize>,
+    /// Prompt rows of 64+ token prompts in llama.cpp's tiled prefill arithmetic, as
+    /// llama-server computes them (`engine::EngineConfig::llama_cpp_prefill`; default false:
+    /// logprobs then match llama.cpp's to ~0.001 instead of ~0.015, at a slower prefill and
+    /// without cache hits on earlier generated tokens).
+    pub llama_cpp_prefill: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -452,6 +457,10 @@ mod tests {
         let c = FileConfig::parse(&readme[start..end]).expect("the README example");
         assert_eq!(c.tenants[0].kv_reserved_share, Some(0.25));
         assert_eq!(c.kv_cache_config.tool_pause_retention, Some(true));
+        assert_eq!(c.model.llama_cpp_prefill, Some(false));
+        let on = FileConfig::parse("model: {llama_cpp_prefill: true}\n").unwrap();
+        assert_eq!(on.model.llama_cpp_prefill, Some(true));
+        assert!(FileConfig::parse("model: {llama_cpp_prefil: true}\n").is_err());
     }
 
     #[test]

@@ -65,9 +65,6 @@ fn cfg(prefix_caching: bool) -> EngineConfig {
         num_blocks: 256,
         prefix_caching,
         threads: 2,
-        // Prompts of 64+ tokens (all of these) in llama.cpp's prefill arithmetic (off by
-        // default): every guarantee below holds with it.
-        llama_cpp_prefill: true,
         ..Default::default()
     }
 }
@@ -417,7 +414,6 @@ fn actor_serves_requests_with_stop_strings_min_tokens_seeds_and_warmup() {
 #[test]
 fn engine_output_matches_the_single_sequence_runtime() {
     // The engine (paged KV, f16) and model::generate (contiguous KV, f16) agree bit for bit.
-    assert!(prompts().iter().all(|p| p.len() >= 64 && p.len() <= 512));
     let m = model();
     let pool = model::ThreadPool::new(2);
     for prompt in prompts().into_iter().take(3) {
@@ -425,10 +421,6 @@ fn engine_output_matches_the_single_sequence_runtime() {
             max_tokens: 12,
             // The engine stops at end-of-turn too (the token is reported).
             stop_ids: m.tokenizer().eot_ids().to_vec(),
-            // The engine computes the prompt rows of 64+ token prompts in llama.cpp's tiled
-            // prefill arithmetic (`EngineConfig::llama_cpp_prefill`); `generate` does for a
-            // prompt prefilled in one step (these are under 512 tokens).
-            llama_cpp_prefill: prompt.len() >= model::attention::PREFILL_MIN_TOKENS,
             ..Default::default()
         };
         let (want, _) = model::generate::generate(&m, &pool, &prompt, &opts, |_| true).unwrap();

@@ -255,6 +255,9 @@ fn engine_config(
 ) -> Result<EngineConfig> {
     let kv = &file.kv_cache_config;
     let mut cfg = EngineConfig::default();
+    if let Some(on) = file.model.llama_cpp_prefill {
+        cfg.llama_cpp_prefill = on;
+    }
     if let Some(t) = args.threads.or(file.model.threads) {
         cfg.threads = t.max(1);
     }
