@@ -176,7 +176,13 @@ pub fn forward(
     // The first layer's input norm; every later one is fused into the previous layer's last
     // residual step.
     if let Some(lw) = w.layers.first() {
-        rows::norm(pool, &s.x, &lw.attn_norm, cfg.rms_eps, grow(&mut s.xn, n * hd));
+        rows::norm(
+            pool,
+            &s.x,
+            &lw.attn_norm,
+            cfg.rms_eps,
+            grow(&mut s.xn, n * hd),
+        );
     }
     for (l, lw) in w.layers.iter().enumerate() {
         let window = cfg.window_of(l);

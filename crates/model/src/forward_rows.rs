@@ -105,7 +105,10 @@ pub(crate) fn residual(
     let proj = DisjointRows::new(proj, hidden);
     let x = DisjointRows::new(&mut x[..n * hidden], hidden);
     let (next_w, xn) = match next {
-        Some((w, xn)) => (Some(w), Some(DisjointRows::new(&mut xn[..n * hidden], hidden))),
+        Some((w, xn)) => (
+            Some(w),
+            Some(DisjointRows::new(&mut xn[..n * hidden], hidden)),
+        ),
         None => (None, None),
     };
     for_rows(pool, n, &|t| {
@@ -183,14 +186,19 @@ pub(crate) fn gated_act(pool: &ThreadPool, act: FfnAct, gate: &mut [f32], up: &[
 
 /// The RoPE angles of every position of a step (the positions spread over the pool).
 pub(crate) fn angles(pool: &ThreadPool, rope: &Rope, positions: &[u32]) -> Vec<RopeAngles> {
-    let slots: Vec<std::sync::OnceLock<RopeAngles>> =
-        positions.iter().map(|_| std::sync::OnceLock::new()).collect();
+    let slots: Vec<std::sync::OnceLock<RopeAngles>> = positions
+        .iter()
+        .map(|_| std::sync::OnceLock::new())
+        .collect();
     for_rows(pool, positions.len(), &|t| {
         let _ = slots[t].set(rope.angles(positions[t]));
     });
     slots
         .into_iter()
-        .map(|s| s.into_inner().expect("every position's angles were computed"))
+        .map(|s| {
+            s.into_inner()
+                .expect("every position's angles were computed")
+        })
         .collect()
 }
 
@@ -215,7 +223,9 @@ mod tests {
 
     #[test]
     fn in_place_norm_equals_rms_norm_bitwise() {
-        let x: Vec<f32> = (0..640).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173).collect();
+        let x: Vec<f32> = (0..640)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173)
+            .collect();
         let w: Vec<f32> = (0..640).map(|i| 0.5 + (i % 7) as f32 * 0.31).collect();
         let mut want = vec![0.0; 640];
         rms_norm(&x, &w, 1e-6, &mut want);
@@ -254,7 +264,15 @@ mod tests {
         let run = |threads: usize| {
             let pool = ThreadPool::new(threads);
             let (mut p, mut x, mut xn) = (proj0.clone(), x0.clone(), vec![0.0; n * hd]);
-            residual(&pool, &mut p, &mut x, Some(&wp), Some((&wn, &mut xn)), 1e-6, hd);
+            residual(
+                &pool,
+                &mut p,
+                &mut x,
+                Some(&wp),
+                Some((&wn, &mut xn)),
+                1e-6,
+                hd,
+            );
             (p, x, xn)
         };
         // The serial reference: the loop this stage replaced.
@@ -266,7 +284,12 @@ mod tests {
         }
         x.iter_mut().zip(&p).for_each(|(a, &b)| *a += b);
         for t in 0..n {
-            rms_norm(&x[t * hd..(t + 1) * hd], &wn, 1e-6, &mut xn[t * hd..(t + 1) * hd]);
+            rms_norm(
+                &x[t * hd..(t + 1) * hd],
+                &wn,
+                1e-6,
+                &mut xn[t * hd..(t + 1) * hd],
+            );
         }
         for threads in [1, 2, 4] {
             assert_eq!(run(threads), (p.clone(), x.clone(), xn.clone()));

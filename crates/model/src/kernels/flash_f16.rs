@@ -541,7 +541,10 @@ mod avx512 {
         kq_scale: f32,
     ) {
         let hd = q.len();
-        assert!(acc.len() == hd && head_dim_supported(hd), "supported head size");
+        assert!(
+            acc.len() == hd && head_dim_supported(hd),
+            "supported head size"
+        );
         // SAFETY (all three): `acc` and `q` hold `hd` elements, `keys`/`vals` whole rows of `hd`
         // (checked by `accumulate_rows_with`).
         unsafe {
