@@ -545,8 +545,8 @@ mod avx512 {
             acc.len() == hd && head_dim_supported(hd),
             "supported head size"
         );
-        // SAFETY (all three): `acc` and `q` hold `hd` elements, `keys`/`vals` whole rows of `hd`
-        // (checked by `accumulate_rows_with`).
+        // SAFETY: `acc` and `q` hold `hd` elements, `keys`/`vals` whole rows of `hd` (checked by
+        // `accumulate_rows_with`), for each of the three head sizes.
         unsafe {
             match hd {
                 64 => run::<ROUND, 4, 2>(st, acc, q, keys, vals, kq_scale),
