@@ -13,7 +13,8 @@ pub use crate::attention::AttnArith;
 use crate::attention::{attend_window_with, AttnScratch};
 use crate::attention_plan::{self, AttnShape, AttnTask};
 use crate::attention_tiled::{run_tile_task, TileInputs, TileOutputs, TileScratch};
-use crate::config::{FfnAct, ModelConfig};
+use crate::config::ModelConfig;
+use crate::forward_rows as rows;
 use crate::ggml_tiled::{self, RowsScratch};
 pub use crate::kernels::MatmulArith;
 use crate::kernels::{
@@ -21,7 +22,7 @@ use crate::kernels::{
     ThreadPool,
 };
 use crate::kv::{KvChunk, KvDtype, KvError, KvStore, SeqSlot};
-use crate::ops::{geglu, rms_norm, softcap, swiglu, Rope};
+use crate::ops::{rms_norm, softcap, Rope};
 use crate::par::DisjointRows;
 use crate::weights::{Weights, WeightsError};
 
@@ -142,17 +143,11 @@ pub fn forward(
     let (hd, qd, kvd, ffn) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_size);
     let head_dim = cfg.head_dim;
     let x = grow(&mut s.x, n * hd);
-    for (t, &tok) in batch.tokens.iter().enumerate() {
-        let row = &mut x[t * hd..(t + 1) * hd];
-        w.embed(tok, row)?;
-        if let Some(scale) = cfg.embed_scale {
-            row.iter_mut().for_each(|v| *v *= scale);
-        }
-    }
-    let angles: Vec<_> = batch.positions.iter().map(|&p| rope.angles(p)).collect();
+    rows::embed(pool, cfg, w, batch.tokens, x)?;
+    let angles = rows::angles(pool, rope, batch.positions);
     let local_angles: Vec<_> = match (&cfg.sliding_window, rope_local) {
         (None, _) => Vec::new(),
-        (Some(_), Some(r)) => batch.positions.iter().map(|&p| r.angles(p)).collect(),
+        (Some(_), Some(r)) => rows::angles(pool, r, batch.positions),
         (Some(_), None) => {
             return Err(ForwardError::BadBatch(
                 "sliding-window layers need their RoPE".into(),
@@ -211,22 +206,25 @@ pub fn forward(
     // Whether the last layer keeps only the rows of `logits_for` (always, unless every token's
     // logits are wanted in order, when it would change nothing).
     let compact = !batch.logits_for.iter().copied().eq(0..n);
+    // The first layer's input norm; every later one is fused into the previous layer's last
+    // residual step.
+    if let Some(lw) = w.layers.first() {
+        rows::norm(
+            pool,
+            &s.x,
+            &lw.attn_norm,
+            cfg.rms_eps,
+            grow(&mut s.xn, n * hd),
+        );
+    }
     for (l, lw) in w.layers.iter().enumerate() {
         let window = cfg.window_of(l);
         let (plan, angles) = match (window, &local_plan) {
             (Some(_), Some(p)) => (p, &local_angles),
             _ => (&plan, &angles),
         };
-        // Attention block.
-        let xn = grow(&mut s.xn, n * hd);
-        for t in 0..n {
-            rms_norm(
-                &s.x[t * hd..(t + 1) * hd],
-                &lw.attn_norm,
-                cfg.rms_eps,
-                &mut xn[t * hd..(t + 1) * hd],
-            );
-        }
+        // Attention block (`xn` holds the normed input).
+        let xn = &s.xn[..n * hd];
         let q = grow(&mut s.q, n * qd);
         let k = grow(&mut s.k, n * kvd);
         let v = grow(&mut s.v, n * kvd);
@@ -240,31 +238,14 @@ pub fn forward(
             &mut [&mut *q, &mut *k, &mut *v],
             batch.matmul_arith,
         )?;
+        let r = if window.is_some() {
+            rope_local.unwrap_or(rope)
+        } else {
+            rope
+        };
+        rows::qkv(pool, cfg, lw, r, angles, q, k, v);
         for t in 0..n {
-            let (qt, kt, vt) = (
-                &mut q[t * qd..(t + 1) * qd],
-                &mut k[t * kvd..(t + 1) * kvd],
-                &mut v[t * kvd..(t + 1) * kvd],
-            );
-            add_bias(qt, lw.bq.as_deref());
-            add_bias(kt, lw.bk.as_deref());
-            add_bias(vt, lw.bv.as_deref());
-            if let Some(wn) = &lw.q_norm {
-                head_norm(qt, wn, cfg.rms_eps);
-            }
-            if let Some(wn) = &lw.k_norm {
-                head_norm(kt, wn, cfg.rms_eps);
-            }
-            let r = if window.is_some() {
-                rope_local.unwrap_or(rope)
-            } else {
-                rope
-            };
-            r.apply(qt, &angles[t]);
-            r.apply(kt, &angles[t]);
-            if cfg.scale_queries {
-                qt.iter_mut().for_each(|v| *v *= cfg.attn_scale);
-            }
+            let (kt, vt) = (&k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
             kv.write(l, batch.slots[t], batch.positions[t] as usize, kt, vt)?;
         }
         let att = grow(&mut s.att, n * qd);
@@ -388,20 +369,20 @@ pub fn forward(
         } else {
             n
         };
-        let proj = &mut s.proj[..n * hd];
-        post_norm(proj, lw.post_attn_norm.as_deref(), cfg.rms_eps, hd);
-        add_in_place(&mut s.x[..n * hd], proj);
+        // Post-norm, residual add and the FFN's input norm.
+        let xn = grow(&mut s.xn, n * hd);
+        rows::residual(
+            pool,
+            &mut s.proj[..n * hd],
+            &mut s.x,
+            lw.post_attn_norm.as_deref(),
+            Some((&lw.ffn_norm, xn)),
+            cfg.rms_eps,
+            hd,
+        );
 
         // Feed-forward block.
-        let xn = grow(&mut s.xn, n * hd);
-        for t in 0..n {
-            rms_norm(
-                &s.x[t * hd..(t + 1) * hd],
-                &lw.ffn_norm,
-                cfg.rms_eps,
-                &mut xn[t * hd..(t + 1) * hd],
-            );
-        }
+        let xn = &s.xn[..n * hd];
         let gate = grow(&mut s.gate, n * ffn);
         let up = grow(&mut s.up, n * ffn);
         let gate_up = [w.qmatrix(&lw.w_gate), w.qmatrix(&lw.w_up)];
@@ -413,10 +394,7 @@ pub fn forward(
             &mut [&mut *gate, &mut *up],
             batch.matmul_arith,
         )?;
-        match cfg.ffn_act {
-            FfnAct::Silu => swiglu(gate, up),
-            FfnAct::GeluTanh => geglu(gate, up),
-        }
+        rows::gated_act(pool, cfg.ffn_act, gate, up, ffn);
         let proj = grow(&mut s.proj, n * hd);
         matmul(
             pool,
@@ -426,8 +404,18 @@ pub fn forward(
             proj,
             batch.matmul_arith,
         )?;
-        post_norm(proj, lw.post_ffn_norm.as_deref(), cfg.rms_eps, hd);
-        add_in_place(&mut s.x[..n * hd], proj);
+        // Post-norm, residual add and the next layer's input norm.
+        let next = w.layers.get(l + 1).map(|nl| &nl.attn_norm[..]);
+        let xn = grow(&mut s.xn, n * hd);
+        rows::residual(
+            pool,
+            proj,
+            &mut s.x,
+            lw.post_ffn_norm.as_deref(),
+            next.map(|wn| (wn, xn)),
+            cfg.rms_eps,
+            hd,
+        );
     }
 
     // Final norm and logits for the requested tokens only.
@@ -525,37 +513,4 @@ fn gather_f16(
         (end - first) * head_dim,
         "wrong number of positions"
     );
-}
-
-/// RMSNorm of each `weight.len()`-wide head of `x`, in place (QK-norm).
-fn head_norm(x: &mut [f32], weight: &[f32], eps: f32) {
-    let mut tmp = vec![0.0f32; weight.len()];
-    for head in x.chunks_exact_mut(weight.len()) {
-        rms_norm(head, weight, eps, &mut tmp);
-        head.copy_from_slice(&tmp);
-    }
-}
-
-/// RMSNorm of each `[hidden]` row of `x` in place, when the layer has that norm.
-fn post_norm(x: &mut [f32], weight: Option<&[f32]>, eps: f32, hidden: usize) {
-    let Some(weight) = weight else { return };
-    let mut tmp = vec![0.0f32; hidden];
-    for row in x.chunks_exact_mut(hidden) {
-        rms_norm(row, weight, eps, &mut tmp);
-        row.copy_from_slice(&tmp);
-    }
-}
-
-fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
-    if let Some(b) = bias {
-        for (v, &bb) in x.iter_mut().zip(b) {
-            *v += bb;
-        }
-    }
-}
-
-fn add_in_place(x: &mut [f32], y: &[f32]) {
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
 }

@@ -12,6 +12,7 @@ pub mod chat;
 pub mod chat_prompt;
 pub mod config;
 pub mod forward;
+mod forward_rows;
 pub mod frontend;
 pub mod generate;
 pub mod ggml_tiled;

@@ -17,8 +17,9 @@
 //! arithmetic of llama.cpp's tiled prefill kernel.
 //!
 //! The f16 accumulator is held as f32 values that are exactly representable in f16. The AVX2
-//! path and the portable path perform the same IEEE operations and agree bit for bit (tests pin
-//! this). It never allocates and never parallelises.
+//! path, the AVX-512 path of [`accumulate_rows`] (head sizes 64, 128, 256: the accumulator in
+//! 512-bit registers) and the portable path perform the same IEEE operations and agree bit for
+//! bit (tests pin this). It never allocates and never parallelises.
 
 use half::f16;
 
@@ -91,6 +92,18 @@ pub fn accumulate_rows_with(
         hd > 0 && acc.len() == hd && keys.len() == vals.len() && keys.len().is_multiple_of(hd),
         "keys and vals are whole [head_dim] rows"
     );
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx512 && avx512::head_dim_supported(hd) {
+        // SAFETY: AVX-512 F (and AVX2+FMA+F16C) presence was checked at runtime just above.
+        unsafe {
+            if round_f16 {
+                avx512::accumulate_rows::<true>(st, acc, q, keys, vals, scale)
+            } else {
+                avx512::accumulate_rows::<false>(st, acc, q, keys, vals, scale)
+            }
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if features.clamp_to_detected().avx2 {
         // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
@@ -454,6 +467,152 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! The online-softmax loop with the accumulator of a whole head (64, 128 or 256 elements) in
+    //! 512-bit registers (16 of them for Gemma 3's 256). Per element exactly the operations of
+    //! the AVX2 path, in the same order: the dot product keeps ggml's four 8-lane accumulators
+    //! as the two halves of two registers (elements `32i..32i+16` and `32i+16..32i+32`), so the
+    //! reduction `(a0 + a2) + (a1 + a3)` is one 512-bit add and one add of its halves, then the
+    //! same 128-bit steps; the f16 rounding of the accumulator is the same conversion 16 lanes at
+    //! a time. Callers must have checked AVX-512 F and AVX2+FMA+F16C at runtime.
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    /// Head sizes with a register-resident accumulator here.
+    pub(super) fn head_dim_supported(hd: usize) -> bool {
+        matches!(hd, 64 | 128 | 256)
+    }
+
+    /// Rounds 16 lanes to f16 and back (round to nearest even).
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    fn round16(v: __m512) -> __m512 {
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+    }
+
+    /// 16 f16 values widened to f32.
+    ///
+    /// # Safety
+    /// `p` points at 16 readable `f16`.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load16(p: *const f16) -> __m512 {
+        // SAFETY: the caller guarantees 32 readable bytes; unaligned load.
+        _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.cast()) })
+    }
+
+    /// `ggml_vec_dot_f16` of a widened query and an f16 key of `32 * C2` elements (see the
+    /// module doc for why the order is ggml's).
+    ///
+    /// # Safety
+    /// `a` and `b` hold `32 * C2` elements.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn dot_wide<const C2: usize>(a: *const f32, b: *const f16) -> f32 {
+        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for i in 0..C2 {
+            // SAFETY: `32i + 32 <= 32 * C2` elements of each operand.
+            unsafe {
+                let e = 32 * i;
+                lo = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(e)), load16(b.add(e)), lo);
+                hi = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(e + 16)), load16(b.add(e + 16)), hi);
+            }
+        }
+        // [a0 + a2 | a1 + a3], then (a0 + a2) + (a1 + a3): GGML_F32x8_REDUCE's first two steps.
+        let c = _mm512_add_ps(lo, hi);
+        let s = _mm256_add_ps(
+            _mm512_castps512_ps256(c),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(c))),
+        );
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+        let t1 = _mm_hadd_ps(t0, t0);
+        // Widened to f64 and back, as the AVX2 path does with its (empty) leftover loop.
+        f64::from(_mm_cvtss_f32(_mm_hadd_ps(t1, t1))) as f32
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) fn accumulate_rows<const ROUND: bool>(
+        st: &mut super::OnlineSoftmax,
+        acc: &mut [f32],
+        q: &[f32],
+        keys: &[f16],
+        vals: &[f16],
+        kq_scale: f32,
+    ) {
+        let hd = q.len();
+        assert!(
+            acc.len() == hd && head_dim_supported(hd),
+            "supported head size"
+        );
+        // SAFETY: `acc` and `q` hold `hd` elements, `keys`/`vals` whole rows of `hd` (checked by
+        // `accumulate_rows_with`), for each of the three head sizes.
+        unsafe {
+            match hd {
+                64 => run::<ROUND, 4, 2>(st, acc, q, keys, vals, kq_scale),
+                128 => run::<ROUND, 8, 4>(st, acc, q, keys, vals, kq_scale),
+                _ => run::<ROUND, 16, 8>(st, acc, q, keys, vals, kq_scale),
+            }
+        }
+    }
+
+    /// The loop for a head of `16 * C = 32 * C2` elements.
+    ///
+    /// # Safety
+    /// `acc` and `q` hold `16 * C` elements, `keys` and `vals` whole rows of `16 * C`.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn run<const ROUND: bool, const C: usize, const C2: usize>(
+        st: &mut super::OnlineSoftmax,
+        acc: &mut [f32],
+        q: &[f32],
+        keys: &[f16],
+        vals: &[f16],
+        kq_scale: f32,
+    ) {
+        let hd = 16 * C;
+        let ap = acc.as_mut_ptr();
+        let mut a = [_mm512_setzero_ps(); C];
+        for (c, ac) in a.iter_mut().enumerate() {
+            // SAFETY: `16c + 16 <= hd = acc.len()`.
+            *ac = unsafe { _mm512_loadu_ps(ap.add(16 * c)) };
+        }
+        const GROUP: usize = 16;
+        let mut scores = [0f32; GROUP];
+        for (kg, vg) in keys.chunks(GROUP * hd).zip(vals.chunks(GROUP * hd)) {
+            for (sc, k) in scores.iter_mut().zip(kg.chunks_exact(hd)) {
+                // SAFETY: `q` and `k` hold `hd = 32 * C2` elements.
+                *sc = unsafe { dot_wide::<C2>(q.as_ptr(), k.as_ptr()) } * kq_scale;
+            }
+            for (&s, v) in scores.iter().zip(vg.chunks_exact(hd)) {
+                let (ms, vs) = st.factors(s);
+                if ms != 1.0 {
+                    let vm = _mm512_set1_ps(ms);
+                    for ac in a.iter_mut() {
+                        let x = _mm512_mul_ps(*ac, vm);
+                        *ac = if ROUND { round16(x) } else { x };
+                    }
+                }
+                let vv = _mm512_set1_ps(vs);
+                let vp = v.as_ptr();
+                for (c, ac) in a.iter_mut().enumerate() {
+                    // SAFETY: `v` holds `hd` elements, `16c + 16 <= hd`.
+                    let xv = unsafe { load16(vp.add(16 * c)) };
+                    *ac = if ROUND {
+                        round16(_mm512_fmadd_ps(xv, vv, *ac))
+                    } else {
+                        _mm512_fmadd_ps(vv, xv, *ac)
+                    };
+                }
+                st.sum = st.sum.mul_add(ms, vs);
+            }
+        }
+        for (c, ac) in a.iter().enumerate() {
+            // SAFETY: as at the load above.
+            unsafe { _mm512_storeu_ps(ap.add(16 * c), *ac) };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -524,6 +683,8 @@ mod tests {
             (64, 1),
             (64, 40),
             (128, 37),
+            (256, 1),
+            (256, 53),
             (40, 9),
             (8, 3),
         ] {
@@ -555,7 +716,11 @@ mod tests {
                     }
                     sum = sum.mul_add(ms, vs);
                 }
-                for features in [CpuFeatures::PORTABLE, CpuFeatures::detect()] {
+                for features in [
+                    CpuFeatures::PORTABLE,
+                    CpuFeatures::AVX2,
+                    CpuFeatures::detect(),
+                ] {
                     let mut st = OnlineSoftmax::default();
                     let mut acc = vec![0f32; hd];
                     accumulate_rows_with(features, &mut st, &mut acc, &q, &keys, &vals, 0.3, round);

@@ -212,6 +212,10 @@ pub(crate) fn tile512<K: KQuant512, const T: usize, const R: usize, const ORDER:
     let mut accm1 = [[0f32; R]; T];
     let flat = ORDER == order::FLAT;
     let one_min = flat || K::ONE_MIN_LANE;
+    // The float tail of two rows at once ([`WideTail`]; Q4_K's four min lanes keep the per-pair
+    // tail).
+    let wide = R == 2 && T.is_multiple_of(2) && (!K::HAS_MIN || one_min);
+    let mut wt = WideTail::<T>::new();
     for b in 0..nb {
         // Block `b` of row `row0 + r`; for `r < R` it lies inside `w`:
         // `(row0 + r) * row_bytes + (b + 1) * K::BYTES <= w.len()` by the assert above.
@@ -248,6 +252,14 @@ pub(crate) fn tile512<K: KQuant512, const T: usize, const R: usize, const ORDER:
                     isum[t][r] = _mm512_dpwssd_epi32(isum[t][r], p, sv[r]);
                 }
             }
+        }
+        if wide {
+            let rows = [&prep[0], &prep[R - 1]];
+            let pairs: [[__m512i; 2]; T] = std::array::from_fn(|t| [isum[t][0], isum[t][R - 1]]);
+            // SAFETY: the features this function enables; `tok0 + t < num_tokens` and `b < nb`,
+            // so the indices the tail reads lie inside `act.d` / `act.bs16` (asserted above).
+            unsafe { wt.add_block::<K>(rows, &pairs, act, tok0, b, flat) };
+            continue;
         }
         for t in 0..T {
             let ab = (tok0 + t) * nb + b;
@@ -290,6 +302,19 @@ pub(crate) fn tile512<K: KQuant512, const T: usize, const R: usize, const ORDER:
             }
         }
     }
+    if wide {
+        let (sums, mins) = wt.finish(flat);
+        for t in 0..T {
+            for r in 0..R {
+                out[t][r] = if K::HAS_MIN {
+                    sums[t][r.min(1)] - mins[t][r.min(1)]
+                } else {
+                    sums[t][r.min(1)]
+                };
+            }
+        }
+        return;
+    }
     for t in 0..T {
         for r in 0..R {
             let s = if flat {
@@ -306,4 +331,176 @@ pub(crate) fn tile512<K: KQuant512, const T: usize, const R: usize, const ORDER:
             };
         }
     }
+}
+
+/// `[a | b]`: two 256-bit float vectors as the halves of one 512-bit vector.
+#[target_feature(enable = "avx512f,avx2")]
+#[inline]
+fn join_ps(a: __m256, b: __m256) -> __m512 {
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+        _mm512_castps_pd(_mm512_castps256_ps512(a)),
+        _mm256_castps_pd(b),
+    ))
+}
+
+/// The per-super-block float tail of a `T × 2` tile (two weight rows), for the orders whose
+/// mins (types that have them) take one lane: the operations of [`tile512`]'s per-pair tail,
+/// lane for lane, with two rows (lane order) or two rows and two tokens (flat order, mins) in
+/// one 512-bit register, so each conversion, product and fused multiply-add serves two or
+/// four (token, row) pairs. The integer sums are exact whatever their grouping; every float
+/// operation is the per-pair one: `d = d_w · d_x` (a lane-wise product), `acc = fma(sum as f32,
+/// d, acc)` (lane-wise), Q6_K's offset `OFFSET · (sc16 · bs16)` (integer) before the conversion.
+///
+/// Layouts: lane order, `acc[t]` = `[acc(t, 0) | acc(t, 1)]` (8 lanes each, the per-pair
+/// accumulator); flat order `acc[p]` and mins `accm[p]` for tokens `2p`, `2p + 1`: four 128-bit
+/// groups `(2p, 0), (2p, 1), (2p + 1, 0), (2p + 1, 1)`, each lane of a group the pair's value.
+struct WideTail<const T: usize> {
+    acc: [__m512; T],
+    accm: [__m512; T],
+}
+
+impl<const T: usize> WideTail<T> {
+    #[target_feature(enable = "avx512f,avx2")]
+    fn new() -> Self {
+        WideTail {
+            acc: [_mm512_setzero_ps(); T],
+            accm: [_mm512_setzero_ps(); T],
+        }
+    }
+
+    /// Adds super-block `b` of rows `prep[0]`, `prep[1]` against tokens `tok0..tok0 + T`, whose
+    /// integer sums are `isum[t][r]` (16 lanes; canonical lane `j` is lane `j` plus lane `j + 8`).
+    ///
+    /// # Safety
+    /// AVX-512 F+BW+VL+VNNI and AVX2+FMA+F16C are available; `tok0 + T <= act.num_tokens`,
+    /// `b < act.num_blocks`, and `act` holds the whole shape.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn add_block<K: KQuant512>(
+        &mut self,
+        prep: [&Prep; 2],
+        isum: &[[__m512i; 2]; T],
+        act: &ActQ8K,
+        tok0: usize,
+        b: usize,
+        flat: bool,
+    ) {
+        let nb = act.num_blocks;
+        // `[d_w0 × 8 | d_w1 × 8]`, and per 128-bit group `[d_w0, d_w1, d_w0, d_w1]`.
+        let dw2 = join_ps(_mm256_set1_ps(prep[0].d), _mm256_set1_ps(prep[1].d));
+        let dwq = _mm512_shuffle_f32x4::<0b10_00_10_00>(dw2, dw2);
+        let dm2 = join_ps(_mm256_set1_ps(prep[0].dmin), _mm256_set1_ps(prep[1].dmin));
+        let dmq = _mm512_shuffle_f32x4::<0b10_00_10_00>(dm2, dm2);
+        let sc16 = if K::OFFSET != 0 {
+            // SAFETY: AVX2 is enabled (the caller's contract).
+            unsafe {
+                _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(K::scales16(prep[0])),
+                    K::scales16(prep[1]),
+                )
+            }
+        } else {
+            _mm512_setzero_si512()
+        };
+        let m01 = _mm256_set_m128i(prep[1].mins, prep[0].mins);
+        let minsq = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(m01), m01);
+        let mut x = [_mm512_setzero_si512(); T];
+        let mut bs32 = [_mm_setzero_si128(); T];
+        let mut dx = [0f32; T];
+        for t in 0..T {
+            let ab = (tok0 + t) * nb + b;
+            dx[t] = act.d[ab];
+            // SAFETY: `ab < num_tokens * nb`, so 16 i16 at `ab * 16` lie inside `act.bs16`.
+            let bs16 = unsafe { _mm256_loadu_si256(act.bs16.as_ptr().add(ab * 16).cast()) };
+            if K::HAS_MIN {
+                bs32[t] = _mm_hadd_epi16(
+                    _mm256_castsi256_si128(bs16),
+                    _mm256_extracti128_si256::<1>(bs16),
+                );
+            }
+            let [v0, v1] = isum[t];
+            // `[v0.lo + v0.hi | v1.lo + v1.hi]`: the canonical lanes of both rows.
+            let mut lanes = _mm512_add_epi32(
+                _mm512_shuffle_i64x2::<0b01_00_01_00>(v0, v1),
+                _mm512_shuffle_i64x2::<0b11_10_11_10>(v0, v1),
+            );
+            if K::OFFSET != 0 {
+                let s = _mm512_madd_epi16(
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(bs16), bs16),
+                    sc16,
+                );
+                let s = if K::OFFSET == 32 {
+                    _mm512_slli_epi32::<5>(s)
+                } else {
+                    _mm512_mullo_epi32(s, _mm512_set1_epi32(K::OFFSET))
+                };
+                lanes = _mm512_sub_epi32(lanes, s);
+            }
+            if flat {
+                x[t] = lanes;
+            } else {
+                let d = _mm512_mul_ps(dw2, _mm512_set1_ps(dx[t]));
+                self.acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), d, self.acc[t]);
+            }
+        }
+        for p in 0..T / 2 {
+            let (t, u) = (2 * p, 2 * p + 1);
+            let dxq = join_ps(_mm256_set1_ps(dx[t]), _mm256_set1_ps(dx[u]));
+            if flat {
+                // Groups (t, 0), (t, 1), (u, 0), (u, 1), each summed to every one of its lanes.
+                let y = _mm512_add_epi32(
+                    _mm512_shuffle_i64x2::<0b10_00_10_00>(x[t], x[u]),
+                    _mm512_shuffle_i64x2::<0b11_01_11_01>(x[t], x[u]),
+                );
+                let y = group_sums(y);
+                let d = _mm512_mul_ps(dwq, dxq);
+                self.acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(y), d, self.acc[p]);
+            }
+            if K::HAS_MIN {
+                let bq = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_broadcastsi128_si256(bs32[t])),
+                    _mm256_broadcastsi128_si256(bs32[u]),
+                );
+                let m = group_sums(_mm512_madd_epi16(minsq, bq));
+                let dm = _mm512_mul_ps(dmq, dxq);
+                self.accm[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), dm, self.accm[p]);
+            }
+        }
+    }
+
+    /// The per-pair sums `[t][r]` (lane order: [`hsum8_ps`] of the pair's 8 lanes; flat: the
+    /// pair's value) and mins.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    fn finish(&self, flat: bool) -> ([[f32; 2]; T], [[f32; 2]; T]) {
+        let mut sums = [[0f32; 2]; T];
+        let mut mins = [[0f32; 2]; T];
+        // SAFETY: a 512-bit vector is 16 f32 (any bits are valid).
+        let lanes = |v: __m512| unsafe { std::mem::transmute::<__m512, [f32; 16]>(v) };
+        for t in 0..T {
+            let (p, g) = (t / 2, 2 * (t % 2));
+            let m = lanes(self.accm[p]);
+            for r in 0..2 {
+                mins[t][r] = m[4 * (g + r)];
+            }
+            if flat {
+                let a = lanes(self.acc[p]);
+                for r in 0..2 {
+                    sums[t][r] = a[4 * (g + r)];
+                }
+            } else {
+                let v = _mm512_castps_pd(self.acc[t]);
+                sums[t][0] = hsum8_ps(_mm256_castpd_ps(_mm512_castpd512_pd256(v)));
+                sums[t][1] = hsum8_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(v)));
+            }
+        }
+        (sums, mins)
+    }
+}
+
+/// Every i32 lane of each 128-bit group replaced by the group's sum (exact).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn group_sums(y: __m512i) -> __m512i {
+    let y = _mm512_add_epi32(y, _mm512_shuffle_epi32::<0x4E>(y));
+    _mm512_add_epi32(y, _mm512_shuffle_epi32::<0xB1>(y))
 }
