@@ -18,9 +18,10 @@
 //!
 //! At the end `out = acc · (1/S)`. A row's result depends only on its query, its K/V and its
 //! position range, never on the other rows of the step ([`attend_rows`] runs many rows of one
-//! KV head together, widening each K/V tile once, with each row's result unchanged). It never reads a KV store and never
-//! parallelises; `attend_row` runs an AVX2+FMA-compiled copy of the same code when the CPU has it
-//! (bit-identical: `mul_add` is always fused), the portable copy otherwise.
+//! KV head together, widening each K/V tile once, with each row's result unchanged; [`attend_row`]
+//! is it for one row). It never reads a KV store and never parallelises; it runs an
+//! AVX-512- or AVX2+FMA-compiled copy of the same code when the CPU has it (bit-identical:
+//! `mul_add` is always fused and every operation is per lane), the portable copy otherwise.
 
 use half::f16;
 
@@ -29,20 +30,13 @@ use crate::kernels::CpuFeatures;
 /// Positions per K/V tile (`GGML_FA_TILE_KV`).
 pub const KV_TILE: usize = 64;
 
-/// Reusable buffers of one worker.
+/// Reusable buffers of one worker for [`attend_row`].
 #[derive(Debug, Default)]
-pub struct TiledScratch {
-    /// K of one tile, transposed and widened: `[head_dim, KV_TILE]`.
-    kt: Vec<f32>,
-    /// Scores, then softmax weights, of one tile: `[KV_TILE]`.
-    s: Vec<f32>,
-    /// The f32 accumulator: `[head_dim]`.
-    acc: Vec<f32>,
-}
+pub struct TiledScratch(RowsScratch);
 
 /// `out = softmax(q·Kᵀ·scale)·V` over positions `first..end` in llama.cpp's tiled arithmetic.
 /// `k`, `v`: f16 rows of positions `first..end` (`[end − first, head_dim]`); `q`, `out`:
-/// `[head_dim]`. Panics on inconsistent shapes (a caller bug).
+/// `[head_dim]`. [`attend_rows`] with one row. Panics on inconsistent shapes (a caller bug).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_row(
     features: CpuFeatures,
@@ -58,112 +52,17 @@ pub fn attend_row(
     let hd = q.len();
     assert!(first < end, "a query attends at least itself");
     assert!(k.len() == (end - first) * hd && v.len() == k.len() && out.len() == hd);
-    scratch.kt.resize(hd * KV_TILE, 0.0);
-    scratch.s.resize(KV_TILE, 0.0);
-    scratch.acc.resize(hd, 0.0);
-    #[cfg(target_arch = "x86_64")]
-    if features.clamp_to_detected().avx2 {
-        // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
-        unsafe { attend_row_fma(q, k, v, first, end, scale, scratch, out) };
-        return;
-    }
-    let _ = features;
-    attend_row_body(q, k, v, first, end, scale, scratch, out);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn attend_row_fma(
-    q: &[f32],
-    k: &[f16],
-    v: &[f16],
-    first: usize,
-    end: usize,
-    scale: f32,
-    scratch: &mut TiledScratch,
-    out: &mut [f32],
-) {
-    attend_row_body(q, k, v, first, end, scale, scratch, out)
-}
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend_row_body(
-    q: &[f32],
-    k: &[f16],
-    v: &[f16],
-    first: usize,
-    end: usize,
-    scale: f32,
-    scratch: &mut TiledScratch,
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    let TiledScratch { kt, s, acc } = scratch;
-    let (kt, s, acc) = (&mut kt[..hd * KV_TILE], &mut s[..KV_TILE], &mut acc[..hd]);
-    acc.fill(0.0);
-    let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-    let mut tile = first / KV_TILE * KV_TILE;
-    while tile < end {
-        let lo = first.max(tile);
-        let hi = end.min(tile + KV_TILE);
-        // 1. Scores: K transposed so each position is one lane of the fma chain over dk.
-        for p in lo..hi {
-            let row = &k[(p - first) * hd..(p - first + 1) * hd];
-            for (dk, &x) in row.iter().enumerate() {
-                kt[dk * KV_TILE + (p - tile)] = x.to_f32();
-            }
-        }
-        s.fill(f32::NEG_INFINITY);
-        let (a, b) = (lo - tile, hi - tile);
-        for x in &mut s[a..b] {
-            *x = 0.0;
-        }
-        for (dk, &qd) in q.iter().enumerate() {
-            let col = &kt[dk * KV_TILE + a..dk * KV_TILE + b];
-            for (x, &kv) in s[a..b].iter_mut().zip(col) {
-                *x = kv.mul_add(qd, *x);
-            }
-        }
-        for x in &mut s[a..b] {
-            *x *= scale;
-        }
-        // 2. Running maximum.
-        let tile_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let m_new = m.max(tile_max);
-        if m_new > m {
-            let ms = (m - m_new).exp();
-            for x in acc.iter_mut() {
-                *x *= ms;
-            }
-            sum *= ms;
-        }
-        m = m_new;
-        // 3. Weights and their sum (ggml_vec_soft_max_f32).
-        let mut tile_sum = 0.0f64;
-        for g in s.chunks_exact_mut(8) {
-            for x in g.iter_mut() {
-                *x = ggml_expf(*x - m_new);
-            }
-            tile_sum +=
-                f64::from(((g[0] + g[4]) + (g[2] + g[6])) + ((g[1] + g[5]) + (g[3] + g[7])));
-        }
-        sum = (f64::from(sum) + tile_sum) as f32;
-        // 4. Weighted values.
-        for p in lo..hi {
-            let w = s[p - tile];
-            let row = &v[(p - first) * hd..(p - first + 1) * hd];
-            for (o, &x) in acc.iter_mut().zip(row) {
-                *o = x.to_f32().mul_add(w, *o);
-            }
-        }
-        tile += KV_TILE;
-    }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    for (o, &x) in out.iter_mut().zip(acc.iter()) {
-        *o = x * inv;
-    }
+    attend_rows(
+        features,
+        q,
+        k,
+        v,
+        first,
+        &[(first, end)],
+        scale,
+        &mut scratch.0,
+        out,
+    );
 }
 
 /// Reusable buffers of [`attend_rows`].
