@@ -24,7 +24,7 @@ use crate::kernels::flash_tile::{
     TILE_POSITIONS, TILE_ROWS,
 };
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::flash_tile_codes::tile_update_wide_codes;
+use crate::kernels::flash_tile_codes::{tile_update_channel_codes, tile_update_wide_codes};
 use crate::kernels::flash_tile_codes::{
     tile_update_codes, values_from_codes, CodedTile, KeyCodes, QueryCodes, QueryRef, TileValues,
 };
@@ -265,6 +265,36 @@ fn update_rows_coded(
     );
 }
 
+/// [`update_rows`] for a sealed `int4c` K tile and coded V rows read in registers by the
+/// AVX2 tile step (`flash_tile_codes::tile_update_channel_codes`, same bits); `tile` holds the
+/// group's channel parameters.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn update_rows_channel_codes(
+    features: CpuFeatures,
+    rows: &mut [Row<'_>],
+    hd: usize,
+    tile: &CodedTile,
+    keys: &quant::EncodedRows<'_>,
+    vals: &quant::EncodedRows<'_>,
+    tile_start: usize,
+    tile_end: usize,
+    scale: f32,
+) {
+    let empty: &[f32] = &[];
+    for_live_blocks::<TILE_ROWS, _>(
+        rows,
+        hd,
+        tile_start,
+        tile_end,
+        empty,
+        |row| row.q,
+        |sts, accs, qs, valids| {
+            tile_update_channel_codes(features, sts, accs, qs, valids, tile, keys, vals, scale)
+        },
+    );
+}
+
 /// [`update_rows_wide`] with the tile's V read as codes (`flash_tile_codes`, same bits): a
 /// decode's rows (one or two tokens), so rows sharing `valid` go three at a time.
 #[cfg(target_arch = "x86_64")]
@@ -456,16 +486,31 @@ pub unsafe fn run_tile_task(
     // the queries' own group (a function of the queries' positions only).
     let features = cpu_features();
     let key_codes = KeyCodes::of(codecs.k, hd);
+    #[cfg(target_arch = "x86_64")]
+    let key_codes_all = key_codes;
     let own_start = match (key_codes, codecs.k.block_tokens()) {
         (Some(_), Some(t)) => (query_end - 1) / t * t,
         _ => usize::MAX,
     };
-    // Few rows per tile (a decode): V is read from its codes by the fused AVX-512 VNNI kernel
-    // instead of being decoded to the scratch first (same values, so the same bits).
-    let fuse_values = features.avx512
-        && features.vnni
-        && values_from_codes(codecs.v, hd)
-        && tokens.1 - tokens.0 < 3;
+    // Few rows per tile (a decode): V is read from its codes by the fused kernels (AVX-512
+    // VNNI; AVX2 where AVX-512 is absent) instead of being decoded to the scratch first (same
+    // values, so the same bits).
+    let fuse_values = values_from_codes(codecs.v, hd)
+        && tokens.1 - tokens.0 < 3
+        && if features.avx512 {
+            features.vnni
+        } else {
+            features.avx2
+        };
+    // Sealed `int4c` groups in a decode without the 512-bit kernel: K and V read from their
+    // codes by the AVX2 tile step (decoded in registers: the values, so the bits, of decoding
+    // the tile first, which costs more than the step for so few rows).
+    #[cfg(target_arch = "x86_64")]
+    let fuse_channels = fuse_values && wide.is_none() && key_codes == Some(KeyCodes::Channels);
+    #[cfg(target_arch = "x86_64")]
+    if fuse_channels {
+        coded.reset(hd);
+    }
     // Sealed `int4c` groups are decoded straight into the transposed K tile of the 512-bit
     // kernel (the arithmetic of every other path; re-quantising every query row per group
     // costs more than the integer scores save in a prefill). Elsewhere they are decoded.
@@ -551,6 +596,22 @@ pub unsafe fn run_tile_task(
                         (a - tile_start) * hd..(b - tile_start) * hd,
                     );
                     let (first, n) = (a - start, b - a);
+                    #[cfg(target_arch = "x86_64")]
+                    if let (true, Some((ek, ev))) = (fuse_channels, coded_kv) {
+                        let sealed = tile_start + TILE_POSITIONS <= own_start;
+                        if sealed && a == tile_start && n == TILE_POSITIONS {
+                            let k_run = ek.skip_rows(first).take_rows(n);
+                            debug_assert_eq!(KeyCodes::of(ek.kind(), hd), key_codes_all);
+                            coded.load_channel_params(&k_run);
+                            let v_run = ev.skip_rows(first).take_rows(n);
+                            update_rows_channel_codes(
+                                features, &mut rows, hd, coded, &k_run, &v_run, tile_start,
+                                tile_end, inp.scale,
+                            );
+                            a = b;
+                            continue;
+                        }
+                    }
                     let coded_tile = key_codes.filter(|_| tile_start + TILE_POSITIONS <= own_start);
                     let mut v_codes = None;
                     if let (Some(keys), Some((ek, ev))) = (coded_tile, coded_kv) {

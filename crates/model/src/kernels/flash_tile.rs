@@ -383,7 +383,7 @@ pub fn merge_segments<'a>(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     //! AVX2 bodies; callers must have checked AVX2+FMA at runtime.
     use super::*;
     use std::arch::x86_64::*;
@@ -684,7 +684,7 @@ mod avx2 {
     ///
     /// # Safety
     /// As [`tile`], for every row (all rows share `valid`).
-    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn tile_rows_impl<E: TileElem, const R: usize, const W: usize>(
@@ -697,9 +697,46 @@ mod avx2 {
         scale: f32,
     ) {
         let hd = qs[0].len();
+        let (keys, vals) = (
+            ElemRows {
+                p: keys.as_ptr(),
+                hd,
+            },
+            ElemRows {
+                p: vals.as_ptr(),
+                hd,
+            },
+        );
+        // SAFETY: forwarded caller's contract.
+        unsafe { tile_rows_values::<_, _, R, W>(sts, accs, qs, keys, vals, valid, scale) }
+    }
+
+    /// [`tile_rows_impl`] with K and V rows read through [`ValueRows`] (plain rows, or codes
+    /// decoded in the register by `flash_tile_codes`: the same values, so the same bits).
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C present; `qs[r]`, `accs[r]` hold `hd` (a multiple of 8) floats; `keys`
+    /// holds `ceil(valid/8)·8` rows of `hd`, `vals` `valid` rows; `1 <= valid <= 16`.
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) unsafe fn tile_rows_values<
+        K: ValueRows,
+        V: ValueRows,
+        const R: usize,
+        const W: usize,
+    >(
+        sts: &mut [TileSoftmax; R],
+        accs: &mut [&mut [f32]; R],
+        qs: &[&[f32]; R],
+        keys: K,
+        vals: V,
+        valid: usize,
+        scale: f32,
+    ) {
+        let hd = qs[0].len();
         let chunks = hd / 8;
         let groups = valid.div_ceil(8);
-        let kp = keys.as_ptr();
         let vscale = _mm256_set1_ps(scale);
         let lane_ids = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
         let mut vmax = [_mm256_set1_ps(f32::NEG_INFINITY); R];
@@ -716,7 +753,7 @@ mod avx2 {
                     }
                     for j in 0..4 {
                         // SAFETY: row `8g + half + j < groups * 8`, which `keys` holds.
-                        let kc = unsafe { E::load8(kp.add((8 * g + half + j) * hd + 8 * c)) };
+                        let kc = unsafe { keys.load8(8 * g + half + j, 8 * c) };
                         for r in 0..R {
                             a[r][j] = _mm256_fmadd_ps(q[r], kc, a[r][j]);
                         }
@@ -738,12 +775,61 @@ mod avx2 {
                 vmax[r] = _mm256_max_ps(vmax[r], s);
             }
         }
+        // SAFETY: forwarded caller's contract (`vals` holds `valid` rows of `hd`).
+        unsafe { finish_rows::<_, R, W>(sts, accs, &scores, &vmax, vals, valid) };
+    }
+
+    /// A tile's V rows as the shared `p·V` loop of [`finish_rows`] reads them: eight values of
+    /// row `t` from element `e` as f32 lanes (plain rows widen on load; `flash_tile_codes`
+    /// decodes integer codes in the register).
+    pub(crate) trait ValueRows: Copy {
+        /// # Safety
+        /// AVX2+FMA+F16C present; row `t` of the tile holds elements `e..e + 8`.
+        unsafe fn load8(self, t: usize, e: usize) -> __m256;
+    }
+
+    /// Row-major rows of `hd` elements at `p`.
+    #[derive(Clone, Copy)]
+    pub(crate) struct ElemRows<E: TileElem> {
+        pub p: *const E,
+        pub hd: usize,
+    }
+
+    impl<E: TileElem> ValueRows for ElemRows<E> {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn load8(self, t: usize, e: usize) -> __m256 {
+            // SAFETY: forwarded caller's contract.
+            unsafe { E::load8(self.p.add(t * self.hd + e)) }
+        }
+    }
+
+    /// Steps 2–4 of the module doc for `R` rows sharing `valid`, each with its scores (−∞ at
+    /// and past `valid`) and lane maxima `vmax`: every row's arithmetic that of [`finish`]
+    /// (softmax step, then `acc = fma(p[t], v[t], acc)` for `t` in order), every V load shared
+    /// by the rows; `W` chunks of 8 accumulators per row are held in registers.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C present; every `accs[r]` holds `hd` (a multiple of 8) floats; `vals`
+    /// holds `valid` rows of `hd`.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) unsafe fn finish_rows<V: ValueRows, const R: usize, const W: usize>(
+        sts: &mut [TileSoftmax; R],
+        accs: &mut [&mut [f32]; R],
+        scores: &[[f32; TILE_POSITIONS]; R],
+        vmax: &[__m256; R],
+        vals: V,
+        valid: usize,
+    ) {
+        let chunks = accs[0].len() / 8;
+        let groups = valid.div_ceil(8);
         let mut p = [[0f32; TILE_POSITIONS]; R];
         for r in 0..R {
             p[r] = softmax_step(&mut sts[r], accs[r], &scores[r], vmax[r], groups);
         }
         let aps: [*mut f32; R] = std::array::from_fn(|r| accs[r].as_mut_ptr());
-        let vp = vals.as_ptr();
         let mut c0 = 0;
         while c0 < chunks {
             let w = (chunks - c0).min(W);
@@ -758,7 +844,7 @@ mod avx2 {
                 let bp: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(p[r][t]));
                 for i in 0..w {
                     // SAFETY: row `t < valid`, chunk `c0 + i < chunks` (caller's contract).
-                    let x = unsafe { E::load8(vp.add(t * hd + 8 * (c0 + i))) };
+                    let x = unsafe { vals.load8(t, 8 * (c0 + i)) };
                     for r in 0..R {
                         acc[r][i] = _mm256_fmadd_ps(bp[r], x, acc[r][i]);
                     }
