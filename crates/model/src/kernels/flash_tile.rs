@@ -684,7 +684,7 @@ pub(crate) mod avx2 {
     ///
     /// # Safety
     /// As [`tile`], for every row (all rows share `valid`).
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn tile_rows_impl<E: TileElem, const R: usize, const W: usize>(
@@ -697,18 +697,81 @@ pub(crate) mod avx2 {
         scale: f32,
     ) {
         let hd = qs[0].len();
-        let (keys, vals) = (
-            ElemRows {
-                p: keys.as_ptr(),
-                hd,
-            },
-            ElemRows {
-                p: vals.as_ptr(),
-                hd,
-            },
-        );
-        // SAFETY: forwarded caller's contract.
-        unsafe { tile_rows_values::<_, _, R, W>(sts, accs, qs, keys, vals, valid, scale) }
+        let chunks = hd / 8;
+        let groups = valid.div_ceil(8);
+        let kp = keys.as_ptr();
+        let vscale = _mm256_set1_ps(scale);
+        let lane_ids = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
+        let mut vmax = [_mm256_set1_ps(f32::NEG_INFINITY); R];
+        let mut scores = [[0f32; TILE_POSITIONS]; R];
+        for g in 0..groups {
+            let mut halves = [[_mm_setzero_ps(); 2]; R];
+            for (h, half) in [0usize, 4].into_iter().enumerate() {
+                let mut a = [[_mm256_setzero_ps(); 4]; R];
+                for c in 0..chunks {
+                    let mut q = [_mm256_setzero_ps(); R];
+                    for (qr, src) in q.iter_mut().zip(qs) {
+                        // SAFETY: `c < hd / 8`, so `8c + 8 <= hd`.
+                        *qr = unsafe { _mm256_loadu_ps(src.as_ptr().add(8 * c)) };
+                    }
+                    for j in 0..4 {
+                        // SAFETY: row `8g + half + j < groups * 8`, which `keys` holds.
+                        let kc = unsafe { E::load8(kp.add((8 * g + half + j) * hd + 8 * c)) };
+                        for r in 0..R {
+                            a[r][j] = _mm256_fmadd_ps(q[r], kc, a[r][j]);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    halves[r][h] = reduce4x8(&a[r]);
+                }
+            }
+            let limit = _mm256_set1_ps((valid - 8 * g) as f32);
+            let live = _mm256_cmp_ps::<_CMP_LT_OQ>(lane_ids, limit);
+            for r in 0..R {
+                let s = _mm256_set_m128(halves[r][1], halves[r][0]);
+                let s = _mm256_mul_ps(s, vscale);
+                // Lanes at or past `valid` become −∞ (weight exactly 0, never the maximum).
+                let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, live);
+                // SAFETY: `8g + 8 <= groups * 8 <= TILE_POSITIONS`.
+                unsafe { _mm256_storeu_ps(scores[r].as_mut_ptr().add(8 * g), s) };
+                vmax[r] = _mm256_max_ps(vmax[r], s);
+            }
+        }
+        let mut p = [[0f32; TILE_POSITIONS]; R];
+        for r in 0..R {
+            p[r] = softmax_step(&mut sts[r], accs[r], &scores[r], vmax[r], groups);
+        }
+        let aps: [*mut f32; R] = std::array::from_fn(|r| accs[r].as_mut_ptr());
+        let vp = vals.as_ptr();
+        let mut c0 = 0;
+        while c0 < chunks {
+            let w = (chunks - c0).min(W);
+            let mut acc = [[_mm256_setzero_ps(); W]; R];
+            for r in 0..R {
+                for (i, ai) in acc[r].iter_mut().enumerate().take(w) {
+                    // SAFETY: chunk `c0 + i < chunks` lies inside the row's `acc`.
+                    *ai = unsafe { _mm256_loadu_ps(aps[r].add(8 * (c0 + i))) };
+                }
+            }
+            for t in 0..valid {
+                let bp: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(p[r][t]));
+                for i in 0..w {
+                    // SAFETY: row `t < valid`, chunk `c0 + i < chunks` (caller's contract).
+                    let x = unsafe { E::load8(vp.add(t * hd + 8 * (c0 + i))) };
+                    for r in 0..R {
+                        acc[r][i] = _mm256_fmadd_ps(bp[r], x, acc[r][i]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for (i, ai) in acc[r].iter().enumerate().take(w) {
+                    // SAFETY: as above.
+                    unsafe { _mm256_storeu_ps(aps[r].add(8 * (c0 + i)), *ai) };
+                }
+            }
+            c0 += w;
+        }
     }
 
     /// [`tile_rows_impl`] with K and V rows read through [`ValueRows`] (plain rows, or codes

@@ -1,7 +1,10 @@
 //! Attention scores of a K/V tile straight from integer K codes: the query quantised to i8,
 //! dotted with the stored u8 codes in integers (AVX-512 VNNI `vpdpbusd` over the tile's codes
-//! transposed so that one vector holds the 16 positions), and the codec's scales applied to
-//! the integer sums. Steps 2–4 (softmax, `p·V`) are `flash_tile`'s.
+//! transposed so that one vector holds the 16 positions; AVX2 `vpmaddwd`, three query rows
+//! sharing each code word), and the codec's scales applied to the integer sums. Steps 2–4
+//! (softmax, `p·V`) are `flash_tile`'s, with V either decoded or read as codes and decoded in
+//! registers (the same values). Also the AVX2 f32 step over a sealed `int4c` K tile read in
+//! registers ([`tile_update_channel_codes`]: the values, so the bits, of the decoded tile).
 //!
 //! Which K codecs: `int8` with one group per row ([`KeyCodes::Rows`]) and the per-channel
 //! `int4c` groups of a multiple of 16 rows, so that a tile lies in one group
@@ -1153,7 +1156,7 @@ mod x86 {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn load8(self, t: usize, e: usize) -> __m256 {
-            // SAFETY (whole body): AVX2+FMA+F16C present and row `t` holds elements
+            // SAFETY: AVX2+FMA+F16C present and row `t` holds elements
             // `e..e + 8` (caller's contract): its group's pair and codes lie inside the row.
             unsafe {
                 let row = self.base.add(t * self.row_bytes);
@@ -1189,7 +1192,7 @@ mod x86 {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn load8(self, t: usize, e: usize) -> __m256 {
-            // SAFETY (whole body): AVX2+FMA+F16C present; row `t` holds elements `e..e + 8`
+            // SAFETY: AVX2+FMA+F16C present; row `t` holds elements `e..e + 8`
             // (bytes `e/2..e/2 + 4`) and the parameters `hd >= e + 8` channels (caller's
             // contract).
             unsafe {
