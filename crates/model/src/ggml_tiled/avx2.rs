@@ -175,7 +175,7 @@ unsafe fn widen_tile(
     let row = |p: usize| (tile + p - base) * hd;
     let mut p = pa;
     while p < pb {
-        if p % 8 == 0 && p + 8 <= pb {
+        if p.is_multiple_of(8) && p + 8 <= pb {
             for d in (0..hd).step_by(8) {
                 // SAFETY: positions `p..p + 8` and dims `d..d + 8` are inside `k`; the 8
                 // columns written are `kt[(d + i) * KV_TILE + p..+8]`, inside one tile.
@@ -290,6 +290,7 @@ unsafe fn scores_rows<const R: usize>(
 /// As [`scores_rows`], with `j + P <= KV_TILE / 8`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // register blocks: one index into several arrays
 unsafe fn scores_block<const R: usize, const P: usize>(
     kt: &[f32],
     hd: usize,
@@ -426,18 +427,20 @@ unsafe fn pv_span<const R: usize>(
     debug_assert!(t1 <= KV_TILE && vt.len() >= KV_TILE * hd);
     let nv = hd / 8;
     let mut d = 0;
-    // SAFETY (all calls): vectors `d..d + P` of `hd / 8`, forwarded bounds.
     if R == 1 {
         while d + 8 <= nv {
+            // SAFETY: vectors `d..d + 8` of `hd / 8`; the caller's bounds.
             unsafe { pv_block::<R, 8>(vt, hd, 8 * d, ps, t0, t1, accs) };
             d += 8;
         }
     }
     while d + 4 <= nv {
+        // SAFETY: vectors `d..d + 4` of `hd / 8`; the caller's bounds.
         unsafe { pv_block::<R, 4>(vt, hd, 8 * d, ps, t0, t1, accs) };
         d += 4;
     }
     while d < nv {
+        // SAFETY: vector `d` of `hd / 8`; the caller's bounds.
         unsafe { pv_block::<R, 1>(vt, hd, 8 * d, ps, t0, t1, accs) };
         d += 1;
     }
@@ -449,6 +452,7 @@ unsafe fn pv_span<const R: usize>(
 /// As [`pv_span`], with `d0 + 8 * P <= hd`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // register blocks: one index into several arrays
 unsafe fn pv_block<const R: usize, const P: usize>(
     vt: &[f32],
     hd: usize,
