@@ -143,8 +143,8 @@ pub struct ModelSection {
     pub threads: Option<usize>,
     /// Prompt rows of 64+ token prompts in llama.cpp's tiled prefill arithmetic, as
     /// llama-server computes them (`engine::EngineConfig::llama_cpp_prefill`; default false:
-    /// logprobs then match llama.cpp's to ~0.001 instead of ~0.015, at a slower prefill and
-    /// without cache hits on earlier generated tokens).
+    /// logprobs then match llama.cpp's to ~0.001 instead of ~0.015, without cache hits on earlier
+    /// generated tokens; prefill speed: docs/benchmarks.md "fid7").
     pub llama_cpp_prefill: Option<bool>,
 }
 

@@ -46,8 +46,9 @@ pub struct EngineConfig {
     /// batch or the chunking; to keep cache hits exact, such requests share blocks in a
     /// namespace of their own and publish their prompt blocks only — so a later turn (or a
     /// preempted request) recomputes earlier generated tokens instead of hitting them. Off by
-    /// default: its kernel (`model::ggml_tiled::attend_rows`) prefills 1.5–2× slower than the
-    /// per-row engine's for now. Off: every row per-row, and generated blocks are shared too.
+    /// default. Its kernel (`model::ggml_tiled::attend_rows`) prefills as fast as the per-row
+    /// engine's or faster on AVX2 CPUs (explicit kernel), 1.5–2× slower on AVX-512 CPUs (still
+    /// the compiled portable body); docs/benchmarks.md "fid6", "fid7". Off: every row per-row, and generated blocks are shared too.
     pub llama_cpp_prefill: bool,
 }
 

@@ -98,9 +98,21 @@ struct GgmlTaskScratch {
     out: Vec<f32>,
 }
 
-/// Tokens of one sequence at consecutive positions whose query rows (all heads of one KV head)
-/// share one task of llama.cpp's tiled prefill arithmetic.
+/// At most this many tokens of one sequence at consecutive positions share one task of
+/// llama.cpp's tiled prefill arithmetic (their query rows of all heads of one KV head).
 const GGML_TASK_TOKENS: usize = 32;
+
+/// At least this many tokens per such task, when a step has few marked tokens (each task
+/// gathers and widens its sequence's K/V once for all its rows).
+const GGML_TASK_MIN_TOKENS: usize = 8;
+
+/// Tokens per task of llama.cpp's tiled prefill arithmetic for a step with `marked` such tokens:
+/// [`GGML_TASK_TOKENS`], or fewer (down to [`GGML_TASK_MIN_TOKENS`]) so that a step with few
+/// of them still has about 4 tasks per thread to balance (a row's result never depends on the
+/// rows that share its task).
+fn ggml_task_tokens(marked: usize, num_kv_heads: usize, threads: usize) -> usize {
+    (marked * num_kv_heads / (4 * threads.max(1))).clamp(GGML_TASK_MIN_TOKENS, GGML_TASK_TOKENS)
+}
 
 fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if buf.len() < len {
@@ -177,7 +189,18 @@ pub fn forward(
                     || batch.prefill_rows.get(t).copied().unwrap_or(false))
         })
         .collect();
-    let ggml_tasks = ggml_task_runs(&ggml_rows, batch.slots, batch.positions, cfg.num_kv_heads);
+    let per_task = ggml_task_tokens(
+        ggml_rows.iter().filter(|&&m| m).count(),
+        cfg.num_kv_heads,
+        pool.num_threads(),
+    );
+    let ggml_tasks = ggml_task_runs(
+        &ggml_rows,
+        batch.slots,
+        batch.positions,
+        cfg.num_kv_heads,
+        per_task,
+    );
     let shape = AttnShape {
         num_heads: cfg.num_heads,
         num_kv_heads: cfg.num_kv_heads,
@@ -270,7 +293,9 @@ pub fn forward(
             let num_plan = plan.tasks.len();
             pool.for_each(num_plan + ggml_tasks.len(), &|i| {
                 if i >= num_plan {
-                    let (t0, t1, kv_head) = ggml_tasks[i - num_plan];
+                    // Last runs first: a causal prompt's later runs attend more positions, and
+                    // the longest tasks should not be the last ones handed out.
+                    let (t0, t1, kv_head) = ggml_tasks[ggml_tasks.len() - 1 - (i - num_plan)];
                     GGML_TILED_SCRATCH.with_borrow_mut(|g| {
                         g.q.clear();
                         g.ranges.clear();
@@ -448,7 +473,7 @@ pub fn forward(
     Ok(logits)
 }
 
-/// The tasks of llama.cpp's tiled prefill arithmetic: runs of up to [`GGML_TASK_TOKENS`]
+/// The tasks of llama.cpp's tiled prefill arithmetic: runs of up to `per_task`
 /// marked tokens of one sequence at consecutive positions, × every KV head, as
 /// `(first token, end token, kv_head)`. Each marked token is in exactly one run.
 fn ggml_task_runs(
@@ -456,6 +481,7 @@ fn ggml_task_runs(
     slots: &[SeqSlot],
     positions: &[u32],
     num_kv_heads: usize,
+    per_task: usize,
 ) -> Vec<(usize, usize, usize)> {
     let mut tasks = Vec::new();
     let mut t = 0;
@@ -466,7 +492,7 @@ fn ggml_task_runs(
         }
         let mut end = t + 1;
         while end < marked.len()
-            && end - t < GGML_TASK_TOKENS
+            && end - t < per_task
             && marked[end]
             && slots[end] == slots[t]
             && positions[end] == positions[end - 1] + 1

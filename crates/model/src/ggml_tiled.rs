@@ -19,13 +19,19 @@
 //! At the end `out = acc · (1/S)`. A row's result depends only on its query, its K/V and its
 //! position range, never on the other rows of the step ([`attend_rows`] runs many rows of one
 //! KV head together, widening each K/V tile once, with each row's result unchanged; [`attend_row`]
-//! is it for one row). It never reads a KV store and never parallelises; it runs an
-//! AVX-512- or AVX2+FMA-compiled copy of the same code when the CPU has it (bit-identical:
-//! `mul_add` is always fused and every operation is per lane), the portable copy otherwise.
+//! is it for one row). It never reads a KV store and never parallelises. With AVX-512 it runs
+//! an AVX-512-compiled copy of the portable code (bit-identical: `mul_add` is always fused and
+//! every operation is per lane); with AVX2+FMA (and `head_dim % 8 == 0`) the explicit kernel
+//! of [`avx2`](self::avx2), which blocks rows in registers and keeps each row's operations and
+//! their order (bit-identical, tested against the portable code); an AVX2+FMA-compiled copy of
+//! the portable code for other head sizes; the portable code otherwise.
 
 use half::f16;
 
 use crate::kernels::CpuFeatures;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 
 /// Positions per K/V tile (`GGML_FA_TILE_KV`).
 pub const KV_TILE: usize = 64;
@@ -124,6 +130,12 @@ pub fn attend_rows(
         if features.avx512 {
             // SAFETY: AVX-512 F+VL on top of AVX2+FMA+F16C was checked at runtime just above.
             unsafe { attend_rows_avx512(q, k, v, base, ranges, scale, scratch, out) };
+            return;
+        }
+        if features.avx2 && hd.is_multiple_of(8) {
+            // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above; the shapes
+            // were checked and the scratch sized above.
+            unsafe { avx2::attend_rows(q, k, v, base, ranges, scale, scratch, out) };
             return;
         }
         if features.avx2 {
@@ -450,18 +462,41 @@ mod tests {
         }
     }
 
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|f| f.to_bits()).collect()
+    }
+
+    fn f16s(rng: &mut impl Rng, n: usize, amp: f32) -> Vec<f16> {
+        (0..n)
+            .map(|_| f16::from_f32(rng.gen_range(-amp..amp)))
+            .collect()
+    }
+
+    /// Every path this CPU has: portable, AVX2+FMA (the explicit kernel, or the compiled copy
+    /// for head sizes that are not a multiple of 8) and, where present, AVX-512.
+    fn all_paths() -> [CpuFeatures; 3] {
+        let avx2_only = CpuFeatures {
+            avx512: false,
+            ..CpuFeatures::detect()
+        };
+        [CpuFeatures::PORTABLE, avx2_only, CpuFeatures::detect()]
+    }
+
     #[test]
     fn many_rows_at_once_are_bit_identical_to_one_row_at_a_time() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
         let mut one = TiledScratch::default();
         let mut many = RowsScratch::default();
-        for &(hd, base, len) in &[(64usize, 0usize, 300usize), (32, 40, 90), (64, 0, 1)] {
-            let k: Vec<f16> = (0..len * hd)
-                .map(|_| f16::from_f32(rng.gen_range(-2.0f32..2.0)))
-                .collect();
-            let v: Vec<f16> = (0..len * hd)
-                .map(|_| f16::from_f32(rng.gen_range(-2.0f32..2.0)))
-                .collect();
+        for &(hd, base, len) in &[
+            (64usize, 0usize, 300usize),
+            (32, 40, 90),
+            (64, 0, 1),
+            (128, 0, 200),
+            (256, 70, 150),
+            (64, 5, 131),
+        ] {
+            let k = f16s(&mut rng, len * hd, 2.0);
+            let v = f16s(&mut rng, len * hd, 2.0);
             // Causal rows at the end, a window, and rows repeated (several heads per position).
             let mut ranges = Vec::new();
             for i in 0..len.min(20) {
@@ -470,14 +505,12 @@ mod tests {
                 ranges.push((base, end));
                 ranges.push((end.saturating_sub(70).max(base), end));
             }
+            // An odd number of rows (the kernel blocks rows in pairs).
+            ranges.pop();
             let q: Vec<f32> = (0..ranges.len() * hd)
                 .map(|_| rng.gen_range(-1.0f32..1.0))
                 .collect();
-            let avx2_only = CpuFeatures {
-                avx512: false,
-                ..CpuFeatures::detect()
-            };
-            for features in [CpuFeatures::PORTABLE, avx2_only, CpuFeatures::detect()] {
+            for features in all_paths() {
                 let mut got = vec![0f32; q.len()];
                 attend_rows(
                     features, &q, &k, &v, base, &ranges, 0.3, &mut many, &mut got,
@@ -496,13 +529,84 @@ mod tests {
                         &mut one,
                         &mut want,
                     );
-                    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&got[r * hd..(r + 1) * hd]),
                         bits(&want),
-                        "hd {hd}, row {r}: {first}..{end}"
+                        "hd {hd}, row {r}: {first}..{end}, {features:?}"
                     );
                 }
+            }
+        }
+    }
+
+    /// The explicit AVX2 kernel (and every other path) against the portable body over random
+    /// shapes: head sizes 8–256 (and some not a multiple of 8), K/V starting off a tile
+    /// boundary, 1–13 rows with random ranges (straddling tiles, inside one tile, disjoint,
+    /// nested: the kernel's common spans, leading and trailing positions), scales from mild to
+    /// ones where weights underflow (ggml's far `expf` branches) and the maximum rises
+    /// mid-range (rescaling).
+    #[test]
+    fn explicit_kernels_are_bit_identical_to_the_portable_body_over_many_shapes() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
+        let mut scratch = RowsScratch::default();
+        for case in 0..400 {
+            let hd = [8usize, 16, 24, 40, 64, 64, 128, 256, 12, 36][case % 10];
+            let base = [0usize, 1, 63, 64, 100, 200][rng.gen_range(0..6)];
+            let len = rng.gen_range(1..=[70usize, 200, 400][case % 3]);
+            let amp = [0.5f32, 2.0, 8.0][rng.gen_range(0..3)];
+            let scale = [0.125f32, 0.3, 1.0, 5.0][rng.gen_range(0..4)];
+            let k = f16s(&mut rng, len * hd, amp);
+            let v = f16s(&mut rng, len * hd, 2.0);
+            let rows = rng.gen_range(1..=13);
+            let ranges: Vec<(usize, usize)> = (0..rows)
+                .map(|_| match rng.gen_range(0..4) {
+                    // Causal (from the start), a window, a repeat of the previous shape, any.
+                    0 => (base, base + rng.gen_range(1..=len)),
+                    1 => {
+                        let end = base + rng.gen_range(1..=len);
+                        (end - rng.gen_range(1..=(end - base).min(90)), end)
+                    }
+                    2 => (base, base + len),
+                    _ => {
+                        let a = base + rng.gen_range(0..len);
+                        (a, rng.gen_range(a + 1..=base + len))
+                    }
+                })
+                .collect();
+            let q: Vec<f32> = (0..rows * hd)
+                .map(|_| rng.gen_range(-1.0f32..1.0))
+                .collect();
+            let mut want = vec![0f32; q.len()];
+            attend_rows(
+                CpuFeatures::PORTABLE,
+                &q,
+                &k,
+                &v,
+                base,
+                &ranges,
+                scale,
+                &mut scratch,
+                &mut want,
+            );
+            assert!(want.iter().all(|x| x.is_finite()), "case {case}");
+            for features in all_paths() {
+                let mut got = vec![0f32; q.len()];
+                attend_rows(
+                    features,
+                    &q,
+                    &k,
+                    &v,
+                    base,
+                    &ranges,
+                    scale,
+                    &mut scratch,
+                    &mut got,
+                );
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "case {case}: hd {hd}, base {base}, len {len}, scale {scale}, {ranges:?}, {features:?}"
+                );
             }
         }
     }

@@ -45,6 +45,10 @@ pub struct BenchEngineArgs {
     /// Agent mix: step-time targets to compare, in ms (0 = none).
     #[arg(long, value_delimiter = ',', default_value = "0,100")]
     pub step_target_ms: Vec<u64>,
+    /// Prompt rows of prompts of 64+ tokens in llama.cpp's tiled prefill arithmetic
+    /// (`EngineConfig::llama_cpp_prefill`; off by default, as in `serve`).
+    #[arg(long)]
+    pub llama_cpp_prefill: bool,
 }
 
 fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
@@ -77,6 +81,7 @@ fn new_core(
         kv_dtype: args.kv.codecs()?,
         prefix_caching,
         threads,
+        llama_cpp_prefill: args.llama_cpp_prefill,
         ..Default::default()
     };
     Ok(EngineCore::new(model.clone(), cfg)?)
@@ -166,6 +171,7 @@ fn run_agent_mix(
         prefix_caching: true,
         threads,
         step_time_target: (target_ms > 0).then(|| Duration::from_millis(target_ms)),
+        llama_cpp_prefill: args.llama_cpp_prefill,
         ..Default::default()
     };
     let mut core = EngineCore::new(model.clone(), cfg)?;

@@ -42,6 +42,11 @@ pub struct BenchModelArgs {
     pub membw_mib: usize,
     #[command(flatten)]
     pub kv: super::common::KvArgs,
+    /// Compute prompt rows (the cached prefix and the timed prefill, when at least 64 tokens)
+    /// in llama.cpp's tiled prefill arithmetic, as the engine does with
+    /// `EngineConfig::llama_cpp_prefill` (`ForwardBatch::prefill_rows`); decode stays per-row.
+    #[arg(long)]
+    pub llama_cpp_prefill: bool,
 }
 
 pub fn run(args: BenchModelArgs) -> Result<()> {
@@ -64,8 +69,10 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         let tokens: Vec<u32> = (start..start + len).map(token_at).collect();
         let positions: Vec<u32> = (start as u32..(start + len) as u32).collect();
         let slots = vec![SeqSlot(0); len];
+        let marked =
+            vec![args.llama_cpp_prefill && len >= model::attention::PREFILL_MIN_TOKENS; len];
         let batch = ForwardBatch {
-            prefill_rows: &[],
+            prefill_rows: &marked,
             matmul_arith: model::MatmulArith::Invariant,
             tokens: &tokens,
             positions: &positions,

@@ -84,7 +84,7 @@ fn tail(gate: &mut [f32], up: &[f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     //! AVX2 bodies; callers must have checked AVX2+FMA at runtime.
     use super::{c, C0, C1, C2, C3, C4, LN2_HI, LN2_LO, LOG2E, SHIFT};
     use std::arch::x86_64::*;
@@ -92,7 +92,7 @@ mod avx2 {
     /// `ggml_v_expf`, transcribed intrinsic for intrinsic.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn expf8(x: __m256) -> __m256 {
+    pub(crate) fn expf8(x: __m256) -> __m256 {
         let r = _mm256_set1_ps(c(SHIFT));
         let z = _mm256_fmadd_ps(x, _mm256_set1_ps(c(LOG2E)), r);
         let n = _mm256_sub_ps(z, r);
