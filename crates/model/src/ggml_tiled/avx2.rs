@@ -24,6 +24,7 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::{RowsScratch, KV_TILE};
+use crate::kernels::flash_tile_wide::x86::transpose8x8;
 use crate::kernels::swiglu::avx2::expf8;
 
 /// Query rows per register block (2 rows × 4 vectors of accumulators, the K or V vectors and
@@ -185,7 +186,7 @@ unsafe fn widen_tile(
                         let src = k.as_ptr().add(row(p + i) + d) as *const __m128i;
                         *ri = _mm256_cvtph_ps(_mm_loadu_si128(src));
                     }
-                    let c = transpose8(r);
+                    let c = transpose8x8(r);
                     for (i, ci) in c.iter().enumerate() {
                         _mm256_storeu_ps(kt.as_mut_ptr().add((d + i) * KV_TILE + p), *ci);
                     }
@@ -211,38 +212,6 @@ unsafe fn widen_tile(
             }
         }
     }
-}
-
-/// Rows `r[i]` (lanes = columns) of an 8×8 block to its columns.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
-    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-    let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-    let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-    let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-    let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-    let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-    let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-    let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-    [
-        _mm256_permute2f128_ps::<0x20>(u0, u4),
-        _mm256_permute2f128_ps::<0x20>(u1, u5),
-        _mm256_permute2f128_ps::<0x20>(u2, u6),
-        _mm256_permute2f128_ps::<0x20>(u3, u7),
-        _mm256_permute2f128_ps::<0x31>(u0, u4),
-        _mm256_permute2f128_ps::<0x31>(u1, u5),
-        _mm256_permute2f128_ps::<0x31>(u2, u6),
-        _mm256_permute2f128_ps::<0x31>(u3, u7),
-    ]
 }
 
 /// Scores of `R` rows over the vectors of the tile that any of their spans touch, written to

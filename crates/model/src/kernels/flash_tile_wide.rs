@@ -150,13 +150,46 @@ pub fn tile_update_wide(
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(in crate::kernels) mod x86 {
+pub(crate) mod x86 {
     //! AVX2 transposition and AVX-512 tile bodies; callers check the features at runtime.
     use super::super::flash_tile::{
         exp_poly, EXP_MIN, LN2_HI, LN2_LO, LOG2E, P0, P1, P2, P3, P4, P5,
     };
     use super::*;
     use std::arch::x86_64::*;
+
+    /// The 8×8 transpose of eight 8-lane registers: lane `i` of output `j` is lane `j` of input
+    /// `i` (unpack, shuffle, 128-bit permute; pure data movement). Shared with `ggml_tiled`'s
+    /// AVX2 path.
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn transpose8x8(r: [__m256; 8]) -> [__m256; 8] {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(s0, s4),
+            _mm256_permute2f128_ps::<0x20>(s1, s5),
+            _mm256_permute2f128_ps::<0x20>(s2, s6),
+            _mm256_permute2f128_ps::<0x20>(s3, s7),
+            _mm256_permute2f128_ps::<0x31>(s0, s4),
+            _mm256_permute2f128_ps::<0x31>(s1, s5),
+            _mm256_permute2f128_ps::<0x31>(s2, s6),
+            _mm256_permute2f128_ps::<0x31>(s3, s7),
+        ]
+    }
 
     /// Transposes the 8×8 block of rows `t0..t0+8`, columns `d0..d0+8` of `keys` (row stride
     /// `hd`, widened to f32) into rows `d0..d0+8`, columns `c0..c0+8` of `kt` (row stride 16).
@@ -176,32 +209,7 @@ pub(in crate::kernels) mod x86 {
         // SAFETY: rows `t0 + i` of `keys`, columns `d0..d0 + 8` (caller's contract).
         let r: [__m256; 8] =
             std::array::from_fn(|i| unsafe { E::load8(kp.add((t0 + i) * hd + d0)) });
-        let t0_ = _mm256_unpacklo_ps(r[0], r[1]);
-        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-        let s0 = _mm256_shuffle_ps::<0x44>(t0_, t2);
-        let s1 = _mm256_shuffle_ps::<0xEE>(t0_, t2);
-        let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-        let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-        let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-        let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-        let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-        let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-        let out = [
-            _mm256_permute2f128_ps::<0x20>(s0, s4),
-            _mm256_permute2f128_ps::<0x20>(s1, s5),
-            _mm256_permute2f128_ps::<0x20>(s2, s6),
-            _mm256_permute2f128_ps::<0x20>(s3, s7),
-            _mm256_permute2f128_ps::<0x31>(s0, s4),
-            _mm256_permute2f128_ps::<0x31>(s1, s5),
-            _mm256_permute2f128_ps::<0x31>(s2, s6),
-            _mm256_permute2f128_ps::<0x31>(s3, s7),
-        ];
+        let out = transpose8x8(r);
         let dp = kt.as_mut_ptr();
         for (j, o) in out.iter().enumerate() {
             // SAFETY: row `d0 + j` of `kt`, columns `t0..t0 + 8` (caller's contract).
