@@ -28,6 +28,7 @@ use crate::kernels::flash_tile_codes::{tile_update_channel_codes, tile_update_wi
 use crate::kernels::flash_tile_codes::{
     tile_update_codes, values_from_codes, CodedTile, KeyCodes, QueryCodes, QueryRef, TileValues,
 };
+use crate::kernels::flash_tile_narrow::{tile_update_narrow, NarrowTiles};
 use crate::kernels::flash_tile_wide::{tile_update_wide, transpose_keys, WideTiles, WIDE_ROWS};
 use crate::kv::{KvChunk, KvDtype, KvStore, SeqSlot};
 use crate::par::DisjointRows;
@@ -234,6 +235,31 @@ fn update_rows_wide(
         empty,
         |row| row.q,
         |sts, accs, qs, valids| tile_update_wide(proof, sts, accs, qs, valids, kt, vals, scale),
+    );
+}
+
+/// [`update_rows`] through the AVX2 transposed kernel of `flash_tile_narrow` (same bits), where
+/// the 512-bit one cannot run: `kt` is the tile's K transposed, `vals` its widened V.
+#[allow(clippy::too_many_arguments)]
+fn update_rows_narrow(
+    proof: NarrowTiles,
+    rows: &mut [Row<'_>],
+    hd: usize,
+    kt: &[f32],
+    vals: &[f32],
+    tile_start: usize,
+    tile_end: usize,
+    scale: f32,
+) {
+    let empty: &[f32] = &[];
+    for_live_blocks::<WIDE_BLOCK_ROWS, _>(
+        rows,
+        hd,
+        tile_start,
+        tile_end,
+        empty,
+        |row| row.q,
+        |sts, accs, qs, valids| tile_update_narrow(proof, sts, accs, qs, valids, kt, vals, scale),
     );
 }
 
@@ -462,6 +488,8 @@ pub unsafe fn run_tile_task(
     } = scratch;
     // Widened tiles go through the 512-bit kernel where it runs (same bits either way).
     let wide = WideTiles::here().filter(|_| hd.is_multiple_of(16));
+    // Without it, widened tiles shared by many rows go through the AVX2 transposed kernel.
+    let narrow = NarrowTiles::here().filter(|_| wide.is_none() && hd.is_multiple_of(8));
     // Every query row of the task, rounded to f16 once (not in the prefill arithmetic).
     q16.clear();
     for t in tokens.0 as usize..tokens.1 as usize {
@@ -577,6 +605,8 @@ pub unsafe fn run_tile_task(
                 };
                 let chunk_end = start + chunk.num_positions(hd);
                 let widen = encoded || rows.len() >= WIDEN_MIN_ROWS;
+                // Many rows share the tile: worth transposing K for the AVX2 kernel.
+                let narrow = narrow.filter(|_| rows.len() >= WIDEN_MIN_ROWS);
                 let mut a = start.max(seg_start);
                 while a < chunk_end.min(seg_end) {
                     let tile_start = seg_start + (a - seg_start) / TILE_POSITIONS * TILE_POSITIONS;
@@ -633,10 +663,10 @@ pub unsafe fn run_tile_task(
                     } else if let Some((ek, ev)) = coded_kv {
                         decode_rows(&ek.skip_rows(first).take_rows(n), &mut keys32[dst.clone()]);
                         decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst.clone()]);
-                        if wide.is_some() {
+                        if wide.is_some() || narrow.is_some() {
                             transpose_keys(&keys32[dst], n, hd, keys_t, a - tile_start);
                         }
-                    } else if widen && wide.is_some() {
+                    } else if widen && (wide.is_some() || narrow.is_some()) {
                         // K straight from f16 into the transposed tile; V widened.
                         transpose_keys(&k[src.clone()], n, hd, keys_t, a - tile_start);
                         widen_f16(&v[src], &mut vals32[dst]);
@@ -673,6 +703,11 @@ pub unsafe fn run_tile_task(
                             );
                         } else if let (true, Some(proof)) = (widen, wide) {
                             update_rows_wide(
+                                proof, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
+                                inp.scale,
+                            );
+                        } else if let (true, Some(proof)) = (widen, narrow) {
+                            update_rows_narrow(
                                 proof, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
                                 inp.scale,
                             );

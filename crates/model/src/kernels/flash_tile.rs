@@ -391,7 +391,7 @@ pub(crate) mod avx2 {
     /// [`exp_poly`] on eight lanes (arguments ≤ 0 or −∞; NaN lanes are not expected).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    fn exp8(x: __m256) -> __m256 {
+    pub(crate) fn exp8(x: __m256) -> __m256 {
         let below = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(EXP_MIN));
         let x = _mm256_min_ps(
             _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN)),
@@ -454,7 +454,7 @@ pub(crate) mod avx2 {
     /// [`exp_poly`] of one value through the vector lanes (same bits).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    pub(super) fn exp1(x: f32) -> f32 {
+    pub(crate) fn exp1(x: f32) -> f32 {
         _mm256_cvtss_f32(exp8(_mm256_set1_ps(x)))
     }
 
@@ -501,7 +501,7 @@ pub(crate) mod avx2 {
     /// One vector's `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    fn hsum(x: __m256) -> f32 {
+    pub(crate) fn hsum(x: __m256) -> f32 {
         let h = _mm256_hadd_ps(x, x); // [x0+x1, x2+x3, .. | x4+x5, x6+x7, ..]
         let h = _mm256_hadd_ps(h, h); // [(01)+(23) .. | (45)+(67) ..]
         _mm_cvtss_f32(_mm_add_ss(

@@ -26,6 +26,7 @@ pub mod cpu;
 pub mod flash_f16;
 pub mod flash_tile;
 pub mod flash_tile_codes;
+pub mod flash_tile_narrow;
 pub mod flash_tile_wide;
 pub mod kquant;
 #[cfg(target_arch = "x86_64")]
