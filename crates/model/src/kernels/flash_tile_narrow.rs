@@ -608,8 +608,8 @@ mod tests {
         let Some(proof) = NarrowTiles::here() else {
             panic!("narrow tile shapes (no AVX2 here)");
         };
-        let q = vec![0f32; 12];
-        let mut acc = vec![0f32; 12];
+        let q = [0f32; 12];
+        let mut acc = [0f32; 12];
         let kt = vec![0f32; 12 * TILE_POSITIONS];
         let vals = vec![0f32; 12 * TILE_POSITIONS];
         tile_update_narrow(
