@@ -9,7 +9,8 @@
 //! group and up to `QUERY_TILE_TOKENS` tokens) and the causal limits per row. The arithmetic is that of
 //! `kernels::flash_tile`; a tile shared by many rows (a prefill run) is widened once — with
 //! AVX-512, K straight into the transposed `[head_dim, 16]` layout of `kernels::flash_tile_wide`,
-//! whose 512-bit step gives the same bits as the row-major kernels a decode uses. It never
+//! whose 512-bit step gives the same bits as the row-major kernels a decode uses (with AVX2 only,
+//! the same layout feeds the 256-bit step of `kernels::flash_tile_narrow`). It never
 //! writes K/V and never decides the task split (see `attention_plan`).
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -20,7 +20,8 @@
 //! bit-identical results (tests pin this), and a row's result depends only on its query, its
 //! K/V and its position count — never on which other rows share the tile. Many rows sharing a
 //! widened tile run the same arithmetic in 512-bit registers over the tile's K transposed
-//! (`flash_tile_wide`, AVX-512 F), also bit-identical.
+//! (`flash_tile_wide`, AVX-512 F) or, without AVX-512, in 256-bit registers over the same
+//! transposed tile (`flash_tile_narrow`, AVX2), also bit-identical.
 
 use half::f16;
 
