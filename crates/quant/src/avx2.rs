@@ -92,11 +92,11 @@ unsafe fn ld_u4(p: *const u8, i: usize) -> __m256 {
     // SAFETY: the caller guarantees bytes i/2..i/2+4 are readable; read_unaligned has no
     // alignment need.
     let word = unsafe { p.add(i / 2).cast::<i32>().read_unaligned() };
-    let v = _mm_cvtsi32_si128(word);
-    let mask = _mm_set1_epi8(0x0F);
-    let lo = _mm_and_si128(v, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), mask);
-    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)))
+    // Lane j holds nibble j of the little-endian word (bits 4j..4j+4): the word broadcast to
+    // every lane, each lane shifted right by its own 4j, masked.
+    let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    let v = _mm256_srlv_epi32(_mm256_set1_epi32(word), shifts);
+    _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0x0F)))
 }
 
 /// Canonical-order `Σ q[k]·x[k]`, `x` loaded 8 at a time by `$ld($p, k)`, scalar tail `$tail(k)`.
@@ -364,6 +364,43 @@ pub(crate) fn decode_u4(scale: f32, offset: f32, codes: &[u8], out: &mut [f32]) 
         |v| _mm256_fmadd_ps(v, sv, ov),
         |k| dequant(u4_at(codes, k), scale, offset)
     )
+}
+
+/// Every row of a run of `int4` rows into `out` (`[rows, hd]`): `bytes` holds whole rows, each
+/// the `(scale, offset)` header of its `hd / group` groups then the packed codes. Each value is
+/// `fma(nibble, scale_g, offset_g)`, as [`decode_u4`] per group; the row loop runs here so a
+/// tile pays no call per row or group.
+///
+/// # Panics
+/// If `group` is not a positive multiple of 8 dividing `hd`, `out` is not whole rows, or
+/// `bytes` holds fewer rows than `out` (a caller bug).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn decode_u4_rows(bytes: &[u8], hd: usize, group: usize, out: &mut [f32]) {
+    assert!(group > 0 && group.is_multiple_of(8) && hd.is_multiple_of(group));
+    let header = 4 * (hd / group);
+    let row_bytes = header + hd / 2;
+    let n = out.len() / hd;
+    assert!(
+        out.len() == n * hd && bytes.len() >= n * row_bytes,
+        "int4 rows too short"
+    );
+    for (row, o) in bytes.chunks_exact(row_bytes).zip(out.chunks_exact_mut(hd)) {
+        for g in 0..hd / group {
+            let b: [u8; 4] = row[4 * g..4 * g + 4].try_into().expect("4 bytes");
+            // Scale and offset widened by one F16C conversion (exact: `group_params`' values).
+            let sv = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes(b)));
+            let (scale, offset) = (_mm_cvtss_f32(sv), _mm_cvtss_f32(_mm_movehdup_ps(sv)));
+            let (sv, ov) = (_mm256_set1_ps(scale), _mm256_set1_ps(offset));
+            for x in (g * group..(g + 1) * group).step_by(8) {
+                // SAFETY: x + 8 <= hd, so the 4 code bytes at header + x/2 lie inside the row
+                // (header + hd/2 bytes) and the 8 values stored lie inside `o` (hd values).
+                unsafe {
+                    let v = _mm256_fmadd_ps(ld_u4(row.as_ptr().add(header), x), sv, ov);
+                    _mm256_storeu_ps(o.as_mut_ptr().add(x), v);
+                }
+            }
+        }
+    }
 }
 
 /// [`crate::scalar::decode_u4_channels`]: 8 values at a time, each with its own scale and offset.

@@ -66,6 +66,13 @@ pub fn decode_rows_with(isa: Isa, rows: &EncodedRows<'_>, out: &mut [f32]) {
                 unsafe { crate::avx512::decode_u4_rows(rows.bytes(), hd, group, out) };
                 return;
             }
+            #[cfg(target_arch = "x86_64")]
+            if isa.use_avx2() && four_bit && !kind.is_rotated() && group.is_multiple_of(8) {
+                // SAFETY: `use_avx2` is true only when AVX2+FMA+F16C were detected at runtime;
+                // the kernel asserts its shapes (whole rows, checked above).
+                unsafe { crate::avx2::decode_u4_rows(rows.bytes(), hd, group, out) };
+                return;
+            }
             for (o, r) in outs.zip(rows.rows()) {
                 let (params, codes) = split_int(r, hd, group);
                 #[cfg(target_arch = "x86_64")]
