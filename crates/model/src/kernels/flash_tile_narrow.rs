@@ -337,7 +337,7 @@ mod x86 {
             }
         }
         for t in 0..valid {
-            let pb: [__m256; NARROW_ROWS] = std::array::from_fn(|r| _mm256_broadcast_ss(&p[r][t]));
+            let pb: [__m256; NARROW_ROWS] = std::array::from_fn(|r| _mm256_set1_ps(p[r][t]));
             for i in 0..W {
                 // SAFETY: caller's contract (row `t < valid`).
                 let v = unsafe { _mm256_loadu_ps(vp.add(t * stride + e0 + 8 * i)) };
@@ -500,7 +500,7 @@ mod x86 {
         let mut a: [__m256; W] =
             std::array::from_fn(|i| _mm256_mul_ps(unsafe { _mm256_loadu_ps(ap.add(8 * i)) }, vf));
         for (t, pt) in p.iter().enumerate().take(valid) {
-            let pb = _mm256_broadcast_ss(pt);
+            let pb = _mm256_set1_ps(*pt);
             for (i, ai) in a.iter_mut().enumerate() {
                 // SAFETY: caller's contract (row `t < valid`).
                 let v = unsafe { _mm256_loadu_ps(vp.add(t * stride + 8 * i)) };
