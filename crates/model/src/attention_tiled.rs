@@ -214,36 +214,19 @@ fn for_live_blocks<'r, const BLOCK: usize, Q: Copy>(
 /// triple's softmax with the next triple's scores (`flash_tile_wide::x86::triples`).
 const WIDE_BLOCK_ROWS: usize = 8 * WIDE_ROWS;
 
-/// [`update_rows`] through the 512-bit kernel of `flash_tile_wide` (same bits): `kt` is the
-/// tile's K transposed, `vals` its widened V; rows go in blocks of [`WIDE_BLOCK_ROWS`].
-#[allow(clippy::too_many_arguments)]
-fn update_rows_wide(
-    proof: WideTiles,
-    rows: &mut [Row<'_>],
-    hd: usize,
-    kt: &[f32],
-    vals: &[f32],
-    tile_start: usize,
-    tile_end: usize,
-    scale: f32,
-) {
-    let empty: &[f32] = &[];
-    for_live_blocks::<WIDE_BLOCK_ROWS, _>(
-        rows,
-        hd,
-        tile_start,
-        tile_end,
-        empty,
-        |row| row.q,
-        |sts, accs, qs, valids| tile_update_wide(proof, sts, accs, qs, valids, kt, vals, scale),
-    );
+/// A tile step over K transposed to `[head_dim, 16]` (same bits as the row-major kernels): the
+/// 512-bit one of `flash_tile_wide`, or without AVX-512 the 256-bit one of `flash_tile_narrow`.
+#[derive(Clone, Copy)]
+enum TransposedStep {
+    Wide(WideTiles),
+    Narrow(NarrowTiles),
 }
 
-/// [`update_rows`] through the AVX2 transposed kernel of `flash_tile_narrow` (same bits), where
-/// the 512-bit one cannot run: `kt` is the tile's K transposed, `vals` its widened V.
+/// [`update_rows`] through a [`TransposedStep`]: `kt` is the tile's K transposed, `vals` its
+/// widened V; rows go in blocks of [`WIDE_BLOCK_ROWS`].
 #[allow(clippy::too_many_arguments)]
-fn update_rows_narrow(
-    proof: NarrowTiles,
+fn update_rows_transposed(
+    step: TransposedStep,
     rows: &mut [Row<'_>],
     hd: usize,
     kt: &[f32],
@@ -260,7 +243,12 @@ fn update_rows_narrow(
         tile_end,
         empty,
         |row| row.q,
-        |sts, accs, qs, valids| tile_update_narrow(proof, sts, accs, qs, valids, kt, vals, scale),
+        |sts, accs, qs, valids| match step {
+            TransposedStep::Wide(p) => tile_update_wide(p, sts, accs, qs, valids, kt, vals, scale),
+            TransposedStep::Narrow(p) => {
+                tile_update_narrow(p, sts, accs, qs, valids, kt, vals, scale)
+            }
+        },
     );
 }
 
@@ -606,8 +594,11 @@ pub unsafe fn run_tile_task(
                 };
                 let chunk_end = start + chunk.num_positions(hd);
                 let widen = encoded || rows.len() >= WIDEN_MIN_ROWS;
-                // Many rows share the tile: worth transposing K for the AVX2 kernel.
-                let narrow = narrow.filter(|_| rows.len() >= WIDEN_MIN_ROWS);
+                // The transposed step for a widened tile: the 512-bit one, or the AVX2 one when
+                // many rows share the tile (worth transposing K for).
+                let transposed = wide.map(TransposedStep::Wide).or(narrow
+                    .filter(|_| rows.len() >= WIDEN_MIN_ROWS)
+                    .map(TransposedStep::Narrow));
                 let mut a = start.max(seg_start);
                 while a < chunk_end.min(seg_end) {
                     let tile_start = seg_start + (a - seg_start) / TILE_POSITIONS * TILE_POSITIONS;
@@ -664,10 +655,10 @@ pub unsafe fn run_tile_task(
                     } else if let Some((ek, ev)) = coded_kv {
                         decode_rows(&ek.skip_rows(first).take_rows(n), &mut keys32[dst.clone()]);
                         decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst.clone()]);
-                        if wide.is_some() || narrow.is_some() {
+                        if transposed.is_some() {
                             transpose_keys(&keys32[dst], n, hd, keys_t, a - tile_start);
                         }
-                    } else if widen && (wide.is_some() || narrow.is_some()) {
+                    } else if widen && transposed.is_some() {
                         // K straight from f16 into the transposed tile; V widened.
                         transpose_keys(&k[src.clone()], n, hd, keys_t, a - tile_start);
                         widen_f16(&v[src], &mut vals32[dst]);
@@ -688,8 +679,14 @@ pub unsafe fn run_tile_task(
                                     proof, &mut rows, hd, keys_t, &v, tile_start, tile_end,
                                     inp.scale,
                                 ),
-                                _ => update_rows_wide(
-                                    proof, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
+                                _ => update_rows_transposed(
+                                    TransposedStep::Wide(proof),
+                                    &mut rows,
+                                    hd,
+                                    keys_t,
+                                    vals32,
+                                    tile_start,
+                                    tile_end,
                                     inp.scale,
                                 ),
                             }
@@ -702,14 +699,9 @@ pub unsafe fn run_tile_task(
                                 features, keys, &mut rows, hd, coded, qcodes, vals, tile_start,
                                 tile_end, inp.scale,
                             );
-                        } else if let (true, Some(proof)) = (widen, wide) {
-                            update_rows_wide(
-                                proof, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
-                                inp.scale,
-                            );
-                        } else if let (true, Some(proof)) = (widen, narrow) {
-                            update_rows_narrow(
-                                proof, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
+                        } else if let (true, Some(step)) = (widen, transposed) {
+                            update_rows_transposed(
+                                step, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
                                 inp.scale,
                             );
                         } else if widen {

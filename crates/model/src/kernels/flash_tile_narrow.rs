@@ -516,89 +516,33 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::flash_tile::tile_update_with;
-    use super::super::flash_tile_wide::transpose_keys;
+    use super::super::flash_tile_wide::check::check_transposed_step;
     use super::*;
-    use half::f16;
-    use rand::{Rng, SeedableRng};
 
-    /// The AVX2 transposed kernel (rows with different `valid`, several tiles so the running
-    /// maximum and rescaling are exercised, head sizes that are and are not multiples of 64)
-    /// against the portable row-major definition, bit for bit; stale keys past `valid` must not
-    /// leak.
+    /// The AVX2 transposed kernel (runs of triples sharing `valid`, single rows, head sizes
+    /// that are and are not multiples of 64) against the portable row-major definition, bit for
+    /// bit (`flash_tile_wide::check::check_transposed_step`).
     #[test]
-    #[allow(clippy::needless_range_loop)]
     fn narrow_tiles_match_the_portable_definition_bitwise() {
         let Some(proof) = NarrowTiles::here() else {
             eprintln!("no AVX2 here: the 256-bit transposed tile kernel is not exercised");
             return;
         };
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(31);
-        for hd in [64usize, 8, 72, 128, 256] {
-            let rows = 7;
-            let qs: Vec<Vec<f32>> = (0..rows)
-                .map(|_| (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect())
-                .collect();
-            let tiles: Vec<[usize; 7]> = vec![
-                [16; 7],
-                [16, 5, 5, 9, 1, 16, 8],
-                [7, 7, 7, 16, 16, 16, 3],
-                [16; 7],
-                [1, 2, 2, 2, 3, 15, 16],
-            ];
-            let mut want_st = vec![TileSoftmax::default(); rows];
-            let mut want_acc = vec![vec![0f32; hd]; rows];
-            let mut sts = vec![TileSoftmax::default(); rows];
-            let mut accs = vec![vec![0f32; hd]; rows];
-            let mut kt = vec![0f32; hd * TILE_POSITIONS];
-            for (i, valids) in tiles.iter().enumerate() {
-                // f16-exact K/V (what the store holds), larger spread in later tiles so the
-                // maximum grows.
-                let s = 1.0 + 2.0 * i as f32;
-                let mut gen = |s: f32| -> Vec<f32> {
-                    (0..TILE_POSITIONS * hd)
-                        .map(|_| f16::from_f32(rng.gen_range(-s..s)).to_f32())
-                        .collect()
-                };
-                let (keys, vals) = (gen(s), gen(2.0));
-                for r in 0..rows {
-                    tile_update_with(
-                        CpuFeatures::PORTABLE,
-                        &mut want_st[r],
-                        &mut want_acc[r],
-                        &qs[r],
-                        &keys,
-                        &vals,
-                        valids[r],
-                        0.125,
-                    );
-                }
-                kt.iter_mut().for_each(|x| *x = 1e30);
-                let max_valid = *valids.iter().max().unwrap();
-                transpose_keys(&keys, max_valid, hd, &mut kt, 0);
-                let mut acc_refs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..]).collect();
-                let q_refs: Vec<&[f32]> = qs.iter().map(|q| &q[..]).collect();
-                tile_update_narrow(
-                    proof,
-                    &mut sts,
-                    &mut acc_refs,
-                    &q_refs,
-                    valids,
-                    &kt,
-                    &vals,
-                    0.125,
-                );
-                for r in 0..rows {
-                    assert_eq!(sts[r], want_st[r], "hd={hd} tile {i} row {r}");
-                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(
-                        bits(&accs[r]),
-                        bits(&want_acc[r]),
-                        "hd={hd} tile {i} row {r}"
-                    );
-                }
-            }
-        }
+        let tiles: [[usize; 7]; 5] = [
+            [16; 7],
+            [16, 5, 5, 9, 1, 16, 8],
+            [7, 7, 7, 16, 16, 16, 3],
+            [16; 7],
+            [1, 2, 2, 2, 3, 15, 16],
+        ];
+        check_transposed_step(
+            31,
+            &[64, 8, 72, 128, 256],
+            &tiles,
+            |sts, accs, qs, v, kt, vals| {
+                tile_update_narrow(proof, sts, accs, qs, v, kt, vals, 0.125)
+            },
+        );
     }
 
     /// Shapes the kernel cannot take are refused, not read out of bounds.

@@ -528,7 +528,7 @@ pub(crate) mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::flash_tile::tile_update_with;
+    use super::check::check_transposed_step;
     use super::*;
     use half::f16;
     use rand::{Rng, SeedableRng};
@@ -572,45 +572,74 @@ mod tests {
     }
 
     /// The 512-bit kernel (runs of three-row blocks and single rows, rows with different `valid`)
-    /// against the portable row-major definition, bit for bit, over several tiles so the
-    /// running maximum and rescaling are exercised; stale keys past `valid` must not leak.
+    /// against the portable row-major definition, bit for bit (`check_transposed_step`).
     #[test]
-    #[allow(clippy::needless_range_loop)]
     fn wide_tiles_match_the_portable_definition_bitwise() {
         let Some(proof) = WideTiles::here() else {
             eprintln!("no AVX-512 here: the 512-bit tile kernel is not exercised");
             return;
         };
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(29);
-        for hd in [64usize, 16, 128] {
-            let rows = 11;
-            let qs: Vec<Vec<f32>> = (0..rows)
+        // Per tile: each row's valid (runs of one to three triples sharing theirs, so the
+        // pipelined triples run; single rows that differ).
+        let tiles: [[usize; 11]; 5] = [
+            [16; 11],
+            [16, 16, 16, 16, 16, 16, 5, 5, 5, 9, 1],
+            [7, 7, 7, 16, 16, 16, 16, 16, 16, 8, 16],
+            [16; 11],
+            [1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 15],
+        ];
+        check_transposed_step(
+            29,
+            &[64, 16, 128],
+            &tiles,
+            |sts, accs, qs, valids, kt, vals| {
+                tile_update_wide(proof, sts, accs, qs, valids, kt, vals, 0.125)
+            },
+        );
+    }
+}
+
+/// The shared check of the transposed tile steps (`flash_tile_wide`, `flash_tile_narrow`).
+#[cfg(test)]
+pub(crate) mod check {
+    use super::super::flash_tile::{tile_update_with, TileSoftmax, TILE_POSITIONS};
+    use super::super::CpuFeatures;
+    use super::transpose_keys;
+    use half::f16;
+    use rand::{Rng, SeedableRng};
+
+    /// Runs `step` (scale 0.125, K transposed by [`transpose_keys`]) over `tiles` — per tile,
+    /// each row's `valid` — for every head size of `hds`, and asserts every row's state and
+    /// accumulator equal the portable row-major definition's, bit for bit, after each tile.
+    /// K/V are f16-exact with a larger K spread in later tiles (so the running maximum grows and
+    /// accumulators are rescaled); positions past the longest `valid` hold 1e30 (stale keys must
+    /// not leak).
+    #[allow(clippy::needless_range_loop, clippy::type_complexity)]
+    pub(crate) fn check_transposed_step<const ROWS: usize>(
+        seed: u64,
+        hds: &[usize],
+        tiles: &[[usize; ROWS]],
+        mut step: impl FnMut(&mut [TileSoftmax], &mut [&mut [f32]], &[&[f32]], &[usize], &[f32], &[f32]),
+    ) {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        for &hd in hds {
+            let qs: Vec<Vec<f32>> = (0..ROWS)
                 .map(|_| (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect())
                 .collect();
-            // Per tile: each row's valid (runs of one to three triples sharing theirs, so the
-            // pipelined triples run; single rows that differ).
-            let tiles: Vec<[usize; 11]> = vec![
-                [16; 11],
-                [16, 16, 16, 16, 16, 16, 5, 5, 5, 9, 1],
-                [7, 7, 7, 16, 16, 16, 16, 16, 16, 8, 16],
-                [16; 11],
-                [1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 15],
-            ];
-            let mut want_st = vec![TileSoftmax::default(); rows];
-            let mut want_acc = vec![vec![0f32; hd]; rows];
-            let mut sts = vec![TileSoftmax::default(); rows];
-            let mut accs = vec![vec![0f32; hd]; rows];
+            let mut want_st = vec![TileSoftmax::default(); ROWS];
+            let mut want_acc = vec![vec![0f32; hd]; ROWS];
+            let mut sts = vec![TileSoftmax::default(); ROWS];
+            let mut accs = vec![vec![0f32; hd]; ROWS];
             let mut kt = vec![0f32; hd * TILE_POSITIONS];
             for (i, valids) in tiles.iter().enumerate() {
-                // f16-exact K/V (what the store holds), larger spread in later tiles.
-                let s = 1.0 + i as f32;
+                let s = 1.0 + 2.0 * i as f32;
                 let mut gen = |s: f32| -> Vec<f32> {
                     (0..TILE_POSITIONS * hd)
                         .map(|_| f16::from_f32(rng.gen_range(-s..s)).to_f32())
                         .collect()
                 };
                 let (keys, vals) = (gen(s), gen(2.0));
-                for r in 0..rows {
+                for r in 0..ROWS {
                     tile_update_with(
                         CpuFeatures::PORTABLE,
                         &mut want_st[r],
@@ -622,24 +651,13 @@ mod tests {
                         0.125,
                     );
                 }
-                // Stale positions past the shortest valid: transposing only a prefix must not
-                // matter for rows that do not read it.
                 kt.iter_mut().for_each(|x| *x = 1e30);
-                let max_valid = *valids.iter().max().unwrap();
+                let max_valid = *valids.iter().max().expect("rows");
                 transpose_keys(&keys, max_valid, hd, &mut kt, 0);
                 let mut acc_refs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..]).collect();
                 let q_refs: Vec<&[f32]> = qs.iter().map(|q| &q[..]).collect();
-                tile_update_wide(
-                    proof,
-                    &mut sts,
-                    &mut acc_refs,
-                    &q_refs,
-                    valids,
-                    &kt,
-                    &vals,
-                    0.125,
-                );
-                for r in 0..rows {
+                step(&mut sts, &mut acc_refs, &q_refs, valids, &kt, &vals);
+                for r in 0..ROWS {
                     assert_eq!(sts[r], want_st[r], "hd={hd} tile {i} row {r}");
                     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
