@@ -4,12 +4,13 @@
 //!
 //! One score vector holds eight positions, so a row's 16 scores are two vectors. The eight lane
 //! chains of a dot product (`flash_tile`'s module doc, step 1) are vector accumulators fed by
-//! broadcast-FMA chains over the transposed K rows; with 16 vector registers a row runs them in
-//! two passes of four chains (chains `0..4`, then `4..8`, each pass over both halves of the
-//! tile, so one broadcast of `q[d]` feeds two multiply-adds), and the reduction tree
-//! `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))` is vertical adds: one subtree per pass, then their
-//! sum — no horizontal sums per position. The softmax runs on the two score vectors, and `p·V`
-//! broadcasts each `p[t]` over V rows into up to eight register accumulators.
+//! broadcast-FMA chains over the transposed K rows, and the reduction tree
+//! `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))` is vertical adds — no horizontal sums per position.
+//! With 16 vector registers, three rows sharing `valid` (a GQA group) run the chains as four
+//! pairs (`0–1`, `2–3`, `4–5`, `6–7`, each over both halves of the tile), so every K load feeds
+//! six multiply-adds, and their `p·V` shares every V load; a row alone runs two passes of four
+//! chains. The softmax runs on the two score vectors per row, and `p·V` broadcasts each `p[t]`
+//! over V rows into register accumulators.
 //!
 //! Every IEEE operation is the one `flash_tile::tile_update` performs (same chains, same tree,
 //! same exponential lanes, same accumulation order; a rescale by exactly 1 where the maximum did
@@ -22,10 +23,11 @@
 
 use super::cpu::{cpu_features, CpuFeatures};
 use super::flash_tile::{TileSoftmax, TILE_POSITIONS};
+use super::flash_tile_wide::{triple_run_end, WIDE_ROWS};
 
 /// Rows one register-blocked call takes (the heads of a GQA group of three; other rows run one
-/// at a time, same bits).
-pub const NARROW_ROWS: usize = 3;
+/// at a time, same bits): the 512-bit kernel's blocking.
+pub const NARROW_ROWS: usize = WIDE_ROWS;
 
 /// Proof that the 256-bit transposed tile step may run here (AVX2, FMA and F16C detected and not
 /// overridden): obtained once per task, so the kernel checks no feature per call.
@@ -85,19 +87,11 @@ pub fn tile_update_narrow(
     {
         let mut r = 0;
         while r < rows {
-            // A run of consecutive triples whose rows all see `valids[r]` positions.
-            let triple = |i: usize| {
-                i + NARROW_ROWS <= rows
-                    && valids[i..i + NARROW_ROWS].iter().all(|&v| v == valids[r])
-            };
-            let mut end = r;
-            while triple(end) {
-                end += NARROW_ROWS;
-            }
+            let mut end = triple_run_end(valids, r);
             if end == r {
-                // A row alone: up to the next row that starts a triple.
+                // Rows alone: up to the next row that starts a triple (of its own `valid`).
                 end = r + 1;
-                while end < rows && !triple(end) {
+                while end < rows && triple_run_end(valids, end) == end {
                     end += 1;
                 }
                 // SAFETY: AVX2, FMA and F16C presence is proven by the `NarrowTiles` token;

@@ -68,6 +68,20 @@ pub fn transpose_keys<E: TileElem>(keys: &[E], n: usize, hd: usize, kt: &mut [f3
     }
 }
 
+/// The end of the run of consecutive triples of rows starting at row `r` whose rows all see
+/// `valids[r]` positions (`r` when rows `r..r + 3` do not form one): the rows the register-
+/// blocked kernels (this one's and `flash_tile_narrow`'s) take in one call.
+pub(crate) fn triple_run_end(valids: &[usize], r: usize) -> usize {
+    let starts_triple = |i: usize| {
+        i + WIDE_ROWS <= valids.len() && valids[i..i + WIDE_ROWS].iter().all(|&v| v == valids[r])
+    };
+    let mut end = r;
+    while starts_triple(end) {
+        end += WIDE_ROWS;
+    }
+    end
+}
+
 /// The tile step of `flash_tile::tile_update` for each row `r` (state `sts[r]`, accumulator
 /// `accs[r]`, query `qs[r]`, `valids[r]` positions of the tile, 1..=16), reading keys from
 /// `kt` (transposed by [`transpose_keys`]) and values from `vals` (`[≥ max valid, hd]` f32).
@@ -109,14 +123,7 @@ pub fn tile_update_wide(
     {
         let mut r = 0;
         while r < rows {
-            // A run of consecutive triples whose rows all see `valids[r]` positions.
-            let triple = |i: usize| {
-                i + WIDE_ROWS <= rows && valids[i..i + WIDE_ROWS].iter().all(|&v| v == valids[r])
-            };
-            let mut end = r;
-            while triple(end) {
-                end += WIDE_ROWS;
-            }
+            let end = triple_run_end(valids, r);
             if end > r {
                 // SAFETY: AVX-512 F (with AVX2, FMA, F16C) presence is proven by the `WideTiles`
                 // token; every shape was checked by the assertion above.
