@@ -42,6 +42,8 @@ pub mod packed32;
 #[cfg(target_arch = "x86_64")]
 mod packed32_prefill;
 #[cfg(target_arch = "x86_64")]
+mod packed32_prefill_avx2;
+#[cfg(target_arch = "x86_64")]
 mod packed32_x86;
 pub mod pool;
 pub mod row_f32;

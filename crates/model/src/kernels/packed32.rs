@@ -291,7 +291,9 @@ pub(super) fn run_groups(
     out: &OutPtr,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if super::packed32_prefill::run_groups(p, features, act, groups.clone(), out) {
+    if super::packed32_prefill::run_groups(p, features, act, groups.clone(), out)
+        || super::packed32_prefill_avx2::run_groups(p, features, act, groups.clone(), out)
+    {
         return;
     }
     let n = p.num_rows;

@@ -69,7 +69,7 @@ thread_local! {
 
 /// Whether this path is on (the default; `AGENTKV_PACKED_PREFILL=0`, read once, turns it off to
 /// measure the 2-token tiles it replaces: same results either way).
-fn enabled() -> bool {
+pub(super) fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("AGENTKV_PACKED_PREFILL").map_or(true, |v| v != "0"))
 }
