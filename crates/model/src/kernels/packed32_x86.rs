@@ -338,12 +338,28 @@ unsafe fn group256<const K: u8, const T: usize>(
     let row_len = nb * QK8;
     let nib = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
+    let all = p.bytes();
+    let grp_off = grp.as_ptr() as usize - all.as_ptr() as usize;
     for h in 0..2 {
         let mut acc = [[_mm256_setzero_ps(); 8]; T];
         let mut summs = [_mm256_setzero_ps(); T];
         for b in 0..nb {
             let blk = &grp[b * bb..(b + 1) * bb];
             let bp = blk.as_ptr();
+            if T == 1 && h == 0 {
+                // A decode streams the matrix once: the first half's pass prefetches the bytes
+                // PF_DIST ahead of this block (as `group512`), never past the matrix; the second
+                // half's pass reads the group again from cache.
+                let start = grp_off + b * bb + PF_DIST;
+                let end = (start + bb).min(all.len());
+                let mut at = start;
+                while at < end {
+                    // SAFETY: `at < all.len()`: the address lies inside the matrix; a prefetch
+                    // never faults and has no architectural effect.
+                    unsafe { _mm_prefetch::<_MM_HINT_T1>(all.as_ptr().add(at).cast()) };
+                    at += 64;
+                }
+            }
             // SAFETY: as in `group512`; half `h` of each chunk / scale run is inside it.
             let (d, m, w) = unsafe {
                 let d = _mm256_cvtph_ps(_mm_loadu_si128(bp.add(scales + 16 * h).cast()));
