@@ -155,6 +155,9 @@ unsafe fn run<const K: u8>(
         Q5_0 => -16,
         _ => 0,
     };
+    // A tile's outputs: both halves write rows `0..16` of tokens `0..tt` before they are read
+    // (zeroed once here, not per tile).
+    let mut o = [[0f32; GROUP_ROWS]; TILE];
     let mut t0 = 0;
     while t0 < num_tokens {
         let t1 = (t0 + CHUNK).min(num_tokens);
@@ -171,7 +174,6 @@ unsafe fn run<const K: u8>(
             let mut t = t0;
             while t < t1 {
                 let tt = (t1 - t).min(TILE);
-                let mut o = [[0f32; GROUP_ROWS]; TILE];
                 for h in 0..2 {
                     let w = &s.w[h * nb * lpb..(h + 1) * nb * lpb];
                     let dm = &s.dm[h * nb * 2..(h + 1) * nb * 2];
