@@ -88,16 +88,7 @@ pub(super) fn run_groups(
     if !(f.vnni && f.avx512) || act.num_tokens < MIN_TOKENS || !enabled() {
         return false;
     }
-    let nb = p.num_blocks();
-    assert!(
-        act.num_blocks == nb
-            && groups.end <= p.num_groups()
-            && act.qs.len() >= act.num_tokens * nb * QK8
-            && act.d.len() >= act.num_tokens * nb
-            && act.s.len() >= act.num_tokens * nb
-            && act.lane_sums.len() >= act.num_tokens * nb * 8,
-        "activations and groups match the matrix"
-    );
+    assert_shapes(p, act, &groups);
     let run = |s: &mut Scratch| {
         // SAFETY: AVX-512 F+VL+VNNI and AVX2+FMA+F16C were detected (`clamp_to_detected`); the
         // shapes were checked just above.
@@ -115,6 +106,21 @@ pub(super) fn run_groups(
         Err(_) => run(&mut Scratch::default()),
     });
     true
+}
+
+/// Panics unless `act` holds whole tokens of `p`'s blocks in every buffer and `groups` lies in
+/// `p`: the entry check of both prefill kernels (this one and `packed32_prefill_avx2`).
+pub(super) fn assert_shapes(p: &Packed32, act: &ActQ8, groups: &Range<usize>) {
+    let nb = p.num_blocks();
+    assert!(
+        act.num_blocks == nb
+            && groups.end <= p.num_groups()
+            && act.qs.len() >= act.num_tokens * nb * QK8
+            && act.d.len() >= act.num_tokens * nb
+            && act.s.len() >= act.num_tokens * nb
+            && act.lane_sums.len() >= act.num_tokens * nb * 8,
+        "activations and groups match the matrix"
+    );
 }
 
 /// The whole task: chunks of tokens, groups, tiles.
@@ -348,8 +354,9 @@ unsafe fn tile<const K: u8, const T: usize>(
     }
 }
 
+/// The bit-identity check both prefill kernels' tests run.
 #[cfg(test)]
-mod tests {
+pub(super) mod check {
     use super::*;
     use crate::gguf::quantize::quantize_row;
     use crate::kernels::{matmul_with_features, QMatrix, ThreadPool};
@@ -359,23 +366,26 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
-    /// Every type, token counts across tile and chunk edges, padded groups and 1 or 2 threads
-    /// (groups split into tasks): bit-identical to the portable path.
-    #[test]
-    fn prefill_tiles_match_portable_bitwise() {
-        let f = CpuFeatures::detect();
-        if !(f.vnni && f.avx512) {
-            eprintln!("no AVX-512 VNNI here: the prefill path does not run");
-        }
+    /// Every type, the token counts `toks` (across the kernel's tile and chunk edges), padded
+    /// groups and 1 or 2 threads (groups split into tasks): the matmul with `features` is
+    /// bit-identical to the portable path.
+    pub(in crate::kernels) fn prefill_matches_portable(
+        features: CpuFeatures,
+        seed: u64,
+        toks: &[usize],
+    ) {
         let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-        for (ty, seed) in [
-            (GgmlType::Q4_0, 11u64),
-            (GgmlType::Q4_1, 12),
-            (GgmlType::Q5_0, 13),
-            (GgmlType::Q8_0, 14),
-        ] {
+        for (i, ty) in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+        ]
+        .into_iter()
+        .enumerate()
+        {
             let (rows, row_len) = (37, 160);
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed + i as u64);
             let mut data = Vec::new();
             for _ in 0..rows {
                 let x: Vec<f32> = (0..row_len).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
@@ -389,7 +399,7 @@ mod tests {
                 data: &data,
                 packed: Some(&p),
             };
-            for toks in [MIN_TOKENS, 4, 5, 7, CHUNK, CHUNK + 1, 2 * CHUNK + 5] {
+            for &toks in toks {
                 let x: Vec<f32> = (0..toks * row_len)
                     .map(|_| rng.gen_range(-3.0f32..3.0))
                     .collect();
@@ -398,10 +408,26 @@ mod tests {
                 matmul_with_features(&pools[0], &w, &x, toks, &mut want, portable).unwrap();
                 for pool in &pools {
                     let mut y = vec![f32::NAN; toks * rows];
-                    matmul_with_features(pool, &w, &x, toks, &mut y, f).unwrap();
+                    matmul_with_features(pool, &w, &x, toks, &mut y, features).unwrap();
                     assert_eq!(bits(&y), bits(&want), "{ty:?} toks {toks}");
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Token counts across tile and chunk edges: bit-identical to the portable path.
+    #[test]
+    fn prefill_tiles_match_portable_bitwise() {
+        let f = CpuFeatures::detect();
+        if !(f.vnni && f.avx512) {
+            eprintln!("no AVX-512 VNNI here: the prefill path does not run");
+        }
+        let toks = [MIN_TOKENS, 4, 5, 7, CHUNK, CHUNK + 1, 2 * CHUNK + 5];
+        check::prefill_matches_portable(f, 11, &toks);
     }
 }

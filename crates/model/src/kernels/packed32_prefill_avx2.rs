@@ -34,7 +34,7 @@ use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
 use super::matmul::OutPtr;
 use super::packed32::{Packed32, GROUP_ROWS};
-use super::packed32_prefill::{enabled, MIN_TOKENS};
+use super::packed32_prefill::{assert_shapes, enabled, MIN_TOKENS};
 use crate::gguf::GgmlType;
 
 /// Tokens per lane sweep: one accumulator each, plus the lane's weights, the `madd` ones and a
@@ -101,16 +101,7 @@ pub(super) fn run_groups(
     if !f.avx2 || (f.vnni && f.avx512) || act.num_tokens < MIN_TOKENS || !enabled() {
         return false;
     }
-    let nb = p.num_blocks();
-    assert!(
-        act.num_blocks == nb
-            && groups.end <= p.num_groups()
-            && act.qs.len() >= act.num_tokens * nb * QK8
-            && act.d.len() >= act.num_tokens * nb
-            && act.s.len() >= act.num_tokens * nb
-            && act.lane_sums.len() >= act.num_tokens * nb * 8,
-        "activations and groups match the matrix"
-    );
+    assert_shapes(p, act, &groups);
     let run = |s: &mut Scratch| {
         // SAFETY: AVX2+FMA+F16C were detected (`clamp_to_detected`); the shapes were checked
         // just above.
@@ -440,21 +431,13 @@ impl Tile<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::quantize::quantize_row;
-    use crate::kernels::{matmul_with_features, QMatrix, ThreadPool};
-    use rand::{Rng, SeedableRng};
+    use crate::kernels::packed32_prefill::check::prefill_matches_portable;
 
-    fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|x| x.to_bits()).collect()
-    }
-
-    /// Every type, token counts across tile and chunk edges, padded groups and 1 or 2 threads
-    /// (groups split into tasks): bit-identical to the portable path, with AVX-512 masked off
-    /// so that this kernel runs on every AVX2 machine.
+    /// Token counts across tile and chunk edges, with AVX-512 masked off so that this kernel
+    /// runs on every AVX2 machine: bit-identical to the portable path.
     #[test]
     fn avx2_prefill_tiles_match_portable_bitwise() {
-        let detected = CpuFeatures::detect();
-        if !detected.avx2 {
+        if !CpuFeatures::detect().avx2 {
             eprintln!("no AVX2 here: the AVX2 prefill path does not run");
             return;
         }
@@ -462,50 +445,16 @@ mod tests {
             avx2: true,
             ..CpuFeatures::PORTABLE
         };
-        let pools = [ThreadPool::new(1), ThreadPool::new(2)];
-        for (ty, seed) in [
-            (GgmlType::Q4_0, 21u64),
-            (GgmlType::Q4_1, 22),
-            (GgmlType::Q5_0, 23),
-            (GgmlType::Q8_0, 24),
-        ] {
-            let (rows, row_len) = (37, 160);
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-            let mut data = Vec::new();
-            for _ in 0..rows {
-                let x: Vec<f32> = (0..row_len).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-                quantize_row(ty, &x, &mut data).unwrap();
-            }
-            let p = Packed32::pack(ty, rows, row_len, &data).unwrap();
-            let w = QMatrix {
-                ty,
-                num_rows: rows,
-                row_len,
-                data: &data,
-                packed: Some(&p),
-            };
-            for toks in [
-                MIN_TOKENS,
-                4,
-                7,
-                TILE,
-                TILE + 1,
-                CHUNK,
-                CHUNK + 1,
-                2 * CHUNK + 5,
-            ] {
-                let x: Vec<f32> = (0..toks * row_len)
-                    .map(|_| rng.gen_range(-3.0f32..3.0))
-                    .collect();
-                let mut want = vec![0f32; toks * rows];
-                let portable = CpuFeatures::PORTABLE;
-                matmul_with_features(&pools[0], &w, &x, toks, &mut want, portable).unwrap();
-                for pool in &pools {
-                    let mut y = vec![f32::NAN; toks * rows];
-                    matmul_with_features(pool, &w, &x, toks, &mut y, f).unwrap();
-                    assert_eq!(bits(&y), bits(&want), "{ty:?} toks {toks}");
-                }
-            }
-        }
+        let toks = [
+            MIN_TOKENS,
+            4,
+            7,
+            TILE,
+            TILE + 1,
+            CHUNK,
+            CHUNK + 1,
+            2 * CHUNK + 5,
+        ];
+        prefill_matches_portable(f, 21, &toks);
     }
 }

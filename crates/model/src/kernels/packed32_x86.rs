@@ -193,6 +193,21 @@ macro_rules! high_bit {
 /// 21–28 GB/s where `T0` moved 13–19 GB/s.
 const PF_DIST: usize = 4096;
 
+/// Prefetches (to L2) the `len` bytes [`PF_DIST`] beyond byte `off` of the matrix `all`, never
+/// past its end: a decode kernel calls it for each block it reads.
+#[inline(always)]
+fn prefetch_ahead(all: &[u8], off: usize, len: usize) {
+    let start = off + PF_DIST;
+    let end = (start + len).min(all.len());
+    let mut at = start;
+    while at < end {
+        // SAFETY: `at < all.len()`: the address lies inside the matrix; a prefetch never faults
+        // and has no architectural effect (SSE, always present on x86-64).
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(all.as_ptr().add(at).cast()) };
+        at += 64;
+    }
+}
+
 /// AVX-512 VNNI kernel: `T` tokens of group `g`.
 ///
 /// # Safety
@@ -224,16 +239,7 @@ unsafe fn group512<const K: u8, const T: usize>(
         let blk = &grp[b * bb..(b + 1) * bb];
         let bp = blk.as_ptr();
         if T == 1 {
-            // Prefetch the bytes PF_DIST ahead of this block, never past the matrix.
-            let start = grp_off + b * bb + PF_DIST;
-            let end = (start + bb).min(all.len());
-            let mut at = start;
-            while at < end {
-                // SAFETY: `at < all.len()`: the address lies inside the matrix; a prefetch never
-                // faults and has no architectural effect.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(all.as_ptr().add(at).cast()) };
-                at += 64;
-            }
+            prefetch_ahead(all, grp_off + b * bb, bb);
         }
         // SAFETY: a packed block holds `chunks` 64-byte chunks, then 32 bytes of d (and 32 of m
         // for Q4_1), all inside `blk` (length `bb`).
@@ -347,18 +353,9 @@ unsafe fn group256<const K: u8, const T: usize>(
             let blk = &grp[b * bb..(b + 1) * bb];
             let bp = blk.as_ptr();
             if T == 1 && h == 0 {
-                // A decode streams the matrix once: the first half's pass prefetches the bytes
-                // PF_DIST ahead of this block (as `group512`), never past the matrix; the second
-                // half's pass reads the group again from cache.
-                let start = grp_off + b * bb + PF_DIST;
-                let end = (start + bb).min(all.len());
-                let mut at = start;
-                while at < end {
-                    // SAFETY: `at < all.len()`: the address lies inside the matrix; a prefetch
-                    // never faults and has no architectural effect.
-                    unsafe { _mm_prefetch::<_MM_HINT_T1>(all.as_ptr().add(at).cast()) };
-                    at += 64;
-                }
+                // A decode streams the matrix once: the first half's pass prefetches (as
+                // `group512`); the second half's pass reads the group again from cache.
+                prefetch_ahead(all, grp_off + b * bb, bb);
             }
             // SAFETY: as in `group512`; half `h` of each chunk / scale run is inside it.
             let (d, m, w) = unsafe {
