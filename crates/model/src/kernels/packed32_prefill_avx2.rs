@@ -35,6 +35,7 @@ use super::cpu::CpuFeatures;
 use super::matmul::OutPtr;
 use super::packed32::{Packed32, GROUP_ROWS};
 use super::packed32_prefill::{assert_shapes, enabled, MIN_TOKENS};
+use super::packed32_x86::{high_bit, hsum8_lanes};
 use crate::gguf::GgmlType;
 
 /// Tokens per lane sweep: one accumulator each, plus the lane's weights, the `madd` ones and a
@@ -203,25 +204,6 @@ unsafe fn run<const K: u8>(
     }
 }
 
-/// Q5_0's fifth bit of lane `l` as `0x10` per byte, from the half block's rearranged high-bit
-/// chunk `h` (bit `l` of each byte; see `packed32`): shifted to bit 4 and masked. 32-bit shifts
-/// by at most 4 never carry another byte's bit into bit 4.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn high_bit(h: __m256i, l: usize) -> __m256i {
-    let m = _mm256_set1_epi8(0x10);
-    match l {
-        0 => _mm256_and_si256(_mm256_slli_epi32::<4>(h), m),
-        1 => _mm256_and_si256(_mm256_slli_epi32::<3>(h), m),
-        2 => _mm256_and_si256(_mm256_slli_epi32::<2>(h), m),
-        3 => _mm256_and_si256(_mm256_slli_epi32::<1>(h), m),
-        4 => _mm256_and_si256(h, m),
-        5 => _mm256_and_si256(_mm256_srli_epi32::<1>(h), m),
-        6 => _mm256_and_si256(_mm256_srli_epi32::<2>(h), m),
-        _ => _mm256_and_si256(_mm256_srli_epi32::<3>(h), m),
-    }
-}
-
 /// Decodes every block of group `g` into `w` (`[half][block][lane]`: Q4_0 / Q4_1 nibbles,
 /// Q5_0 `nibble | fifth_bit << 4`, Q8_0 `|q|` then `q`) and `dm` (`[half][block]`: `d`, then
 /// Q4_1's `m`, as f32).
@@ -268,11 +250,24 @@ unsafe fn decode_group<const K: u8>(p: &Packed32, g: usize, w: &mut [Ymm], dm: &
                     }
                 } else if K == Q5_0 {
                     let hb = _mm256_loadu_si256(bp.add(64 * 4).cast());
+                    let bit = _mm256_set1_epi8(0x10);
+                    macro_rules! fifth {
+                        ($l:expr) => {
+                            high_bit!(
+                                _mm256_slli_epi32,
+                                _mm256_srli_epi32,
+                                _mm256_and_si256,
+                                hb,
+                                $l,
+                                bit
+                            )
+                        };
+                    }
                     for c in 0..4 {
                         let q = _mm256_loadu_si256(bp.add(64 * c).cast());
-                        v[c] = _mm256_or_si256(_mm256_and_si256(q, nib), high_bit(hb, c));
+                        v[c] = _mm256_or_si256(_mm256_and_si256(q, nib), fifth!(c));
                         let hi = _mm256_and_si256(_mm256_srli_epi32::<4>(q), nib);
-                        v[4 + c] = _mm256_or_si256(hi, high_bit(hb, 4 + c));
+                        v[4 + c] = _mm256_or_si256(hi, fifth!(4 + c));
                     }
                 } else {
                     for c in 0..4 {
@@ -294,20 +289,6 @@ unsafe fn decode_group<const K: u8>(p: &Packed32, g: usize, w: &mut [Ymm], dm: &
             }
         }
     }
-}
-
-/// `hsum8` of the eight lane accumulators, lane by lane of the vectors (the canonical tree:
-/// `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn hsum8_lanes(a: &[__m256; 8]) -> __m256 {
-    let t = [
-        _mm256_add_ps(a[0], a[4]),
-        _mm256_add_ps(a[1], a[5]),
-        _mm256_add_ps(a[2], a[6]),
-        _mm256_add_ps(a[3], a[7]),
-    ];
-    _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]))
 }
 
 /// The tokens of one tile: `tok0..tok0 + T` of `act` (`nb` blocks each), whose chunk starts
@@ -416,7 +397,7 @@ impl Tile<'_> {
                 }
             }
             for t in 0..T {
-                let r = hsum8_lanes(&lanes[t]);
+                let r = hsum8_lanes!(_mm256_add_ps, lanes[t]);
                 let y = if K == Q4_1 {
                     _mm256_add_ps(r, summs[t])
                 } else {

@@ -156,6 +156,7 @@ macro_rules! hsum8_lanes {
         $add($add(t[0], t[2]), $add(t[1], t[3]))
     }};
 }
+pub(super) use hsum8_lanes;
 
 /// Start value of lane `l`'s integer sum: minus the correction for the unsigned operand form.
 #[inline(always)]
@@ -185,6 +186,7 @@ macro_rules! high_bit {
         }
     };
 }
+pub(super) use high_bit;
 
 /// How far ahead (bytes) the single-token kernel prefetches the packed stream (as the unpacked
 /// decode tile does: the hardware prefetcher stops at page boundaries). The prefetch goes to L2
