@@ -36,6 +36,7 @@ fn main() {
     for name in ["f16", "int8", "k=int8,v=int4", "k=int4c,v=int4", "int4"] {
         let through = KvDtype::parse(name).expect("codec");
         let opts = PerplexityOptions {
+            matmul_arith: model::MatmulArith::LlamaCpp,
             ctx: 512,
             use_bos,
             kv_dtype: KvDtype::F16,

@@ -49,6 +49,9 @@ pub struct EngineConfig {
     /// default. Its kernel (`model::ggml_tiled::attend_rows`) prefills as fast as the per-row
     /// engine's or faster on AVX2 CPUs (explicit kernel), 1.5–2× slower on AVX-512 CPUs (still
     /// the compiled portable body); docs/benchmarks.md "fid6", "fid7". Off: every row per-row, and generated blocks are shared too.
+    /// On, every step's packed matmuls also take ggml's float order
+    /// (`model::MatmulArith::InvariantGgml`) where the default is the faster block-sum order
+    /// (CPUs without AVX-512 VNNI).
     pub llama_cpp_prefill: bool,
 }
 

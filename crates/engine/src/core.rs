@@ -294,6 +294,17 @@ impl EngineCore {
         self.namespace_for(tenant, salt, 0)
     }
 
+    /// The matmul arithmetic of every forward step: batch-invariant, in llama.cpp's (ggml's)
+    /// float order for packed matrices when the engine reproduces llama.cpp
+    /// (`EngineConfig::llama_cpp_prefill`), else in this machine's fastest invariant one.
+    pub fn matmul_arith(&self) -> model::MatmulArith {
+        if self.cfg.llama_cpp_prefill {
+            model::MatmulArith::InvariantGgml
+        } else {
+            model::MatmulArith::Invariant
+        }
+    }
+
     /// Whether a request with a prompt of `prompt_len` tokens computes its prompt rows in
     /// llama.cpp's tiled prefill arithmetic (`EngineConfig::llama_cpp_prefill`).
     pub fn prefills_like_llama_cpp(&self, prompt_len: usize) -> bool {
@@ -307,6 +318,11 @@ impl EngineCore {
         let mut kv_settings = self.tier_settings.clone();
         if self.prefills_like_llama_cpp(prompt_len) {
             kv_settings.extend_from_slice(b";prompt-attention=llama.cpp-tiled");
+        }
+        if self.matmul_arith().packed_def() == model::PackedDef::BlockSum {
+            // Blocks computed in another float order than ggml's (the default on CPUs without
+            // AVX-512 VNNI) are never shared with engines that compute ggml's.
+            kv_settings.extend_from_slice(b";matmul=block-sum");
         }
         Namespace {
             model_fingerprint: self.model_fingerprint,
@@ -407,7 +423,7 @@ impl EngineCore {
                 let positions: Vec<u32> = (done as u32..(done + len) as u32).collect();
                 let slots = vec![SeqSlot(0); len];
                 let batch = ForwardBatch {
-                    matmul_arith: model::MatmulArith::Invariant,
+                    matmul_arith: self.matmul_arith(),
                     tokens: &tokens[done..done + len],
                     positions: &positions,
                     slots: &slots,
@@ -703,6 +719,7 @@ impl EngineCore {
             let cs = s.cache_seq.expect("planned sequences hold blocks");
             tables.push(self.cache.block_table(cs).map_err(internal)?.to_vec());
         }
+        let matmul_arith = self.matmul_arith();
         // Evicted blocks may be rewritten below: the writer demotes them first.
         let mut writer = self.kv.writer(&mut self.cache, self.tiers.as_mut());
         for load in &plan.tier_loads {
@@ -717,7 +734,7 @@ impl EngineCore {
         }
         let table_refs: Vec<&[cache::BlockId]> = tables.iter().map(|t| t.as_slice()).collect();
         let batch = ForwardBatch {
-            matmul_arith: model::MatmulArith::Invariant,
+            matmul_arith,
             tokens: &tokens,
             positions: &positions,
             slots: &slots,

@@ -24,8 +24,12 @@ pub struct GenerateOptions {
     /// ([`AttnArith::for_step`]), as llama-server computes them. Off by default: every step
     /// per-row. (The engine, with `EngineConfig::llama_cpp_prefill`, computes the prompt rows of 64+ token prompts in the
     /// tiled arithmetic whatever its chunks — `ForwardBatch::prefill_rows` — which equals this
-    /// for prompts of up to 512 tokens.)
+    /// for prompts of up to 512 tokens.) On, the matmuls take llama.cpp's float order too
+    /// (`MatmulArith::LlamaCpp` for the prompt, `InvariantGgml` for generated tokens).
     pub llama_cpp_prefill: bool,
+    /// The matmul arithmetic of every step when `llama_cpp_prefill` is off: the engine's
+    /// `Invariant` by default, or `InvariantGgml` (llama.cpp's decode arithmetic everywhere).
+    pub matmul_arith: MatmulArith,
 }
 
 impl Default for GenerateOptions {
@@ -37,6 +41,7 @@ impl Default for GenerateOptions {
             prefill_chunk: 512,
             kv_dtype: KvDtype::F16,
             llama_cpp_prefill: false,
+            matmul_arith: MatmulArith::Invariant,
         }
     }
 }
@@ -117,7 +122,7 @@ pub fn generate(
             matmul_arith: if opts.llama_cpp_prefill {
                 MatmulArith::LlamaCpp
             } else {
-                MatmulArith::Invariant
+                opts.matmul_arith
             },
             tokens: piece,
             positions: &positions,
@@ -148,7 +153,13 @@ pub fn generate(
         }
         let batch = ForwardBatch {
             prefill_rows: &[],
-            matmul_arith: MatmulArith::Invariant,
+            // llama.cpp's decode arithmetic when reproducing it (the prompt's `LlamaCpp` is the
+            // same for one token).
+            matmul_arith: if opts.llama_cpp_prefill {
+                MatmulArith::InvariantGgml
+            } else {
+                opts.matmul_arith
+            },
             tokens: &[id],
             positions: &[pos as u32],
             slots: &[SeqSlot(0)],

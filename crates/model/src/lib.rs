@@ -36,7 +36,7 @@ pub mod weights;
 pub use config::ModelConfig;
 pub use forward::{AttnArith, ForwardBatch, ForwardError, MatmulArith, Scratch};
 pub use frontend::Frontend;
-pub use kernels::ThreadPool;
+pub use kernels::{PackedDef, ThreadPool};
 pub use kv::{KvDtype, KvStore, SeqSlot};
 pub use model::{LoadError, Model};
 pub use sampler::{

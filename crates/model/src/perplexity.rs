@@ -30,6 +30,9 @@ pub struct PerplexityOptions {
     /// over it. With the cache's own codec the round trip is a no-op: the exact baseline of the
     /// same two-step evaluation.
     pub restored_through: Option<KvDtype>,
+    /// The matmul arithmetic: llama.cpp's (`MatmulArith::LlamaCpp`, what llama-perplexity
+    /// computes) or the engine's (`Invariant`, to measure what its faster float order costs).
+    pub matmul_arith: MatmulArith,
 }
 
 #[derive(Debug, Clone)]
@@ -109,7 +112,7 @@ pub fn perplexity(
         }
         let batch = ForwardBatch {
             prefill_rows: &[],
-            matmul_arith: MatmulArith::LlamaCpp,
+            matmul_arith: opts.matmul_arith,
             tokens: &window,
             positions: &positions,
             slots: &slots,
@@ -122,7 +125,7 @@ pub fn perplexity(
             Some(through) => {
                 let prefix = ForwardBatch {
                     prefill_rows: &[],
-                    matmul_arith: MatmulArith::LlamaCpp,
+                    matmul_arith: opts.matmul_arith,
                     tokens: &window[..first],
                     positions: &positions[..first],
                     slots: &slots[..first],
@@ -135,7 +138,7 @@ pub fn perplexity(
                 let shifted: Vec<usize> = logits_for.iter().map(|&t| t - first).collect();
                 let rest = ForwardBatch {
                     prefill_rows: &[],
-                    matmul_arith: MatmulArith::LlamaCpp,
+                    matmul_arith: opts.matmul_arith,
                     tokens: &window[first..],
                     positions: &positions[first..],
                     slots: &slots[first..],

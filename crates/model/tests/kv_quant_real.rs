@@ -19,6 +19,7 @@ fn ppl(kv_dtype: KvDtype, chunks: usize) -> f64 {
         )
         .unwrap();
     let opts = PerplexityOptions {
+        matmul_arith: model::MatmulArith::LlamaCpp,
         ctx: 512,
         use_bos: m.tokenizer().add_bos(),
         kv_dtype,

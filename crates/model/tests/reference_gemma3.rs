@@ -213,6 +213,7 @@ fn check_perplexity(ctx: usize, chunks: usize, llama_cpp: f64) {
         "llama.cpp's token count for the corpus"
     );
     let opts = PerplexityOptions {
+        matmul_arith: model::MatmulArith::LlamaCpp,
         ctx,
         use_bos,
         kv_dtype: KvDtype::F16,

@@ -6,12 +6,17 @@ mod common;
 use common::{model, references};
 use model::generate::{generate, GenerateOptions};
 use model::perplexity::{perplexity, PerplexityOptions};
-use model::{KvDtype, ThreadPool};
+use model::{KvDtype, MatmulArith, ThreadPool};
 
 /// Teacher-forced comparison: the prompt plus llama.cpp's greedy tokens in one forward pass, so a
 /// single divergence does not cascade. Returns per-position (our logprob of llama.cpp's token,
 /// our argmax) for the first `stable_len` positions.
-fn teacher_forced(m: &model::Model, pool: &ThreadPool, r: &common::Reference) -> Vec<(f32, u32)> {
+fn teacher_forced(
+    m: &model::Model,
+    pool: &ThreadPool,
+    r: &common::Reference,
+    matmul_arith: MatmulArith,
+) -> Vec<(f32, u32)> {
     use model::forward::{ForwardBatch, Scratch};
     let n = r.stable_len;
     let mut all = r.prompt_ids.clone();
@@ -22,7 +27,7 @@ fn teacher_forced(m: &model::Model, pool: &ThreadPool, r: &common::Reference) ->
     let mut kv = m.contiguous_kv(1, all.len(), KvDtype::F16).unwrap();
     let batch = ForwardBatch {
         prefill_rows: &[],
-        matmul_arith: model::MatmulArith::Invariant,
+        matmul_arith,
         tokens: &all,
         positions: &positions,
         slots: &slots,
@@ -44,8 +49,9 @@ fn teacher_forced(m: &model::Model, pool: &ThreadPool, r: &common::Reference) ->
         .collect()
 }
 
-#[test]
-fn greedy_tokens_and_logprobs_match_llama_cpp() {
+/// Greedy generation and teacher-forced logprobs in `matmul_arith` against llama.cpp's greedy
+/// references: (prompts whose stable greedy prefix is reproduced, mean |Δ logprob|).
+fn greedy_against_llama_cpp(matmul_arith: MatmulArith) -> (usize, f64) {
     let m = model();
     let pool = ThreadPool::new(2);
     let (mut abs_err, mut compared, mut prompts_exact) = (0.0f64, 0usize, 0usize);
@@ -56,6 +62,7 @@ fn greedy_tokens_and_logprobs_match_llama_cpp() {
         let opts = GenerateOptions {
             max_tokens: r.stable_len.max(1),
             kv_dtype: KvDtype::F16,
+            matmul_arith,
             ..Default::default()
         };
         let (out, _) = generate(m, &pool, &r.prompt_ids, &opts, |_| true).expect("generation");
@@ -70,7 +77,10 @@ fn greedy_tokens_and_logprobs_match_llama_cpp() {
             prompts_exact += 1;
         }
         let mut prompt_err = 0.0f64;
-        for (j, (lp, argmax)) in teacher_forced(m, &pool, r).into_iter().enumerate() {
+        for (j, (lp, argmax)) in teacher_forced(m, &pool, r, matmul_arith)
+            .into_iter()
+            .enumerate()
+        {
             let want = &r.top_logprobs[j];
             let want_lp = want.logprob.expect("every position reported");
             abs_err += (lp - want_lp).abs() as f64;
@@ -94,19 +104,43 @@ fn greedy_tokens_and_logprobs_match_llama_cpp() {
     }
     let mean = abs_err / compared as f64;
     // Where llama.cpp is confident (top-2 gap ≥ 0.3 nats) our argmax must be its token.
-    assert!(confident_misses.is_empty(), "{confident_misses:#?}");
-    eprintln!("greedy ids equal over the stable prefix for {prompts_exact}/{} prompts; mean |logprob − llama.cpp| {mean:.4} over {compared} positions", refs.len());
-    // The acceptance: every prompt, mean below 0.03. We reproduce llama.cpp's arithmetic
-    // (see `attention`, `kernels::act_quant`, `kernels::swiglu`, `ops::Rope::apply`) and measure
-    // 10/10 and 0.0011: positions are exact to the reference's printing except where llama.cpp
-    // prefilled a prompt of 64+ tokens with its tiled flash-attention kernel.
-    assert_eq!(
-        prompts_exact,
-        refs.len(),
-        "only {prompts_exact}/{} prompts match",
+    assert!(
+        confident_misses.is_empty(),
+        "{matmul_arith:?}: {confident_misses:#?}"
+    );
+    eprintln!(
+        "{matmul_arith:?} ({}): greedy ids equal over the stable prefix for {prompts_exact}/{} prompts; mean |logprob − llama.cpp| {mean:.4} over {compared} positions",
+        matmul_arith.packed_def().name(),
         refs.len()
     );
+    (prompts_exact, mean)
+}
+
+#[test]
+fn greedy_tokens_and_logprobs_match_llama_cpp() {
+    // llama.cpp's arithmetic. The acceptance: every prompt, mean below 0.03. We reproduce
+    // llama.cpp's arithmetic (see `attention`, `kernels::act_quant`, `kernels::swiglu`,
+    // `ops::Rope::apply`, `PackedDef::Ggml`) and measure 10/10 and 0.0011: positions are exact
+    // to the reference's printing except where llama.cpp prefilled a prompt of 64+ tokens with
+    // its tiled flash-attention kernel.
+    let (exact, mean) = greedy_against_llama_cpp(MatmulArith::InvariantGgml);
+    let n = references().len();
+    assert_eq!(exact, n, "only {exact}/{n} prompts match");
     assert!(mean < 0.03, "mean logprob error {mean:.4} ≥ 0.03");
+}
+
+#[test]
+fn greedy_tokens_and_logprobs_in_the_engine_arithmetic_stay_close_to_llama_cpp() {
+    // The engine's own (batch-invariant, on CPUs without AVX-512 VNNI the block-sum float order
+    // of packed matrices: docs/benchmarks.md "Block-sum matmul"): rounding differs from
+    // llama.cpp's, which this model amplifies to ~0.03 nats per position (llama.cpp's own AVX2
+    // and AVX-512 builds differ by as much); measured on AMD Zen 3: 9/10 stable prefixes, mean
+    // 0.032, no confident position missed. Where the engine arithmetic is ggml's this is the test
+    // above.
+    let (exact, mean) = greedy_against_llama_cpp(MatmulArith::Invariant);
+    let n = references().len();
+    assert!(exact + 1 >= n, "only {exact}/{n} prompts match");
+    assert!(mean < 0.05, "mean logprob error {mean:.4} ≥ 0.05");
 }
 
 #[test]
@@ -144,6 +178,7 @@ fn perplexity_matches_llama_cpp_f16_kv() {
     let use_bos = m.tokenizer().add_bos();
     let tokens = m.tokenizer().encode(text, use_bos, false).expect("encode");
     let opts = PerplexityOptions {
+        matmul_arith: model::MatmulArith::LlamaCpp,
         ctx: 512,
         use_bos,
         kv_dtype: KvDtype::F16,

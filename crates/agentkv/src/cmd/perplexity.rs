@@ -34,6 +34,11 @@ pub struct PerplexityArgs {
     /// exact baseline of the same two-step evaluation).
     #[arg(long, value_parser = super::common::parse_kv_dtype)]
     pub tier_codec: Option<model::KvDtype>,
+    /// Matmul arithmetic: `llama.cpp` (its float order, as llama-perplexity computes) or
+    /// `engine` (the server's batch-invariant order: on CPUs without AVX-512 VNNI the faster
+    /// block-sum order of packed Q4_0 / Q4_1 / Q5_0 / Q8_0 matrices).
+    #[arg(long, default_value = "llama.cpp", value_parser = ["llama.cpp", "engine"])]
+    pub matmul: String,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -64,6 +69,11 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         max_chunks: args.chunks,
         kl_reference: args.kl_reference,
         restored_through: args.tier_codec,
+        matmul_arith: if args.matmul == "engine" {
+            model::MatmulArith::Invariant
+        } else {
+            model::MatmulArith::LlamaCpp
+        },
     };
     let start = Instant::now();
     let report = perplexity(&model, &pool, &tokens, &opts, |i, n, ppl| {
@@ -81,6 +91,12 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
                     model.config.num_layers, model.config.num_kv_heads, model.config.head_dim),
                 "mean_kl": report.mean_kl,
                 "tier_codec": args.tier_codec.map(|c| c.id()),
+                "matmul": args.matmul,
+                "packed_def": if args.matmul == "engine" {
+                    model::PackedDef::invariant().name()
+                } else {
+                    model::PackedDef::Ggml.name()
+                },
             })
         );
     } else {

@@ -136,6 +136,16 @@ pub fn cpu_features() -> CpuFeatures {
     }
 }
 
+/// The features that choose an arithmetic *definition* (see `packed32::PackedDef`), not only a
+/// path: the detected ones under `AGENTKV_ISA`'s cap, ignoring `AGENTKV_NO_SIMD` and
+/// [`set_force_portable`] (which only ever change speed, never outputs).
+pub fn definition_features() -> CpuFeatures {
+    match env_isa_cap() {
+        Some(cap) => cap.clamp_to_detected(),
+        None => detected(),
+    }
+}
+
 /// Forces (or stops forcing) the portable scalar path process-wide. Both paths give bit-identical
 /// results, so flipping this never changes outputs, only speed. Tests that compare paths should
 /// prefer passing explicit features (`matmul_with_features`) to avoid racing on this global.

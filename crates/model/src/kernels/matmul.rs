@@ -19,7 +19,7 @@ use std::ops::Range;
 use super::act_quant::ActQ8;
 use super::block32::{dot_row_scalar, Block32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::cpu::{cpu_features, CpuFeatures};
-use super::packed32::{self, Packed32};
+use super::packed32::{self, Packed32, PackedDef};
 use super::pool::ThreadPool;
 use super::row_f32::row_to_f32;
 use super::vec_f32::dot_f32_with;
@@ -67,19 +67,35 @@ impl QMatrix<'_> {
     }
 }
 
-/// Which float order a token of a multi-token step gets where llama.cpp's own depends on the
-/// token's place in the step (Q4_K matrices with a multiple of 8 rows, which llama.cpp repacks:
-/// see [`super::kquant`]). Every other product is the same either way.
+/// Which float order the products follow: for K-quant matrices, where llama.cpp's own order
+/// depends on the token's place in the step (Q4_K matrices with a multiple of 8 rows, which
+/// llama.cpp repacks: see [`super::kquant`]); for packed Q4_0 / Q4_1 / Q5_0 / Q8_0 matrices,
+/// which [`PackedDef`] they take. Every other product is the same whatever the choice.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum MatmulArith {
-    /// Every token in the order llama.cpp gives a step of one token (decode), whatever the
-    /// batch: the batch invariance the engine relies on.
+    /// Every token in one order whatever the batch (the batch invariance the engine relies
+    /// on): K-quants in the order llama.cpp gives a step of one token (decode), packed matrices
+    /// in this machine's [`PackedDef::invariant`] (`BlockSum` where AVX-512 VNNI is absent).
     #[default]
     Invariant,
-    /// llama.cpp's: tokens `0..n - n % 4` of an `n`-token step in the order of its 4-token
-    /// groups, the rest as `Invariant` (for reproductions of llama.cpp: perplexity, reference
-    /// tests; results then depend on how tokens are batched).
+    /// As `Invariant`, but packed matrices in ggml's order ([`PackedDef::Ggml`]) on every
+    /// machine: llama.cpp's decode arithmetic for every token (the engine's and `generate`'s
+    /// llama.cpp-fidelity mode).
+    InvariantGgml,
+    /// llama.cpp's: K-quant tokens `0..n - n % 4` of an `n`-token step in the order of its
+    /// 4-token groups, the rest as `InvariantGgml` (for reproductions of llama.cpp: perplexity,
+    /// reference tests; results then depend on how tokens are batched).
     LlamaCpp,
+}
+
+impl MatmulArith {
+    /// The definition packed matrices take in this arithmetic.
+    pub fn packed_def(self) -> PackedDef {
+        match self {
+            MatmulArith::Invariant => PackedDef::invariant(),
+            MatmulArith::InvariantGgml | MatmulArith::LlamaCpp => PackedDef::Ggml,
+        }
+    }
 }
 
 /// `y[t, r] = dot(W[r, :], x[t, :])` on the pool, with the process-wide CPU features.
@@ -118,6 +134,27 @@ pub fn matmul_with_arith(
     matmul_impl(pool, w, x, num_tokens, y, cpu_features(), arith)
 }
 
+/// [`matmul_with_features`] with packed matrices in the definition `def` (tests of both
+/// definitions on any machine).
+#[cfg(test)]
+pub(super) fn matmul_with_def(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    x: &[f32],
+    num_tokens: usize,
+    y: &mut [f32],
+    features: CpuFeatures,
+    def: PackedDef,
+) -> Result<(), KernelError> {
+    let Some((mut job, out)) = prepare(w, x, num_tokens, y, features, MatmulArith::Invariant)?
+    else {
+        return Ok(());
+    };
+    job.packed_def = def;
+    job.run(pool, x, &out);
+    Ok(())
+}
+
 pub(super) fn matmul_impl(
     pool: &ThreadPool,
     w: &QMatrix,
@@ -130,27 +167,37 @@ pub(super) fn matmul_impl(
     let Some((job, out)) = prepare(w, x, num_tokens, y, features, arith)? else {
         return Ok(());
     };
-    if let Some(p) = w.packed {
-        job.run_packed(pool, p, x, &out);
-        return Ok(());
-    }
-    match w.ty {
-        GgmlType::Q4_0 => job.run_quantized::<Q4_0>(pool, x, &out),
-        GgmlType::Q4_1 => job.run_quantized::<Q4_1>(pool, x, &out),
-        GgmlType::Q5_0 => job.run_quantized::<Q5_0>(pool, x, &out),
-        GgmlType::Q5_1 => job.run_quantized::<Q5_1>(pool, x, &out),
-        GgmlType::Q8_0 => job.run_quantized::<Q8_0>(pool, x, &out),
-        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K if super::kquant_rows::kquant_integer() => {
-            job.run_kquant(pool, x, &out)
-        }
-        GgmlType::Q4K
-        | GgmlType::Q5K
-        | GgmlType::Q6K
-        | GgmlType::F32
-        | GgmlType::F16
-        | GgmlType::BF16 => job.run_float_rows(pool, x, &out),
-    }
+    job.run(pool, x, &out);
     Ok(())
+}
+
+impl Job<'_> {
+    /// Runs a prepared job on its kernel family.
+    fn run(&self, pool: &ThreadPool, x: &[f32], out: &OutPtr) {
+        let (job, w, out) = (self, &self.w, out);
+        if let Some(p) = w.packed {
+            job.run_packed(pool, p, x, out);
+            return;
+        }
+        match w.ty {
+            GgmlType::Q4_0 => job.run_quantized::<Q4_0>(pool, x, out),
+            GgmlType::Q4_1 => job.run_quantized::<Q4_1>(pool, x, out),
+            GgmlType::Q5_0 => job.run_quantized::<Q5_0>(pool, x, out),
+            GgmlType::Q5_1 => job.run_quantized::<Q5_1>(pool, x, out),
+            GgmlType::Q8_0 => job.run_quantized::<Q8_0>(pool, x, out),
+            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K
+                if super::kquant_rows::kquant_integer() =>
+            {
+                job.run_kquant(pool, x, out)
+            }
+            GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+            | GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::BF16 => job.run_float_rows(pool, x, out),
+        }
+    }
 }
 
 /// Checks `w`, `x` and `y` against each other; `None` when there is nothing to compute.
@@ -199,6 +246,7 @@ pub(super) fn prepare<'a>(
         num_tokens,
         features: features.clamp_to_detected(),
         ggml_groups: arith == MatmulArith::LlamaCpp,
+        packed_def: arith.packed_def(),
     };
     let out = OutPtr {
         ptr: y.as_mut_ptr(),
@@ -285,6 +333,8 @@ pub(super) struct Job<'a> {
     /// K-quant matrices that llama.cpp repacks take its 4-token-group order for tokens
     /// `0..n - n % 4` (see `kquant`'s module doc).
     pub(super) ggml_groups: bool,
+    /// The definition a packed matrix's outputs take.
+    pub(super) packed_def: PackedDef,
 }
 
 impl Job<'_> {
@@ -335,7 +385,7 @@ impl Job<'_> {
             pool.for_each(num_tasks, &|task| {
                 let start = task * per;
                 let groups = start..(start + per).min(p.num_groups());
-                packed32::run_groups(p, self.features, act, groups, out);
+                packed32::run_groups(p, self.features, self.packed_def, act, groups, out);
             });
         });
     }

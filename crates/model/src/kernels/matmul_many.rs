@@ -177,11 +177,11 @@ fn run_packed_fused(
                 .rev()
                 .find(|&i| jobs[i].is_some() && task_start[i] <= task)
                 .expect("task indices lie in some matrix's range");
-            let (_, out) = jobs[i].as_ref().expect("checked is_some above");
+            let (job, out) = jobs[i].as_ref().expect("checked is_some above");
             let p = ws[i].packed.expect("all matrices are packed");
             let start = (task - task_start[i]) * splits[i].1;
             let groups = start..(start + splits[i].1).min(p.num_groups());
-            packed32::run_groups(p, features, act, groups, out);
+            packed32::run_groups(p, features, job.packed_def, act, groups, out);
         });
     });
 }

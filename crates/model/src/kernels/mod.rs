@@ -39,6 +39,7 @@ mod kquant_tile512;
 pub mod matmul;
 pub mod matmul_many;
 pub mod packed32;
+mod packed32_blocksum;
 #[cfg(target_arch = "x86_64")]
 mod packed32_prefill;
 #[cfg(target_arch = "x86_64")]
@@ -60,7 +61,7 @@ pub use cpu::{cpu_features, set_force_portable, CpuFeatures};
 pub use kquant_rows::matmul_kquant_f32;
 pub use matmul::{matmul, matmul_with_arith, matmul_with_features, MatmulArith, QMatrix};
 pub use matmul_many::{matmul_many, matmul_many_with_arith, matmul_many_with_features, MAX_FUSED};
-pub use packed32::Packed32;
+pub use packed32::{Packed32, PackedDef};
 pub use pool::ThreadPool;
 pub use vec_f16::{axpy_f16, dot_f32_f16};
 pub use vec_f32::{axpy_f32, dot_f32};

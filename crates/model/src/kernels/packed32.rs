@@ -42,6 +42,60 @@ pub const GROUP_ROWS: usize = 16;
 /// Tokens per register tile of the batched kernels.
 pub(super) const TILE_TOKENS: usize = 2;
 
+/// The float order of a packed matrix's outputs. Both sum each block's products exactly in
+/// integers; they differ in how the block sums become a float.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackedDef {
+    /// ggml's (llama.cpp's `vec_dot` for these types on AVX2, [`super::block32`]'s): eight lane
+    /// sums of four products per block, one fused multiply-add per lane and block into that
+    /// lane's accumulator, then `hsum8` (plus the zero-point term). What the unpacked kernels
+    /// and llama.cpp compute, bit for bit.
+    Ggml,
+    /// One exact integer sum of the block's 32 products, then one fused multiply-add per block
+    /// into one accumulator per row (Q4_1's zero-point term is a second fused multiply-add into
+    /// the same accumulator): an eighth of `Ggml`'s conversions and fused multiply-adds, and the
+    /// lane sums add as 16-bit integers before one widening (see [`super::packed32_blocksum`]).
+    BlockSum,
+}
+
+impl PackedDef {
+    /// The definition the batch-invariant arithmetic uses on this machine: `Ggml` where the
+    /// AVX-512 VNNI kernels run (one `vpdpbusd` per lane already; their `BlockSum` twins are not
+    /// written), `BlockSum` elsewhere. `AGENTKV_PACKED_DEF=ggml|block-sum` (read once) overrides
+    /// it, to measure one against the other.
+    pub fn invariant() -> PackedDef {
+        static DEF: std::sync::OnceLock<PackedDef> = std::sync::OnceLock::new();
+        *DEF.get_or_init(|| {
+            match std::env::var("AGENTKV_PACKED_DEF")
+                .ok()
+                .as_deref()
+                .map(str::trim)
+            {
+                Some("ggml") => return PackedDef::Ggml,
+                Some("block-sum") => return PackedDef::BlockSum,
+                None | Some("") => {}
+                Some(other) => eprintln!(
+                    "agentkv: AGENTKV_PACKED_DEF={other:?} is not one of ggml, block-sum; ignored"
+                ),
+            }
+            let f = super::cpu::definition_features();
+            if f.avx512 && f.vnni {
+                PackedDef::Ggml
+            } else {
+                PackedDef::BlockSum
+            }
+        })
+    }
+
+    /// A short name for cache namespaces and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            PackedDef::Ggml => "ggml",
+            PackedDef::BlockSum => "block-sum",
+        }
+    }
+}
+
 /// A Q4_0 / Q4_1 / Q5_0 / Q8_0 matrix in the row-interleaved layout of the module doc.
 #[derive(Debug, Clone)]
 pub struct Packed32 {
@@ -68,7 +122,7 @@ pub fn packable(ty: GgmlType) -> bool {
 }
 
 /// Bytes of quants per row and block, and number of 64-byte chunks per group and block.
-fn quant_layout(ty: GgmlType) -> (usize, usize) {
+pub(super) fn quant_layout(ty: GgmlType) -> (usize, usize) {
     match ty {
         GgmlType::Q8_0 => (32, 8),
         GgmlType::Q5_0 => (16, 5),
@@ -218,13 +272,13 @@ fn rearrange_high_bits(qh: u32) -> [u8; 4] {
 }
 
 #[inline(always)]
-fn f16_at(b: &[u8], off: usize) -> f32 {
+pub(super) fn f16_at(b: &[u8], off: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[off], b[off + 1]])).to_f32()
 }
 
 /// Signed value of element `k` of row `lane` in one packed block (portable decoding).
 #[inline(always)]
-fn value(ty: GgmlType, blk: &[u8], lane: usize, k: usize) -> i32 {
+pub(super) fn value(ty: GgmlType, blk: &[u8], lane: usize, k: usize) -> i32 {
     match ty {
         GgmlType::Q8_0 => i32::from(blk[(k / 4) * 64 + lane * 4 + k % 4] as i8),
         _ => {
@@ -282,14 +336,20 @@ pub(super) fn group_scalar(
     }
 }
 
-/// Computes groups `groups` for every token of `act` into `out` (`[num_tokens, num_rows]`).
+/// Computes groups `groups` for every token of `act` into `out` (`[num_tokens, num_rows]`) in
+/// the definition `def`.
 pub(super) fn run_groups(
     p: &Packed32,
     features: CpuFeatures,
+    def: PackedDef,
     act: &ActQ8,
     groups: std::ops::Range<usize>,
     out: &OutPtr,
 ) {
+    if def == PackedDef::BlockSum {
+        super::packed32_blocksum::run_groups(p, features, act, groups, out);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if super::packed32_prefill::run_groups(p, features, act, groups.clone(), out)
         || super::packed32_prefill_avx2::run_groups(p, features, act, groups.clone(), out)
@@ -333,6 +393,22 @@ pub(super) fn run_groups(
         }
     }
     let _ = features;
+}
+
+/// Panics unless `act` holds whole tokens of `p`'s blocks in every buffer and `groups` lies in
+/// `p`: the entry check of the multi-token kernels (`packed32_prefill`, `packed32_prefill_avx2`,
+/// `packed32_blocksum`).
+pub(super) fn assert_shapes(p: &Packed32, act: &ActQ8, groups: &std::ops::Range<usize>) {
+    let nb = p.num_blocks();
+    assert!(
+        act.num_blocks == nb
+            && groups.end <= p.num_groups()
+            && act.qs.len() >= act.num_tokens * nb * QK8
+            && act.d.len() >= act.num_tokens * nb
+            && act.s.len() >= act.num_tokens * nb
+            && act.lane_sums.len() >= act.num_tokens * nb * 8,
+        "activations and groups match the matrix"
+    );
 }
 
 /// Splits a packed matrix's groups for `num_tokens` tokens into tasks: `(num_tasks,
@@ -479,16 +555,19 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
-    /// Every path (portable, AVX2, AVX-512 VNNI where present), every batch size, token position
-    /// and thread count gives bit-identical outputs; fused calls equal separate ones.
+    /// In ggml's definition, every path (portable, AVX2, AVX-512 VNNI where present), every batch
+    /// size, token position and thread count gives bit-identical outputs, equal to the unpacked
+    /// matrix's; fused calls (in this machine's invariant definition) equal separate ones.
     #[test]
     fn packed_paths_batches_and_threads_agree_bitwise() {
+        use crate::kernels::matmul::matmul_with_def;
         use crate::kernels::{
             matmul_many_with_features, matmul_with_features, QMatrix, ThreadPool,
         };
         let pools = [ThreadPool::new(1), ThreadPool::new(2)];
         let detected = CpuFeatures::detect();
-        let paths = [CpuFeatures::PORTABLE, CpuFeatures::AVX2, detected];
+        let portable = CpuFeatures::PORTABLE;
+        let paths = [portable, CpuFeatures::AVX2, detected];
         for (ty, seed) in [
             (GgmlType::Q4_0, 4),
             (GgmlType::Q4_1, 5),
@@ -513,18 +592,14 @@ mod tests {
             // Reference: the whole batch on the portable path, one thread, equal to the unpacked
             // matrix's result.
             let mut want = vec![0f32; max_toks * rows];
-            matmul_with_features(
-                &pools[0],
-                &w,
-                &x,
-                max_toks,
-                &mut want,
-                CpuFeatures::PORTABLE,
-            )
-            .unwrap();
+            let ggml = PackedDef::Ggml;
+            matmul_with_def(&pools[0], &w, &x, max_toks, &mut want, portable, ggml).unwrap();
+            // The fused calls below run in this machine's invariant definition.
+            let mut want_inv = vec![0f32; max_toks * rows];
+            matmul_with_features(&pools[0], &w, &x, max_toks, &mut want_inv, portable).unwrap();
             let mut unpacked = vec![0f32; max_toks * rows];
             let wu = QMatrix { packed: None, ..w };
-            matmul_with_features(&pools[1], &wu, &x, max_toks, &mut unpacked, detected).unwrap();
+            matmul_with_def(&pools[1], &wu, &x, max_toks, &mut unpacked, detected, ggml).unwrap();
             assert_eq!(bits(&want), bits(&unpacked), "{ty:?} packed vs unpacked");
             for pool in &pools {
                 for f in paths {
@@ -532,7 +607,7 @@ mod tests {
                         for t0 in [0, max_toks - toks] {
                             let xs = &x[t0 * row_len..(t0 + toks) * row_len];
                             let mut y = vec![0f32; toks * rows];
-                            matmul_with_features(pool, &w, xs, toks, &mut y, f).unwrap();
+                            matmul_with_def(pool, &w, xs, toks, &mut y, f, ggml).unwrap();
                             assert_eq!(
                                 bits(&y),
                                 bits(&want[t0 * rows..(t0 + toks) * rows]),
@@ -563,7 +638,7 @@ mod tests {
                     )
                     .unwrap();
                     matmul_with_features(pool, &w2, &x, max_toks, &mut y2_alone, f).unwrap();
-                    assert_eq!(bits(&y1), bits(&want));
+                    assert_eq!(bits(&y1), bits(&want_inv));
                     assert_eq!(bits(&y2), bits(&y2_alone));
                 }
             }

@@ -29,7 +29,7 @@ use std::ops::Range;
 use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
 use super::matmul::OutPtr;
-use super::packed32::{Packed32, GROUP_ROWS};
+use super::packed32::{assert_shapes, Packed32, GROUP_ROWS};
 use crate::gguf::GgmlType;
 
 /// Fewest tokens of a call for which [`run_groups`] takes this path (below it the decode
@@ -106,21 +106,6 @@ pub(super) fn run_groups(
         Err(_) => run(&mut Scratch::default()),
     });
     true
-}
-
-/// Panics unless `act` holds whole tokens of `p`'s blocks in every buffer and `groups` lies in
-/// `p`: the entry check of both prefill kernels (this one and `packed32_prefill_avx2`).
-pub(super) fn assert_shapes(p: &Packed32, act: &ActQ8, groups: &Range<usize>) {
-    let nb = p.num_blocks();
-    assert!(
-        act.num_blocks == nb
-            && groups.end <= p.num_groups()
-            && act.qs.len() >= act.num_tokens * nb * QK8
-            && act.d.len() >= act.num_tokens * nb
-            && act.s.len() >= act.num_tokens * nb
-            && act.lane_sums.len() >= act.num_tokens * nb * 8,
-        "activations and groups match the matrix"
-    );
 }
 
 /// The whole task: chunks of tokens, groups, tiles.
@@ -359,7 +344,9 @@ unsafe fn tile<const K: u8, const T: usize>(
 pub(super) mod check {
     use super::*;
     use crate::gguf::quantize::quantize_row;
-    use crate::kernels::{matmul_with_features, QMatrix, ThreadPool};
+    use crate::kernels::matmul::matmul_with_def;
+    use crate::kernels::packed32::PackedDef;
+    use crate::kernels::{QMatrix, ThreadPool};
     use rand::{Rng, SeedableRng};
 
     fn bits(v: &[f32]) -> Vec<u32> {
@@ -367,10 +354,11 @@ pub(super) mod check {
     }
 
     /// Every type, the token counts `toks` (across the kernel's tile and chunk edges), padded
-    /// groups and 1 or 2 threads (groups split into tasks): the matmul with `features` is
-    /// bit-identical to the portable path.
+    /// groups and 1 or 2 threads (groups split into tasks): the matmul with `features` in the
+    /// definition `def` is bit-identical to the portable path's.
     pub(in crate::kernels) fn prefill_matches_portable(
         features: CpuFeatures,
+        def: PackedDef,
         seed: u64,
         toks: &[usize],
     ) {
@@ -405,10 +393,10 @@ pub(super) mod check {
                     .collect();
                 let mut want = vec![0f32; toks * rows];
                 let portable = CpuFeatures::PORTABLE;
-                matmul_with_features(&pools[0], &w, &x, toks, &mut want, portable).unwrap();
+                matmul_with_def(&pools[0], &w, &x, toks, &mut want, portable, def).unwrap();
                 for pool in &pools {
                     let mut y = vec![f32::NAN; toks * rows];
-                    matmul_with_features(pool, &w, &x, toks, &mut y, features).unwrap();
+                    matmul_with_def(pool, &w, &x, toks, &mut y, features, def).unwrap();
                     assert_eq!(bits(&y), bits(&want), "{ty:?} toks {toks}");
                 }
             }
@@ -419,6 +407,7 @@ pub(super) mod check {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::packed32::PackedDef;
 
     /// Token counts across tile and chunk edges: bit-identical to the portable path.
     #[test]
@@ -428,6 +417,6 @@ mod tests {
             eprintln!("no AVX-512 VNNI here: the prefill path does not run");
         }
         let toks = [MIN_TOKENS, 4, 5, 7, CHUNK, CHUNK + 1, 2 * CHUNK + 5];
-        check::prefill_matches_portable(f, 11, &toks);
+        check::prefill_matches_portable(f, PackedDef::Ggml, 11, &toks);
     }
 }

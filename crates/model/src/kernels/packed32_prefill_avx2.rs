@@ -33,8 +33,10 @@ use std::ops::Range;
 use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
 use super::matmul::OutPtr;
+use super::packed32::assert_shapes;
 use super::packed32::{Packed32, GROUP_ROWS};
-use super::packed32_prefill::{assert_shapes, enabled, MIN_TOKENS};
+use super::packed32_blocksum::{correction, Q4_0, Q4_1, Q5_0, Q8_0};
+use super::packed32_prefill::{enabled, MIN_TOKENS};
 use super::packed32_x86::{high_bit, hsum8_lanes};
 use crate::gguf::GgmlType;
 
@@ -47,11 +49,6 @@ const CHUNK: usize = 64;
 
 /// Rows per half of a group (one 32-bit lane of a 256-bit register each).
 const HALF_ROWS: usize = GROUP_ROWS / 2;
-
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q8_0: u8 = 2;
-const Q5_0: u8 = 3;
 
 /// One 32-byte, 32-byte aligned vector of the scratch.
 #[derive(Clone, Copy)]
@@ -108,10 +105,10 @@ pub(super) fn run_groups(
         // just above.
         unsafe {
             match p.ty() {
-                GgmlType::Q4_0 => run::<Q4_0>(p, act, groups, out, s),
-                GgmlType::Q4_1 => run::<Q4_1>(p, act, groups, out, s),
-                GgmlType::Q5_0 => run::<Q5_0>(p, act, groups, out, s),
-                _ => run::<Q8_0>(p, act, groups, out, s),
+                GgmlType::Q4_0 => run::<Q4_0, false>(p, act, groups, out, s),
+                GgmlType::Q4_1 => run::<Q4_1, false>(p, act, groups, out, s),
+                GgmlType::Q5_0 => run::<Q5_0, false>(p, act, groups, out, s),
+                _ => run::<Q8_0, false>(p, act, groups, out, s),
             }
         }
     };
@@ -122,13 +119,42 @@ pub(super) fn run_groups(
     true
 }
 
-/// The whole task: chunks of tokens, groups, tiles, halves.
+/// The [`PackedDef::BlockSum`](super::packed32::PackedDef) twin of [`run_groups`] (any token
+/// count, called by `packed32_blocksum` for steps of two or more tokens on AVX2): the same
+/// decoded scratch, chunks and tiles, each tile's tokens swept block by block (see
+/// [`Tile::half_block_sum`]).
+pub(super) fn run_groups_blocksum(p: &Packed32, act: &ActQ8, groups: Range<usize>, out: &OutPtr) {
+    assert!(
+        CpuFeatures::detect().avx2,
+        "the caller checked that AVX2 is present"
+    );
+    assert_shapes(p, act, &groups);
+    let run = |s: &mut Scratch| {
+        // SAFETY: AVX2+FMA+F16C were detected (asserted above); the shapes were checked just
+        // above.
+        unsafe {
+            match p.ty() {
+                GgmlType::Q4_0 => run::<Q4_0, true>(p, act, groups, out, s),
+                GgmlType::Q4_1 => run::<Q4_1, true>(p, act, groups, out, s),
+                GgmlType::Q5_0 => run::<Q5_0, true>(p, act, groups, out, s),
+                _ => run::<Q8_0, true>(p, act, groups, out, s),
+            }
+        }
+    };
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => run(&mut s),
+        Err(_) => run(&mut Scratch::default()),
+    });
+}
+
+/// The whole task: chunks of tokens, groups, tiles, halves (`BS`: in the `BlockSum` definition,
+/// whose start values are one per token and block instead of one per lane).
 ///
 /// # Safety
 /// AVX2+FMA+F16C present; `act` holds `act.num_tokens` tokens of `p.num_blocks()` blocks in all
 /// its buffers and `groups` lies in `p` (checked by [`run_groups`]).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run<const K: u8>(
+unsafe fn run<const K: u8, const BS: bool>(
     p: &Packed32,
     act: &ActQ8,
     groups: Range<usize>,
@@ -140,20 +166,23 @@ unsafe fn run<const K: u8>(
     let lpb = lines_per_block(K);
     s.w.resize(2 * nb * lpb, Ymm([0; 32]));
     s.dm.resize(2 * nb * 2, Ymm([0; 32]));
-    s.starts.resize(CHUNK.min(num_tokens) * nb * 8, 0);
+    let starts_per_block = if BS { 1 } else { 8 };
+    s.starts
+        .resize(CHUNK.min(num_tokens) * nb * starts_per_block, 0);
     s.dd.resize(nb * TILE, Ymm([0; 32]));
-    let c = match K {
-        Q4_0 => -8,
-        Q5_0 => -16,
-        _ => 0,
-    };
+    let c = correction(K);
     // A tile's outputs: both halves write rows `0..16` of tokens `0..tt` before they are read
     // (zeroed once here, not per tile).
     let mut o = [[0f32; GROUP_ROWS]; TILE];
     let mut t0 = 0;
     while t0 < num_tokens {
         let t1 = (t0 + CHUNK).min(num_tokens);
-        if c != 0 {
+        if c != 0 && BS {
+            let sums = act.lane_sums[t0 * nb * 8..t1 * nb * 8].chunks_exact(8);
+            for (st, ls) in s.starts.iter_mut().zip(sums) {
+                *st = c * ls.iter().sum::<i32>();
+            }
+        } else if c != 0 {
             let sums = &act.lane_sums[t0 * nb * 8..t1 * nb * 8];
             for (st, ls) in s.starts.iter_mut().zip(sums) {
                 *st = c * ls;
@@ -184,6 +213,7 @@ unsafe fn run<const K: u8>(
                         macro_rules! sweep {
                             ($($n:literal)*) => {
                                 match tt {
+                                    $($n if BS => tile.half_block_sum::<K, $n>(w, dm, h, &mut o),)*
                                     $($n => tile.half::<K, $n>(w, dm, &mut s.dd, h, &mut o),)*
                                     _ => unreachable!("a tile holds 1..=TILE tokens"),
                                 }
@@ -409,13 +439,111 @@ impl Tile<'_> {
     }
 }
 
+impl Tile<'_> {
+    /// [`Self::half`] in the `BlockSum` definition: per block, each token's eight lanes summed
+    /// as 16-bit integers (Q5_0: two halves of four lanes; Q8_0: widened per lane), widened once,
+    /// corrected by the block's start, converted once and fused-multiply-added once (Q4_1: and
+    /// its `m · s_x` term) into one accumulator per token.
+    ///
+    /// # Safety
+    /// As [`Self::half`] (without `dd`); `starts` holds one start per chunk token and block.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half_block_sum<const K: u8, const T: usize>(
+        &self,
+        w: &[Ymm],
+        dm: &[Ymm],
+        h: usize,
+        out: &mut [[f32; GROUP_ROWS]; TILE],
+    ) {
+        let (nb, act, tok0) = (self.nb, self.act, self.tok0);
+        let lpb = lines_per_block(K);
+        let corr = correction(K);
+        assert!(
+            T <= TILE
+                && w.len() >= nb * lpb
+                && dm.len() >= 2 * nb
+                && (tok0 + T) * nb <= act.d.len()
+                && (tok0 + T) * nb <= act.s.len()
+                && (tok0 + T) * nb * QK8 <= act.qs.len()
+                && (corr == 0 || (self.tc0 + T) * nb <= self.starts.len()),
+            "tile inside its buffers"
+        );
+        let (wp, dmp) = (w.as_ptr().cast::<u8>(), dm.as_ptr().cast::<u8>());
+        let (xq, ad, as_, st) = (
+            act.qs.as_ptr(),
+            act.d.as_ptr(),
+            act.s.as_ptr(),
+            self.starts.as_ptr(),
+        );
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); T];
+        // SAFETY: every offset below is inside the buffer asserted above: block `b < nb` of `w`
+        // (`lpb` vectors) and `dm` (2), token `tok0 + t` of `act` and chunk index `tc0 + t` of
+        // `starts` (`t < T`), lane `l < 8` (`4l + 4 <= 32` bytes of the block).
+        unsafe {
+            for b in 0..nb {
+                let d = _mm256_load_ps(dmp.add(64 * b).cast());
+                let m = if K == Q4_1 {
+                    _mm256_load_ps(dmp.add(64 * b + 32).cast())
+                } else {
+                    _mm256_setzero_ps()
+                };
+                let wb = wp.add(32 * b * lpb);
+                let wl = |l: usize| _mm256_load_si256(wb.add(32 * l).cast());
+                for t in 0..T {
+                    let xi = (tok0 + t) * nb + b;
+                    let xp = xq.add(xi * QK8);
+                    let xs =
+                        |l: usize| _mm256_set1_epi32(xp.add(4 * l).cast::<i32>().read_unaligned());
+                    let mut i = if K == Q8_0 {
+                        let mut i = _mm256_setzero_si256();
+                        for l in 0..8 {
+                            let prod =
+                                _mm256_maddubs_epi16(wl(l), _mm256_sign_epi8(xs(l), wl(8 + l)));
+                            i = _mm256_add_epi32(i, _mm256_madd_epi16(prod, ones));
+                        }
+                        i
+                    } else if K == Q5_0 {
+                        let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                        for l in 0..4 {
+                            lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(wl(l), xs(l)));
+                            hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(wl(4 + l), xs(4 + l)));
+                        }
+                        _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones))
+                    } else {
+                        let mut s = _mm256_setzero_si256();
+                        for l in 0..8 {
+                            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(wl(l), xs(l)));
+                        }
+                        _mm256_madd_epi16(s, ones)
+                    };
+                    if corr != 0 {
+                        let s0 = *st.add((self.tc0 + t) * nb + b);
+                        i = _mm256_add_epi32(i, _mm256_set1_epi32(s0));
+                    }
+                    let ddt = _mm256_mul_ps(d, _mm256_set1_ps(*ad.add(xi)));
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), ddt, acc[t]);
+                    if K == Q4_1 {
+                        acc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(*as_.add(xi)), acc[t]);
+                    }
+                }
+            }
+            for t in 0..T {
+                _mm256_storeu_ps(out[t].as_mut_ptr().add(HALF_ROWS * h), acc[t]);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::packed32::PackedDef;
     use crate::kernels::packed32_prefill::check::prefill_matches_portable;
 
     /// Token counts across tile and chunk edges, with AVX-512 masked off so that this kernel
-    /// runs on every AVX2 machine: bit-identical to the portable path.
+    /// runs on every AVX2 machine: bit-identical to the portable path, in both definitions.
     #[test]
     fn avx2_prefill_tiles_match_portable_bitwise() {
         if !CpuFeatures::detect().avx2 {
@@ -436,6 +564,7 @@ mod tests {
             CHUNK + 1,
             2 * CHUNK + 5,
         ];
-        prefill_matches_portable(f, 21, &toks);
+        prefill_matches_portable(f, PackedDef::Ggml, 21, &toks);
+        prefill_matches_portable(f, PackedDef::BlockSum, 22, &toks);
     }
 }

@@ -198,7 +198,7 @@ const PF_DIST: usize = 4096;
 /// Prefetches (to L2) the `len` bytes [`PF_DIST`] beyond byte `off` of the matrix `all`, never
 /// past its end: a decode kernel calls it for each block it reads.
 #[inline(always)]
-fn prefetch_ahead(all: &[u8], off: usize, len: usize) {
+pub(super) fn prefetch_ahead(all: &[u8], off: usize, len: usize) {
     let start = off + PF_DIST;
     let end = (start + len).min(all.len());
     let mut at = start;

@@ -1,0 +1,419 @@
+//! The [`PackedDef::BlockSum`](super::packed32::PackedDef) definition of a packed matrix's
+//! outputs, its portable twin and its AVX2 single-token (decode) kernel; the multi-token AVX2
+//! kernel lives with the other prefill sweep in `packed32_prefill_avx2`.
+//!
+//! Definition, per row `r` and token `t` over the blocks `b` in order:
+//! ```text
+//! acc = 0
+//! for b: isum = Σ_k w[r, 32b + k] · x[t, 32b + k]        (exact, i32)
+//!        acc  = fma(f32(isum), f16→f32(d[r, b]) · d_x[t, b], acc)
+//!        acc  = fma(f16→f32(m[r, b]), s_x[t, b], acc)     (Q4_1 only)
+//! y[t, r] = acc
+//! ```
+//! ggml's order (`PackedDef::Ggml`) converts and accumulates each of the block's eight lane sums
+//! separately and adds the lanes at the end; here the lanes are added as integers first. On
+//! AVX2 that turns eight `madd` + eight conversions + eight fused multiply-adds per block and
+//! eight rows into 16-bit adds of the `maddubs` products (exact: Q4_* sums of sixteen products
+//! `≤ 15 · 128` per 16-bit slot fit, Q5_0 takes two halves of eight, Q8_0 widens each lane) and one
+//! `madd`, one conversion and one or two fused multiply-adds. Each output is still one fixed
+//! sequence of float operations, so the batch-invariance contract of the module holds: outputs
+//! do not depend on the batch, the tile, the chunk or the thread split (tests below and in
+//! `packed32_prefill_avx2`), and every path here is bit-identical to [`token_scalar`]. They are
+//! not bit-identical to `Ggml` (llama.cpp's order): the difference is float rounding only.
+//!
+//! It never allocates and never chooses the definition (that is `PackedDef::invariant`).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::act_quant::{ActQ8, QK8};
+use super::cpu::CpuFeatures;
+use super::matmul::OutPtr;
+use super::packed32::{f16_at, quant_layout, value, Packed32, GROUP_ROWS};
+use crate::gguf::GgmlType;
+
+/// One token's 16 outputs of group `g` in the `BlockSum` definition (the portable twin of every
+/// SIMD path).
+pub(super) fn token_scalar(p: &Packed32, g: usize, act: &ActQ8, tok: usize) -> [f32; GROUP_ROWS] {
+    let (nb, bb) = (p.num_blocks(), p.block_bytes());
+    let grp = p.group(g);
+    let scales = quant_layout(p.ty()).1 * 64;
+    let xq = &act.qs[tok * nb * QK8..(tok + 1) * nb * QK8];
+    let mut y = [0f32; GROUP_ROWS];
+    for (lane, yv) in y.iter_mut().enumerate() {
+        let mut acc = 0f32;
+        for b in 0..nb {
+            let blk = &grp[b * bb..(b + 1) * bb];
+            let x = &xq[b * QK8..(b + 1) * QK8];
+            let isum: i32 = x
+                .iter()
+                .enumerate()
+                .map(|(k, &xk)| value(p.ty(), blk, lane, k) * i32::from(xk))
+                .sum();
+            let dd = f16_at(blk, scales + lane * 2) * act.d[tok * nb + b];
+            acc = (isum as f32).mul_add(dd, acc);
+            if p.ty() == GgmlType::Q4_1 {
+                acc = f16_at(blk, scales + 32 + lane * 2).mul_add(act.s[tok * nb + b], acc);
+            }
+        }
+        *yv = acc;
+    }
+    y
+}
+
+/// Computes groups `groups` of `p` for every token of `act` into `out` (`[num_tokens,
+/// num_rows]`) in the `BlockSum` definition, on the best path `features` allows.
+pub(super) fn run_groups(
+    p: &Packed32,
+    features: CpuFeatures,
+    act: &ActQ8,
+    groups: Range<usize>,
+    out: &OutPtr,
+) {
+    super::packed32::assert_shapes(p, act, &groups);
+    let n = p.num_rows();
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx2 && !groups.is_empty() {
+        if act.num_tokens == 1 {
+            let rows = groups.start * GROUP_ROWS..(groups.end * GROUP_ROWS).min(n);
+            // SAFETY: for one token the rows of `groups` are outputs `rows`, which only this task
+            // writes (tasks own disjoint group ranges).
+            let o = unsafe { out.slice_mut(rows) };
+            // SAFETY: AVX2+FMA+F16C were detected; the shapes were checked above and the
+            // output is exactly the groups' rows.
+            unsafe {
+                match p.ty() {
+                    GgmlType::Q4_0 => one_token::<Q4_0>(p, groups, act, o),
+                    GgmlType::Q4_1 => one_token::<Q4_1>(p, groups, act, o),
+                    GgmlType::Q5_0 => one_token::<Q5_0>(p, groups, act, o),
+                    _ => one_token::<Q8_0>(p, groups, act, o),
+                }
+            }
+        } else {
+            super::packed32_prefill_avx2::run_groups_blocksum(p, act, groups, out);
+        }
+        return;
+    }
+    let _ = features;
+    for g in groups {
+        let rows = (n - g * GROUP_ROWS).min(GROUP_ROWS);
+        for t in 0..act.num_tokens {
+            let y = token_scalar(p, g, act, t);
+            for (lane, v) in y.iter().take(rows).enumerate() {
+                out.write(t * n + g * GROUP_ROWS + lane, *v);
+            }
+        }
+    }
+}
+
+pub(super) const Q4_0: u8 = 0;
+pub(super) const Q4_1: u8 = 1;
+pub(super) const Q8_0: u8 = 2;
+pub(super) const Q5_0: u8 = 3;
+
+/// The factor of a block's activation sum that corrects the unsigned weight operand exactly:
+/// Q4_0 nibbles carry `+8`, Q5_0 values `+16`; Q4_1 has none and Q8_0 takes its signs with
+/// `psignb`.
+pub(super) const fn correction(k: u8) -> i32 {
+    match k {
+        Q4_0 => -8,
+        Q5_0 => -16,
+        _ => 0,
+    }
+}
+
+/// Sum of token `tok`'s activations in block `b` (from the lane sums).
+#[inline(always)]
+pub(super) fn block_x_sum(act: &ActQ8, tok: usize, b: usize) -> i32 {
+    let i = (tok * act.num_blocks + b) * 8;
+    act.lane_sums[i..i + 8].iter().sum()
+}
+
+/// The exact integer sums of one packed block's eight rows `8h..8h + 8` against one token's
+/// eight broadcast activation lanes `xs`, before the correction (the unsigned weight operand).
+///
+/// # Safety
+/// AVX2 present; `bp` points at a whole packed block of type `K`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn half_isum<const K: u8>(bp: *const u8, h: usize, xs: &[__m256i; 8]) -> __m256i {
+    let nib = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    // SAFETY: a packed block holds its 64-byte chunks (and Q5_0's high-bit chunk) at `64c`; half
+    // `h` of each is the 32 bytes at `32h` (caller's contract).
+    unsafe {
+        if K == Q8_0 {
+            let mut i = _mm256_setzero_si256();
+            for (c, x) in xs.iter().enumerate() {
+                let q = _mm256_loadu_si256(bp.add(64 * c + 32 * h).cast());
+                let prod = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(*x, q));
+                i = _mm256_add_epi32(i, _mm256_madd_epi16(prod, ones));
+            }
+            i
+        } else if K == Q5_0 {
+            let hb = _mm256_loadu_si256(bp.add(64 * 4 + 32 * h).cast());
+            let bit = _mm256_set1_epi8(0x10);
+            let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for c in 0..4 {
+                let q = _mm256_loadu_si256(bp.add(64 * c + 32 * h).cast());
+                let wl = _mm256_or_si256(
+                    _mm256_and_si256(q, nib),
+                    super::packed32_x86::high_bit!(
+                        _mm256_slli_epi32,
+                        _mm256_srli_epi32,
+                        _mm256_and_si256,
+                        hb,
+                        c,
+                        bit
+                    ),
+                );
+                let wh = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi32::<4>(q), nib),
+                    super::packed32_x86::high_bit!(
+                        _mm256_slli_epi32,
+                        _mm256_srli_epi32,
+                        _mm256_and_si256,
+                        hb,
+                        4 + c,
+                        bit
+                    ),
+                );
+                lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(wl, xs[c]));
+                hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(wh, xs[4 + c]));
+            }
+            _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones))
+        } else {
+            let mut s = _mm256_setzero_si256();
+            for c in 0..4 {
+                let q = _mm256_loadu_si256(bp.add(64 * c + 32 * h).cast());
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_and_si256(q, nib), xs[c]));
+                let hi = _mm256_and_si256(_mm256_srli_epi32::<4>(q), nib);
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi, xs[4 + c]));
+            }
+            _mm256_madd_epi16(s, ones)
+        }
+    }
+}
+
+/// AVX2 decode kernel: token 0 of `act` for groups `groups` into `out` (their rows), both 8-row
+/// halves of a block per pass (one set of activation broadcasts), the stream prefetched ahead.
+///
+/// # Safety
+/// AVX2+FMA+F16C present; `act` holds one token of `p.num_blocks()` blocks, `groups` lies in `p`
+/// (checked by [`run_groups`]) and `out` holds exactly the groups' rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn one_token<const K: u8>(p: &Packed32, groups: Range<usize>, act: &ActQ8, out: &mut [f32]) {
+    let (nb, bb) = (p.num_blocks(), p.block_bytes());
+    let n = p.num_rows();
+    assert!(
+        act.num_tokens == 1
+            && act.qs.len() >= nb * QK8
+            && out.len() == (groups.end * GROUP_ROWS).min(n) - (groups.start * GROUP_ROWS).min(n),
+        "one token, output rows of the groups"
+    );
+    let scales = quant_layout(p.ty()).1 * 64;
+    let all = p.bytes();
+    let xq = act.qs.as_ptr();
+    let corr = correction(K);
+    for (g, o) in groups.zip(out.chunks_mut(GROUP_ROWS)) {
+        let grp = p.group(g);
+        let grp_off = grp.as_ptr() as usize - all.as_ptr() as usize;
+        let mut acc = [_mm256_setzero_ps(); 2];
+        for b in 0..nb {
+            super::packed32_x86::prefetch_ahead(all, grp_off + b * bb, bb);
+            let bp = grp[b * bb..(b + 1) * bb].as_ptr();
+            // SAFETY: block `b` of the token's activations is the 32 bytes at `32b < 32nb`.
+            let xs: [__m256i; 8] = std::array::from_fn(|l| unsafe {
+                _mm256_set1_epi32(xq.add(b * QK8 + 4 * l).cast::<i32>().read_unaligned())
+            });
+            let dx = _mm256_set1_ps(act.d[b]);
+            let start = _mm256_set1_epi32(if corr != 0 {
+                corr * block_x_sum(act, 0, b)
+            } else {
+                0
+            });
+            for (h, a) in acc.iter_mut().enumerate() {
+                // SAFETY: `bp` is a whole packed block of type `K` (inside `grp`); its d (and
+                // Q4_1's m) run of 16 f16 starts at `scales` (`scales + 32`), half `h` at `16h`.
+                unsafe {
+                    let mut i = half_isum::<K>(bp, h, &xs);
+                    if corr != 0 {
+                        i = _mm256_add_epi32(i, start);
+                    }
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(bp.add(scales + 16 * h).cast()));
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, dx), *a);
+                    if K == Q4_1 {
+                        let m =
+                            _mm256_cvtph_ps(_mm_loadu_si128(bp.add(scales + 32 + 16 * h).cast()));
+                        *a = _mm256_fmadd_ps(m, _mm256_set1_ps(act.s[b]), *a);
+                    }
+                }
+            }
+        }
+        let mut y = [0f32; GROUP_ROWS];
+        // SAFETY: `y` holds 16 floats, 8 per half.
+        unsafe {
+            _mm256_storeu_ps(y.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(y.as_mut_ptr().add(8), acc[1]);
+        }
+        o.copy_from_slice(&y[..o.len()]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::quantize::quantize_row;
+    use crate::kernels::matmul::matmul_with_def;
+    use crate::kernels::packed32::PackedDef;
+    use crate::kernels::QMatrix;
+    use crate::kernels::ThreadPool;
+    use rand::{Rng, SeedableRng};
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    fn matrix(ty: GgmlType, rows: usize, row_len: usize, seed: u64, scale: f32) -> Vec<u8> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut data = Vec::new();
+        for _ in 0..rows {
+            let x: Vec<f32> = (0..row_len).map(|_| rng.gen_range(-scale..scale)).collect();
+            quantize_row(ty, &x, &mut data).unwrap();
+        }
+        data
+    }
+
+    /// The definition against a naive f64 model: the exact integer block sums scaled and added
+    /// give the same value to f32 rounding, for every type (the integer corrections and the
+    /// 16-bit sums are exact).
+    #[test]
+    fn scalar_definition_matches_exact_dot() {
+        for (i, ty) in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (rows, row_len) = (20, 256);
+            let data = matrix(ty, rows, row_len, 40 + i as u64, 1.0);
+            let p = Packed32::pack(ty, rows, row_len, &data).unwrap();
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(50 + i as u64);
+            let x: Vec<f32> = (0..row_len).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+            let mut act = ActQ8::default();
+            act.quantize(CpuFeatures::PORTABLE, &x, 1, row_len);
+            let nb = row_len / QK8;
+            let scales = quant_layout(ty).1 * 64;
+            for g in 0..2 {
+                let y = token_scalar(&p, g, &act, 0);
+                for (lane, got) in y.iter().enumerate() {
+                    let grp = p.group(g);
+                    let mut want = 0f64;
+                    let mut mag = 0f64;
+                    for b in 0..nb {
+                        let blk = &grp[b * p.block_bytes()..(b + 1) * p.block_bytes()];
+                        let dd = f64::from(f16_at(blk, scales + lane * 2)) * f64::from(act.d[b]);
+                        for k in 0..QK8 {
+                            let v = f64::from(value(ty, blk, lane, k))
+                                * f64::from(act.qs[b * QK8 + k])
+                                * dd;
+                            want += v;
+                            mag += v.abs();
+                        }
+                        if ty == GgmlType::Q4_1 {
+                            let v = f64::from(f16_at(blk, scales + 32 + lane * 2))
+                                * f64::from(act.s[b]);
+                            want += v;
+                            mag += v.abs();
+                        }
+                    }
+                    let err = (f64::from(*got) - want).abs();
+                    assert!(
+                        err <= 1e-6 * mag.max(1e-3),
+                        "{ty:?} g{g} lane{lane}: {got} vs {want} (mag {mag})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Every path (portable, AVX2 with AVX-512 masked off), token counts across the prefill
+    /// kernel's tile and chunk edges, one and two threads and padded groups give bit-identical
+    /// outputs; activations at the edge of the 16-bit sums (all ±127, weights at their extremes)
+    /// included.
+    #[test]
+    fn block_sum_paths_and_batches_agree_bitwise() {
+        let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+        let avx2 = CpuFeatures {
+            avx2: true,
+            ..CpuFeatures::PORTABLE
+        };
+        for (i, ty) in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (rows, row_len) = (37, 160);
+            let data = matrix(ty, rows, row_len, 60 + i as u64, 1.0);
+            let p = Packed32::pack(ty, rows, row_len, &data).unwrap();
+            let w = QMatrix {
+                ty,
+                num_rows: rows,
+                row_len,
+                data: &data,
+                packed: Some(&p),
+            };
+            let max_toks = 70;
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(70 + i as u64);
+            let mut x: Vec<f32> = (0..max_toks * row_len)
+                .map(|_| rng.gen_range(-3.0f32..3.0))
+                .collect();
+            // Token 1: every activation at ±max, so each quantises to ±127.
+            for (k, v) in x[row_len..2 * row_len].iter_mut().enumerate() {
+                *v = if k % 3 == 0 { -1.0 } else { 1.0 };
+            }
+            let mut want = vec![0f32; max_toks * rows];
+            let portable = CpuFeatures::PORTABLE;
+            let def = PackedDef::BlockSum;
+            matmul_with_def(&pools[0], &w, &x, max_toks, &mut want, portable, def).unwrap();
+            for pool in &pools {
+                for f in [portable, avx2] {
+                    for (t0, toks) in [(0, 1), (1, 1), (5, 2), (0, 3), (3, 9), (1, 64), (0, 70)] {
+                        let xs = &x[t0 * row_len..(t0 + toks) * row_len];
+                        let mut y = vec![f32::NAN; toks * rows];
+                        matmul_with_def(pool, &w, xs, toks, &mut y, f, def).unwrap();
+                        assert_eq!(
+                            bits(&y),
+                            bits(&want[t0 * rows..(t0 + toks) * rows]),
+                            "{ty:?} {f:?} t0 {t0} toks {toks}"
+                        );
+                    }
+                }
+            }
+            // A different definition from ggml's (a mutation of the definition shows here).
+            let mut ggml = vec![0f32; max_toks * rows];
+            let gdef = PackedDef::Ggml;
+            matmul_with_def(&pools[0], &w, &x, max_toks, &mut ggml, portable, gdef).unwrap();
+            assert_ne!(
+                bits(&ggml),
+                bits(&want),
+                "{ty:?}: the two orders differ somewhere"
+            );
+            let close = ggml
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| (a - b).abs() <= 1e-4 * (1.0 + a.abs()));
+            assert!(close, "{ty:?}: the two orders agree to rounding");
+        }
+    }
+}
