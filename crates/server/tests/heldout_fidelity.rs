@@ -32,8 +32,11 @@ struct Position {
 /// llama.cpp's tiled prefill arithmetic (`EngineConfig::llama_cpp_prefill`): the goal
 /// (measured 0.00126 over 270 positions, 16/16 prefixes equal).
 const MEAN_BOUND_LLAMA_CPP_PREFILL: f64 = 0.005;
-/// The same bound for the default (per-row) arithmetic: measured 0.0146.
-const MEAN_BOUND_DEFAULT: f64 = 0.03;
+/// The same bound for the default arithmetic (per-row attention; on CPUs without AVX-512 VNNI
+/// the block-sum float order of packed matmuls, `model::PackedDef::BlockSum`): measured 0.0146
+/// with ggml's matmul order, 0.0359 with block-sum (AMD Zen 3; 16/16 prefixes equal either way;
+/// llama.cpp's own AVX2 and AVX-512 builds differ by 0.04 on these prompts).
+const MEAN_BOUND_DEFAULT: f64 = 0.05;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heldout_prompts_match_llama_cpp_through_the_server() {
