@@ -115,7 +115,11 @@ pub fn plan(
         }
         None => tools.iter().collect(),
     };
+    // `parallel` is what the prompt says (the same whatever `tool_choice` names, so switching
+    // keeps the prefix cached); a named tool is called exactly once, as vLLM's named function
+    // calling does, whatever `parallel_tool_calls` says.
     let parallel = r.parallel_tool_calls.unwrap_or(true);
+    let parallel_calls = parallel && named.is_none();
     if let Some(syntax) = family {
         let text = match (mode, named) {
             (ToolChoiceMode::Auto, None) => Some(text_schema),
@@ -124,9 +128,14 @@ pub fn plan(
         return Ok(Some(ToolPlan {
             system_text: String::new(),
             schema: Value::Null,
-            parallel: parallel && syntax.layout.separator.is_some(),
+            parallel: parallel_calls && syntax.layout.separator.is_some(),
             structured_text: text_schema.is_some(),
-            lark: Some(tool_families::grammar(&syntax, &offered, parallel, text)),
+            lark: Some(tool_families::grammar(
+                &syntax,
+                &offered,
+                parallel_calls,
+                text,
+            )),
             family: Some(syntax),
         }));
     }
@@ -138,7 +147,7 @@ pub fn plan(
             json!({"anyOf": calls})
         }
     };
-    let calls_schema = if parallel {
+    let calls_schema = if parallel_calls {
         json!({"type": "object", "properties": {"tool_calls": {"type": "array",
                "items": one_call, "minItems": 1}},
                "required": ["tool_calls"], "additionalProperties": false})
@@ -158,7 +167,7 @@ pub fn plan(
     Ok(Some(ToolPlan {
         system_text: system_text(tools, parallel),
         schema,
-        parallel,
+        parallel: parallel_calls,
         structured_text: text_schema.is_some(),
         family: None,
         lark: None,
@@ -568,6 +577,19 @@ mod tests {
             p.schema["properties"]["tool_call"]["properties"]["name"]["const"],
             "get_weather"
         );
+        // A named tool is called once even where parallel calls are allowed; the prompt text
+        // stays that of the other choices.
+        let one = plan_of(&request(named("get_weather"), None))
+            .unwrap()
+            .unwrap();
+        assert!(!one.parallel);
+        assert_eq!(
+            one.schema["properties"]["tool_call"]["properties"]["name"]["const"],
+            "get_weather"
+        );
+        let auto = plan_of(&request(None, None)).unwrap().unwrap();
+        assert!(auto.parallel);
+        assert_eq!(one.system_text, auto.system_text);
         let e = plan_of(&request(named("nope"), None)).unwrap_err();
         assert_eq!(e.body().error.param.as_deref(), Some("tool_choice"));
         let mut r = request(Some(ToolChoice::Mode(ToolChoiceMode::Required)), None);

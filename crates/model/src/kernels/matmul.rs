@@ -146,8 +146,8 @@ pub(super) fn matmul_with_def(
     features: CpuFeatures,
     def: PackedDef,
 ) -> Result<(), KernelError> {
-    let Some((mut job, out)) = prepare(w, x, num_tokens, y, features, MatmulArith::Invariant)?
-    else {
+    let arith = MatmulArith::Invariant;
+    let Some((mut job, out)) = prepare(w, x, num_tokens, y, features, arith)? else {
         return Ok(());
     };
     job.packed_def = def;
@@ -164,10 +164,9 @@ pub(super) fn matmul_impl(
     features: CpuFeatures,
     arith: MatmulArith,
 ) -> Result<(), KernelError> {
-    let Some((job, out)) = prepare(w, x, num_tokens, y, features, arith)? else {
-        return Ok(());
-    };
-    job.run(pool, x, &out);
+    if let Some((job, out)) = prepare(w, x, num_tokens, y, features, arith)? {
+        job.run(pool, x, &out);
+    }
     Ok(())
 }
 

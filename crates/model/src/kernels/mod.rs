@@ -18,7 +18,9 @@
 //!   output element is produced by one fixed sequence of float operations.
 //! - **Path invariance.** The portable scalar path reproduces the AVX2 path's exact operation
 //!   order (same lane partial sums, same fused multiply-adds, same horizontal reduction), so both
-//!   give bit-identical results; tests pin this.
+//!   give bit-identical results; tests pin this. Packed 32-element matrices have two such
+//!   orders ([`PackedDef`]); which one a call takes is part of its [`MatmulArith`], never of the
+//!   path, the batch or the thread split.
 
 pub mod act_quant;
 pub mod block32;

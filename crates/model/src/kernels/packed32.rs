@@ -429,13 +429,19 @@ pub(super) fn split(p: &Packed32, pool: &ThreadPool, num_tokens: usize) -> (usiz
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::gguf::quantize::quantize_row;
     use crate::kernels::block32::{dot_row_scalar, Block32, Q4_0, Q4_1, Q5_0, Q8_0};
     use rand::{Rng, SeedableRng};
 
-    fn random_matrix(ty: GgmlType, rows: usize, row_len: usize, seed: u64) -> Vec<u8> {
+    /// `rows` rows of uniform values in [-1, 1) quantised to `ty` (GGUF layout).
+    pub(in crate::kernels) fn random_matrix(
+        ty: GgmlType,
+        rows: usize,
+        row_len: usize,
+        seed: u64,
+    ) -> Vec<u8> {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let mut data = Vec::new();
         for _ in 0..rows {

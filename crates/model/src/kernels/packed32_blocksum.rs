@@ -154,32 +154,10 @@ unsafe fn half_isum<const K: u8>(bp: *const u8, h: usize, xs: &[__m256i; 8]) -> 
             i
         } else if K == Q5_0 {
             let hb = _mm256_loadu_si256(bp.add(64 * 4 + 32 * h).cast());
-            let bit = _mm256_set1_epi8(0x10);
             let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
             for c in 0..4 {
                 let q = _mm256_loadu_si256(bp.add(64 * c + 32 * h).cast());
-                let wl = _mm256_or_si256(
-                    _mm256_and_si256(q, nib),
-                    super::packed32_x86::high_bit!(
-                        _mm256_slli_epi32,
-                        _mm256_srli_epi32,
-                        _mm256_and_si256,
-                        hb,
-                        c,
-                        bit
-                    ),
-                );
-                let wh = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi32::<4>(q), nib),
-                    super::packed32_x86::high_bit!(
-                        _mm256_slli_epi32,
-                        _mm256_srli_epi32,
-                        _mm256_and_si256,
-                        hb,
-                        4 + c,
-                        bit
-                    ),
-                );
+                let (wl, wh) = super::packed32_x86::q5_lanes256(q, hb, c);
                 lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(wl, xs[c]));
                 hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(wh, xs[4 + c]));
             }
@@ -266,8 +244,8 @@ unsafe fn one_token<const K: u8>(p: &Packed32, groups: Range<usize>, act: &ActQ8
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::quantize::quantize_row;
     use crate::kernels::matmul::matmul_with_def;
+    use crate::kernels::packed32::tests::random_matrix;
     use crate::kernels::packed32::PackedDef;
     use crate::kernels::QMatrix;
     use crate::kernels::ThreadPool;
@@ -275,16 +253,6 @@ mod tests {
 
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
-    }
-
-    fn matrix(ty: GgmlType, rows: usize, row_len: usize, seed: u64, scale: f32) -> Vec<u8> {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let mut data = Vec::new();
-        for _ in 0..rows {
-            let x: Vec<f32> = (0..row_len).map(|_| rng.gen_range(-scale..scale)).collect();
-            quantize_row(ty, &x, &mut data).unwrap();
-        }
-        data
     }
 
     /// The definition against a naive f64 model: the exact integer block sums scaled and added
@@ -302,7 +270,7 @@ mod tests {
         .enumerate()
         {
             let (rows, row_len) = (20, 256);
-            let data = matrix(ty, rows, row_len, 40 + i as u64, 1.0);
+            let data = random_matrix(ty, rows, row_len, 40 + i as u64);
             let p = Packed32::pack(ty, rows, row_len, &data).unwrap();
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(50 + i as u64);
             let x: Vec<f32> = (0..row_len).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
@@ -364,7 +332,7 @@ mod tests {
         .enumerate()
         {
             let (rows, row_len) = (37, 160);
-            let data = matrix(ty, rows, row_len, 60 + i as u64, 1.0);
+            let data = random_matrix(ty, rows, row_len, 60 + i as u64);
             let p = Packed32::pack(ty, rows, row_len, &data).unwrap();
             let w = QMatrix {
                 ty,

@@ -37,7 +37,7 @@ use super::packed32::assert_shapes;
 use super::packed32::{Packed32, GROUP_ROWS};
 use super::packed32_blocksum::{correction, Q4_0, Q4_1, Q5_0, Q8_0};
 use super::packed32_prefill::{enabled, MIN_TOKENS};
-use super::packed32_x86::{high_bit, hsum8_lanes};
+use super::packed32_x86::{hsum8_lanes, q5_lanes256};
 use crate::gguf::GgmlType;
 
 /// Tokens per lane sweep: one accumulator each, plus the lane's weights, the `madd` ones and a
@@ -99,23 +99,7 @@ pub(super) fn run_groups(
     if !f.avx2 || (f.vnni && f.avx512) || act.num_tokens < MIN_TOKENS || !enabled() {
         return false;
     }
-    assert_shapes(p, act, &groups);
-    let run = |s: &mut Scratch| {
-        // SAFETY: AVX2+FMA+F16C were detected (`clamp_to_detected`); the shapes were checked
-        // just above.
-        unsafe {
-            match p.ty() {
-                GgmlType::Q4_0 => run::<Q4_0, false>(p, act, groups, out, s),
-                GgmlType::Q4_1 => run::<Q4_1, false>(p, act, groups, out, s),
-                GgmlType::Q5_0 => run::<Q5_0, false>(p, act, groups, out, s),
-                _ => run::<Q8_0, false>(p, act, groups, out, s),
-            }
-        }
-    };
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut s) => run(&mut s),
-        Err(_) => run(&mut Scratch::default()),
-    });
+    run_task::<false>(p, act, groups, out);
     true
 }
 
@@ -124,20 +108,25 @@ pub(super) fn run_groups(
 /// decoded scratch, chunks and tiles, each tile's tokens swept block by block (see
 /// [`Tile::half_block_sum`]).
 pub(super) fn run_groups_blocksum(p: &Packed32, act: &ActQ8, groups: Range<usize>, out: &OutPtr) {
+    run_task::<true>(p, act, groups, out);
+}
+
+/// Checks AVX2 and the shapes, then runs [`run`] for `p`'s type with this thread's scratch.
+fn run_task<const BS: bool>(p: &Packed32, act: &ActQ8, groups: Range<usize>, out: &OutPtr) {
     assert!(
-        CpuFeatures::detect().avx2,
-        "the caller checked that AVX2 is present"
+        CpuFeatures::AVX2.clamp_to_detected().avx2,
+        "callers run this kernel only where AVX2 is present"
     );
     assert_shapes(p, act, &groups);
     let run = |s: &mut Scratch| {
-        // SAFETY: AVX2+FMA+F16C were detected (asserted above); the shapes were checked just
+        // SAFETY: AVX2+FMA+F16C are present (asserted above); the shapes were checked just
         // above.
         unsafe {
             match p.ty() {
-                GgmlType::Q4_0 => run::<Q4_0, true>(p, act, groups, out, s),
-                GgmlType::Q4_1 => run::<Q4_1, true>(p, act, groups, out, s),
-                GgmlType::Q5_0 => run::<Q5_0, true>(p, act, groups, out, s),
-                _ => run::<Q8_0, true>(p, act, groups, out, s),
+                GgmlType::Q4_0 => run::<Q4_0, BS>(p, act, groups, out, s),
+                GgmlType::Q4_1 => run::<Q4_1, BS>(p, act, groups, out, s),
+                GgmlType::Q5_0 => run::<Q5_0, BS>(p, act, groups, out, s),
+                _ => run::<Q8_0, BS>(p, act, groups, out, s),
             }
         }
     };
@@ -280,24 +269,9 @@ unsafe fn decode_group<const K: u8>(p: &Packed32, g: usize, w: &mut [Ymm], dm: &
                     }
                 } else if K == Q5_0 {
                     let hb = _mm256_loadu_si256(bp.add(64 * 4).cast());
-                    let bit = _mm256_set1_epi8(0x10);
-                    macro_rules! fifth {
-                        ($l:expr) => {
-                            high_bit!(
-                                _mm256_slli_epi32,
-                                _mm256_srli_epi32,
-                                _mm256_and_si256,
-                                hb,
-                                $l,
-                                bit
-                            )
-                        };
-                    }
                     for c in 0..4 {
                         let q = _mm256_loadu_si256(bp.add(64 * c).cast());
-                        v[c] = _mm256_or_si256(_mm256_and_si256(q, nib), fifth!(c));
-                        let hi = _mm256_and_si256(_mm256_srli_epi32::<4>(q), nib);
-                        v[4 + c] = _mm256_or_si256(hi, fifth!(4 + c));
+                        (v[c], v[4 + c]) = q5_lanes256(q, hb, c);
                     }
                 } else {
                     for c in 0..4 {

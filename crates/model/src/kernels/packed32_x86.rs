@@ -186,7 +186,36 @@ macro_rules! high_bit {
         }
     };
 }
-pub(super) use high_bit;
+
+/// Q5_0's lanes `c` and `4 + c` (`c < 4`) of eight rows as unsigned bytes `nibble | fifth_bit
+/// << 4`, from the same 32-byte half of quant chunk `c` (`q`) and of the rearranged high-bit
+/// chunk (`hb`).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn q5_lanes256(q: __m256i, hb: __m256i, c: usize) -> (__m256i, __m256i) {
+    let nib = _mm256_set1_epi8(0x0F);
+    let bit = _mm256_set1_epi8(0x10);
+    let lo = high_bit!(
+        _mm256_slli_epi32,
+        _mm256_srli_epi32,
+        _mm256_and_si256,
+        hb,
+        c,
+        bit
+    );
+    let hi = high_bit!(
+        _mm256_slli_epi32,
+        _mm256_srli_epi32,
+        _mm256_and_si256,
+        hb,
+        4 + c,
+        bit
+    );
+    (
+        _mm256_or_si256(_mm256_and_si256(q, nib), lo),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32::<4>(q), nib), hi),
+    )
+}
 
 /// How far ahead (bytes) the single-token kernel prefetches the packed stream (as the unpacked
 /// decode tile does: the hardware prefetcher stops at page boundaries). The prefetch goes to L2
@@ -374,30 +403,9 @@ unsafe fn group256<const K: u8, const T: usize>(
                     }
                 } else if K == Q5_0 {
                     let hb = _mm256_loadu_si256(bp.add(64 * 4 + 32 * h).cast());
-                    let bit = _mm256_set1_epi8(0x10);
                     for c in 0..4 {
                         let v = _mm256_loadu_si256(bp.add(64 * c + 32 * h).cast());
-                        let (lo, hi) = (
-                            high_bit!(
-                                _mm256_slli_epi32,
-                                _mm256_srli_epi32,
-                                _mm256_and_si256,
-                                hb,
-                                c,
-                                bit
-                            ),
-                            high_bit!(
-                                _mm256_slli_epi32,
-                                _mm256_srli_epi32,
-                                _mm256_and_si256,
-                                hb,
-                                4 + c,
-                                bit
-                            ),
-                        );
-                        w[c] = _mm256_or_si256(_mm256_and_si256(v, nib), lo);
-                        w[4 + c] =
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), nib), hi);
+                        (w[c], w[4 + c]) = q5_lanes256(v, hb, c);
                     }
                 } else {
                     for c in 0..4 {
