@@ -67,6 +67,19 @@ pub struct TenantShare {
     pub max_retained_blocks: Option<u32>,
 }
 
+impl EngineConfig {
+    /// The matmul arithmetic of every forward step: batch-invariant, in llama.cpp's (ggml's)
+    /// float order for packed matrices when the engine reproduces llama.cpp
+    /// (`llama_cpp_prefill`), else in this machine's fastest invariant one.
+    pub fn matmul_arith(&self) -> model::MatmulArith {
+        if self.llama_cpp_prefill {
+            model::MatmulArith::InvariantGgml
+        } else {
+            model::MatmulArith::Invariant
+        }
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {

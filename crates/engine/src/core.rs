@@ -294,15 +294,9 @@ impl EngineCore {
         self.namespace_for(tenant, salt, 0)
     }
 
-    /// The matmul arithmetic of every forward step: batch-invariant, in llama.cpp's (ggml's)
-    /// float order for packed matrices when the engine reproduces llama.cpp
-    /// (`EngineConfig::llama_cpp_prefill`), else in this machine's fastest invariant one.
+    /// The matmul arithmetic of every forward step (`EngineConfig::matmul_arith`).
     pub fn matmul_arith(&self) -> model::MatmulArith {
-        if self.cfg.llama_cpp_prefill {
-            model::MatmulArith::InvariantGgml
-        } else {
-            model::MatmulArith::Invariant
-        }
+        self.cfg.matmul_arith()
     }
 
     /// Whether a request with a prompt of `prompt_len` tokens computes its prompt rows in

@@ -153,6 +153,8 @@ struct Summary {
     /// Step-time target in ms (0 = off).
     step_target_ms: u64,
     tenants: usize,
+    /// The float order of packed matmuls (`ggml` or `block-sum`).
+    matmul: &'static str,
 }
 
 impl Summary {
@@ -191,6 +193,7 @@ impl Summary {
             threads: cfg.threads,
             step_target_ms: cfg.step_time_target.map_or(0, |t| t.as_millis() as u64),
             tenants: settings.tenants.len(),
+            matmul: cfg.matmul_arith().packed_def().name(),
         }
     }
 
@@ -210,6 +213,7 @@ impl Summary {
             threads = self.threads,
             step_target_ms = self.step_target_ms,
             tenants = self.tenants,
+            matmul = self.matmul,
             listen = %format!("http://{addr}"),
             "agentkv serving"
         );

@@ -19,13 +19,16 @@
 //! mask of `h` away (Q4_K_M files store most matrices whose rows are not a multiple of 256 as
 //! Q5_0, so their prefill runs here).
 //!
-//! Owns the packing and the driver; the per-output operation sequence is exactly that of
+//! Owns the packing, the driver and the choice between two definitions ([`PackedDef`]). In
+//! `Ggml` the per-output operation sequence is exactly that of
 //! [`super::block32`] (ggml's: eight lane sums of four products, one fused multiply-add per lane
 //! and block, then `hsum8` plus the zero-point term), so a packed matrix gives **bit-identical**
 //! results to the same matrix unpacked, on every path (portable scalar here, AVX2 and AVX-512
 //! VNNI in `packed32_x86`), token tile, batch size and thread split. Lane `l` of a row's block is
 //! elements `4l..4l+4`; with the layout above that is chunk `l` (Q8_0), or the low nibbles of
-//! chunk `l` / the high nibbles of chunk `l - 4` (Q4_*). It never reads files and never
+//! chunk `l` / the high nibbles of chunk `l - 4` (Q4_*). `BlockSum` (one exact integer sum and
+//! one fused multiply-add per block; `packed32_blocksum`) is likewise bit-identical across its
+//! paths, tiles, batches and thread splits, but not to `Ggml`. It never reads files and never
 //! allocates per call.
 
 use super::act_quant::{ActQ8, QK8};

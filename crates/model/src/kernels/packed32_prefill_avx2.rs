@@ -25,6 +25,10 @@
 //! other path, so outputs are **bit-identical** to the portable and 2-token kernels whatever the
 //! tile, chunk, batch or thread split (test below and in `packed32`). It never allocates once its
 //! scratch has grown.
+//!
+//! The same driver and scratch also run the `BlockSum` definition (`packed32_blocksum`) for steps
+//! of two or more tokens: [`Tile::half_block_sum`] sweeps a tile's tokens block by block instead
+//! of lane by lane (one start value per token and block).
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -33,8 +37,7 @@ use std::ops::Range;
 use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
 use super::matmul::OutPtr;
-use super::packed32::assert_shapes;
-use super::packed32::{Packed32, GROUP_ROWS};
+use super::packed32::{assert_shapes, Packed32, GROUP_ROWS};
 use super::packed32_blocksum::{correction, Q4_0, Q4_1, Q5_0, Q8_0};
 use super::packed32_prefill::{enabled, MIN_TOKENS};
 use super::packed32_x86::{hsum8_lanes, q5_lanes256};
