@@ -1025,3 +1025,28 @@ fn all_retention_survives_preemption_and_comes_back_from_a_tier_identically() {
         "blocks came back from the tier"
     );
 }
+
+/// Blocks computed in the block-sum matmul order (the default where AVX-512 VNNI is absent) are
+/// keyed apart from blocks in ggml's order (`llama_cpp_prefill`), also for short prompts whose
+/// attention arithmetic is the same; where the default is ggml's order the two share them.
+#[test]
+fn the_matmul_order_is_part_of_the_cache_namespace() {
+    let default_cfg = EngineConfig {
+        llama_cpp_prefill: false,
+        ..cfg(64, 64)
+    };
+    let default = EngineCore::new(model(), default_cfg).unwrap();
+    let ggml = EngineCore::new(model(), cfg(64, 64)).unwrap();
+    assert_eq!(ggml.matmul_arith(), model::MatmulArith::InvariantGgml);
+    let tenant = cache::TenantId(0);
+    let short = 10;
+    let block_sum = model::PackedDef::invariant() == model::PackedDef::BlockSum;
+    assert_eq!(
+        default.namespace_for(tenant, b"", short) != ggml.namespace_for(tenant, b"", short),
+        block_sum
+    );
+    assert_eq!(
+        default.namespace_for(tenant, b"", short),
+        default.namespace(tenant, b"")
+    );
+}
