@@ -3,8 +3,9 @@
 //! Owns [`ActQ8`], the per-matmul scratch holding, for every token and every 32-element block,
 //! the scale `d = f16(amax / 127)`, the signed 8-bit values `q = round_ties_even(x * (127 / amax))`
 //! and the scaled sum `s = f16((amax / 127) * Σq)` (the Q8_1 "sum term" that zero-point weight
-//! types need), plus the exact integer sums of each four consecutive `q` (the packed kernels' correction for
-//! their unsigned operands, see `packed32`). This is exactly ggml's `quantize_row_q8_0` / `quantize_row_q8_1` (x86 AVX2 path):
+//! types need), plus the exact integer sums of each four consecutive `q` and of each block (the
+//! packed kernels' corrections for their unsigned operands, per lane and per block, see
+//! `packed32` and `packed32_blocksum`). This is exactly ggml's `quantize_row_q8_0` / `quantize_row_q8_1` (x86 AVX2 path):
 //! the multiplier is `127 / amax` (not `1 / d`), and `d` and `s` are rounded to f16 (stored as the
 //! f32 value of that f16), so our integer dot products see the same operands as llama.cpp's.
 //! The AVX2 and scalar paths perform the same IEEE operations and give bit-identical blocks (for
@@ -26,6 +27,8 @@ pub struct ActQ8 {
     pub s: Vec<f32>,
     /// `Σ q[4l..4l+4]` for the eight lanes `l` of each block: `[num_tokens, num_blocks, 8]`.
     pub lane_sums: Vec<i32>,
+    /// `Σ q` of each block (the sum of its eight lane sums): `[num_tokens, num_blocks]`.
+    pub block_sums: Vec<i32>,
     pub qs: Vec<i8>,
 }
 
@@ -50,11 +53,15 @@ impl ActQ8 {
         self.d.resize(total_blocks, 0.0);
         self.s.resize(total_blocks, 0.0);
         self.lane_sums.resize(total_blocks * 8, 0);
+        self.block_sums.resize(total_blocks, 0);
         self.qs.resize(num_tokens * row_len, 0);
         let blocks = x.chunks_exact(QK8).zip(self.qs.chunks_exact_mut(QK8));
         let scales = self.d.iter_mut().zip(self.s.iter_mut());
-        let lanes = self.lane_sums.chunks_exact_mut(8);
-        for ((xb, qb), ((d, s), lane_sums)) in blocks.zip(scales.zip(lanes)) {
+        let lanes = self
+            .lane_sums
+            .chunks_exact_mut(8)
+            .zip(self.block_sums.iter_mut());
+        for ((xb, qb), ((d, s), (lane_sums, block_sum))) in blocks.zip(scales.zip(lanes)) {
             let xb: &[f32; QK8] = xb.try_into().expect("chunks_exact yields 32 elements");
             let qb: &mut [i8; QK8] = qb.try_into().expect("chunks_exact yields 32 elements");
             #[cfg(target_arch = "x86_64")]
@@ -73,6 +80,7 @@ impl ActQ8 {
             for (l, ls) in lane_sums.iter_mut().enumerate() {
                 *ls = qb[4 * l..4 * l + 4].iter().map(|q| i32::from(*q)).sum();
             }
+            *block_sum = lane_sums.iter().sum();
         }
         let _ = features;
     }

@@ -42,6 +42,12 @@ use crate::gguf::GgmlType;
 /// Rows per interleaved group (one 32-bit lane of a 512-bit register each).
 pub const GROUP_ROWS: usize = 16;
 
+/// Const-generic tags of the four packed types in the SIMD kernels (`K` parameters).
+pub(super) const Q4_0: u8 = 0;
+pub(super) const Q4_1: u8 = 1;
+pub(super) const Q8_0: u8 = 2;
+pub(super) const Q5_0: u8 = 3;
+
 /// Tokens per register tile of the batched kernels.
 pub(super) const TILE_TOKENS: usize = 2;
 
@@ -409,7 +415,8 @@ pub(super) fn assert_shapes(p: &Packed32, act: &ActQ8, groups: &std::ops::Range<
             && act.qs.len() >= act.num_tokens * nb * QK8
             && act.d.len() >= act.num_tokens * nb
             && act.s.len() >= act.num_tokens * nb
-            && act.lane_sums.len() >= act.num_tokens * nb * 8,
+            && act.lane_sums.len() >= act.num_tokens * nb * 8
+            && act.block_sums.len() >= act.num_tokens * nb,
         "activations and groups match the matrix"
     );
 }

@@ -30,7 +30,7 @@ use std::ops::Range;
 use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
 use super::matmul::OutPtr;
-use super::packed32::{f16_at, quant_layout, value, Packed32, GROUP_ROWS};
+use super::packed32::{f16_at, quant_layout, value, Packed32, GROUP_ROWS, Q4_0, Q4_1, Q5_0, Q8_0};
 use crate::gguf::GgmlType;
 
 /// One token's 16 outputs of group `g` in the `BlockSum` definition (the portable twin of every
@@ -107,11 +107,6 @@ pub(super) fn run_groups(
     }
 }
 
-pub(super) const Q4_0: u8 = 0;
-pub(super) const Q4_1: u8 = 1;
-pub(super) const Q8_0: u8 = 2;
-pub(super) const Q5_0: u8 = 3;
-
 /// The factor of a block's activation sum that corrects the unsigned weight operand exactly:
 /// Q4_0 nibbles carry `+8`, Q5_0 values `+16`; Q4_1 has none and Q8_0 takes its signs with
 /// `psignb`.
@@ -121,13 +116,6 @@ pub(super) const fn correction(k: u8) -> i32 {
         Q5_0 => -16,
         _ => 0,
     }
-}
-
-/// Sum of token `tok`'s activations in block `b` (from the lane sums).
-#[inline(always)]
-pub(super) fn block_x_sum(act: &ActQ8, tok: usize, b: usize) -> i32 {
-    let i = (tok * act.num_blocks + b) * 8;
-    act.lane_sums[i..i + 8].iter().sum()
 }
 
 /// The exact integer sums of one packed block's eight rows `8h..8h + 8` against one token's
@@ -209,7 +197,7 @@ unsafe fn one_token<const K: u8>(p: &Packed32, groups: Range<usize>, act: &ActQ8
             });
             let dx = _mm256_set1_ps(act.d[b]);
             let start = _mm256_set1_epi32(if corr != 0 {
-                corr * block_x_sum(act, 0, b)
+                corr * act.block_sums[b]
             } else {
                 0
             });

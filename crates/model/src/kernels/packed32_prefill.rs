@@ -29,7 +29,7 @@ use std::ops::Range;
 use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
 use super::matmul::OutPtr;
-use super::packed32::{assert_shapes, Packed32, GROUP_ROWS};
+use super::packed32::{assert_shapes, Packed32, GROUP_ROWS, Q4_0, Q4_1, Q5_0, Q8_0};
 use crate::gguf::GgmlType;
 
 /// Fewest tokens of a call for which [`run_groups`] takes this path (below it the decode
@@ -45,11 +45,6 @@ const CHUNK: usize = 96;
 
 /// 64-byte lines per decoded block: 8 weight lanes, `d` as 16 f32, `m` as 16 f32 (Q4_1).
 const DEC_LINES: usize = 10;
-
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q8_0: u8 = 2;
-const Q5_0: u8 = 3;
 
 /// One 64-byte, 64-byte aligned line of the scratch.
 #[derive(Clone, Copy)]

@@ -28,7 +28,7 @@
 //!
 //! The same driver and scratch also run the `BlockSum` definition (`packed32_blocksum`) for steps
 //! of two or more tokens: [`Tile::half_block_sum`] sweeps a tile's tokens block by block instead
-//! of lane by lane (one start value per token and block).
+//! of lane by lane (corrected per block from the activations' block sums).
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -37,8 +37,8 @@ use std::ops::Range;
 use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
 use super::matmul::OutPtr;
-use super::packed32::{assert_shapes, Packed32, GROUP_ROWS};
-use super::packed32_blocksum::{correction, Q4_0, Q4_1, Q5_0, Q8_0};
+use super::packed32::{assert_shapes, Packed32, GROUP_ROWS, Q4_0, Q4_1, Q5_0, Q8_0};
+use super::packed32_blocksum::correction;
 use super::packed32_prefill::{enabled, MIN_TOKENS};
 use super::packed32_x86::{hsum8_lanes, q5_lanes256};
 use crate::gguf::GgmlType;
@@ -140,7 +140,7 @@ fn run_task<const BS: bool>(p: &Packed32, act: &ActQ8, groups: Range<usize>, out
 }
 
 /// The whole task: chunks of tokens, groups, tiles, halves (`BS`: in the `BlockSum` definition,
-/// whose start values are one per token and block instead of one per lane).
+/// corrected per block from `act.block_sums`, so without the chunk's per-lane start values).
 ///
 /// # Safety
 /// AVX2+FMA+F16C present; `act` holds `act.num_tokens` tokens of `p.num_blocks()` blocks in all
@@ -158,9 +158,7 @@ unsafe fn run<const K: u8, const BS: bool>(
     let lpb = lines_per_block(K);
     s.w.resize(2 * nb * lpb, Ymm([0; 32]));
     s.dm.resize(2 * nb * 2, Ymm([0; 32]));
-    let starts_per_block = if BS { 1 } else { 8 };
-    s.starts
-        .resize(CHUNK.min(num_tokens) * nb * starts_per_block, 0);
+    s.starts.resize(CHUNK.min(num_tokens) * nb * 8, 0);
     s.dd.resize(nb * TILE, Ymm([0; 32]));
     let c = correction(K);
     // A tile's outputs: both halves write rows `0..16` of tokens `0..tt` before they are read
@@ -169,12 +167,8 @@ unsafe fn run<const K: u8, const BS: bool>(
     let mut t0 = 0;
     while t0 < num_tokens {
         let t1 = (t0 + CHUNK).min(num_tokens);
-        if c != 0 && BS {
-            let sums = act.lane_sums[t0 * nb * 8..t1 * nb * 8].chunks_exact(8);
-            for (st, ls) in s.starts.iter_mut().zip(sums) {
-                *st = c * ls.iter().sum::<i32>();
-            }
-        } else if c != 0 {
+        // (`BlockSum` corrects with the activations' block sums instead.)
+        if c != 0 && !BS {
             let sums = &act.lane_sums[t0 * nb * 8..t1 * nb * 8];
             for (st, ls) in s.starts.iter_mut().zip(sums) {
                 *st = c * ls;
@@ -423,7 +417,7 @@ impl Tile<'_> {
     /// its `m · s_x` term) into one accumulator per token.
     ///
     /// # Safety
-    /// As [`Self::half`] (without `dd`); `starts` holds one start per chunk token and block.
+    /// As [`Self::half`] (without `dd` and `starts`: the correction is `c · act.block_sums`).
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn half_block_sum<const K: u8, const T: usize>(
@@ -443,21 +437,21 @@ impl Tile<'_> {
                 && (tok0 + T) * nb <= act.d.len()
                 && (tok0 + T) * nb <= act.s.len()
                 && (tok0 + T) * nb * QK8 <= act.qs.len()
-                && (corr == 0 || (self.tc0 + T) * nb <= self.starts.len()),
+                && (tok0 + T) * nb <= act.block_sums.len(),
             "tile inside its buffers"
         );
         let (wp, dmp) = (w.as_ptr().cast::<u8>(), dm.as_ptr().cast::<u8>());
-        let (xq, ad, as_, st) = (
+        let (xq, ad, as_, bs) = (
             act.qs.as_ptr(),
             act.d.as_ptr(),
             act.s.as_ptr(),
-            self.starts.as_ptr(),
+            act.block_sums.as_ptr(),
         );
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); T];
         // SAFETY: every offset below is inside the buffer asserted above: block `b < nb` of `w`
-        // (`lpb` vectors) and `dm` (2), token `tok0 + t` of `act` and chunk index `tc0 + t` of
-        // `starts` (`t < T`), lane `l < 8` (`4l + 4 <= 32` bytes of the block).
+        // (`lpb` vectors) and `dm` (2), token `tok0 + t` of `act` (`t < T`), lane `l < 8`
+        // (`4l + 4 <= 32` bytes of the block).
         unsafe {
             for b in 0..nb {
                 let d = _mm256_load_ps(dmp.add(64 * b).cast());
@@ -496,8 +490,7 @@ impl Tile<'_> {
                         _mm256_madd_epi16(s, ones)
                     };
                     if corr != 0 {
-                        let s0 = *st.add((self.tc0 + t) * nb + b);
-                        i = _mm256_add_epi32(i, _mm256_set1_epi32(s0));
+                        i = _mm256_add_epi32(i, _mm256_set1_epi32(corr * *bs.add(xi)));
                     }
                     let ddt = _mm256_mul_ps(d, _mm256_set1_ps(*ad.add(xi)));
                     acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), ddt, acc[t]);
