@@ -289,7 +289,8 @@ impl EngineCore {
     }
 
     /// The cache namespace of a tenant (with its salt) under this model and KV codec, for
-    /// requests whose rows are all in the per-row attention arithmetic.
+    /// requests whose rows are all in the engine's attention arithmetic (no marked llama.cpp
+    /// prefill rows).
     pub fn namespace(&self, tenant: TenantId, salt: &[u8]) -> NamespaceKey {
         self.namespace_for(tenant, salt, 0)
     }
@@ -312,6 +313,10 @@ impl EngineCore {
         let mut kv_settings = self.tier_settings.clone();
         if self.prefills_like_llama_cpp(prompt_len) {
             kv_settings.extend_from_slice(b";prompt-attention=llama.cpp-tiled");
+        }
+        if self.cfg.attn_arith() == AttnArith::Tiled {
+            // Rows under 257 positions accumulate in f32 (not llama.cpp's f16 accumulator).
+            kv_settings.extend_from_slice(b";attention=tiled");
         }
         if self.matmul_arith().packed_def() == model::PackedDef::BlockSum {
             // Blocks computed in another float order than ggml's (the default on CPUs without
@@ -422,7 +427,7 @@ impl EngineCore {
                     positions: &positions,
                     slots: &slots,
                     logits_for: &[],
-                    arith: AttnArith::Row,
+                    arith: self.cfg.attn_arith(),
                     prefill_rows: &llama_rows[done..done + len],
                 };
                 let mut writer = self.kv.writer(&mut self.cache, self.tiers.as_mut());
@@ -733,7 +738,7 @@ impl EngineCore {
             positions: &positions,
             slots: &slots,
             logits_for: &logits_for,
-            arith: AttnArith::Row,
+            arith: self.cfg.attn_arith(),
             prefill_rows: &prefill_rows,
         };
         let mut kv = writer.view(&table_refs);

@@ -151,8 +151,9 @@ fn outputs_are_identical_alone_batched_chunked_and_with_the_cache_off() {
 /// Prompts of 64+ tokens take llama.cpp's tiled prefill arithmetic for their prompt rows
 /// (`EngineConfig::llama_cpp_prefill`, on in this file) and the per-row one for generated rows:
 /// still the same bits alone, batched, chunked (chunks of 3 and 7 cut prompts anywhere) and
-/// with the cache off, mixed with short prompts — and different bits from the per-row
-/// arithmetic everywhere (the setting is in effect).
+/// with the cache off, mixed with short prompts — and different bits from the engine's default
+/// arithmetic for 64+ token prompts, and for short ones where that default is
+/// `AttnArith::Tiled` (the setting is in effect).
 #[test]
 fn llama_cpp_prefill_rows_keep_outputs_independent_of_batching_chunking_and_cache() {
     let mut ps = prompts(4, 70, 5);
@@ -172,8 +173,10 @@ fn llama_cpp_prefill_rows_keep_outputs_independent_of_batching_chunking_and_cach
         .remove(&(0, 0))
         .unwrap();
     assert_eq!(
-        short, want[4],
-        "a prompt under 64 tokens is per-row either way"
+        short != want[4],
+        model::AttnArith::invariant() == model::AttnArith::Tiled,
+        "a prompt under 64 tokens: llama.cpp's per-row arithmetic with the setting, the engine's \
+         default without"
     );
 }
 
@@ -1026,11 +1029,13 @@ fn all_retention_survives_preemption_and_comes_back_from_a_tier_identically() {
     );
 }
 
-/// Blocks computed in the block-sum matmul order (the default where AVX-512 VNNI is absent) are
-/// keyed apart from blocks in ggml's order (`llama_cpp_prefill`), also for short prompts whose
-/// attention arithmetic is the same; where the default is ggml's order the two share them.
+/// Where AVX-512 VNNI is absent, blocks computed in the engine's default arithmetic (the
+/// block-sum matmul order and the tiled attention at every depth) are keyed apart from blocks of
+/// an engine that reproduces llama.cpp (`llama_cpp_prefill`: ggml's order, its per-row
+/// attention), also for short prompts; where the default is llama.cpp's arithmetic for short
+/// prompts the two share them.
 #[test]
-fn the_matmul_order_is_part_of_the_cache_namespace() {
+fn the_arithmetic_is_part_of_the_cache_namespace() {
     let default_cfg = EngineConfig {
         llama_cpp_prefill: false,
         ..cfg(64, 64)
@@ -1040,10 +1045,11 @@ fn the_matmul_order_is_part_of_the_cache_namespace() {
     assert_eq!(ggml.matmul_arith(), model::MatmulArith::InvariantGgml);
     let tenant = cache::TenantId(0);
     let short = 10;
-    let block_sum = model::PackedDef::invariant() == model::PackedDef::BlockSum;
+    let own = model::PackedDef::invariant() == model::PackedDef::BlockSum;
+    assert_eq!(own, model::AttnArith::invariant() == model::AttnArith::Tiled);
     assert_eq!(
         default.namespace_for(tenant, b"", short) != ggml.namespace_for(tenant, b"", short),
-        block_sum
+        own
     );
     assert_eq!(
         default.namespace_for(tenant, b"", short),

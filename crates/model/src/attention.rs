@@ -115,6 +115,14 @@ pub enum AttnArith {
     /// [`PREFILL_MIN_TOKENS`] query tokens (prompt prefill, perplexity): f32 query, f16 K/V
     /// widened to f32, f32 accumulator at every depth.
     Prefill,
+    /// Not one of llama.cpp's: [`AttnArith::Row`]'s arithmetic beyond
+    /// [`F16_ACC_MAX_POSITIONS`] (query rounded to f16, f32 accumulator, the tiled regime of
+    /// `attention_plan`) at every depth, so a row over a short context shares its K/V tiles with
+    /// the other heads of its GQA group and runs the multi-row tile kernels instead of
+    /// llama.cpp's one-position-at-a-time f16 accumulation (its rows then differ from
+    /// llama.cpp's below 257 positions by the f16 rounding of the accumulator). The engine's
+    /// default where [`AttnArith::invariant`] says so.
+    Tiled,
 }
 
 /// llama.cpp takes its tiled prefill kernel from this many query tokens in one step on
@@ -122,6 +130,30 @@ pub enum AttnArith {
 pub const PREFILL_MIN_TOKENS: usize = 64;
 
 impl AttnArith {
+    /// The engine's default on this machine: [`AttnArith::Tiled`] where its packed matmuls
+    /// already leave llama.cpp's float order (`PackedDef::invariant()` is `BlockSum`: CPUs
+    /// without AVX-512 VNNI, or `AGENTKV_PACKED_DEF=block-sum`), [`AttnArith::Row`] — llama.cpp's
+    /// decode arithmetic — where they keep it, so that default stays as close to llama.cpp's
+    /// logprobs as it was (≈ 0.015 on held-out prompts; with `Tiled` 2 of 16 greedy prefixes
+    /// move there, docs/benchmarks.md "Tiled attention for short contexts").
+    pub fn invariant() -> AttnArith {
+        use crate::kernels::PackedDef;
+        if PackedDef::invariant() == PackedDef::BlockSum {
+            AttnArith::Tiled
+        } else {
+            AttnArith::Row
+        }
+    }
+
+    /// How logs and reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnArith::Row => "llama.cpp-row",
+            AttnArith::Prefill => "llama.cpp-tiled",
+            AttnArith::Tiled => "tiled",
+        }
+    }
+
     /// The kernel llama.cpp uses for a step of `num_tokens` query tokens.
     pub fn for_step(num_tokens: usize) -> AttnArith {
         if num_tokens >= PREFILL_MIN_TOKENS {
@@ -152,7 +184,7 @@ pub fn attend_window_with(
     scratch.scores.clear();
     scratch.q16.clear();
     match arith {
-        AttnArith::Row => scratch
+        AttnArith::Row | AttnArith::Tiled => scratch
             .q16
             .extend(q.iter().map(|&x| f16::from_f32(x).to_f32())),
         AttnArith::Prefill => scratch.q16.extend_from_slice(q),

@@ -10,8 +10,8 @@
 //! - **exact** (f16 K/V with `n ≤ F16_ACC_MAX_POSITIONS` in a step of [`AttnArith::Row`], or
 //!   f32 K/V, or `head_dim % 8 != 0`): one task per (token, query head) through `attention::attend_one`,
 //!   llama.cpp's decode arithmetic;
-//! - **tiled** (otherwise, so every f16 row of an [`AttnArith::Prefill`] step and every row over
-//!   encoded K/V): the query rows of all heads of a GQA group and up to
+//! - **tiled** (otherwise, so every f16 row of an [`AttnArith::Prefill`] or [`AttnArith::Tiled`]
+//!   step and every row over encoded K/V): the query rows of all heads of a GQA group and up to
 //!   [`QUERY_TILE_TOKENS`] consecutive tokens of one sequence share each K/V tile
 //!   (`attention_tiled`); positions are split into segments of [`SEGMENT_POSITIONS`] whose
 //!   partial states are merged in order. A one-token tile (a decode) gets one task per
@@ -85,8 +85,7 @@ impl AttnShape {
     pub fn tiled(&self, n: usize) -> bool {
         self.head_dim.is_multiple_of(8)
             && (self.kv_encoded
-                || (self.kv_is_f16
-                    && (n > F16_ACC_MAX_POSITIONS || self.arith == AttnArith::Prefill)))
+                || (self.kv_is_f16 && (n > F16_ACC_MAX_POSITIONS || self.arith != AttnArith::Row)))
     }
 }
 
@@ -194,6 +193,35 @@ mod tests {
         assert_eq!(p.tasks[5], AttnTask::Row { token: 1, head: 1 });
         assert_eq!(p.partial_rows, 0);
         assert_eq!(p.partial_base, vec![None, None]);
+    }
+
+    #[test]
+    fn the_engine_arithmetic_tiles_short_contexts_too() {
+        // `Tiled`: positions 10 and 255 of two sequences, one tile per sequence and KV head.
+        let shape = AttnShape {
+            arith: AttnArith::Tiled,
+            ..SHAPE
+        };
+        assert!(shape.tiled(1) && !SHAPE.tiled(1) && SHAPE.tiled(257));
+        let p = plan(&shape, &[SeqSlot(0), SeqSlot(1)], &[10, 255]);
+        let want: Vec<AttnTask> = (0..2u32)
+            .flat_map(|t| {
+                (0..2).map(move |kv_head| AttnTask::Tile {
+                    tokens: (t, t + 1),
+                    kv_head,
+                    segments: (0, 1),
+                    group: 2 * t + kv_head,
+                })
+            })
+            .collect();
+        assert_eq!(p.tasks, want);
+        assert_eq!(p.partial_rows, 2 * 4);
+        // Head sizes the tile kernels do not take stay exact.
+        let odd = AttnShape {
+            head_dim: 60,
+            ..shape
+        };
+        assert!(!odd.tiled(1) && !odd.tiled(1000));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! resulting per-segment partial states into output rows.
 //!
 //! The query rows are rounded to f16 first (llama.cpp's per-row CPU flash attention converts Q to
-//! the K type), except in a step of [`AttnArith::Prefill`] arithmetic (its tiled prefill kernel
+//! the K type; [`AttnArith::Tiled`] keeps that), except in a step of [`AttnArith::Prefill`] arithmetic (its tiled prefill kernel
 //! keeps Q in f32) and over encoded (quantized) K/V, whose queries stay f32. Owns streaming K/V
 //! from a [`KvStore`] into tiles (each f16 K/V row widened once, each encoded row decoded once by
 //! `quant::decode_rows`, then used by every query row of the task: all query heads of the GQA
@@ -70,8 +70,9 @@ pub struct TileInputs<'a> {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
-    /// [`AttnArith::Row`]: queries rounded to f16 (llama.cpp's per-row kernel converts Q to the
-    /// K type); [`AttnArith::Prefill`]: f32 queries (its tiled prefill kernel).
+    /// [`AttnArith::Row`] and [`AttnArith::Tiled`]: queries rounded to f16 (llama.cpp's per-row
+    /// kernel converts Q to the K type); [`AttnArith::Prefill`]: f32 queries (its tiled prefill
+    /// kernel).
     pub arith: AttnArith,
 }
 
@@ -485,7 +486,7 @@ pub unsafe fn run_tile_task(
         let first = t * qd + kv_head as usize * group * hd;
         let rows = &inp.q[first..first + group * hd];
         match inp.arith {
-            AttnArith::Row if inp.kv.codecs() == KvDtype::F16 => {
+            AttnArith::Row | AttnArith::Tiled if inp.kv.codecs() == KvDtype::F16 => {
                 q16.extend(rows.iter().map(|&x| f16::from_f32(x).to_f32()))
             }
             _ => q16.extend_from_slice(rows),

@@ -35,7 +35,9 @@ pub struct ForwardBatch<'a> {
     /// Indices into `tokens` whose logits are wanted, in the order they are returned.
     pub logits_for: &'a [usize],
     /// Which of llama.cpp's attention kernels this step reproduces over f16 K/V
-    /// ([`AttnArith::for_step`] picks llama.cpp's own choice for a step of that many tokens).
+    /// ([`AttnArith::for_step`] picks llama.cpp's own choice for a step of that many tokens), or
+    /// [`AttnArith::Tiled`] (the tiled regime at every depth; the engine's default where
+    /// [`AttnArith::invariant`] says so).
     pub arith: AttnArith,
     /// Per token (empty: none): rows that take llama.cpp's tiled prefill arithmetic over f16
     /// K/V whatever `arith` says — a choice made per row, so a batch may mix them (the engine

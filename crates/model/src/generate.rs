@@ -21,8 +21,8 @@ pub struct GenerateOptions {
     pub prefill_chunk: usize,
     pub kv_dtype: KvDtype,
     /// Prompt chunks of 64+ tokens in llama.cpp's tiled prefill arithmetic
-    /// ([`AttnArith::for_step`]), as llama-server computes them. Off by default: every step
-    /// per-row. (The engine, with `EngineConfig::llama_cpp_prefill`, computes the prompt rows of 64+ token prompts in the
+    /// ([`AttnArith::for_step`]), as llama-server computes them, and generated tokens in its
+    /// per-row one. Off by default: every step in `attn_arith`. (The engine, with `EngineConfig::llama_cpp_prefill`, computes the prompt rows of 64+ token prompts in the
     /// tiled arithmetic whatever its chunks — `ForwardBatch::prefill_rows` — which equals this
     /// for prompts of up to 512 tokens.) On, the matmuls take llama.cpp's float order too
     /// (`MatmulArith::LlamaCpp` for the prompt, `InvariantGgml` for generated tokens).
@@ -30,6 +30,10 @@ pub struct GenerateOptions {
     /// The matmul arithmetic of every step when `llama_cpp_prefill` is off: the engine's
     /// `Invariant` by default, or `InvariantGgml` (llama.cpp's decode arithmetic everywhere).
     pub matmul_arith: MatmulArith,
+    /// The attention arithmetic of every step when `llama_cpp_prefill` is off: the engine's
+    /// ([`AttnArith::invariant`]) by default, or [`AttnArith::Tiled`] / [`AttnArith::Row`]
+    /// (llama.cpp's decode kernel).
+    pub attn_arith: AttnArith,
 }
 
 impl Default for GenerateOptions {
@@ -42,6 +46,7 @@ impl Default for GenerateOptions {
             kv_dtype: KvDtype::F16,
             llama_cpp_prefill: false,
             matmul_arith: MatmulArith::Invariant,
+            attn_arith: AttnArith::invariant(),
         }
     }
 }
@@ -131,7 +136,7 @@ pub fn generate(
             arith: if opts.llama_cpp_prefill {
                 AttnArith::for_step(piece.len())
             } else {
-                AttnArith::Row
+                opts.attn_arith
             },
         };
         logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
@@ -164,7 +169,11 @@ pub fn generate(
             positions: &[pos as u32],
             slots: &[SeqSlot(0)],
             logits_for: &[0],
-            arith: AttnArith::Row,
+            arith: if opts.llama_cpp_prefill {
+                AttnArith::Row
+            } else {
+                opts.attn_arith
+            },
         };
         logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
         pos += 1;

@@ -5,7 +5,7 @@
 //! against a naive f64 reference implementation of the transformer.
 
 use model::config::{Arch, ModelConfig};
-use model::forward::{forward, ForwardBatch, Scratch};
+use model::forward::{forward, AttnArith, ForwardBatch, Scratch};
 use model::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
 use model::kv::{ContiguousKv, KvDtype, SeqSlot};
 use model::ops::Rope;
@@ -493,7 +493,7 @@ fn unsupported_architecture_and_missing_tensors_are_clear_errors() {
 fn long_context_logits_do_not_depend_on_chunking_or_batching() {
     let tiny = tiny("llama", 11);
     let tokens = long_tokens(1100); // three segments
-    let whole = check_long_context_invariance(&tiny, &tokens, KvDtype::F16);
+    let whole = check_long_context_invariance(&tiny, &tokens, KvDtype::F16, AttnArith::Row);
     // Close to the f64 reference (f16 K/V storage costs about three decimal digits).
     let want = reference(&tiny, "llama", &tokens);
     for p in [0usize, 255, 256, 300, 511, 512, 700, 1024, tokens.len() - 1] {
@@ -506,6 +506,48 @@ fn long_context_logits_do_not_depend_on_chunking_or_batching() {
     }
 }
 
+/// The engine's attention arithmetic (`AttnArith::Tiled`) takes the tiled regime from the first
+/// position on: every position's logits are bit-identical however the prompt is batched and
+/// chunked, close to the naive f64 reference, equal to llama.cpp's per-row arithmetic at the
+/// first position (one value, no rounding to differ) and different from it below 257 positions
+/// (f32 instead of f16 accumulation: the regime is in use).
+#[test]
+fn tiled_attention_logits_do_not_depend_on_chunking_or_batching() {
+    let tiny = tiny("llama", 11);
+    let tokens = long_tokens(600); // two segments
+    let tiled = check_long_context_invariance(&tiny, &tokens, KvDtype::F16, AttnArith::Tiled);
+    let row = check_long_context_invariance(&tiny, &tokens, KvDtype::F16, AttnArith::Row);
+    let want = reference(&tiny, "llama", &tokens);
+    for p in [
+        0usize,
+        1,
+        15,
+        16,
+        100,
+        255,
+        256,
+        300,
+        511,
+        512,
+        tokens.len() - 1,
+    ] {
+        let err = want[p]
+            .iter()
+            .zip(&tiled[p])
+            .map(|(r, &g)| (g as f64 - r).abs() / (1.0 + r.abs()))
+            .fold(0.0, f64::max);
+        assert!(err < 2e-2, "position {p}: relative error {err}");
+    }
+    assert_eq!(
+        tiled[0], row[0],
+        "one position: nothing to round differently"
+    );
+    assert!(
+        (1..256).any(|p| tiled[p] != row[p]),
+        "the tiled regime is in use below 257 positions"
+    );
+}
+
 /// Quantized K/V takes the tiled regime at every depth (each K/V tile decoded once for all the
 /// query rows sharing it): each position's logits are bit-identical however the prompt is
 /// batched and chunked, and close to those over f16 K/V. `k=int4c` reads its own block in f16
@@ -514,7 +556,7 @@ fn long_context_logits_do_not_depend_on_chunking_or_batching() {
 fn quantized_kv_logits_do_not_depend_on_chunking_or_batching() {
     let tiny = tiny("llama", 11);
     let tokens = long_tokens(600); // two segments
-    let f16 = check_long_context_invariance(&tiny, &tokens, KvDtype::F16);
+    let f16 = check_long_context_invariance(&tiny, &tokens, KvDtype::F16, AttnArith::Row);
     for (spec, tol) in [
         ("int8-g16", 0.06),
         ("fp8", 0.2),
@@ -522,7 +564,7 @@ fn quantized_kv_logits_do_not_depend_on_chunking_or_batching() {
         ("k=int4h-g16,v=int8-g16", 0.6),
     ] {
         let kv = KvDtype::parse(spec).unwrap();
-        let got = check_long_context_invariance(&tiny, &tokens, kv);
+        let got = check_long_context_invariance(&tiny, &tokens, kv, AttnArith::Row);
         let err = got
             .iter()
             .zip(&f16)
@@ -542,9 +584,14 @@ fn long_tokens(n: usize) -> Vec<u32> {
 }
 
 /// Prefills `tokens` whole (pieces of 512), in uneven chunks batched with another sequence,
-/// and decodes the last 8 positions again: asserts that every position's logits are the same
-/// bits all three ways, and returns them.
-fn check_long_context_invariance(tiny: &Tiny, tokens: &[u32], kv_dtype: KvDtype) -> Vec<Vec<f32>> {
+/// and decodes the last 8 positions again, every step in `arith`: asserts that every position's
+/// logits are the same bits all three ways, and returns them.
+fn check_long_context_invariance(
+    tiny: &Tiny,
+    tokens: &[u32],
+    kv_dtype: KvDtype,
+    arith: AttnArith,
+) -> Vec<Vec<f32>> {
     let file = Arc::new(GgufFile::from_bytes(tiny.bytes.clone()).unwrap());
     let cfg = ModelConfig::from_metadata(file.metadata()).unwrap();
     let w = Weights::load(file, &cfg).unwrap();
@@ -576,7 +623,7 @@ fn check_long_context_invariance(tiny: &Tiny, tokens: &[u32], kv_dtype: KvDtype)
             positions: &pos,
             slots: &slots,
             logits_for: &logits_for,
-            arith: model::AttnArith::Row,
+            arith,
         };
         let out = forward(
             &cfg,

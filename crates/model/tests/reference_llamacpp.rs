@@ -6,7 +6,7 @@ mod common;
 use common::{model, references};
 use model::generate::{generate, GenerateOptions};
 use model::perplexity::{perplexity, PerplexityOptions};
-use model::{KvDtype, MatmulArith, ThreadPool};
+use model::{AttnArith, KvDtype, MatmulArith, ThreadPool};
 
 /// Teacher-forced comparison: the prompt plus llama.cpp's greedy tokens in one forward pass, so a
 /// single divergence does not cascade. Returns per-position (our logprob of llama.cpp's token,
@@ -16,6 +16,7 @@ fn teacher_forced(
     pool: &ThreadPool,
     r: &common::Reference,
     matmul_arith: MatmulArith,
+    attn_arith: AttnArith,
 ) -> Vec<(f32, u32)> {
     use model::forward::{ForwardBatch, Scratch};
     let n = r.stable_len;
@@ -32,7 +33,7 @@ fn teacher_forced(
         positions: &positions,
         slots: &slots,
         logits_for: &logits_for,
-        arith: model::AttnArith::Row,
+        arith: attn_arith,
     };
     let logits = m
         .forward(pool, &batch, &mut kv, &mut Scratch::default())
@@ -49,9 +50,10 @@ fn teacher_forced(
         .collect()
 }
 
-/// Greedy generation and teacher-forced logprobs in `matmul_arith` against llama.cpp's greedy
-/// references: (prompts whose stable greedy prefix is reproduced, mean |Δ logprob|).
-fn greedy_against_llama_cpp(matmul_arith: MatmulArith) -> (usize, f64) {
+/// Greedy generation and teacher-forced logprobs in `matmul_arith` and `attn_arith` against
+/// llama.cpp's greedy references: (prompts whose stable greedy prefix is reproduced, mean
+/// |Δ logprob|).
+fn greedy_against_llama_cpp(matmul_arith: MatmulArith, attn_arith: AttnArith) -> (usize, f64) {
     let m = model();
     let pool = ThreadPool::new(2);
     let (mut abs_err, mut compared, mut prompts_exact) = (0.0f64, 0usize, 0usize);
@@ -63,6 +65,7 @@ fn greedy_against_llama_cpp(matmul_arith: MatmulArith) -> (usize, f64) {
             max_tokens: r.stable_len.max(1),
             kv_dtype: KvDtype::F16,
             matmul_arith,
+            attn_arith,
             ..Default::default()
         };
         let (out, _) = generate(m, &pool, &r.prompt_ids, &opts, |_| true).expect("generation");
@@ -77,7 +80,7 @@ fn greedy_against_llama_cpp(matmul_arith: MatmulArith) -> (usize, f64) {
             prompts_exact += 1;
         }
         let mut prompt_err = 0.0f64;
-        for (j, (lp, argmax)) in teacher_forced(m, &pool, r, matmul_arith)
+        for (j, (lp, argmax)) in teacher_forced(m, &pool, r, matmul_arith, attn_arith)
             .into_iter()
             .enumerate()
         {
@@ -106,11 +109,12 @@ fn greedy_against_llama_cpp(matmul_arith: MatmulArith) -> (usize, f64) {
     // Where llama.cpp is confident (top-2 gap ≥ 0.3 nats) our argmax must be its token.
     assert!(
         confident_misses.is_empty(),
-        "{matmul_arith:?}: {confident_misses:#?}"
+        "{matmul_arith:?}, {attn_arith:?}: {confident_misses:#?}"
     );
     eprintln!(
-        "{matmul_arith:?} ({}): greedy ids equal over the stable prefix for {prompts_exact}/{} prompts; mean |logprob − llama.cpp| {mean:.4} over {compared} positions",
+        "{matmul_arith:?} ({}), attention {}: greedy ids equal over the stable prefix for {prompts_exact}/{} prompts; mean |logprob − llama.cpp| {mean:.4} over {compared} positions",
         matmul_arith.packed_def().name(),
+        attn_arith.name(),
         refs.len()
     );
     (prompts_exact, mean)
@@ -123,7 +127,7 @@ fn greedy_tokens_and_logprobs_match_llama_cpp() {
     // `ops::Rope::apply`, `PackedDef::Ggml`) and measure 10/10 and 0.0011: positions are exact
     // to the reference's printing except where llama.cpp prefilled a prompt of 64+ tokens with
     // its tiled flash-attention kernel.
-    let (exact, mean) = greedy_against_llama_cpp(MatmulArith::InvariantGgml);
+    let (exact, mean) = greedy_against_llama_cpp(MatmulArith::InvariantGgml, AttnArith::Row);
     let n = references().len();
     assert_eq!(exact, n, "only {exact}/{n} prompts match");
     assert!(mean < 0.03, "mean logprob error {mean:.4} ≥ 0.03");
@@ -132,12 +136,13 @@ fn greedy_tokens_and_logprobs_match_llama_cpp() {
 #[test]
 fn greedy_tokens_and_logprobs_in_the_engine_arithmetic_stay_close_to_llama_cpp() {
     // The engine's own (batch-invariant, on CPUs without AVX-512 VNNI the block-sum float order
-    // of packed matrices: docs/benchmarks.md "Block-sum matmul"): rounding differs from
-    // llama.cpp's, which this model amplifies to ~0.03 nats per position (llama.cpp's own AVX2
-    // and AVX-512 builds differ by as much); measured on AMD Zen 3: 9/10 stable prefixes, mean
-    // 0.032, no confident position missed. Where the engine arithmetic is ggml's this is the test
-    // above.
-    let (exact, mean) = greedy_against_llama_cpp(MatmulArith::Invariant);
+    // of packed matrices: docs/benchmarks.md "Block-sum matmul", and the tiled attention at every
+    // depth): rounding differs from llama.cpp's, which this model amplifies to ~0.03 nats per
+    // position (llama.cpp's own AVX2 and AVX-512 builds differ by as much); measured on AMD
+    // Zen 3: 10/10 stable prefixes, mean 0.034, no confident position missed (block-sum order
+    // with llama.cpp's per-row attention: 9/10, 0.032). Where the engine arithmetic is ggml's
+    // this is the test above.
+    let (exact, mean) = greedy_against_llama_cpp(MatmulArith::Invariant, AttnArith::invariant());
     let n = references().len();
     assert!(exact + 1 >= n, "only {exact}/{n} prompts match");
     assert!(mean < 0.05, "mean logprob error {mean:.4} ≥ 0.05");
@@ -205,35 +210,28 @@ fn perplexity_matches_llama_cpp_f16_kv() {
 #[test]
 fn chunked_prefill_gives_identical_logits() {
     // Batch invariance of the whole forward pass: the same prompt prefilled in one piece, in
-    // chunks of 7, and token by token yields bit-identical next-token logprobs.
+    // chunks of 7, and token by token yields bit-identical next-token logprobs, in the engine's
+    // attention arithmetic and in llama.cpp's per-row one.
     let m = model();
     let pool = ThreadPool::new(2);
-    let r = &references()[0];
-    let run = |chunk| {
-        let opts = GenerateOptions {
-            max_tokens: 4,
-            prefill_chunk: chunk,
-            ..Default::default()
-        };
-        let (out, _) = generate(m, &pool, &r.prompt_ids, &opts, |_| true).unwrap();
-        out.iter()
-            .map(|t| (t.id, t.logprob.to_bits()))
-            .collect::<Vec<_>>()
-    };
-    let whole = run(512);
-    assert_eq!(whole, run(7));
-    assert_eq!(whole, run(1));
     let single = ThreadPool::new(1);
-    let opts = GenerateOptions {
-        max_tokens: 4,
-        ..Default::default()
-    };
-    let (out, _) = generate(m, &single, &r.prompt_ids, &opts, |_| true).unwrap();
-    assert_eq!(
-        whole,
-        out.iter()
-            .map(|t| (t.id, t.logprob.to_bits()))
-            .collect::<Vec<_>>(),
-        "1 vs 2 threads"
-    );
+    let r = &references()[0];
+    for attn_arith in [AttnArith::Tiled, AttnArith::Row] {
+        let run = |pool: &ThreadPool, chunk| {
+            let opts = GenerateOptions {
+                max_tokens: 4,
+                prefill_chunk: chunk,
+                attn_arith,
+                ..Default::default()
+            };
+            let (out, _) = generate(m, pool, &r.prompt_ids, &opts, |_| true).unwrap();
+            out.iter()
+                .map(|t| (t.id, t.logprob.to_bits()))
+                .collect::<Vec<_>>()
+        };
+        let whole = run(&pool, 512);
+        assert_eq!(whole, run(&pool, 7), "{attn_arith:?}: chunks of 7");
+        assert_eq!(whole, run(&pool, 1), "{attn_arith:?}: token by token");
+        assert_eq!(whole, run(&single, 512), "{attn_arith:?}: 1 vs 2 threads");
+    }
 }

@@ -104,10 +104,13 @@ async fn tool_call_then_previous_response_id_with_the_output_is_a_cached_prefix(
         "ka",
         &json!({"model": "agentkv", "instructions": "You are a helpful assistant.",
                 "input": [{"role": "user", "content": "What is the weather in Paris?"}],
-                "tools": tools(), "tool_choice": "required", "temperature": 0,
-                "max_output_tokens": 64}),
+                "tools": tools(), "tool_choice": "required", "parallel_tool_calls": false,
+                "temperature": 0, "max_output_tokens": 64}),
     )
     .await;
+    // One call per turn (the tiny model, free to add parallel calls, may repeat this one until
+    // the token limit, depending on the arithmetic's rounding); the later turns keep the
+    // setting, which is part of the rendered prompt.
     println!("first: {first}");
     assert_eq!(first["status"], "completed");
     let call0 = &first["output"][0];
@@ -127,7 +130,8 @@ async fn tool_call_then_previous_response_id_with_the_output_is_a_cached_prefix(
                 "previous_response_id": first["id"],
                 "input": [{"type": "function_call_output", "call_id": call_id,
                            "output": "18 C and sunny"}],
-                "tools": tools(), "temperature": 0, "max_output_tokens": 48}),
+                "tools": tools(), "parallel_tool_calls": false, "temperature": 0,
+                "max_output_tokens": 48}),
     )
     .await;
     println!("second: {second}");
@@ -151,7 +155,8 @@ async fn tool_call_then_previous_response_id_with_the_output_is_a_cached_prefix(
                            "arguments": call0["arguments"]},
                           {"type": "function_call_output", "call_id": call_id,
                            "output": "18 C and sunny"}],
-                "tools": tools(), "temperature": 0, "max_output_tokens": 48, "store": false}),
+                "tools": tools(), "parallel_tool_calls": false, "temperature": 0,
+                "max_output_tokens": 48, "store": false}),
     )
     .await;
     assert_eq!(

@@ -192,7 +192,7 @@ pub fn run(args: BenchConstraintArgs) -> Result<()> {
             positions: &[pos as u32],
             slots: &[SeqSlot(0)],
             logits_for: &[0],
-            arith: AttnArith::Row,
+            arith: AttnArith::invariant(),
         };
         let t0 = Instant::now();
         let logits = model.forward(&pool, &batch, &mut kv, &mut scratch)?;

@@ -5,8 +5,9 @@
 //! KV cache (filled untimed), then P new tokens are prefilled on top of them and, separately, N
 //! tokens are decoded starting at position D. `--membw` adds the memory-bandwidth bound of that
 //! decode (`model::membw`): the machine's read bandwidth with the same threads, the bytes a
-//! decoded token reads, and their quotient next to the measured rate. It never touches the
-//! engine or the server.
+//! decoded token reads, and their quotient next to the measured rate. Every step takes the
+//! engine's arithmetic (`engine::EngineConfig::matmul_arith` / `attn_arith`, or `--attention`);
+//! it never runs the engine or the server.
 
 use std::time::Instant;
 
@@ -44,14 +45,31 @@ pub struct BenchModelArgs {
     pub kv: super::common::KvArgs,
     /// Compute prompt rows (the cached prefix and the timed prefill, when at least 64 tokens)
     /// in llama.cpp's tiled prefill arithmetic, as the engine does with
-    /// `EngineConfig::llama_cpp_prefill` (`ForwardBatch::prefill_rows`); decode stays per-row.
+    /// `EngineConfig::llama_cpp_prefill` (`ForwardBatch::prefill_rows`), and every other step in
+    /// llama.cpp's per-row attention and ggml's matmul order, as that engine does.
     #[arg(long)]
     pub llama_cpp_prefill: bool,
+    /// Attention arithmetic of the unmarked steps: `tiled` (the tiled regime at every depth) or
+    /// `llama.cpp-row` (llama.cpp's per-row kernel, its f16 accumulator up to 256 positions).
+    /// Default: the engine's (`EngineConfig::attn_arith`: `tiled` on CPUs without AVX-512 VNNI,
+    /// `llama.cpp-row` on others and with `--llama-cpp-prefill`).
+    #[arg(long, value_parser = ["tiled", "llama.cpp-row"])]
+    pub attention: Option<String>,
 }
 
 pub fn run(args: BenchModelArgs) -> Result<()> {
     let model = args.model.load()?;
     let pool = args.model.pool();
+    let engine = engine::EngineConfig {
+        llama_cpp_prefill: args.llama_cpp_prefill,
+        ..Default::default()
+    };
+    let matmul_arith = engine.matmul_arith();
+    let attn_arith = match args.attention.as_deref() {
+        Some("tiled") => AttnArith::Tiled,
+        Some(_) => AttnArith::Row,
+        None => engine.attn_arith(),
+    };
     let vocab = model.config.vocab_size as u32;
     let depth = args.depth;
     // Deterministic pseudo-random tokens, as llama-bench uses random tokens.
@@ -73,14 +91,14 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
             vec![args.llama_cpp_prefill && len >= model::attention::PREFILL_MIN_TOKENS; len];
         let batch = ForwardBatch {
             prefill_rows: &marked,
-            matmul_arith: model::MatmulArith::Invariant,
+            matmul_arith,
             tokens: &tokens,
             positions: &positions,
             slots: &slots,
             logits_for: &[len - 1],
             // The engine's arithmetic for every step (what `serve` runs), not llama.cpp's
             // tiled-prefill choice that `perplexity` follows.
-            arith: AttnArith::Row,
+            arith: attn_arith,
         };
         Ok(model.forward(&pool, &batch, kv, scratch)?)
     };
@@ -105,12 +123,12 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         for pos in depth..depth + args.gen_tokens {
             let batch = ForwardBatch {
                 prefill_rows: &[],
-                matmul_arith: model::MatmulArith::Invariant,
+                matmul_arith,
                 tokens: &[tok],
                 positions: &[pos as u32],
                 slots: &[SeqSlot(0)],
                 logits_for: &[0],
-                arith: AttnArith::Row,
+                arith: attn_arith,
             };
             let logits = model.forward(&pool, &batch, &mut kv, &mut scratch)?;
             tok = model::sampler::argmax(&logits);

@@ -155,6 +155,8 @@ struct Summary {
     tenants: usize,
     /// The float order of packed matmuls (`ggml` or `block-sum`).
     matmul: &'static str,
+    /// The attention arithmetic of generated and short-prompt rows (`tiled` or `llama.cpp-row`).
+    attention: &'static str,
 }
 
 impl Summary {
@@ -194,6 +196,7 @@ impl Summary {
             step_target_ms: cfg.step_time_target.map_or(0, |t| t.as_millis() as u64),
             tenants: settings.tenants.len(),
             matmul: cfg.matmul_arith().packed_def().name(),
+            attention: cfg.attn_arith().name(),
         }
     }
 
@@ -214,6 +217,7 @@ impl Summary {
             step_target_ms = self.step_target_ms,
             tenants = self.tenants,
             matmul = self.matmul,
+            attention = self.attention,
             listen = %format!("http://{addr}"),
             "agentkv serving"
         );
