@@ -1046,7 +1046,10 @@ fn the_arithmetic_is_part_of_the_cache_namespace() {
     let tenant = cache::TenantId(0);
     let short = 10;
     let own = model::PackedDef::invariant() == model::PackedDef::BlockSum;
-    assert_eq!(own, model::AttnArith::invariant() == model::AttnArith::Tiled);
+    assert_eq!(
+        own,
+        model::AttnArith::invariant() == model::AttnArith::Tiled
+    );
     assert_eq!(
         default.namespace_for(tenant, b"", short) != ggml.namespace_for(tenant, b"", short),
         own

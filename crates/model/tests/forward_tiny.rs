@@ -496,18 +496,25 @@ fn long_context_logits_do_not_depend_on_chunking_or_batching() {
     let whole = check_long_context_invariance(&tiny, &tokens, KvDtype::F16, AttnArith::Row);
     // Close to the f64 reference (f16 K/V storage costs about three decimal digits).
     let want = reference(&tiny, "llama", &tokens);
-    for p in [0usize, 255, 256, 300, 511, 512, 700, 1024, tokens.len() - 1] {
+    let at = [0usize, 255, 256, 300, 511, 512, 700, 1024, tokens.len() - 1];
+    assert_close_to_reference(&want, &whole, &at);
+}
+
+/// Positions `at` of `got` within 2% (relative, `1 + |r|`) of the f64 reference `want` (f16 K/V
+/// storage costs about three decimal digits).
+fn assert_close_to_reference(want: &[Vec<f64>], got: &[Vec<f32>], at: &[usize]) {
+    for &p in at {
         let err = want[p]
             .iter()
-            .zip(&whole[p])
+            .zip(&got[p])
             .map(|(r, &g)| (g as f64 - r).abs() / (1.0 + r.abs()))
             .fold(0.0, f64::max);
         assert!(err < 2e-2, "position {p}: relative error {err}");
     }
 }
 
-/// The engine's attention arithmetic (`AttnArith::Tiled`) takes the tiled regime from the first
-/// position on: every position's logits are bit-identical however the prompt is batched and
+/// `AttnArith::Tiled` (the engine's default on CPUs without AVX-512 VNNI) takes the tiled regime
+/// from the first position on: every position's logits are bit-identical however the prompt is batched and
 /// chunked, close to the naive f64 reference, equal to llama.cpp's per-row arithmetic at the
 /// first position (one value, no rounding to differ) and different from it below 257 positions
 /// (f32 instead of f16 accumulation: the regime is in use).
@@ -518,26 +525,8 @@ fn tiled_attention_logits_do_not_depend_on_chunking_or_batching() {
     let tiled = check_long_context_invariance(&tiny, &tokens, KvDtype::F16, AttnArith::Tiled);
     let row = check_long_context_invariance(&tiny, &tokens, KvDtype::F16, AttnArith::Row);
     let want = reference(&tiny, "llama", &tokens);
-    for p in [
-        0usize,
-        1,
-        15,
-        16,
-        100,
-        255,
-        256,
-        300,
-        511,
-        512,
-        tokens.len() - 1,
-    ] {
-        let err = want[p]
-            .iter()
-            .zip(&tiled[p])
-            .map(|(r, &g)| (g as f64 - r).abs() / (1.0 + r.abs()))
-            .fold(0.0, f64::max);
-        assert!(err < 2e-2, "position {p}: relative error {err}");
-    }
+    let at = [0, 1, 15, 16, 100, 255, 256, 300, 511, 512, tokens.len() - 1];
+    assert_close_to_reference(&want, &tiled, &at);
     assert_eq!(
         tiled[0], row[0],
         "one position: nothing to round differently"
