@@ -380,6 +380,12 @@ impl Job<'_> {
         with_act_scratch(|act: &mut ActQ8| {
             act.quantize(self.features, x, self.num_tokens, self.w.row_len);
             let act = &*act;
+            if packed32::claims_from_both_ends(self.num_tokens) {
+                super::both_ends::for_each_chunk(pool, p.num_groups(), &|groups| {
+                    packed32::run_groups(p, self.features, self.packed_def, act, groups, out)
+                });
+                return;
+            }
             let (num_tasks, per) = packed32::split(p, pool, self.num_tokens);
             pool.for_each(num_tasks, &|task| {
                 let start = task * per;

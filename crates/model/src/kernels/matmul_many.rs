@@ -159,6 +159,35 @@ fn run_packed_fused(
     row_len: usize,
     features: CpuFeatures,
 ) {
+    if packed32::claims_from_both_ends(num_tokens) {
+        // A decode: the matrices' groups in a row, claimed from both ends.
+        let mut unit_start = [0usize; MAX_FUSED];
+        let mut units = 0;
+        for (i, w) in ws.iter().enumerate() {
+            if let (Some(p), Some(_)) = (w.packed, &jobs[i]) {
+                unit_start[i] = units;
+                units += p.num_groups();
+            }
+        }
+        with_act_scratch(|act: &mut ActQ8| {
+            act.quantize(features, x, num_tokens, row_len);
+            let act = &*act;
+            super::both_ends::for_each_chunk(pool, units, &|chunk| {
+                for (i, w) in ws.iter().enumerate() {
+                    let (Some(p), Some((job, out))) = (w.packed, &jobs[i]) else {
+                        continue;
+                    };
+                    let own = unit_start[i]..unit_start[i] + p.num_groups();
+                    let (lo, hi) = (chunk.start.max(own.start), chunk.end.min(own.end));
+                    if lo < hi {
+                        let groups = lo - own.start..hi - own.start;
+                        packed32::run_groups(p, features, job.packed_def, act, groups, out);
+                    }
+                }
+            });
+        });
+        return;
+    }
     let mut splits = [(0usize, 0usize); MAX_FUSED];
     let mut task_start = [0usize; MAX_FUSED];
     let mut total_tasks = 0;

@@ -24,6 +24,7 @@
 
 pub mod act_quant;
 pub mod block32;
+mod both_ends;
 pub mod cpu;
 pub mod flash_f16;
 pub mod flash_tile;

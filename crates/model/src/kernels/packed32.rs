@@ -355,6 +355,12 @@ pub(super) fn run_groups(
     groups: std::ops::Range<usize>,
     out: &OutPtr,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if act.num_tokens <= TILE_TOKENS && groups.start < p.num_groups() {
+        // A decode chunk's first bytes, before the kernel's own look-ahead covers the stream (a
+        // chunk claimed from the back end starts cold).
+        super::packed32_x86::prefetch_first(p, groups.start);
+    }
     if def == PackedDef::BlockSum {
         super::packed32_blocksum::run_groups(p, features, act, groups, out);
         return;
@@ -421,20 +427,28 @@ pub(super) fn assert_shapes(p: &Packed32, act: &ActQ8, groups: &std::ops::Range<
     );
 }
 
-/// Splits a packed matrix's groups for `num_tokens` tokens into tasks: `(num_tasks,
-/// groups_per_task)`. About four tasks per thread in general; one for a decode (at most one
-/// register tile of tokens), where a task lasts microseconds and every further task costs a
-/// claim and a completion on shared counters and starts a new memory stream cold. Measured on
-/// the decode of the default model (paired in one process, AMD Zen 5, 2 threads): one task per
-/// thread decodes 9–11% faster than two, three 7% slower (two was chosen on Zen 4, where one
-/// and two measured the same within that machine's noise).
+/// Whether a step of `num_tokens` tokens is a decode (at most one register tile of tokens), whose
+/// groups the threads claim from both ends (`both_ends`) instead of a static [`split`].
+pub(super) fn claims_from_both_ends(num_tokens: usize) -> bool {
+    num_tokens <= TILE_TOKENS
+}
+
+/// Splits a packed matrix's groups for a step of more than one register tile of tokens into
+/// tasks: `(num_tasks, groups_per_task)`, about four per thread. (A decode does not split
+/// statically: a task lasts microseconds there, every further task costs a claim and a
+/// completion on shared counters and starts a memory stream cold — measured on Zen 5, one task
+/// per thread decoded 9–11% faster than two — and two equal halves leave one thread waiting for
+/// the other's stream, so its threads claim groups from both ends, `both_ends`.)
 pub(super) fn split(p: &Packed32, pool: &ThreadPool, num_tokens: usize) -> (usize, usize) {
+    debug_assert!(
+        !claims_from_both_ends(num_tokens),
+        "a decode claims from both ends"
+    );
     let num_groups = p.num_groups();
     if pool.num_threads() == 1 {
         return (1, num_groups);
     }
-    let per_thread = if num_tokens <= TILE_TOKENS { 1 } else { 4 };
-    let per = num_groups.div_ceil(pool.num_threads() * per_thread).max(1);
+    let per = num_groups.div_ceil(pool.num_threads() * 4).max(1);
     (num_groups.div_ceil(per), per)
 }
 
@@ -580,7 +594,7 @@ pub(super) mod tests {
         use crate::kernels::{
             matmul_many_with_features, matmul_with_features, QMatrix, ThreadPool,
         };
-        let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+        let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
         let detected = CpuFeatures::detect();
         let portable = CpuFeatures::PORTABLE;
         let paths = [portable, CpuFeatures::AVX2, detected];

@@ -300,12 +300,12 @@ mod tests {
     }
 
     /// Every path (portable, AVX2 with AVX-512 masked off), token counts across the prefill
-    /// kernel's tile and chunk edges, one and two threads and padded groups give bit-identical
+    /// kernel's tile and chunk edges, one to three threads and padded groups give bit-identical
     /// outputs; activations at the edge of the 16-bit sums (all ±127, weights at their extremes)
     /// included.
     #[test]
     fn block_sum_paths_and_batches_agree_bitwise() {
-        let pools = [ThreadPool::new(1), ThreadPool::new(2)];
+        let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
         let avx2 = CpuFeatures {
             avx2: true,
             ..CpuFeatures::PORTABLE

@@ -234,6 +234,19 @@ pub(super) fn prefetch_ahead(all: &[u8], off: usize, len: usize) {
     }
 }
 
+/// Prefetches (to L2) the [`PF_DIST`] bytes of `p`'s stream from group `g` on (never past the
+/// matrix's end): the start of a decode chunk.
+pub(super) fn prefetch_first(p: &Packed32, g: usize) {
+    let all = p.bytes();
+    let off = p.group(g).as_ptr() as usize - all.as_ptr() as usize;
+    let end = (off + PF_DIST).min(all.len());
+    for at in (off..end).step_by(64) {
+        // SAFETY: `at < all.len()`: the address lies inside the matrix; a prefetch never faults
+        // and has no architectural effect (SSE, always present on x86-64).
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(all.as_ptr().add(at).cast()) };
+    }
+}
+
 /// AVX-512 VNNI kernel: `T` tokens of group `g`.
 ///
 /// # Safety
