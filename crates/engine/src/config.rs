@@ -51,9 +51,9 @@ pub struct EngineConfig {
     /// the compiled portable body); docs/benchmarks.md "fid6", "fid7". Off: every row in the
     /// engine's attention arithmetic (`model::AttnArith::invariant`: the tiled attention at
     /// every depth on CPUs without AVX-512 VNNI, llama.cpp's per-row one elsewhere), and
-    /// generated blocks are shared too. On, every step's packed matmuls also take ggml's float order
-    /// (`model::MatmulArith::InvariantGgml`) where the default is the faster block-sum order
-    /// (CPUs without AVX-512 VNNI).
+    /// generated blocks are shared too. On, every step's packed matmuls also take ggml's float
+    /// order (`model::MatmulArith::InvariantGgml`) where the default is the faster block-sum
+    /// order (CPUs without AVX-512 VNNI).
     pub llama_cpp_prefill: bool,
 }
 

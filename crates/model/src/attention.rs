@@ -120,7 +120,9 @@ pub enum AttnArith {
     /// `attention_plan`) at every depth, so a row over a short context shares its K/V tiles with
     /// the other heads of its GQA group and runs the multi-row tile kernels instead of
     /// llama.cpp's one-position-at-a-time f16 accumulation (its rows then differ from
-    /// llama.cpp's below 257 positions by the f16 rounding of the accumulator). The engine's
+    /// llama.cpp's below 257 positions by the f16 rounding of the accumulator). Rows that stay
+    /// in the exact regime (f32 K/V, head sizes the tile kernels do not take, sliding-window
+    /// layers) keep `Row`'s per-position arithmetic with an f32 accumulator. The engine's
     /// default where [`AttnArith::invariant`] says so.
     Tiled,
 }

@@ -2,8 +2,9 @@
 //! resulting per-segment partial states into output rows.
 //!
 //! The query rows are rounded to f16 first (llama.cpp's per-row CPU flash attention converts Q to
-//! the K type; [`AttnArith::Tiled`] keeps that), except in a step of [`AttnArith::Prefill`] arithmetic (its tiled prefill kernel
-//! keeps Q in f32) and over encoded (quantized) K/V, whose queries stay f32. Owns streaming K/V
+//! the K type; [`AttnArith::Tiled`] keeps that), except in a step of [`AttnArith::Prefill`]
+//! arithmetic (its tiled prefill kernel keeps Q in f32) and over encoded (quantized) K/V, whose
+//! queries stay f32. Owns streaming K/V
 //! from a [`KvStore`] into tiles (each f16 K/V row widened once, each encoded row decoded once by
 //! `quant::decode_rows`, then used by every query row of the task: all query heads of the GQA
 //! group and up to `QUERY_TILE_TOKENS` tokens) and the causal limits per row. The arithmetic is that of
