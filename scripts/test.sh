@@ -30,6 +30,11 @@ PYTHON_BOOTSTRAP="${PYTHON:-python3}"
 
 die() { echo "scripts/test.sh: $*" >&2; exit 1; }
 
+# The CPU decides the kernel paths and the default arithmetic (README, "fidelity"): say which.
+echo "== machine: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1)," \
+  "$(nproc) cores, $(grep -o -w 'avx2\|avx512f\|avx512_vnni\|avx_vnni' /proc/cpuinfo 2>/dev/null \
+  | sort -u | tr '\n' ' ')"
+
 echo "== toolchain"
 command -v cargo >/dev/null || die "cargo not found: install a Rust toolchain (https://rustup.rs)"
 command -v "$PYTHON_BOOTSTRAP" >/dev/null || die "$PYTHON_BOOTSTRAP not found: install python3 (with pip and venv)"

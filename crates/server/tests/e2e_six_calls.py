@@ -11,6 +11,7 @@ own loop for six model calls that each carry every earlier tool result:
   stops by itself;
 - smolagents: a `ToolCallingAgent` (its calls are always `tool_choice="required"`; it ends when
   the model calls `final_answer`) with `max_steps=6`.
+Every loop sends `parallel_tool_calls=False`, so each model call is one tool call.
 Checked for each: six model calls happened, every call's arguments match the tool's schema, and
 each later call read at least the previous call's prompt (whole blocks) from the prefix cache.
 Reported, not asserted (it depends on what a 135M model decides, not on the server): whether the
@@ -150,8 +151,11 @@ def smolagents_loop():
         asked.append(city)
         return weather(city)
 
+    # One call per step (`parallel_tool_calls=False`, sent with every request): free to write
+    # several, the 135M model may list cities until `max_tokens` cuts the reply (a cut call is
+    # returned as text, with `finish_reason: "length"`), which says nothing about the server.
     model = OpenAIServerModel(model_id=MODEL, api_base=BASE + "/v1", api_key="none", temperature=0,
-                              max_tokens=96)
+                              max_tokens=96, parallel_tool_calls=False)
     agent = ToolCallingAgent(tools=[get_weather], model=model, max_steps=6, verbosity_level=0)
     out = agent.run(QUESTION)
     steps = [s for s in agent.memory.steps if getattr(s, "model_output_message", None) is not None]

@@ -157,6 +157,8 @@ struct Summary {
     matmul: &'static str,
     /// The attention arithmetic of generated and short-prompt rows (`tiled` or `llama.cpp-row`).
     attention: &'static str,
+    /// The kernel paths this CPU runs (`avx2`, `avx512+vnni`, …).
+    isa: &'static str,
 }
 
 impl Summary {
@@ -197,6 +199,7 @@ impl Summary {
             tenants: settings.tenants.len(),
             matmul: cfg.matmul_arith().packed_def().name(),
             attention: cfg.attn_arith().name(),
+            isa: model::kernels::cpu_features().name(),
         }
     }
 
@@ -218,6 +221,7 @@ impl Summary {
             tenants = self.tenants,
             matmul = self.matmul,
             attention = self.attention,
+            isa = self.isa,
             listen = %format!("http://{addr}"),
             "agentkv serving"
         );

@@ -69,6 +69,20 @@ impl CpuFeatures {
         }
     }
 
+    /// The paths these features select, as one word for logs: `portable`, `avx2`,
+    /// `avx2+avxvnni`, `avx512`, `avx512+vnni` (the kernels' outputs are the same on all of them;
+    /// the arithmetic *definition* follows [`definition_features`]).
+    pub fn name(self) -> &'static str {
+        match (self.avx2, self.avx512, self.vnni, self.avxvnni) {
+            (false, ..) => "portable",
+            (true, true, true, _) => "avx512+vnni",
+            (true, true, false, _) => "avx512",
+            (true, false, true, _) => "avx2+vnni",
+            (true, false, false, true) => "avx2+avxvnni",
+            (true, false, false, false) => "avx2",
+        }
+    }
+
     /// `self` restricted to what the CPU really has (guards explicitly passed feature sets).
     pub fn clamp_to_detected(self) -> CpuFeatures {
         let d = detected();
@@ -186,6 +200,24 @@ mod tests {
         let capped = CpuFeatures::AVX2.clamp_to_detected();
         assert!(!capped.vnni && !capped.avxvnni && !capped.avx512);
         assert_eq!(capped.avx2, CpuFeatures::detect().avx2);
+    }
+
+    #[test]
+    fn names_say_the_widest_path() {
+        assert_eq!(CpuFeatures::PORTABLE.name(), "portable");
+        assert_eq!(CpuFeatures::AVX2.name(), "avx2");
+        let all = CpuFeatures {
+            avx2: true,
+            vnni: true,
+            avxvnni: true,
+            avx512: true,
+        };
+        assert_eq!(all.name(), "avx512+vnni");
+        let avxvnni = CpuFeatures {
+            avxvnni: true,
+            ..CpuFeatures::AVX2
+        };
+        assert_eq!(avxvnni.name(), "avx2+avxvnni");
     }
 
     #[test]
