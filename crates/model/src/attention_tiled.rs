@@ -255,7 +255,8 @@ fn update_rows_transposed(
 }
 
 /// [`update_rows`] for a tile whose K is kept as codes (`flash_tile_codes`): scores from the
-/// rows' quantised queries, `vals` the tile's decoded V; rows go in blocks of three.
+/// rows' quantised queries, `vals` the tile's decoded V; rows go in blocks of
+/// [`WIDE_BLOCK_ROWS`] (the kernel takes them three at a time).
 #[allow(clippy::too_many_arguments)]
 fn update_rows_coded(
     features: CpuFeatures,
@@ -269,7 +270,7 @@ fn update_rows_coded(
     tile_end: usize,
     scale: f32,
 ) {
-    for_live_blocks::<3, _>(
+    for_live_blocks::<WIDE_BLOCK_ROWS, _>(
         rows,
         hd,
         tile_start,

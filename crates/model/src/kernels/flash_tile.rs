@@ -846,10 +846,30 @@ pub(crate) mod avx2 {
     /// A tile's V rows as the shared `p·V` loop of [`finish_rows`] reads them: eight values of
     /// row `t` from element `e` as f32 lanes (plain rows widen on load; `flash_tile_codes`
     /// decodes integer codes in the register).
+    ///
+    /// A row is opened once ([`ValueRows::row`]: what its loads share, e.g. a coded row's scale
+    /// and offset) and read eight elements at a time ([`ValueRows::load8_in`]).
     pub(crate) trait ValueRows: Copy {
+        /// What the loads of one row share.
+        type Row: Copy;
+
+        /// # Safety
+        /// AVX2+FMA+F16C present; the tile holds row `t`.
+        unsafe fn row(self, t: usize) -> Self::Row;
+
+        /// # Safety
+        /// AVX2+FMA+F16C present; `row` opened by [`ValueRows::row`] of a row that holds
+        /// elements `e..e + 8`.
+        unsafe fn load8_in(self, row: Self::Row, e: usize) -> __m256;
+
         /// # Safety
         /// AVX2+FMA+F16C present; row `t` of the tile holds elements `e..e + 8`.
-        unsafe fn load8(self, t: usize, e: usize) -> __m256;
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn load8(self, t: usize, e: usize) -> __m256 {
+            // SAFETY: forwarded caller's contract.
+            unsafe { self.load8_in(self.row(t), e) }
+        }
     }
 
     /// Row-major rows of `hd` elements at `p`.
@@ -860,11 +880,20 @@ pub(crate) mod avx2 {
     }
 
     impl<E: TileElem> ValueRows for ElemRows<E> {
+        type Row = *const E;
+
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn load8(self, t: usize, e: usize) -> __m256 {
+        unsafe fn row(self, t: usize) -> *const E {
+            // SAFETY: row `t` lies in the tile (caller's contract).
+            unsafe { self.p.add(t * self.hd) }
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn load8_in(self, row: *const E, e: usize) -> __m256 {
             // SAFETY: forwarded caller's contract.
-            unsafe { E::load8(self.p.add(t * self.hd + e)) }
+            unsafe { E::load8(row.add(e)) }
         }
     }
 
@@ -894,33 +923,66 @@ pub(crate) mod avx2 {
             p[r] = softmax_step(&mut sts[r], accs[r], &scores[r], vmax[r], groups);
         }
         let aps: [*mut f32; R] = std::array::from_fn(|r| accs[r].as_mut_ptr());
+        // Whole blocks of `W` chunks, then single chunks: every block's width is a constant, so
+        // its accumulators live in registers (a width known only at run time kept them in
+        // memory). Each element's chain is the same either way.
         let mut c0 = 0;
+        while c0 + W <= chunks {
+            // SAFETY: chunks `c0..c0 + W` lie inside every row (forwarded caller's contract).
+            unsafe { pv_block::<V, R, W>(&aps, 8 * c0, &p, vals, valid) };
+            c0 += W;
+        }
         while c0 < chunks {
-            let w = (chunks - c0).min(W);
-            let mut acc = [[_mm256_setzero_ps(); W]; R];
+            // SAFETY: chunk `c0 < chunks`, as above.
+            unsafe { pv_block::<V, R, 1>(&aps, 8 * c0, &p, vals, valid) };
+            c0 += 1;
+        }
+    }
+
+    /// `acc[e0..e0 + 8W] = fma(p[t], v[t][e0..e0 + 8W], acc)` for `t < valid` in order, for
+    /// each of `R` rows, every V load shared by the rows and the `R · W` accumulators held in
+    /// registers.
+    ///
+    /// # Safety
+    /// AVX2+FMA+F16C present; `aps[r] + e0` holds `8W` floats for every row; `vals` holds
+    /// elements `e0..e0 + 8W` of rows `t < valid`.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn pv_block<V: ValueRows, const R: usize, const W: usize>(
+        aps: &[*mut f32; R],
+        e0: usize,
+        p: &[[f32; TILE_POSITIONS]; R],
+        vals: V,
+        valid: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); W]; R];
+        for r in 0..R {
+            for i in 0..W {
+                // SAFETY: caller's contract.
+                acc[r][i] = unsafe { _mm256_loadu_ps(aps[r].add(e0 + 8 * i)) };
+            }
+        }
+        for t in 0..valid {
+            let mut bp = [_mm256_setzero_ps(); R];
             for r in 0..R {
-                for (i, ai) in acc[r].iter_mut().enumerate().take(w) {
-                    // SAFETY: chunk `c0 + i < chunks` lies inside the row's `acc`.
-                    *ai = unsafe { _mm256_loadu_ps(aps[r].add(8 * (c0 + i))) };
+                bp[r] = _mm256_set1_ps(p[r][t]);
+            }
+            // SAFETY: row `t < valid` (caller's contract).
+            let row = unsafe { vals.row(t) };
+            for i in 0..W {
+                // SAFETY: elements `e0 + 8i..+8` of row `t` (caller's contract).
+                let x = unsafe { vals.load8_in(row, e0 + 8 * i) };
+                for r in 0..R {
+                    acc[r][i] = _mm256_fmadd_ps(bp[r], x, acc[r][i]);
                 }
             }
-            for t in 0..valid {
-                let bp: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(p[r][t]));
-                for i in 0..w {
-                    // SAFETY: row `t < valid`, chunk `c0 + i < chunks` (caller's contract).
-                    let x = unsafe { vals.load8(t, 8 * (c0 + i)) };
-                    for r in 0..R {
-                        acc[r][i] = _mm256_fmadd_ps(bp[r], x, acc[r][i]);
-                    }
-                }
+        }
+        for r in 0..R {
+            for i in 0..W {
+                // SAFETY: caller's contract.
+                unsafe { _mm256_storeu_ps(aps[r].add(e0 + 8 * i), acc[r][i]) };
             }
-            for r in 0..R {
-                for (i, ai) in acc[r].iter().enumerate().take(w) {
-                    // SAFETY: as above.
-                    unsafe { _mm256_storeu_ps(aps[r].add(8 * (c0 + i)), *ai) };
-                }
-            }
-            c0 += w;
         }
     }
 

@@ -33,6 +33,34 @@ use quant::{EncodedRows, KvCodecKind};
 use super::cpu::CpuFeatures;
 use super::flash_tile::{tile_update_scored, widen_f16, TileSoftmax, TILE_POSITIONS};
 
+/// `$body` with `$rows` the [`x86::CodedRows`] of the coded V rows `$v` (its codec's width and
+/// whether a row is one group chosen at compile time).
+#[cfg(target_arch = "x86_64")]
+macro_rules! coded_rows {
+    ($v:expr, |$rows:ident| $body:expr) => {{
+        let v = &$v;
+        let four_bit = matches!(v.kind(), KvCodecKind::Int4 { .. });
+        match (four_bit, x86::one_group(v)) {
+            (true, true) => {
+                let $rows = x86::CodedRows::<true, true>::new(v);
+                $body
+            }
+            (true, false) => {
+                let $rows = x86::CodedRows::<true, false>::new(v);
+                $body
+            }
+            (false, true) => {
+                let $rows = x86::CodedRows::<false, true>::new(v);
+                $body
+            }
+            (false, false) => {
+                let $rows = x86::CodedRows::<false, false>::new(v);
+                $body
+            }
+        }
+    }};
+}
+
 /// Widest head scored from codes (`head_dim · 255 · 127 < 2^24`: integer sums exact in f32).
 pub const MAX_CODED_HEAD_DIM: usize = 512;
 
@@ -548,10 +576,7 @@ pub fn tile_update_codes(
         let args = (features, keys, sts, accs, qs, valids, tile, scale);
         match vals {
             TileValues::Decoded(v) => avx2_blocks(args, ElemRows { p: v.as_ptr(), hd }),
-            TileValues::Codes(v) if matches!(v.kind(), KvCodecKind::Int4 { .. }) => {
-                avx2_blocks(args, x86::CodedRows::<true>::new(&v))
-            }
-            TileValues::Codes(v) => avx2_blocks(args, x86::CodedRows::<false>::new(&v)),
+            TileValues::Codes(v) => coded_rows!(v, |rows| avx2_blocks(args, rows)),
         }
         return;
     }
@@ -694,11 +719,7 @@ pub fn tile_update_channel_codes(
         offsets: offsets.as_ptr(),
     };
     let args = (sts, accs, qs, valids, scale);
-    if matches!(vals.kind(), KvCodecKind::Int4 { .. }) {
-        channel_blocks(args, k, x86::CodedRows::<true>::new(vals));
-    } else {
-        channel_blocks(args, k, x86::CodedRows::<false>::new(vals));
-    }
+    coded_rows!(vals, |rows| channel_blocks(args, k, rows));
 }
 
 /// [`tile_update_channel_codes`]' rows in blocks of three sharing `valid`, else one at a time.

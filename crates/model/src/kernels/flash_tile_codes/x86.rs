@@ -324,7 +324,7 @@ unsafe fn nibbles8(p: *const u8) -> __m256i {
 /// V rows kept as `int8` / `int4` codes, decoded in the register on load:
 /// `fma(code, scale_g, offset_g)` (what `quant::decode_rows` gives, bit for bit).
 #[derive(Clone, Copy)]
-pub(super) struct CodedRows<const FOUR_BIT: bool> {
+pub(super) struct CodedRows<const FOUR_BIT: bool, const ONE_GROUP: bool> {
     base: *const u8,
     row_bytes: usize,
     /// Byte offset of the codes in a row (after the `(scale, offset)` f16 pairs).
@@ -333,8 +333,42 @@ pub(super) struct CodedRows<const FOUR_BIT: bool> {
     pair_at: [u8; MAX_CODED_HEAD_DIM / 8],
 }
 
-impl<const FOUR_BIT: bool> CodedRows<FOUR_BIT> {
-    /// The rows of `v` (a codec [`values_from_codes`] accepts, `int4` iff `FOUR_BIT`).
+/// A row of [`CodedRows`] opened for its loads: its first byte and, when one group spans the
+/// row (`ONE_GROUP`: `group == hd`, `int8`'s default), that group's scale and offset broadcast
+/// (widened once per row instead of once per load).
+#[derive(Clone, Copy)]
+pub(super) struct CodedRow {
+    row: *const u8,
+    scale: __m256,
+    offset: __m256,
+}
+
+/// The `(scale, offset)` f16 pair at `at`, widened and broadcast.
+///
+/// # Safety
+/// F16C and AVX2 present; `at` holds 4 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn pair_at(at: *const u8) -> (__m256, __m256) {
+    // SAFETY: 4 bytes at `at` (caller's contract).
+    let pair = _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe {
+        at.cast::<i32>().read_unaligned()
+    }));
+    (
+        _mm256_broadcastss_ps(pair),
+        _mm256_broadcastss_ps(_mm_movehdup_ps(pair)),
+    )
+}
+
+/// Whether rows of `v` (a codec [`values_from_codes`] accepts) are one group each.
+pub(super) fn one_group(v: &EncodedRows<'_>) -> bool {
+    matches!(v.kind(), KvCodecKind::Int8 { group } | KvCodecKind::Int4 { group }
+        if group == v.head_dim())
+}
+
+impl<const FOUR_BIT: bool, const ONE_GROUP: bool> CodedRows<FOUR_BIT, ONE_GROUP> {
+    /// The rows of `v` (a codec [`values_from_codes`] accepts, `int4` iff `FOUR_BIT`, one
+    /// group per row iff `ONE_GROUP`).
     pub(super) fn new(v: &EncodedRows<'_>) -> Self {
         let hd = v.head_dim();
         let group = match v.kind() {
@@ -342,7 +376,11 @@ impl<const FOUR_BIT: bool> CodedRows<FOUR_BIT> {
             KvCodecKind::Int4 { group } if FOUR_BIT => group,
             k => unreachable!("coded values of {k:?}"),
         };
-        assert!(values_from_codes(v.kind(), hd) && hd <= MAX_CODED_HEAD_DIM);
+        assert!(
+            values_from_codes(v.kind(), hd)
+                && hd <= MAX_CODED_HEAD_DIM
+                && ONE_GROUP == (group == hd)
+        );
         let mut pair_at = [0u8; MAX_CODED_HEAD_DIM / 8];
         for (c, p) in pair_at.iter_mut().enumerate().take(hd / 8) {
             // `hd / group <= 32` pairs (groups of at least 16), so `4g < 128`.
@@ -357,22 +395,37 @@ impl<const FOUR_BIT: bool> CodedRows<FOUR_BIT> {
     }
 }
 
-impl<const FOUR_BIT: bool> ValueRows for CodedRows<FOUR_BIT> {
+impl<const FOUR_BIT: bool, const ONE_GROUP: bool> ValueRows for CodedRows<FOUR_BIT, ONE_GROUP> {
+    type Row = CodedRow;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(self, t: usize, e: usize) -> __m256 {
-        // SAFETY: AVX2+FMA+F16C present and row `t` holds elements
-        // `e..e + 8` (caller's contract): its group's pair and codes lie inside the row.
+    unsafe fn row(self, t: usize) -> CodedRow {
+        // SAFETY: row `t` lies in the tile (caller's contract); its first pair is its first
+        // 4 bytes.
         unsafe {
             let row = self.base.add(t * self.row_bytes);
-            let pair = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                row.add(self.pair_at[e / 8] as usize)
-                    .cast::<i32>()
-                    .read_unaligned(),
-            ));
-            let sc = _mm256_broadcastss_ps(pair);
-            let of = _mm256_broadcastss_ps(_mm_movehdup_ps(pair));
-            let codes = row.add(self.codes_at);
+            let (scale, offset) = if ONE_GROUP {
+                pair_at(row)
+            } else {
+                (_mm256_setzero_ps(), _mm256_setzero_ps())
+            };
+            CodedRow { row, scale, offset }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8_in(self, row: CodedRow, e: usize) -> __m256 {
+        // SAFETY: AVX2+FMA+F16C present and the row holds elements `e..e + 8` (caller's
+        // contract): its group's pair and codes lie inside the row.
+        unsafe {
+            let (sc, of) = if ONE_GROUP {
+                (row.scale, row.offset)
+            } else {
+                pair_at(row.row.add(self.pair_at[e / 8] as usize))
+            };
+            let codes = row.row.add(self.codes_at);
             let c = if FOUR_BIT {
                 nibbles8(codes.add(e / 2))
             } else {
@@ -394,14 +447,22 @@ pub(super) struct ChannelRows {
 }
 
 impl ValueRows for ChannelRows {
+    type Row = *const u8;
+
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(self, t: usize, e: usize) -> __m256 {
-        // SAFETY: AVX2+FMA+F16C present; row `t` holds elements `e..e + 8`
-        // (bytes `e/2..e/2 + 4`) and the parameters `hd >= e + 8` channels (caller's
-        // contract).
+    unsafe fn row(self, t: usize) -> *const u8 {
+        // SAFETY: row `t` lies in the group (caller's contract).
+        unsafe { self.codes.add(t * self.row_bytes) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8_in(self, row: *const u8, e: usize) -> __m256 {
+        // SAFETY: AVX2+FMA+F16C present; the row holds elements `e..e + 8` (bytes
+        // `e/2..e/2 + 4`) and the parameters `hd >= e + 8` channels (caller's contract).
         unsafe {
-            let c = nibbles8(self.codes.add(t * self.row_bytes + e / 2));
+            let c = nibbles8(row.add(e / 2));
             _mm256_fmadd_ps(
                 _mm256_cvtepi32_ps(c),
                 _mm256_loadu_ps(self.scales.add(e)),
