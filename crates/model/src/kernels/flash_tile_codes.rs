@@ -305,6 +305,9 @@ fn unpack_nibbles(features: CpuFeatures, packed: &[u8], out: &mut [u8]) {
 pub struct QueryCodes {
     hd: usize,
     q8: Vec<u32>,
+    /// Per word of `q8`, its bytes 0, 2 and then 1, 3 sign-extended to 16-bit halves
+    /// ([`query_pairs`]): AVX2's `vpmaddwd` operands, broadcast from memory as they are.
+    pairs: Vec<u32>,
     s: Vec<f32>,
     sum8: Vec<f32>,
     bias: Vec<f32>,
@@ -316,6 +319,8 @@ pub struct QueryCodes {
 #[derive(Clone, Copy)]
 pub struct QueryRef<'a> {
     pub q8: &'a [u32],
+    /// `2 · q8.len()` words: [`QueryCodes`]' `pairs` of this row.
+    pub pairs: &'a [u32],
     pub s: f32,
     pub sum8: f32,
     pub bias: f32,
@@ -325,6 +330,7 @@ impl QueryRef<'_> {
     /// A placeholder (no codes).
     pub const EMPTY: QueryRef<'static> = QueryRef {
         q8: &[],
+        pairs: &[],
         s: 0.0,
         sum8: 0.0,
         bias: 0.0,
@@ -336,6 +342,7 @@ impl QueryCodes {
     pub fn reset(&mut self, rows: usize, hd: usize) {
         self.hd = hd;
         self.q8.resize(rows * hd / 4, 0);
+        self.pairs.resize(rows * hd / 2, 0);
         for v in [&mut self.s, &mut self.sum8, &mut self.bias] {
             v.resize(rows, 0.0);
         }
@@ -348,6 +355,17 @@ impl QueryCodes {
         assert_eq!(q.len(), hd, "query row length");
         let (s, sum8) = quantize(features, q, &mut self.q8[r * hd / 4..(r + 1) * hd / 4]);
         (self.s[r], self.sum8[r], self.bias[r]) = (s, sum8, 0.0);
+        self.prepare_pairs(r);
+    }
+
+    /// Row `r`'s [`query_pairs`] from its quantised words.
+    fn prepare_pairs(&mut self, r: usize) {
+        let words = self.hd / 4;
+        let q8 = &self.q8[r * words..(r + 1) * words];
+        let pairs = &mut self.pairs[2 * r * words..2 * (r + 1) * words];
+        for (&w, out) in q8.iter().zip(pairs.chunks_exact_mut(2)) {
+            (out[0], out[1]) = query_pairs(w);
+        }
     }
 
     /// Row `r` of a `Channels` group: `q ∘ scales` quantised, and the offsets' bias.
@@ -374,6 +392,7 @@ impl QueryCodes {
         );
         (self.s[r], self.sum8[r]) = (s, sum8);
         self.bias[r] = channel_bias(features, q, offsets);
+        self.prepare_pairs(r);
     }
 
     /// Row `r` as the kernels read it.
@@ -381,11 +400,19 @@ impl QueryCodes {
         let hd = self.hd;
         QueryRef {
             q8: &self.q8[r * hd / 4..(r + 1) * hd / 4],
+            pairs: &self.pairs[r * hd / 2..(r + 1) * hd / 2],
             s: self.s[r],
             sum8: self.sum8[r],
             bias: self.bias[r],
         }
     }
+}
+
+/// A word of four i8 query codes as two words of two i16 halves: bytes 0 and 2 (low, high),
+/// then bytes 1 and 3, each sign-extended.
+pub(crate) fn query_pairs(word: u32) -> (u32, u32) {
+    let b = word.to_le_bytes().map(|x| x as i8 as i16 as u16 as u32);
+    (b[0] | b[2] << 16, b[1] | b[3] << 16)
 }
 
 /// The module doc's query quantisation of `x` into `out` (`x.len() / 4` packed words); returns
@@ -540,7 +567,9 @@ pub fn tile_update_codes(
         rows == sts.len()
             && rows == accs.len()
             && rows == valids.len()
-            && qs.iter().all(|q| q.q8.len() * 4 == hd)
+            && qs
+                .iter()
+                .all(|q| q.q8.len() * 4 == hd && q.pairs.len() * 2 == hd)
             && accs.iter().all(|a| a.len() == hd)
             && valids.iter().all(|v| (1..=TILE_POSITIONS).contains(v))
             && tile.kt.len() >= hd / 4 * TILE_POSITIONS

@@ -355,3 +355,33 @@ fn scores_approximate_decoded_keys_and_transpositions_agree() {
         );
     }
 }
+
+/// The query's `vpmaddwd` operands: bytes 0, 2 then 1, 3 of a word, sign-extended to 16 bits
+/// (golden words), and every prepared row's pairs are those of its words.
+#[test]
+fn query_pairs_sign_extend_alternate_bytes() {
+    // Bytes (little-endian) 0x01, 0xFF (−1), 0x80 (−128), 0x7F (127).
+    assert_eq!(query_pairs(0x7F80_FF01), (0xFF80_0001, 0x007F_FFFF));
+    assert_eq!(query_pairs(0), (0, 0));
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let hd = 64;
+    let mut qc = QueryCodes::default();
+    qc.reset(2, hd);
+    for r in 0..2 {
+        let q: Vec<f32> = (0..hd).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+        qc.prepare_rows(CpuFeatures::detect(), r, &q);
+    }
+    for r in 0..2 {
+        let row = qc.row(r);
+        assert_eq!(row.pairs.len(), 2 * row.q8.len());
+        for (j, &w) in row.q8.iter().enumerate() {
+            let b = w.to_le_bytes().map(|x| x as i8 as i32);
+            let half = |x: u32, h: u32| (x >> (16 * h)) as u16 as i16 as i32;
+            let (e, o) = (row.pairs[2 * j], row.pairs[2 * j + 1]);
+            assert_eq!(
+                [half(e, 0), half(e, 1), half(o, 0), half(o, 1)],
+                [b[0], b[2], b[1], b[3]]
+            );
+        }
+    }
+}

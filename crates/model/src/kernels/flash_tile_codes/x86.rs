@@ -246,9 +246,9 @@ unsafe fn dots8_madd(q8: &[u32], kp: *const u32) -> __m256i {
     let low = _mm256_set1_epi16(0x00FF);
     let mut acc = _mm256_setzero_si256();
     for (j, &w) in q8.iter().enumerate() {
-        let b = w.to_le_bytes().map(|x| x as i8 as i16 as u16 as u32);
-        let q_even = _mm256_set1_epi32((b[0] | (b[2] << 16)) as i32);
-        let q_odd = _mm256_set1_epi32((b[1] | (b[3] << 16)) as i32);
+        let (even_pair, odd_pair) = query_pairs(w);
+        let q_even = _mm256_set1_epi32(even_pair as i32);
+        let q_odd = _mm256_set1_epi32(odd_pair as i32);
         // SAFETY: caller's contract.
         let k = unsafe { _mm256_loadu_si256(kp.add(16 * j).cast()) };
         let even = _mm256_and_si256(k, low);
@@ -477,7 +477,8 @@ impl ValueRows for ChannelRows {
 /// (zero-extended) against the query bytes sign-extended to 16 bits.
 ///
 /// # Safety
-/// AVX2 present; `kt.len() >= words · 16` with `words = qs[r].q8.len()` for every row.
+/// AVX2 present; `kt.len() >= words · 16` with `words = qs[r].q8.len()` and
+/// `qs[r].pairs.len() == 2 · words` for every row.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -487,6 +488,8 @@ unsafe fn dots_madd<const R: usize, const H: usize>(
     out: &mut [[i32; TILE_POSITIONS]; R],
 ) {
     let words = qs[0].q8.len();
+    debug_assert!(qs.iter().all(|q| q.pairs.len() == 2 * words));
+    let pairs: [*const u32; R] = std::array::from_fn(|r| qs[r].pairs.as_ptr());
     let kp = kt.as_ptr();
     let low = _mm256_set1_epi16(0x00FF);
     let mut acc = [[_mm256_setzero_si256(); H]; R];
@@ -500,10 +503,15 @@ unsafe fn dots_madd<const R: usize, const H: usize>(
             odd[h] = _mm256_srli_epi16::<8>(k);
         }
         for r in 0..R {
-            let w = _mm256_set1_epi32(qs[r].q8[j] as i32);
-            // Bytes 0, 2 (even) and 1, 3 (odd) of the word as signed 16-bit lanes.
-            let q_even = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(w));
-            let q_odd = _mm256_srai_epi16::<8>(w);
+            // Bytes 0, 2 (even) and 1, 3 (odd) of the word as signed 16-bit lanes, prepared
+            // with the query (`QueryCodes`' pairs): broadcast from memory.
+            // SAFETY: `2j + 1 < 2 · words = pairs.len()` (caller's contract).
+            let (q_even, q_odd) = unsafe {
+                (
+                    _mm256_set1_epi32(*pairs[r].add(2 * j) as i32),
+                    _mm256_set1_epi32(*pairs[r].add(2 * j + 1) as i32),
+                )
+            };
             for h in 0..H {
                 let x = _mm256_add_epi32(
                     _mm256_madd_epi16(even[h], q_even),
