@@ -366,23 +366,29 @@ pub(crate) fn decode_u4(scale: f32, offset: f32, codes: &[u8], out: &mut [f32]) 
     )
 }
 
-/// Every row of a run of `int4` rows into `out` (`[rows, hd]`): `bytes` holds whole rows, each
-/// the `(scale, offset)` header of its `hd / group` groups then the packed codes. Each value is
-/// `fma(nibble, scale_g, offset_g)`, as [`decode_u4`] per group; the row loop runs here so a
-/// tile pays no call per row or group.
+/// Every row of a run of `int4` (`FOUR_BIT`) or `int8` rows into `out` (`[rows, hd]`):
+/// `bytes` holds whole rows, each the `(scale, offset)` header of its `hd / group` groups then
+/// the codes (packed nibbles or bytes). Each value is `fma(code, scale_g, offset_g)`, as
+/// [`decode_u4`] / [`decode_u8`] per group; the row loop runs here so a tile pays no call per
+/// row or group, and a group's pair is widened inline by F16C.
 ///
 /// # Panics
 /// If `group` is not a positive multiple of 8 dividing `hd`, `out` is not whole rows, or
 /// `bytes` holds fewer rows than `out` (a caller bug).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn decode_u4_rows(bytes: &[u8], hd: usize, group: usize, out: &mut [f32]) {
+pub(crate) fn decode_int_rows<const FOUR_BIT: bool>(
+    bytes: &[u8],
+    hd: usize,
+    group: usize,
+    out: &mut [f32],
+) {
     assert!(group > 0 && group.is_multiple_of(8) && hd.is_multiple_of(group));
     let header = 4 * (hd / group);
-    let row_bytes = header + hd / 2;
+    let row_bytes = header + if FOUR_BIT { hd / 2 } else { hd };
     let n = out.len() / hd;
     assert!(
         out.len() == n * hd && bytes.len() >= n * row_bytes,
-        "int4 rows too short"
+        "int rows too short"
     );
     for (row, o) in bytes.chunks_exact(row_bytes).zip(out.chunks_exact_mut(hd)) {
         for g in 0..hd / group {
@@ -392,11 +398,17 @@ pub(crate) fn decode_u4_rows(bytes: &[u8], hd: usize, group: usize, out: &mut [f
             let (scale, offset) = (_mm_cvtss_f32(sv), _mm_cvtss_f32(_mm_movehdup_ps(sv)));
             let (sv, ov) = (_mm256_set1_ps(scale), _mm256_set1_ps(offset));
             for x in (g * group..(g + 1) * group).step_by(8) {
-                // SAFETY: x + 8 <= hd, so the 4 code bytes at header + x/2 lie inside the row
-                // (header + hd/2 bytes) and the 8 values stored lie inside `o` (hd values).
+                // SAFETY: x + 8 <= hd, so the code bytes of values x..x+8 (at header + x/2 or
+                // header + x) lie inside the row (header + hd/2 or header + hd bytes) and the
+                // 8 values stored lie inside `o` (hd values).
                 unsafe {
-                    let v = _mm256_fmadd_ps(ld_u4(row.as_ptr().add(header), x), sv, ov);
-                    _mm256_storeu_ps(o.as_mut_ptr().add(x), v);
+                    let codes = row.as_ptr().add(header);
+                    let c = if FOUR_BIT {
+                        ld_u4(codes, x)
+                    } else {
+                        ld_u8(codes, x)
+                    };
+                    _mm256_storeu_ps(o.as_mut_ptr().add(x), _mm256_fmadd_ps(c, sv, ov));
                 }
             }
         }

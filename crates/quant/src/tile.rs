@@ -67,10 +67,21 @@ pub fn decode_rows_with(isa: Isa, rows: &EncodedRows<'_>, out: &mut [f32]) {
                 return;
             }
             #[cfg(target_arch = "x86_64")]
-            if isa.use_avx2() && four_bit && !kind.is_rotated() && group.is_multiple_of(8) {
+            // (`int8` rows on AVX-512 keep its per-row 512-bit decode below.)
+            if isa.use_avx2()
+                && !kind.is_rotated()
+                && group.is_multiple_of(8)
+                && (four_bit || !isa.use_avx512())
+            {
                 // SAFETY: `use_avx2` is true only when AVX2+FMA+F16C were detected at runtime;
                 // the kernel asserts its shapes (whole rows, checked above).
-                unsafe { crate::avx2::decode_u4_rows(rows.bytes(), hd, group, out) };
+                unsafe {
+                    if four_bit {
+                        crate::avx2::decode_int_rows::<true>(rows.bytes(), hd, group, out)
+                    } else {
+                        crate::avx2::decode_int_rows::<false>(rows.bytes(), hd, group, out)
+                    }
+                };
                 return;
             }
             for (o, r) in outs.zip(rows.rows()) {
@@ -173,7 +184,8 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
         let hd = 64;
         for spec in [
-            "f32", "f16", "bf16", "fp8", "int8", "int4", "int8h", "int4h", "int4-g64",
+            "f32", "f16", "bf16", "fp8", "int8", "int8-g32", "int8-g16", "int4", "int8h", "int4h",
+            "int4-g64",
         ] {
             let kind = KvCodecKind::parse(spec).unwrap();
             let n = 11;
