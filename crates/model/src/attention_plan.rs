@@ -23,8 +23,11 @@ use crate::kv::SeqSlot;
 
 /// Positions per segment of the tiled regime (a multiple of the softmax tile).
 pub const SEGMENT_POSITIONS: usize = 512;
-/// Tokens of one sequence whose query rows share a K/V tile.
-pub const QUERY_TILE_TOKENS: usize = 8;
+/// Tokens of one sequence whose query rows share a K/V tile (with a GQA group of three, 48
+/// rows per transposed or decoded tile; 8 tokens measured 3–20% slower at depth 4096 on an
+/// AVX-512 Xeon, docs/benchmarks.md, because each tile's transposition or decoding is shared by
+/// half as many rows).
+pub const QUERY_TILE_TOKENS: usize = 16;
 
 const _: () = assert!(SEGMENT_POSITIONS.is_multiple_of(crate::kernels::flash_tile::TILE_POSITIONS));
 
@@ -246,10 +249,11 @@ mod tests {
 
     #[test]
     fn a_prefill_run_is_cut_into_query_tiles_at_regime_and_sequence_boundaries() {
-        // Sequence 0: positions 250..=265 (6 exact tokens, then 10 tiled: tiles of 8 and 2);
+        // Sequence 0: positions 250..=275 (6 exact tokens, then 20 tiled: tiles of 16 and 4);
         // sequence 1: positions 600, 601.
-        let mut slots = vec![SeqSlot(0); 16];
-        let mut positions: Vec<u32> = (250..266).collect();
+        assert_eq!(QUERY_TILE_TOKENS, 16);
+        let mut slots = vec![SeqSlot(0); 26];
+        let mut positions: Vec<u32> = (250..276).collect();
         slots.extend([SeqSlot(1), SeqSlot(1)]);
         positions.extend([600, 601]);
         let p = plan(&SHAPE, &slots, &positions);
@@ -272,19 +276,19 @@ mod tests {
         assert_eq!(
             tiles,
             vec![
-                ((6, 14), (0, 1)),
-                ((6, 14), (0, 1)),
-                ((14, 16), (0, 1)),
-                ((14, 16), (0, 1)),
-                ((16, 18), (0, 2)),
-                ((16, 18), (0, 2)),
+                ((6, 22), (0, 1)),
+                ((6, 22), (0, 1)),
+                ((22, 26), (0, 1)),
+                ((22, 26), (0, 1)),
+                ((26, 28), (0, 2)),
+                ((26, 28), (0, 2)),
             ]
         );
         assert_eq!(p.partial_base[6], Some(0));
         assert_eq!(p.partial_base[7], Some(4));
-        assert_eq!(p.partial_base[16], Some(10 * 4));
-        assert_eq!(p.partial_base[17], Some(10 * 4 + 8));
-        assert_eq!(p.partial_rows, 10 * 4 + 2 * 8);
+        assert_eq!(p.partial_base[26], Some(20 * 4));
+        assert_eq!(p.partial_base[27], Some(20 * 4 + 8));
+        assert_eq!(p.partial_rows, 20 * 4 + 2 * 8);
         assert_eq!(p.group_tasks, vec![1; 6]);
     }
 
@@ -309,13 +313,23 @@ mod tests {
                 })
                 .collect()
         };
-        assert_eq!(tiles(&p), vec![(0, 8), (8, 16), (16, 20)]);
-        // int4c groups of 16: positions 10..=15 | 16..=23, 24..=29 (tiles of ≤ 8 tokens).
+        assert_eq!(tiles(&p), vec![(0, 16), (16, 20)]);
+        // int4c groups of 16: positions 10..=15 | 16..=29 (a tile never spans a group start).
         let blocked = AttnShape {
             k_group_tokens: 16,
             ..shape
         };
         let p = plan(&blocked, &[SeqSlot(0); 20], &positions);
+        assert_eq!(tiles(&p), vec![(0, 6), (6, 20)]);
+        // Groups of 8: a tile stops at every group start, below the tile size.
+        let p = plan(
+            &AttnShape {
+                k_group_tokens: 8,
+                ..shape
+            },
+            &[SeqSlot(0); 20],
+            &positions,
+        );
         assert_eq!(tiles(&p), vec![(0, 6), (6, 14), (14, 20)]);
     }
 

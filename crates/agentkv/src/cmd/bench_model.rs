@@ -5,7 +5,9 @@
 //! KV cache (filled untimed), then P new tokens are prefilled on top of them and, separately, N
 //! tokens are decoded starting at position D. `--membw` adds the memory-bandwidth bound of that
 //! decode (`model::membw`): the machine's read bandwidth with the same threads, the bytes a
-//! decoded token reads, and their quotient next to the measured rate. Every step takes the
+//! decoded token reads, and their quotient next to the measured rate; then the same read of a
+//! buffer the size of that token's traffic (the decode's working set, which a large last-level
+//! cache may hold: the binding bound on such a CPU). Every step takes the
 //! engine's arithmetic (`engine::EngineConfig::matmul_arith` / `attn_arith`, or `--attention`);
 //! it never runs the engine or the server.
 
@@ -35,7 +37,9 @@ pub struct BenchModelArgs {
     pub reps: usize,
     /// Also measure the memory read bandwidth with the same threads (a streaming read of a
     /// `--membw-mib` buffer) and report the bytes one decoded token reads and the resulting
-    /// bound on decode speed next to the measured one.
+    /// bound on decode speed next to the measured one; and the same read of a buffer the size of
+    /// that token's traffic, repeated as a decode repeats it (on a CPU whose cache holds the
+    /// weights, that working set is read from cache, not memory: the binding bound there).
     #[arg(long)]
     pub membw: bool,
     /// Buffer size of the bandwidth measurement, MiB (choose it far larger than the L3 cache).
@@ -152,6 +156,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
     });
     if let Some(b) = &bound {
         let bound_tok_s = b.read_bytes_per_s / b.bytes_per_token as f64;
+        let ws_bound_tok_s = b.ws_read_bytes_per_s / b.bytes_per_token as f64;
         out["membw"] = serde_json::json!({
             "buffer_bytes": b.buffer_bytes,
             "read_gb_s_best": b.read_bytes_per_s / 1e9,
@@ -163,6 +168,11 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
             "decode_bound_tok_s": bound_tok_s,
             "decode_share_of_bound": tg_med / bound_tok_s,
             "decode_read_gb_s": tg_med * b.bytes_per_token as f64 / 1e9,
+            "working_set_buffer_bytes": b.ws_buffer_bytes,
+            "working_set_read_gb_s_best": b.ws_read_bytes_per_s / 1e9,
+            "working_set_read_gb_s_median": b.ws_median_bytes_per_s / 1e9,
+            "decode_working_set_bound_tok_s": ws_bound_tok_s,
+            "decode_share_of_working_set_bound": tg_med / ws_bound_tok_s,
         });
         eprintln!(
             "memory read {:.1} GB/s (best of {} passes over {} MiB, median {:.1}); a decoded token at mean depth {} reads {:.1} MB ({:.1} MB weights + {:.1} MB K/V): bound {:.1} tok/s, measured {:.1} tok/s = {:.0}% of it",
@@ -177,6 +187,15 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
             bound_tok_s,
             tg_med,
             100.0 * tg_med / bound_tok_s,
+        );
+        eprintln!(
+            "working-set read {:.1} GB/s (best of {} passes over {} MiB, the token's traffic, median {:.1}): bound {:.1} tok/s, measured = {:.0}% of it",
+            b.ws_read_bytes_per_s / 1e9,
+            b.ws_passes,
+            b.ws_buffer_bytes >> 20,
+            b.ws_median_bytes_per_s / 1e9,
+            ws_bound_tok_s,
+            100.0 * tg_med / ws_bound_tok_s,
         );
     }
     println!("{out}");
@@ -200,6 +219,12 @@ struct MembwBound {
     /// The decode's mean position (decode runs over `depth..depth + gen_tokens`).
     mean_depth: usize,
     bytes_per_token: u64,
+    /// The same read over a buffer of `bytes_per_token` (whole MiB): what the cache hierarchy
+    /// gives a working set of the decode's size.
+    ws_buffer_bytes: usize,
+    ws_passes: usize,
+    ws_read_bytes_per_s: f64,
+    ws_median_bytes_per_s: f64,
 }
 
 fn membw_bound(
@@ -210,7 +235,13 @@ fn membw_bound(
     let bw = model::membw::measure_read_bandwidth(pool, args.membw_mib << 20, 20);
     let traffic = model::membw::DecodeTraffic::of(model, args.kv.codecs()?);
     let mean_depth = args.depth + args.gen_tokens / 2;
+    let bytes_per_token = traffic.bytes_at_depth(mean_depth);
+    let ws = model::membw::measure_read_bandwidth(pool, bytes_per_token as usize, 20);
     Ok(MembwBound {
+        ws_buffer_bytes: ws.buffer_bytes,
+        ws_passes: ws.passes.len(),
+        ws_read_bytes_per_s: ws.best(),
+        ws_median_bytes_per_s: ws.median(),
         buffer_bytes: bw.buffer_bytes,
         read_bytes_per_s: bw.best(),
         median_bytes_per_s: bw.median(),
@@ -218,6 +249,6 @@ fn membw_bound(
         weight_bytes: traffic.weight_bytes,
         kv_bytes_per_position: traffic.kv_bytes_per_position,
         mean_depth,
-        bytes_per_token: traffic.bytes_at_depth(mean_depth),
+        bytes_per_token,
     })
 }
