@@ -4,9 +4,10 @@
 //! Owns two measurements used by `agentkv bench-model --membw`: [`DecodeTraffic`], the bytes a
 //! batch-1 decode step at depth `D` must read at least once (every weight matrix, the norms, one
 //! embedding row, and the K/V of positions `0..=D` over all layers and KV heads), and
-//! [`measure_read_bandwidth`], a streaming read of a buffer much larger than the last-level cache
-//! by every thread of the kernel pool at once (the same threads the forward pass uses). Their
-//! quotient is the upper bound on batch-1 decode speed when weights and K/V come from memory. It
+//! [`measure_read_bandwidth`], a streaming read of a buffer by every thread of the kernel pool at
+//! once (the same threads the forward pass uses): much larger than the last-level cache, or the
+//! size of one token's traffic. Their quotient is the upper bound on batch-1 decode speed when
+//! weights and K/V come from memory, or from a cache large enough to hold them. It
 //! never runs the model and never changes kernel behaviour.
 
 use std::time::Instant;
@@ -86,8 +87,9 @@ impl Bandwidth {
 /// does not leave the others idle).
 const TASK_BYTES: usize = 1 << 20;
 
-/// Reads a buffer of `buffer_bytes` (rounded up to whole 1 MiB tasks; choose it far larger than
-/// the last-level cache) `passes` times with every thread of `pool`, after one untimed pass.
+/// Reads a buffer of `buffer_bytes` (rounded up to whole 1 MiB tasks) `passes` times with every
+/// thread of `pool`, after one untimed pass: far larger than the last-level cache, it measures
+/// memory; the size of a decode's traffic, what that working set gets from the cache hierarchy.
 /// The buffer is filled with non-zero data first, so every page is backed by its own memory.
 pub fn measure_read_bandwidth(pool: &ThreadPool, buffer_bytes: usize, passes: usize) -> Bandwidth {
     let tasks = buffer_bytes.div_ceil(TASK_BYTES).max(1);
