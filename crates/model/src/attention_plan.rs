@@ -24,9 +24,9 @@ use crate::kv::SeqSlot;
 /// Positions per segment of the tiled regime (a multiple of the softmax tile).
 pub const SEGMENT_POSITIONS: usize = 512;
 /// Tokens of one sequence whose query rows share a K/V tile (with a GQA group of three, 48
-/// rows per transposed or decoded tile; 8 tokens measured 3–20% slower at depth 4096 on an
-/// AVX-512 Xeon, docs/benchmarks.md, because each tile's transposition or decoding is shared by
-/// half as many rows).
+/// rows per transposed or decoded tile). 16 rather than 8 prefilled a median 7% faster at depth
+/// 4096 on an AVX-512 Xeon (f16 K/V; docs/benchmarks.md, "Intel Xeon"): each tile is
+/// transposed or decoded half as often.
 pub const QUERY_TILE_TOKENS: usize = 16;
 
 const _: () = assert!(SEGMENT_POSITIONS.is_multiple_of(crate::kernels::flash_tile::TILE_POSITIONS));
