@@ -155,31 +155,32 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         "prefill_tok_s": pp_med, "decode_tok_s": tg_med, "prefill_runs": pp, "decode_runs": tg,
     });
     if let Some(b) = &bound {
-        let bound_tok_s = b.read_bytes_per_s / b.bytes_per_token as f64;
-        let ws_bound_tok_s = b.ws_read_bytes_per_s / b.bytes_per_token as f64;
+        let (mem, ws) = (&b.memory, &b.working_set);
+        let bound_tok_s = mem.best() / b.bytes_per_token as f64;
+        let ws_bound_tok_s = ws.best() / b.bytes_per_token as f64;
         out["membw"] = serde_json::json!({
-            "buffer_bytes": b.buffer_bytes,
-            "read_gb_s_best": b.read_bytes_per_s / 1e9,
-            "read_gb_s_median": b.median_bytes_per_s / 1e9,
-            "read_gb_s_passes": b.passes.iter().map(|p| p / 1e9).collect::<Vec<_>>(),
+            "buffer_bytes": mem.buffer_bytes,
+            "read_gb_s_best": mem.best() / 1e9,
+            "read_gb_s_median": mem.median() / 1e9,
+            "read_gb_s_passes": mem.passes.iter().map(|p| p / 1e9).collect::<Vec<_>>(),
             "weight_bytes": b.weight_bytes,
             "kv_bytes_per_position": b.kv_bytes_per_position,
             "bytes_per_decoded_token": b.bytes_per_token,
             "decode_bound_tok_s": bound_tok_s,
             "decode_share_of_bound": tg_med / bound_tok_s,
             "decode_read_gb_s": tg_med * b.bytes_per_token as f64 / 1e9,
-            "working_set_buffer_bytes": b.ws_buffer_bytes,
-            "working_set_read_gb_s_best": b.ws_read_bytes_per_s / 1e9,
-            "working_set_read_gb_s_median": b.ws_median_bytes_per_s / 1e9,
+            "working_set_buffer_bytes": ws.buffer_bytes,
+            "working_set_read_gb_s_best": ws.best() / 1e9,
+            "working_set_read_gb_s_median": ws.median() / 1e9,
             "decode_working_set_bound_tok_s": ws_bound_tok_s,
             "decode_share_of_working_set_bound": tg_med / ws_bound_tok_s,
         });
         eprintln!(
             "memory read {:.1} GB/s (best of {} passes over {} MiB, median {:.1}); a decoded token at mean depth {} reads {:.1} MB ({:.1} MB weights + {:.1} MB K/V): bound {:.1} tok/s, measured {:.1} tok/s = {:.0}% of it",
-            b.read_bytes_per_s / 1e9,
-            b.passes.len(),
-            b.buffer_bytes >> 20,
-            b.median_bytes_per_s / 1e9,
+            mem.best() / 1e9,
+            mem.passes.len(),
+            mem.buffer_bytes >> 20,
+            mem.median() / 1e9,
             b.mean_depth,
             b.bytes_per_token as f64 / 1e6,
             b.weight_bytes as f64 / 1e6,
@@ -190,10 +191,10 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         );
         eprintln!(
             "working-set read {:.1} GB/s (best of {} passes over {} MiB, the token's traffic, median {:.1}): bound {:.1} tok/s, measured = {:.0}% of it",
-            b.ws_read_bytes_per_s / 1e9,
-            b.ws_passes,
-            b.ws_buffer_bytes >> 20,
-            b.ws_median_bytes_per_s / 1e9,
+            ws.best() / 1e9,
+            ws.passes.len(),
+            ws.buffer_bytes >> 20,
+            ws.median() / 1e9,
             ws_bound_tok_s,
             100.0 * tg_med / ws_bound_tok_s,
         );
@@ -208,23 +209,19 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
     Ok(())
 }
 
-/// What `--membw` reports: the machine's read bandwidth and one decoded token's traffic.
+/// What `--membw` reports: the machine's read bandwidth, of memory and of a working set of one
+/// token's size, and one decoded token's traffic.
 struct MembwBound {
-    buffer_bytes: usize,
-    passes: Vec<f64>,
-    read_bytes_per_s: f64,
-    median_bytes_per_s: f64,
+    /// The streaming read of a `--membw-mib` buffer.
+    memory: model::membw::Bandwidth,
+    /// The same read over a buffer of `bytes_per_token` (whole MiB): what the cache hierarchy
+    /// gives a working set of the decode's size.
+    working_set: model::membw::Bandwidth,
     weight_bytes: u64,
     kv_bytes_per_position: u64,
     /// The decode's mean position (decode runs over `depth..depth + gen_tokens`).
     mean_depth: usize,
     bytes_per_token: u64,
-    /// The same read over a buffer of `bytes_per_token` (whole MiB): what the cache hierarchy
-    /// gives a working set of the decode's size.
-    ws_buffer_bytes: usize,
-    ws_passes: usize,
-    ws_read_bytes_per_s: f64,
-    ws_median_bytes_per_s: f64,
 }
 
 fn membw_bound(
@@ -232,20 +229,14 @@ fn membw_bound(
     pool: &model::ThreadPool,
     args: &BenchModelArgs,
 ) -> Result<MembwBound> {
-    let bw = model::membw::measure_read_bandwidth(pool, args.membw_mib << 20, 20);
+    let memory = model::membw::measure_read_bandwidth(pool, args.membw_mib << 20, 20);
     let traffic = model::membw::DecodeTraffic::of(model, args.kv.codecs()?);
     let mean_depth = args.depth + args.gen_tokens / 2;
     let bytes_per_token = traffic.bytes_at_depth(mean_depth);
-    let ws = model::membw::measure_read_bandwidth(pool, bytes_per_token as usize, 20);
+    let working_set = model::membw::measure_read_bandwidth(pool, bytes_per_token as usize, 20);
     Ok(MembwBound {
-        ws_buffer_bytes: ws.buffer_bytes,
-        ws_passes: ws.passes.len(),
-        ws_read_bytes_per_s: ws.best(),
-        ws_median_bytes_per_s: ws.median(),
-        buffer_bytes: bw.buffer_bytes,
-        read_bytes_per_s: bw.best(),
-        median_bytes_per_s: bw.median(),
-        passes: bw.passes,
+        memory,
+        working_set,
         weight_bytes: traffic.weight_bytes,
         kv_bytes_per_position: traffic.kv_bytes_per_position,
         mean_depth,
