@@ -50,10 +50,9 @@ pub struct EngineConfig {
     /// engine's or faster on AVX2 CPUs (explicit kernel), 1.5–2× slower on AVX-512 CPUs (still
     /// the compiled portable body); docs/benchmarks.md "fid6", "fid7". Off: every row in the
     /// engine's attention arithmetic (`model::AttnArith::invariant`: the tiled attention at
-    /// every depth on CPUs without AVX-512 VNNI, llama.cpp's per-row one elsewhere), and
-    /// generated blocks are shared too. On, every step's packed matmuls also take ggml's float
-    /// order (`model::MatmulArith::InvariantGgml`) where the default is the faster block-sum
-    /// order (CPUs without AVX-512 VNNI).
+    /// every depth), and generated blocks are shared too. On, every step's packed matmuls also
+    /// take ggml's float order (`model::MatmulArith::InvariantGgml`) instead of the faster
+    /// block-sum order of the default.
     pub llama_cpp_prefill: bool,
 }
 
@@ -83,9 +82,9 @@ impl EngineConfig {
 
     /// The attention arithmetic of every row that is not a marked llama.cpp prefill row:
     /// llama.cpp's per-row kernel when the engine reproduces llama.cpp (`llama_cpp_prefill`),
-    /// else this machine's default (`model::AttnArith::invariant`: on CPUs without AVX-512 VNNI
-    /// the tiled regime at every depth — the same arithmetic beyond 256 positions, f32
-    /// accumulation and the multi-row tile kernels below).
+    /// else the engine's default (`model::AttnArith::invariant`: the tiled regime at every
+    /// depth — the same arithmetic beyond 256 positions, f32 accumulation and the multi-row tile
+    /// kernels below).
     pub fn attn_arith(&self) -> model::AttnArith {
         if self.llama_cpp_prefill {
             model::AttnArith::Row

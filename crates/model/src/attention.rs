@@ -132,12 +132,11 @@ pub enum AttnArith {
 pub const PREFILL_MIN_TOKENS: usize = 64;
 
 impl AttnArith {
-    /// The engine's default on this machine: [`AttnArith::Tiled`] where its packed matmuls
-    /// already leave llama.cpp's float order (`PackedDef::invariant()` is `BlockSum`: CPUs
-    /// without AVX-512 VNNI, or `AGENTKV_PACKED_DEF=block-sum`), [`AttnArith::Row`] — llama.cpp's
-    /// decode arithmetic — where they keep it, so that default stays as close to llama.cpp's
-    /// logprobs as it was (≈ 0.015 on held-out prompts; with `Tiled` 2 of 16 greedy prefixes
-    /// move there, docs/benchmarks.md "Tiled attention for short contexts").
+    /// The engine's default: [`AttnArith::Tiled`] where its packed matmuls already leave
+    /// llama.cpp's float order (`PackedDef::invariant()` is `BlockSum`: every CPU unless
+    /// `AGENTKV_PACKED_DEF=ggml`), [`AttnArith::Row`] — llama.cpp's decode arithmetic — where
+    /// they keep it (with `Tiled`, 2 of 16 held-out greedy prefixes move against llama.cpp,
+    /// docs/benchmarks.md "Tiled attention for short contexts").
     pub fn invariant() -> AttnArith {
         use crate::kernels::PackedDef;
         if PackedDef::invariant() == PackedDef::BlockSum {

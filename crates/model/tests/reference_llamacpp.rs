@@ -135,7 +135,7 @@ fn greedy_tokens_and_logprobs_match_llama_cpp() {
 
 #[test]
 fn greedy_tokens_and_logprobs_in_the_engine_arithmetic_stay_close_to_llama_cpp() {
-    // The engine's own (batch-invariant, on CPUs without AVX-512 VNNI the block-sum float order
+    // The engine's own (batch-invariant, the block-sum float order
     // of packed matrices: docs/benchmarks.md "Block-sum matmul", and the tiled attention at every
     // depth): rounding differs from llama.cpp's, which this model amplifies to ~0.03 nats per
     // position (llama.cpp's own AVX2 and AVX-512 builds differ by as much); measured on AMD

@@ -70,8 +70,8 @@ impl CpuFeatures {
     }
 
     /// The paths these features select, as one word for logs: `portable`, `avx2`,
-    /// `avx2+avxvnni`, `avx512`, `avx512+vnni` (the kernels' outputs are the same on all of them;
-    /// the arithmetic *definition* follows [`definition_features`]).
+    /// `avx2+avxvnni`, `avx512`, `avx512+vnni` (the kernels' outputs are the same on all of them:
+    /// the arithmetic *definition*, `packed32::PackedDef`, does not depend on the CPU).
     pub fn name(self) -> &'static str {
         match (self.avx2, self.avx512, self.vnni, self.avxvnni) {
             (false, ..) => "portable",
@@ -147,16 +147,6 @@ pub fn cpu_features() -> CpuFeatures {
             Some(cap) => cap.clamp_to_detected(),
             None => detected(),
         }
-    }
-}
-
-/// The features that choose an arithmetic *definition* (see `packed32::PackedDef`), not only a
-/// path: the detected ones under `AGENTKV_ISA`'s cap, ignoring `AGENTKV_NO_SIMD` and
-/// [`set_force_portable`] (which only ever change speed, never outputs).
-pub fn definition_features() -> CpuFeatures {
-    match env_isa_cap() {
-        Some(cap) => cap.clamp_to_detected(),
-        None => detected(),
     }
 }
 

@@ -75,7 +75,7 @@ impl QMatrix<'_> {
 pub enum MatmulArith {
     /// Every token in one order whatever the batch (the batch invariance the engine relies
     /// on): K-quants in the order llama.cpp gives a step of one token (decode), packed matrices
-    /// in this machine's [`PackedDef::invariant`] (`BlockSum` where AVX-512 VNNI is absent).
+    /// in [`PackedDef::invariant`] (`BlockSum`, the same on every CPU).
     #[default]
     Invariant,
     /// As `Invariant`, but packed matrices in ggml's order ([`PackedDef::Ggml`]) on every

@@ -68,10 +68,13 @@ pub enum PackedDef {
 }
 
 impl PackedDef {
-    /// The definition the batch-invariant arithmetic uses on this machine: `Ggml` where the
-    /// AVX-512 VNNI kernels run (one `vpdpbusd` per lane already; their `BlockSum` twins are not
-    /// written), `BlockSum` elsewhere. `AGENTKV_PACKED_DEF=ggml|block-sum` (read once) overrides
-    /// it, to measure one against the other.
+    /// The definition the batch-invariant arithmetic uses: `BlockSum` on every CPU (an eighth
+    /// of `Ggml`'s conversions and fused multiply-adds; on Intel Xeon with AVX-512 VNNI its
+    /// 512-bit kernels prefill 1.45–1.6× and decode 1.05–1.2× faster than `Ggml`'s,
+    /// docs/benchmarks.md), and, its paths being bit-identical, the same bits on every ISA.
+    /// `Ggml` stays for reproducing llama.cpp (`MatmulArith::InvariantGgml`).
+    /// `AGENTKV_PACKED_DEF=ggml|block-sum` (read once) overrides it, to measure one against the
+    /// other.
     pub fn invariant() -> PackedDef {
         static DEF: std::sync::OnceLock<PackedDef> = std::sync::OnceLock::new();
         *DEF.get_or_init(|| {
@@ -87,12 +90,7 @@ impl PackedDef {
                     "agentkv: AGENTKV_PACKED_DEF={other:?} is not one of ggml, block-sum; ignored"
                 ),
             }
-            let f = super::cpu::definition_features();
-            if f.avx512 && f.vnni {
-                PackedDef::Ggml
-            } else {
-                PackedDef::BlockSum
-            }
+            PackedDef::BlockSum
         })
     }
 
@@ -366,7 +364,7 @@ pub(super) fn run_groups(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if super::packed32_prefill::run_groups(p, features, act, groups.clone(), out)
+    if super::packed32_prefill::run_groups(p, features, def, act, groups.clone(), out)
         || super::packed32_prefill_avx2::run_groups(p, features, act, groups.clone(), out)
     {
         return;

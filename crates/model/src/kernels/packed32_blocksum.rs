@@ -1,6 +1,7 @@
 //! The [`PackedDef::BlockSum`](super::packed32::PackedDef) definition of a packed matrix's
-//! outputs, its portable twin and its AVX2 single-token (decode) kernel; the multi-token AVX2
-//! kernel lives with the other prefill sweep in `packed32_prefill_avx2`.
+//! outputs, its portable twin and its AVX2 and AVX-512 VNNI single-token (decode) kernels; the
+//! multi-token kernels live with the other prefill sweeps (`packed32_prefill_avx2`,
+//! `packed32_prefill`).
 //!
 //! Definition, per row `r` and token `t` over the blocks `b` in order:
 //! ```text
@@ -80,6 +81,20 @@ pub(super) fn run_groups(
             // SAFETY: for one token the rows of `groups` are outputs `rows`, which only this task
             // writes (tasks own disjoint group ranges).
             let o = unsafe { out.slice_mut(rows) };
+            let f = features.clamp_to_detected();
+            if f.avx512 && f.vnni {
+                // SAFETY: AVX-512 F+VL+VNNI on top of AVX2+FMA+F16C were detected; the shapes
+                // were checked above and the output is exactly the groups' rows.
+                unsafe {
+                    match p.ty() {
+                        GgmlType::Q4_0 => one_token512::<Q4_0>(p, groups, act, o),
+                        GgmlType::Q4_1 => one_token512::<Q4_1>(p, groups, act, o),
+                        GgmlType::Q5_0 => one_token512::<Q5_0>(p, groups, act, o),
+                        _ => one_token512::<Q8_0>(p, groups, act, o),
+                    }
+                }
+                return;
+            }
             // SAFETY: AVX2+FMA+F16C were detected; the shapes were checked above and the
             // output is exactly the groups' rows.
             unsafe {
@@ -90,7 +105,14 @@ pub(super) fn run_groups(
                     _ => one_token::<Q8_0>(p, groups, act, o),
                 }
             }
-        } else {
+        } else if !super::packed32_prefill::run_groups(
+            p,
+            features,
+            super::packed32::PackedDef::BlockSum,
+            act,
+            groups.clone(),
+            out,
+        ) {
             super::packed32_prefill_avx2::run_groups_blocksum(p, act, groups, out);
         }
         return;
@@ -229,6 +251,107 @@ unsafe fn one_token<const K: u8>(p: &Packed32, groups: Range<usize>, act: &ActQ8
     }
 }
 
+/// AVX-512 VNNI decode kernel: token 0 of `act` for groups `groups` into `out` (their rows),
+/// all 16 rows of a block in one pass. A block's integer sum is the eight `vpdpbusd` of its
+/// lanes, started from the correction (`correction(K) · Σx`, or `−128 · Σx` for Q8_0, whose
+/// signed weights become the unsigned operand by flipping their top bit, `w + 128`), in two
+/// chains of four added at the end: all exact, so the same integer as [`token_scalar`]'s, then
+/// the same fused multiply-adds. Bit-identical to the other paths (tests below).
+///
+/// # Safety
+/// AVX-512 F+VL+VNNI and AVX2+FMA+F16C present; `act` holds one token of `p.num_blocks()`
+/// blocks, `groups` lies in `p` (checked by [`run_groups`]) and `out` holds exactly the groups'
+/// rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn one_token512<const K: u8>(
+    p: &Packed32,
+    groups: Range<usize>,
+    act: &ActQ8,
+    out: &mut [f32],
+) {
+    let (nb, bb) = (p.num_blocks(), p.block_bytes());
+    let n = p.num_rows();
+    assert!(
+        act.num_tokens == 1
+            && act.qs.len() >= nb * QK8
+            && act.block_sums.len() >= nb
+            && out.len() == (groups.end * GROUP_ROWS).min(n) - (groups.start * GROUP_ROWS).min(n),
+        "one token, output rows of the groups"
+    );
+    let scales = quant_layout(p.ty()).1 * 64;
+    let all = p.bytes();
+    let xq = act.qs.as_ptr();
+    let corr = if K == Q8_0 { -128 } else { correction(K) };
+    let nib = _mm512_set1_epi8(0x0F);
+    let flip = _mm512_set1_epi8(-128);
+    for (g, o) in groups.zip(out.chunks_mut(GROUP_ROWS)) {
+        let grp = p.group(g);
+        let grp_off = grp.as_ptr() as usize - all.as_ptr() as usize;
+        let mut acc = _mm512_setzero_ps();
+        for b in 0..nb {
+            super::packed32_x86::prefetch_ahead(all, grp_off + b * bb, bb);
+            let bp = grp[b * bb..(b + 1) * bb].as_ptr();
+            // SAFETY: block `b` of the token's activations is the 32 bytes at `32b < 32nb`.
+            let xs: [__m512i; 8] = std::array::from_fn(|l| unsafe {
+                _mm512_set1_epi32(xq.add(b * QK8 + 4 * l).cast::<i32>().read_unaligned())
+            });
+            let start = _mm512_set1_epi32(if corr != 0 {
+                corr * act.block_sums[b]
+            } else {
+                0
+            });
+            // SAFETY: a packed block of type `K` holds its 64-byte chunks at `64c` (Q5_0's
+            // high-bit chunk at `64 · 4`), then its 16 f16 scales at `scales` (and Q4_1's 16
+            // minima at `scales + 32`), all inside `grp` (caller's contract).
+            unsafe {
+                let (mut i0, mut i1) = (start, _mm512_setzero_si512());
+                if K == Q8_0 {
+                    for (c, x) in xs.iter().enumerate() {
+                        let w = _mm512_xor_si512(_mm512_loadu_si512(bp.add(64 * c).cast()), flip);
+                        if c % 2 == 0 {
+                            i0 = _mm512_dpbusd_epi32(i0, w, *x);
+                        } else {
+                            i1 = _mm512_dpbusd_epi32(i1, w, *x);
+                        }
+                    }
+                } else {
+                    let h = if K == Q5_0 {
+                        _mm512_loadu_si512(bp.add(64 * 4).cast())
+                    } else {
+                        _mm512_setzero_si512()
+                    };
+                    for c in 0..4 {
+                        let v = _mm512_loadu_si512(bp.add(64 * c).cast());
+                        let (lo, hi) = if K == Q5_0 {
+                            super::packed32_x86::q5_lanes512(v, h, c)
+                        } else {
+                            (
+                                _mm512_and_si512(v, nib),
+                                _mm512_and_si512(_mm512_srli_epi32::<4>(v), nib),
+                            )
+                        };
+                        i0 = _mm512_dpbusd_epi32(i0, lo, xs[c]);
+                        i1 = _mm512_dpbusd_epi32(i1, hi, xs[4 + c]);
+                    }
+                }
+                let isum = _mm512_add_epi32(i0, i1);
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(bp.add(scales).cast()));
+                let dd = _mm512_mul_ps(d, _mm512_set1_ps(act.d[b]));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dd, acc);
+                if K == Q4_1 {
+                    let m = _mm512_cvtph_ps(_mm256_loadu_si256(bp.add(scales + 32).cast()));
+                    acc = _mm512_fmadd_ps(m, _mm512_set1_ps(act.s[b]), acc);
+                }
+            }
+        }
+        let mut y = [0f32; GROUP_ROWS];
+        // SAFETY: `y` holds 16 floats.
+        unsafe { _mm512_storeu_ps(y.as_mut_ptr(), acc) };
+        o.copy_from_slice(&y[..o.len()]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,7 +422,8 @@ mod tests {
         }
     }
 
-    /// Every path (portable, AVX2 with AVX-512 masked off), token counts across the prefill
+    /// Every path (portable, AVX2 with AVX-512 masked off, AVX-512 VNNI where the CPU has it),
+    /// token counts across the prefill
     /// kernel's tile and chunk edges, one to three threads and padded groups give bit-identical
     /// outputs; activations at the edge of the 16-bit sums (all ±127, weights at their extremes)
     /// included.
@@ -343,7 +467,7 @@ mod tests {
             let def = PackedDef::BlockSum;
             matmul_with_def(&pools[0], &w, &x, max_toks, &mut want, portable, def).unwrap();
             for pool in &pools {
-                for f in [portable, avx2] {
+                for f in [portable, avx2, super::super::cpu::cpu_features()] {
                     for (t0, toks) in [(0, 1), (1, 1), (5, 2), (0, 3), (3, 9), (1, 64), (0, 70)] {
                         let xs = &x[t0 * row_len..(t0 + toks) * row_len];
                         let mut y = vec![f32::NAN; toks * rows];

@@ -20,7 +20,13 @@
 //! sequence (one fused multiply-add per lane and block into eight lane accumulators, `hsum8`'s
 //! tree, Q4_1's `m` term), so outputs are **bit-identical** to the other packed paths and to the
 //! unpacked kernels, whatever the tile, chunk, batch or thread split (tests below and in
-//! `packed32`). It never allocates once its scratch has grown.
+//! `packed32`).
+//!
+//! The same sweep computes the `BlockSum` definition (`packed32_blocksum`) with tiles of
+//! [`TILE_BS`] tokens: per token and block the eight `vpdpbusd` chain into one exact integer
+//! sum (from the block's correction `c · Σx`), then one conversion and one fused multiply-add
+//! into one accumulator (Q4_1's `m` term a second one) — bit-identical to that definition's
+//! other paths. It never allocates once its scratch has grown.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -29,7 +35,7 @@ use std::ops::Range;
 use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
 use super::matmul::OutPtr;
-use super::packed32::{assert_shapes, Packed32, GROUP_ROWS, Q4_0, Q4_1, Q5_0, Q8_0};
+use super::packed32::{assert_shapes, Packed32, PackedDef, GROUP_ROWS, Q4_0, Q4_1, Q5_0, Q8_0};
 use crate::gguf::GgmlType;
 
 /// Fewest tokens of a call for which [`run_groups`] takes this path (below it the decode
@@ -40,7 +46,11 @@ pub(super) const MIN_TOKENS: usize = 3;
 /// registers), plus the tile's 3 block scales and the lane's weights.
 const TILE: usize = 3;
 
-/// Tokens per chunk (a multiple of [`TILE`]).
+/// Tokens per register tile of the `BlockSum` sweep: one accumulator and two integer chains
+/// per token.
+const TILE_BS: usize = 6;
+
+/// Tokens per chunk (a multiple of [`TILE`] and [`TILE_BS`]).
 const CHUNK: usize = 96;
 
 /// 64-byte lines per decoded block: 8 weight lanes, `d` as 16 f32, `m` as 16 f32 (Q4_1).
@@ -70,11 +80,12 @@ pub(super) fn enabled() -> bool {
 }
 
 /// Computes groups `groups` of `p` for every token of `act` into `out` (`[num_tokens,
-/// num_rows]`) and returns `true`; returns `false` (computing nothing) where this path does not
+/// num_rows]`) in the definition `def` and returns `true`; returns `false` (computing nothing) where this path does not
 /// apply: fewer than [`MIN_TOKENS`] tokens or no AVX-512 VNNI on this CPU.
 pub(super) fn run_groups(
     p: &Packed32,
     features: CpuFeatures,
+    def: PackedDef,
     act: &ActQ8,
     groups: Range<usize>,
     out: &OutPtr,
@@ -88,11 +99,15 @@ pub(super) fn run_groups(
         // SAFETY: AVX-512 F+VL+VNNI and AVX2+FMA+F16C were detected (`clamp_to_detected`); the
         // shapes were checked just above.
         unsafe {
-            match p.ty() {
-                GgmlType::Q4_0 => run::<Q4_0>(p, act, groups, out, s),
-                GgmlType::Q4_1 => run::<Q4_1>(p, act, groups, out, s),
-                GgmlType::Q5_0 => run::<Q5_0>(p, act, groups, out, s),
-                _ => run::<Q8_0>(p, act, groups, out, s),
+            match (p.ty(), def == PackedDef::BlockSum) {
+                (GgmlType::Q4_0, false) => run::<Q4_0, false>(p, act, groups, out, s),
+                (GgmlType::Q4_1, false) => run::<Q4_1, false>(p, act, groups, out, s),
+                (GgmlType::Q5_0, false) => run::<Q5_0, false>(p, act, groups, out, s),
+                (_, false) => run::<Q8_0, false>(p, act, groups, out, s),
+                (GgmlType::Q4_0, true) => run::<Q4_0, true>(p, act, groups, out, s),
+                (GgmlType::Q4_1, true) => run::<Q4_1, true>(p, act, groups, out, s),
+                (GgmlType::Q5_0, true) => run::<Q5_0, true>(p, act, groups, out, s),
+                (_, true) => run::<Q8_0, true>(p, act, groups, out, s),
             }
         }
     };
@@ -103,14 +118,14 @@ pub(super) fn run_groups(
     true
 }
 
-/// The whole task: chunks of tokens, groups, tiles.
+/// The whole task: chunks of tokens, groups, tiles (`BS`: the `BlockSum` definition).
 ///
 /// # Safety
 /// AVX-512 F+VL+VNNI and AVX2+FMA+F16C present; `act` holds `act.num_tokens` tokens of
 /// `p.num_blocks()` blocks in all its buffers and `groups` lies in `p` (checked by
 /// [`run_groups`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-unsafe fn run<const K: u8>(
+unsafe fn run<const K: u8, const BS: bool>(
     p: &Packed32,
     act: &ActQ8,
     groups: Range<usize>,
@@ -120,7 +135,9 @@ unsafe fn run<const K: u8>(
     let (nb, n) = (p.num_blocks(), p.num_rows());
     let num_tokens = act.num_tokens;
     s.dec.resize(nb * DEC_LINES, Line([0; 64]));
-    s.starts.resize(CHUNK.min(num_tokens) * nb * 8, 0);
+    let starts_per_block = if BS { 1 } else { 8 };
+    s.starts
+        .resize(CHUNK.min(num_tokens) * nb * starts_per_block, 0);
     let c = match K {
         Q4_0 => -8,
         Q5_0 => -16,
@@ -130,7 +147,11 @@ unsafe fn run<const K: u8>(
     let mut t0 = 0;
     while t0 < num_tokens {
         let t1 = (t0 + CHUNK).min(num_tokens);
-        let sums = &act.lane_sums[t0 * nb * 8..t1 * nb * 8];
+        let sums = if BS {
+            &act.block_sums[t0 * nb..t1 * nb]
+        } else {
+            &act.lane_sums[t0 * nb * 8..t1 * nb * 8]
+        };
         for (st, ls) in s.starts.iter_mut().zip(sums) {
             *st = c * ls;
         }
@@ -140,17 +161,23 @@ unsafe fn run<const K: u8>(
             let rows = (n - g * GROUP_ROWS).min(GROUP_ROWS);
             let mut t = t0;
             while t < t1 {
-                let tt = (t1 - t).min(TILE);
-                let mut o = [[0f32; 16]; TILE];
+                let tt = (t1 - t).min(if BS { TILE_BS } else { TILE });
+                let mut o = [[0f32; 16]; TILE_BS];
                 // SAFETY: features as this function's; `s.dec` holds the group's `nb` decoded
-                // blocks, `s.starts` the chunk's `(t1 - t0) * nb * 8` starts, and tokens
-                // `t..t + tt` lie in `t0..t1 <= num_tokens`, whose blocks `act` holds.
+                // blocks, `s.starts` the chunk's `(t1 - t0) * nb * starts_per_block` starts, and
+                // tokens `t..t + tt` lie in `t0..t1 <= num_tokens`, whose blocks `act` holds.
                 unsafe {
-                    let (dec, st) = (&s.dec[..], &s.starts[..]);
-                    match tt {
-                        3 => tile::<K, 3>(dec, nb, act, st, t, t - t0, &mut o),
-                        2 => tile::<K, 2>(dec, nb, act, st, t, t - t0, &mut o),
-                        _ => tile::<K, 1>(dec, nb, act, st, t, t - t0, &mut o),
+                    let (dec, st, tc) = (&s.dec[..], &s.starts[..], t - t0);
+                    match (BS, tt) {
+                        (false, 3) => tile::<K, 3>(dec, nb, act, st, t, tc, &mut o),
+                        (false, 2) => tile::<K, 2>(dec, nb, act, st, t, tc, &mut o),
+                        (false, _) => tile::<K, 1>(dec, nb, act, st, t, tc, &mut o),
+                        (true, 6) => tile_bs::<K, 6>(dec, nb, act, st, t, tc, &mut o),
+                        (true, 5) => tile_bs::<K, 5>(dec, nb, act, st, t, tc, &mut o),
+                        (true, 4) => tile_bs::<K, 4>(dec, nb, act, st, t, tc, &mut o),
+                        (true, 3) => tile_bs::<K, 3>(dec, nb, act, st, t, tc, &mut o),
+                        (true, 2) => tile_bs::<K, 2>(dec, nb, act, st, t, tc, &mut o),
+                        (true, _) => tile_bs::<K, 1>(dec, nb, act, st, t, tc, &mut o),
                     }
                 }
                 for (dt, row) in o.iter().take(tt).enumerate() {
@@ -280,7 +307,7 @@ unsafe fn tile<const K: u8, const T: usize>(
     starts: &[i32],
     tok0: usize,
     tc0: usize,
-    out: &mut [[f32; 16]; TILE],
+    out: &mut [[f32; 16]; TILE_BS],
 ) {
     debug_assert!(dec.len() >= nb * DEC_LINES && (tc0 + T) * nb * 8 <= starts.len());
     debug_assert!((tok0 + T) * nb <= act.d.len() && (tok0 + T) * nb * QK8 <= act.qs.len());
@@ -331,6 +358,77 @@ unsafe fn tile<const K: u8, const T: usize>(
         };
         // SAFETY: `out[t]` holds 16 floats.
         unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), y) };
+    }
+}
+
+/// The `BlockSum` twin of [`tile`]: `out[t]` = the 16 rows of the decoded group `dec` for token
+/// `tok0 + t`, `t < T`, in that definition; `starts` holds one start (`c · Σx`) per token and
+/// block of the chunk, `tc0` is `tok0`'s index in it. Per token and block the lanes' `vpdpbusd`
+/// chain in two exact integer sums (even and odd lanes) added once, then
+/// `acc = fma(f32(isum), d · d_x, acc)` and, for Q4_1, `acc = fma(m, s_x, acc)`:
+/// `token_scalar`'s operations.
+///
+/// # Safety
+/// As [`tile`]'s, with `(tc0 + T) * nb` values in `starts`.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn tile_bs<const K: u8, const T: usize>(
+    dec: &[Line],
+    nb: usize,
+    act: &ActQ8,
+    starts: &[i32],
+    tok0: usize,
+    tc0: usize,
+    out: &mut [[f32; 16]; TILE_BS],
+) {
+    debug_assert!(dec.len() >= nb * DEC_LINES && (tc0 + T) * nb <= starts.len());
+    debug_assert!((tok0 + T) * nb <= act.d.len() && (tok0 + T) * nb * QK8 <= act.qs.len());
+    let mut acc = [_mm512_setzero_ps(); T];
+    let (decp, xq, st) = (dec.as_ptr().cast::<u8>(), act.qs.as_ptr(), starts.as_ptr());
+    let (ad, as_) = (act.d.as_ptr(), act.s.as_ptr());
+    for b in 0..nb {
+        // SAFETY: every offset below is inside the buffer the caller guarantees: block `b < nb`
+        // of `dec` (`DEC_LINES` lines, 64-byte aligned), token `tok0 + t` / chunk index `tc0 + t`
+        // (`t < T`) of `act` and `starts`, lane `l < 8` (`4l + 4 <= 32` bytes of the block).
+        unsafe {
+            let blk = decp.add(b * DEC_LINES * 64);
+            let mut even = [_mm512_setzero_si512(); T];
+            let mut odd = [_mm512_setzero_si512(); T];
+            if K != Q4_1 {
+                for t in 0..T {
+                    even[t] = _mm512_set1_epi32(*st.add((tc0 + t) * nb + b));
+                }
+            }
+            for l in 0..8 {
+                let w = _mm512_load_si512(blk.add(64 * l).cast());
+                for t in 0..T {
+                    let xp = xq.add(((tok0 + t) * nb + b) * QK8 + 4 * l);
+                    let xs = _mm512_set1_epi32(xp.cast::<i32>().read_unaligned());
+                    if l % 2 == 0 {
+                        even[t] = _mm512_dpbusd_epi32(even[t], w, xs);
+                    } else {
+                        odd[t] = _mm512_dpbusd_epi32(odd[t], w, xs);
+                    }
+                }
+            }
+            let d = _mm512_load_ps(blk.add(64 * 8).cast());
+            for t in 0..T {
+                let dd = _mm512_mul_ps(d, _mm512_set1_ps(*ad.add((tok0 + t) * nb + b)));
+                let isum = _mm512_add_epi32(even[t], odd[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dd, acc[t]);
+            }
+            if K == Q4_1 {
+                let m = _mm512_load_ps(blk.add(64 * 9).cast());
+                for t in 0..T {
+                    let s = _mm512_set1_ps(*as_.add((tok0 + t) * nb + b));
+                    acc[t] = _mm512_fmadd_ps(m, s, acc[t]);
+                }
+            }
+        }
+    }
+    for t in 0..T {
+        // SAFETY: `out[t]` holds 16 floats.
+        unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
     }
 }
 
@@ -402,7 +500,6 @@ pub(super) mod check {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::packed32::PackedDef;
 
     /// Token counts across tile and chunk edges: bit-identical to the portable path.
     #[test]
@@ -413,5 +510,14 @@ mod tests {
         }
         let toks = [MIN_TOKENS, 4, 5, 7, CHUNK, CHUNK + 1, 2 * CHUNK + 5];
         check::prefill_matches_portable(f, PackedDef::Ggml, 11, &toks);
+    }
+
+    /// The `BlockSum` sweep, token counts across its tile and chunk edges: bit-identical to
+    /// that definition's portable path.
+    #[test]
+    fn block_sum_prefill_tiles_match_portable_bitwise() {
+        let f = CpuFeatures::detect();
+        let toks = [MIN_TOKENS, 4, 5, 6, 7, 11, CHUNK, CHUNK + 1, 2 * CHUNK + 5];
+        check::prefill_matches_portable(f, PackedDef::BlockSum, 17, &toks);
     }
 }

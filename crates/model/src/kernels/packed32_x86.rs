@@ -212,6 +212,35 @@ pub(super) fn q5_lanes256(q: __m256i, hb: __m256i, c: usize) -> (__m256i, __m256
     )
 }
 
+/// The 512-bit twin of [`q5_lanes256`]: Q5_0 lanes `c` and `4 + c` of all 16 rows of a block as
+/// 5-bit values, from chunk `c` (`q`) and the block's rearranged high-bit chunk (`hb`).
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) fn q5_lanes512(q: __m512i, hb: __m512i, c: usize) -> (__m512i, __m512i) {
+    let nib = _mm512_set1_epi8(0x0F);
+    let bit = _mm512_set1_epi8(0x10);
+    let lo = high_bit!(
+        _mm512_slli_epi32,
+        _mm512_srli_epi32,
+        _mm512_and_si512,
+        hb,
+        c,
+        bit
+    );
+    let hi = high_bit!(
+        _mm512_slli_epi32,
+        _mm512_srli_epi32,
+        _mm512_and_si512,
+        hb,
+        4 + c,
+        bit
+    );
+    (
+        _mm512_or_si512(_mm512_and_si512(q, nib), lo),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(q), nib), hi),
+    )
+}
+
 /// How far ahead (bytes) the single-token kernel prefetches the packed stream (as the unpacked
 /// decode tile does: the hardware prefetcher stops at page boundaries). The prefetch goes to L2
 /// (`T1`), not L1: a 4 KiB run of L1 prefetches outnumbers the core's L1 miss buffers, and
@@ -297,29 +326,9 @@ unsafe fn group512<const K: u8, const T: usize>(
                 }
             } else if K == Q5_0 {
                 let h = _mm512_loadu_si512(bp.add(64 * 4).cast());
-                let bit = _mm512_set1_epi8(0x10);
                 for c in 0..4 {
                     let v = _mm512_loadu_si512(bp.add(64 * c).cast());
-                    let (lo, hi) = (
-                        high_bit!(
-                            _mm512_slli_epi32,
-                            _mm512_srli_epi32,
-                            _mm512_and_si512,
-                            h,
-                            c,
-                            bit
-                        ),
-                        high_bit!(
-                            _mm512_slli_epi32,
-                            _mm512_srli_epi32,
-                            _mm512_and_si512,
-                            h,
-                            4 + c,
-                            bit
-                        ),
-                    );
-                    w[c] = _mm512_or_si512(_mm512_and_si512(v, nib), lo);
-                    w[4 + c] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v, 4), nib), hi);
+                    (w[c], w[4 + c]) = q5_lanes512(v, h, c);
                 }
             } else {
                 for c in 0..4 {
