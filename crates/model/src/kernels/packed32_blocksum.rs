@@ -76,12 +76,12 @@ pub(super) fn run_groups(
     let n = p.num_rows();
     #[cfg(target_arch = "x86_64")]
     if features.clamp_to_detected().avx2 && !groups.is_empty() {
+        let f = features.clamp_to_detected();
         if act.num_tokens == 1 {
             let rows = groups.start * GROUP_ROWS..(groups.end * GROUP_ROWS).min(n);
             // SAFETY: for one token the rows of `groups` are outputs `rows`, which only this task
             // writes (tasks own disjoint group ranges).
             let o = unsafe { out.slice_mut(rows) };
-            let f = features.clamp_to_detected();
             if f.avx512 && f.vnni {
                 // SAFETY: AVX-512 F+VL+VNNI on top of AVX2+FMA+F16C were detected; the shapes
                 // were checked above and the output is exactly the groups' rows.
@@ -253,8 +253,8 @@ unsafe fn one_token<const K: u8>(p: &Packed32, groups: Range<usize>, act: &ActQ8
 
 /// AVX-512 VNNI decode kernel: token 0 of `act` for groups `groups` into `out` (their rows),
 /// all 16 rows of a block in one pass. A block's integer sum is the eight `vpdpbusd` of its
-/// lanes, started from the correction (`correction(K) · Σx`, or `−128 · Σx` for Q8_0, whose
-/// signed weights become the unsigned operand by flipping their top bit, `w + 128`), in two
+/// lanes, started from the correction (`vnni_correction(K) · Σx`: Q8_0's signed weights become
+/// the unsigned operand by flipping their top bit, `w + 128`), in two
 /// chains of four added at the end: all exact, so the same integer as [`token_scalar`]'s, then
 /// the same fused multiply-adds. Bit-identical to the other paths (tests below).
 ///
@@ -282,7 +282,7 @@ unsafe fn one_token512<const K: u8>(
     let scales = quant_layout(p.ty()).1 * 64;
     let all = p.bytes();
     let xq = act.qs.as_ptr();
-    let corr = if K == Q8_0 { -128 } else { correction(K) };
+    let corr = super::packed32_x86::vnni_correction(K);
     let nib = _mm512_set1_epi8(0x0F);
     let flip = _mm512_set1_epi8(-128);
     for (g, o) in groups.zip(out.chunks_mut(GROUP_ROWS)) {
@@ -423,10 +423,9 @@ mod tests {
     }
 
     /// Every path (portable, AVX2 with AVX-512 masked off, AVX-512 VNNI where the CPU has it),
-    /// token counts across the prefill
-    /// kernel's tile and chunk edges, one to three threads and padded groups give bit-identical
-    /// outputs; activations at the edge of the 16-bit sums (all ±127, weights at their extremes)
-    /// included.
+    /// token counts across the prefill kernels' tile and chunk edges, one to three threads and
+    /// padded groups give bit-identical outputs; activations at the edge of the 16-bit sums (all
+    /// ±127, weights at their extremes) included.
     #[test]
     fn block_sum_paths_and_batches_agree_bitwise() {
         let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];

@@ -80,8 +80,9 @@ pub(super) fn enabled() -> bool {
 }
 
 /// Computes groups `groups` of `p` for every token of `act` into `out` (`[num_tokens,
-/// num_rows]`) in the definition `def` and returns `true`; returns `false` (computing nothing) where this path does not
-/// apply: fewer than [`MIN_TOKENS`] tokens or no AVX-512 VNNI on this CPU.
+/// num_rows]`) in the definition `def` and returns `true`; returns `false` (computing nothing)
+/// where this path does not apply: fewer than [`MIN_TOKENS`] tokens or no AVX-512 VNNI on this
+/// CPU.
 pub(super) fn run_groups(
     p: &Packed32,
     features: CpuFeatures,
@@ -138,12 +139,7 @@ unsafe fn run<const K: u8, const BS: bool>(
     let starts_per_block = if BS { 1 } else { 8 };
     s.starts
         .resize(CHUNK.min(num_tokens) * nb * starts_per_block, 0);
-    let c = match K {
-        Q4_0 => -8,
-        Q5_0 => -16,
-        Q8_0 => -128,
-        _ => 0,
-    };
+    let c = super::packed32_x86::vnni_correction(K);
     let mut t0 = 0;
     while t0 < num_tokens {
         let t1 = (t0 + CHUNK).min(num_tokens);

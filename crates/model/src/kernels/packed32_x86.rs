@@ -153,14 +153,31 @@ macro_rules! hsum8_lanes {
 }
 pub(super) use hsum8_lanes;
 
+/// The factor of an activation sum that corrects the unsigned weight operand of `vpdpbusd`
+/// exactly: Q4_0 nibbles carry `+8`, Q5_0 values `+16`, Q8_0's signed bytes `+128` (top bit
+/// flipped); Q4_1 has none. (AVX2's `maddubs` paths take Q8_0's signs with `psignb` instead:
+/// `packed32_blocksum::correction`.)
+pub(super) const fn vnni_correction(k: u8) -> i32 {
+    match k {
+        Q4_0 => -8,
+        Q5_0 => -16,
+        Q8_0 => -128,
+        _ => 0,
+    }
+}
+
 /// Start value of lane `l`'s integer sum: minus the correction for the unsigned operand form.
 #[inline(always)]
 fn lane_start<const K: u8>(act: &ActQ8, xi: usize, l: usize, avx512: bool) -> i32 {
-    match K {
-        Q4_0 => -8 * act.lane_sums[xi * 8 + l],
-        Q5_0 => -16 * act.lane_sums[xi * 8 + l],
-        Q8_0 if avx512 => -128 * act.lane_sums[xi * 8 + l],
-        _ => 0,
+    let c = if avx512 {
+        vnni_correction(K)
+    } else {
+        super::packed32_blocksum::correction(K)
+    };
+    if c == 0 {
+        0
+    } else {
+        c * act.lane_sums[xi * 8 + l]
     }
 }
 
