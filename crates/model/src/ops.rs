@@ -59,24 +59,53 @@ impl Rope {
     /// Rotates every head of `x` (`[num_heads * head_dim]`) in place: `x0·cos − x1·sin` and
     /// `x0·sin + x1·cos`, each with its first product fused (`fma(x0, cos, −x1·sin)`), which is
     /// how the compiler contracts ggml's `rotate_pairs` (llama.cpp is built with FMA enabled).
+    /// On CPUs with FMA the same loop runs compiled for AVX2+FMA (`mul_add` is one `vfmadd`
+    /// there instead of a call to the C library's `fmaf`): the same fused operations, the same
+    /// bits.
     pub fn apply(&self, x: &mut [f32], angles: &RopeAngles) {
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::cpu_features().avx2 {
+            // SAFETY: AVX2+FMA+F16C were detected (`cpu_features` only reports what the CPU
+            // has).
+            unsafe { self.apply_avx2(x, angles) };
+            return;
+        }
+        self.apply_portable(x, angles);
+    }
+
+    /// [`Rope::apply`] compiled with AVX2+FMA enabled.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn apply_avx2(&self, x: &mut [f32], angles: &RopeAngles) {
+        self.apply_portable(x, angles);
+    }
+
+    /// The rotation loop of [`Rope::apply`] (inlined into each compiled copy).
+    #[inline(always)]
+    fn apply_portable(&self, x: &mut [f32], angles: &RopeAngles) {
+        let half = self.rope_dim / 2;
+        let (cos, sin) = (&angles.cos[..half], &angles.sin[..half]);
         for head in x.chunks_exact_mut(self.head_dim) {
             match self.style {
                 RopeStyle::Interleaved => {
-                    for i in 0..self.rope_dim / 2 {
-                        let (c, s) = (angles.cos[i], angles.sin[i]);
-                        let (a, b) = (head[2 * i], head[2 * i + 1]);
-                        head[2 * i] = a.mul_add(c, -(b * s));
-                        head[2 * i + 1] = a.mul_add(s, b * c);
+                    for (pair, (&c, &s)) in head[..2 * half]
+                        .chunks_exact_mut(2)
+                        .zip(cos.iter().zip(sin))
+                    {
+                        let (a, b) = (pair[0], pair[1]);
+                        pair[0] = a.mul_add(c, -(b * s));
+                        pair[1] = a.mul_add(s, b * c);
                     }
                 }
                 RopeStyle::Neox => {
-                    let half = self.rope_dim / 2;
-                    for i in 0..half {
-                        let (c, s) = (angles.cos[i], angles.sin[i]);
-                        let (a, b) = (head[i], head[i + half]);
-                        head[i] = a.mul_add(c, -(b * s));
-                        head[i + half] = a.mul_add(s, b * c);
+                    let (lo, hi) = head[..2 * half].split_at_mut(half);
+                    for (((x0, x1), &c), &s) in lo.iter_mut().zip(hi).zip(cos).zip(sin) {
+                        let (a, b) = (*x0, *x1);
+                        *x0 = a.mul_add(c, -(b * s));
+                        *x1 = a.mul_add(s, b * c);
                     }
                 }
             }
@@ -222,6 +251,43 @@ mod tests {
         let n1: f32 = x.iter().map(|v| v * v).sum();
         assert!((n0 - n1).abs() < 1e-4);
         assert_ne!(x, orig);
+    }
+
+    /// The AVX2+FMA copy of the rotation equals the portable loop (the C library's `fmaf` on
+    /// x86-64 without FMA codegen) bit for bit: both styles, full and partial rotary widths,
+    /// several heads, positions far from zero.
+    #[test]
+    fn rope_paths_agree_bitwise() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
+            for (head_dim, rope_dim) in [(64, 64), (80, 80), (128, 64), (8, 8), (96, 32)] {
+                let rope = Rope {
+                    rope_dim,
+                    head_dim,
+                    base: 10000.0,
+                    style,
+                    linear_scale: 1.0,
+                    freq_factors: None,
+                };
+                for pos in [0u32, 1, 37, 4095, 131_000] {
+                    let orig: Vec<f32> = (0..3 * head_dim)
+                        .map(|_| rng.gen_range(-30.0f32..30.0))
+                        .collect();
+                    let angles = rope.angles(pos);
+                    let (mut fast, mut portable) = (orig.clone(), orig.clone());
+                    rope.apply(&mut fast, &angles);
+                    rope.apply_portable(&mut portable, &angles);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&fast),
+                        bits(&portable),
+                        "{style:?} {head_dim}/{rope_dim} @{pos}"
+                    );
+                    assert_eq!(fast[rope_dim..head_dim], orig[rope_dim..head_dim]);
+                }
+            }
+        }
     }
 
     #[test]

@@ -264,8 +264,21 @@ impl Sampler {
     }
 }
 
-/// Index of the largest value; ties go to the lowest index.
+/// Index of the largest value; ties go to the lowest index (`+0.0` and `-0.0` tie), NaNs are
+/// never chosen unless `x[0]` is one (then `0`). Empty input gives `0`. On AVX2 the same index is
+/// found in two vector passes (the maximum, then its first occurrence) instead of a serial
+/// compare chain over the vocabulary.
 pub fn argmax(x: &[f32]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::cpu_features().avx2 {
+        // SAFETY: AVX2 was detected (`cpu_features` only reports what the CPU has).
+        return unsafe { argmax_avx2(x) };
+    }
+    argmax_portable(x)
+}
+
+/// The definition of [`argmax`]: the first index whose value is greater than every earlier one.
+fn argmax_portable(x: &[f32]) -> u32 {
     let mut best = 0usize;
     for (i, &v) in x.iter().enumerate() {
         if v > x[best] {
@@ -273,6 +286,52 @@ pub fn argmax(x: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// [`argmax_portable`]'s index in two passes: `m` = the maximum of the non-NaN values (`maxps`
+/// returns its second operand, the running maximum, when a lane of `x` is NaN), then the first
+/// index holding a value equal to `m`. That is the definition's index: every value before the
+/// first one equal to `m` is smaller, so the definition moves onto it and never leaves it.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn argmax_avx2(x: &[f32]) -> u32 {
+    use std::arch::x86_64::*;
+    let Some(&first) = x.first() else {
+        return 0;
+    };
+    if first.is_nan() {
+        return 0;
+    }
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    let mut acc = _mm256_set1_ps(first);
+    for c in chunks.clone() {
+        // SAFETY: `c` holds 8 floats.
+        let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+        acc = _mm256_max_ps(v, acc);
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    let m = lanes
+        .iter()
+        .chain(tail)
+        .fold(first, |m, &v| if v > m { v } else { m });
+    let vm = _mm256_set1_ps(m);
+    for (i, c) in chunks.enumerate() {
+        // SAFETY: `c` holds 8 floats.
+        let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+        let hits = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(v, vm));
+        if hits != 0 {
+            return (8 * i + hits.trailing_zeros() as usize) as u32;
+        }
+    }
+    let body = x.len() - tail.len();
+    let at = tail.iter().position(|&v| v == m).unwrap_or(0);
+    (body + at) as u32
 }
 
 fn sample_filtered(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha12Rng) -> u32 {
@@ -364,6 +423,48 @@ mod tests {
 
     fn logits() -> Vec<f32> {
         vec![1.0, 3.0, 2.0, 3.0, -1.0, 0.5]
+    }
+
+    /// Seeded random vectors against the definition: lengths around the vector width and a
+    /// vocabulary's, values drawn from a few levels (ties), signed zeros, infinities and NaNs
+    /// anywhere, the first element included.
+    #[test]
+    fn argmax_matches_the_definition() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
+        let specials = [
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            3.0,
+            -3.0,
+        ];
+        let mut lens: Vec<usize> = (0..40).collect();
+        lens.extend([49_152, 49_155, 151_936]);
+        for &len in &lens {
+            for round in 0..60 {
+                let x: Vec<f32> = (0..len)
+                    .map(|_| match rng.gen_range(0..10) {
+                        0 => specials[rng.gen_range(0..specials.len())],
+                        1..=4 => rng.gen_range(-4i32..4) as f32,
+                        _ => rng.gen_range(-30.0f32..30.0),
+                    })
+                    .collect();
+                assert_eq!(
+                    argmax(&x),
+                    argmax_portable(&x),
+                    "len {len} round {round}: {x:?}"
+                );
+            }
+        }
+        let all_nan = vec![f32::NAN; 20];
+        assert_eq!(argmax(&all_nan), 0);
+        let mut zeros = vec![-1.0f32; 19];
+        zeros[9] = -0.0;
+        zeros[13] = 0.0;
+        assert_eq!(argmax(&zeros), 9);
     }
 
     #[test]

@@ -64,19 +64,14 @@ impl ActQ8 {
         for ((xb, qb), ((d, s), (lane_sums, block_sum))) in blocks.zip(scales.zip(lanes)) {
             let xb: &[f32; QK8] = xb.try_into().expect("chunks_exact yields 32 elements");
             let qb: &mut [i8; QK8] = qb.try_into().expect("chunks_exact yields 32 elements");
+            let lane_sums: &mut [i32; 8] = lane_sums.try_into().expect("chunks of 8 lanes");
             #[cfg(target_arch = "x86_64")]
-            let done = if features.clamp_to_detected().avx2 {
+            if features.clamp_to_detected().avx2 {
                 // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
-                (*d, *s) = unsafe { avx2::quantize_block(xb, qb) };
-                true
-            } else {
-                false
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let done = false;
-            if !done {
-                (*d, *s) = quantize_block_scalar(xb, qb);
+                (*d, *s, *block_sum) = unsafe { avx2::quantize_block(xb, qb, lane_sums) };
+                continue;
             }
+            (*d, *s) = quantize_block_scalar(xb, qb);
             for (l, ls) in lane_sums.iter_mut().enumerate() {
                 *ls = qb[4 * l..4 * l + 4].iter().map(|q| i32::from(*q)).sum();
             }
@@ -121,12 +116,18 @@ pub(crate) fn quantize_block_scalar(x: &[f32; QK8], q: &mut [i8; QK8]) -> (f32, 
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{scale_and_inverse, stored_scales, QK8};
+    use super::{scale_and_inverse, QK8};
     use std::arch::x86_64::*;
 
-    /// AVX2 twin of [`super::quantize_block_scalar`].
+    /// AVX2 twin of [`super::quantize_block_scalar`], which also writes the block's eight lane
+    /// sums and returns `(d, s, Σq)`: the same integers and the same f16 roundings (one F16C
+    /// conversion of both scales, round to nearest even, as `half` does with F16C).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn quantize_block(x: &[f32; QK8], q: &mut [i8; QK8]) -> (f32, f32) {
+    pub(super) fn quantize_block(
+        x: &[f32; QK8],
+        q: &mut [i8; QK8],
+        lane_sums: &mut [i32; 8],
+    ) -> (f32, f32, i32) {
         // SAFETY: `x` holds 32 floats, read as four unaligned 8-lane vectors.
         let v = unsafe {
             let p = x.as_ptr();
@@ -152,10 +153,15 @@ mod avx2 {
             );
             _mm256_cvtps_epi32(r)
         });
-        let sum8 = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        // Lane sums: two horizontal adds leave [l0 l2 l4 l6 | l1 l3 l5 l7] (each 128-bit half
+        // adds its own pairs), the permute puts the lanes in order.
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(i[0], i[1]), _mm256_hadd_epi32(i[2], i[3]));
+        let lanes = _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: `lane_sums` holds exactly 8 i32.
+        unsafe { _mm256_storeu_si256(lane_sums.as_mut_ptr().cast(), lanes) };
         let s4 = _mm_add_epi32(
-            _mm256_castsi256_si128(sum8),
-            _mm256_extracti128_si256(sum8, 1),
+            _mm256_castsi256_si128(lanes),
+            _mm256_extracti128_si256(lanes, 1),
         );
         let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
         let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1));
@@ -167,7 +173,10 @@ mod avx2 {
         let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         // SAFETY: `q` holds exactly 32 bytes.
         unsafe { _mm256_storeu_si256(q.as_mut_ptr().cast(), p) };
-        stored_scales(d, sum)
+        // `stored_scales(d, sum)`: both through f16 in one conversion.
+        let ds = _mm_setr_ps(d, d * sum as f32, 0.0, 0.0);
+        let r = _mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(ds));
+        (_mm_cvtss_f32(r), _mm_cvtss_f32(_mm_movehdup_ps(r)), sum)
     }
 }
 
@@ -175,6 +184,31 @@ mod avx2 {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// Blocks from f16-subnormal to f16-overflowing scales (`d` and `s` rounded through f16 in
+    /// the vector path by F16C, in the portable one by `half`): every field agrees bit for bit.
+    #[test]
+    fn paths_agree_across_magnitudes() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(8);
+        let scales = [1e-9f32, 1e-6, 3e-4, 1.0, 300.0, 1e4, 1e30];
+        let row_len = QK8 * scales.len() * 4;
+        let x: Vec<f32> = (0..2 * row_len)
+            .map(|i| scales[(i / QK8) % scales.len()] * rng.gen_range(-1.0f32..1.0))
+            .collect();
+        let (mut a, mut b) = (ActQ8::default(), ActQ8::default());
+        a.quantize(CpuFeatures::PORTABLE, &x, 2, row_len);
+        b.quantize(CpuFeatures::detect(), &x, 2, row_len);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(a.qs, b.qs);
+        assert_eq!(bits(&a.d), bits(&b.d));
+        assert_eq!(bits(&a.s), bits(&b.s));
+        assert_eq!(a.lane_sums, b.lane_sums);
+        assert_eq!(a.block_sums, b.block_sums);
+        assert!(
+            a.s.iter().any(|s| s.is_infinite())
+                && a.d.iter().any(|d| *d != 0.0 && d.abs() < 6.1e-5)
+        );
+    }
 
     #[test]
     fn blocks_round_trip_within_half_step_and_paths_agree() {
@@ -222,6 +256,7 @@ mod tests {
             assert_eq!(a.s[blk], s_want, "s is f16((amax / 127) * sum)");
         }
         assert_eq!(a.lane_sums, b.lane_sums);
+        assert_eq!(a.block_sums, b.block_sums);
         for (i, sum) in a.lane_sums.iter().enumerate() {
             let want: i32 = a.qs[4 * i..4 * i + 4].iter().map(|q| i32::from(*q)).sum();
             assert_eq!(*sum, want);
