@@ -37,6 +37,12 @@ pub trait TileElem: Copy + Default + Send + Sync + 'static {
     /// AVX2+F16C present; `p` points to 8 readable elements.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    /// Sixteen elements at `p` as f32 lanes (the values of two [`TileElem::load8`]).
+    ///
+    /// # Safety
+    /// AVX-512 F (with AVX2, F16C) present; `p` points to 16 readable elements.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
 }
 
 impl TileElem for f32 {
@@ -50,6 +56,13 @@ impl TileElem for f32 {
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
         // SAFETY: the caller guarantees 8 readable floats.
         unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,f16c")]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller guarantees 16 readable floats.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
     }
 }
 
@@ -65,6 +78,14 @@ impl TileElem for f16 {
         use std::arch::x86_64::*;
         // SAFETY: the caller guarantees 8 readable halves (16 bytes).
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,f16c")]
+    unsafe fn load16(p: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees 16 readable halves (32 bytes).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
     }
 }
 
@@ -697,6 +718,28 @@ pub(crate) mod avx2 {
         valid: usize,
         scale: f32,
     ) {
+        // SAFETY: forwarded caller's contract.
+        let p = unsafe { tile_rows_weights::<E, R>(sts, accs, qs, keys, valid, scale) };
+        // SAFETY: forwarded caller's contract.
+        unsafe { tile_rows_values8::<E, R, W>(accs, &p, vals, valid) };
+    }
+
+    /// Steps 1–3 of [`tile_rows_impl`] (scores with their lane chains and reduction tree, the
+    /// softmax update of the states and accumulators): returns the weights `p` of step 4.
+    ///
+    /// # Safety
+    /// As [`tile_rows_impl`].
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn tile_rows_weights<E: TileElem, const R: usize>(
+        sts: &mut [TileSoftmax; R],
+        accs: &mut [&mut [f32]; R],
+        qs: &[&[f32]; R],
+        keys: &[E],
+        valid: usize,
+        scale: f32,
+    ) -> [[f32; TILE_POSITIONS]; R] {
         let hd = qs[0].len();
         let chunks = hd / 8;
         let groups = valid.div_ceil(8);
@@ -743,6 +786,25 @@ pub(crate) mod avx2 {
         for r in 0..R {
             p[r] = softmax_step(&mut sts[r], accs[r], &scores[r], vmax[r], groups);
         }
+        p
+    }
+
+    /// Step 4 of [`tile_rows_impl`]: `acc += p[t]·v[t]` in position order, `W` chunks of 8
+    /// accumulators per row held in registers, each V load shared by the `R` rows.
+    ///
+    /// # Safety
+    /// As [`tile_rows_impl`].
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn tile_rows_values8<E: TileElem, const R: usize, const W: usize>(
+        accs: &mut [&mut [f32]; R],
+        p: &[[f32; TILE_POSITIONS]; R],
+        vals: &[E],
+        valid: usize,
+    ) {
+        let hd = accs[0].len();
+        let chunks = hd / 8;
         let aps: [*mut f32; R] = std::array::from_fn(|r| accs[r].as_mut_ptr());
         let vp = vals.as_ptr();
         let mut c0 = 0;
@@ -1005,8 +1067,9 @@ pub(crate) mod avx2 {
         unsafe { tile_rows_impl::<E, 3, 4>(sts, accs, qs, keys, vals, valid, scale) }
     }
 
-    /// [`tile_rows_impl`] for three rows with AVX-512 VL's 32 vector registers (the same
-    /// 256-bit operations, so the same bits as [`tile_rows3`]).
+    /// [`tile_rows_impl`] for three rows with AVX-512: the same 256-bit score and softmax
+    /// operations (32 vector registers), `p·V` in 512-bit registers when `hd` is a multiple of
+    /// 16 (the same lane-wise operations): the same bits as [`tile_rows3`].
     ///
     /// # Safety
     /// As [`tile_rows_impl`]; AVX2+FMA+F16C and AVX-512 F+VL present.
@@ -1021,8 +1084,17 @@ pub(crate) mod avx2 {
         valid: usize,
         scale: f32,
     ) {
+        if !qs[0].len().is_multiple_of(16) {
+            // SAFETY: forwarded caller's contract.
+            return unsafe { tile_rows_impl::<E, 3, 8>(sts, accs, qs, keys, vals, valid, scale) };
+        }
         // SAFETY: forwarded caller's contract.
-        unsafe { tile_rows_impl::<E, 3, 8>(sts, accs, qs, keys, vals, valid, scale) }
+        let p = unsafe { tile_rows_weights::<E, 3>(sts, accs, qs, keys, valid, scale) };
+        // Step 4 in 512-bit registers: each element's `fma(p[t], v[t][e], acc[e])` in position
+        // order is lane-wise, so the width changes no bit.
+        // SAFETY: AVX-512 F present (caller's contract); `hd` is a multiple of 16 and `vals`
+        // holds `valid` rows of `hd`.
+        unsafe { super::super::flash_tile_wide::x86::values16::<E, 3>(accs, &p, valid, vals) };
     }
 }
 
@@ -1192,6 +1264,7 @@ mod tests {
             (72, vec![16, 8, 16]),
             (8, vec![3, 16]),
             (128, vec![16, 15, 16]),
+            (80, vec![16, 11, 16]),
         ] {
             let qs: Vec<Vec<f32>> = (0..TILE_ROWS)
                 .map(|_| {

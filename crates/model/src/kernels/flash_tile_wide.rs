@@ -327,7 +327,7 @@ pub(crate) mod x86 {
                 s = unsafe { scores16::<R>(q3(b + 1), kt, scale) };
             }
             // SAFETY: forwarded caller's contract.
-            unsafe { values16::<R>(a3, &p, valid, vals) };
+            unsafe { values16::<f32, R>(a3, &p, valid, vals) };
         }
     }
 
@@ -404,7 +404,7 @@ pub(crate) mod x86 {
         // SAFETY: forwarded caller's contract.
         let p = unsafe { softmax16::<R>(sts, accs, s, valid) };
         // SAFETY: forwarded caller's contract.
-        unsafe { values16::<R>(accs, &p, valid, vals) };
+        unsafe { values16::<f32, R>(accs, &p, valid, vals) };
     }
 
     /// Step 4 of [`finish`]: `acc += p[t]·v[t]` in position order, up to four vectors per row
@@ -415,11 +415,11 @@ pub(crate) mod x86 {
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[inline]
-    pub(in crate::kernels) unsafe fn values16<const R: usize>(
+    pub(in crate::kernels) unsafe fn values16<E: TileElem, const R: usize>(
         accs: &mut [&mut [f32]; R],
         p: &[[f32; TILE_POSITIONS]; R],
         valid: usize,
-        vals: &[f32],
+        vals: &[E],
     ) {
         let hd = accs[0].len();
         let aps: [*mut f32; R] = std::array::from_fn(|r| accs[r].as_mut_ptr());
@@ -427,12 +427,12 @@ pub(crate) mod x86 {
         let mut e0 = 0;
         while e0 + 64 <= hd {
             // SAFETY: elements `e0..e0 + 64 <= hd` of every accumulator and `vals` row.
-            unsafe { pv::<R, 4>(&aps, vp, hd, e0, p, valid) };
+            unsafe { pv::<E, R, 4>(&aps, vp, hd, e0, p, valid) };
             e0 += 64;
         }
         while e0 < hd {
             // SAFETY: elements `e0..e0 + 16 <= hd` (`hd` is a multiple of 16).
-            unsafe { pv::<R, 1>(&aps, vp, hd, e0, p, valid) };
+            unsafe { pv::<E, R, 1>(&aps, vp, hd, e0, p, valid) };
             e0 += 16;
         }
     }
@@ -499,9 +499,9 @@ pub(crate) mod x86 {
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[inline]
-    unsafe fn pv<const R: usize, const W: usize>(
+    unsafe fn pv<E: TileElem, const R: usize, const W: usize>(
         aps: &[*mut f32; R],
-        vp: *const f32,
+        vp: *const E,
         hd: usize,
         e0: usize,
         p: &[[f32; TILE_POSITIONS]; R],
@@ -518,7 +518,7 @@ pub(crate) mod x86 {
             let bp: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(p[r][t]));
             for i in 0..W {
                 // SAFETY: caller's contract (row `t < valid`).
-                let x = unsafe { _mm512_loadu_ps(vp.add(t * hd + e0 + 16 * i)) };
+                let x = unsafe { E::load16(vp.add(t * hd + e0 + 16 * i)) };
                 for r in 0..R {
                     acc[r][i] = _mm512_fmadd_ps(bp[r], x, acc[r][i]);
                 }
