@@ -789,6 +789,95 @@ pub(crate) mod avx2 {
         p
     }
 
+    /// [`tile_rows_weights`] with the eight positions of a group scored at once in 512-bit
+    /// registers: accumulator `j` holds position `8g + j` in its low 256 bits and `8g + 4 + j`
+    /// in its high 256 bits, so each 256-bit half runs exactly the lane chains of the 256-bit
+    /// kernel (the query chunk broadcast to both halves), and the reduction is [`reduce4x8`]'s
+    /// tree per half (its horizontal adds emulated by even/odd shuffles and one add: the same
+    /// operands in the same order). Same bits as [`tile_rows_weights`].
+    ///
+    /// # Safety
+    /// As [`tile_rows_impl`]; AVX-512 F+VL present.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+    #[inline]
+    unsafe fn tile_rows_weights512<E: TileElem, const R: usize>(
+        sts: &mut [TileSoftmax; R],
+        accs: &mut [&mut [f32]; R],
+        qs: &[&[f32]; R],
+        keys: &[E],
+        valid: usize,
+        scale: f32,
+    ) -> [[f32; TILE_POSITIONS]; R] {
+        let hd = qs[0].len();
+        let chunks = hd / 8;
+        let groups = valid.div_ceil(8);
+        let kp = keys.as_ptr();
+        let vscale = _mm256_set1_ps(scale);
+        let lane_ids = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
+        let mut vmax = [_mm256_set1_ps(f32::NEG_INFINITY); R];
+        let mut scores = [[0f32; TILE_POSITIONS]; R];
+        // `hadd` of the 256-bit kernel on each 128-bit lane of two 512-bit vectors.
+        let hadd = |a: __m512, b: __m512| {
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0x88>(a, b),
+                _mm512_shuffle_ps::<0xDD>(a, b),
+            )
+        };
+        for g in 0..groups {
+            let mut a = [[_mm512_setzero_ps(); 4]; R];
+            for c in 0..chunks {
+                let q: [__m512; R] = std::array::from_fn(|r| {
+                    // SAFETY: `c < hd / 8`, so `8c + 8 <= hd`.
+                    let q8 = unsafe { _mm256_loadu_ps(qs[r].as_ptr().add(8 * c)) };
+                    _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(q8)))
+                });
+                for j in 0..4 {
+                    // SAFETY: rows `8g + j` and `8g + 4 + j` are below `groups * 8`, which
+                    // `keys` holds.
+                    let kc = unsafe {
+                        let lo = E::load8(kp.add((8 * g + j) * hd + 8 * c));
+                        let hi = E::load8(kp.add((8 * g + 4 + j) * hd + 8 * c));
+                        join256(lo, hi)
+                    };
+                    for r in 0..R {
+                        a[r][j] = _mm512_fmadd_ps(q[r], kc, a[r][j]);
+                    }
+                }
+            }
+            let limit = _mm256_set1_ps((valid - 8 * g) as f32);
+            let live = _mm256_cmp_ps::<_CMP_LT_OQ>(lane_ids, limit);
+            for r in 0..R {
+                let x = hadd(hadd(a[r][0], a[r][1]), hadd(a[r][2], a[r][3]));
+                // Per 256-bit half: low 128 + high 128 (`reduce4x8`'s last add).
+                let y = _mm512_add_ps(x, _mm512_shuffle_f32x4::<0xB1>(x, x));
+                // Positions `8g..8g + 4` sit in 128-bit block 0, `8g + 4..8g + 8` in block 2.
+                let s = _mm512_castps512_ps256(_mm512_shuffle_f32x4::<0x08>(y, y));
+                let s = _mm256_mul_ps(s, vscale);
+                // Lanes at or past `valid` become −∞ (weight exactly 0, never the maximum).
+                let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, live);
+                // SAFETY: `8g + 8 <= groups * 8 <= TILE_POSITIONS`.
+                unsafe { _mm256_storeu_ps(scores[r].as_mut_ptr().add(8 * g), s) };
+                vmax[r] = _mm256_max_ps(vmax[r], s);
+            }
+        }
+        let mut p = [[0f32; TILE_POSITIONS]; R];
+        for r in 0..R {
+            p[r] = softmax_step(&mut sts[r], accs[r], &scores[r], vmax[r], groups);
+        }
+        p
+    }
+
+    /// `[lo | hi]` as one 512-bit vector (AVX-512 F only: the 256-bit halves as f64 lanes).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn join256(lo: __m256, hi: __m256) -> __m512 {
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+            _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+            _mm256_castps_pd(hi),
+        ))
+    }
+
     /// Step 4 of [`tile_rows_impl`]: `acc += p[t]·v[t]` in position order, `W` chunks of 8
     /// accumulators per row held in registers, each V load shared by the `R` rows.
     ///
@@ -1088,8 +1177,8 @@ pub(crate) mod avx2 {
             // SAFETY: forwarded caller's contract.
             return unsafe { tile_rows_impl::<E, 3, 8>(sts, accs, qs, keys, vals, valid, scale) };
         }
-        // SAFETY: forwarded caller's contract.
-        let p = unsafe { tile_rows_weights::<E, 3>(sts, accs, qs, keys, valid, scale) };
+        // SAFETY: forwarded caller's contract (AVX-512 F+VL present).
+        let p = unsafe { tile_rows_weights512::<E, 3>(sts, accs, qs, keys, valid, scale) };
         // Step 4 in 512-bit registers: each element's `fma(p[t], v[t][e], acc[e])` in position
         // order is lane-wise, so the width changes no bit.
         // SAFETY: AVX-512 F present (caller's contract); `hd` is a multiple of 16 and `vals`
