@@ -22,7 +22,7 @@ use crate::attention::AttnArith;
 use crate::attention_plan::{AttnPlan, AttnTask, SEGMENT_POSITIONS};
 use crate::kernels::cpu::{cpu_features, CpuFeatures};
 use crate::kernels::flash_tile::{
-    merge_segments, tile_update, tile_update_rows, widen_f16, TileElem, TileSoftmax,
+    merge_segments, prefetch_l1, tile_update, tile_update_rows, widen_f16, TileElem, TileSoftmax,
     TILE_POSITIONS, TILE_ROWS,
 };
 #[cfg(target_arch = "x86_64")]
@@ -629,6 +629,10 @@ pub unsafe fn run_tile_task(
                             debug_assert_eq!(KeyCodes::of(ek.kind(), hd), key_codes_all);
                             coded.load_channel_params(&k_run);
                             let v_run = ev.skip_rows(first).take_rows(n);
+                            // The next tile's V codes, fetched while this one is scored (its
+                            // sealed K group is the next block's, elsewhere in the pool).
+                            let vb = v_run.bytes();
+                            prefetch_l1(vb.as_ptr().wrapping_add(vb.len()), vb.len());
                             update_rows_channel_codes(
                                 features, &mut rows, hd, coded, &k_run, &v_run, tile_start,
                                 tile_end, inp.scale,
@@ -650,6 +654,12 @@ pub unsafe fn run_tile_task(
                         }
                         let v_run = ev.skip_rows(first).take_rows(n);
                         if fuse_values && a == tile_start && b == tile_end {
+                            // A decode streams the run once: the next tile's codes (K and V
+                            // rows are runs of whole rows) are fetched while this one is scored.
+                            for r in [&run, &v_run] {
+                                let b = r.bytes();
+                                prefetch_l1(b.as_ptr().wrapping_add(b.len()), b.len());
+                            }
                             // A whole tile of few rows: V decoded in registers (same values).
                             v_codes = Some(v_run);
                         } else {

@@ -89,6 +89,22 @@ impl TileElem for f16 {
     }
 }
 
+/// Prefetches (to L1) the `len` bytes from `start`, one request per cache line: the next tile
+/// of a decode's K/V stream. `start` may point anywhere (the next tile can lie past the current
+/// chunk, in unrelated memory): a prefetch never faults, and changes no result. No-op off x86-64.
+#[inline(always)]
+pub(crate) fn prefetch_l1(start: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for at in (0..len).step_by(64) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: SSE is always present on x86-64; `wrapping_add` computes an address without
+        // claiming it lies in an allocation, and a prefetch has no architectural effect.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(at).cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (start, len);
+}
+
 /// `dst[i] = f32(src[i])` (exact). Panics if lengths differ.
 pub fn widen_f16(src: &[f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "widen_f16 needs equal lengths");
@@ -1170,16 +1186,8 @@ pub(crate) mod avx2 {
     fn prefetch_next_tile<E: TileElem>(keys: &[E], vals: &[E], hd: usize) {
         let bytes = TILE_POSITIONS * hd * std::mem::size_of::<E>();
         let ahead = PREFETCH_TILES * bytes;
-        let (kb, vb) = (keys.as_ptr().cast::<u8>(), vals.as_ptr().cast::<u8>());
-        for at in (0..bytes).step_by(64) {
-            // SAFETY: SSE is always present on x86-64; `wrapping_add` computes an address
-            // without claiming it lies in an allocation, and a prefetch never faults and has no
-            // architectural effect.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(kb.wrapping_add(ahead + at).cast());
-                _mm_prefetch::<_MM_HINT_T0>(vb.wrapping_add(ahead + at).cast());
-            }
-        }
+        super::prefetch_l1(keys.as_ptr().cast::<u8>().wrapping_add(ahead), bytes);
+        super::prefetch_l1(vals.as_ptr().cast::<u8>().wrapping_add(ahead), bytes);
     }
 
     /// [`tile_rows_impl`] for three rows with AVX-512: the same 256-bit score and softmax
