@@ -760,8 +760,6 @@ pub(crate) mod avx2 {
         let chunks = hd / 8;
         let groups = valid.div_ceil(8);
         let kp = keys.as_ptr();
-        let vscale = _mm256_set1_ps(scale);
-        let lane_ids = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
         let mut vmax = [_mm256_set1_ps(f32::NEG_INFINITY); R];
         let mut scores = [[0f32; TILE_POSITIONS]; R];
         for g in 0..groups {
@@ -786,23 +784,35 @@ pub(crate) mod avx2 {
                     halves[r][h] = reduce4x8(&a[r]);
                 }
             }
-            let limit = _mm256_set1_ps((valid - 8 * g) as f32);
-            let live = _mm256_cmp_ps::<_CMP_LT_OQ>(lane_ids, limit);
-            for r in 0..R {
-                let s = _mm256_set_m128(halves[r][1], halves[r][0]);
-                let s = _mm256_mul_ps(s, vscale);
-                // Lanes at or past `valid` become −∞ (weight exactly 0, never the maximum).
-                let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, live);
-                // SAFETY: `8g + 8 <= groups * 8 <= TILE_POSITIONS`.
-                unsafe { _mm256_storeu_ps(scores[r].as_mut_ptr().add(8 * g), s) };
-                vmax[r] = _mm256_max_ps(vmax[r], s);
-            }
+            let raw = std::array::from_fn(|r| _mm256_set_m128(halves[r][1], halves[r][0]));
+            store_group_scores(raw, g, valid, scale, &mut scores, &mut vmax);
         }
-        let mut p = [[0f32; TILE_POSITIONS]; R];
-        for r in 0..R {
-            p[r] = softmax_step(&mut sts[r], accs[r], &scores[r], vmax[r], groups);
+        std::array::from_fn(|r| softmax_step(&mut sts[r], accs[r], &scores[r], vmax[r], groups))
+    }
+
+    /// The end of step 1 for group `g` of a tile's rows (`raw[r]`: row `r`'s unscaled scores of
+    /// positions `8g..8g + 8`): scaled, positions at or past `valid` set to −∞ (weight exactly
+    /// 0, never the maximum), stored into `scores[r]` and folded into the lane maxima `vmax[r]`.
+    /// Shared by the 256-bit and 512-bit score loops.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn store_group_scores<const R: usize>(
+        raw: [__m256; R],
+        g: usize,
+        valid: usize,
+        scale: f32,
+        scores: &mut [[f32; TILE_POSITIONS]; R],
+        vmax: &mut [__m256; R],
+    ) {
+        let lane_ids = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
+        let live = _mm256_cmp_ps::<_CMP_LT_OQ>(lane_ids, _mm256_set1_ps((valid - 8 * g) as f32));
+        for (r, s) in raw.into_iter().enumerate() {
+            let s = _mm256_mul_ps(s, _mm256_set1_ps(scale));
+            let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, live);
+            // SAFETY: `8g + 8 <= TILE_POSITIONS` (a tile's groups).
+            unsafe { _mm256_storeu_ps(scores[r].as_mut_ptr().add(8 * g), s) };
+            vmax[r] = _mm256_max_ps(vmax[r], s);
         }
-        p
     }
 
     /// [`tile_rows_weights`] with the eight positions of a group scored at once in 512-bit
@@ -829,8 +839,6 @@ pub(crate) mod avx2 {
         let chunks = hd / 8;
         let groups = valid.div_ceil(8);
         let kp = keys.as_ptr();
-        let vscale = _mm256_set1_ps(scale);
-        let lane_ids = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
         let mut vmax = [_mm256_set1_ps(f32::NEG_INFINITY); R];
         let mut scores = [[0f32; TILE_POSITIONS]; R];
         // `hadd` of the 256-bit kernel on each 128-bit lane of two 512-bit vectors.
@@ -861,27 +869,16 @@ pub(crate) mod avx2 {
                     }
                 }
             }
-            let limit = _mm256_set1_ps((valid - 8 * g) as f32);
-            let live = _mm256_cmp_ps::<_CMP_LT_OQ>(lane_ids, limit);
-            for r in 0..R {
+            let raw = std::array::from_fn(|r| {
                 let x = hadd(hadd(a[r][0], a[r][1]), hadd(a[r][2], a[r][3]));
                 // Per 256-bit half: low 128 + high 128 (`reduce4x8`'s last add).
                 let y = _mm512_add_ps(x, _mm512_shuffle_f32x4::<0xB1>(x, x));
                 // Positions `8g..8g + 4` sit in 128-bit block 0, `8g + 4..8g + 8` in block 2.
-                let s = _mm512_castps512_ps256(_mm512_shuffle_f32x4::<0x08>(y, y));
-                let s = _mm256_mul_ps(s, vscale);
-                // Lanes at or past `valid` become −∞ (weight exactly 0, never the maximum).
-                let s = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), s, live);
-                // SAFETY: `8g + 8 <= groups * 8 <= TILE_POSITIONS`.
-                unsafe { _mm256_storeu_ps(scores[r].as_mut_ptr().add(8 * g), s) };
-                vmax[r] = _mm256_max_ps(vmax[r], s);
-            }
+                _mm512_castps512_ps256(_mm512_shuffle_f32x4::<0x08>(y, y))
+            });
+            store_group_scores(raw, g, valid, scale, &mut scores, &mut vmax);
         }
-        let mut p = [[0f32; TILE_POSITIONS]; R];
-        for r in 0..R {
-            p[r] = softmax_step(&mut sts[r], accs[r], &scores[r], vmax[r], groups);
-        }
-        p
+        std::array::from_fn(|r| softmax_step(&mut sts[r], accs[r], &scores[r], vmax[r], groups))
     }
 
     /// `[lo | hi]` as one 512-bit vector (AVX-512 F only: the 256-bit halves as f64 lanes).
