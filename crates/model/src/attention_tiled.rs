@@ -656,9 +656,9 @@ pub unsafe fn run_tile_task(
                         if fuse_values && a == tile_start && b == tile_end {
                             // A decode streams the run once: the next tile's codes (K and V
                             // rows are runs of whole rows) are fetched while this one is scored.
-                            for r in [&run, &v_run] {
-                                let b = r.bytes();
-                                prefetch_l1(b.as_ptr().wrapping_add(b.len()), b.len());
+                            for rows in [&run, &v_run] {
+                                let bytes = rows.bytes();
+                                prefetch_l1(bytes.as_ptr().wrapping_add(bytes.len()), bytes.len());
                             }
                             // A whole tile of few rows: V decoded in registers (same values).
                             v_codes = Some(v_run);
