@@ -13,6 +13,7 @@
 //! It never allocates once its buffers have grown to the largest shape seen.
 
 use super::cpu::CpuFeatures;
+use super::pool::ThreadPool;
 
 /// Elements per activation block.
 pub const QK8: usize = 32;
@@ -42,6 +43,67 @@ impl ActQ8 {
         num_tokens: usize,
         row_len: usize,
     ) {
+        self.shape(x, num_tokens, row_len);
+        quantize_blocks(
+            features,
+            x,
+            Blocks {
+                qs: &mut self.qs,
+                d: &mut self.d,
+                s: &mut self.s,
+                lane_sums: &mut self.lane_sums,
+                block_sums: &mut self.block_sums,
+            },
+        );
+    }
+
+    /// [`ActQ8::quantize`] with the tokens spread over `pool` from [`PAR_QUANTIZE_MIN_TOKENS`]
+    /// tokens on (a prefill step's inputs; a decode quantises on the caller): each block is
+    /// quantised by the same code whichever task takes it, so the result is the same bits.
+    pub fn quantize_on(
+        &mut self,
+        pool: &ThreadPool,
+        features: CpuFeatures,
+        x: &[f32],
+        num_tokens: usize,
+        row_len: usize,
+    ) {
+        if pool.num_threads() == 1 || num_tokens < PAR_QUANTIZE_MIN_TOKENS {
+            return self.quantize(features, x, num_tokens, row_len);
+        }
+        self.shape(x, num_tokens, row_len);
+        let per = num_tokens.div_ceil(2 * pool.num_threads());
+        let nb = row_len / QK8;
+        // Each task's tokens: disjoint slices of every buffer, handed out once.
+        let parts: Vec<std::sync::Mutex<(&[f32], Blocks<'_>)>> = x
+            .chunks(per * row_len)
+            .zip(self.qs.chunks_mut(per * row_len))
+            .zip(self.d.chunks_mut(per * nb))
+            .zip(self.s.chunks_mut(per * nb))
+            .zip(self.lane_sums.chunks_mut(per * nb * 8))
+            .zip(self.block_sums.chunks_mut(per * nb))
+            .map(|(((((x, qs), d), s), lane_sums), block_sums)| {
+                std::sync::Mutex::new((
+                    x,
+                    Blocks {
+                        qs,
+                        d,
+                        s,
+                        lane_sums,
+                        block_sums,
+                    },
+                ))
+            })
+            .collect();
+        pool.for_each(parts.len(), &|task| {
+            let mut part = parts[task].lock().unwrap_or_else(|e| e.into_inner());
+            let (x, blocks) = &mut *part;
+            quantize_blocks(features, x, blocks.reborrow());
+        });
+    }
+
+    /// Sets the shape and sizes the buffers for `num_tokens` rows of `row_len`.
+    fn shape(&mut self, x: &[f32], num_tokens: usize, row_len: usize) {
         assert!(
             row_len.is_multiple_of(QK8) && x.len() == num_tokens * row_len,
             "caller checks shapes"
@@ -55,30 +117,59 @@ impl ActQ8 {
         self.lane_sums.resize(total_blocks * 8, 0);
         self.block_sums.resize(total_blocks, 0);
         self.qs.resize(num_tokens * row_len, 0);
-        let blocks = x.chunks_exact(QK8).zip(self.qs.chunks_exact_mut(QK8));
-        let scales = self.d.iter_mut().zip(self.s.iter_mut());
-        let lanes = self
-            .lane_sums
-            .chunks_exact_mut(8)
-            .zip(self.block_sums.iter_mut());
-        for ((xb, qb), ((d, s), (lane_sums, block_sum))) in blocks.zip(scales.zip(lanes)) {
-            let xb: &[f32; QK8] = xb.try_into().expect("chunks_exact yields 32 elements");
-            let qb: &mut [i8; QK8] = qb.try_into().expect("chunks_exact yields 32 elements");
-            let lane_sums: &mut [i32; 8] = lane_sums.try_into().expect("chunks of 8 lanes");
-            #[cfg(target_arch = "x86_64")]
-            if features.clamp_to_detected().avx2 {
-                // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
-                (*d, *s, *block_sum) = unsafe { avx2::quantize_block(xb, qb, lane_sums) };
-                continue;
-            }
-            (*d, *s) = quantize_block_scalar(xb, qb);
-            for (l, ls) in lane_sums.iter_mut().enumerate() {
-                *ls = qb[4 * l..4 * l + 4].iter().map(|q| i32::from(*q)).sum();
-            }
-            *block_sum = lane_sums.iter().sum();
-        }
-        let _ = features;
     }
+}
+
+/// Fewest tokens for which [`ActQ8::quantize_on`] (and the K-quant twin, `ActQ8K::quantize_on`)
+/// spreads the blocks over the pool.
+pub(super) const PAR_QUANTIZE_MIN_TOKENS: usize = 8;
+
+/// The outputs of a run of whole blocks (`x.len() / 32` of them).
+struct Blocks<'a> {
+    qs: &'a mut [i8],
+    d: &'a mut [f32],
+    s: &'a mut [f32],
+    lane_sums: &'a mut [i32],
+    block_sums: &'a mut [i32],
+}
+
+impl Blocks<'_> {
+    fn reborrow(&mut self) -> Blocks<'_> {
+        Blocks {
+            qs: self.qs,
+            d: self.d,
+            s: self.s,
+            lane_sums: self.lane_sums,
+            block_sums: self.block_sums,
+        }
+    }
+}
+
+/// Quantises the blocks of `x` into `out` (the module doc's fields, block by block).
+fn quantize_blocks(features: CpuFeatures, x: &[f32], out: Blocks<'_>) {
+    let blocks = x.chunks_exact(QK8).zip(out.qs.chunks_exact_mut(QK8));
+    let scales = out.d.iter_mut().zip(out.s.iter_mut());
+    let lanes = out
+        .lane_sums
+        .chunks_exact_mut(8)
+        .zip(out.block_sums.iter_mut());
+    for ((xb, qb), ((d, s), (lane_sums, block_sum))) in blocks.zip(scales.zip(lanes)) {
+        let xb: &[f32; QK8] = xb.try_into().expect("chunks_exact yields 32 elements");
+        let qb: &mut [i8; QK8] = qb.try_into().expect("chunks_exact yields 32 elements");
+        let lane_sums: &mut [i32; 8] = lane_sums.try_into().expect("chunks of 8 lanes");
+        #[cfg(target_arch = "x86_64")]
+        if features.clamp_to_detected().avx2 {
+            // SAFETY: AVX2+FMA+F16C presence was checked at runtime just above.
+            (*d, *s, *block_sum) = unsafe { avx2::quantize_block(xb, qb, lane_sums) };
+            continue;
+        }
+        (*d, *s) = quantize_block_scalar(xb, qb);
+        for (l, ls) in lane_sums.iter_mut().enumerate() {
+            *ls = qb[4 * l..4 * l + 4].iter().map(|q| i32::from(*q)).sum();
+        }
+        *block_sum = lane_sums.iter().sum();
+    }
+    let _ = features;
 }
 
 /// Scale for a block whose largest magnitude is `amax` (unrounded f32), and the quantisation
@@ -184,6 +275,40 @@ mod avx2 {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// The pool-spread quantisation equals the caller's, field by field, whatever the pool and
+    /// the token count (below the threshold, at it, uneven splits).
+    #[test]
+    fn pool_spread_quantisation_equals_the_serial_one() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let row_len = 96;
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            for toks in [
+                1,
+                PAR_QUANTIZE_MIN_TOKENS - 1,
+                PAR_QUANTIZE_MIN_TOKENS,
+                37,
+                130,
+            ] {
+                let x: Vec<f32> = (0..toks * row_len)
+                    .map(|_| rng.gen_range(-4.0f32..4.0))
+                    .collect();
+                let (mut a, mut b) = (ActQ8::default(), ActQ8::default());
+                a.quantize(CpuFeatures::detect(), &x, toks, row_len);
+                // A reused scratch of another shape first: the buffers are resized, not stale.
+                b.quantize(CpuFeatures::detect(), &x[..row_len], 1, row_len);
+                b.quantize_on(&pool, CpuFeatures::detect(), &x, toks, row_len);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!((a.num_tokens, a.num_blocks), (b.num_tokens, b.num_blocks));
+                assert_eq!(a.qs, b.qs, "{threads} threads, {toks} tokens");
+                assert_eq!(bits(&a.d), bits(&b.d));
+                assert_eq!(bits(&a.s), bits(&b.s));
+                assert_eq!(a.lane_sums, b.lane_sums);
+                assert_eq!(a.block_sums, b.block_sums);
+            }
+        }
+    }
 
     /// Blocks from f16-subnormal to f16-overflowing scales (`d` and `s` rounded through f16 in
     /// the vector path by F16C, in the portable one by `half`): every field agrees bit for bit.

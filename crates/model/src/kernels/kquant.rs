@@ -33,6 +33,7 @@
 
 use std::cell::RefCell;
 
+use super::act_quant::PAR_QUANTIZE_MIN_TOKENS;
 use super::vec_f32::hsum8;
 use crate::gguf::dequant::scale_min_k4;
 use crate::gguf::GgmlType;
@@ -133,9 +134,6 @@ impl ActQ8K {
         });
     }
 }
-
-/// Fewest tokens for which [`ActQ8K::quantize_on`] spreads the work over the pool.
-pub(super) const PAR_QUANTIZE_MIN_TOKENS: usize = 8;
 
 /// ggml's `nearest_int`: round half to even via the 1.5·2^23 trick (valid for |f| < 2^22).
 #[inline(always)]

@@ -378,7 +378,7 @@ impl Job<'_> {
     /// A packed matrix: activations quantised once, groups of 16 rows split over the pool.
     fn run_packed(&self, pool: &ThreadPool, p: &Packed32, x: &[f32], out: &OutPtr) {
         with_act_scratch(|act: &mut ActQ8| {
-            act.quantize(self.features, x, self.num_tokens, self.w.row_len);
+            act.quantize_on(pool, self.features, x, self.num_tokens, self.w.row_len);
             let act = &*act;
             if packed32::claims_from_both_ends(self.num_tokens) {
                 super::both_ends::for_each_chunk(pool, p.num_groups(), &|groups| {
@@ -397,7 +397,7 @@ impl Job<'_> {
 
     fn run_quantized<B: Kernel>(&self, pool: &ThreadPool, x: &[f32], out: &OutPtr) {
         let run = |act: &mut ActQ8| {
-            act.quantize(self.features, x, self.num_tokens, self.w.row_len);
+            act.quantize_on(pool, self.features, x, self.num_tokens, self.w.row_len);
             let act = &*act;
             let (num_tasks, rows_per_task) = self.split(pool);
             pool.for_each(num_tasks, &|task| {

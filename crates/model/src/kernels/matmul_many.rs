@@ -138,7 +138,7 @@ fn matmul_many_impl(
         });
     } else {
         with_act_scratch(|act: &mut ActQ8| {
-            act.quantize(features, x, num_tokens, row_len);
+            act.quantize_on(pool, features, x, num_tokens, row_len);
             let act = &*act;
             pool.for_each(total_tasks, &|task| {
                 run_task(task, &|job, rows, out| job.rows_block32_any(act, rows, out))
@@ -170,7 +170,7 @@ fn run_packed_fused(
             }
         }
         with_act_scratch(|act: &mut ActQ8| {
-            act.quantize(features, x, num_tokens, row_len);
+            act.quantize_on(pool, features, x, num_tokens, row_len);
             let act = &*act;
             super::both_ends::for_each_chunk(pool, units, &|chunk| {
                 for (i, w) in ws.iter().enumerate() {
@@ -199,7 +199,7 @@ fn run_packed_fused(
         }
     }
     with_act_scratch(|act: &mut ActQ8| {
-        act.quantize(features, x, num_tokens, row_len);
+        act.quantize_on(pool, features, x, num_tokens, row_len);
         let act = &*act;
         pool.for_each(total_tasks, &|task| {
             let i = (0..ws.len())
