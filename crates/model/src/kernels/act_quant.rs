@@ -47,7 +47,7 @@ impl ActQ8 {
         quantize_blocks(
             features,
             x,
-            Blocks {
+            &mut Blocks {
                 qs: &mut self.qs,
                 d: &mut self.d,
                 s: &mut self.s,
@@ -98,7 +98,7 @@ impl ActQ8 {
         pool.for_each(parts.len(), &|task| {
             let mut part = parts[task].lock().unwrap_or_else(|e| e.into_inner());
             let (x, blocks) = &mut *part;
-            quantize_blocks(features, x, blocks.reborrow());
+            quantize_blocks(features, x, blocks);
         });
     }
 
@@ -133,20 +133,8 @@ struct Blocks<'a> {
     block_sums: &'a mut [i32],
 }
 
-impl Blocks<'_> {
-    fn reborrow(&mut self) -> Blocks<'_> {
-        Blocks {
-            qs: self.qs,
-            d: self.d,
-            s: self.s,
-            lane_sums: self.lane_sums,
-            block_sums: self.block_sums,
-        }
-    }
-}
-
 /// Quantises the blocks of `x` into `out` (the module doc's fields, block by block).
-fn quantize_blocks(features: CpuFeatures, x: &[f32], out: Blocks<'_>) {
+fn quantize_blocks(features: CpuFeatures, x: &[f32], out: &mut Blocks<'_>) {
     let blocks = x.chunks_exact(QK8).zip(out.qs.chunks_exact_mut(QK8));
     let scales = out.d.iter_mut().zip(out.s.iter_mut());
     let lanes = out
