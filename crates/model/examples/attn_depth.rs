@@ -53,7 +53,6 @@ fn main() {
             head_dim: hd,
             kv_is_f16: dtype == KvDtype::F16,
             kv_encoded: dtype != KvDtype::F16,
-            k_group_tokens: dtype.k.block_tokens().unwrap_or(0),
             arith: AttnArith::Row,
         };
         let mut line = format!("{spec:>16}:");

@@ -23,11 +23,11 @@ use crate::kv::SeqSlot;
 
 /// Positions per segment of the tiled regime (a multiple of the softmax tile).
 pub const SEGMENT_POSITIONS: usize = 512;
-/// Tokens of one sequence whose query rows share a K/V tile (with a GQA group of three, 48
-/// rows per transposed or decoded tile). 16 rather than 8 prefilled a median 7% faster at depth
-/// 4096 on an AVX-512 Xeon (f16 K/V; docs/benchmarks.md, "Intel Xeon"): each tile is
-/// transposed or decoded half as often.
-pub const QUERY_TILE_TOKENS: usize = 16;
+/// Tokens of one sequence whose query rows share a K/V tile (with a GQA group of three, 96
+/// rows per transposed or decoded tile). On an AVX-512 Xeon at depth 4096 (f16 K/V;
+/// docs/benchmarks.md), 16 rather than 8 prefilled a median 7% faster and 32 rather than 16
+/// another 2–6% (64: no faster than 32): each tile is transposed or decoded half as often.
+pub const QUERY_TILE_TOKENS: usize = 32;
 
 const _: () = assert!(SEGMENT_POSITIONS.is_multiple_of(crate::kernels::flash_tile::TILE_POSITIONS));
 
@@ -75,9 +75,6 @@ pub struct AttnShape {
     /// each K/V tile once for all its query rows, and takes every such row at every depth
     /// (f32 queries, whatever the step's [`AttnArith`]).
     pub kv_encoded: bool,
-    /// Rows per group of a block K codec (`int4c`), else 0: a query tile then never spans two
-    /// groups, because a query reads its own group's f16 rows and earlier groups' codes.
-    pub k_group_tokens: usize,
     /// The step's arithmetic: with [`AttnArith::Prefill`] every f16 row takes the tiled regime
     /// (f32 accumulation at every depth, like llama.cpp's tiled prefill kernel).
     pub arith: AttnArith,
@@ -143,8 +140,6 @@ pub fn plan_without(
             && slots[end] == slots[t]
             && positions[end] == positions[end - 1] + 1
             && !skipped(end)
-            && (shape.k_group_tokens == 0
-                || !(positions[end] as usize).is_multiple_of(shape.k_group_tokens))
         {
             end += 1;
         }
@@ -185,7 +180,6 @@ mod tests {
         head_dim: 64,
         kv_is_f16: true,
         kv_encoded: false,
-        k_group_tokens: 0,
         arith: AttnArith::Row,
     };
 
@@ -249,11 +243,11 @@ mod tests {
 
     #[test]
     fn a_prefill_run_is_cut_into_query_tiles_at_regime_and_sequence_boundaries() {
-        // Sequence 0: positions 250..=275 (6 exact tokens, then 20 tiled: tiles of 16 and 4);
+        // Sequence 0: positions 250..=295 (6 exact tokens, then 40 tiled: tiles of 32 and 8);
         // sequence 1: positions 600, 601.
-        assert_eq!(QUERY_TILE_TOKENS, 16);
-        let mut slots = vec![SeqSlot(0); 26];
-        let mut positions: Vec<u32> = (250..276).collect();
+        assert_eq!(QUERY_TILE_TOKENS, 32);
+        let mut slots = vec![SeqSlot(0); 46];
+        let mut positions: Vec<u32> = (250..296).collect();
         slots.extend([SeqSlot(1), SeqSlot(1)]);
         positions.extend([600, 601]);
         let p = plan(&SHAPE, &slots, &positions);
@@ -276,61 +270,46 @@ mod tests {
         assert_eq!(
             tiles,
             vec![
-                ((6, 22), (0, 1)),
-                ((6, 22), (0, 1)),
-                ((22, 26), (0, 1)),
-                ((22, 26), (0, 1)),
-                ((26, 28), (0, 2)),
-                ((26, 28), (0, 2)),
+                ((6, 38), (0, 1)),
+                ((6, 38), (0, 1)),
+                ((38, 46), (0, 1)),
+                ((38, 46), (0, 1)),
+                ((46, 48), (0, 2)),
+                ((46, 48), (0, 2)),
             ]
         );
         assert_eq!(p.partial_base[6], Some(0));
         assert_eq!(p.partial_base[7], Some(4));
-        assert_eq!(p.partial_base[26], Some(20 * 4));
-        assert_eq!(p.partial_base[27], Some(20 * 4 + 8));
-        assert_eq!(p.partial_rows, 20 * 4 + 2 * 8);
+        assert_eq!(p.partial_base[46], Some(40 * 4));
+        assert_eq!(p.partial_base[47], Some(40 * 4 + 8));
+        assert_eq!(p.partial_rows, 40 * 4 + 2 * 8);
         assert_eq!(p.group_tasks, vec![1; 6]);
     }
 
     #[test]
-    fn encoded_kv_is_tiled_at_every_depth_and_block_codecs_cut_tiles_at_groups() {
+    fn encoded_kv_is_tiled_at_every_depth() {
         let shape = AttnShape {
             kv_is_f16: false,
             kv_encoded: true,
             ..SHAPE
         };
-        let positions: Vec<u32> = (10..30).collect();
-        let p = plan(&shape, &[SeqSlot(0); 20], &positions);
+        // Positions 10..50: shallow, but encoded rows always take the tiled regime (a block K
+        // codec's group starts do not cut tiles: `attention_tiled::segment_passes` splits the
+        // rows of a tile where their own groups differ).
+        let positions: Vec<u32> = (10..50).collect();
+        let p = plan(&shape, &[SeqSlot(0); 40], &positions);
         assert!(p.tasks.iter().all(|t| matches!(t, AttnTask::Tile { .. })));
-        let tiles = |p: &AttnPlan| -> Vec<(u32, u32)> {
-            p.tasks
-                .iter()
-                .filter_map(|t| match *t {
-                    AttnTask::Tile {
-                        tokens, kv_head: 0, ..
-                    } => Some(tokens),
-                    _ => None,
-                })
-                .collect()
-        };
-        assert_eq!(tiles(&p), vec![(0, 16), (16, 20)]);
-        // int4c groups of 16: positions 10..=15 | 16..=29 (a tile never spans a group start).
-        let blocked = AttnShape {
-            k_group_tokens: 16,
-            ..shape
-        };
-        let p = plan(&blocked, &[SeqSlot(0); 20], &positions);
-        assert_eq!(tiles(&p), vec![(0, 6), (6, 20)]);
-        // Groups of 8: a tile stops at every group start, below the tile size.
-        let p = plan(
-            &AttnShape {
-                k_group_tokens: 8,
-                ..shape
-            },
-            &[SeqSlot(0); 20],
-            &positions,
-        );
-        assert_eq!(tiles(&p), vec![(0, 6), (6, 14), (14, 20)]);
+        let tiles: Vec<(u32, u32)> = p
+            .tasks
+            .iter()
+            .filter_map(|t| match *t {
+                AttnTask::Tile {
+                    tokens, kv_head: 0, ..
+                } => Some(tokens),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tiles, vec![(0, 32), (32, 40)]);
     }
 
     #[test]

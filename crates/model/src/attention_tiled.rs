@@ -428,6 +428,86 @@ impl<'a> TileOutputs<'a> {
     }
 }
 
+/// One read of a segment's positions `from..end` for the rows `rows` of a tile task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SegmentPass {
+    /// Indices into the segment's rows (in position order).
+    rows: std::ops::Range<usize>,
+    from: usize,
+    end: usize,
+    /// `num_positions` for the store: its last chunk is read as the rows' own group.
+    store_end: usize,
+    /// First position of the rows' own group (block K codecs), else `usize::MAX`: tiles from
+    /// there on are read as f16 rows, every earlier one as sealed codes.
+    own_start: usize,
+}
+
+/// How a tile task reads segment `seg_start..` for rows attending `ns[r]` positions each (in
+/// position order): one pass, or with a block K codec of `block` tokens, where a row reads its
+/// own group's f16 rows and every earlier group's codes, one pass over the positions before
+/// the first row's own group for every row, then one per own group over the rest. Every row
+/// still reads each position once, in order, as it would alone (so the split changes no bit).
+fn segment_passes(ns: &[usize], seg_start: usize, block: Option<usize>) -> Vec<SegmentPass> {
+    let limit = seg_start + SEGMENT_POSITIONS;
+    let end_of = |rows: &[usize]| rows.iter().map(|&n| n.min(limit)).max();
+    let Some(seg_end) = end_of(ns) else {
+        return Vec::new();
+    };
+    let Some(t) = block else {
+        return vec![SegmentPass {
+            rows: 0..ns.len(),
+            from: seg_start,
+            end: seg_end,
+            store_end: seg_end,
+            own_start: usize::MAX,
+        }];
+    };
+    debug_assert!(
+        ns.windows(2).all(|w| w[0] <= w[1]),
+        "rows in position order"
+    );
+    // A store reads the last chunk it visits as the rows' own group: a pass that ends at a
+    // group boundary before its queries reads one position more (the next group, not used).
+    let store_end = |end: usize, query_end: usize| {
+        if end < query_end && end.is_multiple_of(t) {
+            end + 1
+        } else {
+            query_end
+        }
+    };
+    let own = |n: usize| (n - 1) / t * t;
+    let first_own = own(ns[0]);
+    // Passes part at a tile start, so every row's tiles are those it reads alone (groups
+    // smaller than a tile share one).
+    let split = (first_own / TILE_POSITIONS * TILE_POSITIONS).max(seg_start);
+    let mut passes = Vec::new();
+    let shared_end = seg_end.min(split);
+    if shared_end > seg_start {
+        passes.push(SegmentPass {
+            rows: 0..ns.len(),
+            from: seg_start,
+            end: shared_end,
+            store_end: store_end(shared_end, ns[ns.len() - 1]),
+            own_start: first_own,
+        });
+    }
+    let mut i = 0;
+    while first_own < seg_end && i < ns.len() {
+        let g = own(ns[i]);
+        let j = i + ns[i..].iter().take_while(|&&n| own(n) == g).count();
+        let end = end_of(&ns[i..j]).expect("a non-empty run");
+        passes.push(SegmentPass {
+            rows: i..j,
+            from: split,
+            end,
+            store_end: store_end(end, ns[j - 1]),
+            own_start: g,
+        });
+        i = j;
+    }
+    passes
+}
+
 /// Runs `task` (a `Tile`): writes its partial rows and, when it is the last task of its group
 /// to finish, merges the group's segments into the output rows (in segment order, so the
 /// result does not depend on which task merges).
@@ -496,22 +576,17 @@ pub unsafe fn run_tile_task(
     }
     let q16: &[f32] = q16;
     // Encoded K/V: every tile's V (and K, unless it is scored from its codes) is decoded once
-    // into the f32 scratch. With a block K codec only the group holding the queries (one group:
-    // the plan cuts query tiles there) may be read as theirs (its f16 rows); every earlier
-    // group is read as sealed codes.
+    // into the f32 scratch. With a block K codec a query reads its own group's f16 rows and
+    // every earlier group's sealed codes ([`segment_passes`] splits the rows where that
+    // differs).
     let codecs = inp.kv.codecs();
     let encoded = codecs != KvDtype::F16;
-    let query_end = inp.positions[tokens.1 as usize - 1] as usize + 1;
     // K scored from its codes: every tile of a row codec; for a block codec every tile before
-    // the queries' own group (a function of the queries' positions only).
+    // the pass's own group (a function of the queries' positions only).
     let features = cpu_features();
     let key_codes = KeyCodes::of(codecs.k, hd);
     #[cfg(target_arch = "x86_64")]
     let key_codes_all = key_codes;
-    let own_start = match (key_codes, codecs.k.block_tokens()) {
-        (Some(_), Some(t)) => (query_end - 1) / t * t,
-        _ => usize::MAX,
-    };
     // Few rows per tile (a decode): V is read from its codes by the fused kernels (AVX-512
     // VNNI; AVX2 where AVX-512 is absent) instead of being decoded to the scratch first (same
     // values, so the same bits).
@@ -546,7 +621,7 @@ pub unsafe fn run_tile_task(
     }
     for j in segments.0..segments.1 {
         let seg_start = j as usize * SEGMENT_POSITIONS;
-        let mut rows: Vec<Row<'_>> = Vec::new();
+        let mut rows: Vec<Row<'_>> = Vec::with_capacity((tokens.1 - tokens.0) as usize * group);
         for t in tokens.0 as usize..tokens.1 as usize {
             let segs = plan.segments[t];
             if j >= segs {
@@ -569,167 +644,175 @@ pub unsafe fn run_tile_task(
                 });
             }
         }
-        let Some(seg_end) = rows
-            .iter()
-            .map(|r| r.n.min(seg_start + SEGMENT_POSITIONS))
-            .max()
-        else {
-            continue;
-        };
-        // A store reads the last chunk it visits as the query's own group. Before the queries'
-        // segment, one position past the segment end makes that the next group (not read here).
-        let store_end = match codecs.k.block_tokens() {
-            Some(t) if seg_end < query_end && seg_end.is_multiple_of(t) => seg_end + 1,
-            Some(_) => query_end,
-            None => seg_end,
-        };
-        inp.kv.for_each_chunk_from(
-            inp.layer,
-            slot,
-            kv_head as usize,
-            seg_start,
-            store_end,
-            &mut |start, chunk| {
-                let (k, v, coded_kv) = match chunk {
-                    KvChunk::F16 { k, v } => (k, v, None),
-                    KvChunk::Encoded { k: ek, v: ev } => (&[][..], &[][..], Some((ek, ev))),
-                    KvChunk::F32 { .. } => unreachable!("the plan never tiles f32 K/V stores"),
-                };
-                let chunk_end = start + chunk.num_positions(hd);
-                let widen = encoded || rows.len() >= WIDEN_MIN_ROWS;
-                // The transposed step for a widened tile: the 512-bit one, or the AVX2 one when
-                // many rows share the tile (worth transposing K for).
-                let transposed = wide.map(TransposedStep::Wide).or(narrow
-                    .filter(|_| rows.len() >= WIDEN_MIN_ROWS)
-                    .map(TransposedStep::Narrow));
-                let mut a = start.max(seg_start);
-                while a < chunk_end.min(seg_end) {
-                    let tile_start = seg_start + (a - seg_start) / TILE_POSITIONS * TILE_POSITIONS;
-                    let tile_end = (tile_start + TILE_POSITIONS).min(seg_end);
-                    // The kernel reads whole groups of 8 key rows (the extra ones masked).
-                    let read_end = tile_start + (tile_end - tile_start).div_ceil(8) * 8;
-                    if !widen && a == tile_start && read_end <= chunk_end {
-                        // The whole tile lies in this chunk: read it in place.
-                        let (ks, vs) = (&k[(a - start) * hd..], &v[(a - start) * hd..]);
-                        update_rows(&mut rows, hd, ks, vs, tile_start, tile_end, inp.scale);
-                        a = tile_end;
-                        continue;
-                    }
-                    let b = chunk_end.min(tile_end);
-                    let (src, dst) = (
-                        (a - start) * hd..(b - start) * hd,
-                        (a - tile_start) * hd..(b - tile_start) * hd,
-                    );
-                    let (first, n) = (a - start, b - a);
-                    #[cfg(target_arch = "x86_64")]
-                    if let (true, Some((ek, ev))) = (fuse_channels, coded_kv) {
-                        let sealed = tile_start + TILE_POSITIONS <= own_start;
-                        if sealed && a == tile_start && n == TILE_POSITIONS {
-                            let k_run = ek.skip_rows(first).take_rows(n);
-                            debug_assert_eq!(KeyCodes::of(ek.kind(), hd), key_codes_all);
-                            coded.load_channel_params(&k_run);
-                            let v_run = ev.skip_rows(first).take_rows(n);
-                            // The next tile's V codes, fetched while this one is scored (its
-                            // sealed K group is the next block's, elsewhere in the pool).
-                            let vb = v_run.bytes();
-                            prefetch_l1(vb.as_ptr().wrapping_add(vb.len()), vb.len());
-                            update_rows_channel_codes(
-                                features, &mut rows, hd, coded, &k_run, &v_run, tile_start,
-                                tile_end, inp.scale,
-                            );
-                            a = b;
+        let ns: Vec<usize> = rows.iter().map(|r| r.n).collect();
+        for pass in segment_passes(&ns, seg_start, codecs.k.block_tokens()) {
+            let SegmentPass {
+                rows: pass_rows,
+                from,
+                end: seg_end,
+                store_end,
+                own_start,
+            } = pass;
+            let rows = &mut rows[pass_rows];
+            inp.kv.for_each_chunk_from(
+                inp.layer,
+                slot,
+                kv_head as usize,
+                from,
+                store_end,
+                &mut |start, chunk| {
+                    let (k, v, coded_kv) = match chunk {
+                        KvChunk::F16 { k, v } => (k, v, None),
+                        KvChunk::Encoded { k: ek, v: ev } => (&[][..], &[][..], Some((ek, ev))),
+                        KvChunk::F32 { .. } => unreachable!("the plan never tiles f32 K/V stores"),
+                    };
+                    let chunk_end = start + chunk.num_positions(hd);
+                    let widen = encoded || rows.len() >= WIDEN_MIN_ROWS;
+                    // The transposed step for a widened tile: the 512-bit one, or the AVX2 one when
+                    // many rows share the tile (worth transposing K for).
+                    let transposed = wide.map(TransposedStep::Wide).or(narrow
+                        .filter(|_| rows.len() >= WIDEN_MIN_ROWS)
+                        .map(TransposedStep::Narrow));
+                    let mut a = start.max(from);
+                    while a < chunk_end.min(seg_end) {
+                        let tile_start =
+                            seg_start + (a - seg_start) / TILE_POSITIONS * TILE_POSITIONS;
+                        let tile_end = (tile_start + TILE_POSITIONS).min(seg_end);
+                        // The kernel reads whole groups of 8 key rows (the extra ones masked).
+                        let read_end = tile_start + (tile_end - tile_start).div_ceil(8) * 8;
+                        if !widen && a == tile_start && read_end <= chunk_end {
+                            // The whole tile lies in this chunk: read it in place.
+                            let (ks, vs) = (&k[(a - start) * hd..], &v[(a - start) * hd..]);
+                            update_rows(&mut *rows, hd, ks, vs, tile_start, tile_end, inp.scale);
+                            a = tile_end;
                             continue;
                         }
-                    }
-                    let coded_tile = key_codes.filter(|_| tile_start + TILE_POSITIONS <= own_start);
-                    let mut v_codes = None;
-                    if let (Some(keys), Some((ek, ev))) = (coded_tile, coded_kv) {
-                        debug_assert_eq!(KeyCodes::of(ek.kind(), hd), Some(keys));
-                        let run = ek.skip_rows(first).take_rows(n);
-                        match keys {
-                            KeyCodes::Rows => coded.load_rows(features, &run, a - tile_start),
-                            KeyCodes::Channels => {
-                                coded.load_channels(features, &run, a - tile_start)
+                        let b = chunk_end.min(tile_end);
+                        let (src, dst) = (
+                            (a - start) * hd..(b - start) * hd,
+                            (a - tile_start) * hd..(b - tile_start) * hd,
+                        );
+                        let (first, n) = (a - start, b - a);
+                        #[cfg(target_arch = "x86_64")]
+                        if let (true, Some((ek, ev))) = (fuse_channels, coded_kv) {
+                            let sealed = tile_start + TILE_POSITIONS <= own_start;
+                            if sealed && a == tile_start && n == TILE_POSITIONS {
+                                let k_run = ek.skip_rows(first).take_rows(n);
+                                debug_assert_eq!(KeyCodes::of(ek.kind(), hd), key_codes_all);
+                                coded.load_channel_params(&k_run);
+                                let v_run = ev.skip_rows(first).take_rows(n);
+                                // The next tile's V codes, fetched while this one is scored (its
+                                // sealed K group is the next block's, elsewhere in the pool).
+                                let vb = v_run.bytes();
+                                prefetch_l1(vb.as_ptr().wrapping_add(vb.len()), vb.len());
+                                update_rows_channel_codes(
+                                    features, &mut *rows, hd, coded, &k_run, &v_run, tile_start,
+                                    tile_end, inp.scale,
+                                );
+                                a = b;
+                                continue;
                             }
                         }
-                        let v_run = ev.skip_rows(first).take_rows(n);
-                        if fuse_values && a == tile_start && b == tile_end {
-                            // A decode streams the run once: the next tile's codes (K and V
-                            // rows are runs of whole rows) are fetched while this one is scored.
-                            for rows in [&run, &v_run] {
-                                let bytes = rows.bytes();
-                                prefetch_l1(bytes.as_ptr().wrapping_add(bytes.len()), bytes.len());
+                        let coded_tile =
+                            key_codes.filter(|_| tile_start + TILE_POSITIONS <= own_start);
+                        let mut v_codes = None;
+                        if let (Some(keys), Some((ek, ev))) = (coded_tile, coded_kv) {
+                            debug_assert_eq!(KeyCodes::of(ek.kind(), hd), Some(keys));
+                            let run = ek.skip_rows(first).take_rows(n);
+                            match keys {
+                                KeyCodes::Rows => coded.load_rows(features, &run, a - tile_start),
+                                KeyCodes::Channels => {
+                                    coded.load_channels(features, &run, a - tile_start)
+                                }
                             }
-                            // A whole tile of few rows: V decoded in registers (same values).
-                            v_codes = Some(v_run);
-                        } else {
-                            decode_rows(&v_run, &mut vals32[dst]);
-                        }
-                    } else if let Some((ek, ev)) = coded_kv {
-                        decode_rows(&ek.skip_rows(first).take_rows(n), &mut keys32[dst.clone()]);
-                        decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst.clone()]);
-                        if transposed.is_some() {
-                            transpose_keys(&keys32[dst], n, hd, keys_t, a - tile_start);
-                        }
-                    } else if widen && transposed.is_some() {
-                        // K straight from f16 into the transposed tile; V widened.
-                        transpose_keys(&k[src.clone()], n, hd, keys_t, a - tile_start);
-                        widen_f16(&v[src], &mut vals32[dst]);
-                    } else if widen {
-                        widen_f16(&k[src.clone()], &mut keys32[dst.clone()]);
-                        widen_f16(&v[src], &mut vals32[dst]);
-                    } else {
-                        keys16[dst.clone()].copy_from_slice(&k[src.clone()]);
-                        vals16[dst].copy_from_slice(&v[src]);
-                    }
-                    a = b;
-                    if a == tile_end {
-                        if let (Some(KeyCodes::Channels), Some(proof)) = (coded_tile, wide) {
-                            coded.widen_channels(features, keys_t);
-                            match v_codes {
-                                #[cfg(target_arch = "x86_64")]
-                                Some(v) => update_rows_wide_codes(
-                                    proof, &mut rows, hd, keys_t, &v, tile_start, tile_end,
-                                    inp.scale,
-                                ),
-                                _ => update_rows_transposed(
-                                    TransposedStep::Wide(proof),
-                                    &mut rows,
-                                    hd,
-                                    keys_t,
-                                    vals32,
-                                    tile_start,
-                                    tile_end,
-                                    inp.scale,
-                                ),
+                            let v_run = ev.skip_rows(first).take_rows(n);
+                            if fuse_values && a == tile_start && b == tile_end {
+                                // A decode streams the run once: the next tile's codes (K and V
+                                // rows are runs of whole rows) are fetched while this one is scored.
+                                for rows in [&run, &v_run] {
+                                    let bytes = rows.bytes();
+                                    prefetch_l1(
+                                        bytes.as_ptr().wrapping_add(bytes.len()),
+                                        bytes.len(),
+                                    );
+                                }
+                                // A whole tile of few rows: V decoded in registers (same values).
+                                v_codes = Some(v_run);
+                            } else {
+                                decode_rows(&v_run, &mut vals32[dst]);
                             }
-                        } else if let Some(keys) = coded_tile {
-                            let vals = match v_codes {
-                                Some(v) => TileValues::Codes(v),
-                                None => TileValues::Decoded(vals32),
-                            };
-                            update_rows_coded(
-                                features, keys, &mut rows, hd, coded, qcodes, vals, tile_start,
-                                tile_end, inp.scale,
+                        } else if let Some((ek, ev)) = coded_kv {
+                            decode_rows(
+                                &ek.skip_rows(first).take_rows(n),
+                                &mut keys32[dst.clone()],
                             );
-                        } else if let (true, Some(step)) = (widen, transposed) {
-                            update_rows_transposed(
-                                step, &mut rows, hd, keys_t, vals32, tile_start, tile_end,
-                                inp.scale,
+                            decode_rows(
+                                &ev.skip_rows(first).take_rows(n),
+                                &mut vals32[dst.clone()],
                             );
+                            if transposed.is_some() {
+                                transpose_keys(&keys32[dst], n, hd, keys_t, a - tile_start);
+                            }
+                        } else if widen && transposed.is_some() {
+                            // K straight from f16 into the transposed tile; V widened.
+                            transpose_keys(&k[src.clone()], n, hd, keys_t, a - tile_start);
+                            widen_f16(&v[src], &mut vals32[dst]);
                         } else if widen {
-                            update_rows(
-                                &mut rows, hd, keys32, vals32, tile_start, tile_end, inp.scale,
-                            );
+                            widen_f16(&k[src.clone()], &mut keys32[dst.clone()]);
+                            widen_f16(&v[src], &mut vals32[dst]);
                         } else {
-                            update_rows(
-                                &mut rows, hd, keys16, vals16, tile_start, tile_end, inp.scale,
-                            );
+                            keys16[dst.clone()].copy_from_slice(&k[src.clone()]);
+                            vals16[dst].copy_from_slice(&v[src]);
+                        }
+                        a = b;
+                        if a == tile_end {
+                            if let (Some(KeyCodes::Channels), Some(proof)) = (coded_tile, wide) {
+                                coded.widen_channels(features, keys_t);
+                                match v_codes {
+                                    #[cfg(target_arch = "x86_64")]
+                                    Some(v) => update_rows_wide_codes(
+                                        proof, &mut *rows, hd, keys_t, &v, tile_start, tile_end,
+                                        inp.scale,
+                                    ),
+                                    _ => update_rows_transposed(
+                                        TransposedStep::Wide(proof),
+                                        &mut *rows,
+                                        hd,
+                                        keys_t,
+                                        vals32,
+                                        tile_start,
+                                        tile_end,
+                                        inp.scale,
+                                    ),
+                                }
+                            } else if let Some(keys) = coded_tile {
+                                let vals = match v_codes {
+                                    Some(v) => TileValues::Codes(v),
+                                    None => TileValues::Decoded(vals32),
+                                };
+                                update_rows_coded(
+                                    features, keys, &mut *rows, hd, coded, qcodes, vals,
+                                    tile_start, tile_end, inp.scale,
+                                );
+                            } else if let (true, Some(step)) = (widen, transposed) {
+                                update_rows_transposed(
+                                    step, &mut *rows, hd, keys_t, vals32, tile_start, tile_end,
+                                    inp.scale,
+                                );
+                            } else if widen {
+                                update_rows(
+                                    &mut *rows, hd, keys32, vals32, tile_start, tile_end, inp.scale,
+                                );
+                            } else {
+                                update_rows(
+                                    &mut *rows, hd, keys16, vals16, tile_start, tile_end, inp.scale,
+                                );
+                            }
                         }
                     }
-                }
-            },
-        );
+                },
+            );
+        }
     }
     // The last task of the group merges (AcqRel: every other task's partial rows, released by
     // its decrement, are visible here).
@@ -783,8 +866,60 @@ mod tests {
         att
     }
 
-    /// Tiles over encoded K/V (every codec family, K and V codecs differing, a block K codec
-    /// whose queries read their own group in f16) against the exact per-row regime over the
+    /// The passes of a tile's rows over a segment: one for row codecs; with groups of 16, the
+    /// positions before the first row's own group once for every row, then each own group's
+    /// rows from there (each row reads every position below its count once, in order, with
+    /// its own group last).
+    #[test]
+    fn segment_passes_split_rows_where_their_own_groups_differ() {
+        let pass = |rows, from, end, store_end, own_start| SegmentPass {
+            rows,
+            from,
+            end,
+            store_end,
+            own_start,
+        };
+        // Rows attending 501..=531 positions (queries at 500..=530), two heads each.
+        let ns: Vec<usize> = (501..=531).flat_map(|n| [n, n]).collect();
+        assert_eq!(
+            segment_passes(&ns, 0, None),
+            vec![pass(0..62, 0, 512, 512, usize::MAX)]
+        );
+        assert_eq!(
+            segment_passes(&ns, 0, Some(16)),
+            vec![
+                pass(0..62, 0, 496, 497, 496),
+                // Own group 496..512: queries 500..=511.
+                pass(0..24, 496, 512, 512, 496),
+                // Own groups past the segment: 496..512 read as codes, the rest next segment.
+                pass(24..56, 496, 512, 513, 512),
+                pass(56..62, 496, 512, 513, 528),
+            ]
+        );
+        let tail: Vec<usize> = ns.iter().copied().filter(|&n| n > 512).collect();
+        assert_eq!(
+            segment_passes(&tail, 512, Some(16)),
+            vec![
+                pass(0..32, 512, 528, 528, 512),
+                pass(32..38, 512, 531, 531, 528)
+            ]
+        );
+        // Every row's own group past the segment: one shared pass that reads no own group.
+        assert_eq!(
+            segment_passes(&[700, 701, 720], 0, Some(16)),
+            vec![pass(0..3, 0, 512, 513, 688)]
+        );
+        // Groups of 4: the rows part at the tile holding the first row's own group.
+        let fours = segment_passes(&ns, 0, Some(4));
+        assert_eq!(fours[0], pass(0..62, 0, 496, 497, 500));
+        assert_eq!(fours[1], pass(0..8, 496, 504, 504, 500));
+        assert_eq!(fours[3], pass(16..24, 496, 512, 512, 508));
+        assert_eq!(fours[4], pass(24..32, 496, 512, 513, 512));
+        assert!(segment_passes(&[], 0, Some(16)).is_empty());
+    }
+
+    /// Tiles over encoded K/V (every codec family, K and V codecs differing, block K codecs
+    /// whose queries read their own group in f16, groups of a tile and smaller) against the exact per-row regime over the
     /// same store: equal to float rounding; and each row's bits do not depend on the query
     /// tile it shares (one token per step vs a run of tokens, decode split into segments).
     #[test]
@@ -795,6 +930,7 @@ mod tests {
             "int8",
             "int4",
             "k=int4c,v=int4",
+            "k=int4c-t4,v=int8",
             "int4h",
             "fp8",
             "k=int8h,v=int4-g64",
@@ -823,7 +959,6 @@ mod tests {
                 head_dim: hd,
                 kv_is_f16: false,
                 kv_encoded: true,
-                k_group_tokens: codecs.k.block_tokens().unwrap_or(0),
                 arith: AttnArith::Row,
             };
             let inp = TileInputs {
@@ -925,7 +1060,6 @@ mod tests {
             head_dim: hd,
             kv_is_f16: true,
             kv_encoded: false,
-            k_group_tokens: 0,
             arith: AttnArith::Row,
         };
         let inp = TileInputs {

@@ -209,7 +209,6 @@ pub fn forward(
         head_dim,
         kv_is_f16: f16_kv,
         kv_encoded: kv.codecs() != KvDtype::F16 && kv.codecs() != KvDtype::F32,
-        k_group_tokens: kv.codecs().k.block_tokens().unwrap_or(0),
         arith: batch.arith,
     };
     let plan = attention_plan::plan_without(&shape, batch.slots, batch.positions, &ggml_rows);
