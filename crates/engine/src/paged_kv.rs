@@ -12,6 +12,7 @@
 
 use cache::BlockId;
 use model::kv::{KvChunk, KvDtype, KvError, KvRows, KvStore, SeqSlot};
+use model::ThreadPool;
 
 /// Geometry of the K/V memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +158,30 @@ impl KvStore for StepKv<'_> {
                 .write(row, &k[h * hd..(h + 1) * hd], &v[h * hd..(h + 1) * hd])?;
         }
         Ok(())
+    }
+
+    fn write_step(
+        &mut self,
+        pool: &ThreadPool,
+        layer: usize,
+        slots: &[SeqSlot],
+        positions: &[u32],
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), KvError> {
+        let g = self.mem.geo;
+        let mut items = Vec::with_capacity(slots.len() * g.num_kv_heads);
+        for (t, (&slot, &pos)) in slots.iter().zip(positions).enumerate() {
+            let pos = pos as usize;
+            let block = self.block_of(slot, pos)?;
+            items.extend((0..g.num_kv_heads).map(|h| {
+                (
+                    self.mem.row(block, layer, h, pos % g.block_size),
+                    t * g.num_kv_heads + h,
+                )
+            }));
+        }
+        self.mem.rows.write_many(pool, &items, k, v)
     }
 
     fn codecs(&self) -> KvDtype {

@@ -268,10 +268,7 @@ pub fn forward(
             rope
         };
         rows::qkv(pool, cfg, lw, r, angles, q, k, v);
-        for t in 0..n {
-            let (kt, vt) = (&k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
-            kv.write(l, batch.slots[t], batch.positions[t] as usize, kt, vt)?;
-        }
+        kv.write_step(pool, l, batch.slots, batch.positions, k, v)?;
         let att = grow(&mut s.att, n * qd);
         let partials = grow(&mut s.partials, plan.partial_rows * (head_dim + 2));
         {

@@ -10,6 +10,7 @@
 use half::f16;
 use quant::EncodedRows;
 
+use crate::kernels::ThreadPool;
 pub use crate::kv_rows::KvRows;
 
 /// Which sequence of the batch a token belongs to, as the KV store knows it.
@@ -124,6 +125,28 @@ pub trait KvStore: Sync {
         k: &[f32],
         v: &[f32],
     ) -> Result<(), KvError>;
+
+    /// Stores K and V of a step's tokens in `layer`: token `t` (`k`, `v` rows `[num_tokens,
+    /// num_kv_heads * head_dim]`) of `slots[t]` at `positions[t]`. The bytes of
+    /// [`KvStore::write`] per token in order; stores spread the encoding over `pool` where
+    /// they can (a sequence's positions come in increasing order, as a step writes them).
+    fn write_step(
+        &mut self,
+        pool: &ThreadPool,
+        layer: usize,
+        slots: &[SeqSlot],
+        positions: &[u32],
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), KvError> {
+        let _ = pool;
+        let kvd = k.len() / slots.len().max(1);
+        for (t, (&slot, &pos)) in slots.iter().zip(positions).enumerate() {
+            let rows = t * kvd..(t + 1) * kvd;
+            self.write(layer, slot, pos as usize, &k[rows.clone()], &v[rows])?;
+        }
+        Ok(())
+    }
 
     /// The K and V encodings of every row (the attention plan tiles f16 stores).
     fn codecs(&self) -> KvDtype;
@@ -282,6 +305,48 @@ impl KvStore for ContiguousKv {
             .ok_or(KvError::UnknownSlot(slot.0))?;
         for (h, &row) in rows.iter().enumerate() {
             buf.write(row, &k[h * hd..(h + 1) * hd], &v[h * hd..(h + 1) * hd])?;
+        }
+        Ok(())
+    }
+
+    fn write_step(
+        &mut self,
+        pool: &ThreadPool,
+        layer: usize,
+        slots: &[SeqSlot],
+        positions: &[u32],
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), KvError> {
+        assert!(layer < self.num_layers, "layer {layer} out of range");
+        let heads = self.num_kv_heads;
+        // Each sequence's rows (token-major, then head) in one spread write.
+        let mut done = vec![false; slots.len()];
+        for first in 0..slots.len() {
+            if done[first] {
+                continue;
+            }
+            let slot = slots[first];
+            let mut items = Vec::new();
+            for t in first..slots.len() {
+                if slots[t] != slot {
+                    continue;
+                }
+                done[t] = true;
+                let pos = positions[t] as usize;
+                if pos >= self.capacity {
+                    return Err(KvError::OutOfCapacity {
+                        slot: slot.0,
+                        pos,
+                        capacity: self.capacity,
+                    });
+                }
+                items.extend((0..heads).map(|h| (self.row(layer, h, pos), t * heads + h)));
+            }
+            self.slots
+                .get_mut(slot.0 as usize)
+                .ok_or(KvError::UnknownSlot(slot.0))?
+                .write_many(pool, &items, k, v)?;
         }
         Ok(())
     }

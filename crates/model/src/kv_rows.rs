@@ -12,8 +12,10 @@ use half::slice::HalfFloatSliceExt;
 use quant::EncodedRows;
 
 use crate::hugepages::{advise_huge_pages, zeroed_vec};
+use crate::kernels::ThreadPool;
 use crate::kv::{KvChunk, KvDtype, KvError, KvLayout};
 use crate::kv_sealed::SealedK;
+use crate::par::{try_spread, DisjointRows};
 
 enum RowBuf {
     F32 {
@@ -37,6 +39,12 @@ enum RowBuf {
         v_row_bytes: usize,
     },
 }
+
+/// Fewest rows [`KvRows::write_many`] encodes over the pool (a decode step's few rows are
+/// encoded by the caller: a dispatch would cost more).
+const PAR_WRITE_MIN_ROWS: usize = 32;
+/// Rows per run of that spread, at least.
+const ENCODE_RUN_ROWS: usize = 8;
 
 /// `num_rows` K rows and V rows of `head_dim` values under `codecs`.
 pub struct KvRows {
@@ -190,6 +198,85 @@ impl KvRows {
             }
         }
         Ok(())
+    }
+
+    /// [`KvRows::write`] of every `(row, src)` of `items` in order — K and V of source row `src`
+    /// of `k` and `v` (`[*, head_dim]`) into `row` — the same bytes, with the encoding spread
+    /// over `pool` for encoded codecs (rows encoded in parallel; groups of a block K codec
+    /// staged in order, then the groups they complete sealed in parallel). A group's rows
+    /// come in increasing order (as a step writes positions). Few items, repeated rows or
+    /// typed (f32, f16) rows are written one after the other.
+    pub fn write_many(
+        &mut self,
+        pool: &ThreadPool,
+        items: &[(usize, usize)],
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), KvError> {
+        let hd = self.head_dim;
+        let typed = matches!(self.buf, RowBuf::F32 { .. } | RowBuf::F16 { .. });
+        let distinct = || {
+            let mut rows: Vec<usize> = items.iter().map(|&(r, _)| r).collect();
+            rows.sort_unstable();
+            rows.windows(2).all(|w| w[0] != w[1])
+        };
+        if typed || items.len() < PAR_WRITE_MIN_ROWS || pool.num_threads() < 2 || !distinct() {
+            for &(row, src) in items {
+                self.write(
+                    row,
+                    &k[src * hd..(src + 1) * hd],
+                    &v[src * hd..(src + 1) * hd],
+                )?;
+            }
+            return Ok(());
+        }
+        for &(row, src) in items {
+            assert!(row < self.num_rows, "row {row} out of {}", self.num_rows);
+            assert!(
+                (src + 1) * hd <= k.len().min(v.len()),
+                "source row {src} out of K/V"
+            );
+        }
+        let codecs = self.codecs;
+        let codec_err = |e: quant::QuantError| KvError::Codec(e.to_string());
+        match &mut self.buf {
+            RowBuf::Encoded {
+                k: kb,
+                v: vb,
+                k_row_bytes,
+                v_row_bytes,
+            } => {
+                let (kd, vd) = (
+                    DisjointRows::new(kb, *k_row_bytes),
+                    DisjointRows::new(vb, *v_row_bytes),
+                );
+                try_spread(pool, items.len(), ENCODE_RUN_ROWS, &|i| {
+                    let (row, src) = items[i];
+                    // SAFETY: the rows are distinct (checked above): one task per row.
+                    let (ko, vo) = unsafe { (kd.row_mut(row), vd.row_mut(row)) };
+                    quant::encode_row(codecs.k, &k[src * hd..(src + 1) * hd], ko)
+                        .and_then(|()| {
+                            quant::encode_row(codecs.v, &v[src * hd..(src + 1) * hd], vo)
+                        })
+                        .map_err(codec_err)
+                })
+            }
+            RowBuf::Sealed {
+                k: kb,
+                v: vb,
+                v_row_bytes,
+            } => {
+                let vd = DisjointRows::new(vb, *v_row_bytes);
+                try_spread(pool, items.len(), ENCODE_RUN_ROWS, &|i| {
+                    let (row, src) = items[i];
+                    // SAFETY: the rows are distinct (checked above): one task per row.
+                    let vo = unsafe { vd.row_mut(row) };
+                    quant::encode_row(codecs.v, &v[src * hd..(src + 1) * hd], vo).map_err(codec_err)
+                })?;
+                kb.write_many(pool, items, k)
+            }
+            RowBuf::F32 { .. } | RowBuf::F16 { .. } => unreachable!("typed rows are written above"),
+        }
     }
 
     /// Asks the CPU to bring rows `first..first + n` (K and V) into cache ahead of a read; no
@@ -413,6 +500,85 @@ impl KvRows {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The bytes a reader sees of rows `first..first + n` (`own`: as the query's own group).
+    fn seen(rows: &KvRows, first: usize, n: usize, own: bool) -> Vec<u8> {
+        match rows.chunk_for(first, n, own) {
+            KvChunk::F32 { k, v } => k.iter().chain(v).flat_map(|x| x.to_le_bytes()).collect(),
+            KvChunk::F16 { k, v } => k.iter().chain(v).flat_map(|x| x.to_le_bytes()).collect(),
+            KvChunk::Encoded { k, v } => [k.params(), k.bytes(), v.params(), v.bytes()].concat(),
+        }
+    }
+
+    /// A step's rows written at once over a pool (encoders spread, block-codec groups sealed in
+    /// parallel) hold the bytes of writing them one by one, on 1–3 threads and for every
+    /// layout: sealed groups, a group left partly filled, and rows from permuted sources.
+    #[test]
+    fn rows_written_at_once_equal_rows_written_one_by_one() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let (hd, num_rows, src_rows) = (64, 96, 90);
+        let k: Vec<f32> = (0..src_rows * hd)
+            .map(|_| rng.gen_range(-3.0f32..3.0))
+            .collect();
+        let v: Vec<f32> = (0..src_rows * hd)
+            .map(|_| rng.gen_range(-3.0f32..3.0))
+            .collect();
+        let mut srcs: Vec<usize> = (0..src_rows).collect();
+        for i in (1..src_rows).rev() {
+            srcs.swap(i, rng.gen_range(0..=i));
+        }
+        // Rows 0..80 in one call (five groups of 16 sealed), then 80..90 (a group left open).
+        let calls: [Vec<(usize, usize)>; 2] = [
+            (0..80).map(|r| (r, srcs[r])).collect(),
+            (80..90).map(|r| (r, srcs[r])).collect(),
+        ];
+        for spec in [
+            "f16",
+            "int8",
+            "k=int8,v=int4",
+            "int4h",
+            "fp8",
+            "k=int4c,v=int4",
+            "k=int4c-t4,v=int8",
+        ] {
+            let codecs = KvDtype::parse(spec).unwrap();
+            let mut want = KvRows::new(codecs, hd, num_rows).unwrap();
+            for call in &calls {
+                for &(r, src) in call {
+                    want.write(
+                        r,
+                        &k[src * hd..(src + 1) * hd],
+                        &v[src * hd..(src + 1) * hd],
+                    )
+                    .unwrap();
+                }
+            }
+            for threads in 1..=3 {
+                let pool = ThreadPool::new(threads);
+                let mut got = KvRows::new(codecs, hd, num_rows).unwrap();
+                for call in &calls {
+                    got.write_many(&pool, call, &k, &v).unwrap();
+                }
+                assert_eq!(
+                    got.rows_bytes(0, 80),
+                    want.rows_bytes(0, 80),
+                    "{spec}, {threads}"
+                );
+                for own in [false, true] {
+                    // Runs of four rows: inside one group of every block codec here.
+                    for first in (0..92).step_by(4) {
+                        let n = if first == 88 { 2 } else { 4 };
+                        assert_eq!(
+                            seen(&got, first, n, own),
+                            seen(&want, first, n, own),
+                            "{spec}, {threads} threads, rows {first}.., own {own}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn rows_round_trip_through_bytes_for_every_layout() {

@@ -17,7 +17,25 @@ use std::collections::HashMap;
 
 use quant::{EncodedRows, KvCodecKind};
 
+use crate::kernels::ThreadPool;
 use crate::kv::KvError;
+use crate::par::{try_spread, DisjointRows};
+
+/// Encodes one group (`out`, its sealed bytes) from its staged f16 rows, through `scratch`.
+fn seal_group(
+    kind: KvCodecKind,
+    hd: usize,
+    stage: &[u8],
+    scratch: &mut Vec<f32>,
+    out: &mut [u8],
+) -> Result<(), KvError> {
+    scratch.resize(stage.len() / 2, 0.0);
+    for (row, bytes) in scratch.chunks_exact_mut(hd).zip(stage.chunks_exact(hd * 2)) {
+        quant::decode_row(KvCodecKind::F16, bytes, row)
+            .map_err(|e| KvError::Codec(e.to_string()))?;
+    }
+    quant::channel::encode_group(kind, scratch, hd, out).map_err(|e| KvError::Codec(e.to_string()))
+}
 
 /// Sealed K groups plus f16 staging (see the module doc).
 pub(crate) struct SealedK {
@@ -89,6 +107,53 @@ impl SealedK {
 
     /// Stores K of `row`; seals its group when `row` is the group's last.
     pub(crate) fn write(&mut self, row: usize, k: &[f32]) -> Result<(), KvError> {
+        if let Some(g) = self.stage(row, k)? {
+            let stage = &self.staged[&g];
+            let out = &mut self.sealed[g * self.group_bytes..(g + 1) * self.group_bytes];
+            seal_group(self.kind, self.head_dim, stage, &mut self.scratch, out)?;
+            self.is_sealed[g] = true;
+            self.sealed_this_step.push(g);
+        }
+        Ok(())
+    }
+
+    /// [`SealedK::write`] of `items` (`(row, source row of k)`, `k` being `[*, head_dim]`) in
+    /// order, the groups they complete sealed over `pool` once every row is staged (the same
+    /// bytes: a group's rows come in increasing order, so its last row is written last). Rows
+    /// must be distinct.
+    pub(crate) fn write_many(
+        &mut self,
+        pool: &ThreadPool,
+        items: &[(usize, usize)],
+        k: &[f32],
+    ) -> Result<(), KvError> {
+        let hd = self.head_dim;
+        let mut full = Vec::new();
+        for &(row, src) in items {
+            full.extend(self.stage(row, &k[src * hd..(src + 1) * hd])?);
+        }
+        {
+            let (kind, staged) = (self.kind, &self.staged);
+            let sealed = DisjointRows::new(&mut self.sealed, self.group_bytes);
+            let full = &full;
+            try_spread(pool, full.len(), 1, &|i| {
+                let g = full[i];
+                // SAFETY: a group's last row is written once (rows are distinct), so `full`
+                // holds each group once and each task writes its own groups' bytes.
+                let out = unsafe { sealed.row_mut(g) };
+                seal_group(kind, hd, &staged[&g], &mut Vec::new(), out)
+            })?;
+        }
+        for g in full {
+            self.is_sealed[g] = true;
+            self.sealed_this_step.push(g);
+        }
+        Ok(())
+    }
+
+    /// Writes K of `row` into its group's f16 staging; returns the group when `row` is its
+    /// last (to be sealed).
+    fn stage(&mut self, row: usize, k: &[f32]) -> Result<Option<usize>, KvError> {
         let (g, r) = (row / self.tokens, row % self.tokens);
         let (hd, len) = (self.head_dim, self.stage_len());
         let stage = self.staged.entry(g).or_insert_with(|| vec![0u8; len]);
@@ -99,31 +164,7 @@ impl SealedK {
         )
         .map_err(|e| KvError::Codec(e.to_string()))?;
         self.is_sealed[g] = false;
-        if r + 1 == self.tokens {
-            self.seal(g)?;
-            self.sealed_this_step.push(g);
-        }
-        Ok(())
-    }
-
-    /// Encodes group `g` from its staged f16 rows.
-    fn seal(&mut self, g: usize) -> Result<(), KvError> {
-        let hd = self.head_dim;
-        let stage = &self.staged[&g];
-        self.scratch.resize(self.tokens * hd, 0.0);
-        for (row, bytes) in self
-            .scratch
-            .chunks_exact_mut(hd)
-            .zip(stage.chunks_exact(hd * 2))
-        {
-            quant::decode_row(KvCodecKind::F16, bytes, row)
-                .map_err(|e| KvError::Codec(e.to_string()))?;
-        }
-        let out = &mut self.sealed[g * self.group_bytes..(g + 1) * self.group_bytes];
-        quant::channel::encode_group(self.kind, &self.scratch, hd, out)
-            .map_err(|e| KvError::Codec(e.to_string()))?;
-        self.is_sealed[g] = true;
-        Ok(())
+        Ok((r + 1 == self.tokens).then_some(g))
     }
 
     /// Drops the f16 rows of groups sealed since the last call (no query of a later step reads
