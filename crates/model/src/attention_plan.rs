@@ -12,7 +12,8 @@
 //!   llama.cpp's decode arithmetic;
 //! - **tiled** (otherwise, so every f16 row of an [`AttnArith::Prefill`] or [`AttnArith::Tiled`]
 //!   step and every row over encoded K/V): the query rows of all heads of a GQA group and up to
-//!   [`QUERY_TILE_TOKENS`] consecutive tokens of one sequence share each K/V tile
+//!   [`QUERY_TILE_TOKENS`] ([`ENCODED_QUERY_TILE_TOKENS`] over encoded K/V) consecutive tokens of
+//!   one sequence share each K/V tile
 //!   (`attention_tiled`); positions are split into segments of [`SEGMENT_POSITIONS`] whose
 //!   partial states are merged in order. A one-token tile (a decode) gets one task per
 //!   segment (split-K, flash-decoding style); a longer tile runs its segments in one task. The
@@ -28,6 +29,10 @@ pub const SEGMENT_POSITIONS: usize = 512;
 /// docs/benchmarks.md), 16 rather than 8 prefilled a median 7% faster and 32 rather than 16
 /// another 2–6% (64: no faster than 32): each tile is transposed or decoded half as often.
 pub const QUERY_TILE_TOKENS: usize = 32;
+/// [`QUERY_TILE_TOKENS`] over encoded (quantized) K/V, whose tiles cost more to decode than f16
+/// tiles to widen: 64 prefilled `k=int4c,v=int4` 1–3% faster than 32 at depth 4096 (int8 the
+/// same; f16 at 64 no faster than at 32).
+pub const ENCODED_QUERY_TILE_TOKENS: usize = 64;
 
 const _: () = assert!(SEGMENT_POSITIONS.is_multiple_of(crate::kernels::flash_tile::TILE_POSITIONS));
 
@@ -116,6 +121,11 @@ pub fn plan_without(
         partial_rows: 0,
         group_tasks: Vec::new(),
     };
+    let tile_tokens = if shape.kv_encoded {
+        ENCODED_QUERY_TILE_TOKENS
+    } else {
+        QUERY_TILE_TOKENS
+    };
     let mut t = 0;
     while t < n {
         if skipped(t) {
@@ -136,7 +146,7 @@ pub fn plan_without(
         // A tile: following tokens of the same sequence at the next positions.
         let mut end = t + 1;
         while end < n
-            && end - t < QUERY_TILE_TOKENS
+            && end - t < tile_tokens
             && slots[end] == slots[t]
             && positions[end] == positions[end - 1] + 1
             && !skipped(end)
@@ -293,11 +303,11 @@ mod tests {
             kv_encoded: true,
             ..SHAPE
         };
-        // Positions 10..50: shallow, but encoded rows always take the tiled regime (a block K
+        // Positions 10..80: shallow, but encoded rows always take the tiled regime (a block K
         // codec's group starts do not cut tiles: `attention_tiled::segment_passes` splits the
         // rows of a tile where their own groups differ).
-        let positions: Vec<u32> = (10..50).collect();
-        let p = plan(&shape, &[SeqSlot(0); 40], &positions);
+        let positions: Vec<u32> = (10..80).collect();
+        let p = plan(&shape, &[SeqSlot(0); 70], &positions);
         assert!(p.tasks.iter().all(|t| matches!(t, AttnTask::Tile { .. })));
         let tiles: Vec<(u32, u32)> = p
             .tasks
@@ -309,7 +319,8 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(tiles, vec![(0, 32), (32, 40)]);
+        assert_eq!(ENCODED_QUERY_TILE_TOKENS, 64);
+        assert_eq!(tiles, vec![(0, 64), (64, 70)]);
     }
 
     #[test]
