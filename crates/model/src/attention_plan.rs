@@ -12,8 +12,7 @@
 //!   llama.cpp's decode arithmetic;
 //! - **tiled** (otherwise, so every f16 row of an [`AttnArith::Prefill`] or [`AttnArith::Tiled`]
 //!   step and every row over encoded K/V): the query rows of all heads of a GQA group and up to
-//!   [`QUERY_TILE_TOKENS`] ([`ENCODED_QUERY_TILE_TOKENS`] over encoded K/V) consecutive tokens of
-//!   one sequence share each K/V tile
+//!   [`QUERY_TILE_TOKENS`] consecutive tokens of one sequence share each K/V tile
 //!   (`attention_tiled`); positions are split into segments of [`SEGMENT_POSITIONS`] whose
 //!   partial states are merged in order. A one-token tile (a decode) gets one task per
 //!   segment (split-K, flash-decoding style); a longer tile runs its segments in one task. The
@@ -24,15 +23,13 @@ use crate::kv::SeqSlot;
 
 /// Positions per segment of the tiled regime (a multiple of the softmax tile).
 pub const SEGMENT_POSITIONS: usize = 512;
-/// Tokens of one sequence whose query rows share a K/V tile (with a GQA group of three, 96
-/// rows per transposed or decoded tile). On an AVX-512 Xeon at depth 4096 (f16 K/V;
-/// docs/benchmarks.md), 16 rather than 8 prefilled a median 7% faster and 32 rather than 16
-/// another 2–6% (64: no faster than 32): each tile is transposed or decoded half as often.
-pub const QUERY_TILE_TOKENS: usize = 32;
-/// [`QUERY_TILE_TOKENS`] over encoded (quantized) K/V, whose tiles cost more to decode than f16
-/// tiles to widen: 64 prefilled `k=int4c,v=int4` 1–3% faster than 32 at depth 4096 (int8 the
-/// same; f16 at 64 no faster than at 32).
-pub const ENCODED_QUERY_TILE_TOKENS: usize = 64;
+/// Tokens of one sequence whose query rows share a K/V tile (with a GQA group of three, 48
+/// rows per transposed or decoded tile). 16 rather than 8 prefilled a median 7% faster at depth
+/// 4096 on an AVX-512 Xeon (f16 K/V; docs/benchmarks.md, "Intel Xeon"): each tile is
+/// transposed or decoded half as often. 32 prefilled 512 tokens at depth 4096 alone 1–4%
+/// faster still, but made the engine's capped steps (decodes at depth sharing a step with
+/// prefill chunks) slower: agent loops took 24% longer (docs/benchmarks.md, session 20).
+pub const QUERY_TILE_TOKENS: usize = 16;
 
 const _: () = assert!(SEGMENT_POSITIONS.is_multiple_of(crate::kernels::flash_tile::TILE_POSITIONS));
 
@@ -121,11 +118,6 @@ pub fn plan_without(
         partial_rows: 0,
         group_tasks: Vec::new(),
     };
-    let tile_tokens = if shape.kv_encoded {
-        ENCODED_QUERY_TILE_TOKENS
-    } else {
-        QUERY_TILE_TOKENS
-    };
     let mut t = 0;
     while t < n {
         if skipped(t) {
@@ -146,7 +138,7 @@ pub fn plan_without(
         // A tile: following tokens of the same sequence at the next positions.
         let mut end = t + 1;
         while end < n
-            && end - t < tile_tokens
+            && end - t < QUERY_TILE_TOKENS
             && slots[end] == slots[t]
             && positions[end] == positions[end - 1] + 1
             && !skipped(end)
@@ -253,11 +245,11 @@ mod tests {
 
     #[test]
     fn a_prefill_run_is_cut_into_query_tiles_at_regime_and_sequence_boundaries() {
-        // Sequence 0: positions 250..=295 (6 exact tokens, then 40 tiled: tiles of 32 and 8);
+        // Sequence 0: positions 250..=275 (6 exact tokens, then 20 tiled: tiles of 16 and 4);
         // sequence 1: positions 600, 601.
-        assert_eq!(QUERY_TILE_TOKENS, 32);
-        let mut slots = vec![SeqSlot(0); 46];
-        let mut positions: Vec<u32> = (250..296).collect();
+        assert_eq!(QUERY_TILE_TOKENS, 16);
+        let mut slots = vec![SeqSlot(0); 26];
+        let mut positions: Vec<u32> = (250..276).collect();
         slots.extend([SeqSlot(1), SeqSlot(1)]);
         positions.extend([600, 601]);
         let p = plan(&SHAPE, &slots, &positions);
@@ -280,19 +272,19 @@ mod tests {
         assert_eq!(
             tiles,
             vec![
-                ((6, 38), (0, 1)),
-                ((6, 38), (0, 1)),
-                ((38, 46), (0, 1)),
-                ((38, 46), (0, 1)),
-                ((46, 48), (0, 2)),
-                ((46, 48), (0, 2)),
+                ((6, 22), (0, 1)),
+                ((6, 22), (0, 1)),
+                ((22, 26), (0, 1)),
+                ((22, 26), (0, 1)),
+                ((26, 28), (0, 2)),
+                ((26, 28), (0, 2)),
             ]
         );
         assert_eq!(p.partial_base[6], Some(0));
         assert_eq!(p.partial_base[7], Some(4));
-        assert_eq!(p.partial_base[46], Some(40 * 4));
-        assert_eq!(p.partial_base[47], Some(40 * 4 + 8));
-        assert_eq!(p.partial_rows, 40 * 4 + 2 * 8);
+        assert_eq!(p.partial_base[26], Some(20 * 4));
+        assert_eq!(p.partial_base[27], Some(20 * 4 + 8));
+        assert_eq!(p.partial_rows, 20 * 4 + 2 * 8);
         assert_eq!(p.group_tasks, vec![1; 6]);
     }
 
@@ -319,8 +311,7 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(ENCODED_QUERY_TILE_TOKENS, 64);
-        assert_eq!(tiles, vec![(0, 64), (64, 70)]);
+        assert_eq!(tiles, vec![(0, 16), (16, 32), (32, 48), (48, 64), (64, 70)]);
     }
 
     #[test]
