@@ -727,8 +727,9 @@ pub unsafe fn run_tile_task(
                             }
                             let v_run = ev.skip_rows(first).take_rows(n);
                             if fuse_values && a == tile_start && b == tile_end {
-                                // A decode streams the run once: the next tile's codes (K and V
-                                // rows are runs of whole rows) are fetched while this one is scored.
+                                // A decode streams the run once: the next tile's codes (K and
+                                // V rows are runs of whole rows) are fetched while this one is
+                                // scored.
                                 for rows in [&run, &v_run] {
                                     let bytes = rows.bytes();
                                     prefetch_l1(
@@ -919,9 +920,10 @@ mod tests {
     }
 
     /// Tiles over encoded K/V (every codec family, K and V codecs differing, block K codecs
-    /// whose queries read their own group in f16, groups of a tile and smaller) against the exact per-row regime over the
-    /// same store: equal to float rounding; and each row's bits do not depend on the query
-    /// tile it shares (one token per step vs a run of tokens, decode split into segments).
+    /// whose queries read their own group in f16, groups of a tile and smaller) against the
+    /// exact per-row regime over the same store: equal to float rounding; and each row's bits
+    /// do not depend on the query tile it shares (one token per step vs a run of tokens,
+    /// decode split into segments).
     #[test]
     fn encoded_tiles_match_the_exact_regime_and_do_not_depend_on_the_query_tile() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
