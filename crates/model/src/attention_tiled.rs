@@ -56,6 +56,9 @@ pub struct TileScratch {
     coded: CodedTile,
     /// The task's query rows quantised for those codes.
     qcodes: QueryCodes,
+    /// The position counts of a segment's rows and its passes (`segment_passes`).
+    ns: Vec<usize>,
+    passes: Vec<SegmentPass>,
 }
 
 /// What a tile task reads: one layer's queries and the step's token positions.
@@ -447,20 +450,28 @@ struct SegmentPass {
 /// own group's f16 rows and every earlier group's codes, one pass over the positions before
 /// the first row's own group for every row, then one per own group over the rest. Every row
 /// still reads each position once, in order, as it would alone (so the split changes no bit).
-fn segment_passes(ns: &[usize], seg_start: usize, block: Option<usize>) -> Vec<SegmentPass> {
+/// Written into `passes` (cleared first): a task reuses one buffer for every segment.
+fn segment_passes(
+    ns: &[usize],
+    seg_start: usize,
+    block: Option<usize>,
+    passes: &mut Vec<SegmentPass>,
+) {
+    passes.clear();
     let limit = seg_start + SEGMENT_POSITIONS;
     let end_of = |rows: &[usize]| rows.iter().map(|&n| n.min(limit)).max();
     let Some(seg_end) = end_of(ns) else {
-        return Vec::new();
+        return;
     };
     let Some(t) = block else {
-        return vec![SegmentPass {
+        passes.push(SegmentPass {
             rows: 0..ns.len(),
             from: seg_start,
             end: seg_end,
             store_end: seg_end,
             own_start: usize::MAX,
-        }];
+        });
+        return;
     };
     debug_assert!(
         ns.windows(2).all(|w| w[0] <= w[1]),
@@ -480,7 +491,6 @@ fn segment_passes(ns: &[usize], seg_start: usize, block: Option<usize>) -> Vec<S
     // Passes part at a tile start, so every row's tiles are those it reads alone (groups
     // smaller than a tile share one).
     let split = (first_own / TILE_POSITIONS * TILE_POSITIONS).max(seg_start);
-    let mut passes = Vec::new();
     let shared_end = seg_end.min(split);
     if shared_end > seg_start {
         passes.push(SegmentPass {
@@ -505,7 +515,6 @@ fn segment_passes(ns: &[usize], seg_start: usize, block: Option<usize>) -> Vec<S
         });
         i = j;
     }
-    passes
 }
 
 /// Runs `task` (a `Tile`): writes its partial rows and, when it is the last task of its group
@@ -557,6 +566,8 @@ pub unsafe fn run_tile_task(
         q16,
         coded,
         qcodes,
+        ns,
+        passes,
     } = scratch;
     // Widened tiles go through the 512-bit kernel where it runs (same bits either way).
     let wide = WideTiles::here().filter(|_| hd.is_multiple_of(16));
@@ -644,8 +655,10 @@ pub unsafe fn run_tile_task(
                 });
             }
         }
-        let ns: Vec<usize> = rows.iter().map(|r| r.n).collect();
-        for pass in segment_passes(&ns, seg_start, codecs.k.block_tokens()) {
+        ns.clear();
+        ns.extend(rows.iter().map(|r| r.n));
+        segment_passes(ns, seg_start, codecs.k.block_tokens(), passes);
+        for pass in passes.iter().cloned() {
             let SegmentPass {
                 rows: pass_rows,
                 from,
@@ -865,6 +878,12 @@ mod tests {
             }
         }
         att
+    }
+
+    fn segment_passes(ns: &[usize], seg_start: usize, block: Option<usize>) -> Vec<SegmentPass> {
+        let mut passes = Vec::new();
+        super::segment_passes(ns, seg_start, block, &mut passes);
+        passes
     }
 
     /// The passes of a tile's rows over a segment: one for row codecs; with groups of 16, the
