@@ -52,6 +52,7 @@ mod packed32_x86;
 pub mod pool;
 pub mod row_f32;
 pub mod swiglu;
+pub mod thread_cpu;
 pub mod vec_f16;
 pub mod vec_f32;
 

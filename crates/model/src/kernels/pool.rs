@@ -19,8 +19,14 @@
 //! Oversubscription: on a machine shared with other busy processes, a worker can lose its core
 //! while it holds a claimed task, and the caller then waits a whole scheduler time slice
 //! (milliseconds) for a microsecond task. When a call waits for workers longer than
-//! `STALL_THRESHOLD` plus twice the caller's own average task duration, the pool runs the calls
-//! of a backoff period inline on the caller, then tries the workers again. The period starts at
+//! `STALL_THRESHOLD` plus twice the caller's own average task duration, the caller starts
+//! watching the CPU clocks of the workers still running a task ([`super::thread_cpu`]); a
+//! worker whose clock advanced less than half the wall time until it finished lost its core. A
+//! long task is not a stall: a step that mixes many short tasks (decodes) with a few long ones
+//! (a prefill tile) makes the caller wait for a worker that is computing, and running the next
+//! calls inline for that would halve the pool for nothing. Where no CPU clock can be read, the
+//! wait alone decides, as before. After a stall, the pool runs the calls of a backoff period
+//! inline on the caller, then tries the workers again. The period starts at
 //! `STALL_BACKOFF_MIN` and doubles with every stall that follows the previous one within
 //! `STALL_STREAK` (a worker that keeps losing its core), up to `STALL_BACKOFF`; an isolated stall
 //! (a hypervisor hiccup on an otherwise idle machine) so costs about a millisecond of
@@ -33,6 +39,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use super::thread_cpu::CpuClock;
 
 /// How long an idle worker spins before parking.
 const SPIN_BEFORE_PARK: Duration = Duration::from_micros(300);
@@ -72,7 +80,14 @@ struct Shared {
     shutdown: AtomicBool,
     park_lock: Mutex<()>,
     wake: Condvar,
+    /// Per worker: whether it is running a claimed task (the stall check watches only those).
+    in_task: Box<[InTask]>,
 }
+
+/// One worker's "running a task" flag, on its own cache line (workers write it per task).
+#[repr(align(64))]
+#[derive(Default)]
+struct InTask(AtomicBool);
 
 /// A fixed set of threads (the caller included) that runs `Fn(task_index)` loops.
 pub struct ThreadPool {
@@ -94,6 +109,8 @@ pub struct ThreadPool {
     stall_threshold: Duration,
     stall_backoff_min: Duration,
     stall_backoff: Duration,
+    /// Per worker (same order as `workers`): its CPU-time clock, where the platform has one.
+    cpu_clocks: Vec<Option<CpuClock>>,
 }
 
 // SAFETY: `generation` is only read/written by the thread that won the `busy` flag (an acquire
@@ -116,16 +133,18 @@ impl ThreadPool {
             shutdown: AtomicBool::new(false),
             park_lock: Mutex::new(()),
             wake: Condvar::new(),
+            in_task: (1..num_threads).map(|_| InTask::default()).collect(),
         });
-        let workers = (1..num_threads)
+        let workers: Vec<JoinHandle<()>> = (1..num_threads)
             .map(|i| {
                 let shared = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("agentkv-kernel-{i}"))
-                    .spawn(move || worker_loop(&shared))
+                    .spawn(move || worker_loop(&shared, i - 1))
                     .expect("spawning a kernel worker thread failed (out of OS resources)")
             })
             .collect();
+        let cpu_clocks = workers.iter().map(CpuClock::of).collect();
         ThreadPool {
             shared,
             workers,
@@ -139,6 +158,7 @@ impl ThreadPool {
             stall_threshold: STALL_THRESHOLD,
             stall_backoff_min: STALL_BACKOFF_MIN,
             stall_backoff: STALL_BACKOFF,
+            cpu_clocks,
         }
     }
 
@@ -204,6 +224,40 @@ impl ThreadPool {
             .store(now.saturating_add(backoff), Ordering::Relaxed);
     }
 
+    /// Waits until the workers finished every claimed task of the current job (the caller ran
+    /// `own_tasks` of them since `own_start`), and starts a backoff if one of them lost its core
+    /// meanwhile (see the module doc).
+    fn wait_for_workers(&self, num_tasks: usize, own_start: Instant, own_tasks: u32) {
+        let s = &*self.shared;
+        let start = Instant::now();
+        // A running worker finishes within about one task duration of the caller running out
+        // of tasks; a wait much longer than that is suspect.
+        let suspect_after = self.stall_threshold + 2 * ((start - own_start) / own_tasks.max(1));
+        let mut watch = StallWatch::default();
+        let mut spins = 0u32;
+        while s.completed.load(Ordering::Acquire) < num_tasks {
+            spins += 1;
+            if spins < 1 << 14 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            if spins.is_multiple_of(64) {
+                if !watch.started && start.elapsed() >= suspect_after {
+                    watch.start(&s.in_task, &self.cpu_clocks);
+                }
+                watch.poll(&s.in_task, self.stall_threshold);
+            }
+        }
+        if !watch.started {
+            return;
+        }
+        watch.finish(self.stall_threshold);
+        if watch.stalled {
+            self.start_backoff();
+        }
+    }
+
     /// Publishes one generation and participates until all `num_tasks` tasks completed.
     fn run_job(&self, num_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         let s = &*self.shared;
@@ -248,24 +302,8 @@ impl ThreadPool {
                 s.completed.fetch_add(1, Ordering::Release);
             }
         }
-        let mut spins = 0u32;
-        let wait_start = (s.completed.load(Ordering::Acquire) < num_tasks).then(Instant::now);
-        while s.completed.load(Ordering::Acquire) < num_tasks {
-            spins += 1;
-            if spins < 1 << 14 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-        if let Some(start) = wait_start {
-            // A running worker finishes within about one task duration of the caller running
-            // out of tasks; waiting much longer than that means it lost its core.
-            let waited = start.elapsed();
-            let own_avg = (start - own_start) / own_tasks.max(1);
-            if waited >= self.stall_threshold + 2 * own_avg {
-                self.start_backoff();
-            }
+        if s.completed.load(Ordering::Acquire) < num_tasks {
+            self.wait_for_workers(num_tasks, own_start, own_tasks);
         }
         // Every task is claimed and finished: no worker can run `f` again (claims for this
         // generation fail), so `task_fn` may go out of scope.
@@ -302,7 +340,7 @@ fn claim(s: &Shared, generation: u32, num_tasks: usize) -> Option<usize> {
     }
 }
 
-fn worker_loop(s: &Shared) {
+fn worker_loop(s: &Shared, me: usize) {
     let mut seen_generation = 0u32;
     loop {
         // Wait for a generation we have not worked on yet.
@@ -323,9 +361,11 @@ fn worker_loop(s: &Shared) {
             // values are only written after the ticket moved to a newer (closed) generation, which
             // then happens-before our claim's CAS and makes it fail.
             let f: TaskFn<'_> = unsafe { *job };
+            s.in_task[me].0.store(true, Ordering::Relaxed);
             if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
                 s.worker_panicked.store(true, Ordering::Release);
             }
+            s.in_task[me].0.store(false, Ordering::Relaxed);
             s.completed.fetch_add(1, Ordering::Release);
         }
     }
@@ -370,6 +410,73 @@ fn wait_for_new_generation(s: &Shared, seen: u32) -> Option<u32> {
             return Some(g);
         }
         guard = s.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// The caller's watch over the workers it waits for, once the wait looks long: per worker that
+/// was running a task then, its CPU clock and the time at the start of the watch, until that
+/// worker finished its task.
+#[derive(Default)]
+struct StallWatch {
+    started: bool,
+    /// (worker, its clock, CPU time and wall time at the start), for workers not yet finished.
+    open: Vec<(usize, Option<CpuClock>, Option<Duration>, Instant)>,
+    stalled: bool,
+}
+
+impl StallWatch {
+    fn start(&mut self, in_task: &[InTask], clocks: &[Option<CpuClock>]) {
+        self.started = true;
+        for (w, flag) in in_task.iter().enumerate() {
+            if flag.0.load(Ordering::Relaxed) {
+                let clock = clocks.get(w).copied().flatten();
+                let cpu = clock.and_then(|c| c.now());
+                self.open.push((w, clock, cpu, Instant::now()));
+            }
+        }
+        if self.open.is_empty() {
+            // Every worker finished its task while the counter had not caught up yet: nothing
+            // to watch, and nothing lost a core long enough to matter.
+            self.started = false;
+        }
+    }
+
+    /// Closes the watch of every worker that finished its task.
+    fn poll(&mut self, in_task: &[InTask], threshold: Duration) {
+        let mut i = 0;
+        while i < self.open.len() {
+            if in_task[self.open[i].0].0.load(Ordering::Relaxed) {
+                i += 1;
+            } else {
+                let entry = self.open.swap_remove(i);
+                self.close(entry, threshold);
+            }
+        }
+    }
+
+    /// Closes what is still open (the job is complete).
+    fn finish(&mut self, threshold: Duration) {
+        for entry in std::mem::take(&mut self.open) {
+            self.close(entry, threshold);
+        }
+    }
+
+    /// A worker lost its core if, over a watch longer than `threshold`, its CPU clock advanced
+    /// less than half the wall time; without a readable clock, the long wait alone says so.
+    fn close(
+        &mut self,
+        (_, clock, cpu0, wall0): (usize, Option<CpuClock>, Option<Duration>, Instant),
+        threshold: Duration,
+    ) {
+        let wall = wall0.elapsed();
+        let cpu = match (clock.and_then(|c| c.now()), cpu0) {
+            (Some(c1), Some(c0)) => Some(c1.saturating_sub(c0)),
+            _ => None,
+        };
+        self.stalled |= match cpu {
+            Some(cpu) => wall >= threshold && cpu < wall / 2,
+            None => true,
+        };
     }
 }
 
@@ -505,6 +612,54 @@ mod tests {
         // Once the backoff is over, workers take part again.
         pool.inline_until_ns.store(0, Ordering::Relaxed);
         assert!(!pool.backing_off());
+    }
+
+    /// A worker computing a long task while the caller ran short ones is not a stall: its CPU
+    /// clock runs, so later calls keep the workers (the wall-clock rule alone backed off here,
+    /// and made mixed decode-and-prefill steps run on one thread).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_worker_computing_a_long_task_is_no_stall() {
+        let mut pool = ThreadPool::new(2);
+        pool.stall_threshold = Duration::from_millis(2);
+        pool.stall_backoff_min = Duration::from_secs(3600);
+        pool.stall_backoff = Duration::from_secs(3600);
+        let caller = std::thread::current().id();
+        // On a loaded machine the worker may also really lose its core during the long task,
+        // or claim no task at all; one clean call in 50 is what this needs.
+        let mut clean = 0;
+        for _ in 0..50 {
+            pool.inline_until_ns.store(0, Ordering::Relaxed);
+            pool.last_stall_ns.store(0, Ordering::Relaxed);
+            let worker_long = AtomicBool::new(false);
+            let spin = |d: Duration| {
+                let t0 = Instant::now();
+                let mut x = 0u64;
+                while t0.elapsed() < d {
+                    for _ in 0..100 {
+                        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                    }
+                }
+            };
+            // The caller's tasks take 50 µs, long enough for a parked worker to wake and claim.
+            pool.for_each(64, &|_| {
+                if std::thread::current().id() != caller
+                    && !worker_long.swap(true, Ordering::Relaxed)
+                {
+                    spin(Duration::from_millis(30));
+                } else {
+                    spin(Duration::from_micros(50));
+                }
+            });
+            if worker_long.load(Ordering::Relaxed) && !pool.backing_off() {
+                clean += 1;
+                break;
+            }
+        }
+        assert_eq!(
+            clean, 1,
+            "every long task on the worker was taken for a stall"
+        );
     }
 
     #[test]
