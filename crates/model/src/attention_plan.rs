@@ -12,7 +12,9 @@
 //!   llama.cpp's decode arithmetic;
 //! - **tiled** (otherwise, so every f16 row of an [`AttnArith::Prefill`] or [`AttnArith::Tiled`]
 //!   step and every row over encoded K/V): the query rows of all heads of a GQA group and up to
-//!   [`QUERY_TILE_TOKENS`] consecutive tokens of one sequence share each K/V tile
+//!   [`QUERY_TILE_TOKENS`] ([`ENCODED_QUERY_TILE_TOKENS`] over encoded K/V) consecutive tokens of
+//!   one sequence share each K/V tile (a run of consecutive tokens is cut into tiles of equal
+//!   lengths, [`run_tiles`])
 //!   (`attention_tiled`); positions are split into segments of [`SEGMENT_POSITIONS`] whose
 //!   partial states are merged in order. A one-token tile (a decode) gets one task per
 //!   segment (split-K, flash-decoding style); a longer tile runs its segments in one task. The
@@ -23,13 +25,23 @@ use crate::kv::SeqSlot;
 
 /// Positions per segment of the tiled regime (a multiple of the softmax tile).
 pub const SEGMENT_POSITIONS: usize = 512;
-/// Tokens of one sequence whose query rows share a K/V tile (with a GQA group of three, 48
-/// rows per transposed or decoded tile). 16 rather than 8 prefilled a median 7% faster at depth
-/// 4096 on an AVX-512 Xeon (f16 K/V; docs/benchmarks.md, "Intel Xeon"): each tile is
-/// transposed or decoded half as often. 32 prefilled 512 tokens at depth 4096 alone 1–4%
-/// faster still, but made the engine's capped steps (decodes at depth sharing a step with
-/// prefill chunks) slower: agent loops took 24% longer (docs/benchmarks.md, session 20).
-pub const QUERY_TILE_TOKENS: usize = 16;
+/// Tokens of one sequence whose query rows share a K/V tile (with a GQA group of three, 96
+/// rows per transposed or decoded tile). On an AVX-512 Xeon at depth 4096 (f16 K/V;
+/// docs/benchmarks.md), 16 rather than 8 prefilled a median 7% faster and 32 rather than 16
+/// another 2–6% (64: no faster than 32): each tile is transposed or decoded half as often.
+pub const QUERY_TILE_TOKENS: usize = 32;
+/// [`QUERY_TILE_TOKENS`] over encoded (quantized) K/V, whose tiles cost more to decode than f16
+/// tiles to widen: 64 prefilled `k=int4c,v=int4` 1–3% faster than 32 at depth 4096 (int8 the
+/// same; f16 at 64 no faster than at 32). Larger tiles once made the engine's capped steps
+/// slower (session 20): the thread pool took a worker computing a long tile beside the caller's
+/// short decode tasks for a preempted one and ran the next calls on one thread (fixed in
+/// `kernels::pool`), and a 60-token chunk in one 64-token tile gave three tasks to two threads
+/// (fixed by [`run_tiles`]).
+pub const ENCODED_QUERY_TILE_TOKENS: usize = 64;
+/// A short run is cut into up to this many tiles ([`run_tiles`])…
+pub const MIN_TILES_PER_RUN: usize = 4;
+/// …of at least this many tokens.
+pub const MIN_TILE_TOKENS: usize = 16;
 
 const _: () = assert!(SEGMENT_POSITIONS.is_multiple_of(crate::kernels::flash_tile::TILE_POSITIONS));
 
@@ -118,6 +130,11 @@ pub fn plan_without(
         partial_rows: 0,
         group_tasks: Vec::new(),
     };
+    let tile_tokens = if shape.kv_encoded {
+        ENCODED_QUERY_TILE_TOKENS
+    } else {
+        QUERY_TILE_TOKENS
+    };
     let mut t = 0;
     while t < n {
         if skipped(t) {
@@ -135,41 +152,63 @@ pub fn plan_without(
             t += 1;
             continue;
         }
-        // A tile: following tokens of the same sequence at the next positions.
-        let mut end = t + 1;
-        while end < n
-            && end - t < QUERY_TILE_TOKENS
-            && slots[end] == slots[t]
-            && positions[end] == positions[end - 1] + 1
-            && !skipped(end)
+        // A run: following tokens of the same sequence at the next positions, cut into
+        // tiles of balanced lengths (see [`run_tiles`]).
+        let mut run_end = t + 1;
+        while run_end < n
+            && slots[run_end] == slots[t]
+            && positions[run_end] == positions[run_end - 1] + 1
+            && !skipped(run_end)
         {
-            end += 1;
+            run_end += 1;
         }
-        for (u, &pos) in positions.iter().enumerate().take(end).skip(t) {
-            let segs = num_segments(pos as usize + 1);
-            p.segments[u] = segs as u32;
-            p.partial_base[u] = Some(p.partial_rows as u32);
-            p.partial_rows += shape.num_heads * segs;
+        let tiles = run_tiles(run_end - t, tile_tokens);
+        for i in 0..tiles {
+            let (start, end) = (
+                t + (run_end - t) * i / tiles,
+                t + (run_end - t) * (i + 1) / tiles,
+            );
+            push_tile(&mut p, shape, positions, start, end);
         }
-        let max_segs = p.segments[end - 1];
-        for kv_head in 0..shape.num_kv_heads as u32 {
-            let group = p.group_tasks.len() as u32;
-            let split = if end - t == 1 { 1 } else { max_segs };
-            let mut j = 0;
-            while j < max_segs {
-                p.tasks.push(AttnTask::Tile {
-                    tokens: (t as u32, end as u32),
-                    kv_head,
-                    segments: (j, (j + split).min(max_segs)),
-                    group,
-                });
-                j += split;
-            }
-            p.group_tasks.push(max_segs.div_ceil(split));
-        }
-        t = end;
+        t = run_end;
     }
     p
+}
+
+/// How many tiles a run of `len` tokens is cut into: enough that none exceeds `tile_tokens`,
+/// and, for a short run, up to [`MIN_TILES_PER_RUN`] of at least [`MIN_TILE_TOKENS`] so that a
+/// prefill chunk beside decodes (tens of tokens, one sequence) still makes tasks enough for the
+/// pool (with three KV heads and two threads, one 64-token tile of a 60-token chunk left one
+/// thread a third idle). The tiles are then of equal lengths (within one token).
+pub fn run_tiles(len: usize, tile_tokens: usize) -> usize {
+    len.div_ceil(tile_tokens)
+        .max((len / MIN_TILE_TOKENS).min(MIN_TILES_PER_RUN))
+}
+
+/// Plans the tile of batch tokens `start..end` (one sequence, consecutive positions).
+fn push_tile(p: &mut AttnPlan, shape: &AttnShape, positions: &[u32], start: usize, end: usize) {
+    for (u, &pos) in positions.iter().enumerate().take(end).skip(start) {
+        let segs = num_segments(pos as usize + 1);
+        p.segments[u] = segs as u32;
+        p.partial_base[u] = Some(p.partial_rows as u32);
+        p.partial_rows += shape.num_heads * segs;
+    }
+    let max_segs = p.segments[end - 1];
+    for kv_head in 0..shape.num_kv_heads as u32 {
+        let group = p.group_tasks.len() as u32;
+        let split = if end - start == 1 { 1 } else { max_segs };
+        let mut j = 0;
+        while j < max_segs {
+            p.tasks.push(AttnTask::Tile {
+                tokens: (start as u32, end as u32),
+                kv_head,
+                segments: (j, (j + split).min(max_segs)),
+                group,
+            });
+            j += split;
+        }
+        p.group_tasks.push(max_segs.div_ceil(split));
+    }
 }
 
 #[cfg(test)]
@@ -245,11 +284,11 @@ mod tests {
 
     #[test]
     fn a_prefill_run_is_cut_into_query_tiles_at_regime_and_sequence_boundaries() {
-        // Sequence 0: positions 250..=275 (6 exact tokens, then 20 tiled: tiles of 16 and 4);
+        // Sequence 0: positions 250..=295 (6 exact tokens, then 40 tiled: two tiles of 20);
         // sequence 1: positions 600, 601.
-        assert_eq!(QUERY_TILE_TOKENS, 16);
-        let mut slots = vec![SeqSlot(0); 26];
-        let mut positions: Vec<u32> = (250..276).collect();
+        assert_eq!(QUERY_TILE_TOKENS, 32);
+        let mut slots = vec![SeqSlot(0); 46];
+        let mut positions: Vec<u32> = (250..296).collect();
         slots.extend([SeqSlot(1), SeqSlot(1)]);
         positions.extend([600, 601]);
         let p = plan(&SHAPE, &slots, &positions);
@@ -272,19 +311,19 @@ mod tests {
         assert_eq!(
             tiles,
             vec![
-                ((6, 22), (0, 1)),
-                ((6, 22), (0, 1)),
-                ((22, 26), (0, 1)),
-                ((22, 26), (0, 1)),
-                ((26, 28), (0, 2)),
-                ((26, 28), (0, 2)),
+                ((6, 26), (0, 1)),
+                ((6, 26), (0, 1)),
+                ((26, 46), (0, 1)),
+                ((26, 46), (0, 1)),
+                ((46, 48), (0, 2)),
+                ((46, 48), (0, 2)),
             ]
         );
         assert_eq!(p.partial_base[6], Some(0));
         assert_eq!(p.partial_base[7], Some(4));
-        assert_eq!(p.partial_base[26], Some(20 * 4));
-        assert_eq!(p.partial_base[27], Some(20 * 4 + 8));
-        assert_eq!(p.partial_rows, 20 * 4 + 2 * 8);
+        assert_eq!(p.partial_base[46], Some(40 * 4));
+        assert_eq!(p.partial_base[47], Some(40 * 4 + 8));
+        assert_eq!(p.partial_rows, 40 * 4 + 2 * 8);
         assert_eq!(p.group_tasks, vec![1; 6]);
     }
 
@@ -311,7 +350,35 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(tiles, vec![(0, 16), (16, 32), (32, 48), (48, 64), (64, 70)]);
+        assert_eq!(ENCODED_QUERY_TILE_TOKENS, 64);
+        // 70 tokens: at most 64 per tile, and a short run is cut into 4 (balanced).
+        assert_eq!(tiles, vec![(0, 17), (17, 35), (35, 52), (52, 70)]);
+    }
+
+    /// Golden: how many tiles a run is cut into (the plan makes them equal within a token).
+    #[test]
+    fn runs_are_cut_into_enough_balanced_tiles() {
+        assert_eq!((MIN_TILES_PER_RUN, MIN_TILE_TOKENS), (4, 16));
+        let cases = [
+            // (run length, tile tokens, tiles)
+            (1, 32, 1),
+            (15, 32, 1),
+            (31, 32, 1),
+            (32, 32, 2),
+            (40, 32, 2),
+            (63, 32, 3),
+            (64, 32, 4),
+            (128, 32, 4),
+            (129, 32, 5),
+            (512, 32, 16),
+            (70, 64, 4),
+            (256, 64, 4),
+            (300, 64, 5),
+            (512, 64, 8),
+        ];
+        for (len, tile, want) in cases {
+            assert_eq!(run_tiles(len, tile), want, "run of {len}, tiles of {tile}");
+        }
     }
 
     #[test]
@@ -396,6 +463,7 @@ mod tests {
                         group: g,
                     } => {
                         *tasks_of_group.entry(g).or_insert(0u32) += 1;
+                        assert!(tokens.1 - tokens.0 <= QUERY_TILE_TOKENS as u32);
                         for t in tokens.0..tokens.1 {
                             assert_eq!(slots[t as usize], slots[tokens.0 as usize]);
                             for j in segments.0..segments.1.min(p.segments[t as usize]) {
