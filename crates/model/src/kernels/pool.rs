@@ -3,8 +3,9 @@
 //! Owns `num_threads - 1` worker threads; the calling thread is the remaining one and always
 //! takes part. [`ThreadPool::for_each`] publishes one job (a borrowed closure and a task count),
 //! every participant claims task indices from one shared ticket until none are left, and the call
-//! returns once every task has finished. Dispatch allocates nothing; idle workers spin for a short
-//! while (kernel calls come in quick succession during a forward pass), then park on a condvar.
+//! returns once every task has finished. Dispatch allocates nothing (only the stall watch below,
+//! once a wait already looks long, keeps a small list); idle workers spin for a short while
+//! (kernel calls come in quick succession during a forward pass), then park on a condvar.
 //!
 //! Which thread runs which task is not deterministic, so callers must make each task's result
 //! independent of the executing thread (the matmul does: tasks are disjoint row ranges).
