@@ -7,8 +7,8 @@
 //! queries stay f32. Owns streaming K/V
 //! from a [`KvStore`] into tiles (each f16 K/V row widened once, each encoded row decoded once by
 //! `quant::decode_rows`, then used by every query row of the task: all query heads of the GQA
-//! group and up to `QUERY_TILE_TOKENS` tokens) and the causal limits per row. The arithmetic is that of
-//! `kernels::flash_tile`; a tile shared by many rows (a prefill run) is widened once — with
+//! group and up to `QUERY_TILE_TOKENS` tokens, `ENCODED_QUERY_TILE_TOKENS` over encoded K/V) and
+//! the causal limits per row. The arithmetic is that of `kernels::flash_tile`; a tile shared by many rows (a prefill run) is widened once — with
 //! AVX-512, K straight into the transposed `[head_dim, 16]` layout of `kernels::flash_tile_wide`,
 //! whose 512-bit step gives the same bits as the row-major kernels a decode uses (with AVX2 only,
 //! the same layout feeds the 256-bit step of `kernels::flash_tile_narrow`). It never
