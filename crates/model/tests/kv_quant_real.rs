@@ -43,9 +43,9 @@ fn int8_kv_perplexity_is_within_one_percent_of_f16() {
 }
 
 /// Hadamard-rotated int4 K (`int4h`) on the first 4 windows. Measured (deterministic, int4
-/// codec version 2 with its clipping search): f16 16.169, int4 17.522 (+8.4%), `k=int4h,v=int4`
-/// 16.668 (+3.1%), `int4h` 16.914 (+4.6%). The bounds leave a wide margin for platform-level
-/// rounding differences, never for chance.
+/// codec version 2 with its clipping search; 2026-12-04 with the i8 query of coded K): f16
+/// 16.1565, int4 17.2686 (+6.9%), `k=int4h,v=int4` 16.9131 (+4.7%), `int4h` 16.8997 (+4.6%).
+/// The bounds leave a wide margin for platform-level rounding differences, never for chance.
 #[test]
 fn rotated_int4_k_beats_plain_int4_and_stays_near_f16() {
     let base = ppl(KvDtype::F16, 4);
@@ -59,7 +59,7 @@ fn rotated_int4_k_beats_plain_int4_and_stays_near_f16() {
         pct(rot_k),
         pct(rot_kv)
     );
-    // Rotating K removes over half of int4's loss (measured 3.1% vs 8.4%).
+    // Rotating K removes a third of int4's loss (measured 4.7% vs 6.9%).
     assert!(
         pct(rot_k) < 6.5,
         "k=int4h,v=int4 {rot_k:.4} vs f16 {base:.4}"
@@ -69,6 +69,32 @@ fn rotated_int4_k_beats_plain_int4_and_stays_near_f16() {
         "rotation must clearly beat plain int4: {rot_k:.4} vs {int4:.4}"
     );
     assert!(rot_kv < int4, "int4h {rot_kv:.4} vs int4 {int4:.4}");
+}
+
+/// Per-channel 4-bit K (`int4c`, KIVI-style scales per block and channel) with int4 V, the best
+/// 4-bit setting, on the first 4 windows. Measured (deterministic; 2026-12-04, AVX-512 Xeon):
+/// f16 16.1565, `k=int4c,v=int4` 16.2109 (+0.34%),
+/// `k=int4h,v=int4` 16.9131 (+4.7%). Over the whole text it is +0.71% (issue #18's goal: ≤ +1%);
+/// the bound below holds that goal on these windows with room for platform rounding only.
+#[test]
+fn per_channel_int4_k_stays_within_one_percent_of_f16() {
+    let base = ppl(KvDtype::F16, 4);
+    let int4c = ppl(KvDtype::parse("k=int4c,v=int4").unwrap(), 4);
+    let rot_k = ppl(KvDtype::parse("k=int4h,v=int4").unwrap(), 4);
+    let pct = |x: f64| (x / base - 1.0) * 100.0;
+    eprintln!(
+        "f16 {base:.4} k=int4c,v=int4 {int4c:.4} ({:+.2}%) k=int4h,v=int4 {rot_k:.4} ({:+.2}%)",
+        pct(int4c),
+        pct(rot_k)
+    );
+    assert!(
+        pct(int4c) < 1.0,
+        "k=int4c,v=int4 {int4c:.4} vs f16 {base:.4}"
+    );
+    assert!(
+        int4c < rot_k,
+        "per-channel K must beat rotated per-token K: {int4c:.4} vs {rot_k:.4}"
+    );
 }
 
 #[test]
@@ -84,6 +110,7 @@ fn every_codec_generates_deterministically() {
         "k=int8,v=int4",
         "int4h",
         "k=int4h,v=int4",
+        "k=int4c,v=int4",
     ] {
         let kv_dtype = KvDtype::parse(spec).unwrap();
         let opts = GenerateOptions {
