@@ -104,6 +104,17 @@ pub(crate) fn choose_clipped_with(isa: crate::isa::Isa, values: &[f32], qmax: u3
     choose_clipped(values, qmax)
 }
 
+/// [`choose`] on the AVX2 path where `isa` allows (bit-identical).
+pub(crate) fn choose_with(isa: crate::isa::Isa, values: &[f32], qmax: u32) -> Affine {
+    #[cfg(target_arch = "x86_64")]
+    if isa.use_avx2() {
+        // SAFETY: `use_avx2` is true only when AVX2, FMA and F16C were detected at runtime.
+        return unsafe { crate::clip_avx2::choose(values, qmax) };
+    }
+    let _ = isa;
+    choose(values, qmax)
+}
+
 const ALL_NAN: Affine = Affine {
     scale: f16::ZERO,
     offset: f16::ZERO,
@@ -128,7 +139,7 @@ fn finite_range(values: &[f32]) -> Option<(f32, f32)> {
 
 /// Stored parameters whose grid covers `[lo, hi]` (`lo ≤ hi`, both within the f16 range):
 /// offset = `lo` rounded down to f16, scale = `(hi − offset)/qmax` rounded up.
-fn covering(lo: f32, hi: f32, qmax: u32) -> Affine {
+pub(crate) fn covering(lo: f32, hi: f32, qmax: u32) -> Affine {
     let mut offset = f16::from_f32(lo);
     if offset.to_f32() > lo {
         offset = f16_next_down(offset);

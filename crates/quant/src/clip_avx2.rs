@@ -1,5 +1,6 @@
-//! AVX2+FMA+F16C paths of the 4-bit encoders' clipped-range search: [`choose_clipped`] (one
-//! `int4` row group; the 7 candidate ranges of [`CLIP_CANDIDATES`] sit in the 8 f32 lanes) and
+//! AVX2+FMA+F16C paths of the integer encoders' range choice: [`choose_clipped`] (the 4-bit
+//! clipped-range search of one `int4` row group; the 7 candidate ranges of [`CLIP_CANDIDATES`]
+//! sit in the 8 f32 lanes), [`choose`] (the whole range of an `int8` group) and
 //! [`encode_channels8`] (8 channels of an `int4c` group; channels in the lanes, tokens down the
 //! rows: range, search, codes and nibble packing in one pass).
 //!
@@ -117,15 +118,15 @@ fn halves(v: __m128i) -> [u16; LANES] {
     out
 }
 
-/// `affine::choose_clipped(values, qmax)`, bit-identical, with the candidates in lanes.
+/// `affine::finite_range(values)` for a group that needs no sanitising, 8 values at a time:
+/// `None` when the group holds a NaN or a value beyond ±65504 (the caller takes the portable
+/// path) or has fewer than 8 values.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn choose_clipped(values: &[f32], qmax: u32) -> Affine {
-    const { assert!(CLIP_CANDIDATES.len() == LANES - 1) };
+fn plain_range(values: &[f32]) -> Option<(f32, f32)> {
     let n8 = values.len() / LANES * LANES;
     if n8 == 0 {
-        return affine::choose_clipped(values, qmax);
+        return None;
     }
-    // Range and sanitising check, 8 values at a time; the tail in scalar.
     let ld = |i: usize| {
         assert!(i + LANES <= values.len());
         // SAFETY: i + 8 <= values.len() (asserted): the 32 bytes read lie inside `values`.
@@ -141,7 +142,7 @@ pub(crate) fn choose_clipped(values: &[f32], qmax: u32) -> Affine {
     }
     if _mm256_movemask_ps(bad) != 0 || values[n8..].iter().any(|x| x.is_nan() || x.abs() > F16_MAX)
     {
-        return affine::choose_clipped(values, qmax);
+        return None;
     }
     let fold = |v: [f32; LANES], tail: &[f32], pick: fn(f32, f32) -> bool| {
         let mut m = v[0];
@@ -162,6 +163,26 @@ pub(crate) fn choose_clipped(values: &[f32], qmax: u32) -> Affine {
     if max == 0.0 {
         max = first_zero();
     }
+    Some((min, max))
+}
+
+/// `affine::choose(values, qmax)` (the whole finite range: `int8`), bit-identical.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn choose(values: &[f32], qmax: u32) -> Affine {
+    match plain_range(values) {
+        Some((min, max)) => affine::covering(min, max, qmax),
+        None => affine::choose(values, qmax),
+    }
+}
+
+/// `affine::choose_clipped(values, qmax)`, bit-identical, with the candidates in lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn choose_clipped(values: &[f32], qmax: u32) -> Affine {
+    const { assert!(CLIP_CANDIDATES.len() == LANES - 1) };
+    let Some((min, max)) = plain_range(values) else {
+        return affine::choose_clipped(values, qmax);
+    };
+    let n8 = values.len() / LANES * LANES;
     let range = max - min;
     let mut low = [0f32; LANES];
     let mut high = [0f32; LANES];
@@ -415,6 +436,26 @@ pub(crate) mod tests {
             v[i] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e6, -7e4][rng.gen_range(0..5)];
         }
         v
+    }
+
+    #[test]
+    fn full_range_matches_the_portable_choice_bit_for_bit() {
+        if Isa::detect() == Isa::Portable {
+            return;
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(19);
+        for case in 0..20_000 {
+            let n = [64, 32, 16, 8, 9, 31, 40, 1, 3][case % 9];
+            let v = group(&mut rng, n, true);
+            let want = affine::choose(&v, 255);
+            // SAFETY: AVX2, FMA and F16C were detected (Isa::detect is not Portable).
+            let got = unsafe { choose(&v, 255) };
+            assert_eq!(
+                (got.scale.to_bits(), got.offset.to_bits()),
+                (want.scale.to_bits(), want.offset.to_bits()),
+                "case {case}: {v:?}"
+            );
+        }
     }
 
     #[test]

@@ -113,7 +113,7 @@ fn encode_int(isa: Isa, x: &[f32], out: &mut [u8], group: usize, qmax: u32) {
         let p = if qmax == 15 {
             affine::choose_clipped_with(isa, xg, qmax)
         } else {
-            affine::choose(xg, qmax)
+            affine::choose_with(isa, xg, qmax)
         };
         let wide = affine::widen(p);
         pg[..2].copy_from_slice(&p.scale.to_bits().to_le_bytes());

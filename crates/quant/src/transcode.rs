@@ -35,6 +35,9 @@ pub fn serialized_len(
     Ok(num_rows * (codecs.k.bytes_per_row(head_dim) + codecs.v.bytes_per_row(head_dim)))
 }
 
+/// Rows decoded and re-encoded per pass (16 rows of 64 values: a 4 KiB f32 buffer).
+const CHUNK_ROWS: usize = 16;
+
 /// f32, f16, bf16: rows are plain values, so any number of rows is one "row" of the codec.
 fn is_plain_float(kind: KvCodecKind) -> bool {
     matches!(
@@ -74,17 +77,13 @@ fn decode_side(
     Ok(())
 }
 
-/// `values` (`num_rows · head_dim`) encoded under `kind`, appended to `out`.
+/// `values` (`num_rows · head_dim`) encoded under `kind` into `dst` (`num_rows` rows' bytes).
 fn encode_side(
     kind: KvCodecKind,
     head_dim: usize,
     values: &[f32],
-    out: &mut Vec<u8>,
+    dst: &mut [u8],
 ) -> Result<(), QuantError> {
-    let num_rows = values.len() / head_dim;
-    let start = out.len();
-    out.resize(start + num_rows * kind.bytes_per_row(head_dim), 0);
-    let dst = &mut out[start..];
     match (kind.block_tokens(), kind.bytes_per_group(head_dim)) {
         (Some(tokens), Some(group_bytes)) => {
             for (x, o) in values
@@ -130,18 +129,51 @@ pub fn transcode_rows(
         return Ok(bytes.to_vec());
     }
     let (k_bytes, v_bytes) = bytes.split_at(num_rows * from.k.bytes_per_row(head_dim));
-    let mut values = vec![0f32; num_rows * head_dim];
-    let mut out = Vec::with_capacity(out_len);
-    for (side_from, side_to, side_bytes) in [(from.k, to.k, k_bytes), (from.v, to.v, v_bytes)] {
+    let mut out = vec![0u8; out_len];
+    let (k_out, v_out) = out.split_at_mut(num_rows * to.k.bytes_per_row(head_dim));
+    let mut values = Vec::new();
+    for (side_from, side_to, src, dst) in [
+        (from.k, to.k, k_bytes, k_out),
+        (from.v, to.v, v_bytes, v_out),
+    ] {
         if side_from == side_to {
-            out.extend_from_slice(side_bytes);
+            dst.copy_from_slice(src);
             continue;
         }
-        decode_side(side_from, head_dim, side_bytes, &mut values)?;
-        encode_side(side_to, head_dim, &values, &mut out)?;
+        // A few rows at a time through an f32 buffer that stays in L1, instead of the whole
+        // side through one the size of the block (which costs a pass through L2 and, for a
+        // fresh allocation, page faults).
+        let rows = chunk_rows(side_from, side_to);
+        values.resize(rows * head_dim, 0.0);
+        let (from_row, to_row) = (
+            side_from.bytes_per_row(head_dim),
+            side_to.bytes_per_row(head_dim),
+        );
+        for (src, dst) in src
+            .chunks(rows * from_row)
+            .zip(dst.chunks_mut(rows * to_row))
+        {
+            let values = &mut values[..src.len() / from_row * head_dim];
+            decode_side(side_from, head_dim, src, values)?;
+            encode_side(side_to, head_dim, values, dst)?;
+        }
     }
-    debug_assert_eq!(out.len(), out_len);
     Ok(out)
+}
+
+/// Rows transcoded per pass: [`CHUNK_ROWS`], or a multiple of every block codec's group that is
+/// at least that (so a pass holds whole groups; `serialized_len` checked that the rows are whole
+/// groups).
+fn chunk_rows(a: KvCodecKind, b: KvCodecKind) -> usize {
+    let lcm = |x: usize, y: usize| {
+        let (mut p, mut q) = (x, y);
+        while q != 0 {
+            (p, q) = (q, p % q);
+        }
+        x / p * y
+    };
+    let group = lcm(a.block_tokens().unwrap_or(1), b.block_tokens().unwrap_or(1));
+    CHUNK_ROWS.next_multiple_of(group)
 }
 
 #[cfg(test)]
@@ -166,25 +198,30 @@ mod tests {
     #[test]
     fn transcoding_equals_encoding_each_row_and_group_directly() {
         // Naive model: every K row / group and V row encoded on its own from the f32 values.
-        let (hd, n) = (64, 32);
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(18);
-        let k: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-4.0..4.0)).collect();
-        let v: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let src = serialise_f32(&k, &v);
-        for name in [
-            "f16",
-            "int8",
-            "k=int4c,v=int4",
-            "k=int8,v=int4",
-            "fp8",
-            "int4h",
+        // Row counts that fill passes of `CHUNK_ROWS` exactly, end in a partial pass (40 rows,
+        // groups of 8), or take passes of a group larger than `CHUNK_ROWS` (64 rows, groups of 32).
+        for (name, n) in [
+            ("f16", 32),
+            ("int8", 40),
+            ("k=int4c,v=int4", 32),
+            ("k=int4c-t8,v=int4", 40),
+            ("k=int4c-t32,v=int8", 64),
+            ("k=int8,v=int4", 40),
+            ("fp8", 32),
+            ("int4h", 40),
         ] {
+            let hd = 64;
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(18);
+            let k: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-4.0..4.0)).collect();
+            let v: Vec<f32> = (0..n * hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let src = serialise_f32(&k, &v);
             let to = KvCodecs::parse(name).unwrap();
             let got = transcode_rows(KvCodecs::F32, to, hd, n, &src).unwrap();
             let mut want = Vec::new();
             match to.k.bytes_per_group(hd) {
                 Some(gb) => {
-                    for x in k.chunks_exact(16 * hd) {
+                    let tokens = to.k.block_tokens().unwrap();
+                    for x in k.chunks_exact(tokens * hd) {
                         let mut o = vec![0u8; gb];
                         encode_group(to.k, x, hd, &mut o).unwrap();
                         want.extend(o);
