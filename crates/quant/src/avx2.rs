@@ -488,6 +488,140 @@ pub(crate) fn encode_codes(x: &[f32], wide: (f64, f64), qmax: u32, out: &mut [u8
     crate::scalar::encode_codes(&x[n4..], wide, qmax, &mut out[n4..x.len()]);
 }
 
+/// [`crate::scalar::encode_bf16`], 8 values at a time with integer operations on the f32 bits:
+/// NaN → `(bits >> 16) | 0x40`; otherwise `bits >> 16`, plus one where the dropped half is above
+/// a tie or a tie with an odd kept bit (`half`'s rounding, written the same way).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn encode_bf16(x: &[f32], out: &mut [u8]) {
+    assert!(out.len() >= 2 * x.len(), "bf16 row too short");
+    let n8 = x.len() / 8 * 8;
+    let abs_mask = _mm256_set1_epi32(0x7FFF_FFFF);
+    let inf = _mm256_set1_epi32(0x7F80_0000);
+    let round_bit = _mm256_set1_epi32(0x8000);
+    let rest = _mm256_set1_epi32(3 * 0x8000 - 1);
+    let quiet = _mm256_set1_epi32(0x40);
+    let zero = _mm256_setzero_si256();
+    let mut i = 0;
+    while i < n8 {
+        // SAFETY: i + 8 <= x.len() (32 bytes read) and 2(i + 8) <= out.len() (16 bytes written).
+        unsafe {
+            let b = _mm256_castps_si256(_mm256_loadu_ps(x.as_ptr().add(i)));
+            let nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, abs_mask), inf);
+            let top = _mm256_srli_epi32::<16>(b);
+            let has_round = _mm256_xor_si256(
+                _mm256_cmpeq_epi32(_mm256_and_si256(b, round_bit), zero),
+                _mm256_set1_epi32(-1),
+            );
+            let has_rest = _mm256_xor_si256(
+                _mm256_cmpeq_epi32(_mm256_and_si256(b, rest), zero),
+                _mm256_set1_epi32(-1),
+            );
+            // All-ones lanes are −1: subtracting the mask adds one.
+            let rounded = _mm256_sub_epi32(top, _mm256_and_si256(has_round, has_rest));
+            let r = _mm256_blendv_epi8(rounded, _mm256_or_si256(top, quiet), nan);
+            // Eight 16-bit results: pack (each 128-bit half holds four), then order the halves.
+            let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(r, zero));
+            _mm_storeu_si128(
+                out.as_mut_ptr().add(2 * i).cast::<__m128i>(),
+                _mm256_castsi256_si128(packed),
+            );
+        }
+        i += 8;
+    }
+    crate::scalar::encode_bf16(&x[n8..], &mut out[2 * n8..2 * x.len()]);
+}
+
+/// [`crate::scalar::encode_fp8`]: the largest finite magnitude and the codes 8 values at a time.
+/// The division is IEEE in both paths; the E4M3 rounding is `fp8::f32_to_e4m3`'s, lane-wise (the
+/// subnormal branch rounds `a·512` to nearest even, the normal one adds `0x7FFFF` plus the kept
+/// bit to the f32 bits and shifts), so every code is identical. Rows with scale 0 take the
+/// portable loop.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn encode_fp8(x: &[f32], out: &mut [u8]) {
+    use crate::fp8::E4M3_MAX;
+    use crate::kind::FP8_SCALE_BYTES;
+    assert!(out.len() >= FP8_SCALE_BYTES + x.len(), "fp8 row too short");
+    let n8 = x.len() / 8 * 8;
+    let ld = |i: usize| {
+        assert!(i + 8 <= x.len());
+        // SAFETY: i + 8 <= x.len() (asserted): the 32 bytes read lie inside `x`.
+        unsafe { _mm256_loadu_ps(x.as_ptr().add(i)) }
+    };
+    let sign = _mm256_set1_ps(-0.0);
+    let inf = _mm256_set1_ps(f32::INFINITY);
+    let mut m = _mm256_setzero_ps();
+    for i in (0..n8).step_by(8) {
+        let a = _mm256_andnot_ps(sign, ld(i));
+        let finite = _mm256_cmp_ps::<_CMP_LT_OQ>(a, inf);
+        m = _mm256_max_ps(m, _mm256_and_ps(a, finite));
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` is 32 bytes, exactly one __m256.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
+    // Maxima are exact, so the order of the fold does not matter.
+    let amax = x[n8..]
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(lanes.iter().fold(0f32, |m, &v| m.max(v)), |m, v| {
+            m.max(v.abs())
+        });
+    let scale = amax / E4M3_MAX;
+    let (head, codes) = out.split_at_mut(FP8_SCALE_BYTES);
+    head.copy_from_slice(&scale.to_le_bytes());
+    if scale <= 0.0 {
+        crate::scalar::encode_e4m3_codes(x, scale, codes);
+        return;
+    }
+    let sc = _mm256_set1_ps(scale);
+    let big = _mm256_set1_ps(E4M3_MAX);
+    let small = _mm256_set1_ps(1.0 / 64.0);
+    let times512 = _mm256_set1_ps(512.0);
+    let max_code = _mm256_set1_epi32(0x7E);
+    let half_minus_one = _mm256_set1_epi32(0x7FFFF);
+    let one = _mm256_set1_epi32(1);
+    let bias = _mm256_set1_epi32((127 - 7) << 3);
+    let order = _mm256_setr_epi8(
+        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, //
+        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+    );
+    for i in (0..n8).step_by(8) {
+        let y = _mm256_div_ps(ld(i), sc);
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(y, y);
+        let a = _mm256_andnot_ps(sign, y);
+        let sign_bit = _mm256_srli_epi32::<24>(_mm256_and_si256(
+            _mm256_castps_si256(y),
+            _mm256_castps_si256(sign),
+        ));
+        let sub = _mm256_cvtps_epi32(_mm256_round_ps::<
+            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+        >(_mm256_mul_ps(a, times512)));
+        let bits = _mm256_castps_si256(a);
+        let kept = _mm256_and_si256(_mm256_srli_epi32::<20>(bits), one);
+        let rounded = _mm256_srli_epi32::<20>(_mm256_add_epi32(
+            _mm256_add_epi32(bits, half_minus_one),
+            kept,
+        ));
+        let normal = _mm256_min_epi32(_mm256_sub_epi32(rounded, bias), max_code);
+        let is_small = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LT_OQ>(a, small));
+        let is_big = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(a, big));
+        let magnitude =
+            _mm256_blendv_epi8(_mm256_blendv_epi8(normal, sub, is_small), max_code, is_big);
+        let code = _mm256_andnot_si256(
+            _mm256_castps_si256(nan),
+            _mm256_or_si256(magnitude, sign_bit),
+        );
+        let bytes = _mm256_shuffle_epi8(code, order);
+        let packed = _mm_unpacklo_epi32(
+            _mm256_castsi256_si128(bytes),
+            _mm256_extracti128_si256::<1>(bytes),
+        );
+        assert!(i + 8 <= codes.len());
+        // SAFETY: i + 8 <= codes.len() (asserted): the 8 bytes written lie inside `codes`.
+        unsafe { _mm_storel_epi64(codes.as_mut_ptr().add(i).cast::<__m128i>(), packed) };
+    }
+    crate::scalar::encode_e4m3_codes(&x[n8..], scale, &mut codes[n8..x.len()]);
+}
+
 /// [`crate::scalar::encode_f16`] with F16C's `vcvtps2ph` (round to nearest even, the same
 /// result as `half::f16::from_f32` for every input, NaN payloads included — tested).
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -35,12 +35,10 @@
 use crate::affine;
 use crate::dispatch::pick;
 use crate::error::QuantError;
-use crate::fp8::{f32_to_e4m3, E4M3_MAX};
 use crate::hadamard;
 use crate::isa::Isa;
-use crate::kind::{KvCodecKind, FP8_SCALE_BYTES};
+use crate::kind::KvCodecKind;
 use crate::layout::{check_row, split_fp8, split_int};
-use half::bf16;
 
 /// Encodes `x` (`[head_dim]`) into `out` (`[kind.bytes_per_row(head_dim)]` bytes).
 pub fn encode_row(kind: KvCodecKind, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
@@ -62,12 +60,8 @@ pub fn encode_row_with(
             }
         }
         KvCodecKind::F16 => pick!(isa, encode_f16(x, out)),
-        KvCodecKind::Bf16 => {
-            for (o, v) in out.chunks_exact_mut(2).zip(x) {
-                o.copy_from_slice(&bf16::from_f32(*v).to_bits().to_le_bytes());
-            }
-        }
-        KvCodecKind::Fp8E4m3 => encode_fp8(x, out),
+        KvCodecKind::Bf16 => pick!(isa, encode_bf16(x, out)),
+        KvCodecKind::Fp8E4m3 => pick!(isa, encode_fp8(x, out)),
         KvCodecKind::Int8 { group } => encode_int(isa, x, out, group, 255),
         KvCodecKind::Int4 { group } => encode_int(isa, x, out, group, 15),
         KvCodecKind::Int4Channel { .. } => unreachable!("check_row rejects block codecs"),
@@ -79,24 +73,6 @@ pub fn encode_row_with(
         }
     }
     Ok(())
-}
-
-fn encode_fp8(x: &[f32], out: &mut [u8]) {
-    let amax = x
-        .iter()
-        .filter(|v| v.is_finite())
-        .fold(0f32, |m, v| m.max(v.abs()));
-    let scale = amax / E4M3_MAX;
-    let (head, codes) = out.split_at_mut(FP8_SCALE_BYTES);
-    head.copy_from_slice(&scale.to_le_bytes());
-    for (c, &v) in codes.iter_mut().zip(x) {
-        *c = if scale > 0.0 {
-            f32_to_e4m3(v / scale)
-        } else {
-            // All-zero (or all non-finite) row: every value decodes to 0·scale = 0.
-            f32_to_e4m3(if v.is_infinite() { v } else { 0.0 })
-        };
-    }
 }
 
 fn encode_int(isa: Isa, x: &[f32], out: &mut [u8], group: usize, qmax: u32) {

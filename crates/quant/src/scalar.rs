@@ -1,5 +1,5 @@
 //! Portable kernels over the codes of one row (or one channel group): dot with a query, fused
-//! `acc += w·x̂`, and decode. Bit-identical to `avx2.rs` by construction (same operations in the
+//! `acc += w·x̂`, decode, and the per-value encoders (integer codes, f16, bf16, fp8). Bit-identical to `avx2.rs` by construction (same operations in the
 //! canonical order of `canonical.rs`).
 //!
 //! Slices are element-indexed views into encoded rows; callers pass matching lengths (checked
@@ -7,7 +7,8 @@
 
 use crate::affine::dequant;
 use crate::canonical::dot_by;
-use crate::fp8::e4m3_to_f32;
+use crate::fp8::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
+use crate::kind::FP8_SCALE_BYTES;
 use crate::layout::{f32_at, u16_at, u4_at};
 use half::{bf16, f16};
 
@@ -134,6 +135,40 @@ crate::dispatch::int_row_drivers!();
 pub(crate) fn encode_codes(x: &[f32], wide: (f64, f64), qmax: u32, out: &mut [u8]) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o = crate::affine::code(v, wide, qmax);
+    }
+}
+
+/// `x` rounded to bfloat16 as `half::bf16::from_f32` does (nearest, ties to even; a NaN keeps
+/// its sign and top payload bits and becomes quiet), little-endian.
+pub(crate) fn encode_bf16(x: &[f32], out: &mut [u8]) {
+    for (o, v) in out.chunks_exact_mut(2).zip(x) {
+        o.copy_from_slice(&bf16::from_f32(*v).to_bits().to_le_bytes());
+    }
+}
+
+/// One `fp8` row: the f32 scale (the largest finite magnitude / 448), then each value divided by
+/// it and rounded to E4M3 ([`f32_to_e4m3`]). A row without a finite non-zero value has scale 0:
+/// infinities saturate to ±448, everything else encodes as 0.
+pub(crate) fn encode_fp8(x: &[f32], out: &mut [u8]) {
+    let amax = x
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(0f32, |m, v| m.max(v.abs()));
+    let scale = amax / E4M3_MAX;
+    let (head, codes) = out.split_at_mut(FP8_SCALE_BYTES);
+    head.copy_from_slice(&scale.to_le_bytes());
+    encode_e4m3_codes(x, scale, codes);
+}
+
+/// The codes of an `fp8` row with scale `scale` (also the tail of the AVX2 path).
+pub(crate) fn encode_e4m3_codes(x: &[f32], scale: f32, codes: &mut [u8]) {
+    for (c, &v) in codes.iter_mut().zip(x) {
+        *c = if scale > 0.0 {
+            f32_to_e4m3(v / scale)
+        } else {
+            // All-zero (or all non-finite) row: every value decodes to 0·scale = 0.
+            f32_to_e4m3(if v.is_infinite() { v } else { 0.0 })
+        };
     }
 }
 

@@ -267,3 +267,67 @@ fn encode_paths_are_bit_identical() {
         }
     }
 }
+
+/// Encodes `values` as rows of lengths cycling through 1..=40 (every SIMD tail) on the portable
+/// and the AVX2 path, with `lead` (if any) as each row's first value; the bytes must be equal.
+fn encoders_agree(kind: KvCodecKind, values: &[f32], lead: Option<f32>) {
+    let (mut at, mut len) = (0, 1);
+    while at < values.len() {
+        let take = len.min(values.len() - at);
+        let row: Vec<f32> = lead
+            .into_iter()
+            .chain(values[at..at + take].iter().copied())
+            .collect();
+        let n = kind.bytes_per_row(row.len());
+        let (mut p, mut v) = (vec![0u8; n], vec![0u8; n]);
+        encode_row_with(Isa::Portable, kind, &row, &mut p).unwrap();
+        encode_row_with(Isa::Avx2, kind, &row, &mut v).unwrap();
+        assert_eq!(p, v, "{kind}: {row:?}");
+        at += take;
+        len = len % 40 + 1;
+    }
+}
+
+/// The bf16 and fp8 encoders agree bit for bit on every path across the f32 range: a stride
+/// through all 2^32 bit patterns (NaNs, infinities, subnormals included), every bf16 rounding
+/// tie and its neighbours, and, for fp8 with a row scale of exactly 1 (a leading 448), every
+/// E4M3 tie (normal and subnormal) and its neighbours.
+#[test]
+fn bf16_and_fp8_encoders_agree_across_the_f32_range() {
+    let stride: Vec<f32> = (0..=u32::MAX).step_by(40_009).map(f32::from_bits).collect();
+    let bf16_ties: Vec<f32> = (0..1u32 << 16)
+        .step_by(7)
+        .flat_map(|hi| [0x8000, 0x7FFF, 0x8001].map(|lo| f32::from_bits(hi << 16 | lo)))
+        .collect();
+    for values in [&stride, &bf16_ties] {
+        encoders_agree(KvCodecKind::Bf16, values, None);
+        encoders_agree(KvCodecKind::Fp8E4m3, values, None);
+    }
+    // Normal E4M3 ties: 3 kept mantissa bits, the dropped 20 at, just below and above half.
+    let mut fp8_ties = Vec::new();
+    for exp in 120u32..=135 {
+        for kept in 0..8u32 {
+            for low in [0x8_0000u32, 0x7_FFFF, 0x8_0001, 0, 0xF_FFFF] {
+                for sign in [0, 1u32 << 31] {
+                    let v = f32::from_bits(sign | exp << 23 | kept << 20 | low);
+                    if v.abs() < 448.0 {
+                        fp8_ties.push(v);
+                    }
+                }
+            }
+        }
+    }
+    // Subnormal E4M3 ties: a·512 = k + 1/2, and values just around them.
+    for k in 0..8 {
+        let t = (k as f32 + 0.5) / 512.0;
+        for v in [
+            t,
+            f32::from_bits(t.to_bits() - 1),
+            f32::from_bits(t.to_bits() + 1),
+        ] {
+            fp8_ties.extend([v, -v]);
+        }
+    }
+    fp8_ties.extend([1.0 / 64.0, -1.0 / 64.0, 447.99997, 0.0, -0.0]);
+    encoders_agree(KvCodecKind::Fp8E4m3, &fp8_ties, Some(448.0));
+}
