@@ -2,9 +2,11 @@
 //! AVX-512 F+BW on top of it (the tile decoders; every other kernel runs its AVX2 path there).
 //!
 //! Owns runtime detection (done once, cached). Both paths perform the same operations in the
-//! same order, so they give bit-identical results; the choice changes only speed. It reads no
-//! environment: callers that want to force the portable path pass [`Isa::Portable`] to the
-//! `*_with` functions.
+//! same order, so they give bit-identical results; the choice changes only speed. The process
+//! environment caps the detected path as it caps the model kernels' (`model::kernels::cpu`):
+//! `AGENTKV_NO_SIMD=1` or `AGENTKV_ISA=portable` → portable, `AGENTKV_ISA=avx2` → at most AVX2
+//! (what an AVX2-only machine runs, for measurements); other values cap nothing (the model
+//! reports them). Callers that want a given path pass it to the `*_with` functions.
 
 use std::sync::OnceLock;
 
@@ -20,10 +22,16 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best path this CPU supports (detected once per process).
+    /// The best path this CPU supports, within the environment's cap (once per process).
     pub fn detect() -> Isa {
         static DETECTED: OnceLock<Isa> = OnceLock::new();
-        *DETECTED.get_or_init(detect_uncached)
+        *DETECTED.get_or_init(|| {
+            let cap = env_cap(
+                std::env::var("AGENTKV_NO_SIMD").ok().as_deref(),
+                std::env::var("AGENTKV_ISA").ok().as_deref(),
+            );
+            capped(detect_uncached(), cap)
+        })
     }
 
     /// `self`, downgraded to [`Isa::Portable`] if the CPU lacks it (guards explicit choices).
@@ -47,6 +55,32 @@ impl Isa {
     }
 }
 
+/// The cap the environment puts on the path: `no_simd` = `AGENTKV_NO_SIMD`, `isa` =
+/// `AGENTKV_ISA` (`None`: no cap).
+fn env_cap(no_simd: Option<&str>, isa: Option<&str>) -> Option<Isa> {
+    if no_simd == Some("1") {
+        return Some(Isa::Portable);
+    }
+    match isa.map(str::trim) {
+        Some("avx2") => Some(Isa::Avx2),
+        Some("portable") => Some(Isa::Portable),
+        _ => None,
+    }
+}
+
+/// `hardware` lowered to `cap`.
+fn capped(hardware: Isa, cap: Option<Isa>) -> Isa {
+    let rank = |i: Isa| match i {
+        Isa::Portable => 0,
+        Isa::Avx2 => 1,
+        Isa::Avx512 => 2,
+    };
+    match cap {
+        Some(c) if rank(c) < rank(hardware) => c,
+        _ => hardware,
+    }
+}
+
 fn detect_uncached() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
@@ -66,6 +100,22 @@ fn detect_uncached() -> Isa {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_environment_caps_the_path_and_never_raises_it() {
+        use Isa::*;
+        assert_eq!(env_cap(None, None), None);
+        assert_eq!(env_cap(Some("1"), Some("avx2")), Some(Portable));
+        assert_eq!(env_cap(Some("0"), Some(" avx2 ")), Some(Avx2));
+        assert_eq!(env_cap(None, Some("portable")), Some(Portable));
+        assert_eq!(env_cap(None, Some("native")), None);
+        assert_eq!(env_cap(None, Some("avx512")), None);
+        assert_eq!(capped(Avx512, Some(Avx2)), Avx2);
+        assert_eq!(capped(Avx512, Some(Portable)), Portable);
+        assert_eq!(capped(Avx2, Some(Avx2)), Avx2);
+        assert_eq!(capped(Portable, Some(Avx2)), Portable);
+        assert_eq!(capped(Avx2, None), Avx2);
+    }
 
     #[test]
     fn clamp_never_adds_features() {
