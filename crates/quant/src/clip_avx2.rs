@@ -438,18 +438,21 @@ pub(crate) mod tests {
         v
     }
 
-    #[test]
-    fn full_range_matches_the_portable_choice_bit_for_bit() {
+    /// 20,000 groups of `group`'s shapes (sizes cycling through `sizes`, NaN/±inf/out-of-range
+    /// values included) choose the same scale and offset on the AVX2 path as on the portable one.
+    fn assert_choice_matches_portable(
+        seed: u64,
+        sizes: [usize; 9],
+        portable: impl Fn(&[f32]) -> Affine,
+        avx2: impl Fn(&[f32]) -> Affine,
+    ) {
         if Isa::detect() == Isa::Portable {
             return;
         }
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(19);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         for case in 0..20_000 {
-            let n = [64, 32, 16, 8, 9, 31, 40, 1, 3][case % 9];
-            let v = group(&mut rng, n, true);
-            let want = affine::choose(&v, 255);
-            // SAFETY: AVX2, FMA and F16C were detected (Isa::detect is not Portable).
-            let got = unsafe { choose(&v, 255) };
+            let v = group(&mut rng, sizes[case % 9], true);
+            let (want, got) = (portable(&v), avx2(&v));
             assert_eq!(
                 (got.scale.to_bits(), got.offset.to_bits()),
                 (want.scale.to_bits(), want.offset.to_bits()),
@@ -459,22 +462,24 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn full_range_matches_the_portable_choice_bit_for_bit() {
+        assert_choice_matches_portable(
+            19,
+            [64, 32, 16, 8, 9, 31, 40, 1, 3],
+            |v| affine::choose(v, 255),
+            // SAFETY: called only when AVX2, FMA and F16C were detected (not Portable).
+            |v| unsafe { choose(v, 255) },
+        );
+    }
+
+    #[test]
     fn row_search_matches_the_portable_search_bit_for_bit() {
-        if Isa::detect() == Isa::Portable {
-            return;
-        }
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(18);
-        for case in 0..20_000 {
-            let n = [32, 64, 16, 8, 9, 31, 40, 1, 3][case % 9];
-            let v = group(&mut rng, n, true);
-            let want = affine::choose_clipped(&v, 15);
-            // SAFETY: AVX2, FMA and F16C were detected (Isa::detect is not Portable).
-            let got = unsafe { choose_clipped(&v, 15) };
-            assert_eq!(
-                (got.scale.to_bits(), got.offset.to_bits()),
-                (want.scale.to_bits(), want.offset.to_bits()),
-                "case {case}: {v:?}"
-            );
-        }
+        assert_choice_matches_portable(
+            18,
+            [32, 64, 16, 8, 9, 31, 40, 1, 3],
+            |v| affine::choose_clipped(v, 15),
+            // SAFETY: called only when AVX2, FMA and F16C were detected (not Portable).
+            |v| unsafe { choose_clipped(v, 15) },
+        );
     }
 }

@@ -572,12 +572,19 @@ mod tests {
         assert_eq!(total.load(Ordering::Relaxed), 10);
     }
 
-    #[test]
-    fn a_stalled_worker_makes_later_calls_run_inline_until_the_backoff_ends() {
+    /// Two threads; a wait past 2 ms looks long, and a stall backs off for an hour (the tests
+    /// end a backoff themselves).
+    fn stall_test_pool() -> ThreadPool {
         let mut pool = ThreadPool::new(2);
         pool.stall_threshold = Duration::from_millis(2);
         pool.stall_backoff_min = Duration::from_secs(3600);
         pool.stall_backoff = Duration::from_secs(3600);
+        pool
+    }
+
+    #[test]
+    fn a_stalled_worker_makes_later_calls_run_inline_until_the_backoff_ends() {
+        let pool = stall_test_pool();
         let caller = std::thread::current().id();
         // Task bodies sleep; whichever task the worker claims outlasts the threshold. The worker
         // may not get a core in time on a loaded machine, so retry until it claimed one.
@@ -621,10 +628,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_worker_computing_a_long_task_is_no_stall() {
-        let mut pool = ThreadPool::new(2);
-        pool.stall_threshold = Duration::from_millis(2);
-        pool.stall_backoff_min = Duration::from_secs(3600);
-        pool.stall_backoff = Duration::from_secs(3600);
+        let pool = stall_test_pool();
         let caller = std::thread::current().id();
         // On a loaded machine the worker may also really lose its core during the long task,
         // or claim no task at all; one clean call in 50 is what this needs.
