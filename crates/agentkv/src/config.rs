@@ -20,6 +20,7 @@
 //!   tier_prefetch_max_size: 1GiB  # host memory for tier loads of queued requests
 //!   tier_lookup_timeout_ms: 2000  # a tier lookup unanswered this long is abandoned (recompute)
 //!   tier_write_queue_max_size: 256MiB  # blocks queued for tier writes; past it writes are dropped
+//!   tier_encode_deferral_ms: 1000  # lossy tier encodes wait this long at most for an idle engine
 //!   max_retained_fraction: 0.5  # most of the pool sessions, breakpoints and tool pauses retain
 //! tiers:                      # after the active pool, in lookup order (docs/tiers.md)
 //!   - {kind: ram, max_size: 4GB}
@@ -172,6 +173,10 @@ pub struct KvCacheSection {
     /// Cap on blocks queued for writing to the tiers (default 256MiB); past it, writes are
     /// dropped and counted (`agentkv_tier_dropped_writes_total`).
     pub tier_write_queue_max_size: Option<ByteSize>,
+    /// How long a block bound for a lossy tier (a `codec:` other than the pool's) may wait for
+    /// the engine to go idle before it is encoded beside the forward pass (default 1000; 0:
+    /// at once).
+    pub tier_encode_deferral_ms: Option<u64>,
     /// Keep a reply's KV when it ends in tool calls, for a TTL from the cost model (default on).
     pub tool_pause_retention: Option<bool>,
     /// TTL seconds per second of recompute (or tier reload) a return within it saves (default 30).

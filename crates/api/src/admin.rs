@@ -68,6 +68,9 @@ pub struct TierCacheStats {
     /// Evicted blocks not written again because this tier already held them.
     #[serde(default)]
     pub already_held_blocks: u64,
+    /// Blocks encoded for this lossy tier while the engine computed.
+    #[serde(default)]
+    pub busy_encoded_blocks: u64,
     /// Hits the cost model loaded / recomputed instead.
     pub load_decisions: u64,
     pub recompute_decisions: u64,

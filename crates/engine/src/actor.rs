@@ -185,6 +185,9 @@ impl EngineHandle {
     }
 }
 
+/// How often an idle engine checks for tier writes to publish.
+const IDLE_PUBLISH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
 fn run(mut core: EngineCore, rx: Receiver<Command>) {
     loop {
         // Block when idle; otherwise drain what arrived and step.
@@ -195,9 +198,14 @@ fn run(mut core: EngineCore, rx: Receiver<Command>) {
                 Err(mpsc::TryRecvError::Disconnected) => return,
             }
         } else {
-            match rx.recv() {
+            // Idle: wake now and then to publish tier writes that finished meanwhile.
+            match rx.recv_timeout(IDLE_PUBLISH_INTERVAL) {
                 Ok(c) => Some(c),
-                Err(_) => return,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    core.publish_tier_writes();
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
             }
         };
         let first_was_command = first.is_some();

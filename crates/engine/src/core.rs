@@ -66,6 +66,9 @@ pub struct EngineCore {
     tiers: Option<Tiering>,
     /// The snapshot readers see without waiting for a step: replaced after every step.
     published: SnapshotCell,
+    /// Tier writes finished when `published` was taken (an idle engine republishes once the
+    /// demotion thread has finished more: see [`EngineCore::publish_tier_writes`]).
+    published_tier_writes: u64,
     /// Requests that ended in tool calls, retained for their next call.
     tool_pauses: crate::tool_pause::ToolPauses,
     /// `Finished` events of this step, sent after the snapshot that counts them is published
@@ -238,6 +241,7 @@ impl EngineCore {
             pinned: Vec::new(),
             tiers,
             published: SnapshotCell(Arc::default()),
+            published_tier_writes: 0,
             outbox: Vec::new(),
         };
         core.publish();
@@ -251,7 +255,20 @@ impl EngineCore {
 
     /// Publishes the current snapshot to [`EngineCore::snapshot_cell`].
     pub fn publish(&mut self) {
+        self.published_tier_writes = self.tiers.as_ref().map_or(0, |t| t.writes_done());
         self.published.set(self.snapshot());
+    }
+
+    /// Publishes again when tier writes finished since the last snapshot: an idle engine takes
+    /// no steps, and the writes it deferred to its idle time (lossy encodes) would otherwise
+    /// show in the counters only after the next request. Returns whether it published.
+    pub fn publish_tier_writes(&mut self) -> bool {
+        let done = self.tiers.as_ref().map_or(0, |t| t.writes_done());
+        let moved = done != self.published_tier_writes;
+        if moved {
+            self.publish();
+        }
+        moved
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -610,7 +627,13 @@ impl EngineCore {
     /// Runs one step — schedule, execute, commit — then publishes the snapshot and sends the
     /// step's `Finished` events. Returns the number of tokens computed.
     pub fn step(&mut self) -> Result<usize, EngineError> {
+        if let Some(t) = &self.tiers {
+            t.set_busy(true);
+        }
         let result = self.run_step();
+        if let Some(t) = &self.tiers {
+            t.set_busy(self.has_work());
+        }
         self.publish();
         for (sink, event) in self.outbox.drain(..) {
             let _ = sink.send(event);

@@ -9,6 +9,7 @@ mod actor;
 mod config;
 mod core;
 mod demoter;
+mod encode_gate;
 mod error;
 pub mod kv_events;
 mod loader;

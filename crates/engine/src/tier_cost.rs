@@ -45,6 +45,9 @@ pub struct TierCounters {
     /// Evicted blocks not written because this (RAM or disk) tier already held them: blocks
     /// loaded from it and evicted again.
     pub already_held_blocks: u64,
+    /// Blocks transcoded for this lossy tier while the engine computed (their wait for an idle
+    /// engine ran out, or the write queue was past half its cap).
+    pub busy_encoded_blocks: u64,
     /// Measured load bandwidth (EWMA, bytes/s), once measured.
     pub load_bytes_per_s: Option<f64>,
 }

@@ -166,6 +166,7 @@ impl Tiering {
             block_size,
             codecs.clone(),
             cfg.max_queued_write_bytes,
+            cfg.encode_deferral,
         );
         let shared = Arc::new(TierShared {
             stores,
@@ -502,6 +503,17 @@ impl Tiering {
         });
     }
 
+    /// The engine has work (`true`: lossy tier encodes wait, see [`crate::encode_gate`]) or
+    /// has gone idle.
+    pub fn set_busy(&self, busy: bool) {
+        self.demoter.gate().set_busy(busy);
+    }
+
+    /// Write jobs finished so far (written or failed).
+    pub fn writes_done(&self) -> u64 {
+        self.demoter.progress().done()
+    }
+
     /// Waits until every queued write is done (or failed).
     pub fn wait_for_demotions(&self) {
         self.demoter.barrier();
@@ -530,6 +542,7 @@ impl Tiering {
                         demoted_blocks: d.demoted_blocks.load(Ordering::Relaxed),
                         demote_errors: d.demote_errors.load(Ordering::Relaxed),
                         already_held_blocks: d.already_held_blocks.load(Ordering::Relaxed),
+                        busy_encoded_blocks: d.busy_encoded_blocks.load(Ordering::Relaxed),
                         ..counters.clone()
                     },
                 })

@@ -431,7 +431,7 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
         return;
     }
     type Field = fn(&engine::TierSnapshot) -> u64;
-    let series: [(&str, &str, &str, Field); 12] = [
+    let series: [(&str, &str, &str, Field); 13] = [
         (
             "agentkv_tier_hit_tokens_total",
             "counter",
@@ -491,6 +491,12 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
             "counter",
             "Evicted KV blocks not written again because the (RAM or disk) tier already held them.",
             |t| t.engine.already_held_blocks,
+        ),
+        (
+            "agentkv_tier_busy_encoded_blocks_total",
+            "counter",
+            "KV blocks encoded for a lossy tier while the engine computed (no idle time came within tier_encode_deferral_ms, or the write queue was past half its cap).",
+            |t| t.engine.busy_encoded_blocks,
         ),
         (
             "agentkv_tier_load_decisions_total",

@@ -371,6 +371,9 @@ fn engine_config(
     if let Some(b) = kv.tier_write_queue_max_size {
         cfg.tiers.max_queued_write_bytes = usize::try_from(b.0).unwrap_or(usize::MAX);
     }
+    if let Some(ms) = kv.tier_encode_deferral_ms {
+        cfg.tiers.encode_deferral = std::time::Duration::from_millis(ms);
+    }
     Ok(cfg)
 }
 

@@ -112,6 +112,7 @@ pub async fn stats(
                 stored_bytes: t.stats.stored_bytes,
                 demoted_blocks: t.engine.demoted_blocks,
                 already_held_blocks: t.engine.already_held_blocks,
+                busy_encoded_blocks: t.engine.busy_encoded_blocks,
                 load_decisions: t.engine.load_decisions,
                 recompute_decisions: t.engine.recompute_decisions,
                 mean_load_us: t
