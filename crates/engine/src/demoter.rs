@@ -166,8 +166,9 @@ impl Demoter {
             self.queue.dropped_blocks.fetch_add(n, Ordering::Relaxed);
             return;
         }
-        let queued = self.queue.queued_bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
-        self.gate.set_pressed(queued > self.max_queued_bytes / 2);
+        self.queue.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
+        self.gate
+            .set_pressed(|| pressed(&self.queue, self.max_queued_bytes));
         self.submitted += 1;
         if let Some(tx) = &self.tx {
             let job = Job {
@@ -195,6 +196,12 @@ impl Demoter {
     pub fn barrier(&self) {
         self.progress.wait_until(self.submitted);
     }
+}
+
+/// Whether the write queue is past half its cap (lossy encodes then stop waiting for an idle
+/// engine).
+fn pressed(queue: &QueueCounts, max_queued_bytes: usize) -> bool {
+    queue.queued_bytes.load(Ordering::Acquire) > max_queued_bytes / 2
 }
 
 /// The demotion thread's side: the stores, their codecs and the shared counters.
@@ -236,8 +243,9 @@ impl Writer {
                     }
                 };
             }
-            let left = self.queue.queued_bytes.fetch_sub(bytes, Ordering::AcqRel) - bytes;
-            self.gate.set_pressed(left > self.max_queued_bytes / 2);
+            self.queue.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            self.gate
+                .set_pressed(|| pressed(&self.queue, self.max_queued_bytes));
             self.progress.finish_one();
         }
     }

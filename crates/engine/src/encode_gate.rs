@@ -64,9 +64,12 @@ impl EncodeGate {
         }
     }
 
-    /// The write queue is past half its cap (`true`) or back under it.
-    pub fn set_pressed(&self, pressed: bool) {
+    /// Whether the write queue is past half its cap: `pressed` is evaluated under the gate's
+    /// lock, so of two threads that changed the queue and then call this, the later one reads
+    /// both changes (the flag never keeps a stale answer).
+    pub fn set_pressed(&self, pressed: impl FnOnce() -> bool) {
         let mut s = self.lock();
+        let pressed = pressed();
         if s.pressed != pressed {
             s.pressed = pressed;
             drop(s);
@@ -172,9 +175,9 @@ mod tests {
         let w = waiter(&gate, Instant::now() + LONG);
         std::thread::sleep(Duration::from_millis(20));
         assert!(!w.is_finished());
-        gate.set_pressed(true);
+        gate.set_pressed(|| true);
         assert_eq!(w.join().unwrap(), Turn::Pressed);
-        gate.set_pressed(false);
+        gate.set_pressed(|| false);
         gate.open_for_good();
         assert_eq!(gate.wait_turn(Instant::now() + LONG), Turn::Open);
     }
