@@ -331,15 +331,17 @@ fn a_lossy_tier_stores_its_codec_and_is_never_served_as_exact() {
         max_bytes: 64 << 20,
         compression: Compression::None,
     }));
-    let engine = |codec: Option<model::KvDtype>| {
-        let mut c = cfg(24, 64);
+    // `blocks` in the pool; `write_on_publish`: every block reaches the store when computed
+    // (so the shared prefix is there too), else only evicted ones do.
+    let engine_with = |codec: Option<model::KvDtype>, blocks: usize, write_on_publish: bool| {
+        let mut c = cfg(blocks, 64);
         c.tiers.load_policy = engine::TierLoadPolicy::Always;
         c.tiers.admission_wait = std::time::Duration::from_secs(600);
         c.tiers.codecs = vec![codec];
-        // Every block reaches the store when computed (so the shared prefix is there too).
-        c.tiers.write_on_publish = true;
+        c.tiers.write_on_publish = write_on_publish;
         EngineCore::with_tier_stores(model(), c, vec![store.clone() as Arc<dyn TierStore>]).unwrap()
     };
+    let engine = |codec: Option<model::KvDtype>| engine_with(codec, 24, true);
     let mut lossy = engine(Some(tier_codec));
     let tier = &lossy.snapshot().tiers.tiers[0];
     assert_eq!(
@@ -369,7 +371,10 @@ fn a_lossy_tier_stores_its_codec_and_is_never_served_as_exact() {
     assert!(t.stats.puts > 0);
     assert_eq!(t.stats.bytes_written, t.stats.puts * object);
     // An exact engine on the same store finds none of the lossy blocks: exact outputs, no loads.
-    let mut exact = engine(None);
+    // Its pool holds every prompt and it writes nothing meanwhile, so the store holds only the
+    // lossy engine's blocks whenever it looks (a smaller pool would preempt, look up again and
+    // rightly load its own exact blocks back).
+    let mut exact = engine_with(None, 64, false);
     assert!(!exact.snapshot().tiers.tiers[0].lossy);
     let specs = ps.iter().map(|p| greedy(p.clone(), 4)).collect();
     let got = run(&mut exact, specs);
@@ -382,8 +387,13 @@ fn a_lossy_tier_stores_its_codec_and_is_never_served_as_exact() {
         (ex.loaded_blocks, ex.load_decisions, ex.rejected),
         (0, 0, 0)
     );
-    // Its exact blocks are in the store now; a fresh lossy engine loads only its own kind.
+    // An exact engine that writes its blocks: the store holds both kinds now; a fresh lossy
+    // engine loads only its own kind.
+    let mut exact = engine(None);
+    let specs = ps.iter().map(|p| greedy(p.clone(), 4)).collect();
+    run(&mut exact, specs);
     exact.wait_for_demotions();
+    assert!(exact.snapshot().tiers.tiers[0].engine.demoted_blocks > 0);
     let mut lossy2 = engine(Some(tier_codec));
     let specs = ps.iter().map(|p| greedy(p.clone(), 4)).collect();
     run(&mut lossy2, specs);
