@@ -13,8 +13,8 @@ use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 
-use common::{http, python, require_python_modules, start, Server};
-use serde_json::{json, Value};
+use common::{greedy_chat, python, require_python_modules, start, words_message, Server};
+use serde_json::Value;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -41,31 +41,8 @@ model: {{threads: 2}}
     )
 }
 
-fn message(i: usize) -> String {
-    let words = [
-        "cache", "tool", "agent", "prefix", "block", "token", "layer", "query", "value", "shard",
-    ];
-    (0..150)
-        .map(|j| words[(i * 7 + j * 3 + j * j) % words.len()])
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn chat(server: &Server, key: &str, text: &str) {
-    let body = json!({
-        "model": "agentkv-events",
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": 4,
-        "temperature": 0,
-    });
-    let (status, body) = http(
-        &server.addr,
-        "POST",
-        "/v1/chat/completions",
-        key,
-        &body.to_string(),
-    );
-    assert_eq!(status, 200, "{body}");
+    greedy_chat(server, "agentkv-events", key, text, 4);
 }
 
 fn hashes(e: &Value) -> Vec<u64> {
@@ -104,10 +81,10 @@ fn a_python_subscriber_decodes_the_servers_kv_events_and_tenants_never_share_has
     assert_eq!(line.trim(), "ready", "{line}");
 
     // The same prompt for both tenants, then alpha's other prompts evict it to the RAM tier.
-    chat(&server, "ka", &message(0));
-    chat(&server, "kb", &message(0));
+    chat(&server, "ka", &words_message(0));
+    chat(&server, "kb", &words_message(0));
     for i in 1..4 {
-        chat(&server, "ka", &message(i));
+        chat(&server, "ka", &words_message(i));
     }
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();

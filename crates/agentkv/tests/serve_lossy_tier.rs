@@ -5,8 +5,7 @@
 
 mod common;
 
-use common::{http, start, Server};
-use serde_json::{json, Value};
+use common::{greedy_chat, metric_sum, start, words_message, Server};
 use std::time::{Duration, Instant};
 
 /// A 24-block active pool (16-token blocks, f16 KV: 23,040 bytes per token) over a lossy RAM
@@ -28,34 +27,9 @@ model:
   threads: 2
 "#;
 
-/// A ~200-token user message; different `i` differ from the first word on.
-fn message(i: usize) -> String {
-    let words = [
-        "cache", "tool", "agent", "prefix", "block", "token", "layer", "query", "value", "shard",
-    ];
-    (0..150)
-        .map(|j| words[(i * 7 + j * 3 + j * j) % words.len()])
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// A greedy chat completion: (prompt tokens, cached tokens).
 fn chat(server: &Server, text: &str) -> (u64, u64) {
-    let body = json!({
-        "model": "agentkv-lossy",
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": 8,
-        "temperature": 0,
-    });
-    let (status, body) = http(
-        &server.addr,
-        "POST",
-        "/v1/chat/completions",
-        "ka",
-        &body.to_string(),
-    );
-    assert_eq!(status, 200, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
+    let v = greedy_chat(server, "agentkv-lossy", "ka", text, 8);
     let usage = &v["usage"];
     (
         usage["prompt_tokens"].as_u64().unwrap(),
@@ -65,17 +39,8 @@ fn chat(server: &Server, text: &str) -> (u64, u64) {
     )
 }
 
-/// `/metrics`' lines for counter `name` (one per label set): their values summed, or `None`
-/// when the counter is not exported.
 fn metric(server: &Server, name: &str) -> Option<u64> {
-    let (status, body) = http(&server.addr, "GET", "/metrics", "ka", "");
-    assert_eq!(status, 200);
-    let values: Vec<u64> = body
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
+    metric_sum(server, "ka", name)
 }
 
 #[test]
@@ -85,13 +50,13 @@ fn a_lossy_tier_is_written_when_the_engine_idles_and_restores_the_prompt() {
     std::fs::write(&cfg, CONFIG).unwrap();
     let server = start(&cfg);
 
-    let p = message(0);
+    let p = words_message(0);
     let (prompt_tokens, cached) = chat(&server, &p);
     assert_eq!(cached, 0);
     assert!(prompt_tokens > 160, "{prompt_tokens} prompt tokens");
     // Two other prompts evict P's blocks (3 × ~13 blocks against a 24-block pool).
-    chat(&server, &message(1));
-    chat(&server, &message(2));
+    chat(&server, &words_message(1));
+    chat(&server, &words_message(2));
     // The server idles now: the deferred encodes run, `/metrics` reports them once written.
     let deadline = Instant::now() + Duration::from_secs(30);
     let demoted = || metric(&server, "agentkv_tier_demoted_blocks_total").unwrap_or(0);

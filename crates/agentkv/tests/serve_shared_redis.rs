@@ -9,8 +9,7 @@
 
 mod common;
 
-use common::{http, start, Server};
-use serde_json::{json, Value};
+use common::{greedy_chat, http, metric_sum, start, words_message, Server};
 use tier::testing::{RedisCluster, RedisServer};
 
 /// A 24-block active pool (16-token blocks, f16 KV: 23,040 bytes per token) and one Redis tier
@@ -37,34 +36,9 @@ model:
     )
 }
 
-/// A ~200-token user message; different `i` differ from the first word on.
-fn message(i: usize) -> String {
-    let words = [
-        "cache", "tool", "agent", "prefix", "block", "token", "layer", "query", "value", "shard",
-    ];
-    (0..150)
-        .map(|j| words[(i * 7 + j * 3 + j * j) % words.len()])
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// A greedy chat completion: (reply text, prompt tokens, cached tokens).
 fn chat(server: &Server, key: &str, text: &str) -> (String, u64, u64) {
-    let body = json!({
-        "model": "agentkv-redis",
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": 12,
-        "temperature": 0,
-    });
-    let (status, body) = http(
-        &server.addr,
-        "POST",
-        "/v1/chat/completions",
-        key,
-        &body.to_string(),
-    );
-    assert_eq!(status, 200, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
+    let v = greedy_chat(server, "agentkv-redis", key, text, 12);
     let usage = &v["usage"];
     (
         v["choices"][0]["message"]["content"]
@@ -78,14 +52,9 @@ fn chat(server: &Server, key: &str, text: &str) -> (String, u64, u64) {
     )
 }
 
-/// Sum of a counter over its label sets in `/metrics`.
+/// Sum of a counter over its label sets in `/metrics` (0 when not exported).
 fn metric(server: &Server, name: &str) -> u64 {
-    let (status, body) = http(&server.addr, "GET", "/metrics", "ka", "");
-    assert_eq!(status, 200);
-    body.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
-        .sum()
+    metric_sum(server, "ka", name).unwrap_or(0)
 }
 
 #[test]
@@ -97,7 +66,7 @@ fn two_servers_share_one_redis_the_second_hits_the_first_servers_prefix() {
     std::fs::write(&cfg, config(&tier)).unwrap();
 
     let first = start(&cfg);
-    let p = message(0);
+    let p = words_message(0);
     let (reply, prompt_tokens, cached) = chat(&first, "ka", &p);
     assert_eq!(cached, 0, "a cold server and an empty Redis");
     assert!(prompt_tokens > 160, "{prompt_tokens} prompt tokens");
@@ -161,7 +130,7 @@ fn a_dead_cluster_master_costs_only_its_blocks_both_servers_keep_serving() {
     std::fs::write(&cfg, config(&tier)).unwrap();
 
     let first = start(&cfg);
-    let p = message(0);
+    let p = words_message(0);
     let (reply, prompt_tokens, _) = chat(&first, "ka", &p);
     let p_blocks = (prompt_tokens - 1) / 16;
     wait_written(&first, p_blocks);
@@ -198,7 +167,7 @@ fn a_dead_cluster_master_costs_only_its_blocks_both_servers_keep_serving() {
     // Both servers keep serving new prompts; some writes of their blocks hit the dead master's
     // slots and fail (counted), the rest are written.
     for (server, i) in [(&second, 1), (&first, 2), (&second, 3)] {
-        chat(server, "ka", &message(i)); // asserts 200
+        chat(server, "ka", &words_message(i)); // asserts 200
     }
     let (status, _) = http(&first.addr, "GET", "/health", "", "");
     assert_eq!(status, 200);

@@ -398,12 +398,21 @@ mod tests {
 
     /// A demoter over one RAM store holding `codec`, its encodes deferred up to 60 s.
     fn ram_demoter(codec: TierCodec) -> (Arc<RamStore>, Demoter) {
+        ram_demoter_with(codec, usize::MAX, Duration::from_secs(60))
+    }
+
+    /// The same with a write-queue cap and a deferral.
+    fn ram_demoter_with(
+        codec: TierCodec,
+        max_queued_bytes: usize,
+        deferral: Duration,
+    ) -> (Arc<RamStore>, Demoter) {
         let ram = Arc::new(RamStore::new(RamConfig {
             max_bytes: 1 << 20,
             compression: Compression::None,
         }));
         let stores: Vec<Arc<dyn TierStore>> = vec![ram.clone()];
-        let d = Demoter::new(stores, 16, vec![codec], usize::MAX, Duration::from_secs(60));
+        let d = Demoter::new(stores, 16, vec![codec], max_queued_bytes, deferral);
         (ram, d)
     }
 
@@ -470,18 +479,7 @@ mod tests {
 
     #[test]
     fn an_engine_that_never_idles_gets_its_blocks_encoded_after_the_deferral() {
-        let ram = Arc::new(RamStore::new(RamConfig {
-            max_bytes: 1 << 20,
-            compression: Compression::None,
-        }));
-        let stores: Vec<Arc<dyn TierStore>> = vec![ram.clone()];
-        let mut d = Demoter::new(
-            stores,
-            16,
-            vec![lossy_int8()],
-            usize::MAX,
-            Duration::from_millis(30),
-        );
+        let (ram, mut d) = ram_demoter_with(lossy_int8(), usize::MAX, Duration::from_millis(30));
         d.gate().set_busy(true);
         d.submit(vec![(key(1), f16_block())], 1);
         let start = std::time::Instant::now();
@@ -495,20 +493,9 @@ mod tests {
 
     #[test]
     fn a_write_queue_past_half_its_cap_encodes_until_it_is_back_under() {
-        let ram = Arc::new(RamStore::new(RamConfig {
-            max_bytes: 1 << 20,
-            compression: Compression::None,
-        }));
-        let stores: Vec<Arc<dyn TierStore>> = vec![ram.clone()];
         let block = f16_block();
         // Three blocks fit under the cap; the second passes half of it.
-        let mut d = Demoter::new(
-            stores,
-            16,
-            vec![lossy_int8()],
-            3 * block.len(),
-            Duration::from_secs(60),
-        );
+        let (ram, mut d) = ram_demoter_with(lossy_int8(), 3 * block.len(), Duration::from_secs(60));
         d.gate().set_busy(true);
         d.submit(vec![(key(1), block.clone())], 1);
         std::thread::sleep(Duration::from_millis(30));

@@ -67,6 +67,56 @@ pub fn http(addr: &str, method: &str, path: &str, key: &str, body: &str) -> (u16
     (status, body)
 }
 
+/// A ~200-token user message of ten words; different `i` differ from the first word on.
+pub fn words_message(i: usize) -> String {
+    let words = [
+        "cache", "tool", "agent", "prefix", "block", "token", "layer", "query", "value", "shard",
+    ];
+    (0..150)
+        .map(|j| words[(i * 7 + j * 3 + j * j) % words.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A greedy chat completion of one user message `text` to `model` as `key`, `max_tokens` long:
+/// the response body (status 200 asserted).
+pub fn greedy_chat(
+    server: &Server,
+    model: &str,
+    key: &str,
+    text: &str,
+    max_tokens: u32,
+) -> serde_json::Value {
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    });
+    let (status, body) = http(
+        &server.addr,
+        "POST",
+        "/v1/chat/completions",
+        key,
+        &body.to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// `/metrics`' lines (read as `key`) for counter `name`, one per label set, summed; `None`
+/// when the server does not export it.
+pub fn metric_sum(server: &Server, key: &str, name: &str) -> Option<u64> {
+    let (status, body) = http(&server.addr, "GET", "/metrics", key, "");
+    assert_eq!(status, 200);
+    let values: Vec<u64> = body
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
+
 fn dechunk(mut s: &str) -> String {
     let mut out = String::new();
     while let Some((len, rest)) = s.split_once("\r\n") {
