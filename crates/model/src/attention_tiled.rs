@@ -6,7 +6,8 @@
 //! arithmetic (its tiled prefill kernel keeps Q in f32) and over encoded (quantized) K/V, whose
 //! queries stay f32. Owns streaming K/V
 //! from a [`KvStore`] into tiles (each f16 K/V row widened once, each encoded row decoded once by
-//! `quant::decode_rows`, then used by every query row of the task: all query heads of the GQA
+//! `quant::decode_rows` — bf16 tiles of few rows are read as stored, like f16, widened on load —
+//! then used by every query row of the task: all query heads of the GQA
 //! group and up to `QUERY_TILE_TOKENS` tokens, `ENCODED_QUERY_TILE_TOKENS` over encoded K/V) and
 //! the causal limits per row. The arithmetic is that of `kernels::flash_tile`; a tile shared by many rows (a prefill run) is widened once — with
 //! AVX-512, K straight into the transposed `[head_dim, 16]` layout of `kernels::flash_tile_wide`,
@@ -16,7 +17,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use half::f16;
+use half::{bf16, f16};
 
 use crate::attention::AttnArith;
 use crate::attention_plan::{AttnPlan, AttnTask, SEGMENT_POSITIONS};
@@ -45,6 +46,9 @@ const WIDEN_MIN_ROWS: usize = 8;
 pub struct TileScratch {
     keys16: Vec<f16>, // [TILE_POSITIONS, head_dim]
     vals16: Vec<f16>, // [TILE_POSITIONS, head_dim]
+    /// A bf16 K and V tile as stored, for the row kernels (a decode over bf16 K/V).
+    keys_bf16: Vec<bf16>, // [TILE_POSITIONS, head_dim]
+    vals_bf16: Vec<bf16>, // [TILE_POSITIONS, head_dim]
     keys32: Vec<f32>, // [TILE_POSITIONS, head_dim]
     vals32: Vec<f32>, // [TILE_POSITIONS, head_dim]
     /// The widened K tile transposed, `[head_dim, TILE_POSITIONS]` (the 512-bit kernel's input).
@@ -119,6 +123,31 @@ impl Row<'_> {
 /// positions of the tile (the heads of a GQA group, every row of a tile below the causal
 /// diagonal) share their K/V loads in one kernel call; each row's arithmetic is that of
 /// [`Row::update`] either way, so grouping never changes a bit.
+/// `bytes` (little-endian bf16 values) as bf16, where they are 2-aligned (rows of the pool
+/// always are) on a little-endian target; `None` otherwise (the caller copies them).
+fn as_bf16(bytes: &[u8]) -> Option<&[bf16]> {
+    if cfg!(target_endian = "big") {
+        return None;
+    }
+    // SAFETY: `bf16` is `repr(transparent)` over `u16`, so every 2-byte pattern is a valid
+    // value, and `align_to` hands out only the suitably aligned middle part.
+    let (pre, mid, post) = unsafe { bytes.align_to::<bf16>() };
+    (pre.is_empty() && post.is_empty()).then_some(mid)
+}
+
+/// The bf16 values of whole bf16 rows (`dst`: their `num_rows × head_dim` values).
+fn bf16_rows_into(rows: &quant::EncodedRows<'_>, dst: &mut [bf16]) {
+    let bytes = rows.bytes();
+    assert_eq!(
+        bytes.len(),
+        2 * dst.len(),
+        "bf16 rows and their tile differ"
+    );
+    for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
+        *d = bf16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+    }
+}
+
 fn update_rows<E: TileElem>(
     rows: &mut [Row<'_>],
     hd: usize,
@@ -550,6 +579,9 @@ pub unsafe fn run_tile_task(
     for buf in [&mut scratch.keys16, &mut scratch.vals16] {
         buf.resize(TILE_POSITIONS * hd, f16::ZERO);
     }
+    for buf in [&mut scratch.keys_bf16, &mut scratch.vals_bf16] {
+        buf.resize(TILE_POSITIONS * hd, bf16::ZERO);
+    }
     for buf in [
         &mut scratch.keys32,
         &mut scratch.vals32,
@@ -560,6 +592,8 @@ pub unsafe fn run_tile_task(
     let TileScratch {
         keys16,
         vals16,
+        keys_bf16,
+        vals_bf16,
         keys32,
         vals32,
         keys_t,
@@ -592,6 +626,9 @@ pub unsafe fn run_tile_task(
     // differs).
     let codecs = inp.kv.codecs();
     let encoded = codecs != KvDtype::F16;
+    // bf16 K and V: a tile of few rows is read as stored by the row kernels, widened on load
+    // like f16 (the values, so the bits, of decoding it to f32 first, without that pass).
+    let bf16_rows = codecs == KvDtype::uniform(quant::KvCodecKind::Bf16);
     // K scored from its codes: every tile of a row codec; for a block codec every tile before
     // the pass's own group (a function of the queries' positions only).
     let features = cpu_features();
@@ -680,7 +717,7 @@ pub unsafe fn run_tile_task(
                         KvChunk::F32 { .. } => unreachable!("the plan never tiles f32 K/V stores"),
                     };
                     let chunk_end = start + chunk.num_positions(hd);
-                    let widen = encoded || rows.len() >= WIDEN_MIN_ROWS;
+                    let widen = (encoded && !bf16_rows) || rows.len() >= WIDEN_MIN_ROWS;
                     // The transposed step for a widened tile: the 512-bit one, or the AVX2 one when
                     // many rows share the tile (worth transposing K for).
                     let transposed = wide.map(TransposedStep::Wide).or(narrow
@@ -693,7 +730,8 @@ pub unsafe fn run_tile_task(
                         let tile_end = (tile_start + TILE_POSITIONS).min(seg_end);
                         // The kernel reads whole groups of 8 key rows (the extra ones masked).
                         let read_end = tile_start + (tile_end - tile_start).div_ceil(8) * 8;
-                        if !widen && a == tile_start && read_end <= chunk_end {
+                        if !widen && coded_kv.is_none() && a == tile_start && read_end <= chunk_end
+                        {
                             // The whole tile lies in this chunk: read it in place.
                             let (ks, vs) = (&k[(a - start) * hd..], &v[(a - start) * hd..]);
                             update_rows(&mut *rows, hd, ks, vs, tile_start, tile_end, inp.scale);
@@ -725,6 +763,34 @@ pub unsafe fn run_tile_task(
                                 a = b;
                                 continue;
                             }
+                        }
+                        if let (false, Some((ek, ev))) = (widen, coded_kv) {
+                            debug_assert!(bf16_rows, "only bf16 K/V tiles are left unwidened");
+                            if a == tile_start && read_end <= chunk_end {
+                                // The whole tile lies in this chunk: read it in place.
+                                let (ks, vs) = (
+                                    as_bf16(ek.skip_rows(first).bytes()),
+                                    as_bf16(ev.skip_rows(first).bytes()),
+                                );
+                                if let (Some(ks), Some(vs)) = (ks, vs) {
+                                    update_rows(
+                                        &mut *rows, hd, ks, vs, tile_start, tile_end, inp.scale,
+                                    );
+                                    a = tile_end;
+                                    continue;
+                                }
+                            }
+                            let (kt, vt) = (&mut keys_bf16[dst.clone()], &mut vals_bf16[dst]);
+                            bf16_rows_into(&ek.skip_rows(first).take_rows(n), kt);
+                            bf16_rows_into(&ev.skip_rows(first).take_rows(n), vt);
+                            a = b;
+                            if a == tile_end {
+                                update_rows(
+                                    &mut *rows, hd, keys_bf16, vals_bf16, tile_start, tile_end,
+                                    inp.scale,
+                                );
+                            }
+                            continue;
                         }
                         let coded_tile =
                             key_codes.filter(|_| tile_start + TILE_POSITIONS <= own_start);
@@ -938,6 +1004,45 @@ mod tests {
         assert!(segment_passes(&[], 0, Some(16)).is_empty());
     }
 
+    #[test]
+    fn bf16_bytes_are_read_in_place_when_aligned_and_never_misread() {
+        let values: Vec<bf16> = [
+            1.5f32,
+            -2.0,
+            3.25e-3,
+            f32::INFINITY,
+            -0.0,
+            65504.0,
+            1e30,
+            7.0,
+        ]
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect();
+        let words: Vec<u16> = values.iter().map(|v| v.to_bits()).collect();
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        // The bytes at the buffer's 2-aligned offset; the view one byte off is misaligned.
+        let mut buf = vec![0u8; bytes.len() + 1];
+        let at = buf.as_ptr() as usize % 2;
+        buf[at..at + bytes.len()].copy_from_slice(&bytes);
+        let got = as_bf16(&buf[at..at + bytes.len()]).expect("2-aligned bytes are read in place");
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            words,
+            "the values as written"
+        );
+        let off = 1 - at;
+        assert!(
+            as_bf16(&buf[off..off + bytes.len()]).is_none(),
+            "misaligned: copied instead"
+        );
+        let mut copied = vec![bf16::ZERO; values.len()];
+        for (d, c) in copied.iter_mut().zip(bytes.chunks_exact(2)) {
+            *d = bf16::from_bits(u16::from_le_bytes([c[0], c[1]]));
+        }
+        assert_eq!(copied, got);
+    }
+
     /// Tiles over encoded K/V (every codec family, K and V codecs differing, block K codecs
     /// whose queries read their own group in f16, groups of a tile and smaller) against the
     /// exact per-row regime over the same store: equal to float rounding; and each row's bits
@@ -948,6 +1053,7 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         let (heads, kv_heads, hd, n) = (4, 2, 64, 530);
         for spec in [
+            "bf16",
             "int8",
             "int4",
             "k=int4c,v=int4",

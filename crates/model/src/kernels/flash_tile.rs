@@ -27,8 +27,8 @@ use half::f16;
 
 use super::cpu::{cpu_features, CpuFeatures};
 
-/// A K/V element the tile kernel reads: f32, or f16 widened on load (exact, so both give the
-/// same bits).
+/// A K/V element the tile kernel reads: f32, or f16 / bf16 widened on load (exact, so f32 and
+/// f16 give the same bits for the same values).
 pub trait TileElem: Copy + Default + Send + Sync + 'static {
     fn widen(self) -> f32;
     /// Eight elements at `p` as f32 lanes.
@@ -86,6 +86,38 @@ impl TileElem for f16 {
         use std::arch::x86_64::*;
         // SAFETY: the caller guarantees 16 readable halves (32 bytes).
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+}
+
+impl TileElem for half::bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load8(p: *const half::bf16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees 8 readable bf16 (16 bytes). A bf16 is the top half of
+        // its f32: zero-extend and shift (exact).
+        unsafe {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                _mm_loadu_si128(p.cast()),
+            )))
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,f16c")]
+    unsafe fn load16(p: *const half::bf16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees 16 readable bf16 (32 bytes).
+        unsafe {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_loadu_si256(p.cast()),
+            )))
+        }
     }
 }
 
