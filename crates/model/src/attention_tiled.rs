@@ -629,6 +629,9 @@ pub unsafe fn run_tile_task(
     // bf16 K and V: a tile of few rows is read as stored by the row kernels, widened on load
     // like f16 (the values, so the bits, of decoding it to f32 first, without that pass).
     let bf16_rows = codecs == KvDtype::uniform(quant::KvCodecKind::Bf16);
+    // fp8 K and V (each row scaled): a tile of few rows is decoded to f32 and read by the row
+    // kernels, without the transposed step's K transpose (the same bits).
+    let fp8_rows = codecs == KvDtype::uniform(quant::KvCodecKind::Fp8E4m3);
     // K scored from its codes: every tile of a row codec; for a block codec every tile before
     // the pass's own group (a function of the queries' positions only).
     let features = cpu_features();
@@ -717,7 +720,8 @@ pub unsafe fn run_tile_task(
                         KvChunk::F32 { .. } => unreachable!("the plan never tiles f32 K/V stores"),
                     };
                     let chunk_end = start + chunk.num_positions(hd);
-                    let widen = (encoded && !bf16_rows) || rows.len() >= WIDEN_MIN_ROWS;
+                    let widen =
+                        (encoded && !bf16_rows && !fp8_rows) || rows.len() >= WIDEN_MIN_ROWS;
                     // The transposed step for a widened tile: the 512-bit one, or the AVX2 one when
                     // many rows share the tile (worth transposing K for).
                     let transposed = wide.map(TransposedStep::Wide).or(narrow
@@ -763,6 +767,20 @@ pub unsafe fn run_tile_task(
                                 a = b;
                                 continue;
                             }
+                        }
+                        if let (false, true, Some((ek, ev))) = (widen, fp8_rows, coded_kv) {
+                            decode_rows(
+                                &ek.skip_rows(first).take_rows(n),
+                                &mut keys32[dst.clone()],
+                            );
+                            decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst]);
+                            a = b;
+                            if a == tile_end {
+                                update_rows(
+                                    &mut *rows, hd, keys32, vals32, tile_start, tile_end, inp.scale,
+                                );
+                            }
+                            continue;
                         }
                         if let (false, Some((ek, ev))) = (widen, coded_kv) {
                             debug_assert!(bf16_rows, "only bf16 K/V tiles are left unwidened");
