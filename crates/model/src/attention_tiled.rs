@@ -6,7 +6,8 @@
 //! arithmetic (its tiled prefill kernel keeps Q in f32) and over encoded (quantized) K/V, whose
 //! queries stay f32. Owns streaming K/V
 //! from a [`KvStore`] into tiles (each f16 K/V row widened once, each encoded row decoded once by
-//! `quant::decode_rows` — bf16 tiles of few rows are read as stored, like f16, widened on load —
+//! `quant::decode_rows` — bf16 tiles of few rows are read as stored, like f16, widened on load,
+//! and fp8 ones decoded but read by the row kernels, not transposed —
 //! then used by every query row of the task: all query heads of the GQA
 //! group and up to `QUERY_TILE_TOKENS` tokens, `ENCODED_QUERY_TILE_TOKENS` over encoded K/V) and
 //! the causal limits per row. The arithmetic is that of `kernels::flash_tile`; a tile shared by many rows (a prefill run) is widened once — with
