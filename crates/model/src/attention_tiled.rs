@@ -120,10 +120,6 @@ impl Row<'_> {
     }
 }
 
-/// Runs one tile for every row: runs of [`TILE_ROWS`] consecutive rows that see the same
-/// positions of the tile (the heads of a GQA group, every row of a tile below the causal
-/// diagonal) share their K/V loads in one kernel call; each row's arithmetic is that of
-/// [`Row::update`] either way, so grouping never changes a bit.
 /// `bytes` (little-endian bf16 values) as bf16, where they are 2-aligned (rows of the pool
 /// always are) on a little-endian target; `None` otherwise (the caller copies them).
 fn as_bf16(bytes: &[u8]) -> Option<&[bf16]> {
@@ -149,6 +145,10 @@ fn bf16_rows_into(rows: &quant::EncodedRows<'_>, dst: &mut [bf16]) {
     }
 }
 
+/// Runs one tile for every row: runs of [`TILE_ROWS`] consecutive rows that see the same
+/// positions of the tile (the heads of a GQA group, every row of a tile below the causal
+/// diagonal) share their K/V loads in one kernel call; each row's arithmetic is that of
+/// [`Row::update`] either way, so grouping never changes a bit.
 fn update_rows<E: TileElem>(
     rows: &mut [Row<'_>],
     hd: usize,
