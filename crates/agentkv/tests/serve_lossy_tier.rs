@@ -39,10 +39,6 @@ fn chat(server: &Server, text: &str) -> (u64, u64) {
     )
 }
 
-fn metric(server: &Server, name: &str) -> Option<u64> {
-    metric_sum(server, "ka", name)
-}
-
 #[test]
 fn a_lossy_tier_is_written_when_the_engine_idles_and_restores_the_prompt() {
     let dir = tempfile::tempdir().unwrap();
@@ -59,7 +55,7 @@ fn a_lossy_tier_is_written_when_the_engine_idles_and_restores_the_prompt() {
     chat(&server, &words_message(2));
     // The server idles now: the deferred encodes run, `/metrics` reports them once written.
     let deadline = Instant::now() + Duration::from_secs(30);
-    let demoted = || metric(&server, "agentkv_tier_demoted_blocks_total").unwrap_or(0);
+    let demoted = || metric_sum(&server, "ka", "agentkv_tier_demoted_blocks_total").unwrap_or(0);
     let mut written = demoted();
     while written < 8 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
@@ -67,7 +63,7 @@ fn a_lossy_tier_is_written_when_the_engine_idles_and_restores_the_prompt() {
     }
     assert!(written >= 8, "{written} blocks written to the lossy tier");
     assert!(
-        metric(&server, "agentkv_tier_busy_encoded_blocks_total").is_some(),
+        metric_sum(&server, "ka", "agentkv_tier_busy_encoded_blocks_total").is_some(),
         "the busy-encode counter is exported"
     );
 
@@ -78,5 +74,5 @@ fn a_lossy_tier_is_written_when_the_engine_idles_and_restores_the_prompt() {
         cached >= 16,
         "{cached} of {prompt_tokens} tokens restored from the lossy tier"
     );
-    assert!(metric(&server, "agentkv_tier_hit_tokens_total").unwrap_or(0) >= 16);
+    assert!(metric_sum(&server, "ka", "agentkv_tier_hit_tokens_total").unwrap_or(0) >= 16);
 }

@@ -633,6 +633,8 @@ pub unsafe fn run_tile_task(
     // fp8 K and V (each row scaled): a tile of few rows is decoded to f32 and read by the row
     // kernels, without the transposed step's K transpose (the same bits).
     let fp8_rows = codecs == KvDtype::uniform(quant::KvCodecKind::Fp8E4m3);
+    // Encoded K/V whose tiles of few rows the row kernels read (the others are widened).
+    let row_kernel_codec = bf16_rows || fp8_rows;
     // K scored from its codes: every tile of a row codec; for a block codec every tile before
     // the pass's own group (a function of the queries' positions only).
     let features = cpu_features();
@@ -721,8 +723,7 @@ pub unsafe fn run_tile_task(
                         KvChunk::F32 { .. } => unreachable!("the plan never tiles f32 K/V stores"),
                     };
                     let chunk_end = start + chunk.num_positions(hd);
-                    let widen =
-                        (encoded && !bf16_rows && !fp8_rows) || rows.len() >= WIDEN_MIN_ROWS;
+                    let widen = (encoded && !row_kernel_codec) || rows.len() >= WIDEN_MIN_ROWS;
                     // The transposed step for a widened tile: the 512-bit one, or the AVX2 one when
                     // many rows share the tile (worth transposing K for).
                     let transposed = wide.map(TransposedStep::Wide).or(narrow
