@@ -662,7 +662,12 @@ pub unsafe fn run_tile_task(
     }
     // Sealed `int4c` groups are decoded straight into the transposed K tile of the 512-bit
     // kernel (the arithmetic of every other path; re-quantising every query row per group
-    // costs more than the integer scores save in a prefill). Elsewhere they are decoded.
+    // costs more than the integer scores save in a prefill), and, for the AVX2 transposed
+    // step, into its K tile by `CodedTile::widen_channel_rows` (runs of 8 rows; the same
+    // values). Elsewhere they are decoded.
+    if key_codes == Some(KeyCodes::Channels) && narrow.is_some() {
+        coded.reset(hd);
+    }
     let key_codes = key_codes.filter(|&k| k == KeyCodes::Rows || wide.is_some());
     if let Some(keys) = key_codes {
         coded.reset(hd);
@@ -729,6 +734,9 @@ pub unsafe fn run_tile_task(
                     let transposed = wide.map(TransposedStep::Wide).or(narrow
                         .filter(|_| rows.len() >= WIDEN_MIN_ROWS)
                         .map(TransposedStep::Narrow));
+                    // Sealed `int4c` K for the AVX2 transposed step goes straight into its tile.
+                    let narrow_channels = matches!(transposed, Some(TransposedStep::Narrow(_)))
+                        && hd.is_multiple_of(64);
                     let mut a = start.max(from);
                     while a < chunk_end.min(seg_end) {
                         let tile_start =
@@ -841,6 +849,17 @@ pub unsafe fn run_tile_task(
                             } else {
                                 decode_rows(&v_run, &mut vals32[dst]);
                             }
+                        } else if let Some((ek, ev)) = coded_kv.filter(|(ek, _)| {
+                            narrow_channels
+                                && n.is_multiple_of(8)
+                                && KeyCodes::of(ek.kind(), hd) == Some(KeyCodes::Channels)
+                        }) {
+                            // Sealed `int4c` rows for the AVX2 transposed step: decoded straight
+                            // into the transposed K tile (the values, so the bits, of decoding
+                            // then transposing them).
+                            let run = ek.skip_rows(first).take_rows(n);
+                            coded.widen_channel_rows(features, &run, a - tile_start, keys_t);
+                            decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst]);
                         } else if let Some((ek, ev)) = coded_kv {
                             decode_rows(
                                 &ek.skip_rows(first).take_rows(n),

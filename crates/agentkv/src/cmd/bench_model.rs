@@ -59,6 +59,39 @@ pub struct BenchModelArgs {
     /// `llama.cpp-row` on others and with `--llama-cpp-prefill`).
     #[arg(long, value_parser = ["tiled", "llama.cpp-row"])]
     pub attention: Option<String>,
+    /// A second KV codec measured side by side in the same process: each repetition runs both
+    /// codecs, each on a cache of its own (filled afresh), in alternating order (A B, B A, …),
+    /// and the report adds its runs and the per-repetition ratios to the first codec's. Slow
+    /// drift of the machine falls on both alike, so the ratios are steadier than those of two
+    /// separate runs.
+    #[arg(long, value_parser = super::common::parse_kv_dtype)]
+    pub versus_kv_dtype: Option<model::KvDtype>,
+}
+
+/// One codec's prefill and decode rates, one entry per repetition.
+#[derive(Default)]
+struct Runs {
+    pp: Vec<f64>,
+    tg: Vec<f64>,
+}
+
+/// The median (the mean of the two middle values of an even count; 0 for none).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n.is_multiple_of(2) {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    } else {
+        v[n / 2]
+    }
+}
+
+/// `b[i] / a[i]` for every repetition.
+fn ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(a, b)| b / a).collect()
 }
 
 pub fn run(args: BenchModelArgs) -> Result<()> {
@@ -79,8 +112,6 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
     // Deterministic pseudo-random tokens, as llama-bench uses random tokens.
     let token_at = |i: usize| ((i as u64 * 2_654_435_761) % vocab as u64) as u32;
     let capacity = depth + args.prompt_tokens.max(args.gen_tokens) + 1;
-    let mut pp = Vec::new();
-    let mut tg = Vec::new();
     let mut scratch = Scratch::default();
     // One forward pass over positions `start..start + len` of slot 0.
     let run = |kv: &mut model::kv::ContiguousKv,
@@ -106,8 +137,10 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         };
         Ok(model.forward(&pool, &batch, kv, scratch)?)
     };
-    for _ in 0..args.reps.max(1) {
-        let mut kv = model.contiguous_kv(1, capacity, args.kv.codecs()?)?;
+    // One repetition of one codec: a fresh cache, the cached prefix, then the timed prefill
+    // and decode.
+    let mut measure = |codecs: model::KvDtype, runs: &mut Runs| -> Result<()> {
+        let mut kv = model.contiguous_kv(1, capacity, codecs)?;
         // The cached prefix, untimed, in 512-token chunks (bounded activation memory).
         let mut filled = 0;
         while filled < depth {
@@ -118,7 +151,8 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         if args.prompt_tokens > 0 {
             let t0 = Instant::now();
             run(&mut kv, &mut scratch, depth, args.prompt_tokens)?;
-            pp.push(args.prompt_tokens as f64 / t0.elapsed().as_secs_f64());
+            runs.pp
+                .push(args.prompt_tokens as f64 / t0.elapsed().as_secs_f64());
         }
         // Decode from position `depth` (overwriting the prefill above: attention at position p
         // reads positions 0..=p only).
@@ -137,23 +171,53 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
             let logits = model.forward(&pool, &batch, &mut kv, &mut scratch)?;
             tok = model::sampler::argmax(&logits);
         }
-        tg.push(args.gen_tokens as f64 / t0.elapsed().as_secs_f64());
-    }
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+        runs.tg
+            .push(args.gen_tokens as f64 / t0.elapsed().as_secs_f64());
+        Ok(())
     };
+    let codecs = args.kv.codecs()?;
+    let (mut first, mut second) = (Runs::default(), Runs::default());
+    for rep in 0..args.reps.max(1) {
+        match args.versus_kv_dtype {
+            None => measure(codecs, &mut first)?,
+            Some(other) if rep.is_multiple_of(2) => {
+                measure(codecs, &mut first)?;
+                measure(other, &mut second)?;
+            }
+            Some(other) => {
+                measure(other, &mut second)?;
+                measure(codecs, &mut first)?;
+            }
+        }
+    }
     let bound = if args.membw {
         Some(membw_bound(&model, &pool, &args)?)
     } else {
         None
     };
-    let pp_med = if pp.is_empty() { 0.0 } else { med(&mut pp) };
-    let tg_med = med(&mut tg);
+    let pp_med = median(&first.pp);
+    let tg_med = median(&first.tg);
     let mut out = serde_json::json!({
         "threads": pool.num_threads(), "depth": depth, "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
-        "prefill_tok_s": pp_med, "decode_tok_s": tg_med, "prefill_runs": pp, "decode_runs": tg,
+        "prefill_tok_s": pp_med, "decode_tok_s": tg_med, "prefill_runs": first.pp, "decode_runs": first.tg,
     });
+    if let Some(other) = args.versus_kv_dtype {
+        let (pp_ratios, tg_ratios) = (ratios(&first.pp, &second.pp), ratios(&first.tg, &second.tg));
+        let pp_ratio = median(&pp_ratios);
+        let tg_ratio = median(&tg_ratios);
+        out["versus"] = serde_json::json!({
+            "kv_dtype": other.to_string(),
+            "prefill_tok_s": median(&second.pp),
+            "decode_tok_s": median(&second.tg),
+            "prefill_runs": second.pp, "decode_runs": second.tg,
+            "prefill_ratios": pp_ratios, "decode_ratios": tg_ratios,
+            "prefill_ratio_median": pp_ratio, "decode_ratio_median": tg_ratio,
+        });
+        eprintln!(
+            "{other} vs {codecs}, side by side ({} repetitions each): prefill {pp_ratio:.3}x, decode {tg_ratio:.3}x (medians of the per-repetition ratios)",
+            second.tg.len()
+        );
+    }
     if let Some(b) = &bound {
         let (mem, ws) = (&b.memory, &b.working_set);
         let bound_tok_s = mem.best() / b.bytes_per_token as f64;
@@ -242,4 +306,17 @@ fn membw_bound(
         mean_depth,
         bytes_per_token,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_side_by_side_ratios() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(ratios(&[2.0, 4.0], &[3.0, 2.0]), vec![1.5, 0.5]);
+    }
 }

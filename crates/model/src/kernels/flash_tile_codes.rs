@@ -225,6 +225,63 @@ impl CodedTile {
     }
 }
 
+impl CodedTile {
+    /// Loads the per-channel parameters of `rows` (a run of a sealed `int4c` group's rows, its
+    /// header in `rows.params()`) and decodes the run straight into K transposed at tile
+    /// positions `at..at + n`: `kt32[c · 16 + at + t] = fma(code_{t,c}, σ_c, ω_c)`, the values
+    /// [`Self::widen_channels`] gives after [`Self::load_channels`] (so the bits of
+    /// `quant::decode_rows`), without the byte tile in between. The AVX2 prefill path: eight
+    /// rows of packed codes are transposed as words and widened in registers. Panics unless
+    /// the rows fit the tile and `kt32` holds `hd · 16` floats.
+    pub fn widen_channel_rows(
+        &mut self,
+        features: CpuFeatures,
+        rows: &EncodedRows<'_>,
+        at: usize,
+        kt32: &mut [f32],
+    ) {
+        let (hd, n) = (self.hd, rows.num_rows());
+        assert!(
+            rows.head_dim() == hd
+                && rows.row_bytes() == hd / 2
+                && at + n <= TILE_POSITIONS
+                && kt32.len() >= hd * TILE_POSITIONS,
+            "int4c rows do not fit the tile"
+        );
+        self.load_channel_params(rows);
+        let (scales, offsets) = self.channel.split_at(hd);
+        let (codes, stride) = (rows.bytes(), hd / 2);
+        let mut t0 = 0;
+        #[cfg(target_arch = "x86_64")]
+        if features.clamp_to_detected().avx2 && hd.is_multiple_of(64) {
+            while t0 + 8 <= n {
+                // SAFETY: AVX2 and FMA presence was checked at runtime; rows `t0..t0 + 8 <= n`
+                // each hold `hd / 2` bytes of `codes`, `hd` is a multiple of 64, `kt32` holds
+                // `hd · 16` floats and `at + t0 + 8 <= 16` (all asserted above).
+                unsafe {
+                    x86::widen_packed8(
+                        codes.as_ptr().add(t0 * stride),
+                        stride,
+                        scales,
+                        offsets,
+                        kt32,
+                        at + t0,
+                    )
+                };
+                t0 += 8;
+            }
+        }
+        let _ = features;
+        for t in t0..n {
+            let row = &codes[t * stride..(t + 1) * stride];
+            for (c, (&s, &o)) in scales.iter().zip(offsets).enumerate() {
+                let code = (row[c / 2] >> (4 * (c % 2))) & 0x0F;
+                kt32[c * TILE_POSITIONS + at + t] = f32::from(code).mul_add(s, o);
+            }
+        }
+    }
+}
+
 /// `kt[j · 16 + at + t] = u32(codes[t · stride + 4j .. + 4])` for `t < n`, `j < hd / 4`.
 fn transpose_codes(
     features: CpuFeatures,

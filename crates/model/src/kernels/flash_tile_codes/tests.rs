@@ -306,6 +306,58 @@ fn widened_channel_tiles_equal_decoded_groups() {
     }
 }
 
+/// Runs of a sealed `int4c` group decoded straight into K transposed
+/// (`CodedTile::widen_channel_rows`) hold exactly the decoded rows at their tile positions and
+/// leave the others alone, on every path: AVX2 blocks of 8 rows with scalar remainders, widths
+/// with and without 64-channel blocks, runs at any tile position.
+#[test]
+fn channel_rows_widened_in_place_equal_decoded_groups() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(48);
+    for hd in [64usize, 128, 96, 16] {
+        let kind = KvCodecKind::Int4Channel { tokens: 16 };
+        let x: Vec<f32> = (0..16 * hd).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+        let mut group = vec![0u8; kind.bytes_per_group(hd).unwrap()];
+        quant::channel::encode_group(kind, &x, hd, &mut group).unwrap();
+        let mut want = vec![0f32; 16 * hd];
+        quant::channel::decode_group(kind, &group, hd, &mut want).unwrap();
+        let (params, codes) = quant::channel::split_group(&group, hd);
+        let er = EncodedRows::new_group(kind, hd, params, codes).unwrap();
+        for (at, n) in [
+            (0usize, 16usize),
+            (0, 8),
+            (8, 8),
+            (3, 13),
+            (5, 2),
+            (0, 9),
+            (7, 9),
+        ] {
+            let first = 16 - n;
+            let run = er.skip_rows(first).take_rows(n);
+            for features in feature_sets() {
+                let mut tile = CodedTile::default();
+                tile.reset(hd);
+                let mut kt32 = vec![f32::NAN; hd * 16];
+                tile.widen_channel_rows(features, &run, at, &mut kt32);
+                for p in 0..16 {
+                    for c in 0..hd {
+                        let got = kt32[c * 16 + p];
+                        if (at..at + n).contains(&p) {
+                            let t = first + p - at;
+                            assert_eq!(
+                                got.to_bits(),
+                                want[t * hd + c].to_bits(),
+                                "hd={hd} at={at} n={n} p={p} c={c} {features:?}"
+                            );
+                        } else {
+                            assert!(got.is_nan(), "hd={hd} at={at} n={n} p={p} wrote outside");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The integer score is the f32 dot product with the decoded key up to the query's
 /// quantisation (relative error well under 2% of ‖q‖·‖k̂‖), and the fast transposition
 /// equals the scalar one.

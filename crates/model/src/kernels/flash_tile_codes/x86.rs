@@ -274,6 +274,23 @@ pub(super) unsafe fn transpose8(
 ) {
     assert!(kt.len() >= (j0 + 7) * TILE_POSITIONS + p0 + 8);
     // SAFETY: caller's contract (8 readable rows of 32 bytes).
+    let columns = unsafe { columns8(src, stride) };
+    let dp = kt.as_mut_ptr();
+    for (j, column) in columns.into_iter().enumerate() {
+        // SAFETY: words `(j0 + j) · 16 + p0 .. + 8` for `j < 8` (asserted above).
+        unsafe { _mm256_storeu_si256(dp.add((j0 + j) * TILE_POSITIONS + p0).cast(), column) };
+    }
+}
+
+/// The 8 dword columns of the 8 rows of 32 bytes at `src + t · stride`: lane `t` of column `j`
+/// is dword `j` of row `t`.
+///
+/// # Safety
+/// AVX2 present; `src + t·stride` readable for 32 bytes for `t < 8`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn columns8(src: *const u8, stride: usize) -> [__m256i; 8] {
+    // SAFETY: caller's contract (8 readable rows of 32 bytes).
     let r: [__m256i; 8] =
         std::array::from_fn(|t| unsafe { _mm256_loadu_si256(src.add(t * stride).cast()) });
     // t[2i], t[2i + 1]: dwords of rows 2i, 2i + 1 interleaved (low, high pairs per lane).
@@ -295,14 +312,58 @@ pub(super) unsafe fn transpose8(
             _mm256_unpackhi_epi64(a, b)
         }
     });
-    let dp = kt.as_mut_ptr();
-    for k in 0..4 {
-        let lo = _mm256_permute2x128_si256::<0x20>(u[k], u[4 + k]);
-        let hi = _mm256_permute2x128_si256::<0x31>(u[k], u[4 + k]);
-        // SAFETY: words `(j0 + c) · 16 + p0 .. + 8` for `c < 8` (asserted above).
-        unsafe {
-            _mm256_storeu_si256(dp.add((j0 + k) * TILE_POSITIONS + p0).cast(), lo);
-            _mm256_storeu_si256(dp.add((j0 + 4 + k) * TILE_POSITIONS + p0).cast(), hi);
+    std::array::from_fn(|j| {
+        let k = j % 4;
+        if j < 4 {
+            _mm256_permute2x128_si256::<0x20>(u[k], u[4 + k])
+        } else {
+            _mm256_permute2x128_si256::<0x31>(u[k], u[4 + k])
+        }
+    })
+}
+
+/// [`CodedTile::widen_channel_rows`](super::CodedTile::widen_channel_rows) for 8 rows: the
+/// packed codes (channel `2k` in the low nibble of byte `k`, so channel `8j + i` in bits
+/// `4i..4i + 4` of dword `j`) transposed as dwords, then each channel widened,
+/// `kt32[c · 16 + p0 + t] = fma(code_{t,c}, scales[c], offsets[c])` for `t < 8`, `c < hd`.
+///
+/// # Safety
+/// AVX2 and FMA present; `src + t·stride` readable for `hd / 2` bytes for `t < 8`, where
+/// `hd = scales.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn widen_packed8(
+    src: *const u8,
+    stride: usize,
+    scales: &[f32],
+    offsets: &[f32],
+    kt32: &mut [f32],
+    p0: usize,
+) {
+    let hd = scales.len();
+    assert!(
+        hd.is_multiple_of(64)
+            && offsets.len() >= hd
+            && kt32.len() >= hd * TILE_POSITIONS
+            && p0 + 8 <= TILE_POSITIONS
+    );
+    let nibble = _mm256_set1_epi32(0x0F);
+    let dp = kt32.as_mut_ptr();
+    for block in 0..hd / 64 {
+        // SAFETY: bytes `32·block..32·block + 32 <= hd / 2` of each row (caller's contract).
+        let columns = unsafe { columns8(src.add(32 * block), stride) };
+        for (j, w) in columns.into_iter().enumerate() {
+            for i in 0..8 {
+                let c = 64 * block + 8 * j + i;
+                let code =
+                    _mm256_and_si256(_mm256_srl_epi32(w, _mm_cvtsi32_si128(4 * i as i32)), nibble);
+                let x = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(code),
+                    _mm256_set1_ps(scales[c]),
+                    _mm256_set1_ps(offsets[c]),
+                );
+                // SAFETY: floats `c · 16 + p0 .. + 8` with `c < hd`, `p0 + 8 <= 16` (asserted).
+                unsafe { _mm256_storeu_ps(dp.add(c * TILE_POSITIONS + p0), x) };
+            }
         }
     }
 }
