@@ -4,6 +4,18 @@
 use super::*;
 use rand::{Rng, SeedableRng};
 
+/// A random `int4c` group of 16 tokens (values in ±3): its encoded bytes (header, then code
+/// rows) and its decoding, `[16, hd]`.
+fn int4c_group(rng: &mut impl Rng, hd: usize) -> (Vec<u8>, Vec<f32>) {
+    let kind = KvCodecKind::Int4Channel { tokens: 16 };
+    let x: Vec<f32> = (0..16 * hd).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+    let mut group = vec![0u8; kind.bytes_per_group(hd).unwrap()];
+    quant::channel::encode_group(kind, &x, hd, &mut group).unwrap();
+    let mut decoded = vec![0f32; 16 * hd];
+    quant::channel::decode_group(kind, &group, hd, &mut decoded).unwrap();
+    (group, decoded)
+}
+
 fn feature_sets() -> Vec<CpuFeatures> {
     let d = CpuFeatures::detect();
     let mut v = vec![CpuFeatures::PORTABLE, CpuFeatures::AVX2];
@@ -108,10 +120,7 @@ fn code_tiles_match_the_portable_definition_on_every_path() {
                     }
                     KeyCodes::Channels => {
                         let kind = KvCodecKind::Int4Channel { tokens: 16 };
-                        let x: Vec<f32> =
-                            (0..16 * hd).map(|_| trng.gen_range(-3.0f32..3.0)).collect();
-                        let mut group = vec![0u8; kind.bytes_per_group(hd).unwrap()];
-                        quant::channel::encode_group(kind, &x, hd, &mut group).unwrap();
+                        let (group, _) = int4c_group(&mut trng, hd);
                         let (params, codes) = quant::channel::split_group(&group, hd);
                         let er = EncodedRows::new_group(kind, hd, params, codes).unwrap();
                         tile.load_channels(features, &er.take_rows(n), 0);
@@ -190,11 +199,7 @@ fn channel_code_tiles_equal_the_decoded_tile_step() {
         tile.reset(hd);
         for valids in [[16usize; 5], [9, 9, 9, 3, 16], [16, 16, 16, 1, 8], [2; 5]] {
             let kind = KvCodecKind::Int4Channel { tokens: 16 };
-            let x: Vec<f32> = (0..16 * hd).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
-            let mut group = vec![0u8; kind.bytes_per_group(hd).unwrap()];
-            quant::channel::encode_group(kind, &x, hd, &mut group).unwrap();
-            let mut k_dec = vec![0f32; 16 * hd];
-            quant::channel::decode_group(kind, &group, hd, &mut k_dec).unwrap();
+            let (group, k_dec) = int4c_group(&mut rng, hd);
             let (params, codes) = quant::channel::split_group(&group, hd);
             let k_rows = EncodedRows::new_group(kind, hd, params, codes).unwrap();
             let mut v_bytes = Vec::new();
@@ -280,11 +285,7 @@ fn widened_channel_tiles_equal_decoded_groups() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(45);
     for hd in [64usize, 128, 16] {
         let kind = KvCodecKind::Int4Channel { tokens: 16 };
-        let x: Vec<f32> = (0..16 * hd).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
-        let mut group = vec![0u8; kind.bytes_per_group(hd).unwrap()];
-        quant::channel::encode_group(kind, &x, hd, &mut group).unwrap();
-        let mut want = vec![0f32; 16 * hd];
-        quant::channel::decode_group(kind, &group, hd, &mut want).unwrap();
+        let (group, want) = int4c_group(&mut rng, hd);
         let (params, codes) = quant::channel::split_group(&group, hd);
         let er = EncodedRows::new_group(kind, hd, params, codes).unwrap();
         for features in [CpuFeatures::PORTABLE, CpuFeatures::detect()] {
@@ -315,11 +316,7 @@ fn channel_rows_widened_in_place_equal_decoded_groups() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(48);
     for hd in [64usize, 128, 96, 16] {
         let kind = KvCodecKind::Int4Channel { tokens: 16 };
-        let x: Vec<f32> = (0..16 * hd).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
-        let mut group = vec![0u8; kind.bytes_per_group(hd).unwrap()];
-        quant::channel::encode_group(kind, &x, hd, &mut group).unwrap();
-        let mut want = vec![0f32; 16 * hd];
-        quant::channel::decode_group(kind, &group, hd, &mut want).unwrap();
+        let (group, want) = int4c_group(&mut rng, hd);
         let (params, codes) = quant::channel::split_group(&group, hd);
         let er = EncodedRows::new_group(kind, hd, params, codes).unwrap();
         for (at, n) in [
