@@ -223,9 +223,7 @@ impl CodedTile {
             }
         }
     }
-}
 
-impl CodedTile {
     /// Loads the per-channel parameters of `rows` (a run of a sealed `int4c` group's rows, its
     /// header in `rows.params()`) and decodes the run straight into K transposed at tile
     /// positions `at..at + n`: `kt32[c · 16 + at + t] = fma(code_{t,c}, σ_c, ω_c)`, the values
