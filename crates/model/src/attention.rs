@@ -11,10 +11,11 @@
 //! (`-fa auto` resolves to on for the CPU): the query rounded to f16, f16·f16 scores, an online
 //! softmax (running maximum `M`, sum `S = S·ms + vs`, `expf`) and an f16 accumulator for the
 //! weighted values, divided by `S` at the end. Positions are visited in order, so the result is
-//! still independent of chunking. llama.cpp only runs that kernel while the (256-padded) cache
-//! is under 512 cells for a one-token decode — longer contexts take its split-KV path, which
-//! accumulates in f32 — so beyond [`F16_ACC_MAX_POSITIONS`] positions we accumulate in f32 too
-//! (same online softmax, no f16 rounding), which also keeps long contexts clear of f16 overflow.
+//! still independent of chunking. llama.cpp runs that kernel over the whole range only while the
+//! (256-padded) cache is under 512 cells for a one-token decode; beyond
+//! [`F16_ACC_MAX_POSITIONS`] positions it cuts the cells into one chunk per thread, runs the
+//! kernel on each and merges them (`attention_split`): [`AttnArith::Row`] does the same for
+//! the thread count it is given (`kv_split`).
 //!
 //! Hadamard-rotated codecs (`int4h`, `int8h`): the query is rotated once per call (when it is
 //! prepared) and dotted with the stored, rotated keys; rotated values are summed as stored and
@@ -25,10 +26,10 @@ use half::f16;
 use crate::kernels::flash_f16::{accumulate_rows, OnlineSoftmax};
 use crate::kernels::{axpy_f32, dot_f32};
 
-/// Up to this many attended positions the weighted-value accumulator is rounded to f16 after
-/// every step, as llama.cpp's `flash_attn_ext_f16_one_chunk` does for a decode over a cache of
-/// 256 (padded) cells; above it, f32.
-pub const F16_ACC_MAX_POSITIONS: usize = 256;
+/// Up to this many positions llama.cpp's one-token step is one chunk of
+/// `flash_attn_ext_f16_one_chunk` (a cache of 256 padded cells); above it, its split-KV path
+/// (`attention_split`).
+pub const F16_ACC_MAX_POSITIONS: usize = crate::attention_split::PAD_CELLS;
 use crate::kv::{KvChunk, KvStore, SeqSlot};
 use quant::PreparedQuery;
 
@@ -41,6 +42,8 @@ pub struct AttnScratch {
     prepared: Option<PreparedQuery>,
     /// The query prepared for one group of a per-channel K codec (`int4c`).
     channel: quant::ChannelQuery,
+    /// The merged chunks of llama.cpp's split-KV decode.
+    split: crate::attention_split::SplitMerge,
 }
 
 /// `out = softmax(q·Kᵀ · scale) · V` over positions `0..num_positions` of `kv_head`.
@@ -89,6 +92,7 @@ pub fn attend_window(
 ) {
     attend_window_with(
         AttnArith::Row,
+        1,
         kv,
         layer,
         slot,
@@ -108,19 +112,21 @@ pub fn attend_window(
 pub enum AttnArith {
     /// `flash_attn_ext_f16_one_chunk`, which llama.cpp runs for steps of fewer than
     /// [`PREFILL_MIN_TOKENS`] query tokens (decode, short prompts): query rounded to f16, f16
-    /// accumulator up to [`F16_ACC_MAX_POSITIONS`] positions.
+    /// accumulator; beyond [`F16_ACC_MAX_POSITIONS`] positions over one chunk of cells per
+    /// thread, merged (its split-KV decode, `attention_split`).
     #[default]
     Row,
     /// `flash_attn_ext_tiled`, which llama.cpp runs for steps of at least
     /// [`PREFILL_MIN_TOKENS`] query tokens (prompt prefill, perplexity): f32 query, f16 K/V
     /// widened to f32, f32 accumulator at every depth.
     Prefill,
-    /// Not one of llama.cpp's: [`AttnArith::Row`]'s arithmetic beyond
-    /// [`F16_ACC_MAX_POSITIONS`] (query rounded to f16, f32 accumulator, the tiled regime of
-    /// `attention_plan`) at every depth, so a row over a short context shares its K/V tiles with
+    /// Not one of llama.cpp's: the query rounded to f16 (as in [`AttnArith::Row`]), an f32
+    /// accumulator, the tiled regime of `attention_plan` at every depth (segments of 512
+    /// positions merged in order), so a row over a short context shares its K/V tiles with
     /// the other heads of its GQA group and runs the multi-row tile kernels instead of
     /// llama.cpp's one-position-at-a-time f16 accumulation (its rows then differ from
-    /// llama.cpp's below 257 positions by the f16 rounding of the accumulator). Rows that stay
+    /// llama.cpp's by the f16 rounding of the accumulator and, beyond 256 positions, by its
+    /// split-KV chunks). Rows that stay
     /// in the exact regime (f32 K/V, head sizes the tile kernels do not take, sliding-window
     /// layers) keep `Row`'s per-position arithmetic with an f32 accumulator. The engine's
     /// default where [`AttnArith::invariant`] says so.
@@ -165,10 +171,13 @@ impl AttnArith {
     }
 }
 
-/// [`attend_window`] in the arithmetic `arith` selects.
+/// [`attend_window`] in the arithmetic `arith` selects. `kv_split` is the thread count whose
+/// split-KV decode [`AttnArith::Row`] reproduces beyond [`F16_ACC_MAX_POSITIONS`] positions
+/// (llama.cpp's `-t`; ignored by the other arithmetics).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_window_with(
     arith: AttnArith,
+    kv_split: usize,
     kv: &dyn KvStore,
     layer: usize,
     slot: SeqSlot,
@@ -190,15 +199,25 @@ pub fn attend_window_with(
             .extend(q.iter().map(|&x| f16::from_f32(x).to_f32())),
         AttnArith::Prefill => scratch.q16.extend_from_slice(q),
     }
-    let (scores, q16, prepared, channel) = (
+    let (scores, q16, prepared, channel, merged) = (
         &mut scratch.scores,
         &scratch.q16,
         &mut scratch.prepared,
         &mut scratch.channel,
+        &mut scratch.split,
     );
     out.fill(0.0);
     let mut online = OnlineSoftmax::default();
-    let round_f16 = arith == AttnArith::Row && num_positions - first <= F16_ACC_MAX_POSITIONS;
+    let round_f16 = arith == AttnArith::Row;
+    // llama.cpp's split-KV decode: cells per chunk, and the chunk in progress.
+    let split = match arith {
+        AttnArith::Row => crate::attention_split::chunk_cells(num_positions, kv_split),
+        _ => None,
+    };
+    if split.is_some() {
+        merged.reset(head_dim);
+    }
+    let mut chunk_at = first / split.unwrap_or(usize::MAX);
     let mut is_f16 = false;
     kv.for_each_chunk_from(
         layer,
@@ -214,7 +233,22 @@ pub fn attend_window_with(
             }
             KvChunk::F16 { k, v } => {
                 is_f16 = true;
-                accumulate_rows(&mut online, out, q16, k, v, scale, round_f16);
+                let Some(cells) = split else {
+                    accumulate_rows(&mut online, out, q16, k, v, scale, round_f16);
+                    return;
+                };
+                // Cut at chunk boundaries; a finished chunk is merged and the next starts afresh.
+                let (mut k, mut v, mut pos) = (k, v, start.max(first));
+                while !k.is_empty() {
+                    if pos / cells != chunk_at {
+                        merged.merge(&online, out);
+                        (online, chunk_at) = (OnlineSoftmax::default(), pos / cells);
+                        out.fill(0.0);
+                    }
+                    let take = ((chunk_at + 1) * cells - pos).min(k.len() / head_dim) * head_dim;
+                    accumulate_rows(&mut online, out, q16, &k[..take], &v[..take], scale, true);
+                    (k, v, pos) = (&k[take..], &v[take..], pos + take / head_dim);
+                }
             }
             KvChunk::Encoded { k, .. } if k.kind().is_block() => {
                 // Per-channel K: scales folded into the query once per group (block).
@@ -242,6 +276,11 @@ pub fn attend_window_with(
             }
         },
     );
+    if is_f16 && split.is_some() {
+        merged.merge(&online, out);
+        merged.finish(out);
+        return;
+    }
     if is_f16 {
         let inv = if online.sum == 0.0 {
             0.0

@@ -7,9 +7,10 @@
 //! Regimes (a function of the row's own position count `n = pos + 1`, the head size, the K/V
 //! encoding and the step's [`AttnArith`], which the caller chooses — never of the batch's
 //! contents, so a sequence's output does not depend on what shares its step):
-//! - **exact** (f16 K/V with `n ≤ F16_ACC_MAX_POSITIONS` in a step of [`AttnArith::Row`], or
-//!   f32 K/V, or `head_dim % 8 != 0`): one task per (token, query head) through `attention::attend_one`,
-//!   llama.cpp's decode arithmetic;
+//! - **exact** (f16 K/V in a step of [`AttnArith::Row`], or f32 K/V, or `head_dim % 8 != 0`):
+//!   one task per (token, query head) through `attention::attend_window_with`, llama.cpp's
+//!   decode arithmetic (its split-KV decode beyond
+//!   [`F16_ACC_MAX_POSITIONS`](crate::attention::F16_ACC_MAX_POSITIONS) positions);
 //! - **tiled** (otherwise, so every f16 row of an [`AttnArith::Prefill`] or [`AttnArith::Tiled`]
 //!   step and every row over encoded K/V): the query rows of all heads of a GQA group and up to
 //!   [`QUERY_TILE_TOKENS`] ([`ENCODED_QUERY_TILE_TOKENS`] over encoded K/V) consecutive tokens of
@@ -20,7 +21,7 @@
 //!   segment (split-K, flash-decoding style); a longer tile runs its segments in one task. The
 //!   segment split is part of the arithmetic (always applied), only the task grouping differs.
 
-use crate::attention::{AttnArith, F16_ACC_MAX_POSITIONS};
+use crate::attention::AttnArith;
 use crate::kv::SeqSlot;
 
 /// Positions per segment of the tiled regime (a multiple of the softmax tile).
@@ -95,11 +96,11 @@ pub struct AttnShape {
 }
 
 impl AttnShape {
-    /// Whether a row attending over `n` positions takes the tiled regime.
-    pub fn tiled(&self, n: usize) -> bool {
+    /// Whether the step's rows take the tiled regime (at every depth: the regime never depends on
+    /// a row's position count).
+    pub fn tiled(&self) -> bool {
         self.head_dim.is_multiple_of(8)
-            && (self.kv_encoded
-                || (self.kv_is_f16 && (n > F16_ACC_MAX_POSITIONS || self.arith != AttnArith::Row)))
+            && (self.kv_encoded || (self.kv_is_f16 && self.arith != AttnArith::Row))
     }
 }
 
@@ -141,8 +142,7 @@ pub fn plan_without(
             t += 1;
             continue;
         }
-        let npos = positions[t] as usize + 1;
-        if !shape.tiled(npos) {
+        if !shape.tiled() {
             for head in 0..shape.num_heads {
                 p.tasks.push(AttnTask::Row {
                     token: t as u32,
@@ -215,32 +215,41 @@ fn push_tile(p: &mut AttnPlan, shape: &AttnShape, positions: &[u32], start: usiz
 mod tests {
     use super::*;
 
+    /// The engine's arithmetic: f16 rows tiled at every depth.
     const SHAPE: AttnShape = AttnShape {
         num_heads: 4,
         num_kv_heads: 2,
         head_dim: 64,
         kv_is_f16: true,
         kv_encoded: false,
+        arith: AttnArith::Tiled,
+    };
+    /// llama.cpp's per-row decode arithmetic.
+    const ROW: AttnShape = AttnShape {
         arith: AttnArith::Row,
+        ..SHAPE
     };
 
     #[test]
-    fn short_contexts_take_the_exact_regime_one_task_per_head() {
-        let p = plan(&SHAPE, &[SeqSlot(0), SeqSlot(1)], &[10, 255]);
-        assert_eq!(p.tasks.len(), 8);
+    fn llama_cpp_row_arithmetic_is_exact_at_every_depth() {
+        // Its split-KV decode beyond 256 positions is per row too (`attention_split`).
+        let p = plan(
+            &ROW,
+            &[SeqSlot(0), SeqSlot(1), SeqSlot(2)],
+            &[10, 255, 4000],
+        );
+        assert_eq!(p.tasks.len(), 12);
         assert_eq!(p.tasks[5], AttnTask::Row { token: 1, head: 1 });
+        assert_eq!(p.tasks[11], AttnTask::Row { token: 2, head: 3 });
         assert_eq!(p.partial_rows, 0);
-        assert_eq!(p.partial_base, vec![None, None]);
+        assert_eq!(p.partial_base, vec![None, None, None]);
     }
 
     #[test]
     fn the_engine_arithmetic_tiles_short_contexts_too() {
         // `Tiled`: positions 10 and 255 of two sequences, one tile per sequence and KV head.
-        let shape = AttnShape {
-            arith: AttnArith::Tiled,
-            ..SHAPE
-        };
-        assert!(shape.tiled(1) && !SHAPE.tiled(1) && SHAPE.tiled(257));
+        let shape = SHAPE;
+        assert!(SHAPE.tiled() && !ROW.tiled());
         let p = plan(&shape, &[SeqSlot(0), SeqSlot(1)], &[10, 255]);
         let want: Vec<AttnTask> = (0..2u32)
             .flat_map(|t| {
@@ -259,7 +268,7 @@ mod tests {
             head_dim: 60,
             ..shape
         };
-        assert!(!odd.tiled(1) && !odd.tiled(1000));
+        assert!(!odd.tiled());
     }
 
     #[test]
@@ -283,21 +292,16 @@ mod tests {
     }
 
     #[test]
-    fn a_prefill_run_is_cut_into_query_tiles_at_regime_and_sequence_boundaries() {
-        // Sequence 0: positions 250..=295 (6 exact tokens, then 40 tiled: two tiles of 20);
-        // sequence 1: positions 600, 601.
+    fn a_prefill_run_is_cut_into_query_tiles_at_sequence_boundaries() {
+        // Sequence 0: positions 250..=295 (46 tokens: two tiles of 23); sequence 1: positions
+        // 600, 601.
         assert_eq!(QUERY_TILE_TOKENS, 32);
         let mut slots = vec![SeqSlot(0); 46];
         let mut positions: Vec<u32> = (250..296).collect();
         slots.extend([SeqSlot(1), SeqSlot(1)]);
         positions.extend([600, 601]);
         let p = plan(&SHAPE, &slots, &positions);
-        let rows = p
-            .tasks
-            .iter()
-            .filter(|t| matches!(t, AttnTask::Row { .. }))
-            .count();
-        assert_eq!(rows, 6 * 4, "positions 250..=255 attend ≤ 256 positions");
+        assert!(p.tasks.iter().all(|t| matches!(t, AttnTask::Tile { .. })));
         let tiles: Vec<_> = p
             .tasks
             .iter()
@@ -311,19 +315,19 @@ mod tests {
         assert_eq!(
             tiles,
             vec![
-                ((6, 26), (0, 1)),
-                ((6, 26), (0, 1)),
-                ((26, 46), (0, 1)),
-                ((26, 46), (0, 1)),
+                ((0, 23), (0, 1)),
+                ((0, 23), (0, 1)),
+                ((23, 46), (0, 1)),
+                ((23, 46), (0, 1)),
                 ((46, 48), (0, 2)),
                 ((46, 48), (0, 2)),
             ]
         );
-        assert_eq!(p.partial_base[6], Some(0));
-        assert_eq!(p.partial_base[7], Some(4));
-        assert_eq!(p.partial_base[46], Some(40 * 4));
-        assert_eq!(p.partial_base[47], Some(40 * 4 + 8));
-        assert_eq!(p.partial_rows, 40 * 4 + 2 * 8);
+        assert_eq!(p.partial_base[0], Some(0));
+        assert_eq!(p.partial_base[1], Some(4));
+        assert_eq!(p.partial_base[46], Some(46 * 4));
+        assert_eq!(p.partial_base[47], Some(46 * 4 + 8));
+        assert_eq!(p.partial_rows, 46 * 4 + 2 * 8);
         assert_eq!(p.group_tasks, vec![1; 6]);
     }
 
@@ -482,7 +486,7 @@ mod tests {
             for (t, &pos) in positions.iter().enumerate() {
                 let npos = pos as usize + 1;
                 for h in 0..SHAPE.num_heads as u32 {
-                    if SHAPE.tiled(npos) {
+                    if SHAPE.tiled() {
                         for j in 0..num_segments(npos) as u32 {
                             assert_eq!(seen.get(&(t as u32, h, j)), Some(&1));
                         }

@@ -1226,7 +1226,7 @@ mod tests {
             head_dim: hd,
             kv_is_f16: true,
             kv_encoded: false,
-            arith: AttnArith::Row,
+            arith: AttnArith::Tiled,
         };
         let inp = TileInputs {
             kv: &kv,
@@ -1238,7 +1238,7 @@ mod tests {
             num_kv_heads: kv_heads,
             head_dim: hd,
             scale: 0.125,
-            arith: AttnArith::Row,
+            arith: AttnArith::Tiled,
         };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let together = run_plan(&inp, &plan(&shape, &slots, &positions));

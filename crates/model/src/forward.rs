@@ -289,6 +289,8 @@ pub fn forward(
                 arith: batch.arith,
             };
             let num_plan = plan.tasks.len();
+            // `AttnArith::Row` reproduces llama.cpp's split-KV decode for as many threads.
+            let kv_split = pool.num_threads();
             pool.for_each(num_plan + ggml_tasks.len(), &|i| {
                 if i >= num_plan {
                     // Last runs first: a causal prompt's later runs attend more positions, and
@@ -351,6 +353,7 @@ pub fn forward(
                         ATTN_SCRATCH.with_borrow_mut(|scratch| {
                             attend_window_with(
                                 batch.arith,
+                                kv_split,
                                 kv_ro,
                                 l,
                                 batch.slots[t],

@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod attention_plan;
+pub mod attention_split;
 pub mod attention_tiled;
 pub mod chat;
 pub mod chat_prompt;

@@ -31,6 +31,7 @@ fn heldout_prompts_match_llama_cpp() {
     );
     let (mut abs_err, mut compared, mut stable_equal) = (0.0f64, 0usize, 0usize);
     let mut diverged = Vec::new();
+    let mut off = Vec::new();
     for r in &refs {
         let ids = m
             .tokenizer()
@@ -70,6 +71,9 @@ fn heldout_prompts_match_llama_cpp() {
         }
         abs_err += err;
         compared += k;
+        if err / k.max(1) as f64 > PROMPT_BOUND {
+            off.push(format!("{}: {:.5}", r.id, err / k.max(1) as f64));
+        }
         eprintln!(
             "{:<12} prompt {:>3} tokens, stable {:>2}; mean |Δ logprob| {:.5}",
             r.id,
@@ -89,6 +93,7 @@ fn heldout_prompts_match_llama_cpp() {
         mean <= MEAN_BOUND,
         "mean |Δ logprob| {mean:.5} > {MEAN_BOUND}"
     );
+    assert!(off.is_empty(), "prompts above {PROMPT_BOUND}: {off:#?}");
 }
 
 /// The goals: stable greedy prefixes equal on at least 98% of the prompts and a mean
@@ -96,3 +101,7 @@ fn heldout_prompts_match_llama_cpp() {
 /// docs/benchmarks.md "Held-out fidelity").
 const MIN_SHARE: f64 = 0.98;
 const MEAN_BOUND: f64 = 0.005;
+/// Every prompt's own mean |Δ logprob|: measured ≤ 0.00016 on each of the 52 (2026-12-04, mean
+/// 0.00010). The 386-token `l-doc-x3` was at 0.030 while decodes beyond 256 positions took one
+/// f32 accumulator instead of llama.cpp's split-KV chunks (`model::attention_split`).
+const PROMPT_BOUND: f64 = 0.001;

@@ -1,0 +1,210 @@
+//! The architectures that no real model on PyPI covers — Llama 3 (RoPE frequency factors),
+//! Mistral's shape (a head size other than hidden / heads), Qwen 2 (Q/K/V biases), Qwen 3
+//! (QK-norm) and Phi 3 (fused matrices) — against llama.cpp itself: tiny random-weight GGUF files
+//! written by llama.cpp's own writer (tests/data/arch/*.gguf, Q8_0 attention and Q4_0 FFN
+//! matrices) and llama-server's greedy tokens and top-5 logprobs on them after token-id prompts
+//! of 6 to 400 tokens (tests/data/arch_greedy.jsonl; both written by
+//! tests/data/gen_arch_fixtures.py, with llama.cpp's AVX2 CPU backend).
+//!
+//! `forward_tiny` checks the same architectures against our own naive transformer; this checks
+//! our reading of each architecture against llama.cpp's: a wrong RoPE pairing, factor, bias,
+//! norm or scale moves logprobs by tenths of a nat, far above the bounds here.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use common::{references_from, Reference};
+use model::forward::{ForwardBatch, Scratch};
+use model::generate::{generate, GenerateOptions};
+use model::{KvDtype, Model, ThreadPool};
+
+fn references() -> Vec<Reference> {
+    references_from(include_str!("data/arch_greedy.jsonl"))
+}
+
+fn fixture(name: &str) -> Model {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/arch")
+        .join(format!("{name}.gguf"));
+    Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Top-2 logprob gap (nats) from which llama.cpp's greedy choice must be ours.
+const CONFIDENT_GAP: f32 = 0.05;
+
+/// Bounds on |our logprob − llama.cpp's| (nats), per logprob and per fixture's mean. Measured
+/// 0 (bit-identical) on an AVX-512 Xeon, on every ISA path; the bounds leave room for another
+/// libm's `expf`. A misread architecture moves logprobs by 0.01–0.2 here; llama.cpp's split-KV
+/// decode approximated by one f32 accumulator moved them by up to 0.2 (the 400-token prompts),
+/// and Q4_0 matrices, which llama.cpp repacks, by up to 0.07.
+const MAX_ERR: f32 = 1e-3;
+const MEAN_ERR: f64 = 1e-4;
+
+/// The fixtures' end-of-sequence token, which the reference's `ignore_eos` kept llama-server
+/// from choosing (it still reports its logprob).
+const EOS: u32 = 2;
+
+/// llama-server's top-2 gap among the tokens it could choose (all but [`EOS`]).
+fn choice_gap(pos: &common::RefPosition) -> f32 {
+    let mut c = pos.top.iter().filter(|c| c.id != EOS);
+    let (a, b) = (c.next().unwrap(), c.next().unwrap());
+    a.logprob - b.logprob
+}
+
+/// Our greedy choice among the same tokens.
+fn argmax_but_eos(row: &[f32]) -> u32 {
+    let mut best = if EOS == 0 { 1 } else { 0 };
+    for (i, &x) in row.iter().enumerate() {
+        if i as u32 != EOS && x > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Teacher-forced log-softmax rows after each of llama.cpp's greedy tokens, computed in the
+/// steps llama-server took (the whole prompt in one step, then one token per step), each in
+/// llama.cpp's arithmetic for a step of that size.
+fn teacher_forced(m: &Model, pool: &ThreadPool, r: &Reference) -> Vec<Vec<f32>> {
+    let n = r.greedy_ids.len();
+    let mut all = r.prompt_ids.clone();
+    all.extend_from_slice(&r.greedy_ids[..n - 1]);
+    let mut kv = m.contiguous_kv(1, all.len(), KvDtype::F16).unwrap();
+    let mut scratch = Scratch::default();
+    let p = r.prompt_ids.len();
+    std::iter::once(0..p)
+        .chain((p..all.len()).map(|i| i..i + 1))
+        .map(|range| {
+            let positions: Vec<u32> = range.clone().map(|i| i as u32).collect();
+            let slots = vec![model::SeqSlot(0); range.len()];
+            let batch = ForwardBatch {
+                prefill_rows: &[],
+                tokens: &all[range.clone()],
+                positions: &positions,
+                slots: &slots,
+                logits_for: &[range.len() - 1],
+                arith: model::AttnArith::for_step(range.len()),
+                matmul_arith: model::MatmulArith::LlamaCpp,
+            };
+            let row = m
+                .forward(pool, &batch, &mut kv, &mut scratch)
+                .expect("forward");
+            assert_eq!(row.len(), m.config.vocab_size);
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
+            row.iter().map(|x| x - lse).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn fixtures_load_as_their_architectures() {
+    use model::config::Arch;
+    for (name, arch, head_dim) in [
+        ("llama3", Arch::Llama, 64),
+        ("mistral", Arch::Llama, 64),
+        ("qwen2", Arch::Qwen2, 64),
+        ("qwen3", Arch::Qwen3, 64),
+        ("phi3", Arch::Phi3, 96),
+    ] {
+        let m = fixture(name);
+        assert_eq!(
+            (m.config.arch, m.config.head_dim),
+            (arch, head_dim),
+            "{name}"
+        );
+        assert_eq!(m.config.vocab_size, 320, "{name}");
+    }
+    assert_ne!(
+        fixture("mistral").config.q_dim(),
+        fixture("mistral").config.hidden_size,
+        "the mistral fixture's heads are not hidden / heads wide"
+    );
+}
+
+#[test]
+fn every_architecture_matches_llama_cpp() {
+    let pool = ThreadPool::new(2);
+    let refs = references();
+    let mut models: HashMap<String, Model> = HashMap::new();
+    let mut per_model: HashMap<String, (f64, usize)> = HashMap::new();
+    let mut failures = Vec::new();
+    for r in &refs {
+        let name = r.id.split('/').next().unwrap().to_string();
+        let m = models.entry(name.clone()).or_insert_with(|| fixture(&name));
+        let rows = teacher_forced(m, &pool, r);
+        let (mut err, mut count, mut worst) = (0.0f64, 0usize, 0.0f32);
+        for (j, (row, pos)) in rows.iter().zip(&r.top_logprobs).enumerate() {
+            // Every reported candidate's logprob, the chosen token's first.
+            let chosen = pos.logprob.expect("ASCII fixtures report every position");
+            let cands =
+                std::iter::once((pos.id, chosen)).chain(pos.top.iter().map(|c| (c.id, c.logprob)));
+            for (id, lp) in cands {
+                let e = (row[id as usize] - lp).abs();
+                worst = worst.max(e);
+                err += e as f64;
+                count += 1;
+            }
+            let ours = argmax_but_eos(row);
+            if choice_gap(pos) >= CONFIDENT_GAP && ours != pos.id {
+                failures.push(format!(
+                    "{} position {j}: argmax {ours} vs {}",
+                    r.id, pos.id
+                ));
+            }
+        }
+        eprintln!(
+            "{:<14} mean |logprob − llama.cpp| {:.5}, max {worst:.5} over {count}",
+            r.id,
+            err / count as f64
+        );
+        if worst > MAX_ERR {
+            failures.push(format!("{}: a logprob differs by {worst:.4}", r.id));
+        }
+        let e = per_model.entry(name).or_default();
+        e.0 += err;
+        e.1 += count;
+    }
+    for (name, (err, count)) in &per_model {
+        let mean = err / *count as f64;
+        eprintln!("{name}: mean |logprob − llama.cpp| {mean:.5} over {count} logprobs");
+        if mean > MEAN_ERR {
+            failures.push(format!("{name}: mean logprob error {mean:.5} > {MEAN_ERR}"));
+        }
+    }
+    assert_eq!(per_model.len(), 5, "every fixture has references");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn greedy_generation_matches_llama_cpp_over_confident_prefixes() {
+    let pool = ThreadPool::new(2);
+    let mut models: HashMap<String, Model> = HashMap::new();
+    let mut diverged = Vec::new();
+    for r in references() {
+        let name = r.id.split('/').next().unwrap().to_string();
+        let m = models.entry(name.clone()).or_insert_with(|| fixture(&name));
+        let n = r
+            .top_logprobs
+            .iter()
+            .take_while(|p| choice_gap(p) >= CONFIDENT_GAP && p.top[0].id != EOS)
+            .count();
+        if n == 0 {
+            continue;
+        }
+        let opts = GenerateOptions {
+            max_tokens: n,
+            kv_dtype: KvDtype::F16,
+            llama_cpp_prefill: true,
+            ..Default::default()
+        };
+        let (out, _) = generate(m, &pool, &r.prompt_ids, &opts, |_| true).expect("generation");
+        let got: Vec<u32> = out.iter().map(|t| t.id).collect();
+        if got[..] != r.greedy_ids[..n] {
+            diverged.push(format!("{}: {got:?} vs {:?}", r.id, &r.greedy_ids[..n]));
+        }
+    }
+    assert!(diverged.is_empty(), "{diverged:#?}");
+}
