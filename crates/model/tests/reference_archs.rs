@@ -1,8 +1,8 @@
 //! The architectures that no real model on PyPI covers — Llama 3 (RoPE frequency factors),
 //! Mistral's shape (a head size other than hidden / heads), Qwen 2 (Q/K/V biases), Qwen 3
 //! (QK-norm) and Phi 3 (fused matrices) — against llama.cpp itself: tiny random-weight GGUF files
-//! written by llama.cpp's own writer (tests/data/arch/*.gguf, Q8_0 attention and Q4_0 FFN
-//! matrices) and llama-server's greedy tokens and top-5 logprobs on them after token-id prompts
+//! written by llama.cpp's own writer (tests/data/arch/*.gguf: Q8_0 attention matrices, Q4_0 or
+//! Q5_0/Q4_1 FFN ones) and llama-server's greedy tokens and top-5 logprobs on them after token-id prompts
 //! of 6 to 400 tokens (tests/data/arch_greedy.jsonl; both written by
 //! tests/data/gen_arch_fixtures.py, with llama.cpp's AVX2 CPU backend).
 //!
@@ -38,7 +38,8 @@ const CONFIDENT_GAP: f32 = 0.05;
 /// 0 (bit-identical) on an AVX-512 Xeon, on every ISA path; the bounds leave room for another
 /// libm's `expf`. A misread architecture moves logprobs by 0.01–0.2 here; llama.cpp's split-KV
 /// decode approximated by one f32 accumulator moved them by up to 0.2 (the 400-token prompts),
-/// and Q4_0 matrices, which llama.cpp repacks, by up to 0.07.
+/// and Q4_0 matrices in ggml's `vec_dot` order rather than that of llama.cpp's repacked kernels
+/// (`MatmulArith::packed_def_for`) by up to 0.07.
 const MAX_ERR: f32 = 1e-3;
 const MEAN_ERR: f64 = 1e-4;
 

@@ -96,6 +96,22 @@ impl MatmulArith {
             MatmulArith::InvariantGgml | MatmulArith::LlamaCpp => PackedDef::Ggml,
         }
     }
+
+    /// The definition a packed matrix of type `ty` with `num_rows` rows takes: [`Self::packed_def`],
+    /// except that in llama.cpp's arithmetic a Q4_0 matrix of a multiple of 8 rows takes
+    /// `BlockSum` — llama.cpp repacks those on AVX2 CPUs (`q4_0_8x8`), and its kernels for them
+    /// (`ggml_gemv/gemm_q4_0_8x8_q8_0`, every batch size) sum each block's products exactly and
+    /// take one fused multiply-add per block with the scale `d_w · d_x`: that definition.
+    pub fn packed_def_for(self, ty: GgmlType, num_rows: usize) -> PackedDef {
+        match self {
+            MatmulArith::InvariantGgml | MatmulArith::LlamaCpp
+                if ty == GgmlType::Q4_0 && num_rows.is_multiple_of(8) =>
+            {
+                PackedDef::BlockSum
+            }
+            _ => self.packed_def(),
+        }
+    }
 }
 
 /// `y[t, r] = dot(W[r, :], x[t, :])` on the pool, with the process-wide CPU features.
@@ -245,7 +261,7 @@ pub(super) fn prepare<'a>(
         num_tokens,
         features: features.clamp_to_detected(),
         ggml_groups: arith == MatmulArith::LlamaCpp,
-        packed_def: arith.packed_def(),
+        packed_def: arith.packed_def_for(w.ty, w.num_rows),
     };
     let out = OutPtr {
         ptr: y.as_mut_ptr(),

@@ -482,3 +482,31 @@ fn fused_matmul_rejects_bad_shapes_before_writing() {
     matmul_many(&pool, &ws, &x, 1, &mut [&mut y0, &mut y1]).expect("valid shapes");
     assert!(y0.iter().chain(&y1).all(|v| v.is_finite() && *v != 7.0));
 }
+
+/// Golden: which float order a packed matrix takes per arithmetic. llama.cpp repacks Q4_0
+/// matrices of a multiple of 8 rows (AVX2) and sums those per block (`BlockSum`); every other
+/// packed type, and Q4_0 with other row counts, keeps ggml's `vec_dot` order in its arithmetic.
+#[test]
+fn llama_cpp_arithmetic_takes_block_sums_for_the_q4_0_matrices_it_repacks() {
+    use super::matmul::MatmulArith;
+    use super::packed32::PackedDef;
+    for arith in [MatmulArith::LlamaCpp, MatmulArith::InvariantGgml] {
+        assert_eq!(
+            arith.packed_def_for(GgmlType::Q4_0, 256),
+            PackedDef::BlockSum
+        );
+        assert_eq!(arith.packed_def_for(GgmlType::Q4_0, 260), PackedDef::Ggml);
+        for ty in [GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
+            assert_eq!(arith.packed_def_for(ty, 256), PackedDef::Ggml, "{ty:?}");
+        }
+    }
+    let inv = MatmulArith::Invariant;
+    assert_eq!(
+        inv.packed_def_for(GgmlType::Q8_0, 256),
+        PackedDef::invariant()
+    );
+    assert_eq!(
+        inv.packed_def_for(GgmlType::Q4_0, 256),
+        PackedDef::invariant()
+    );
+}

@@ -4,9 +4,9 @@ tests/reference_archs.rs.
 
 `write DIR` writes DIR/<name>.gguf for every fixture below with llama.cpp's own GGUF writer
 (`gguf-py` from the llama.cpp tree; numpy needed): a SentencePiece vocabulary of 320 tokens (ASCII
-bytes), Q8_0 attention matrices and embeddings, Q5_0 gate/up and Q4_1 down FFN matrices, f32
-norms, biases and RoPE factors, weights drawn from a fixed seed per fixture. (Not Q4_0: llama.cpp
-repacks Q4_0 matrices on AVX2 CPUs and sums them in an order agentkv does not reproduce yet.)
+bytes), Q8_0 attention matrices and embeddings, Q4_0 FFN matrices (llama3, qwen3: llama.cpp
+repacks those on AVX2 CPUs, another float order) or Q5_0 gate/up and Q4_1 down ones (the others),
+f32 norms, biases and RoPE factors, weights drawn from a fixed seed per fixture.
 
 `reference URL NAME` asks a llama-server serving DIR/NAME.gguf for greedy tokens with top-5
 logprobs after token-id prompts of 6 to 400 tokens (fixed per fixture), and prints one line per
@@ -42,7 +42,7 @@ VOCAB = 3 + 128 + len(VOCAB_EXTRA)
 FIXTURES = {
     # Llama 3: interleaved RoPE, GQA 4:1, RoPE frequency factors (`rope_freqs.weight`).
     "llama3": dict(arch="llama", hidden=128, heads=2, kv_heads=1, ffn=256, layers=2,
-                   rope_base=500000.0, rope_freqs=True, tied=True),
+                   rope_base=500000.0, rope_freqs=True, tied=True, ffn_q4_0=True),
     # Mistral Nemo's shape: a llama file whose head size (key_length) is not hidden / heads.
     "mistral": dict(arch="llama", hidden=128, heads=4, kv_heads=2, key_length=64, ffn=256,
                     layers=2, rope_base=1000000.0, tied=False),
@@ -51,7 +51,7 @@ FIXTURES = {
                   rope_base=1000000.0, biases=True, tied=False),
     # Qwen 3: QK-norm, head size 64 with hidden 128 and 4 heads (q width 256), tied output.
     "qwen3": dict(arch="qwen3", hidden=128, heads=4, kv_heads=2, key_length=64, ffn=256,
-                  layers=2, rope_base=1000000.0, qk_norm=True, tied=True),
+                  layers=2, rope_base=1000000.0, qk_norm=True, tied=True, ffn_q4_0=True),
     # Phi 3: fused QKV and gate/up matrices, head size 96, no GQA, queries scaled first.
     "phi3": dict(arch="phi3", hidden=192, heads=2, kv_heads=2, ffn=256, layers=2,
                  rope_base=10000.0, fused=True, tied=False),
@@ -145,12 +145,13 @@ def write(dirname):
                 w.add_tensor(b + "attn_k_norm.weight", vec(hd))
             add_q(b + "attn_output.weight", mat(hidden, heads * hd), Q.Q8_0)
             gate, up = mat(ffn, hidden), mat(ffn, hidden)
+            gate_up_q, down_q = (Q.Q4_0, Q.Q4_0) if f.get("ffn_q4_0") else (Q.Q5_0, Q.Q4_1)
             if f.get("fused"):
-                add_q(b + "ffn_up.weight", np.concatenate([gate, up]), Q.Q5_0)
+                add_q(b + "ffn_up.weight", np.concatenate([gate, up]), gate_up_q)
             else:
-                add_q(b + "ffn_gate.weight", gate, Q.Q5_0)
-                add_q(b + "ffn_up.weight", up, Q.Q5_0)
-            add_q(b + "ffn_down.weight", mat(hidden, ffn), Q.Q4_1)
+                add_q(b + "ffn_gate.weight", gate, gate_up_q)
+                add_q(b + "ffn_up.weight", up, gate_up_q)
+            add_q(b + "ffn_down.weight", mat(hidden, ffn), down_q)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
