@@ -54,9 +54,9 @@ pub struct BenchModelArgs {
     #[arg(long)]
     pub llama_cpp_prefill: bool,
     /// Attention arithmetic of the unmarked steps: `tiled` (the tiled regime at every depth) or
-    /// `llama.cpp-row` (llama.cpp's per-row kernel, its f16 accumulator up to 256 positions).
-    /// Default: the engine's (`EngineConfig::attn_arith`: `tiled` on CPUs without AVX-512 VNNI,
-    /// `llama.cpp-row` on others and with `--llama-cpp-prefill`).
+    /// `llama.cpp-row` (llama.cpp's per-row kernel with its f16 accumulator, and beyond 256
+    /// positions its split-KV decode for this many threads). Default: the engine's
+    /// (`EngineConfig::attn_arith`: `tiled`, or `llama.cpp-row` with `--llama-cpp-prefill`).
     #[arg(long, value_parser = ["tiled", "llama.cpp-row"])]
     pub attention: Option<String>,
     /// A second KV codec measured side by side in the same process: each repetition runs both
