@@ -4,6 +4,7 @@
 //! It never touches tensor data.
 
 use crate::gguf::Metadata;
+use crate::rope_scaling::{RopeScaling, ScalingKind};
 
 /// Architectures the forward pass implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,8 +104,12 @@ pub struct ModelConfig {
     /// Number of leading dimensions of each head that RoPE rotates.
     pub rope_dim: usize,
     pub rope_style: RopeStyle,
-    /// Linear RoPE scaling factor (positions are divided by it); 1.0 when unset.
-    pub rope_linear_scale: f32,
+    /// RoPE frequency scaling of the global layers (linear, YaRN, longrope's magnitude), as
+    /// llama.cpp derives it from `rope.scaling.*`.
+    pub rope_scaling: RopeScaling,
+    /// `rope.scaling.original_context_length` (the context length when absent): Phi 3's long
+    /// RoPE factors apply when the context served exceeds it.
+    pub rope_orig_context: usize,
     pub ffn_act: FfnAct,
     /// Embedding rows are multiplied by this (Gemma: √hidden).
     pub embed_scale: Option<f32>,
@@ -173,10 +178,37 @@ impl ModelConfig {
             .get_u64(&key("rope.dimension_count"))
             .map(|v| v as usize)
             .unwrap_or(head_dim);
-        let rope_linear_scale = match meta.get_str(&key("rope.scaling.type")) {
-            Some("linear") => meta.get_f32(&key("rope.scaling.factor")).unwrap_or(1.0),
-            _ => 1.0,
+        // llama.cpp assumes "linear" when a file names no type (a factor alone scales linearly)
+        // and refuses types it does not know; so do we, rather than ignore them.
+        let scaling_kind = match meta.get_str(&key("rope.scaling.type")) {
+            None => ScalingKind::Linear,
+            Some(name) => ScalingKind::from_name(name).ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "rope.scaling.type {name:?} is not one of none, linear, yarn, longrope"
+                ))
+            })?,
         };
+        let scaling_factor = meta
+            .get_f32(&key("rope.scaling.factor"))
+            .or_else(|| meta.get_f32(&key("rope.scale_linear")))
+            .unwrap_or(0.0);
+        if !(scaling_factor >= 0.0 && scaling_factor.is_finite()) {
+            return Err(ConfigError::Invalid(format!(
+                "rope.scaling.factor {scaling_factor} is not a finite non-negative number"
+            )));
+        }
+        let rope_orig_context = meta
+            .get_u64(&key("rope.scaling.original_context_length"))
+            .map_or(context_length, |v| v as usize);
+        let rope_scaling = RopeScaling::from_file(
+            scaling_kind,
+            scaling_factor,
+            rope_orig_context,
+            rope_dim,
+            rope_base,
+            meta.get_f32(&key("rope.scaling.attn_factor"))
+                .unwrap_or(1.0),
+        );
         let sliding_window = match arch {
             Arch::Gemma3 => match meta.get_u64(&key("attention.sliding_window")) {
                 Some(size) if size > 0 => {
@@ -234,7 +266,8 @@ impl ModelConfig {
                 Arch::Llama => RopeStyle::Interleaved,
                 Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 | Arch::Phi3 => RopeStyle::Neox,
             },
-            rope_linear_scale,
+            rope_scaling,
+            rope_orig_context,
             ffn_act: match arch {
                 Arch::Gemma3 => FfnAct::GeluTanh,
                 _ => FfnAct::Silu,
@@ -266,8 +299,9 @@ impl ModelConfig {
         if self.num_layers > 1024 || self.hidden_size > 1 << 16 || self.vocab_size > 1 << 22 {
             return bad("dimensions out of the supported range".into());
         }
-        if self.rope_linear_scale.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
-            return bad("rope scaling factor must be positive".into());
+        let s = &self.rope_scaling;
+        if !(s.freq_scale > 0.0 && s.freq_scale.is_finite() && s.attn_factor.is_finite()) {
+            return bad("rope scaling must be a positive finite factor".into());
         }
         if let Some(sw) = &self.sliding_window {
             if sw.size == 0 || sw.local.len() != self.num_layers {

@@ -28,6 +28,7 @@ pub mod model;
 pub mod ops;
 pub mod par;
 pub mod perplexity;
+pub mod rope_scaling;
 pub mod sampler;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

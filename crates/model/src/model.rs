@@ -70,17 +70,33 @@ impl Model {
             chat_template,
             config.context_length,
         ));
+        // Per-pair frequency factors as llama.cpp picks them (`llama_model::get_rope_factors`):
+        // `rope_freqs` (Llama 3), else Phi 3's long factors when the context served (the file's
+        // context length: agentkv serves the whole of it) exceeds the original one, else its
+        // short ones.
+        let freq_factors = weights.rope_freqs.clone().or_else(|| {
+            weights.rope_long_short.as_ref().map(|(long, short)| {
+                if config.context_length > config.rope_orig_context {
+                    long.clone()
+                } else {
+                    short.clone()
+                }
+            })
+        });
         let rope = Rope {
             rope_dim: config.rope_dim,
             head_dim: config.head_dim,
             base: config.rope_base,
             style: config.rope_style,
-            linear_scale: config.rope_linear_scale,
-            freq_factors: weights.rope_freqs.clone(),
+            scaling: config.rope_scaling,
+            freq_factors,
         };
+        // Sliding-window layers: their own base, no factors, no position scaling (llama.cpp's
+        // `rope_freq_scale_train_swa` is 1: Gemma 3's linear factor applies to global layers only).
         let rope_local = config.sliding_window.as_ref().map(|sw| Rope {
             base: sw.rope_base,
             freq_factors: None,
+            scaling: config.rope_scaling.unscaled(),
             ..rope.clone()
         });
         Ok(Model {

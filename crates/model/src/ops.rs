@@ -6,6 +6,7 @@
 //! `attention`.
 
 use crate::config::RopeStyle;
+use crate::rope_scaling::RopeScaling;
 
 /// `out = x / sqrt(mean(x²) + eps) * weight` as ggml computes it: each square rounded to f32,
 /// the squares summed in f64, the mean rounded to f32. Shapes: `x`, `weight`, `out` are `[hidden]`.
@@ -32,25 +33,27 @@ pub struct Rope {
     pub head_dim: usize,
     pub base: f32,
     pub style: RopeStyle,
-    /// Positions are divided by this (linear scaling).
-    pub linear_scale: f32,
-    /// Optional per-pair frequency divisors (`rope_freqs.weight`, Llama 3): `[rope_dim / 2]`.
+    /// Frequency scaling (linear, YaRN) and magnitude, as llama.cpp hands them to ggml.
+    pub scaling: RopeScaling,
+    /// Optional per-pair frequency divisors (`rope_freqs.weight`, Llama 3; Phi 3's long or short
+    /// factors): `[rope_dim / 2]`.
     pub freq_factors: Option<Vec<f32>>,
 }
 
 impl Rope {
-    /// Angles for `pos`, computed like ggml (`theta *= theta_scale` in f32, from `pos`).
+    /// Angles for `pos`, computed like ggml (`theta *= theta_scale` in f32, from `pos`; then
+    /// `÷ ff` and the scaling's `rope_yarn`).
     pub fn angles(&self, pos: u32) -> RopeAngles {
         let half = self.rope_dim / 2;
         let theta_scale = self.base.powf(-2.0 / self.rope_dim as f32);
-        let mut theta = pos as f32 / self.linear_scale;
+        let mut theta = pos as f32;
         let mut cos = Vec::with_capacity(half);
         let mut sin = Vec::with_capacity(half);
         for i in 0..half {
             let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i]);
-            let t = theta / ff;
-            cos.push(t.cos());
-            sin.push(t.sin());
+            let (c, s) = self.scaling.cos_sin(theta / ff, i);
+            cos.push(c);
+            sin.push(s);
             theta *= theta_scale;
         }
         RopeAngles { cos, sin }
@@ -239,7 +242,7 @@ mod tests {
             head_dim: 8,
             base: 10000.0,
             style: RopeStyle::Interleaved,
-            linear_scale: 1.0,
+            scaling: RopeScaling::default(),
             freq_factors: None,
         };
         let orig: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.5).collect();
@@ -267,7 +270,7 @@ mod tests {
                     head_dim,
                     base: 10000.0,
                     style,
-                    linear_scale: 1.0,
+                    scaling: RopeScaling::default(),
                     freq_factors: None,
                 };
                 for pos in [0u32, 1, 37, 4095, 131_000] {
@@ -297,7 +300,7 @@ mod tests {
             head_dim: 4,
             base: 100.0,
             style,
-            linear_scale: 1.0,
+            scaling: RopeScaling::default(),
             freq_factors: None,
         };
         let mut a = vec![1.0, 0.0, 0.0, 0.0];

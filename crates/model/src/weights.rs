@@ -85,6 +85,9 @@ pub struct Weights {
     pub output_norm: Vec<f32>,
     pub output: MatRef, // [vocab, hidden] (token_embd when tied)
     pub rope_freqs: Option<Vec<f32>>,
+    /// Phi 3 128K's per-pair RoPE factors beyond / within the original context
+    /// (`rope_factors_long` / `rope_factors_short`, both or neither): `[rope_dim / 2]` each.
+    pub rope_long_short: Option<(Vec<f32>, Vec<f32>)>,
     pub layers: Vec<LayerWeights>,
     /// Row-interleaved copies of the packable matrices, by (tensor data offset, first row).
     packed: HashMap<(u64, usize), Packed32>,
@@ -92,17 +95,6 @@ pub struct Weights {
 
 impl Weights {
     pub fn load(file: Arc<GgufFile>, cfg: &ModelConfig) -> Result<Self, WeightsError> {
-        // Per-dimension long-context RoPE factors (Phi 3 128K "longrope"): ignoring them would
-        // give wrong results without a word, so such a file is refused.
-        if ["rope_factors_long.weight", "rope_factors_short.weight"]
-            .iter()
-            .any(|t| file.tensor(t).is_some())
-        {
-            return Err(WeightsError::Unsupported(
-                "long-context RoPE factor tensors (rope_factors_long / rope_factors_short, \
-                 Phi 3 128K \"longrope\")",
-            ));
-        }
         let mat = |name: &str, rows: usize, cols: usize| -> Result<MatRef, WeightsError> {
             let info = file
                 .tensor(name)
@@ -226,6 +218,18 @@ impl Weights {
             packed: HashMap::new(),
             output_norm: vec_f32("output_norm.weight", hd)?,
             rope_freqs: opt_vec("rope_freqs.weight", cfg.rope_dim / 2)?,
+            rope_long_short: match (
+                opt_vec("rope_factors_long.weight", cfg.rope_dim / 2)?,
+                opt_vec("rope_factors_short.weight", cfg.rope_dim / 2)?,
+            ) {
+                (Some(long), Some(short)) => Some((long, short)),
+                (None, None) => None,
+                _ => {
+                    return Err(WeightsError::Unsupported(
+                        "one of rope_factors_long / rope_factors_short without the other",
+                    ))
+                }
+            },
             token_embd,
             output,
             layers,

@@ -109,7 +109,7 @@ fn load(kquant: bool) -> Loaded {
         head_dim: cfg.head_dim,
         base: cfg.rope_base,
         style: cfg.rope_style,
-        linear_scale: 1.0,
+        scaling: model::rope_scaling::RopeScaling::default(),
         freq_factors: None,
     };
     Loaded { cfg, w, rope }

@@ -42,13 +42,28 @@ fn tiny(arch: &str, seed: u64) -> Tiny {
         a => a,
     };
     if longrope {
-        for name in ["rope_factors_long.weight", "rope_factors_short.weight"] {
-            let ones = vec![1.0f32; HEAD_DIM / 2];
-            w.add_tensor_f32(name.to_string(), &[ones.len() as u64], &ones, GgmlType::F32)
-                .unwrap();
+        for (name, f) in [
+            ("rope_factors_long.weight", 2.0f32),
+            ("rope_factors_short.weight", 1.0),
+        ] {
+            let factors = vec![f; HEAD_DIM / 2];
+            w.add_tensor_f32(
+                name.to_string(),
+                &[factors.len() as u64],
+                &factors,
+                GgmlType::F32,
+            )
+            .unwrap();
         }
     }
     let a = |k: &str| format!("{arch}.{k}");
+    if longrope {
+        w.add_metadata(
+            a("rope.scaling.original_context_length"),
+            MetaValue::U32(32),
+        );
+        w.add_metadata(a("rope.scaling.attn_factor"), MetaValue::F32(1.2));
+    }
     w.add_metadata("general.architecture", MetaValue::String(arch.into()));
     for (k, v) in [
         ("block_count", LAYERS),
@@ -369,7 +384,7 @@ fn check(arch: &str, want_arch: Arch, tolerance: f64) {
         head_dim: cfg.head_dim,
         base: cfg.rope_base,
         style: cfg.rope_style,
-        linear_scale: 1.0,
+        scaling: model::rope_scaling::RopeScaling::default(),
         freq_factors: w.rope_freqs.clone(),
     };
     assert_eq!(rope.freq_factors.is_some(), arch == "llama3");
@@ -437,12 +452,47 @@ fn qwen3_forward_with_qk_norm_matches_naive_reference() {
 /// Phi 3 128K's per-dimension long-context RoPE factors are not implemented: such a file is
 /// refused with an error naming them, never run with the factors silently ignored.
 #[test]
-fn phi3_longrope_factors_are_refused_not_ignored() {
+fn phi3_longrope_factors_and_magnitude_are_read() {
+    // Which factors apply (long: context 64 > original 32) is `Model::from_gguf`'s choice,
+    // checked against llama.cpp in `reference_archs`.
     let tiny = tiny("phi3-longrope", 7);
     let file = Arc::new(GgufFile::from_bytes(tiny.bytes).unwrap());
     let cfg = ModelConfig::from_metadata(file.metadata()).unwrap();
-    let err = Weights::load(file, &cfg).err().expect("refused");
-    assert!(err.to_string().contains("rope_factors_long"), "{err}");
+    assert_eq!(cfg.rope_orig_context, 32);
+    assert_eq!(cfg.rope_scaling.attn_factor, 1.2);
+    assert_eq!(
+        cfg.rope_scaling.freq_scale, 1.0,
+        "longrope scales no positions"
+    );
+    let w = Weights::load(file, &cfg).expect("loads");
+    let (long, short) = w.rope_long_short.expect("both factor tensors");
+    assert_eq!(
+        (long, short),
+        (vec![2.0; HEAD_DIM / 2], vec![1.0; HEAD_DIM / 2])
+    );
+}
+
+#[test]
+fn unknown_rope_scaling_types_are_refused_not_ignored() {
+    let mut w = GgufWriter::new();
+    w.add_metadata("general.architecture", MetaValue::String("llama".into()));
+    for (k, v) in [
+        ("llama.block_count", 1),
+        ("llama.embedding_length", 64),
+        ("llama.feed_forward_length", 96),
+        ("llama.attention.head_count", 4),
+        ("llama.context_length", 64),
+        ("llama.vocab_size", 40),
+    ] {
+        w.add_metadata(k, MetaValue::U32(v));
+    }
+    w.add_metadata(
+        "llama.rope.scaling.type",
+        MetaValue::String("dynamic".into()),
+    );
+    let file = GgufFile::from_bytes(w.to_bytes().unwrap()).unwrap();
+    let err = ModelConfig::from_metadata(file.metadata()).unwrap_err();
+    assert!(err.to_string().contains("dynamic"), "{err}");
 }
 
 #[test]
@@ -589,7 +639,7 @@ fn check_long_context_invariance(
         head_dim: cfg.head_dim,
         base: cfg.rope_base,
         style: cfg.rope_style,
-        linear_scale: 1.0,
+        scaling: model::rope_scaling::RopeScaling::default(),
         freq_factors: None,
     };
     let n = tokens.len();

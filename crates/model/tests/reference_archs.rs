@@ -109,6 +109,9 @@ fn fixtures_load_as_their_architectures() {
         ("qwen2", Arch::Qwen2, 64),
         ("qwen3", Arch::Qwen3, 64),
         ("phi3", Arch::Phi3, 96),
+        ("llama-linear", Arch::Llama, 64),
+        ("qwen2-yarn", Arch::Qwen2, 64),
+        ("phi3-longrope", Arch::Phi3, 96),
     ] {
         let m = fixture(name);
         assert_eq!(
@@ -175,7 +178,7 @@ fn every_architecture_matches_llama_cpp() {
             failures.push(format!("{name}: mean logprob error {mean:.5} > {MEAN_ERR}"));
         }
     }
-    assert_eq!(per_model.len(), 5, "every fixture has references");
+    assert_eq!(per_model.len(), 8, "every fixture has references");
     assert!(failures.is_empty(), "{failures:#?}");
 }
 

@@ -15,7 +15,7 @@ against llama-server with the CPU backend built for AVX2 (see gen_heldout_refere
 
     export PYTHONPATH=$LLAMA_CPP/gguf-py
     python3 gen_arch_fixtures.py write arch
-    for n in llama3 mistral qwen2 qwen3 phi3; do
+    for n in llama3 mistral qwen2 qwen3 phi3 llama-linear qwen2-yarn phi3-longrope; do
       LD_LIBRARY_PATH=build-avx2/bin:build/bin build/bin/llama-server -m arch/$n.gguf \
           -c 1024 -t 2 -np 1 --port 8092 & sleep 3
       python3 gen_arch_fixtures.py reference http://127.0.0.1:8092 $n >> arch_greedy.jsonl
@@ -55,6 +55,15 @@ FIXTURES = {
     # Phi 3: fused QKV and gate/up matrices, head size 96, no GQA, queries scaled first.
     "phi3": dict(arch="phi3", hidden=192, heads=2, kv_heads=2, ffn=256, layers=2,
                  rope_base=10000.0, fused=True, tied=False),
+    # RoPE scaling: linear (factor 2), YaRN (Qwen 2.5's long-context setting: factor 4 over an
+    # original context of 128), and Phi 3 128K's longrope (per-pair long / short factors, the
+    # long ones as the served context of 1024 exceeds the original 256, and its magnitude).
+    "llama-linear": dict(arch="llama", hidden=128, heads=2, kv_heads=1, ffn=256, layers=2,
+                         rope_base=10000.0, tied=True, scaling=("linear", 2.0, None)),
+    "qwen2-yarn": dict(arch="qwen2", hidden=128, heads=2, kv_heads=1, ffn=256, layers=2,
+                       rope_base=10000.0, biases=True, tied=False, scaling=("yarn", 4.0, 128)),
+    "phi3-longrope": dict(arch="phi3", hidden=192, heads=2, kv_heads=2, ffn=256, layers=2,
+                          rope_base=10000.0, fused=True, tied=False, longrope=256),
 }
 PROMPT_LENS = [6, 40, 90, 200, 400]
 N_PREDICT = 16
@@ -90,6 +99,20 @@ def write(dirname):
         w.add_rope_freq_base(f["rope_base"])
         w.add_layer_norm_rms_eps(1e-6)
         w.add_vocab_size(VOCAB)
+        if "scaling" in f:
+            kind, factor, orig = f["scaling"]
+            w.add_rope_scaling_type({"linear": gguf.RopeScalingType.LINEAR,
+                                     "yarn": gguf.RopeScalingType.YARN}[kind])
+            w.add_rope_scaling_factor(factor)
+            if orig is not None:
+                w.add_rope_scaling_orig_ctx_len(orig)
+        if "longrope" in f:
+            # As llama.cpp's conversion writes Phi 3 128K: no type, the original context, the
+            # magnitude sqrt(1 + ln(scale) / ln(original)).
+            orig = f["longrope"]
+            w.add_rope_scaling_orig_ctx_len(orig)
+            scale = CONTEXT / orig
+            w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(scale) / np.log(orig))))
         w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
         # SentencePiece byte vocabulary.
         tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(128)] + VOCAB_EXTRA
@@ -119,6 +142,11 @@ def write(dirname):
         w.add_tensor("output_norm.weight", vec(hidden))
         if not f["tied"]:
             add_q("output.weight", mat(VOCAB, hidden, 0.25), Q.Q8_0)
+        if "longrope" in f:
+            w.add_tensor("rope_factors_long.weight",
+                         rng.uniform(1.0, 4.0, hd // 2).astype(np.float32))
+            w.add_tensor("rope_factors_short.weight",
+                         rng.uniform(1.0, 1.5, hd // 2).astype(np.float32))
         if f.get("rope_freqs"):
             # Llama 3.1's shape of factors (1 for high frequencies, up to 8 for low ones),
             # with random factors in between so that every pair is scaled differently.
