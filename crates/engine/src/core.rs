@@ -438,7 +438,9 @@ impl EngineCore {
                 let tables = [table.as_slice()];
                 let positions: Vec<u32> = (done as u32..(done + len) as u32).collect();
                 let slots = vec![SeqSlot(0); len];
+                let no_split = vec![false; len];
                 let batch = ForwardBatch {
+                    split_kv_rows: &no_split,
                     matmul_arith: self.matmul_arith(),
                     tokens: &tokens[done..done + len],
                     positions: &positions,
@@ -721,6 +723,9 @@ impl EngineCore {
         // Rows in llama.cpp's tiled prefill arithmetic: the prompt rows of requests that
         // prefill like it (a property of the request, never of this batch).
         let mut prefill_rows = Vec::new();
+        // Rows in llama.cpp's split-KV decode (`AttnArith::Row` beyond 256 positions): the
+        // generated tokens, which llama-server feeds one per step — a property of the row.
+        let mut split_kv_rows = Vec::new();
         // Sequences that sample after this pass.
         let mut samples = Vec::new();
         let mut tables = Vec::with_capacity(plan.work.len());
@@ -733,6 +738,7 @@ impl EngineCore {
                 positions.push(p as u32);
                 slots.push(SeqSlot(slot as u32));
                 prefill_rows.push(llama && p < prompt_len);
+                split_kv_rows.push(p >= prompt_len);
             }
             if w.start + w.len == s.tokens.len() {
                 logits_for.push(tokens.len() - 1);
@@ -763,6 +769,7 @@ impl EngineCore {
             logits_for: &logits_for,
             arith: self.cfg.attn_arith(),
             prefill_rows: &prefill_rows,
+            split_kv_rows: &split_kv_rows,
         };
         let mut kv = writer.view(&table_refs);
         // Constrained sequences that sample after this pass get their token masks computed now,

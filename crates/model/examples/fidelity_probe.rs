@@ -67,6 +67,7 @@ fn step(
     let positions: Vec<u32> = (start..start + tokens.len()).map(|p| p as u32).collect();
     let slots = vec![SeqSlot(0); tokens.len()];
     let batch = ForwardBatch {
+        split_kv_rows: &[],
         prefill_rows: &[],
         tokens,
         positions: &positions,

@@ -173,7 +173,8 @@ impl AttnArith {
 
 /// [`attend_window`] in the arithmetic `arith` selects. `kv_split` is the thread count whose
 /// split-KV decode [`AttnArith::Row`] reproduces beyond [`F16_ACC_MAX_POSITIONS`] positions
-/// (llama.cpp's `-t`; ignored by the other arithmetics).
+/// (llama.cpp's `-t`; 0 for a row of a multi-token step, which llama.cpp does not split;
+/// ignored by the other arithmetics).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_window_with(
     arith: AttnArith,

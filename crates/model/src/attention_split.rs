@@ -10,8 +10,9 @@
 //! `S` likewise, chunks with `S_c = 0` (every cell masked) skipped; then `out = acc · (1/S)`.
 //! Below 512 cells the whole range is one chunk of the per-row kernel, divided by `S` directly.
 //!
-//! The result depends on llama.cpp's thread count, so reproducing llama-server run with `-t N`
-//! takes `threads = N`. A single sequence's cells are its positions (a fresh cache fills cells in
+//! Only a one-token step takes that path (a step of several query tokens runs the per-row kernel
+//! over the whole range). The result depends on llama.cpp's thread count, so reproducing
+//! llama-server run with `-t N` takes `threads = N`. A single sequence's cells are its positions (a fresh cache fills cells in
 //! order), so chunk boundaries are positions. This module owns the chunk arithmetic; it never
 //! reads a KV store (the caller feeds it rows in position order) and never parallelises.
 
@@ -24,10 +25,10 @@ pub const SPLIT_MIN_CELLS: usize = 512;
 
 /// Cells per chunk of llama.cpp's split-KV decode over `num_positions` positions with
 /// `threads` threads, or `None` when it runs one chunk (fewer than [`SPLIT_MIN_CELLS`] padded
-/// cells).
+/// cells, or `threads == 0`: a step of several query tokens, which llama.cpp never splits).
 pub fn chunk_cells(num_positions: usize, threads: usize) -> Option<usize> {
     let cells = num_positions.div_ceil(PAD_CELLS).max(1) * PAD_CELLS;
-    (cells >= SPLIT_MIN_CELLS).then(|| cells.div_ceil(threads.max(1)))
+    (cells >= SPLIT_MIN_CELLS && threads > 0).then(|| cells.div_ceil(threads))
 }
 
 /// The merged state of the chunks finished so far.
@@ -98,7 +99,7 @@ mod tests {
         assert_eq!(chunk_cells(513, 2), Some(384), "768 cells");
         assert_eq!(chunk_cells(700, 3), Some(256));
         assert_eq!(chunk_cells(4096, 4), Some(1024));
-        assert_eq!(chunk_cells(300, 0), Some(512), "no threads means one");
+        assert_eq!(chunk_cells(300, 0), None, "a multi-token step: one chunk");
     }
 
     #[test]

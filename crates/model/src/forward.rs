@@ -25,6 +25,7 @@ use crate::kv::{KvChunk, KvDtype, KvError, KvStore, SeqSlot};
 use crate::ops::{rms_norm, softcap, Rope};
 use crate::par::DisjointRows;
 use crate::weights::{Weights, WeightsError};
+use std::collections::HashMap;
 
 /// One step's tokens. All slices are `[num_tokens]` except `logits_for`.
 #[derive(Debug, Clone, Copy)]
@@ -43,6 +44,11 @@ pub struct ForwardBatch<'a> {
     /// K/V whatever `arith` says — a choice made per row, so a batch may mix them (the engine
     /// marks the prompt rows of prompts llama.cpp prefills with that kernel).
     pub prefill_rows: &'a [bool],
+    /// Per token (empty: a token that is its sequence's only one in the step): rows that
+    /// llama.cpp computes in a one-token step (a generated token), which in [`AttnArith::Row`]
+    /// take its split-KV decode beyond 256 positions (`attention_split`). A choice per row, so
+    /// the engine keeps a row's arithmetic whatever chunking or batching it gets.
+    pub split_kv_rows: &'a [bool],
     /// Whether the matrix products take llama.cpp's batch-position-dependent K-quant order
     /// ([`MatmulArith::LlamaCpp`], for reproductions of llama.cpp) or the batch-invariant one.
     pub matmul_arith: MatmulArith,
@@ -184,6 +190,11 @@ pub fn forward(
             "prefill_rows is neither empty nor one flag per token".into(),
         ));
     }
+    if !batch.split_kv_rows.is_empty() && batch.split_kv_rows.len() != n {
+        return Err(ForwardError::BadBatch(
+            "split_kv_rows is neither empty nor one flag per token".into(),
+        ));
+    }
     let ggml_rows: Vec<bool> = (0..n)
         .map(|t| {
             f16_kv
@@ -212,6 +223,32 @@ pub fn forward(
         arith: batch.arith,
     };
     let plan = attention_plan::plan_without(&shape, batch.slots, batch.positions, &ggml_rows);
+    // llama.cpp takes its split-KV decode for a one-token step only; `AttnArith::Row` does so
+    // for the rows `split_kv_rows` marks (by default a token that is its sequence's only one in
+    // the step: what shares the step never changes a row), with as many chunks as the pool has
+    // threads (0: one chunk).
+    let kv_split: Vec<usize> = if batch.arith == AttnArith::Row {
+        let threads = pool.num_threads();
+        if batch.split_kv_rows.is_empty() {
+            let mut per_seq: HashMap<SeqSlot, usize> = HashMap::new();
+            for &s in batch.slots {
+                *per_seq.entry(s).or_default() += 1;
+            }
+            batch
+                .slots
+                .iter()
+                .map(|s| if per_seq[s] == 1 { threads } else { 0 })
+                .collect()
+        } else {
+            batch
+                .split_kv_rows
+                .iter()
+                .map(|&split| if split { threads } else { 0 })
+                .collect()
+        }
+    } else {
+        Vec::new()
+    };
     // Sliding-window layers: one exact-regime task per (token, head) (the window bounds what a
     // row reads; the tiled regime's segments are absolute positions).
     let local_plan = cfg.sliding_window.as_ref().map(|_| {
@@ -289,8 +326,6 @@ pub fn forward(
                 arith: batch.arith,
             };
             let num_plan = plan.tasks.len();
-            // `AttnArith::Row` reproduces llama.cpp's split-KV decode for as many threads.
-            let kv_split = pool.num_threads();
             pool.for_each(num_plan + ggml_tasks.len(), &|i| {
                 if i >= num_plan {
                     // Last runs first: a causal prompt's later runs attend more positions, and
@@ -353,7 +388,7 @@ pub fn forward(
                         ATTN_SCRATCH.with_borrow_mut(|scratch| {
                             attend_window_with(
                                 batch.arith,
-                                kv_split,
+                                kv_split.get(t).copied().unwrap_or(0),
                                 kv_ro,
                                 l,
                                 batch.slots[t],

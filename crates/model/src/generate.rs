@@ -123,6 +123,7 @@ pub fn generate(
         let last = [piece.len() - 1];
         let is_last_chunk = (c + 1) * chunk >= prompt.len();
         let batch = ForwardBatch {
+            split_kv_rows: &[],
             prefill_rows: &[],
             matmul_arith: if opts.llama_cpp_prefill {
                 MatmulArith::LlamaCpp
@@ -157,6 +158,7 @@ pub fn generate(
             break;
         }
         let batch = ForwardBatch {
+            split_kv_rows: &[],
             prefill_rows: &[],
             // llama.cpp's decode arithmetic when reproducing it (the prompt's `LlamaCpp` is the
             // same for one token).

@@ -111,6 +111,7 @@ pub fn perplexity(
             window[0] = b;
         }
         let batch = ForwardBatch {
+            split_kv_rows: &[],
             prefill_rows: &[],
             matmul_arith: opts.matmul_arith,
             tokens: &window,
@@ -124,6 +125,7 @@ pub fn perplexity(
             None => model.forward(pool, &batch, &mut kv, &mut scratch)?,
             Some(through) => {
                 let prefix = ForwardBatch {
+                    split_kv_rows: &[],
                     prefill_rows: &[],
                     matmul_arith: opts.matmul_arith,
                     tokens: &window[..first],
@@ -137,6 +139,7 @@ pub fn perplexity(
                     .map_err(ForwardError::from)?;
                 let shifted: Vec<usize> = logits_for.iter().map(|&t| t - first).collect();
                 let rest = ForwardBatch {
+                    split_kv_rows: &[],
                     prefill_rows: &[],
                     matmul_arith: opts.matmul_arith,
                     tokens: &window[first..],

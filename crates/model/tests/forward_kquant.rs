@@ -130,6 +130,7 @@ fn run(m: &Loaded, tokens: &[u32], chunk: usize) -> Vec<Vec<f32>> {
         let slots = vec![SeqSlot(0); toks.len()];
         let logits_for: Vec<usize> = (0..toks.len()).collect();
         let batch = ForwardBatch {
+            split_kv_rows: &[],
             prefill_rows: &[],
             matmul_arith: model::MatmulArith::Invariant,
             tokens: toks,

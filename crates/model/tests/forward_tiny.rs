@@ -400,6 +400,7 @@ fn check(arch: &str, want_arch: Arch, tolerance: f64) {
     let mut kv = ContiguousKv::new(1, LAYERS, KV_HEADS, HEAD_DIM, 16, KvDtype::F32).unwrap();
     let pool = ThreadPool::new(2);
     let batch = ForwardBatch {
+        split_kv_rows: &[],
         prefill_rows: &[],
         matmul_arith: model::MatmulArith::Invariant,
         tokens: &tokens,
@@ -655,7 +656,12 @@ fn check_long_context_invariance(
             slots.extend(std::iter::repeat_n(SeqSlot(slot), len));
         }
         let logits_for: Vec<usize> = (0..toks.len()).collect();
+        // Every row marked as a prompt row (`AttnArith::Row` would otherwise take llama.cpp's
+        // split-KV decode for a lone token beyond 256 positions, as llama.cpp does for a
+        // one-token step): a row's arithmetic is then the same in every chunking.
+        let split_kv_rows = vec![false; toks.len()];
         let batch = ForwardBatch {
+            split_kv_rows: &split_kv_rows,
             prefill_rows: &[],
             matmul_arith: model::MatmulArith::Invariant,
             tokens: &toks,
@@ -728,4 +734,69 @@ fn check_long_context_invariance(
         assert_eq!(bits(&whole[p]), bits(&decoded[i]), "position {p}: decoded");
     }
     whole
+}
+
+/// llama.cpp's split-KV decode (`model::attention_split`) in `AttnArith::Row`: a token beyond
+/// 256 positions that is its sequence's only one in the step takes it by default, as llama.cpp
+/// does for a one-token step; `split_kv_rows` decides per row instead (the engine marks
+/// generated tokens), so the same row computed in a longer step gives the same bits.
+#[test]
+fn lone_tokens_beyond_256_positions_take_the_split_kv_decode() {
+    let tiny = tiny("llama", 11);
+    let tokens = long_tokens(300);
+    let file = Arc::new(GgufFile::from_bytes(tiny.bytes.clone()).unwrap());
+    let cfg = ModelConfig::from_metadata(file.metadata()).unwrap();
+    let w = Weights::load(file, &cfg).unwrap();
+    let rope = Rope {
+        rope_dim: cfg.rope_dim,
+        head_dim: cfg.head_dim,
+        base: cfg.rope_base,
+        style: cfg.rope_style,
+        scaling: model::rope_scaling::RopeScaling::default(),
+        freq_factors: None,
+    };
+    let pool = ThreadPool::new(2);
+    let n = tokens.len();
+    let step = |kv: &mut ContiguousKv, range: std::ops::Range<usize>, split: &[bool]| {
+        let pos: Vec<u32> = range.clone().map(|p| p as u32).collect();
+        let slots = vec![SeqSlot(0); range.len()];
+        let batch = ForwardBatch {
+            split_kv_rows: split,
+            prefill_rows: &[],
+            matmul_arith: model::MatmulArith::InvariantGgml,
+            tokens: &tokens[range.clone()],
+            positions: &pos,
+            slots: &slots,
+            logits_for: &[range.len() - 1],
+            arith: AttnArith::Row,
+        };
+        forward(
+            &cfg,
+            &w,
+            &rope,
+            None,
+            &pool,
+            &batch,
+            kv,
+            &mut Scratch::default(),
+        )
+        .unwrap()
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let last_alone = |split: &[bool]| {
+        let mut kv = ContiguousKv::new(1, LAYERS, KV_HEADS, HEAD_DIM, n, KvDtype::F16).unwrap();
+        step(&mut kv, 0..n - 1, &vec![false; n - 1]);
+        bits(&step(&mut kv, n - 1..n, split))
+    };
+    let whole = {
+        let mut kv = ContiguousKv::new(1, LAYERS, KV_HEADS, HEAD_DIM, n, KvDtype::F16).unwrap();
+        bits(&step(&mut kv, 0..n, &vec![false; n]))
+    };
+    let (default, split, unsplit) = (last_alone(&[]), last_alone(&[true]), last_alone(&[false]));
+    assert_eq!(default, split, "a lone token splits by default");
+    assert_eq!(
+        unsplit, whole,
+        "a row marked unsplit equals the same row in a longer step"
+    );
+    assert_ne!(split, unsplit, "the split-KV decode is another arithmetic");
 }

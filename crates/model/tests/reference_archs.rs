@@ -1,14 +1,17 @@
-//! The architectures that no real model on PyPI covers — Llama 3 (RoPE frequency factors),
-//! Mistral's shape (a head size other than hidden / heads), Qwen 2 (Q/K/V biases), Qwen 3
-//! (QK-norm) and Phi 3 (fused matrices) — against llama.cpp itself: tiny random-weight GGUF files
+//! The architectures and RoPE settings that no real model on PyPI covers — Llama 3 (RoPE
+//! frequency factors), Mistral's shape (a head size other than hidden / heads), Qwen 2 (Q/K/V
+//! biases), Qwen 3 (QK-norm), Phi 3 (fused matrices); linear RoPE scaling, YaRN (Qwen 2.5's
+//! long-context setting), Phi 3 128K's longrope, and Gemma 3 4B's linear scaling of its global
+//! layers beside sliding-window ones — against llama.cpp itself: tiny random-weight GGUF files
 //! written by llama.cpp's own writer (tests/data/arch/*.gguf: Q8_0 attention matrices, Q4_0 or
-//! Q5_0/Q4_1 FFN ones) and llama-server's greedy tokens and top-5 logprobs on them after token-id prompts
-//! of 6 to 400 tokens (tests/data/arch_greedy.jsonl; both written by
-//! tests/data/gen_arch_fixtures.py, with llama.cpp's AVX2 CPU backend).
+//! Q5_0/Q4_1 FFN ones) and llama-server's greedy tokens and top-5 logprobs on them after
+//! token-id prompts of 6 to 400 tokens (tests/data/arch_greedy.jsonl; both written by
+//! tests/data/gen_arch_fixtures.py, with llama.cpp's AVX2 CPU backend, 2 threads).
 //!
-//! `forward_tiny` checks the same architectures against our own naive transformer; this checks
-//! our reading of each architecture against llama.cpp's: a wrong RoPE pairing, factor, bias,
-//! norm or scale moves logprobs by tenths of a nat, far above the bounds here.
+//! `forward_tiny` checks the architectures against our own naive transformer; this checks our
+//! reading of each against llama.cpp's, in llama.cpp's arithmetic (the decode of a 2-thread
+//! pool reproduces llama-server `-t 2`): a wrong RoPE pairing, factor, bias, norm or scale moves
+//! logprobs by tenths of a nat, far above the bounds here.
 
 mod common;
 
@@ -66,8 +69,10 @@ fn argmax_but_eos(row: &[f32]) -> u32 {
 }
 
 /// Teacher-forced log-softmax rows after each of llama.cpp's greedy tokens, computed in the
-/// steps llama-server took (the whole prompt in one step, then one token per step), each in
-/// llama.cpp's arithmetic for a step of that size.
+/// steps llama-server took (the whole prompt in one step — for a model with sliding-window
+/// layers cut 4 + 512 and 4 tokens before its end, where llama-server saves context
+/// checkpoints, as in `reference_gemma3` — then one token per step), each in llama.cpp's
+/// arithmetic for a step of that size.
 fn teacher_forced(m: &Model, pool: &ThreadPool, r: &Reference) -> Vec<Vec<f32>> {
     let n = r.greedy_ids.len();
     let mut all = r.prompt_ids.clone();
@@ -75,12 +80,26 @@ fn teacher_forced(m: &Model, pool: &ThreadPool, r: &Reference) -> Vec<Vec<f32>> 
     let mut kv = m.contiguous_kv(1, all.len(), KvDtype::F16).unwrap();
     let mut scratch = Scratch::default();
     let p = r.prompt_ids.len();
-    std::iter::once(0..p)
+    let mut cuts = vec![0];
+    if m.config.sliding_window.is_some() {
+        cuts.extend(
+            [p.saturating_sub(4 + 512), p.saturating_sub(4)]
+                .into_iter()
+                .filter(|&c| c > 0),
+        );
+    }
+    cuts.push(p);
+    cuts.dedup();
+    let prompt_steps: Vec<_> = cuts.windows(2).map(|w| w[0]..w[1]).collect();
+    let logits_at = prompt_steps.len() - 1;
+    let rows: Vec<Vec<f32>> = prompt_steps
+        .into_iter()
         .chain((p..all.len()).map(|i| i..i + 1))
         .map(|range| {
             let positions: Vec<u32> = range.clone().map(|i| i as u32).collect();
             let slots = vec![model::SeqSlot(0); range.len()];
             let batch = ForwardBatch {
+                split_kv_rows: &[],
                 prefill_rows: &[],
                 tokens: &all[range.clone()],
                 positions: &positions,
@@ -97,7 +116,8 @@ fn teacher_forced(m: &Model, pool: &ThreadPool, r: &Reference) -> Vec<Vec<f32>> 
             let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
             row.iter().map(|x| x - lse).collect()
         })
-        .collect()
+        .collect();
+    rows[logits_at..].to_vec()
 }
 
 #[test]
@@ -112,6 +132,7 @@ fn fixtures_load_as_their_architectures() {
         ("llama-linear", Arch::Llama, 64),
         ("qwen2-yarn", Arch::Qwen2, 64),
         ("phi3-longrope", Arch::Phi3, 96),
+        ("gemma3-linear", Arch::Gemma3, 64),
     ] {
         let m = fixture(name);
         assert_eq!(
@@ -178,7 +199,7 @@ fn every_architecture_matches_llama_cpp() {
             failures.push(format!("{name}: mean logprob error {mean:.5} > {MEAN_ERR}"));
         }
     }
-    assert_eq!(per_model.len(), 8, "every fixture has references");
+    assert_eq!(per_model.len(), 9, "every fixture has references");
     assert!(failures.is_empty(), "{failures:#?}");
 }
 

@@ -113,6 +113,7 @@ fn teacher_forced(m: &Model, pool: &ThreadPool, r: &Reference) -> Vec<(f32, u32)
             let positions: Vec<u32> = range.clone().map(|i| i as u32).collect();
             let slots = vec![model::SeqSlot(0); range.len()];
             let batch = ForwardBatch {
+                split_kv_rows: &[],
                 prefill_rows: &[],
                 tokens: &all[range.clone()],
                 positions: &positions,

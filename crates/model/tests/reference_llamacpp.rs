@@ -27,6 +27,7 @@ fn teacher_forced(
     let logits_for: Vec<usize> = (r.prompt_ids.len() - 1..all.len()).take(n).collect();
     let mut kv = m.contiguous_kv(1, all.len(), KvDtype::F16).unwrap();
     let batch = ForwardBatch {
+        split_kv_rows: &[],
         prefill_rows: &[],
         matmul_arith,
         tokens: &all,

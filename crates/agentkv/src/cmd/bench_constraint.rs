@@ -186,6 +186,7 @@ pub fn run(args: BenchConstraintArgs) -> Result<()> {
     let mut tok = 1u32;
     for pos in 0..args.gen_tokens {
         let batch = ForwardBatch {
+            split_kv_rows: &[],
             prefill_rows: &[],
             matmul_arith: model::MatmulArith::Invariant,
             tokens: &[tok],

@@ -125,6 +125,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         let marked =
             vec![args.llama_cpp_prefill && len >= model::attention::PREFILL_MIN_TOKENS; len];
         let batch = ForwardBatch {
+            split_kv_rows: &[],
             prefill_rows: &marked,
             matmul_arith,
             tokens: &tokens,
@@ -160,6 +161,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         let mut tok = 1u32;
         for pos in depth..depth + args.gen_tokens {
             let batch = ForwardBatch {
+                split_kv_rows: &[],
                 prefill_rows: &[],
                 matmul_arith,
                 tokens: &[tok],

@@ -15,7 +15,7 @@ against llama-server with the CPU backend built for AVX2 (see gen_heldout_refere
 
     export PYTHONPATH=$LLAMA_CPP/gguf-py
     python3 gen_arch_fixtures.py write arch
-    for n in llama3 mistral qwen2 qwen3 phi3 llama-linear qwen2-yarn phi3-longrope; do
+    for n in llama3 mistral qwen2 qwen3 phi3 llama-linear qwen2-yarn phi3-longrope gemma3-linear; do
       LD_LIBRARY_PATH=build-avx2/bin:build/bin build/bin/llama-server -m arch/$n.gguf \
           -c 1024 -t 2 -np 1 --port 8092 & sleep 3
       python3 gen_arch_fixtures.py reference http://127.0.0.1:8092 $n >> arch_greedy.jsonl
@@ -64,6 +64,11 @@ FIXTURES = {
                        rope_base=10000.0, biases=True, tied=False, scaling=("yarn", 4.0, 128)),
     "phi3-longrope": dict(arch="phi3", hidden=192, heads=2, kv_heads=2, ffn=256, layers=2,
                           rope_base=10000.0, fused=True, tied=False, longrope=256),
+    # Gemma 3 4B's RoPE: linear factor 8 on the global layers only; a sliding-window layer
+    # (window 32, its own base) then a global one.
+    "gemma3-linear": dict(arch="gemma3", hidden=128, heads=2, kv_heads=1, key_length=64,
+                          ffn=256, layers=2, rope_base=1000000.0, qk_norm=True, tied=True,
+                          gemma=True, scaling=("linear", 8.0, None)),
 }
 PROMPT_LENS = [6, 40, 90, 200, 400]
 N_PREDICT = 16
@@ -106,6 +111,10 @@ def write(dirname):
             w.add_rope_scaling_factor(factor)
             if orig is not None:
                 w.add_rope_scaling_orig_ctx_len(orig)
+        if f.get("gemma"):
+            w.add_sliding_window(32)
+            w.add_sliding_window_pattern(2)
+            w.add_rope_freq_base_swa(10000.0)
         if "longrope" in f:
             # As llama.cpp's conversion writes Phi 3 128K: no type, the original context, the
             # magnitude sqrt(1 + ln(scale) / ln(original)).
@@ -172,6 +181,9 @@ def write(dirname):
                 w.add_tensor(b + "attn_q_norm.weight", vec(hd))
                 w.add_tensor(b + "attn_k_norm.weight", vec(hd))
             add_q(b + "attn_output.weight", mat(hidden, heads * hd), Q.Q8_0)
+            if f.get("gemma"):
+                w.add_tensor(b + "post_attention_norm.weight", vec(hidden))
+                w.add_tensor(b + "post_ffw_norm.weight", vec(hidden))
             gate, up = mat(ffn, hidden), mat(ffn, hidden)
             gate_up_q, down_q = (Q.Q4_0, Q.Q4_0) if f.get("ffn_q4_0") else (Q.Q5_0, Q.Q4_1)
             if f.get("fused"):
