@@ -41,6 +41,8 @@ const YARN_BETA_SLOW: f32 = 1.0;
 /// [`RopeScaling::unscaled`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeScaling {
+    /// The file's kind (for reports; the fields below are what the arithmetic uses).
+    pub kind: ScalingKind,
     /// Interpolation: angles are multiplied by this (`1/factor`; 1 = none).
     pub freq_scale: f32,
     /// YaRN's extrapolation mix (1 for YaRN, else 0).
@@ -54,6 +56,7 @@ pub struct RopeScaling {
 impl Default for RopeScaling {
     fn default() -> Self {
         RopeScaling {
+            kind: ScalingKind::None,
             freq_scale: 1.0,
             ext_factor: 0.0,
             attn_factor: 1.0,
@@ -94,6 +97,7 @@ impl RopeScaling {
         }
         attn_factor *= attn_factor_key;
         RopeScaling {
+            kind,
             freq_scale,
             ext_factor,
             attn_factor,
@@ -107,6 +111,24 @@ impl RopeScaling {
         RopeScaling {
             freq_scale: 1.0,
             ..self
+        }
+    }
+
+    /// How reports describe it (empty when nothing is scaled): the kind, its factor and the
+    /// magnitude `cos`/`sin` end up with.
+    pub fn describe(&self) -> String {
+        let factor = 1.0 / self.freq_scale;
+        match self.kind {
+            ScalingKind::Linear if self.freq_scale != 1.0 => format!("linear ×{factor}"),
+            ScalingKind::Yarn => format!(
+                "YaRN ×{factor} (correction dims {}–{}, magnitude {:.4})",
+                self.corr_dims[0],
+                self.corr_dims[1],
+                self.cos_sin(0.0, 0).0
+            ),
+            ScalingKind::LongRope => format!("longrope (magnitude {:.4})", self.attn_factor),
+            _ if self.attn_factor != 1.0 => format!("magnitude {:.4}", self.attn_factor),
+            _ => String::new(),
         }
     }
 
@@ -193,6 +215,22 @@ mod tests {
         let (c, sn) = s.cos_sin(0.7, 2);
         assert_eq!((c, sn), (0.7f32.cos() * 1.19, 0.7f32.sin() * 1.19));
         assert_eq!(s.unscaled(), s);
+    }
+
+    #[test]
+    fn descriptions_name_what_is_scaled() {
+        let d = |kind, factor, attn| {
+            RopeScaling::from_file(kind, factor, 128, 64, 10000.0, attn).describe()
+        };
+        assert_eq!(d(ScalingKind::None, 0.0, 1.0), "");
+        assert_eq!(d(ScalingKind::Linear, 0.0, 1.0), "", "no factor");
+        assert_eq!(d(ScalingKind::Linear, 8.0, 1.0), "linear ×8");
+        assert!(d(ScalingKind::Yarn, 4.0, 1.0).starts_with("YaRN ×4"));
+        assert_eq!(
+            d(ScalingKind::LongRope, 0.0, 1.25),
+            "longrope (magnitude 1.2500)"
+        );
+        assert_eq!(d(ScalingKind::Linear, 0.0, 1.25), "magnitude 1.2500");
     }
 
     #[test]

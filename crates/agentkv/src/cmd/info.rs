@@ -37,8 +37,9 @@ pub fn run(args: InfoArgs) -> Result<()> {
     println!("ffn             {}", c.ffn_size);
     println!("vocab           {}", c.vocab_size);
     println!("context         {}", c.context_length);
+    let scaling = c.rope_scaling.describe();
     println!(
-        "rope            base {}, dims {}, {:?}{}",
+        "rope            base {}, dims {}, {:?}{}{}{}",
         c.rope_base,
         c.rope_dim,
         c.rope_style,
@@ -46,6 +47,22 @@ pub fn run(args: InfoArgs) -> Result<()> {
             ", per-dimension frequency factors (rope_freqs)"
         } else {
             ""
+        },
+        match &m.weights.rope_long_short {
+            Some(_) if c.context_length > c.rope_orig_context => format!(
+                ", long per-dimension factors (context {} > original {})",
+                c.context_length, c.rope_orig_context
+            ),
+            Some(_) => format!(
+                ", short per-dimension factors (context {} ≤ original {})",
+                c.context_length, c.rope_orig_context
+            ),
+            None => String::new(),
+        },
+        match (scaling.is_empty(), c.sliding_window.is_some()) {
+            (true, _) => String::new(),
+            (false, false) => format!(", {scaling}"),
+            (false, true) => format!(", {scaling} on the global layers"),
         }
     );
     let l0 = &m.weights.layers[0];
