@@ -335,6 +335,18 @@ impl EngineCore {
             // Rows under 257 positions accumulate in f32 (not llama.cpp's f16 accumulator).
             kv_settings.extend_from_slice(b";attention=tiled");
         }
+        if self.cfg.attn_arith() == AttnArith::Row {
+            // llama.cpp's per-row attention at every depth (its split-KV decode for generated
+            // tokens) since session 25: never mixed with blocks of the earlier rows, which took
+            // the tiled regime beyond 256 positions.
+            kv_settings.extend_from_slice(b";attention=llama.cpp-row-2");
+        }
+        let c = &self.model.config;
+        if !c.rope_scaling.describe().is_empty() || self.model.weights.rope_long_short.is_some() {
+            // Scaled RoPE computed as llama.cpp does since session 25 (linear in ggml's order,
+            // YaRN, longrope, Gemma's sliding-window layers unscaled): apart from older blocks.
+            kv_settings.extend_from_slice(b";rope-scaling=llama.cpp");
+        }
         if self.matmul_arith().packed_def() == model::PackedDef::BlockSum {
             // Blocks computed in another float order than ggml's (the default on CPUs without
             // AVX-512 VNNI) are never shared with engines that compute ggml's.
