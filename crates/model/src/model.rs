@@ -113,6 +113,24 @@ impl Model {
         &self.weights.file
     }
 
+    /// Sets the context served per sequence (llama.cpp's `n_ctx_seq`), which picks Phi 3 128K's
+    /// long RoPE factors beyond the original context and its short ones within it, as llama.cpp
+    /// does; a model starts at its file's context length (all that agentkv's engine serves).
+    /// Perplexity over windows of `ctx` tokens sets `ctx`, as `llama-perplexity -c ctx` runs.
+    pub fn set_context_length(&mut self, n_ctx: usize) {
+        if self.weights.rope_freqs.is_some() {
+            return; // `rope_freqs` take precedence in llama.cpp too
+        }
+        if let Some((long, short)) = &self.weights.rope_long_short {
+            let chosen = if n_ctx > self.config.rope_orig_context {
+                long
+            } else {
+                short
+            };
+            self.rope.freq_factors = Some(chosen.clone());
+        }
+    }
+
     /// Runs one forward step; see [`forward`].
     pub fn forward(
         &self,

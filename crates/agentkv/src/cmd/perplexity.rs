@@ -45,7 +45,10 @@ pub struct PerplexityArgs {
 }
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
-    let model = args.model.load()?;
+    let mut model = args.model.load()?;
+    // Windows of `ctx` tokens: the context llama-perplexity serves per sequence (Phi 3 128K's
+    // RoPE factors depend on it).
+    model.set_context_length(args.ctx);
     let pool = args.model.pool();
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
