@@ -379,14 +379,7 @@ fn check(arch: &str, want_arch: Arch, tolerance: f64) {
     let cfg = ModelConfig::from_metadata(file.metadata()).unwrap();
     assert_eq!(cfg.arch, want_arch);
     let w = Weights::load(file, &cfg).unwrap();
-    let rope = Rope {
-        rope_dim: cfg.rope_dim,
-        head_dim: cfg.head_dim,
-        base: cfg.rope_base,
-        style: cfg.rope_style,
-        scaling: model::rope_scaling::RopeScaling::default(),
-        freq_factors: w.rope_freqs.clone(),
-    };
+    let rope = rope_of(&cfg, w.rope_freqs.clone());
     assert_eq!(rope.freq_factors.is_some(), arch == "llama3");
     let rope_local = cfg.sliding_window.as_ref().map(|sw| Rope {
         base: sw.rope_base,
@@ -617,6 +610,18 @@ fn quantized_kv_logits_do_not_depend_on_chunking_or_batching() {
     }
 }
 
+/// The unscaled RoPE of a tiny file's config, with `freq_factors`.
+fn rope_of(cfg: &ModelConfig, freq_factors: Option<Vec<f32>>) -> Rope {
+    Rope {
+        rope_dim: cfg.rope_dim,
+        head_dim: cfg.head_dim,
+        base: cfg.rope_base,
+        style: cfg.rope_style,
+        scaling: model::rope_scaling::RopeScaling::default(),
+        freq_factors,
+    }
+}
+
 fn long_tokens(n: usize) -> Vec<u32> {
     (0..n as u32)
         .map(|i| (i * 7 + i / 13) % VOCAB as u32)
@@ -635,14 +640,7 @@ fn check_long_context_invariance(
     let file = Arc::new(GgufFile::from_bytes(tiny.bytes.clone()).unwrap());
     let cfg = ModelConfig::from_metadata(file.metadata()).unwrap();
     let w = Weights::load(file, &cfg).unwrap();
-    let rope = Rope {
-        rope_dim: cfg.rope_dim,
-        head_dim: cfg.head_dim,
-        base: cfg.rope_base,
-        style: cfg.rope_style,
-        scaling: model::rope_scaling::RopeScaling::default(),
-        freq_factors: None,
-    };
+    let rope = rope_of(&cfg, None);
     let n = tokens.len();
     let other: Vec<u32> = (0..n as u32).map(|i| (i * 5 + 1) % VOCAB as u32).collect();
     let pool = ThreadPool::new(2);
@@ -747,14 +745,7 @@ fn lone_tokens_beyond_256_positions_take_the_split_kv_decode() {
     let file = Arc::new(GgufFile::from_bytes(tiny.bytes.clone()).unwrap());
     let cfg = ModelConfig::from_metadata(file.metadata()).unwrap();
     let w = Weights::load(file, &cfg).unwrap();
-    let rope = Rope {
-        rope_dim: cfg.rope_dim,
-        head_dim: cfg.head_dim,
-        base: cfg.rope_base,
-        style: cfg.rope_style,
-        scaling: model::rope_scaling::RopeScaling::default(),
-        freq_factors: None,
-    };
+    let rope = rope_of(&cfg, None);
     let pool = ThreadPool::new(2);
     let n = tokens.len();
     let step = |kv: &mut ContiguousKv, range: std::ops::Range<usize>, split: &[bool]| {

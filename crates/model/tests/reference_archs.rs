@@ -18,8 +18,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use common::{references_from, Reference};
-use model::forward::{ForwardBatch, Scratch};
+use common::{llama_server_logits, references_from, Reference};
 use model::generate::{generate, GenerateOptions};
 use model::{KvDtype, Model, ThreadPool};
 
@@ -68,56 +67,17 @@ fn argmax_but_eos(row: &[f32]) -> u32 {
     best as u32
 }
 
-/// Teacher-forced log-softmax rows after each of llama.cpp's greedy tokens, computed in the
-/// steps llama-server took (the whole prompt in one step — for a model with sliding-window
-/// layers cut 4 + 512 and 4 tokens before its end, where llama-server saves context
-/// checkpoints, as in `reference_gemma3` — then one token per step), each in llama.cpp's
-/// arithmetic for a step of that size.
+/// Teacher-forced log-softmax rows after the prompt and each of llama.cpp's greedy tokens, in
+/// the steps llama-server took (`common::llama_server_logits`).
 fn teacher_forced(m: &Model, pool: &ThreadPool, r: &Reference) -> Vec<Vec<f32>> {
-    let n = r.greedy_ids.len();
-    let mut all = r.prompt_ids.clone();
-    all.extend_from_slice(&r.greedy_ids[..n - 1]);
-    let mut kv = m.contiguous_kv(1, all.len(), KvDtype::F16).unwrap();
-    let mut scratch = Scratch::default();
-    let p = r.prompt_ids.len();
-    let mut cuts = vec![0];
-    if m.config.sliding_window.is_some() {
-        cuts.extend(
-            [p.saturating_sub(4 + 512), p.saturating_sub(4)]
-                .into_iter()
-                .filter(|&c| c > 0),
-        );
-    }
-    cuts.push(p);
-    cuts.dedup();
-    let prompt_steps: Vec<_> = cuts.windows(2).map(|w| w[0]..w[1]).collect();
-    let logits_at = prompt_steps.len() - 1;
-    let rows: Vec<Vec<f32>> = prompt_steps
+    llama_server_logits(m, pool, r, r.greedy_ids.len())
         .into_iter()
-        .chain((p..all.len()).map(|i| i..i + 1))
-        .map(|range| {
-            let positions: Vec<u32> = range.clone().map(|i| i as u32).collect();
-            let slots = vec![model::SeqSlot(0); range.len()];
-            let batch = ForwardBatch {
-                split_kv_rows: &[],
-                prefill_rows: &[],
-                tokens: &all[range.clone()],
-                positions: &positions,
-                slots: &slots,
-                logits_for: &[range.len() - 1],
-                arith: model::AttnArith::for_step(range.len()),
-                matmul_arith: model::MatmulArith::LlamaCpp,
-            };
-            let row = m
-                .forward(pool, &batch, &mut kv, &mut scratch)
-                .expect("forward");
-            assert_eq!(row.len(), m.config.vocab_size);
+        .map(|row| {
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
             row.iter().map(|x| x - lse).collect()
         })
-        .collect();
-    rows[logits_at..].to_vec()
+        .collect()
 }
 
 #[test]

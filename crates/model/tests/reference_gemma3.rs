@@ -19,7 +19,7 @@ mod common;
 
 use std::sync::OnceLock;
 
-use common::{references_from, Reference};
+use common::{llama_server_logits, references_from, Reference};
 use model::generate::{generate, GenerateOptions};
 use model::perplexity::{perplexity, PerplexityOptions};
 use model::{KvDtype, Model, ThreadPool};
@@ -82,56 +82,11 @@ fn tokenisation_matches_llama_cpp() {
 }
 
 /// Teacher-forced logprobs of llama.cpp's greedy tokens: (our logprob of its token, our argmax)
-/// per position of the stable prefix. Computed in the steps llama-server took, each in
-/// llama.cpp's arithmetic for a step of that size: for a model with sliding-window layers it
-/// ends a prompt step 4 + 512 and 4 tokens before the prompt's end (to save context checkpoints,
-/// `checkpoint_offsets` in its `server-context.cpp`), then decodes one greedy token per step.
+/// per position of the stable prefix, in the steps llama-server took
+/// (`common::llama_server_logits`).
 fn teacher_forced(m: &Model, pool: &ThreadPool, r: &Reference) -> Vec<(f32, u32)> {
-    use model::forward::{ForwardBatch, Scratch};
-    let n = r.stable_len;
-    let mut all = r.prompt_ids.clone();
-    all.extend_from_slice(&r.greedy_ids[..n.saturating_sub(1)]);
-    let mut kv = m.contiguous_kv(1, all.len(), KvDtype::F16).unwrap();
-    let mut scratch = Scratch::default();
-    let vocab = m.config.vocab_size;
-    let p = r.prompt_ids.len();
-    let mut cuts = vec![0];
-    cuts.extend(
-        [p.saturating_sub(4 + 512), p.saturating_sub(4)]
-            .into_iter()
-            .filter(|&c| c > 0),
-    );
-    cuts.push(p);
-    cuts.dedup();
-    let prompt_steps: Vec<_> = cuts.windows(2).map(|w| w[0]..w[1]).collect();
-    let logits_at = prompt_steps.len() - 1;
-    let steps = prompt_steps
-        .into_iter()
-        .chain((p..all.len()).map(|i| i..i + 1));
-    let rows: Vec<Vec<f32>> = steps
-        .map(|range| {
-            let positions: Vec<u32> = range.clone().map(|i| i as u32).collect();
-            let slots = vec![model::SeqSlot(0); range.len()];
-            let batch = ForwardBatch {
-                split_kv_rows: &[],
-                prefill_rows: &[],
-                tokens: &all[range.clone()],
-                positions: &positions,
-                slots: &slots,
-                logits_for: &[range.len() - 1],
-                arith: model::AttnArith::for_step(range.len()),
-                matmul_arith: model::MatmulArith::LlamaCpp,
-            };
-            let row = m
-                .forward(pool, &batch, &mut kv, &mut scratch)
-                .expect("forward");
-            assert_eq!(row.len(), vocab);
-            row
-        })
-        .collect();
-    rows[logits_at..]
+    llama_server_logits(m, pool, r, r.stable_len)
         .iter()
-        .take(n)
         .enumerate()
         .map(|(j, row)| {
             (

@@ -58,3 +58,59 @@ pub fn references_from(text: &str) -> Vec<Reference> {
         .map(|l| serde_json::from_str(l).expect("valid reference line"))
         .collect()
 }
+
+/// Logits after the prompt and after each of the first `n - 1` greedy tokens of `r` (`n` rows),
+/// computed in the steps llama-server took, each in llama.cpp's arithmetic for a step of that
+/// size (`AttnArith::for_step`, `MatmulArith::LlamaCpp`): the prompt in one step — for a model
+/// with sliding-window layers ended 4 + 512 and 4 tokens before its end, where llama-server
+/// saves context checkpoints (`checkpoint_offsets` in its `server-context.cpp`) — then one
+/// greedy token per step.
+pub fn llama_server_logits(
+    m: &Model,
+    pool: &model::ThreadPool,
+    r: &Reference,
+    n: usize,
+) -> Vec<Vec<f32>> {
+    use model::forward::{ForwardBatch, Scratch};
+    let mut all = r.prompt_ids.clone();
+    all.extend_from_slice(&r.greedy_ids[..n.saturating_sub(1)]);
+    let mut kv = m.contiguous_kv(1, all.len(), model::KvDtype::F16).unwrap();
+    let mut scratch = Scratch::default();
+    let p = r.prompt_ids.len();
+    let mut cuts = vec![0];
+    if m.config.sliding_window.is_some() {
+        cuts.extend(
+            [p.saturating_sub(4 + 512), p.saturating_sub(4)]
+                .into_iter()
+                .filter(|&c| c > 0),
+        );
+    }
+    cuts.push(p);
+    cuts.dedup();
+    let prompt_steps: Vec<_> = cuts.windows(2).map(|w| w[0]..w[1]).collect();
+    let logits_at = prompt_steps.len() - 1;
+    let rows: Vec<Vec<f32>> = prompt_steps
+        .into_iter()
+        .chain((p..all.len()).map(|i| i..i + 1))
+        .map(|range| {
+            let positions: Vec<u32> = range.clone().map(|i| i as u32).collect();
+            let slots = vec![model::SeqSlot(0); range.len()];
+            let batch = ForwardBatch {
+                split_kv_rows: &[],
+                prefill_rows: &[],
+                tokens: &all[range.clone()],
+                positions: &positions,
+                slots: &slots,
+                logits_for: &[range.len() - 1],
+                arith: model::AttnArith::for_step(range.len()),
+                matmul_arith: model::MatmulArith::LlamaCpp,
+            };
+            let row = m
+                .forward(pool, &batch, &mut kv, &mut scratch)
+                .expect("forward");
+            assert_eq!(row.len(), m.config.vocab_size);
+            row
+        })
+        .collect();
+    rows[logits_at..].iter().take(n).cloned().collect()
+}

@@ -25,7 +25,7 @@ against llama-server with the CPU backend built for AVX2 (see gen_heldout_refere
 
 import json
 import sys
-import urllib.request
+from llama_server_ref import greedy_reference
 
 import numpy as np
 
@@ -204,53 +204,9 @@ def prompts(name):
     return [(f"p{n}", [1] + [int(t) for t in rng.integers(3, VOCAB, n - 1)]) for n in PROMPT_LENS]
 
 
-def post(base, path, body):
-    req = urllib.request.Request(
-        base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req) as r:
-        return json.loads(r.read())
-
-
 def reference(base, name):
     for pid, ids in prompts(name):
-        out = post(
-            base,
-            "/completion",
-            {
-                "prompt": ids,
-                "n_predict": N_PREDICT,
-                "temperature": 0,
-                "top_k": 1,
-                "samplers": ["top_k"],
-                "n_probs": 5,
-                "cache_prompt": False,
-                "ignore_eos": True,
-                "return_tokens": True,
-            },
-        )
-        greedy = out["tokens"]
-        probs = out["completion_probabilities"]
-        # As in gen_heldout_reference.py: a token that leaves the text ending in an incomplete
-        # UTF-8 character gets no probabilities from llama-server.
-        top, j = [], 0
-        for tok in greedy:
-            if j < len(probs) and probs[j]["id"] == tok:
-                p = probs[j]
-                j += 1
-                top.append({
-                    "id": tok,
-                    "logprob": p["logprob"],
-                    "top": [{"id": c["id"], "logprob": c["logprob"]} for c in p["top_logprobs"]],
-                })
-            else:
-                top.append({"id": tok, "logprob": None, "top": []})
-        assert j == len(probs), f"{name}/{pid}: probabilities do not align with the tokens"
-        stable = 0
-        for p in top:
-            if len(p["top"]) > 1 and p["top"][0]["logprob"] - p["top"][1]["logprob"] < 0.1:
-                break
-            stable += 1
+        greedy, top, stable = greedy_reference(base, ids, N_PREDICT, ignore_eos=True)
         print(json.dumps({
             "id": f"{name}/{pid}",
             "prompt": None,

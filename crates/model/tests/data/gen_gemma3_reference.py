@@ -14,7 +14,7 @@ top 5), stable_len (tokens before the first top-2 gap below 0.1 nats)."""
 
 import json
 import sys
-import urllib.request
+from llama_server_ref import greedy_reference, post
 
 PROMPTS = [
     ("capital", "The capital of France is"),
@@ -33,60 +33,11 @@ PROMPTS = [
 N_PREDICT = 24
 
 
-def post(base, path, body):
-    req = urllib.request.Request(
-        base + path,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req) as r:
-        return json.loads(r.read())
-
-
 def main():
     base = sys.argv[1]
     for pid, text in PROMPTS:
         ids = post(base, "/tokenize", {"content": text, "add_special": True, "parse_special": True})["tokens"]
-        out = post(
-            base,
-            "/completion",
-            {
-                "prompt": ids,
-                "n_predict": N_PREDICT,
-                "temperature": 0,
-                "top_k": 1,
-                "samplers": ["top_k"],
-                "n_probs": 5,
-                "cache_prompt": False,
-                "ignore_eos": False,
-                "return_tokens": True,
-            },
-        )
-        # As in gen_heldout_reference.py: a token that leaves the text ending in an incomplete
-        # UTF-8 character gets no probabilities from llama-server; `tokens` has every id, such
-        # positions get "logprob": null and no candidates.
-        greedy = out["tokens"]
-        probs = out["completion_probabilities"]
-        top, j = [], 0
-        for tok in greedy:
-            if j < len(probs) and probs[j]["id"] == tok:
-                p = probs[j]
-                j += 1
-                top.append(
-                    {
-                        "id": tok,
-                        "logprob": p["logprob"],
-                        "top": [{"id": c["id"], "logprob": c["logprob"]} for c in p["top_logprobs"]],
-                    }
-                )
-            else:
-                top.append({"id": tok, "logprob": None, "top": []})
-        assert j == len(probs), f"{pid}: probabilities do not align with the tokens"
-        stable = 0
-        for p in top:
-            if len(p["top"]) > 1 and p["top"][0]["logprob"] - p["top"][1]["logprob"] < 0.1:
-                break
-            stable += 1
+        greedy, top, stable = greedy_reference(base, ids, N_PREDICT)
         greedy_text = post(base, "/detokenize", {"tokens": greedy})["content"]
         print(
             json.dumps(

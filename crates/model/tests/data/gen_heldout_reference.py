@@ -20,7 +20,7 @@ and the top 5), stable_len (tokens before the first top-2 gap below 0.1 nats).""
 
 import json
 import sys
-import urllib.request
+from llama_server_ref import greedy_reference, post
 
 SYS = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 
@@ -127,46 +127,12 @@ PROMPTS = [
 N_PREDICT = 32
 
 
-def post(base, path, body):
-    req = urllib.request.Request(
-        base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req) as r:
-        return json.loads(r.read())
-
-
 def main():
     base = sys.argv[1]
     assert len(PROMPTS) >= 50 and len({p for p, _ in PROMPTS}) == len(PROMPTS)
     for pid, text in PROMPTS:
         ids = post(base, "/tokenize", {"content": text, "add_special": False, "parse_special": True})["tokens"]
-        out = post(base, "/completion", {
-            "prompt": ids, "n_predict": N_PREDICT, "temperature": 0, "top_k": 1,
-            "samplers": ["top_k"], "n_probs": 5, "cache_prompt": False, "ignore_eos": False,
-            "return_tokens": True,
-        })
-        # llama-server reports no probabilities for a token that leaves the text ending in an
-        # incomplete UTF-8 character (e.g. the first byte token of a CJK or Cyrillic character);
-        # `tokens` has every generated id. Such positions get "logprob": null and no candidates.
-        greedy = out["tokens"]
-        probs = out["completion_probabilities"]
-        top, j = [], 0
-        for tok in greedy:
-            if j < len(probs) and probs[j]["id"] == tok:
-                p = probs[j]
-                j += 1
-                top.append({"id": tok, "logprob": round(p["logprob"], 5),
-                            "top": [{"id": c["id"], "logprob": round(c["logprob"], 5)}
-                                    for c in p["top_logprobs"]]})
-            else:
-                top.append({"id": tok, "logprob": None, "top": []})
-        assert j == len(probs), f"{pid}: probabilities do not align with the tokens"
-        # Unreported positions do not end the stable prefix (their token is known, their gap is not).
-        stable = 0
-        for p in top:
-            if len(p["top"]) > 1 and p["top"][0]["logprob"] - p["top"][1]["logprob"] < 0.1:
-                break
-            stable += 1
+        greedy, top, stable = greedy_reference(base, ids, N_PREDICT, digits=5)
         greedy_text = post(base, "/detokenize", {"tokens": greedy})["content"]
         print(json.dumps({"id": pid, "prompt": text, "prompt_text": text, "prompt_ids": ids,
                           "greedy_ids": greedy, "greedy_text": greedy_text, "top_logprobs": top,
