@@ -18,8 +18,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use common::{llama_server_logits, references_from, Reference};
-use model::generate::{generate, GenerateOptions};
+use common::{greedy_like_llama_cpp, llama_server_logits, references_from, Reference};
 use model::{KvDtype, Model, ThreadPool};
 
 fn references() -> Vec<Reference> {
@@ -179,14 +178,7 @@ fn greedy_generation_matches_llama_cpp_over_confident_prefixes() {
         if n == 0 {
             continue;
         }
-        let opts = GenerateOptions {
-            max_tokens: n,
-            kv_dtype: KvDtype::F16,
-            llama_cpp_prefill: true,
-            ..Default::default()
-        };
-        let (out, _) = generate(m, &pool, &r.prompt_ids, &opts, |_| true).expect("generation");
-        let got: Vec<u32> = out.iter().map(|t| t.id).collect();
+        let got = greedy_like_llama_cpp(m, &pool, &r.prompt_ids, n);
         if got[..] != r.greedy_ids[..n] {
             diverged.push(format!("{}: {got:?} vs {:?}", r.id, &r.greedy_ids[..n]));
         }

@@ -19,8 +19,7 @@ mod common;
 
 use std::sync::OnceLock;
 
-use common::{llama_server_logits, references_from, Reference};
-use model::generate::{generate, GenerateOptions};
+use common::{greedy_like_llama_cpp, llama_server_logits, references_from, Reference};
 use model::perplexity::{perplexity, PerplexityOptions};
 use model::{KvDtype, Model, ThreadPool};
 
@@ -119,14 +118,7 @@ fn greedy_tokens_and_logprobs_match_llama_cpp() {
             .take_while(|&j| gap(j) >= CONFIDENT_GAP)
             .count();
         if n > 0 {
-            let opts = GenerateOptions {
-                max_tokens: n,
-                kv_dtype: KvDtype::F16,
-                llama_cpp_prefill: true,
-                ..Default::default()
-            };
-            let (out, _) = generate(m, &pool, &r.prompt_ids, &opts, |_| true).expect("generation");
-            let got: Vec<u32> = out.iter().map(|t| t.id).collect();
+            let got = greedy_like_llama_cpp(m, &pool, &r.prompt_ids, n);
             if got[..n] != r.greedy_ids[..n] {
                 diverged.push(format!("{}: {got:?} vs {:?}", r.id, &r.greedy_ids[..n]));
             }

@@ -114,3 +114,20 @@ pub fn llama_server_logits(
         .collect();
     rows[logits_at..].iter().take(n).cloned().collect()
 }
+
+/// `n` greedy tokens after `prompt` in llama.cpp's arithmetic (`llama_cpp_prefill`, f16 K/V).
+pub fn greedy_like_llama_cpp(
+    m: &Model,
+    pool: &model::ThreadPool,
+    prompt: &[u32],
+    n: usize,
+) -> Vec<u32> {
+    let opts = model::generate::GenerateOptions {
+        max_tokens: n,
+        kv_dtype: model::KvDtype::F16,
+        llama_cpp_prefill: true,
+        ..Default::default()
+    };
+    let (out, _) = model::generate::generate(m, pool, prompt, &opts, |_| true).expect("generation");
+    out.iter().map(|t| t.id).collect()
+}
