@@ -342,7 +342,7 @@ impl EngineCore {
             kv_settings.extend_from_slice(b";attention=llama.cpp-row-2");
         }
         let c = &self.model.config;
-        if !c.rope_scaling.describe().is_empty() || self.model.weights.rope_long_short.is_some() {
+        if c.rope_scaling.is_scaled() || self.model.weights.rope_long_short.is_some() {
             // Scaled RoPE computed as llama.cpp does since session 25 (linear in ggml's order,
             // YaRN, longrope, Gemma's sliding-window layers unscaled): apart from older blocks.
             kv_settings.extend_from_slice(b";rope-scaling=llama.cpp");

@@ -114,9 +114,21 @@ impl RopeScaling {
         }
     }
 
+    /// Whether it changes any angle or magnitude (then [`Self::describe`] is not empty).
+    pub fn is_scaled(&self) -> bool {
+        match self.kind {
+            ScalingKind::Linear => self.freq_scale != 1.0 || self.attn_factor != 1.0,
+            ScalingKind::Yarn | ScalingKind::LongRope => true,
+            ScalingKind::None => self.attn_factor != 1.0,
+        }
+    }
+
     /// How reports describe it (empty when nothing is scaled): the kind, its factor and the
     /// magnitude `cos`/`sin` end up with.
     pub fn describe(&self) -> String {
+        if !self.is_scaled() {
+            return String::new();
+        }
         let factor = 1.0 / self.freq_scale;
         match self.kind {
             ScalingKind::Linear if self.freq_scale != 1.0 => format!("linear ×{factor}"),
@@ -127,8 +139,7 @@ impl RopeScaling {
                 self.cos_sin(0.0, 0).0
             ),
             ScalingKind::LongRope => format!("longrope (magnitude {:.4})", self.attn_factor),
-            _ if self.attn_factor != 1.0 => format!("magnitude {:.4}", self.attn_factor),
-            _ => String::new(),
+            _ => format!("magnitude {:.4}", self.attn_factor),
         }
     }
 

@@ -21,6 +21,7 @@ tekken_tokenize.jsonl is the same reference for Mistral NeMo's Tekken vocabulary
 
 import json
 import sys
+from pathlib import Path
 
 TEXTS = [
     "",
@@ -71,18 +72,18 @@ TEXTS = [
 
 
 def write(model_path, out_dir):
-    import numpy as np
     import sentencepiece as spm
     from sentencepiece import sentencepiece_model_pb2 as mp
     import gguf
-    from gguf import GGMLQuantizationType as Q
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "scripts"))
+    from tekken_vocab import write_vocab_gguf
 
     sp = spm.SentencePieceProcessor(model_file=model_path)
     proto = mp.ModelProto()
     proto.ParseFromString(open(model_path, "rb").read())
-    n = sp.vocab_size()
     tokens, scores, types = [], [], []
-    for i in range(n):  # as llama.cpp's convert_hf_to_gguf `_create_vocab_sentencepiece`
+    for i in range(sp.vocab_size()):  # as llama.cpp's `_create_vocab_sentencepiece`
         tokens.append(sp.id_to_piece(i).encode("utf-8"))
         scores.append(sp.get_score(i))
         t = gguf.TokenType.NORMAL
@@ -95,60 +96,11 @@ def write(model_path, out_dir):
         elif sp.is_byte(i):
             t = gguf.TokenType.BYTE
         types.append(t)
-
-    def vocab(w):
-        w.add_tokenizer_model("llama")
-        w.add_tokenizer_pre("default")
-        w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
-        w.add_bos_token_id(sp.bos_id())
-        w.add_eos_token_id(sp.eos_id())
-        w.add_unk_token_id(sp.unk_id())
-        w.add_add_bos_token(True)
-        w.add_add_eos_token(False)
-        w.add_add_space_prefix(proto.normalizer_spec.add_dummy_prefix)
-
-    def arch(w, hidden):
-        w.add_block_count(1)
-        w.add_context_length(256)
-        w.add_embedding_length(hidden)
-        w.add_feed_forward_length(hidden)
-        w.add_head_count(1)
-        w.add_head_count_kv(1)
-        w.add_rope_freq_base(1000000.0)
-        w.add_layer_norm_rms_eps(1e-5)
-        w.add_vocab_size(n)
-
-    w = gguf.GGUFWriter(f"{out_dir}/mistral-v3-vocab.gguf", "llama")
-    w.add_name("agentkv test fixture")
-    arch(w, 64)
-    vocab(w)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-    rng = np.random.default_rng(3)
-    hidden = 64
-    w = gguf.GGUFWriter(f"{out_dir}/mistral-v3-tiny.gguf", "llama")
-    w.add_name("agentkv test fixture")
-    arch(w, hidden)
-    vocab(w)
-
-    def mat(rows, cols):
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-
-    w.add_tensor("token_embd.weight", gguf.quants.quantize(mat(n, hidden), Q.Q8_0), raw_dtype=Q.Q8_0)
-    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-    for name in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]:
-        w.add_tensor(f"blk.0.{name}.weight", mat(hidden, hidden))
-    for name in ["attn_norm", "ffn_norm"]:
-        w.add_tensor(f"blk.0.{name}.weight", np.ones(hidden, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    vocab = {"model": "llama", "pre": "default", "tokens": tokens, "scores": scores,
+             "types": types, "bos": sp.bos_id(), "eos": sp.eos_id(), "unk": sp.unk_id(),
+             "add_space_prefix": proto.normalizer_spec.add_dummy_prefix}
+    write_vocab_gguf(f"{out_dir}/mistral-v3-vocab.gguf", vocab, tiny=False)
+    write_vocab_gguf(f"{out_dir}/mistral-v3-tiny.gguf", vocab, tiny=True)
 
 
 def reference(base):
