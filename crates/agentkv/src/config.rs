@@ -38,7 +38,7 @@
 //!          step_time_target_ms: 150, min_prefill_tokens_per_step: 32,
 //!          max_stored_responses_per_tenant: 1024, max_stored_response_bytes_per_tenant: 67108864,
 //!          max_connections: 1024, header_timeout_s: 10, body_timeout_s: 30,
-//!          max_cache_ttl_secs: 3600}
+//!          max_cache_ttl_secs: 3600, max_tool_calls_per_turn: 8}
 //! ```
 
 use std::collections::BTreeMap;
@@ -288,6 +288,8 @@ pub struct LimitsSection {
     pub max_stored_response_bytes_per_tenant: Option<usize>,
     /// Longest KV retention a request may ask for (seconds; 0 = off).
     pub max_cache_ttl_secs: Option<u64>,
+    /// Most tool calls in one assistant turn (parallel calls).
+    pub max_tool_calls_per_turn: Option<usize>,
     /// Sequences per engine step.
     pub max_running_requests: Option<usize>,
     /// Tokens per engine step.

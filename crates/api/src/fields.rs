@@ -13,6 +13,11 @@ use crate::responses::ResponsesRequest;
 /// `tests/server_wire.rs` serialise a fully populated value and compare).
 pub trait KnownFields {
     const FIELDS: &'static [&'static str];
+    /// Fields OpenAI defines for this request that change nothing this server computes (billing
+    /// tiers, reasoning effort of reasoning models, metadata): accepted and ignored, and the
+    /// server says so (a response header and the log line). Some only with a value that asks
+    /// for nothing (`modalities: ["text"]`, `background: false`), the server decides which.
+    const IGNORED: &'static [&'static str] = &[];
 
     fn is_known(name: &str) -> bool {
         Self::FIELDS.contains(&name)
@@ -60,6 +65,16 @@ impl KnownFields for ChatCompletionRequest {
         "parallel_tool_calls",
         "logit_bias",
         "response_format",
+    ];
+    const IGNORED: &'static [&'static str] = &[
+        "metadata",
+        "store",
+        "service_tier",
+        "reasoning_effort",
+        "verbosity",
+        "modalities",
+        "prediction",
+        "safety_identifier",
     ];
 
     fn is_known(name: &str) -> bool {
@@ -113,6 +128,16 @@ impl KnownFields for ResponsesRequest {
         "metadata",
         "include",
         "user",
+    ];
+    const IGNORED: &'static [&'static str] = &[
+        "truncation",
+        "reasoning",
+        "background",
+        "max_tool_calls",
+        "stream_options",
+        "service_tier",
+        "safety_identifier",
+        "top_logprobs",
     ];
 
     fn is_known(name: &str) -> bool {

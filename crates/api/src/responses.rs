@@ -373,7 +373,7 @@ pub struct InputTokensDetails {
     pub cached_tokens: u64,
     /// Input tokens this request newly retained for its session (when it asked for retention).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_creation_input_tokens: Option<u64>,
+    pub cache_write_tokens: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -35,10 +35,16 @@ pub struct PromptTokensDetails {
     /// block (absent when every full block was cached or caching is off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_miss: Option<CacheMissDetails>,
-    /// Prompt tokens this request newly retained for its session (Anthropic's name; reported
-    /// when the request asked for retention: `cache_control`, `prompt_cache_key`, …).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_creation_input_tokens: Option<u64>,
+    /// Prompt tokens this request newly wrote to the retained cache for its session (the name
+    /// the openai SDK and the Agents SDK read; Anthropic's `cache_creation_input_tokens` is read
+    /// too). Reported when the request asked for retention (`cache_control`,
+    /// `prompt_cache_key`, …); prompt tokens only, never generated ones.
+    #[serde(
+        default,
+        alias = "cache_creation_input_tokens",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cache_write_tokens: Option<u64>,
 }
 
 /// Why a prompt's cached prefix ended where it did.

@@ -76,6 +76,16 @@ impl RequestError {
 pub enum EngineError {
     #[error(transparent)]
     Request(#[from] RequestError),
+    /// The request's output constraint (grammar, schema, tool-call format) cannot continue:
+    /// it allows no next token, or failed. The request ends with this rather than with text
+    /// the constraint did not allow.
+    #[error(
+        "the output constraint cannot continue after {generated_tokens} generated tokens: {reason}"
+    )]
+    ConstraintDeadEnd {
+        generated_tokens: usize,
+        reason: model::ConstraintError,
+    },
     #[error("the engine has shut down")]
     ShutDown,
     /// A bug: the engine's own bookkeeping disagreed with itself (the text is for logs).

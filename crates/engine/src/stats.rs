@@ -9,6 +9,8 @@ pub struct EngineStats {
     pub preemptions: u64,
     pub finished: u64,
     pub cancelled: u64,
+    /// Requests ended because their output constraint allowed no next token (or failed).
+    pub constraint_dead_ends: u64,
     /// Blocks put under session retention when requests finished.
     pub retained_blocks: u64,
     /// Requests that ended in tool calls whose blocks were retained for the next call.

@@ -702,7 +702,7 @@ impl model::TokenConstraint for LettersOnly {
         self.prepared = Some(allowed_letters());
     }
 
-    fn mask_logits(&mut self, logits: &mut [f32]) {
+    fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), model::ConstraintError> {
         use std::sync::atomic::Ordering::Relaxed;
         self.counts.applied.fetch_add(1, Relaxed);
         let mask = match self.prepared.take() {
@@ -717,6 +717,7 @@ impl model::TokenConstraint for LettersOnly {
                 *l = f32::NEG_INFINITY;
             }
         }
+        Ok(())
     }
 
     fn accept(&mut self, _: u32) {

@@ -103,7 +103,9 @@ fn run(m: &Model, pool: &ThreadPool, r: &Reference, rule: Rule) -> Vec<(u32, f32
     let mut out = Vec::new();
     let mut pos = r.prompt_ids.len();
     while out.len() < n {
-        let t = sampler.sample(&logits, &r.prompt_ids);
+        let t = sampler
+            .sample(&logits, &r.prompt_ids)
+            .expect("an unconstrained sampler always samples");
         sampler.observe(t.id);
         out.push((t.id, t.logprob));
         if out.len() == n {

@@ -81,6 +81,9 @@ pub enum GenerateError {
     },
     #[error(transparent)]
     Forward(#[from] ForwardError),
+    /// The sampling constraint allowed no next token.
+    #[error(transparent)]
+    Constraint(#[from] crate::sampler::ConstraintError),
 }
 
 /// Generates up to `opts.max_tokens` tokens after `prompt`, calling `on_token` for each; it
@@ -148,7 +151,7 @@ pub fn generate(
     let mut out = Vec::new();
     let mut pos = prompt.len();
     while out.len() < opts.max_tokens {
-        let tok = sampler.sample(&logits, prompt);
+        let tok = sampler.sample(&logits, prompt)?;
         sampler.observe(tok.id);
         let keep_going = on_token(&tok);
         let stop = opts.stop_ids.contains(&tok.id);

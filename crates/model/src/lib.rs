@@ -42,7 +42,8 @@ pub use kernels::{PackedDef, ThreadPool};
 pub use kv::{KvDtype, KvStore, SeqSlot};
 pub use model::{LoadError, Model};
 pub use sampler::{
-    ConstraintFactory, ConstraintSpec, SampledToken, Sampler, SamplingParams, TokenConstraint,
+    ConstraintError, ConstraintFactory, ConstraintSpec, SampledToken, Sampler, SamplingParams,
+    TokenConstraint,
 };
 
 use std::path::PathBuf;

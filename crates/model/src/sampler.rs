@@ -22,11 +22,17 @@ pub trait TokenConstraint: Send {
     fn prepare(&mut self) {}
     /// Sets the logits of every token that may not come next to `-inf` (`logits` is indexed by
     /// token id; ids beyond the constraint's vocabulary are disallowed), using the prepared set
-    /// when there is one.
-    fn mask_logits(&mut self, logits: &mut [f32]);
+    /// when there is one. An error when the constraint cannot continue (no token is allowed, or
+    /// it failed): the sequence must end with that error, never with an arbitrary token.
+    fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError>;
     /// Advances past the token that was chosen.
     fn accept(&mut self, id: u32);
 }
+
+/// Why a constraint cannot continue a sequence (shown to the client: the constraint is theirs).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct ConstraintError(pub String);
 
 /// Starts a fresh [`TokenConstraint`] for each sequence of a request (each of `n` choices gets
 /// its own state).
@@ -212,8 +218,14 @@ impl Sampler {
         *self.output_counts.entry(id).or_insert(0) += 1;
     }
 
-    /// Samples the next token. `prompt` is used by the repetition penalty only.
-    pub fn sample(&mut self, logits: &[f32], prompt: &[u32]) -> SampledToken {
+    /// Samples the next token. `prompt` is used by the repetition penalty only. Fails only when
+    /// the constraint cannot continue: no token is allowed (a grammar that dead-ends, or one
+    /// that failed), checked after masking whatever the constraint says.
+    pub fn sample(
+        &mut self,
+        logits: &[f32],
+        prompt: &[u32],
+    ) -> Result<SampledToken, ConstraintError> {
         let p = &self.params;
         self.work.clear();
         self.work.extend_from_slice(logits);
@@ -249,7 +261,12 @@ impl Sampler {
             }
         }
         if let Some(c) = self.constraint.as_mut() {
-            c.mask_logits(work);
+            c.mask_logits(work)?;
+            if !work.iter().any(|l| *l > f32::NEG_INFINITY) {
+                return Err(ConstraintError(
+                    "the output constraint allows no next token".into(),
+                ));
+            }
         }
         let id = if p.is_greedy() {
             argmax(work)
@@ -260,7 +277,7 @@ impl Sampler {
             c.accept(id);
         }
         let (logprob, top) = logprobs(logits, id, p.top_logprobs);
-        SampledToken { id, logprob, top }
+        Ok(SampledToken { id, logprob, top })
     }
 }
 
@@ -470,7 +487,7 @@ mod tests {
     #[test]
     fn greedy_picks_max_lowest_id_on_tie() {
         let mut s = Sampler::new(SamplingParams::default());
-        let t = s.sample(&logits(), &[]);
+        let t = s.sample(&logits(), &[]).unwrap();
         assert_eq!(t.id, 1);
     }
 
@@ -480,7 +497,7 @@ mod tests {
             top_logprobs: 3,
             ..Default::default()
         });
-        let t = s.sample(&logits(), &[]);
+        let t = s.sample(&logits(), &[]).unwrap();
         let total: f32 = logits().iter().map(|&l| (l - 3.0).exp()).sum();
         assert!((t.logprob - (1.0 / total).ln()).abs() < 1e-5);
         assert_eq!(t.top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3, 2]);
@@ -496,7 +513,7 @@ mod tests {
         let draw = |seed| {
             let mut s = Sampler::new(params(seed));
             (0..50)
-                .map(|_| s.sample(&logits(), &[]).id)
+                .map(|_| s.sample(&logits(), &[]).unwrap().id)
                 .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
@@ -512,7 +529,7 @@ mod tests {
             ..Default::default()
         });
         for _ in 0..200 {
-            let id = s.sample(&logits(), &[]).id;
+            let id = s.sample(&logits(), &[]).unwrap().id;
             assert!(id == 1 || id == 3, "got {id}");
         }
     }
@@ -526,7 +543,7 @@ mod tests {
             ..Default::default()
         });
         for _ in 0..200 {
-            let id = s.sample(&logits(), &[]).id;
+            let id = s.sample(&logits(), &[]).unwrap().id;
             assert!(id == 1 || id == 3, "top_p got {id}");
         }
         let mut s = Sampler::new(SamplingParams {
@@ -536,7 +553,7 @@ mod tests {
             ..Default::default()
         });
         for _ in 0..200 {
-            let id = s.sample(&logits(), &[]).id;
+            let id = s.sample(&logits(), &[]).unwrap().id;
             assert!([1, 2, 3].contains(&id), "min_p got {id}");
         }
     }
@@ -549,19 +566,19 @@ mod tests {
         });
         s.observe(1);
         s.observe(3);
-        assert_eq!(s.sample(&logits(), &[]).id, 2);
+        assert_eq!(s.sample(&logits(), &[]).unwrap().id, 2);
         let mut s = Sampler::new(SamplingParams {
             repetition_penalty: 2.0,
             ..Default::default()
         });
-        assert_eq!(s.sample(&logits(), &[1, 3]).id, 2);
+        assert_eq!(s.sample(&logits(), &[1, 3]).unwrap().id, 2);
         let mut s = Sampler::new(SamplingParams {
             frequency_penalty: 0.6,
             ..Default::default()
         });
         s.observe(1);
         s.observe(1);
-        assert_eq!(s.sample(&logits(), &[]).id, 3);
+        assert_eq!(s.sample(&logits(), &[]).unwrap().id, 3);
     }
 
     #[test]
@@ -570,9 +587,11 @@ mod tests {
             logit_bias: vec![(1, -100.0), (3, -100.0)],
             ..Default::default()
         });
-        let t = s.sample(&logits(), &[]);
+        let t = s.sample(&logits(), &[]).unwrap();
         assert_eq!(t.id, 2);
-        let plain = Sampler::new(SamplingParams::default()).sample(&logits(), &[]);
+        let plain = Sampler::new(SamplingParams::default())
+            .sample(&logits(), &[])
+            .unwrap();
         let (raw, _) = logprobs(&logits(), 2, 0);
         assert_eq!(t.logprob, raw);
         assert_eq!(plain.id, 1);
@@ -583,7 +602,7 @@ mod tests {
             ..Default::default()
         });
         for _ in 0..50 {
-            assert_eq!(s.sample(&logits(), &[]).id, 5);
+            assert_eq!(s.sample(&logits(), &[]).unwrap().id, 5);
         }
     }
 
@@ -591,12 +610,13 @@ mod tests {
     struct Counting(std::sync::Mutex<Vec<u32>>);
     struct CountingState(u32, Arc<Counting>);
     impl TokenConstraint for CountingState {
-        fn mask_logits(&mut self, logits: &mut [f32]) {
+        fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
             for (i, l) in logits.iter_mut().enumerate() {
                 if i as u32 != self.0 {
                     *l = f32::NEG_INFINITY;
                 }
             }
+            Ok(())
         }
         fn accept(&mut self, id: u32) {
             self.1 .0.lock().unwrap().push(id);
@@ -625,16 +645,61 @@ mod tests {
                 constraint: Some(spec.clone()),
                 ..Default::default()
             });
-            let ids: Vec<u32> = (0..4).map(|_| s.sample(&logits(), &[]).id).collect();
+            let ids: Vec<u32> = (0..4)
+                .map(|_| s.sample(&logits(), &[]).unwrap().id)
+                .collect();
             assert_eq!(ids, vec![4, 5, 0, 1]);
             // Logprobs stay those of the raw distribution.
-            let t = s.sample(&logits(), &[]);
+            let t = s.sample(&logits(), &[]).unwrap();
             assert_eq!((t.id, t.top[0].0), (2, 1));
         }
         assert_eq!(seen.0.lock().unwrap().len(), 10);
         assert_eq!(spec, spec.clone());
         let other = ConstraintSpec(Arc::new(CountingFactory(seen)));
         assert_ne!(spec, other);
+    }
+
+    /// Allows every token until `.0` steps were taken, then none (a grammar that dead-ends).
+    struct DeadEnd(usize, Arc<std::sync::atomic::AtomicUsize>);
+    impl TokenConstraint for DeadEnd {
+        fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
+            if self.0 == 0 {
+                logits.fill(f32::NEG_INFINITY);
+            }
+            Ok(())
+        }
+        fn accept(&mut self, _: u32) {
+            self.0 -= 1;
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    struct DeadEndFactory(Arc<std::sync::atomic::AtomicUsize>);
+    impl ConstraintFactory for DeadEndFactory {
+        fn start(&self) -> Box<dyn TokenConstraint> {
+            Box::new(DeadEnd(2, self.0.clone()))
+        }
+        fn describe(&self) -> String {
+            "dead end".into()
+        }
+    }
+
+    #[test]
+    fn a_constraint_that_allows_nothing_is_an_error_not_a_token() {
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for temperature in [0.0, 1.0] {
+            let mut s = Sampler::new(SamplingParams {
+                temperature,
+                seed: Some(3),
+                constraint: Some(ConstraintSpec(Arc::new(DeadEndFactory(accepted.clone())))),
+                ..Default::default()
+            });
+            assert!(s.sample(&logits(), &[]).is_ok());
+            assert!(s.sample(&logits(), &[]).is_ok());
+            let e = s.sample(&logits(), &[]).unwrap_err();
+            assert!(e.0.contains("allows no next token"), "{e}");
+        }
+        // The failed step accepted nothing.
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::Relaxed), 4);
     }
 
     #[test]

@@ -15,7 +15,8 @@ pub enum ApiError {
         param: Option<String>,
     },
     #[error(
-        "the prompt has {prompt_tokens} tokens but the model's context is {context_length} tokens"
+        "This model's maximum context length is {context_length} tokens. However, your messages \
+         resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
     )]
     PromptTooLong {
         prompt_tokens: usize,
@@ -64,6 +65,13 @@ pub enum ApiError {
     /// The request body did not arrive within the server's body timeout.
     #[error("the request body was not received within {0:?}")]
     RequestTimeout(std::time::Duration),
+    /// The output constraint (grammar, schema, tool calls) could not continue partway: no
+    /// token was allowed, or it failed. Never answered with text the constraint did not allow.
+    #[error("{0}")]
+    ConstraintDeadEnd(String),
+    /// A constraint over one of the compile limits (`constraint_limits.rs`), named in the text.
+    #[error("{message}")]
+    ConstraintTooLarge { message: String, param: String },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -82,6 +90,8 @@ impl ApiError {
             | ApiError::PromptTooLong { .. }
             | ApiError::ContextExceeded(_)
             | ApiError::NeverAdmissible { .. }
+            | ApiError::ConstraintDeadEnd(_)
+            | ApiError::ConstraintTooLarge { .. }
             | ApiError::UnknownParameter { .. }
             | ApiError::UnsupportedParameter { .. } => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
@@ -103,9 +113,22 @@ impl ApiError {
     /// error is logged here with a fresh id, which the body carries instead of the details.
     pub fn body(&self) -> ErrorBody {
         let (kind, code, param) = match self {
-            ApiError::InvalidRequest { param, .. } => {
-                ("invalid_request_error", None, param.clone())
+            ApiError::InvalidRequest { param: Some(p), .. } => (
+                "invalid_request_error",
+                Some("invalid_value"),
+                Some(p.clone()),
+            ),
+            ApiError::InvalidRequest { param: None, .. } => {
+                ("invalid_request_error", Some("invalid_request_body"), None)
             }
+            ApiError::ConstraintDeadEnd(_) => {
+                ("invalid_request_error", Some("constraint_dead_end"), None)
+            }
+            ApiError::ConstraintTooLarge { param, .. } => (
+                "invalid_request_error",
+                Some("constraint_too_large"),
+                Some(param.clone()),
+            ),
             ApiError::PromptTooLong { .. } | ApiError::ContextExceeded(_) => (
                 "invalid_request_error",
                 Some("context_length_exceeded"),
@@ -135,8 +158,8 @@ impl ApiError {
                 ("invalid_request_error", Some("body_too_large"), None)
             }
             ApiError::Unauthorized => ("authentication_error", Some("invalid_api_key"), None),
-            ApiError::Forbidden(_) => ("permission_error", None, None),
-            ApiError::NotFound(_) => ("not_found_error", None, None),
+            ApiError::Forbidden(_) => ("permission_error", Some("permission_denied"), None),
+            ApiError::NotFound(_) => ("not_found_error", Some("not_found"), None),
             ApiError::MethodNotAllowed => {
                 ("invalid_request_error", Some("method_not_allowed"), None)
             }
@@ -147,7 +170,7 @@ impl ApiError {
             ApiError::ServerOverloaded { .. } | ApiError::ShuttingDown => {
                 ("server_error", Some("overloaded"), None)
             }
-            ApiError::Internal(_) => ("server_error", None, None),
+            ApiError::Internal(_) => ("server_error", Some("internal_error"), None),
         };
         // Internal details (engine or tokenizer messages) go to the server's log under an id;
         // the client gets the id, never the text.
@@ -157,6 +180,10 @@ impl ApiError {
                 tracing::error!(error_id = %id, detail = %detail, "internal error");
                 crate::reqlog::note(|e| e.error_id = Some(id.clone()));
                 format!("internal server error (error id {id})")
+            }
+            ApiError::ConstraintDeadEnd(detail) => {
+                tracing::warn!(detail = %detail, "output constraint dead end");
+                self.to_string()
             }
             _ => self.to_string(),
         };
@@ -177,6 +204,7 @@ impl ApiError {
                 ApiError::ContextExceeded(r.to_string())
             }
             EngineError::Request(r) => ApiError::invalid(r.to_string(), r.param()),
+            e @ EngineError::ConstraintDeadEnd { .. } => ApiError::ConstraintDeadEnd(e.to_string()),
             EngineError::ShutDown => ApiError::ShuttingDown,
             EngineError::Internal(_) => ApiError::Internal(e.to_string()),
         }

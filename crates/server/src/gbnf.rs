@@ -33,6 +33,7 @@ pub fn to_lark(src: &str) -> Result<String, GbnfError> {
         s: src.chars().collect(),
         pos: 0,
         refs: Vec::new(),
+        depth: 0,
     };
     let mut rules: Vec<(String, String)> = Vec::new();
     loop {
@@ -100,7 +101,13 @@ struct Parser {
     pos: usize,
     /// Rule names referenced, with their line.
     refs: Vec<(String, usize)>,
+    /// How many groups `(` are open (at most [`MAX_GROUP_DEPTH`]: the reader recurses).
+    depth: usize,
 }
+
+/// Deepest nesting of parenthesised groups a GBNF grammar may have (the reader recurses once
+/// per group; a 17 KB `((((…` must be a 400, not a stack overflow).
+pub const MAX_GROUP_DEPTH: usize = 64;
 
 impl Parser {
     fn at_end(&self) -> bool {
@@ -203,8 +210,14 @@ impl Parser {
                 }
                 Some('(') => {
                     self.pos += 1;
+                    self.depth += 1;
+                    if self.depth > MAX_GROUP_DEPTH {
+                        return Err(self
+                            .error(&format!("groups nest deeper than {MAX_GROUP_DEPTH} levels")));
+                    }
                     self.space(true);
                     let inner = self.alternates(true)?;
+                    self.depth -= 1;
                     self.space(true);
                     if self.bump() != Some(')') {
                         return Err(self.error("expected )"));
@@ -386,5 +399,18 @@ ws ::= [^\x00-\x1f"\\]+ | "\u00e9"{2,}
             let e = to_lark(g).unwrap_err();
             assert_eq!(e.line, line, "{g}: {e}");
         }
+    }
+
+    #[test]
+    fn deep_groups_are_an_error_not_a_stack_overflow() {
+        let ok = format!(
+            "root ::= {}\"a\"{}",
+            "(".repeat(MAX_GROUP_DEPTH),
+            ")".repeat(MAX_GROUP_DEPTH)
+        );
+        assert!(to_lark(&ok).is_ok());
+        let deep = format!("root ::= {}\"a\"{}", "(".repeat(20_000), ")".repeat(20_000));
+        let e = to_lark(&deep).unwrap_err();
+        assert!(e.message.contains("nest deeper"), "{e}");
     }
 }

@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory, TokenParser};
-use model::{ConstraintFactory, ConstraintSpec, Frontend, TokenConstraint};
+use model::{ConstraintError, ConstraintFactory, ConstraintSpec, Frontend, TokenConstraint};
 
+use crate::constraint_limits::{self, LimitExceeded};
 use crate::structured::OutputFormat;
 
 /// The model's vocabulary as llguidance sees it: each token's bytes (special tokens behind
@@ -37,13 +38,22 @@ impl TokenizerEnv for ModelTokEnv {
 
 /// Compiles grammars for one model. Built once, on the first constrained request.
 pub struct Grammars {
-    factory: ParserFactory,
+    factory: Arc<ParserFactory>,
 }
 
-/// Why a grammar could not be compiled (shown to the client: the schema is theirs).
+/// Why a grammar could not be compiled.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
-#[error("{0}")]
-pub struct GrammarError(pub String);
+pub enum GrammarError {
+    /// The client's constraint is not valid, or can produce no output (shown to the client).
+    #[error("{0}")]
+    Invalid(String),
+    /// The constraint is over one of the compile limits (shown to the client, naming it).
+    #[error(transparent)]
+    Limit(#[from] LimitExceeded),
+    /// The compiler itself failed (a panic): `detail` is for the log, never for the client.
+    #[error("the grammar compiler failed: {detail}")]
+    Failed { detail: String },
+}
 
 impl Grammars {
     pub fn new(frontend: Arc<Frontend>) -> Result<Grammars, GrammarError> {
@@ -53,7 +63,7 @@ impl Grammars {
             .first()
             .copied()
             .or_else(|| tok.eos_id())
-            .ok_or_else(|| GrammarError("the model has no end-of-turn token".into()))?;
+            .ok_or_else(|| GrammarError::Invalid("the model has no end-of-turn token".into()))?;
         let words: Vec<Vec<u8>> = (0..tok.vocab_size() as u32)
             .map(|id| {
                 let bytes = tok.token_bytes(id).unwrap_or_default();
@@ -70,19 +80,25 @@ impl Grammars {
         let trie = TokTrie::from(&info, &words);
         let env: TokEnv = Arc::new(ModelTokEnv { frontend, trie });
         let mut factory =
-            ParserFactory::new_simple(&env).map_err(|e| GrammarError(e.to_string()))?;
+            ParserFactory::new_simple(&env).map_err(|e| GrammarError::Invalid(e.to_string()))?;
         factory.set_stderr_log_level(0);
-        Ok(Grammars { factory })
+        *factory.limits_mut() = constraint_limits::parser_limits();
+        Ok(Grammars {
+            factory: Arc::new(factory),
+        })
     }
 
     /// A constraint to JSON matching `schema` (compact: `", "` and `": "` separators, no other
     /// whitespace), or the reason the schema is not usable.
     pub fn json_schema(&self, schema: &serde_json::Value) -> Result<ConstraintSpec, GrammarError> {
-        self.build(TopLevelGrammar::from_json_schema(compact_json(schema)))
+        self.compile(&OutputFormat::Json(schema.clone()))
     }
 
     /// A constraint for a structured-output format (JSON as in [`Grammars::json_schema`]).
+    /// Checked against the compile limits first (`constraint_limits.rs`), then compiled on a
+    /// thread of its own (a deep stack, panics caught), and refused when it allows no output.
     pub fn compile(&self, format: &OutputFormat) -> Result<ConstraintSpec, GrammarError> {
+        constraint_limits::check(format)?;
         let grammar = match format {
             OutputFormat::Json(schema) => TopLevelGrammar::from_json_schema(compact_json(schema)),
             OutputFormat::Regex(rx) => TopLevelGrammar::from_regex(rx),
@@ -95,17 +111,30 @@ impl Grammars {
             }
             OutputFormat::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
         };
-        self.build(grammar)
-    }
-
-    fn build(&self, grammar: TopLevelGrammar) -> Result<ConstraintSpec, GrammarError> {
-        let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| GrammarError(e.to_string()))?;
+        let factory = Arc::clone(&self.factory);
+        let parser = constraint_limits::isolated(move || build(&factory, grammar))?;
         Ok(ConstraintSpec(Arc::new(CompiledGrammar {
             parser: Mutex::new(parser),
         })))
+    }
+}
+
+/// Compiles `grammar` and checks that it allows some first token (a constraint that can write
+/// nothing — an empty regex class, a `$ref` loop — is the client's error, found here instead of
+/// at the first step).
+fn build(factory: &ParserFactory, grammar: TopLevelGrammar) -> Result<TokenParser, GrammarError> {
+    let parser = factory
+        .create_parser(grammar)
+        .map_err(|e| GrammarError::Invalid(e.to_string()))?;
+    let mut probe = Matcher::new(Ok(parser.deep_clone()));
+    match probe.compute_mask() {
+        Ok(mask) if !mask.is_zero() => Ok(parser),
+        Ok(_) => Err(GrammarError::Invalid(
+            "the constraint allows no output (no first token can match it)".into(),
+        )),
+        Err(e) => Err(GrammarError::Invalid(format!(
+            "the constraint cannot start: {e}"
+        ))),
     }
 }
 
@@ -184,33 +213,33 @@ impl TokenConstraint for GrammarState {
         self.prepared = Some(self.matcher.compute_mask_or_eos().map_err(|_| ()));
     }
 
-    fn mask_logits(&mut self, logits: &mut [f32]) {
-        // A matcher in an error state allows only EOS: the sequence ends rather than running
-        // unconstrained.
-        let eos = self
-            .matcher
-            .tok_env()
-            .map(|e| e.tok_trie().eos_token())
-            .ok();
+    fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
         let mask = match self.prepared.take() {
             Some(m) => m,
             None => self.matcher.compute_mask_or_eos().map_err(|_| ()),
         };
         match mask {
-            Ok(mask) => apply_mask(mask.as_slice(), mask.len(), logits),
-            Err(_) => {
-                for (id, l) in logits.iter_mut().enumerate() {
-                    if Some(id as u32) != eos {
-                        *l = f32::NEG_INFINITY;
-                    }
-                }
+            Ok(mask) if !mask.is_zero() => {
+                apply_mask(mask.as_slice(), mask.len(), logits);
+                Ok(())
             }
+            // The grammar dead-ends here, or the matcher failed (a token it did not allow, a
+            // step over the lexer's limits): the request ends with the reason, never with a
+            // token the constraint did not allow.
+            Ok(_) => Err(ConstraintError(
+                "the constraint allows no next token (the grammar dead-ends here)".into(),
+            )),
+            Err(()) => Err(ConstraintError(
+                self.matcher
+                    .get_error()
+                    .unwrap_or_else(|| "the constraint failed".into()),
+            )),
         }
     }
 
     fn accept(&mut self, id: u32) {
         self.prepared = None;
-        // An error leaves the matcher in its error state, which `mask_logits` handles.
+        // An error leaves the matcher in its error state, which `mask_logits` reports.
         let _ = self.matcher.consume_token(id);
     }
 }

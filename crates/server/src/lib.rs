@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod breakpoints;
+pub mod constraint_limits;
 pub mod error;
 pub mod gbnf;
 pub mod grammar;
@@ -20,6 +21,7 @@ pub mod response_store;
 mod router_defaults;
 mod routes;
 pub mod run;
+mod schema_embed;
 pub mod sessions;
 pub mod settings;
 mod sse;

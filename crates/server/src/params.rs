@@ -31,15 +31,20 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "suffix",
     "functions",
     "function_call",
-    "store",
-    "metadata",
-    "modalities",
     "audio",
-    "prediction",
-    "reasoning_effort",
-    "service_tier",
     "web_search_options",
 ];
+
+/// Whether an OpenAI field this server ignores (`KnownFields::IGNORED`) may be ignored with
+/// this value: only when it asks for nothing the server would have to do differently.
+fn ignorable(name: &str, v: &serde_json::Value) -> bool {
+    match name {
+        "modalities" => v == &serde_json::json!(["text"]),
+        "background" => v == &serde_json::Value::Bool(false),
+        "max_tool_calls" => v.as_u64().is_some_and(|n| n >= 1),
+        _ => true,
+    }
+}
 
 /// Parses a generation request body (`/v1/chat/completions`, `/v1/completions`): not JSON → 400;
 /// under `UnknownFields::Reject` a top-level field `T` does not read → 400 naming it (a `null`
@@ -58,6 +63,31 @@ pub fn parse_request<T: DeserializeOwned + KnownFields>(
         });
     }
     let marked = crate::breakpoints::take(&mut value)?;
+    // OpenAI's fields that change nothing here: dropped before the typed parse, named in the
+    // response's `x-agentkv-ignored-fields` header and the request's log line.
+    if let Some(fields) = value.as_object_mut() {
+        let mut ignored = Vec::new();
+        for &name in T::IGNORED {
+            match fields.get(name) {
+                Some(v) if v.is_null() => {}
+                Some(v) if ignorable(name, v) => ignored.push(name.to_string()),
+                Some(v) => {
+                    return Err(ApiError::UnsupportedParameter {
+                        param: name.into(),
+                        message: format!("{name} = {v} is not supported by this server"),
+                    })
+                }
+                None => {}
+            }
+            if !T::FIELDS.contains(&name) {
+                fields.remove(name);
+            }
+        }
+        if !ignored.is_empty() {
+            tracing::debug!(fields = ?ignored, "accepted and ignored");
+            crate::reqlog::note(|e| e.ignored_fields = ignored);
+        }
+    }
     let Some(fields) = value.as_object() else {
         return Err(ApiError::InvalidRequest {
             message: "the request body must be a JSON object".into(),
@@ -265,7 +295,12 @@ pub fn chat_prompt(
         return Err(ApiError::invalid("messages must not be empty", "messages"));
     }
     check_message_content(&r.messages)?;
-    let plan = tools::plan(r, text_schema, tool_families::model_syntax(&state.frontend))?;
+    let plan = tools::plan(
+        r,
+        text_schema,
+        tool_families::model_syntax(&state.frontend),
+        state.settings.limits.max_tool_calls_per_turn,
+    )?;
     let prompt = render_chat(state, &r.messages, plan.as_ref(), r.tools.as_deref(), true)?;
     Ok((prompt, plan))
 }
@@ -291,7 +326,7 @@ pub fn tool_constraint(state: &AppState, plan: &ToolPlan) -> Result<ConstraintSp
         Some(g) => grammars.compile(&crate::structured::OutputFormat::Lark(g.clone())),
         None => grammars.json_schema(&plan.schema),
     }
-    .map_err(|e| ApiError::invalid(format!("the tools' parameters schema: {e}"), "tools"))
+    .map_err(|e| crate::structured::grammar_error(e, "tools", "the tools' parameters schema"))
 }
 
 /// Chat messages → prompt token ids. Only the chat template's own markup yields special tokens:
@@ -421,8 +456,11 @@ pub fn prepare(
             // admission bounds could call it an overload.
             if m as usize > room {
                 return Err(ApiError::ContextExceeded(format!(
-                    "the prompt has {} tokens and max_tokens is {m}, but the model's context is \
-                     {context_length} tokens: max_tokens may be at most {room}",
+                    "This model's maximum context length is {context_length} tokens. However, \
+                     you requested {} tokens ({} in the messages, {m} in the completion). Please \
+                     reduce the length of the messages or completion (max_tokens may be at most \
+                     {room}).",
+                    prompt.len() + m as usize,
                     prompt.len()
                 )));
             }
@@ -531,6 +569,27 @@ mod tests {
         ] {
             assert!(chat(with(field, value), Reject).is_ok(), "{field}");
         }
+        // OpenAI's fields that change nothing here are accepted in both modes, unless their
+        // value asks for something this server does not do.
+        for (field, value) in [
+            ("metadata", serde_json::json!({"run": "7"})),
+            ("store", serde_json::json!(true)),
+            ("service_tier", serde_json::json!("auto")),
+            ("reasoning_effort", serde_json::json!("low")),
+            ("verbosity", serde_json::json!("low")),
+            ("modalities", serde_json::json!(["text"])),
+        ] {
+            assert!(chat(with(field, value.clone()), Reject).is_ok(), "{field}");
+            assert!(chat(with(field, value), Ignore).is_ok(), "{field}");
+        }
+        let e = chat(
+            with("modalities", serde_json::json!(["text", "audio"])),
+            Reject,
+        );
+        assert_eq!(
+            param(e.unwrap_err()),
+            ("modalities".into(), Some("unsupported_parameter".into()))
+        );
         // null is "not given".
         assert!(chat(with("frobnicate", serde_json::Value::Null), Reject).is_ok());
         let c: Result<(CompletionRequest, _), _> =

@@ -35,7 +35,13 @@ pub struct Entry {
     pub outcome: Option<String>,
     /// Id of an internal error (also in the client's 500 body).
     pub error_id: Option<String>,
+    /// OpenAI fields the request set that this server accepts and ignores (also sent back in
+    /// the `x-agentkv-ignored-fields` response header).
+    pub ignored_fields: Vec<String>,
 }
+
+/// The response header naming the request fields that were accepted and ignored.
+pub const IGNORED_FIELDS_HEADER: &str = "x-agentkv-ignored-fields";
 
 /// A handle on the current request's log line.
 #[derive(Debug, Clone, Default)]
@@ -91,7 +97,13 @@ pub async fn log_requests(req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let log = RequestLog::default();
-    let resp = CURRENT.scope(log.clone(), next.run(req)).await;
+    let mut resp = CURRENT.scope(log.clone(), next.run(req)).await;
+    let ignored = log.snapshot().ignored_fields;
+    if !ignored.is_empty() {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&ignored.join(", ")) {
+            resp.headers_mut().insert(IGNORED_FIELDS_HEADER, v);
+        }
+    }
     let status = resp.status();
     let (parts, body) = resp.into_parts();
     let body = LoggedBody {
@@ -143,6 +155,7 @@ impl Line {
                     duration_ms,
                     outcome = %outcome,
                     error_id = e.error_id.as_deref(),
+                    ignored_fields = (!e.ignored_fields.is_empty()).then(|| e.ignored_fields.join(",")),
                     "request"
                 )
             };

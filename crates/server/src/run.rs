@@ -298,7 +298,10 @@ impl Running {
                     reason: m.reason.as_str().to_string(),
                     at_token: m.at_token as u64,
                 }),
-                cache_creation_input_tokens: self.retains.then_some(self.retained_tokens as u64),
+                // Whole blocks were retained, the last ones possibly holding generated tokens.
+                cache_write_tokens: self
+                    .retains
+                    .then_some(self.retained_tokens.min(self.prompt_tokens) as u64),
             }),
             completion_tokens_details: None,
         }

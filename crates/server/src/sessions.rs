@@ -324,7 +324,11 @@ mod tests {
             ),
         ] {
             let e = ask(v.clone(), &none).unwrap_err();
-            assert_eq!(param(e), (400, p.to_string(), String::new()), "{v}");
+            assert_eq!(
+                param(e),
+                (400, p.to_string(), "invalid_value".to_string()),
+                "{v}"
+            );
         }
         let mut h = HeaderMap::new();
         h.insert(SESSION_HEADER, HeaderValue::from_static(""));

@@ -48,6 +48,10 @@ pub struct Limits {
     /// Longest retention a request may ask for (`cache_control.ttl`, `prompt_cache_retention`,
     /// a session key); longer asks are capped to it, 0 turns request retention off.
     pub max_cache_ttl_secs: u64,
+    /// Most tool calls one assistant turn may hold when parallel calls are allowed (the
+    /// grammar stops the list there; 1 when `parallel_tool_calls` is false). A request's
+    /// `max_tool_calls` (Responses) may lower it.
+    pub max_tool_calls_per_turn: usize,
 }
 
 impl Default for Limits {
@@ -66,6 +70,7 @@ impl Default for Limits {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_cache_ttl_secs: 3600,
+            max_tool_calls_per_turn: 8,
         }
     }
 }

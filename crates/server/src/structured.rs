@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::gbnf;
+use crate::grammar::GrammarError;
 use crate::state::AppState;
 
 /// What the output must be.
@@ -212,7 +213,20 @@ pub fn constraint(state: &AppState, r: &Requested) -> Result<ConstraintSpec, Api
     state
         .grammars()?
         .compile(&r.format)
-        .map_err(|e| ApiError::invalid(format!("invalid {}: {e}", r.param), &r.param))
+        .map_err(|e| grammar_error(e, &r.param, &format!("invalid {}", r.param)))
+}
+
+/// A compile failure as HTTP: the client's constraint is a 400 naming `param` (`what` leads the
+/// message), a limit a 400 naming the limit, the compiler's own failure a 500 with an error id.
+pub fn grammar_error(e: GrammarError, param: &str, what: &str) -> ApiError {
+    match e {
+        GrammarError::Invalid(m) => ApiError::invalid(format!("{what}: {m}"), param),
+        GrammarError::Limit(l) => ApiError::ConstraintTooLarge {
+            message: format!("{what}: {l}"),
+            param: param.to_string(),
+        },
+        GrammarError::Failed { detail } => ApiError::Internal(detail),
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use crate::error::ApiError;
+use crate::schema_embed::Embedder;
 use crate::tools::{arguments_schema, ParsedCall, Reply};
 
 /// A chat-template family with its own tool-call syntax.
@@ -294,11 +295,12 @@ fn lit(s: &str) -> String {
     Value::from(s).to_string()
 }
 
-/// The JSON Schema of one call of `t` in `family`'s syntax (with the id the model writes).
-fn call_schema(family: Family, with_id: bool, t: &Tool) -> Value {
+/// The JSON Schema of one call of `t` in `family`'s syntax (with the id the model writes), its
+/// parameters as `embed` places them.
+fn call_schema(family: Family, with_id: bool, t: &Tool, arguments: Value) -> Value {
     let mut props = serde_json::Map::new();
     props.insert("name".into(), json!({"const": t.function.name}));
-    props.insert(family.arguments_key().into(), arguments_schema(t));
+    props.insert(family.arguments_key().into(), arguments);
     let mut required = vec![json!("name"), json!(family.arguments_key())];
     if with_id {
         props.insert(
@@ -324,26 +326,31 @@ fn compact(mut schema: Value) -> String {
 }
 
 /// The Lark grammar of a reply in `syntax`: calls of `offered` (several when `parallel` and the
-/// family allows it), or — with `text` — a text answer, free (`None` inside) or JSON matching the
-/// schema. Free text may not start the way a call does (nor the way the parser recognises one),
+/// family allows it, at most `max_calls`), or — with `text` — a text answer, free (`None` inside)
+/// or JSON matching the schema. Free text may not start the way a call does (nor the way the parser recognises one),
 /// so the two never mix.
 pub fn grammar(
     syntax: &FamilySyntax,
     offered: &[&Tool],
     parallel: bool,
     text: Option<Option<&Value>>,
+    max_calls: usize,
 ) -> String {
     let family = syntax.family;
     let layout = &syntax.layout;
-    let calls: Vec<Value> = offered
-        .iter()
-        .map(|t| call_schema(family, layout.with_id, t))
+    // Each tool's parameters keep their own `$defs`/`$ref`s.
+    let mut embed = Embedder::new();
+    let calls: Vec<Value> = (offered.iter().enumerate())
+        .map(|(i, t)| {
+            let arguments = embed.embed(&format!("tool{i}"), arguments_schema(t));
+            call_schema(family, layout.with_id, t, arguments)
+        })
         .collect();
-    let one = if calls.len() == 1 {
+    let one = embed.finish(if calls.len() == 1 {
         calls.into_iter().next().unwrap_or_default()
     } else {
         json!({"anyOf": calls})
-    };
+    });
     let mut g = String::new();
     g.push_str(match text {
         None => "start: calls\n",
@@ -361,7 +368,9 @@ pub fn grammar(
         _ => lit(&layout.prefix),
     };
     let repeat = match &layout.separator {
-        Some(sep) if parallel => format!(" ({} call_json)*", lit(sep)),
+        Some(sep) if parallel && max_calls > 1 => {
+            format!(" ({} call_json){{0,{}}}", lit(sep), max_calls - 1)
+        }
         _ => String::new(),
     };
     let suffix = if layout.suffix.is_empty() {
@@ -448,10 +457,10 @@ pub fn parse(family: Family, text: &str) -> Reply {
             let mut rest = t;
             while let Some(after) = rest.trim_start().strip_prefix("<tool_call>") {
                 let Some(end) = after.find("</tool_call>") else {
-                    return Reply::Unparsed;
+                    return Reply::Cut(calls);
                 };
                 let Some(call) = one_call(&after[..end]) else {
-                    return Reply::Unparsed;
+                    return Reply::Cut(calls);
                 };
                 calls.push(call);
                 rest = &after[end + "</tool_call>".len()..];
@@ -468,7 +477,7 @@ pub fn parse(family: Family, text: &str) -> Reply {
             }
             match one_call(t) {
                 Some(c) => Reply::Calls(vec![c]),
-                None => Reply::Unparsed,
+                None => Reply::Cut(Vec::new()),
             }
         }
         Family::Mistral => {
@@ -482,7 +491,11 @@ pub fn parse(family: Family, text: &str) -> Reply {
                 return Reply::Text(text.to_string());
             }
             let Ok(items) = serde_json::from_str::<Vec<CallWire>>(body.trim_end()) else {
-                return Reply::Unparsed;
+                let whole = body.strip_prefix('[').map(crate::tools::complete_items);
+                let calls = (whole.unwrap_or_default().into_iter())
+                    .map_while(|v| one_call(v.get()))
+                    .collect();
+                return Reply::Cut(calls);
             };
             let calls: Option<Vec<ParsedCall>> =
                 items.into_iter().map(CallWire::into_call).collect();

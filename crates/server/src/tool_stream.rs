@@ -117,6 +117,15 @@ impl ReplyStream {
                 (out, "tool_calls".to_string())
             }
             Reply::Text(t) => (self.content_to(&t), reason.to_string()),
+            // The complete calls (already sent, or sent now); the cut one went out as far as
+            // it was written, as a stream must.
+            Reply::Cut(calls) => {
+                let mut out = Vec::new();
+                for (index, c) in calls.iter().enumerate() {
+                    out.extend(self.call_to(index, c.id.clone(), &c.name, &c.arguments));
+                }
+                (out, reason.to_string())
+            }
             Reply::Unparsed if self.mode == Mode::Calls => (Vec::new(), reason.to_string()),
             Reply::Unparsed => {
                 let text = match self.syntax {

@@ -15,6 +15,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
+use crate::schema_embed::Embedder;
 use crate::tool_families::{self, Family, FamilySyntax};
 
 /// How a request with tools is answered.
@@ -68,19 +69,46 @@ pub struct ParsedCall {
 pub enum Reply {
     Calls(Vec<ParsedCall>),
     Text(String),
+    /// A list of calls cut short (by `max_tokens` or a stop string): the calls written whole,
+    /// in order (possibly none); the cut one is dropped, never returned as text.
+    Cut(Vec<ParsedCall>),
     /// Not the JSON the grammar asks for (cut by `max_tokens` or a stop string): returned as is.
     Unparsed,
+}
+
+/// The complete JSON values at the start of the body of a JSON array (`body` follows its `[`):
+/// `{…}, {…}, {…` gives the first two. Stops at the first value that is cut or malformed.
+pub(crate) fn complete_items(body: &str) -> Vec<&RawValue> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    loop {
+        rest = rest.trim_start();
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<&RawValue>();
+        let Some(Ok(v)) = values.next() else {
+            return out;
+        };
+        let used = values.byte_offset();
+        out.push(v);
+        rest = rest[used..].trim_start();
+        match rest.strip_prefix(',') {
+            Some(r) => rest = r,
+            None => return out,
+        }
+    }
 }
 
 /// The plan for `r`'s `tools` and `tool_choice`, `None` when no tool may be called (no tools,
 /// or `tool_choice: "none"`); a 400 naming the field for anything inconsistent. With
 /// `text_schema` (structured output) a text answer under `auto` is JSON matching it. With
 /// `family` the calls are written in the template's own syntax, else in the generic mode's JSON.
+/// A turn holds at most `max_calls` calls (at least 1).
 pub fn plan(
     r: &ChatCompletionRequest,
     text_schema: Option<&Value>,
     family: Option<FamilySyntax>,
+    max_calls: usize,
 ) -> Result<Option<ToolPlan>, ApiError> {
+    let max_calls = max_calls.max(1);
     let tools = r.tools.as_deref().unwrap_or_default();
     check_tools(tools)?;
     let (mode, named) = match &r.tool_choice {
@@ -135,12 +163,17 @@ pub fn plan(
                 &offered,
                 parallel_calls,
                 text,
+                max_calls,
             )),
             family: Some(syntax),
         }));
     }
+    // Each tool's parameters (and the text schema) keep their own `$defs`/`$ref`s.
+    let mut embed = Embedder::new();
     let one_call = {
-        let calls: Vec<Value> = offered.iter().map(|t| call_schema(t)).collect();
+        let calls: Vec<Value> = (offered.iter().enumerate())
+            .map(|(i, t)| call_schema(t, embed.embed(&format!("tool{i}"), arguments_schema(t))))
+            .collect();
         if calls.len() == 1 {
             calls.into_iter().next().unwrap_or_default()
         } else {
@@ -149,21 +182,25 @@ pub fn plan(
     };
     let calls_schema = if parallel_calls {
         json!({"type": "object", "properties": {"tool_calls": {"type": "array",
-               "items": one_call, "minItems": 1}},
+               "items": one_call, "minItems": 1, "maxItems": max_calls}},
                "required": ["tool_calls"], "additionalProperties": false})
     } else {
         json!({"type": "object", "properties": {"tool_call": one_call},
                "required": ["tool_call"], "additionalProperties": false})
     };
-    let text = text_schema
-        .cloned()
-        .unwrap_or_else(|| json!({"type": "string"}));
+    let text = embed.embed(
+        "response",
+        text_schema
+            .cloned()
+            .unwrap_or_else(|| json!({"type": "string"})),
+    );
     let schema = match (mode, named) {
         (ToolChoiceMode::Auto, None) => json!({"anyOf": [calls_schema,
             {"type": "object", "properties": {"response": text},
              "required": ["response"], "additionalProperties": false}]}),
         _ => calls_schema,
     };
+    let schema = embed.finish(schema);
     Ok(Some(ToolPlan {
         system_text: system_text(tools, parallel),
         schema,
@@ -206,10 +243,10 @@ fn check_tools(tools: &[Tool]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `{"name": <const>, "arguments": <the tool's parameters schema>}`.
-fn call_schema(t: &Tool) -> Value {
+/// `{"name": <const>, "arguments": <the tool's parameters schema, as embedded>}`.
+fn call_schema(t: &Tool, arguments: Value) -> Value {
     json!({"type": "object",
-           "properties": {"name": {"const": t.function.name}, "arguments": arguments_schema(t)},
+           "properties": {"name": {"const": t.function.name}, "arguments": arguments},
            "required": ["name", "arguments"], "additionalProperties": false})
 }
 
@@ -337,13 +374,23 @@ pub fn parse_reply_in(syntax: ReplySyntax, text: &str) -> Reply {
 
 /// Parses a reply written under a generic [`ToolPlan`]'s grammar.
 pub fn parse_reply(text: &str) -> Reply {
-    let Ok(w) = serde_json::from_str::<ReplyWire>(text) else {
-        return Reply::Unparsed;
-    };
     let call = |c: CallWire| ParsedCall {
         name: c.name,
         arguments: c.arguments.get().to_string(),
         id: None,
+    };
+    let Ok(w) = serde_json::from_str::<ReplyWire>(text) else {
+        if let Some(body) = text.strip_prefix("{\"tool_calls\": [") {
+            let calls = complete_items(body)
+                .into_iter()
+                .map_while(|v| serde_json::from_str::<CallWire>(v.get()).ok().map(call))
+                .collect();
+            return Reply::Cut(calls);
+        }
+        if text.starts_with("{\"tool_call\": ") {
+            return Reply::Cut(Vec::new());
+        }
+        return Reply::Unparsed;
     };
     match (w.tool_call, w.tool_calls, w.response) {
         (Some(c), None, None) => Reply::Calls(vec![call(c)]),
@@ -523,7 +570,7 @@ mod tests {
     }
 
     fn plan_of(r: &ChatCompletionRequest) -> Result<Option<ToolPlan>, ApiError> {
-        plan(r, None, None)
+        plan(r, None, None, 8)
     }
 
     #[test]
@@ -623,8 +670,16 @@ mod tests {
         );
         assert_eq!(
             parse_reply(r#"{"tool_call": {"name": "f", "argu"#),
-            Reply::Unparsed
+            Reply::Cut(Vec::new())
         );
+        // A list cut by max_tokens keeps its complete calls, drops the cut one.
+        let cut = r#"{"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "g", "arguments": {"s": "x, }]"}}, {"name": "add", "argum"#;
+        let Reply::Cut(calls) = parse_reply(cut) else {
+            panic!("{cut}")
+        };
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1].arguments, r#"{"s": "x, }]"}"#);
+        assert_eq!(parse_reply(r#"{"tool_calls": ["#), Reply::Cut(Vec::new()));
         assert_eq!(parse_reply("plain text"), Reply::Unparsed);
         for (cut, text) in [
             (r#"{"response": "It is sun"#, Some("It is sun")),
@@ -641,7 +696,7 @@ mod tests {
     #[test]
     fn a_structured_text_answer_is_json_and_renders_back_verbatim() {
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
-        let p = plan(&request(None, Some(false)), Some(&schema), None)
+        let p = plan(&request(None, Some(false)), Some(&schema), None, 8)
             .unwrap()
             .unwrap();
         assert!(p.structured_text);

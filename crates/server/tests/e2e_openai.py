@@ -329,9 +329,9 @@ def agent_call(user, key="sdk-agent"):
                   {"role": "user", "content": user}],
         extra_body={"prompt_cache_key": key})
 c1 = agent_call("First step?")
-created = (c1.usage.prompt_tokens_details.model_extra or {}).get("cache_creation_input_tokens")
+created = (c1.usage.prompt_tokens_details.model_extra or {}).get("cache_write_tokens")
 check(created is not None and created >= 16 and created % 16 == 0,
-      f"cache_creation_input_tokens reported by the SDK ({created})")
+      f"cache_write_tokens reported by the SDK ({created})")
 c2 = agent_call("Second step?")
 cached = c2.usage.prompt_tokens_details.cached_tokens
 check(cached is not None and cached >= 16, f"the marked system prefix is reused ({cached})")

@@ -1,6 +1,6 @@
 //! Agent sessions over HTTP on the real default model, in a pool small enough that other
 //! traffic evicts what nothing retains: a call with `prompt_cache_key` keeps its KV through a
-//! flood, usage reports what it newly retained (`cache_creation_input_tokens`), and
+//! flood, usage reports what it newly retained (`cache_write_tokens`), and
 //! `GET`/`DELETE /v1/sessions/{id}` see and release it, per tenant.
 
 mod common;
@@ -93,7 +93,7 @@ async fn a_keyed_session_survives_other_traffic_and_is_released_by_delete() {
     let first = call(&r, "POST", chat, Some("ka"), &keyed).await;
     let d = details(&first);
     let prompt_tokens = first.json()["usage"]["prompt_tokens"].as_u64().unwrap();
-    let created = d["cache_creation_input_tokens"].as_u64().unwrap();
+    let created = d["cache_write_tokens"].as_u64().unwrap();
     assert_eq!(d["cached_tokens"], 0);
     assert!(prompt_tokens > 80, "{prompt_tokens}");
     // Whole blocks of the prompt and the written output (3 of the 4 generated tokens).
@@ -107,7 +107,7 @@ async fn a_keyed_session_survives_other_traffic_and_is_released_by_delete() {
         &body(&task(1), serde_json::json!({})),
     )
     .await;
-    assert!(details(&plain).get("cache_creation_input_tokens").is_none());
+    assert!(details(&plain).get("cache_write_tokens").is_none());
 
     let s = call(&r, "GET", "/v1/sessions/agent-1", Some("ka"), "").await;
     assert_eq!(s.status, 200, "{}", s.body);
@@ -147,7 +147,7 @@ async fn a_keyed_session_survives_other_traffic_and_is_released_by_delete() {
         Some((prompt_tokens - 1) / 16 * 16),
         "the retained prefix is still cached"
     );
-    assert_eq!(d["cache_creation_input_tokens"], 0, "nothing new to retain");
+    assert_eq!(d["cache_write_tokens"], 0, "nothing new to retain");
     let evicted = call(
         &r,
         "POST",
@@ -267,7 +267,7 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
     assert_eq!(resp.status(), 200);
     let v: serde_json::Value =
         serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
-    let created = v["usage"]["prompt_tokens_details"]["cache_creation_input_tokens"]
+    let created = v["usage"]["prompt_tokens_details"]["cache_write_tokens"]
         .as_u64()
         .unwrap();
     assert!(created > 0);
@@ -283,21 +283,33 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
         (
             serde_json::json!({"cache_control": {"type": "ephemeral", "ttl": "2h"}}),
             "cache_control.ttl",
-            None,
+            Some("invalid_value"),
         ),
         (
             serde_json::json!({"prompt_cache_retention": "forever"}),
             "prompt_cache_retention",
-            None,
+            Some("invalid_value"),
         ),
-        (serde_json::json!({"session_id": ""}), "session_id", None),
-        (serde_json::json!({"priority": 64}), "priority", None),
-        (serde_json::json!({"priority": "high"}), "priority", None),
+        (
+            serde_json::json!({"session_id": ""}),
+            "session_id",
+            Some("invalid_value"),
+        ),
+        (
+            serde_json::json!({"priority": 64}),
+            "priority",
+            Some("invalid_value"),
+        ),
+        (
+            serde_json::json!({"priority": "high"}),
+            "priority",
+            Some("invalid_value"),
+        ),
         (
             serde_json::json!({"messages": [{"role": "user", "content": "hi",
                 "cache_control": {"type": "ephemeral", "ttl": "2h"}}]}),
             "messages[0].cache_control.ttl",
-            None,
+            Some("invalid_value"),
         ),
     ] {
         let reply = call(
@@ -337,7 +349,7 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
     assert_eq!(events.last(), Some(&"[DONE]"));
     let last: serde_json::Value = serde_json::from_str(events[events.len() - 2]).unwrap();
     let d = &last["usage"]["prompt_tokens_details"];
-    assert_eq!(d["cache_creation_input_tokens"], 0, "{last}");
+    assert_eq!(d["cache_write_tokens"], 0, "{last}");
     assert!(
         d["cached_tokens"].as_u64().unwrap() >= created - 16,
         "{last}"
@@ -348,7 +360,7 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
         "temperature": 0, "store": false, "prompt_cache_key": "resp-1"});
     let reply = call(&r, "POST", "/v1/responses", Some("ka"), &resp.to_string()).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    let created = reply.json()["usage"]["input_tokens_details"]["cache_creation_input_tokens"]
+    let created = reply.json()["usage"]["input_tokens_details"]["cache_write_tokens"]
         .as_u64()
         .unwrap();
     assert!(created > 0);
@@ -359,7 +371,7 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
 }
 
 /// A `cache_control` breakpoint on the system message retains the prefix up to it (not the
-/// varying user turn), reports it as `cache_creation_input_tokens`, and keeps it through a flood
+/// varying user turn), reports it as `cache_write_tokens`, and keeps it through a flood
 /// that evicts the same prefix when unmarked; a breakpoint on a tool too; more than four
 /// breakpoints are a 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -391,9 +403,7 @@ async fn message_and_tool_breakpoints_retain_their_prefix_through_a_flood() {
     };
     let (_engine, r) = small_app();
     let first = call(&r, "POST", chat, Some("ka"), &ask(true, "First question?")).await;
-    let created = details(&first)["cache_creation_input_tokens"]
-        .as_u64()
-        .unwrap();
+    let created = details(&first)["cache_write_tokens"].as_u64().unwrap();
     let prompt_tokens = first.json()["usage"]["prompt_tokens"].as_u64().unwrap();
     // The system turn (~240 tokens) in whole blocks; the user turn is not retained.
     assert!(created >= 192 && created.is_multiple_of(16), "{created}");
@@ -416,10 +426,7 @@ async fn message_and_tool_breakpoints_retain_their_prefix_through_a_flood() {
         Some(created),
         "the marked prefix stayed"
     );
-    assert_eq!(
-        d["cache_creation_input_tokens"], 0,
-        "refreshed, nothing new"
-    );
+    assert_eq!(d["cache_write_tokens"], 0, "refreshed, nothing new");
 
     // Positive control: unmarked, the flood evicts the same prefix.
     let (_engine, r) = small_app();
@@ -456,9 +463,7 @@ async fn message_and_tool_breakpoints_retain_their_prefix_through_a_flood() {
         &tool_call(true, "Look up alpha."),
     )
     .await;
-    let created = details(&t1)["cache_creation_input_tokens"]
-        .as_u64()
-        .unwrap();
+    let created = details(&t1)["cache_write_tokens"].as_u64().unwrap();
     assert!(created >= 128, "the tool definitions: {created}");
     flood(r.clone()).await;
     let t2 = call(

@@ -293,7 +293,22 @@ fn model_text_parses_into_calls_per_family() {
     );
     assert_eq!(
         tool_families::parse(Family::Hermes, "<tool_call>\n{\"name\": \"a\", \"argu"),
-        Reply::Unparsed
+        Reply::Cut(Vec::new())
+    );
+    // Cut after a complete call: that call is kept.
+    assert_eq!(
+        tool_families::parse(
+            Family::Hermes,
+            "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"argu"
+        ),
+        Reply::Cut(vec![call("a", "{}", None)])
+    );
+    assert_eq!(
+        tool_families::parse(
+            Family::Mistral,
+            "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"x\": 1}}, {\"name\": \"b\", \"arg"
+        ),
+        Reply::Cut(vec![call("a", r#"{"x": 1}"#, None)])
     );
     assert_eq!(
         tool_families::parse(Family::Llama3, &written_call(Family::Llama3, "")),
@@ -301,7 +316,7 @@ fn model_text_parses_into_calls_per_family() {
     );
     assert_eq!(
         tool_families::parse(Family::Llama3, "{\"name\": \"get_weather\", \"param"),
-        Reply::Unparsed
+        Reply::Cut(Vec::new())
     );
     let mistral = written_call(Family::Mistral, "a1b2c3d4e");
     let expect = Reply::Calls(vec![call(
@@ -368,14 +383,18 @@ fn accepts(spec: &ConstraintSpec, text: &str) -> bool {
     let mut c = spec.0.start();
     for id in m.tokenizer().encode(text, false, false).unwrap() {
         let mut logits = vec![0.0f32; vocab];
-        c.mask_logits(&mut logits);
+        if c.mask_logits(&mut logits).is_err() {
+            return false;
+        }
         if logits[id as usize] == f32::NEG_INFINITY {
             return false;
         }
         c.accept(id);
     }
     let mut logits = vec![0.0f32; vocab];
-    c.mask_logits(&mut logits);
+    if c.mask_logits(&mut logits).is_err() {
+        return false;
+    }
     logits[m.tokenizer().eot_ids()[0] as usize] != f32::NEG_INFINITY
 }
 
@@ -391,7 +410,7 @@ fn request(choice: ToolChoice, parallel: bool) -> ChatCompletionRequest {
 }
 
 fn constraint(family: Family, choice: ToolChoice, parallel: bool) -> ConstraintSpec {
-    let plan = tools::plan(&request(choice, parallel), None, Some(syntax(family)))
+    let plan = tools::plan(&request(choice, parallel), None, Some(syntax(family)), 8)
         .unwrap()
         .unwrap();
     assert_eq!(plan.system_text, "", "the template describes the tools");
@@ -637,7 +656,7 @@ fn a_special_token_trigger_is_asked_for_by_id() {
         ..FamilySyntax::new(Family::Mistral)
     };
     let auto = ToolChoice::Mode(ToolChoiceMode::Auto);
-    let plan = tools::plan(&request(auto, true), None, Some(syntax))
+    let plan = tools::plan(&request(auto, true), None, Some(syntax), 8)
         .unwrap()
         .unwrap();
     let lark = plan.lark.unwrap();
@@ -654,7 +673,9 @@ fn a_special_token_trigger_is_asked_for_by_id() {
         let mut c = spec.0.start();
         for &id in ids {
             let mut logits = vec![0.0f32; vocab];
-            c.mask_logits(&mut logits);
+            if c.mask_logits(&mut logits).is_err() {
+                return false;
+            }
             if logits[id as usize] == f32::NEG_INFINITY {
                 return false;
             }
@@ -708,7 +729,7 @@ fn the_probe_reads_each_template_s_layout() {
     // The grammar writes what this template re-renders, so the history stays a prefix.
     let written = r#"[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]"#;
     let required = ToolChoice::Mode(ToolChoiceMode::Required);
-    let plan = tools::plan(&request(required, true), None, Some(spaced))
+    let plan = tools::plan(&request(required, true), None, Some(spaced), 8)
         .unwrap()
         .unwrap();
     let spec = grammars()

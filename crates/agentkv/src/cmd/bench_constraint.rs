@@ -72,11 +72,11 @@ fn cases(g: &Grammars) -> Result<Vec<Case>> {
         "email": {"type": "string", "pattern": "^[a-z]+@[a-z]+\\.[a-z]{2,3}$"},
         "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 4}},
         "required": ["name", "age", "email", "tags"], "additionalProperties": false});
-    let generic = server::tools::plan(&tools_request("auto")?, None, None)
+    let generic = server::tools::plan(&tools_request("auto")?, None, None, 8)
         .map_err(|e| anyhow!("{e:?}"))?
         .ok_or_else(|| anyhow!("no plan"))?;
     let hermes = FamilySyntax::new(Family::Hermes);
-    let hermes = server::tools::plan(&tools_request("auto")?, None, Some(hermes))
+    let hermes = server::tools::plan(&tools_request("auto")?, None, Some(hermes), 8)
         .map_err(|e| anyhow!("{e:?}"))?
         .and_then(|p| p.lark)
         .ok_or_else(|| anyhow!("no Hermes grammar"))?;
@@ -135,7 +135,7 @@ fn replay(model: &model::Model, case: &Case, reps: usize) -> Result<(Vec<f64>, u
         loop {
             logits.iter_mut().for_each(|l| *l = 0.0);
             let t0 = Instant::now();
-            c.mask_logits(&mut logits);
+            c.mask_logits(&mut logits)?;
             let masked = t0.elapsed();
             let rest = &reply[at..];
             let next = if rest.is_empty() {

@@ -430,6 +430,10 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
                 .body_timeout_s
                 .map_or(d.body_timeout, Duration::from_secs_f64),
             max_cache_ttl_secs: l.max_cache_ttl_secs.unwrap_or(d.max_cache_ttl_secs),
+            max_tool_calls_per_turn: l
+                .max_tool_calls_per_turn
+                .unwrap_or(d.max_tool_calls_per_turn)
+                .max(1),
         },
         shutdown_timeout: Duration::from_secs(file.server.shutdown_timeout_s.unwrap_or(30)),
     }

@@ -165,7 +165,7 @@ async fn chat(State(st): State<Arc<St>>, Json(req): Json<ChatCompletionRequest>)
                         reason: if msgs == 2 { "uncached" } else { "diverged" }.into(),
                         at_token: 50 * msgs,
                     }),
-                    cache_creation_input_tokens: None,
+                    cache_write_tokens: None,
                 }),
                 completion_tokens_details: None,
             };

@@ -25,7 +25,7 @@ pub struct RetainOutcome {
     pub retained_blocks: u32,
     pub refused_blocks: u32,
     /// Blocks retained now that the session's previous retention did not hold (what this turn
-    /// added: Anthropic's `cache_creation_input_tokens` is this × block size).
+    /// added: Anthropic's `cache_write_tokens` is this × block size).
     pub new_blocks: u32,
 }
 

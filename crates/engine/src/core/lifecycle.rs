@@ -60,7 +60,20 @@ impl EngineCore {
             }
         }
         let prompt_len = s.spec.prompt.len();
-        let tok = s.sampler.sample(logits, &s.tokens[..prompt_len]);
+        let tok = match s.sampler.sample(logits, &s.tokens[..prompt_len]) {
+            Ok(tok) => tok,
+            Err(reason) => {
+                // Never a token the constraint did not allow: the request ends with the error.
+                let err = EngineError::ConstraintDeadEnd {
+                    generated_tokens: s.num_generated,
+                    reason,
+                };
+                let _ = s.send(EngineEvent::Error(err));
+                self.stats.constraint_dead_ends += 1;
+                self.finish(id, FinishReason::Cancelled);
+                return;
+            }
+        };
         s.sampler.observe(tok.id);
         s.tokens.push(tok.id);
         s.num_generated += 1;

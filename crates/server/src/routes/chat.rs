@@ -27,7 +27,7 @@ use crate::state::{unix_now, AppState};
 use crate::structured;
 use crate::tenants::Tenant;
 use crate::tool_stream::{Piece, ReplyStream};
-use crate::tools::{parse_reply_in, partial_text, Reply, ReplySyntax};
+use crate::tools::{parse_reply_in, partial_text, ParsedCall, Reply, ReplySyntax};
 
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -379,31 +379,32 @@ pub(crate) fn tool_reply(
     reason: FinishReason,
     call_id: impl Fn(usize) -> String,
 ) -> (ChatMessage, String) {
-    match parse_reply_in(syntax, &text) {
-        Reply::Calls(calls) => {
-            let calls = calls
-                .into_iter()
-                .enumerate()
-                .map(|(j, c)| ToolCall {
-                    id: c.id.unwrap_or_else(|| call_id(j)),
-                    kind: FunctionKind::Function,
-                    function: FunctionCall {
-                        name: c.name,
-                        arguments: c.arguments,
-                    },
-                })
-                .collect();
-            let message = ChatMessage {
-                content: None,
-                tool_calls: Some(calls),
-                ..ChatMessage::new(Role::Assistant, "")
-            };
-            (message, "tool_calls".to_string())
+    let message = |calls: Vec<ParsedCall>| {
+        let calls: Vec<ToolCall> = (calls.into_iter().enumerate())
+            .map(|(j, c)| ToolCall {
+                id: c.id.unwrap_or_else(|| call_id(j)),
+                kind: FunctionKind::Function,
+                function: FunctionCall {
+                    name: c.name,
+                    arguments: c.arguments,
+                },
+            })
+            .collect();
+        ChatMessage {
+            content: None,
+            tool_calls: (!calls.is_empty()).then_some(calls),
+            ..ChatMessage::new(Role::Assistant, "")
         }
+    };
+    match parse_reply_in(syntax, &text) {
+        Reply::Calls(calls) => (message(calls), "tool_calls".to_string()),
         Reply::Text(t) => (
             ChatMessage::new(Role::Assistant, t),
             finish_reason_name(reason).to_string(),
         ),
+        // Cut by `max_tokens` (or a stop string): the complete calls, never the JSON as text;
+        // the finish reason says it was cut.
+        Reply::Cut(calls) => (message(calls), finish_reason_name(reason).to_string()),
         Reply::Unparsed => (
             ChatMessage::new(
                 Role::Assistant,

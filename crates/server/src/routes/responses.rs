@@ -517,10 +517,10 @@ impl Draft {
             input_tokens: usage.prompt_tokens,
             input_tokens_details: InputTokensDetails {
                 cached_tokens: usage.cached_tokens().unwrap_or(0),
-                cache_creation_input_tokens: usage
+                cache_write_tokens: usage
                     .prompt_tokens_details
                     .as_ref()
-                    .and_then(|d| d.cache_creation_input_tokens),
+                    .and_then(|d| d.cache_write_tokens),
             },
             output_tokens: usage.completion_tokens,
             output_tokens_details: OutputTokensDetails::default(),
