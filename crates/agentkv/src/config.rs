@@ -30,8 +30,10 @@
 //!   system: {system: "You are a coding agent."}   # or {text: "raw prompt text"}
 //! tenants: [{name: alpha, api_keys: ["sk-alpha"], salt: "optional", priority: 0,
 //!            kv_reserved_share: 0.25, kv_max_share: 0.6, kv_max_retained_size: 256MB}]
-//! kv_events: {endpoint: "tcp://*:5557", replay_endpoint: "tcp://*:5558", topic: "",
-//!             buffer_steps: 10000, format: array_of_maps}  # vLLM KV events (off by default)
+//! kv_events: {endpoint: "tcp://127.0.0.1:5557", replay_endpoint: "tcp://127.0.0.1:5558",
+//!             topic: "", buffer_steps: 10000, format: array_of_maps,
+//!             allow_remote_subscribers: false, publish_token_ids: true}
+//!             # vLLM KV events (off by default; loopback unless remote is allowed)
 //! limits: {max_body_bytes: 4194304, max_requests: 256, max_tokens: 1048576,
 //!          max_requests_per_tenant: 64, max_tokens_per_tenant: 262144, default_max_tokens: 1024,
 //!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512,
@@ -82,6 +84,12 @@ pub struct KvEventsSection {
     pub topic: Option<String>,
     /// Batches kept for replay (default 10000).
     pub buffer_steps: Option<usize>,
+    /// Bind non-loopback addresses (default false: `tcp://*:P` binds 127.0.0.1 and other
+    /// addresses are refused at start, since events carry every tenant's prompt token ids).
+    pub allow_remote_subscribers: Option<bool>,
+    /// Send prompt token ids in `BlockStored` (default: true on loopback, false once remote
+    /// subscribers are allowed).
+    pub publish_token_ids: Option<bool>,
     /// `array_of_maps` (default: vllm-router 0.1.17), `map` (current vLLM) or `array` (vLLM's
     /// earlier `array_like` encoding; NVIDIA Dynamo).
     pub format: Option<KvEventsFormat>,

@@ -35,6 +35,12 @@ pub struct PublisherConfig {
     pub data_parallel_rank: u32,
     /// Layout of batches and events (default: what vllm-router 0.1.17 decodes).
     pub format: WireFormat,
+    /// Bind addresses other than loopback. Off by default: events carry every tenant's prompt
+    /// token ids, so `tcp://*:P` binds 127.0.0.1 and a non-loopback address is refused.
+    pub allow_remote: bool,
+    /// Send the blocks' token ids in `BlockStored` (else an empty list; hashes, parents and
+    /// block sizes are unchanged).
+    pub token_ids: bool,
 }
 
 impl Default for PublisherConfig {
@@ -46,6 +52,8 @@ impl Default for PublisherConfig {
             buffer_steps: 10_000,
             data_parallel_rank: 0,
             format: WireFormat::ArrayOfMaps,
+            allow_remote: false,
+            token_ids: true,
         }
     }
 }
@@ -57,6 +65,13 @@ pub enum PublishError {
         endpoint: String,
         source: zeromq::ZmqError,
     },
+    /// A non-loopback address without [`PublisherConfig::allow_remote`].
+    #[error(
+        "KV-event socket {endpoint} would publish every tenant's prompt token ids off this host; \
+         bind a loopback address, or allow remote subscribers explicitly \
+         (kv_events.allow_remote_subscribers: true, docs/security.md)"
+    )]
+    Remote { endpoint: String },
     #[error("starting the KV-event publisher: {0}")]
     Start(String),
 }
@@ -111,19 +126,40 @@ impl Publisher {
     }
 }
 
-/// `tcp://*:P` binds every interface (`zeromq` wants an address).
-fn bind_address(endpoint: &str) -> String {
-    match endpoint.strip_prefix("tcp://*:") {
-        Some(port) => format!("tcp://0.0.0.0:{port}"),
-        None => endpoint.to_string(),
+/// The address to bind (`zeromq` wants an address): `tcp://*:P` is every interface with
+/// `allow_remote`, else loopback only; another TCP host must be loopback unless `allow_remote`.
+fn bind_address(endpoint: &str, allow_remote: bool) -> Result<String, PublishError> {
+    if let Some(port) = endpoint.strip_prefix("tcp://*:") {
+        let host = if allow_remote { "0.0.0.0" } else { "127.0.0.1" };
+        return Ok(format!("tcp://{host}:{port}"));
     }
+    if let Some(rest) = endpoint.strip_prefix("tcp://") {
+        let host = match rest.rsplit_once(':') {
+            Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+            None => rest,
+        };
+        let loopback = host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        if !loopback && !allow_remote {
+            return Err(PublishError::Remote {
+                endpoint: endpoint.to_string(),
+            });
+        }
+    }
+    Ok(endpoint.to_string())
 }
 
 type Ready = Result<(String, Option<String>), PublishError>;
 
-async fn bind<S: Socket>(socket: &mut S, endpoint: &str) -> Result<String, PublishError> {
+async fn bind<S: Socket>(
+    socket: &mut S,
+    endpoint: &str,
+    allow_remote: bool,
+) -> Result<String, PublishError> {
     socket
-        .bind(&bind_address(endpoint))
+        .bind(&bind_address(endpoint, allow_remote)?)
         .await
         .map(|e| e.to_string())
         .map_err(|source| PublishError::Bind {
@@ -138,7 +174,7 @@ async fn run(
     ready: std::sync::mpsc::Sender<Ready>,
 ) {
     let mut publisher = zeromq::PubSocket::new();
-    let bound = match bind(&mut publisher, &cfg.endpoint).await {
+    let bound = match bind(&mut publisher, &cfg.endpoint, cfg.allow_remote).await {
         Ok(e) => e,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -149,7 +185,7 @@ async fn run(
     let mut replay_bound = None;
     if let Some(ep) = &cfg.replay_endpoint {
         let mut r = zeromq::RouterSocket::new();
-        match bind(&mut r, ep).await {
+        match bind(&mut r, ep, cfg.allow_remote).await {
             Ok(e) => replay_bound = Some(e),
             Err(e) => {
                 let _ = ready.send(Err(e));
@@ -180,7 +216,14 @@ async fn run(
     loop {
         tokio::select! {
             batch = rx.recv() => {
-                let Some(batch) = batch else { break };
+                let Some(mut batch) = batch else { break };
+                if !cfg.token_ids {
+                    for ev in &mut batch {
+                        if let KvEvent::Stored { tokens, .. } = ev {
+                            tokens.clear();
+                        }
+                    }
+                }
                 let ts = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map_or(0.0, |d| d.as_secs_f64());
@@ -257,8 +300,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn wildcard_binds_every_interface() {
-        assert_eq!(bind_address("tcp://*:5557"), "tcp://0.0.0.0:5557");
-        assert_eq!(bind_address("tcp://127.0.0.1:0"), "tcp://127.0.0.1:0");
+    fn wildcard_binds_loopback_unless_remote_subscribers_are_allowed() {
+        let b = |e: &str, remote| bind_address(e, remote).map_err(|e| e.to_string());
+        assert_eq!(b("tcp://*:5557", false).unwrap(), "tcp://127.0.0.1:5557");
+        assert_eq!(b("tcp://*:5557", true).unwrap(), "tcp://0.0.0.0:5557");
+        assert_eq!(b("tcp://127.0.0.1:0", false).unwrap(), "tcp://127.0.0.1:0");
+        assert_eq!(b("tcp://[::1]:7", false).unwrap(), "tcp://[::1]:7");
+        assert_eq!(b("tcp://localhost:7", false).unwrap(), "tcp://localhost:7");
+        for remote in [
+            "tcp://0.0.0.0:5557",
+            "tcp://10.1.2.3:5557",
+            "tcp://[::]:5557",
+        ] {
+            assert!(
+                b(remote, false).unwrap_err().contains("off this host"),
+                "{remote}"
+            );
+            assert_eq!(b(remote, true).unwrap(), remote);
+        }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use api::CacheFields;
 use axum::http::HeaderMap;
-use cache::SessionId;
+use cache::{SessionId, TenantId};
 use engine::Retention;
 
 use crate::error::ApiError;
@@ -27,7 +27,10 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 
 /// The priority of a request of `tenant` (vLLM's convention, lower is more important): the
 /// tenant's plus the request's own `priority` (an integer in
-/// `engine::MIN_PRIORITY..=MAX_PRIORITY`, else 400), clamped to that range.
+/// `engine::MIN_PRIORITY..=MAX_PRIORITY`, else 400), clamped to that range. A configured
+/// tenant's request can only make itself less important: never more than the operator set for
+/// its tenant (a tenant at 20 sending -63 stays at 20). On an open server (no tenants, the
+/// `default` tenant) the request's own priority is vLLM's, the whole range.
 pub fn priority(tenant: &Tenant, f: &CacheFields) -> Result<i32, ApiError> {
     let (lo, hi) = (engine::MIN_PRIORITY, engine::MAX_PRIORITY);
     let own = match f.priority {
@@ -40,7 +43,12 @@ pub fn priority(tenant: &Tenant, f: &CacheFields) -> Result<i32, ApiError> {
             ))
         }
     };
-    Ok((tenant.priority + own).clamp(lo, hi))
+    let floor = if tenant.id == TenantId(0) {
+        lo
+    } else {
+        tenant.priority
+    };
+    Ok((tenant.priority + own).clamp(floor.max(lo), hi))
 }
 
 /// The TTL a `cache_control` asks for (`5m` by default, or `1h`), before the config's cap; bad
@@ -348,10 +356,17 @@ mod tests {
         let mut t = tenant(1);
         let p = |t: &Tenant, v: serde_json::Value| priority(t, &fields(v));
         assert_eq!(p(&t, serde_json::json!({})).unwrap(), 0);
-        assert_eq!(p(&t, serde_json::json!({"priority": -5})).unwrap(), -5);
+        // A configured tenant's request cannot outrank its tenant.
+        assert_eq!(p(&t, serde_json::json!({"priority": -5})).unwrap(), 0);
+        assert_eq!(p(&t, serde_json::json!({"priority": 5})).unwrap(), 5);
+        t.priority = 20;
+        assert_eq!(p(&t, serde_json::json!({"priority": -63})).unwrap(), 20);
         t.priority = 10;
         assert_eq!(p(&t, serde_json::json!({})).unwrap(), 10);
-        assert_eq!(p(&t, serde_json::json!({"priority": -3})).unwrap(), 7);
+        assert_eq!(p(&t, serde_json::json!({"priority": -3})).unwrap(), 10);
+        // An open server's requests have vLLM's whole range.
+        let open = tenant(0);
+        assert_eq!(p(&open, serde_json::json!({"priority": -5})).unwrap(), -5);
         assert_eq!(
             p(&t, serde_json::json!({"priority": 63})).unwrap(),
             63,

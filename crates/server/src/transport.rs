@@ -7,7 +7,8 @@
 //! - **Header deadline** (`limits.header_timeout`): a connection that has not sent a complete
 //!   request head within it — a fresh one, or an idle keep-alive one — is closed (slowloris).
 //! - **Body deadline** (`limits.body_timeout`, [`read_body`]): a body not complete within it
-//!   (e.g. a `Content-Length` larger than what is sent) gets a 408 and the connection is closed.
+//!   (e.g. a `Content-Length` larger than what is sent) gets a 408 and the connection is closed;
+//!   a `Content-Length` over `limits.max_body_bytes` gets an immediate 413.
 //! - **Errors hyper answers itself** (unparsable request 400, URI too long 414, headers too
 //!   large 431) carry no body; [`JsonErrorIo`] rewrites those responses, as hyper writes them, to
 //!   carry the OpenAI error body.
@@ -159,6 +160,21 @@ fn error_json(message: &str, kind: &str, code: &str) -> String {
 pub async fn read_body(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let limits = &state.settings.limits;
     let (parts, body) = req.into_parts();
+    // A body announced larger than the limit is refused at once, before anything is read (not
+    // after the body deadline: a 1 TB `Content-Length` used to hold the connection 30 s).
+    let announced = parts
+        .headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if announced.is_some_and(|n| n > limits.max_body_bytes as u64) {
+        return close(
+            ApiError::BodyTooLarge {
+                limit_bytes: limits.max_body_bytes,
+            }
+            .into_response(),
+        );
+    }
     let read = Limited::new(body, limits.max_body_bytes).collect();
     let bytes = match tokio::time::timeout(limits.body_timeout, read).await {
         Ok(Ok(c)) => c.to_bytes(),

@@ -128,6 +128,17 @@ async fn f4_partial_headers_and_short_bodies_are_cut_off() {
         assert_eq!(status, 408);
         assert_openai_error(&body, "request_timeout");
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        // N8 (issue #44): a Content-Length over the body limit is a 413 at once: not a 408
+        // after the body deadline.
+        let mut s = connect(addr);
+        s.write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 1000000000000\r\n\r\n{",
+        )
+        .unwrap();
+        let (status, body) = parse(&read_to_close(&mut s));
+        assert_eq!(status, 413);
+        assert_openai_error(&body, "body_too_large");
         // An idle keep-alive connection is closed too; a prompt client is served.
         let mut s = connect(addr);
         s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")

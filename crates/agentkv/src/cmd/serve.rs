@@ -46,6 +46,13 @@ pub struct ServeArgs {
     /// Answer KV-event replay requests on this ROUTER endpoint, e.g. tcp://*:5558.
     #[arg(long)]
     pub kv_events_replay_endpoint: Option<String>,
+    /// Let the KV-event endpoints bind non-loopback addresses (`tcp://*:P` then binds every
+    /// interface). Events carry prompt token ids only with --kv-events-publish-token-ids.
+    #[arg(long)]
+    pub kv_events_allow_remote: bool,
+    /// Send prompt token ids in KV events even to remote subscribers.
+    #[arg(long)]
+    pub kv_events_publish_token_ids: bool,
     /// Log lines as text (default) or JSON, to stderr; filter with RUST_LOG (default info).
     #[arg(long, value_enum)]
     pub log_format: Option<super::logging::LogFormat>,
@@ -118,6 +125,10 @@ fn kv_events_config(args: &ServeArgs, file: &FileConfig) -> Option<kvevents::Pub
     let k = &file.kv_events;
     let endpoint = args.kv_events_endpoint.clone().or(k.endpoint.clone())?;
     let d = kvevents::PublisherConfig::default();
+    let allow_remote = args.kv_events_allow_remote || k.allow_remote_subscribers.unwrap_or(false);
+    // Token ids stay on the host unless the operator opts in to sending them off it.
+    let token_ids =
+        args.kv_events_publish_token_ids || k.publish_token_ids.unwrap_or(!allow_remote);
     Some(kvevents::PublisherConfig {
         endpoint,
         replay_endpoint: args
@@ -127,6 +138,8 @@ fn kv_events_config(args: &ServeArgs, file: &FileConfig) -> Option<kvevents::Pub
         topic: k.topic.clone().unwrap_or(d.topic),
         buffer_steps: k.buffer_steps.unwrap_or(d.buffer_steps),
         data_parallel_rank: 0,
+        allow_remote,
+        token_ids,
         format: match k.format {
             Some(crate::config::KvEventsFormat::Array) => kvevents::WireFormat::Array,
             Some(crate::config::KvEventsFormat::Map) => kvevents::WireFormat::Map,
