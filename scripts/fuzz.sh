@@ -17,7 +17,7 @@ secs="${1:-60}"
 shift || true
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
-  targets=(gguf_reader tier_object tokenizer_roundtrip chat_prompt)
+  targets=(gguf_reader tier_object tokenizer_roundtrip chat_prompt structured_compile)
 fi
 command -v cargo-fuzz >/dev/null || { echo "cargo-fuzz missing: cargo install cargo-fuzz" >&2; exit 1; }
 export AGENTKV_MODEL="${AGENTKV_MODEL:-$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf}"

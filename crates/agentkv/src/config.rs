@@ -39,7 +39,8 @@
 //!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512,
 //!          step_time_target_ms: 150, min_prefill_tokens_per_step: 32,
 //!          max_stored_responses_per_tenant: 1024, max_stored_response_bytes_per_tenant: 67108864,
-//!          max_connections: 1024, header_timeout_s: 10, body_timeout_s: 30,
+//!          max_connections: 1024, max_connections_per_source: 512, header_timeout_s: 10,
+//!          body_timeout_s: 30,
 //!          max_cache_ttl_secs: 3600, max_tool_calls_per_turn: 8}
 //! ```
 
@@ -309,6 +310,8 @@ pub struct LimitsSection {
     pub min_prefill_tokens_per_step: Option<usize>,
     /// Open connections (one more gets a 503 and is closed).
     pub max_connections: Option<usize>,
+    /// Open connections from one client address (default: half of `max_connections`).
+    pub max_connections_per_source: Option<usize>,
     /// Seconds a connection has to send a complete request head.
     pub header_timeout_s: Option<f64>,
     /// Seconds a request has to send its whole body (else 408).

@@ -14,7 +14,7 @@ server:
   model_aliases: [m]
   admin_api_keys: ["admin"]
 kv_cache_config:
-  max_size: 64MiB
+  max_size: 160MiB
   replacement_policy: segmented_lru
   warmup_prompts: [system]
   quantization: f16

@@ -371,9 +371,10 @@ pub struct ResponseUsage {
 pub struct InputTokensDetails {
     /// Input tokens whose KV came from the prefix cache.
     pub cached_tokens: u64,
-    /// Input tokens this request newly retained for its session (when it asked for retention).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_write_tokens: Option<u64>,
+    /// Input tokens this request newly wrote to the retained cache (0 when it asked for no
+    /// retention; OpenAI's Responses usage always carries it).
+    #[serde(default, alias = "cache_creation_input_tokens")]
+    pub cache_write_tokens: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,6 +12,7 @@ pub mod constraint_limits;
 pub mod error;
 pub mod gbnf;
 pub mod grammar;
+pub mod ids;
 pub mod metrics;
 mod metrics_compat;
 mod output;

@@ -40,6 +40,9 @@ pub struct Limits {
     pub max_stored_response_bytes_per_tenant: usize,
     /// Open connections; one more gets an immediate 503 and is closed.
     pub max_connections: usize,
+    /// Open connections from one client address (`None`: half of `max_connections`), so one
+    /// client holding idle sockets cannot lock every other client out.
+    pub max_connections_per_source: Option<usize>,
     /// A request head (fresh or keep-alive connection) must arrive within this, else the
     /// connection is closed.
     pub header_timeout: Duration,
@@ -52,6 +55,15 @@ pub struct Limits {
     /// grammar stops the list there; 1 when `parallel_tool_calls` is false). A request's
     /// `max_tool_calls` (Responses) may lower it.
     pub max_tool_calls_per_turn: usize,
+}
+
+impl Limits {
+    /// The per-source connection cap in effect.
+    pub fn connections_per_source(&self) -> usize {
+        self.max_connections_per_source
+            .unwrap_or(self.max_connections / 2)
+            .max(1)
+    }
 }
 
 impl Default for Limits {
@@ -67,6 +79,7 @@ impl Default for Limits {
             max_stored_responses_per_tenant: 1024,
             max_stored_response_bytes_per_tenant: 64 << 20,
             max_connections: 1024,
+            max_connections_per_source: None,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_cache_ttl_secs: 3600,

@@ -156,6 +156,15 @@ impl Tenants {
             }
             return Ok(tenant);
         }
+        if let Some(h) = self.proxy_header.as_deref() {
+            if headers.get_all(h).iter().count() > 1 {
+                // Which one a proxy meant is unknowable: never serve the last one silently.
+                return Err(ApiError::invalid(
+                    format!("header {h} is given more than once"),
+                    h,
+                ));
+            }
+        }
         let Some((h, v)) = header else {
             let h = self.proxy_header.as_deref().unwrap_or("tenant header");
             return Err(ApiError::invalid(
@@ -175,17 +184,22 @@ impl Tenants {
     }
 
     /// `GET /metrics`: open unless metrics keys are configured; then one of them or an admin key.
-    pub fn authenticate_metrics(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        if self.metrics_keys.is_empty() {
-            return Ok(());
-        }
-        let key = bearer(headers).ok_or(ApiError::Unauthorized)?;
+    /// Returns whether the caller may see tenant-labelled series: with metrics or admin keys
+    /// presented, or on an open server (no tenants); an anonymous scrape of a server with
+    /// tenants sees totals only.
+    pub fn authenticate_metrics(&self, headers: &HeaderMap) -> Result<bool, ApiError> {
+        let key = bearer(headers);
         let mut ok = false;
-        for k in self.metrics_keys.iter().chain(&self.admin_keys) {
-            ok |= bool::from(k.as_slice().ct_eq(key));
+        if let Some(key) = key {
+            for k in self.metrics_keys.iter().chain(&self.admin_keys) {
+                ok |= bool::from(k.as_slice().ct_eq(key));
+            }
+        }
+        if self.metrics_keys.is_empty() {
+            return Ok(ok || self.is_open());
         }
         if ok {
-            Ok(())
+            Ok(true)
         } else {
             Err(ApiError::Unauthorized)
         }

@@ -250,21 +250,56 @@ fn call_schema(t: &Tool, arguments: Value) -> Value {
            "required": ["name", "arguments"], "additionalProperties": false})
 }
 
-/// The schema of a tool's arguments. Arguments that declare `properties` and say nothing of
-/// `additionalProperties` are held to the declared ones: a small model otherwise pads calls with
-/// keys copied from the schema (`"type": "string"`).
+/// The schema of a tool's arguments. Objects that declare `properties` and say nothing of
+/// `additionalProperties` (or `patternProperties`) are held to the declared ones, at every depth
+/// (nested models, `$defs`): a small model otherwise pads calls with keys copied from the schema
+/// (`"type": "string"`). Narrowing only: what is generated still validates against the original.
 pub fn arguments_schema(t: &Tool) -> Value {
     let mut params = t
         .function
         .parameters
         .clone()
         .unwrap_or_else(|| json!({"type": "object"}));
-    if let Some(obj) = params.as_object_mut() {
-        if obj.contains_key("properties") && !obj.contains_key("additionalProperties") {
-            obj.insert("additionalProperties".into(), false.into());
+    close_objects(&mut params);
+    params
+}
+
+/// Adds `additionalProperties: false` to every object schema with `properties` and no word on
+/// extra keys, walking only the places that hold subschemas (never a `properties` map itself,
+/// whose keys are property names).
+fn close_objects(schema: &mut Value) {
+    let Some(obj) = schema.as_object_mut() else {
+        return;
+    };
+    if obj.contains_key("properties")
+        && !obj.contains_key("additionalProperties")
+        && !obj.contains_key("patternProperties")
+    {
+        obj.insert("additionalProperties".into(), false.into());
+    }
+    for (key, v) in obj.iter_mut() {
+        match key.as_str() {
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+                if let Some(map) = v.as_object_mut() {
+                    map.values_mut().for_each(close_objects);
+                }
+            }
+            "items" | "prefixItems" | "anyOf" | "oneOf" | "allOf" => match v {
+                Value::Array(a) => a.iter_mut().for_each(close_objects),
+                other => close_objects(other),
+            },
+            "additionalProperties"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "contains"
+            | "unevaluatedItems"
+            | "unevaluatedProperties"
+            | "propertyNames" => close_objects(v),
+            _ => {}
         }
     }
-    params
 }
 
 /// The same text whatever `tool_choice` says (the grammar enforces the choice), so an agent that
@@ -648,6 +683,24 @@ mod tests {
             plan_of(&r).unwrap_err().body().error.param.as_deref(),
             Some("tools[0].function.name")
         );
+    }
+
+    #[test]
+    fn nested_objects_are_closed_but_property_maps_are_not_schemas() {
+        let t: Tool = serde_json::from_value(json!({"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object",
+                "properties": {"properties": {"type": "object", "properties": {"a": {"type": "string"}}},
+                               "tags": {"type": "array", "items": {"$ref": "#/$defs/Tag"}},
+                               "open": {"type": "object", "properties": {}, "additionalProperties": true}},
+                "$defs": {"Tag": {"type": "object", "properties": {"name": {"type": "string"}}}}}}}))
+        .unwrap();
+        let s = arguments_schema(&t);
+        assert_eq!(s["additionalProperties"], false);
+        // A property named "properties" is a property, not a map to close.
+        assert!(s["properties"].get("additionalProperties").is_none());
+        assert_eq!(s["properties"]["properties"]["additionalProperties"], false);
+        assert_eq!(s["$defs"]["Tag"]["additionalProperties"], false);
+        assert_eq!(s["properties"]["open"]["additionalProperties"], true);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! graceful shutdown. Owns sockets and timers only; routes never see it.
 //!
 //! - **Connection cap** (`limits.max_connections`): a connection beyond it gets an immediate 503
-//!   with a JSON body and `Retry-After`, and is closed.
+//!   with a JSON body and `Retry-After`, and is closed. So does one beyond the per-source cap
+//!   (`limits.max_connections_per_source`, half the cap by default): one client address holding
+//!   idle sockets cannot take every slot.
 //! - **Header deadline** (`limits.header_timeout`): a connection that has not sent a complete
 //!   request head within it — a fresh one, or an idle keep-alive one — is closed (slowloris).
 //! - **Body deadline** (`limits.body_timeout`, [`read_body`]): a body not complete within it
@@ -55,6 +57,8 @@ pub async fn run(
     on_grace_expired: impl FnOnce(),
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_source = limits.connections_per_source();
+    let sources = Sources::default();
     let header_timeout = limits.header_timeout;
     // `stop_tx` tells connections to finish; `done_tx.closed()` resolves when all have ended.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -74,6 +78,11 @@ pub async fn run(
             },
         };
         let _ = stream.set_nodelay(true);
+        let Some(source) = sources.take(peer.ip(), per_source) else {
+            tracing::warn!(%peer, limit = per_source, "per-source connection cap reached; 503");
+            tokio::spawn(refuse_busy(stream));
+            continue;
+        };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             tracing::warn!(%peer, limit = limits.max_connections, "connection cap reached; 503");
             tokio::spawn(refuse_busy(stream));
@@ -106,6 +115,7 @@ pub async fn run(
                 }
             }
             drop(slot);
+            drop(source);
             drop(done);
         });
     }
@@ -121,6 +131,44 @@ pub async fn run(
         let _ = tokio::time::timeout(ABORT_FLUSH, done_tx.closed()).await;
     }
     Ok(())
+}
+
+/// Open connections per client address.
+#[derive(Default, Clone)]
+struct Sources(Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>);
+
+/// One open connection of `ip`, counted until dropped.
+struct SourceSlot {
+    sources: Sources,
+    ip: std::net::IpAddr,
+}
+
+impl Sources {
+    /// A slot for one more connection of `ip`, `None` when it already holds `limit`.
+    fn take(&self, ip: std::net::IpAddr, limit: usize) -> Option<SourceSlot> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= limit {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            sources: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut m = self.sources.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// The 503 of a connection over the cap, written before anything is read; then closed.

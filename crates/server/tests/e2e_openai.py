@@ -256,6 +256,61 @@ check(cached > 0 and cached >= rt.usage.input_tokens // 16 * 16,
 pr = alpha.responses.parse(model="m", input="Describe a person: name, age and city.", text_format=Person,
                            max_output_tokens=96, temperature=0)
 check(isinstance(pr.output_parsed, Person), f"responses.parse() with a Pydantic model: {pr.output_parsed!r}")
+# Issue #45. Nested pydantic tools ($defs/$ref) on chat and on Responses, their arguments
+# validated by pydantic itself.
+class Item(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=16)
+    quantity: int = pydantic.Field(ge=1, le=9)
+
+
+class Order(pydantic.BaseModel):
+    customer: str = pydantic.Field(max_length=16)
+    items: list[Item] = pydantic.Field(max_length=3)
+
+
+order_tool = openai.pydantic_function_tool(Order, name="place_order", description="Place an order")
+check("$defs" in json.dumps(order_tool), "pydantic_function_tool emits $defs/$ref")
+oc = alpha.chat.completions.create(model="m", messages=msgs("Order two apples and one pear for Ann."),
+                                   tools=[order_tool], tool_choice="required", parallel_tool_calls=False,
+                                   max_tokens=160, temperature=0)
+ocall = oc.choices[0].message.tool_calls[0]
+check(oc.choices[0].finish_reason == "tool_calls" and
+      isinstance(Order.model_validate_json(ocall.function.arguments), Order),
+      f"a nested pydantic tool on chat: {ocall.function.arguments}")
+ro = alpha.responses.create(model="m", input="Order two apples and one pear for Ann.",
+                            tools=[{"type": "function", "name": "place_order", "description": "Place an order",
+                                    "parameters": Order.model_json_schema(), "strict": False}],
+                            tool_choice="required", parallel_tool_calls=False, max_output_tokens=160,
+                            temperature=0)
+check(ro.output[0].type == "function_call" and
+      isinstance(Order.model_validate_json(ro.output[0].arguments), Order),
+      f"a nested pydantic tool on Responses: {ro.output[0].arguments}")
+# A call list cut by max_tokens: the complete calls or none, never the raw JSON as content.
+cut = alpha.chat.completions.create(model="m", messages=msgs("Add 2 and 3, then the weather in Paris."),
+                                    tools=tools, tool_choice="required", max_tokens=24, temperature=0)
+cm = cut.choices[0].message
+check(cut.choices[0].finish_reason == "length" and not (cm.content or "").lstrip().startswith("{") and
+      all(valid_call(t) for t in (cm.tool_calls or [])),
+      f"a cut call list is never raw JSON: content {cm.content!r}, {len(cm.tool_calls or [])} call(s)")
+# OpenAI's own fields are accepted and named as ignored.
+raw = alpha.chat.completions.with_raw_response.create(
+    model="m", messages=msgs("Hi."), max_tokens=2, metadata={"run": "7"}, store=True,
+    service_tier="auto", extra_body={"reasoning_effort": "low", "verbosity": "low"})
+ignored = raw.headers.get("x-agentkv-ignored-fields", "")
+check(raw.parse().choices[0].message is not None and
+      {"metadata", "store", "service_tier", "reasoning_effort", "verbosity"} <= set(ignored.split(", ")),
+      f"OpenAI fields accepted and named as ignored: {ignored!r}")
+rr = alpha.responses.with_raw_response.create(model="m", input="Hi.", max_output_tokens=4,
+                                              truncation="auto", extra_body={"max_tool_calls": 4})
+check("truncation" in rr.headers.get("x-agentkv-ignored-fields", ""), "Responses truncation accepted")
+# Context overflow in OpenAI's words and code.
+try:
+    alpha.chat.completions.create(model="m", messages=msgs("word " * 9000), max_tokens=4)
+    check(False, "an overlong prompt refused")
+except openai.BadRequestError as e:
+    check(e.code == "context_length_exceeded" and "maximum context length" in str(e),
+          f"context overflow: {e.code} {str(e)[:80]}")
+
 kinds, deltas, final = [], [], None
 for ev in alpha.responses.create(model="m", input="Count to three.", max_output_tokens=16, temperature=0,
                                  stream=True):
@@ -329,9 +384,11 @@ def agent_call(user, key="sdk-agent"):
                   {"role": "user", "content": user}],
         extra_body={"prompt_cache_key": key})
 c1 = agent_call("First step?")
-created = (c1.usage.prompt_tokens_details.model_extra or {}).get("cache_write_tokens")
-check(created is not None and created >= 16 and created % 16 == 0,
-      f"cache_write_tokens reported by the SDK ({created})")
+# The SDK's own field (issue #45): prompt tokens written to the retained cache, never more than
+# the prompt.
+created = c1.usage.prompt_tokens_details.cache_write_tokens
+check(created is not None and 16 <= created <= c1.usage.prompt_tokens,
+      f"cache_write_tokens reported by the SDK ({created} of {c1.usage.prompt_tokens})")
 c2 = agent_call("Second step?")
 cached = c2.usage.prompt_tokens_details.cached_tokens
 check(cached is not None and cached >= 16, f"the marked system prefix is reused ({cached})")
@@ -438,6 +495,8 @@ while time.time() < deadline and stats()["num_running"] > 0:
 r = alpha.chat.completions.create(model="m", messages=plain, max_tokens=2)
 check(r.usage.completion_tokens == 2, "capacity returns after the streams close")
 
-metrics = get("/metrics")
+metrics = get("/metrics", "admin")
 check('agentkv_tenant_prefix_cache_hit_tokens_total{tenant="alpha"}' in metrics, "per-tenant metrics")
+# Anonymous scrapes of a server with tenants see totals only (issue #44, F8).
+check("tenant=" not in get("/metrics"), "anonymous /metrics has no tenant labels")
 print("ALL E2E CHECKS PASSED")

@@ -115,6 +115,7 @@ async fn overload_gives_429_per_tenant_and_503_overall_with_retry_after() {
             retry_after_secs: 3,
             ..Limits::default()
         },
+        admin_api_keys: vec!["kadmin".into()],
         ..tenants()
     };
     let (_e, _s, r) = app(settings);
@@ -154,7 +155,8 @@ async fn overload_gives_429_per_tenant_and_503_overall_with_retry_after() {
             .status,
         200
     );
-    let m = call(&r, "GET", "/metrics", None, "").await.body;
+    // Tenant-labelled series need a metrics or admin key once tenants are configured.
+    let m = call(&r, "GET", "/metrics", Some("kadmin"), "").await.body;
     for t in ["alpha", "beta"] {
         assert!(
             m.contains(&format!(

@@ -153,6 +153,16 @@ async fn f2_tenant_header_from_untrusted_key_is_ignored_or_rejected() {
         let e = send(&r, "POST", path, &h, &body).await.error(400);
         assert_eq!(e["param"], "x-agentkv-tenant", "{e}");
     }
+    // Two tenant headers (issue #44, I1): a 400, never the last one served silently.
+    let h = [
+        ct,
+        ("authorization", "Bearer kproxy"),
+        ("x-agentkv-tenant", "alpha"),
+        ("x-agentkv-tenant", "beta"),
+    ];
+    let e = send(&r, "POST", path, &h, &body).await.error(400);
+    assert_eq!(e["param"], "x-agentkv-tenant", "{e}");
+    assert_eq!(e["code"], "invalid_value", "{e}");
     // A header without proxy keys is a configuration error, not a silent trust.
     let bad = ServerSettings {
         tenants: two_tenants(),
@@ -242,9 +252,11 @@ async fn f8_metrics_can_require_a_key_and_hide_tenant_series() {
         );
         assert!(m.body.contains("agentkv_prefix_cache_lookups_total "));
     }
-    // Defaults (open, per tenant) are unchanged.
+    // Defaults with tenants (issue #44, F8): an anonymous scrape is open but sees totals only;
+    // an admin key sees the per-tenant series.
     let (_e2, _s2, open) = app(ServerSettings {
         tenants: two_tenants(),
+        admin_api_keys: vec!["kadmin".into()],
         ..ServerSettings::default()
     });
     send(
@@ -256,6 +268,21 @@ async fn f8_metrics_can_require_a_key_and_hide_tenant_series() {
     )
     .await;
     let m = send(&open, "GET", "/metrics", &[], "").await;
+    assert_eq!(m.status, 200);
+    assert!(!m.body.contains("tenant="), "{}", m.body);
+    assert!(
+        m.body.contains("agentkv_requests_finished_total 1\n"),
+        "{}",
+        m.body
+    );
+    let m = send(
+        &open,
+        "GET",
+        "/metrics",
+        &[("authorization", "Bearer kadmin")],
+        "",
+    )
+    .await;
     assert_eq!(m.status, 200);
     assert!(m.body.contains("tenant=\"beta\""), "{}", m.body);
 }

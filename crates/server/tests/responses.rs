@@ -200,6 +200,8 @@ async fn streams_typed_events_for_text_and_calls() {
                       "temperature": 0, "stream": true});
     let reply = call(&r, "POST", PATH, Some("ka"), &body.to_string()).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
+    // The Responses API ends with its last typed event, never chat's `[DONE]` (issue #45).
+    assert!(!reply.body.contains("[DONE]"), "{}", reply.body);
     let evs = events(&reply.body);
     let names: Vec<&str> = evs.iter().map(|(n, _)| n.as_str()).collect();
     println!("{names:?}");

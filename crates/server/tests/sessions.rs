@@ -260,7 +260,7 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
         .body(Body::from(body(
             &task(5),
             serde_json::json!({"cache_control": {"type": "ephemeral", "ttl": "1h"},
-                "priority": -3}),
+                "priority": 3}),
         )))
         .unwrap();
     let resp = r.clone().oneshot(req).await.unwrap();
@@ -275,7 +275,11 @@ async fn header_and_cache_control_name_and_retain_sessions_and_bad_values_are_40
         .await
         .json();
     assert_eq!(s["retained_tokens"].as_u64(), Some(created));
-    assert_eq!(s["priority"], -3, "vLLM's convention: lower is kept longer");
+    // A tenant's request may make itself less important (never more: issue #44, N5).
+    assert_eq!(
+        s["priority"], 3,
+        "vLLM's convention: the request's own is added"
+    );
     let ttl = s["ttl_left_s"].as_f64().unwrap();
     assert!(ttl > 3500.0 && ttl <= 3600.0, "{ttl}");
 

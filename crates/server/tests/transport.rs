@@ -178,6 +178,40 @@ async fn f4_connections_beyond_the_cap_get_503_json() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n7_one_source_holding_idle_sockets_cannot_lock_others_out() {
+    // Cap 4, so 2 per source by default.
+    let srv = start(ServerSettings {
+        limits: limits(3_000, 3_000, 4),
+        ..ServerSettings::default()
+    })
+    .await;
+    let addr = srv.addr;
+    // Another client address on the loopback network (127.0.0.0/8 is all loopback).
+    let other = tokio::net::TcpSocket::new_v4().unwrap();
+    other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let other = other.connect(addr).await.unwrap().into_std().unwrap();
+    other.set_nonblocking(false).unwrap();
+    blocking(move || {
+        let idle: Vec<TcpStream> = (0..2).map(|_| connect(addr)).collect();
+        std::thread::sleep(Duration::from_millis(200));
+        // The hostile source's third socket is refused...
+        let mut s = connect(addr);
+        let (status, body) = parse(&read_to_close(&mut s));
+        assert_eq!(status, 503);
+        assert_openai_error(&body, "overloaded");
+        // ...while another client is served.
+        let mut o = other;
+        o.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        o.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let raw = read_to_close(&mut o);
+        assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+        drop(idle);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f4_every_error_status_has_an_openai_body_405_414_431_400() {
     let srv = start(ServerSettings::default()).await;
     let addr = srv.addr;

@@ -273,6 +273,15 @@ fn tier_place(t: &tier::TierConfig) -> String {
     }
 }
 
+/// Each tenant's default cap on retained blocks: an equal share of the retention budget
+/// (`fraction` of `num_blocks`) with two or more tenants, none with one.
+fn fair_retained_blocks(fraction: f64, num_blocks: usize, tenants: usize) -> Option<u32> {
+    (tenants > 1).then(|| {
+        let budget = (fraction * num_blocks as f64).floor();
+        (budget / tenants as f64).floor().max(1.0) as u32
+    })
+}
+
 fn engine_config(
     args: &ServeArgs,
     file: &FileConfig,
@@ -356,6 +365,14 @@ fn engine_config(
         .iter()
         .any(|t| t.kv_max_retained_size.is_some());
     let bytes_per_block = if retained_caps { block_bytes(&cfg)? } else { 1 } as u64;
+    // With several tenants, each may retain at most its fair share of the retention budget
+    // unless its `kv_max_retained_size` says otherwise: one tenant's sessions cannot use up what
+    // every other tenant's sessions need (issue #44, N6).
+    let fair_retained = fair_retained_blocks(
+        cfg.max_retained_fraction,
+        cfg.num_blocks,
+        file.tenants.len(),
+    );
     for (i, t) in file.tenants.iter().enumerate() {
         let blocks = |share: f64| (share * cfg.num_blocks as f64).floor() as u32;
         let block_bytes = bytes_per_block.max(1);
@@ -364,7 +381,8 @@ fn engine_config(
             max_blocks: t.kv_max_share.map(blocks),
             max_retained_blocks: t
                 .kv_max_retained_size
-                .map(|b| u32::try_from(b.0 / block_bytes).unwrap_or(u32::MAX)),
+                .map(|b| u32::try_from(b.0 / block_bytes).unwrap_or(u32::MAX))
+                .or(fair_retained),
         };
         if share != engine::TenantShare::default() {
             cfg.tenant_shares
@@ -436,6 +454,7 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
                 .max_stored_response_bytes_per_tenant
                 .unwrap_or(d.max_stored_response_bytes_per_tenant),
             max_connections: l.max_connections.unwrap_or(d.max_connections),
+            max_connections_per_source: l.max_connections_per_source,
             header_timeout: l
                 .header_timeout_s
                 .map_or(d.header_timeout, Duration::from_secs_f64),
@@ -528,4 +547,18 @@ async fn shutdown_signal() {
         _ = term => {},
     }
     tracing::info!("shutting down: no new requests; running requests may finish");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fair_retained_blocks;
+
+    #[test]
+    fn tenants_share_the_retention_budget_equally_by_default() {
+        assert_eq!(fair_retained_blocks(0.5, 2048, 0), None);
+        assert_eq!(fair_retained_blocks(0.5, 2048, 1), None);
+        assert_eq!(fair_retained_blocks(0.5, 2048, 2), Some(512));
+        assert_eq!(fair_retained_blocks(0.5, 2048, 3), Some(341));
+        assert_eq!(fair_retained_blocks(0.01, 10, 4), Some(1));
+    }
 }

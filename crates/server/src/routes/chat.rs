@@ -74,10 +74,11 @@ pub async fn chat_completions(
         },
     )?;
     let mut running = submit(&state, &tenant, prepared)?;
-    let id = format!("chatcmpl-{}", running.id.0);
+    let public = crate::ids::public_id();
+    let id = format!("chatcmpl-{public}");
     let call_id = {
-        let (started, request) = (state.started_unix_s, running.id.0);
-        move |choice: u32, j: usize| format!("call_{started:x}{request:x}c{choice}n{j}")
+        let public = public[..24].to_string();
+        move |choice: u32, j: usize| format!("call_{public}c{choice}n{j}")
     };
     let created = unix_now();
     let model = state.settings.model_name.clone();

@@ -35,7 +35,7 @@ pub async fn completions(
     let prompt = completion_prompt(&state, &req.prompt)?;
     let prepared = prepare(&state, &tenant, prompt, &opts)?;
     let mut running = submit(&state, &tenant, prepared)?;
-    let id = format!("cmpl-{}", running.id.0);
+    let id = format!("cmpl-{}", crate::ids::public_id());
     let created = unix_now();
     let model = state.settings.model_name.clone();
     let response =

@@ -62,17 +62,18 @@ fn model_card(state: &AppState, id: &str) -> ModelCard {
 }
 
 /// Prometheus exposition; needs a metrics or admin key when `metrics_api_keys` are configured,
-/// and carries tenant-labelled series only with `metrics_per_tenant`.
+/// and carries tenant-labelled series only with `metrics_per_tenant` and, on a server with
+/// tenants, only for a caller with a metrics or admin key.
 pub async fn metrics(
     State(state): State<AppState>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    state.tenants.authenticate_metrics(&headers)?;
+    let privileged = state.tenants.authenticate_metrics(&headers)?;
     let snap = snapshot(&state).await?;
     let text = state.metrics.render(
         &snap,
         |id| state.tenants.name_of(id),
-        state.settings.metrics_per_tenant,
+        state.settings.metrics_per_tenant && privileged,
         &state.settings.model_name,
     );
     Ok((

@@ -117,7 +117,7 @@ pub async fn create(
         },
     )?;
     let mut running = submit(&state, &tenant, prepared)?;
-    let suffix = format!("{:x}{:x}", state.started_unix_s, running.id.0);
+    let suffix = crate::ids::public_id();
     let draft = Draft {
         tenant: tenant.id,
         store: req.store.unwrap_or(true),
@@ -520,7 +520,8 @@ impl Draft {
                 cache_write_tokens: usage
                     .prompt_tokens_details
                     .as_ref()
-                    .and_then(|d| d.cache_write_tokens),
+                    .and_then(|d| d.cache_write_tokens)
+                    .unwrap_or(0),
             },
             output_tokens: usage.completion_tokens,
             output_tokens_details: OutputTokensDetails::default(),
@@ -763,5 +764,5 @@ fn stream(
         }
         vec![events.text_delta(0, &draft.msg_id, piece)]
     };
-    sse::stream(running, prelude, on_step)
+    sse::stream_ending(running, prelude, on_step, sse::Ending::Typed)
 }
