@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 
 # Pinned clients (bump deliberately; the end-to-end scripts are written against these).
 PY_PINS=(openai==3.57.0 langchain-openai==1.7.4 openai-agents==0.24.0 smolagents==1.26.0
-  pyzmq==27.3.0 msgpack==1.2.4)
+  pyzmq==27.3.0 msgpack==1.2.4 "pydantic-ai-slim[openai]==2.78.0" langgraph==1.2.24)
 # Routers for crates/agentkv/tests/serve_routers.rs (installed apart: a platform without their
 # wheels only loses that test).
 ROUTER_PINS=(vllm-router==0.1.17 sglang-router==0.3.2)
@@ -95,7 +95,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "${PY_PINS[*]}" ]; then
 fi
 AGENTKV_PYTHON="$(cd "$(dirname "$VENV/bin/python")" && pwd)/python"
 export AGENTKV_PYTHON
-"$AGENTKV_PYTHON" -c "import openai, langchain_openai, agents, smolagents, zmq, msgpack" \
+"$AGENTKV_PYTHON" -c "import openai, langchain_openai, agents, smolagents, zmq, msgpack, pydantic_ai, langgraph" \
   || die "$VENV lacks a pinned client; delete $VENV and run scripts/test.sh again"
 
 echo "== routers in $ROUTER_VENV (${ROUTER_PINS[*]})"

@@ -57,3 +57,30 @@ fn six_call_tool_loops_run_from_the_cache() {
     );
     println!("{stdout}");
 }
+
+/// Issue #45's framework matrix: nested pydantic tools and outputs (Agents SDK on Responses and
+/// chat, pydantic-ai), LangGraph with parallel calls allowed, smolagents to a final answer.
+#[test]
+fn frameworks_with_nested_schemas_and_parallel_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agentkv.yaml");
+    std::fs::File::create(&cfg)
+        .unwrap()
+        .write_all(CONFIG.as_bytes())
+        .unwrap();
+    let server = common::start(&cfg);
+    let stdout = common::run_python_client(
+        "e2e_frameworks_nested.py",
+        &format!("http://{}", server.addr),
+        "ALL NESTED FRAMEWORK CHECKS PASSED",
+        &[
+            "openai",
+            "agents",
+            "pydantic_ai",
+            "langchain_openai",
+            "langgraph",
+            "smolagents",
+        ],
+    );
+    println!("{stdout}");
+}

@@ -188,10 +188,22 @@ impl EngineHandle {
 /// How often an idle engine checks for tier writes to publish.
 const IDLE_PUBLISH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How long the engine waits for a command after a step that had nothing to compute although
+/// requests are held (every one waits for a stalled reader or a tier load): it re-plans then.
+const STALLED_POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(5);
+
 fn run(mut core: EngineCore, rx: Receiver<Command>) {
+    let mut idle_step = false;
     loop {
         // Block when idle; otherwise drain what arrived and step.
-        let first = if core.has_work() {
+        let first = if core.has_work() && idle_step {
+            // Nothing could compute last step: wait a little instead of spinning.
+            match rx.recv_timeout(STALLED_POLL_INTERVAL) {
+                Ok(c) => Some(c),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        } else if core.has_work() {
             match rx.try_recv() {
                 Ok(c) => Some(c),
                 Err(mpsc::TryRecvError::Empty) => None,
@@ -251,10 +263,12 @@ fn run(mut core: EngineCore, rx: Receiver<Command>) {
         if first_was_command {
             core.publish();
         }
+        idle_step = false;
         if core.has_work() {
-            if let Err(e) = core.step() {
+            match core.step() {
+                Ok(tokens) => idle_step = tokens == 0,
                 // A step error is an engine bug: fail every request loudly rather than hang them.
-                core.fail_all(e);
+                Err(e) => core.fail_all(e),
             }
         }
     }

@@ -656,6 +656,15 @@ impl EngineCore {
     }
 
     fn run_step(&mut self) -> Result<usize, EngineError> {
+        // A stalled request never sends again, so it would never learn that its reader left:
+        // look, and end those whose channel is closed.
+        let gone: Vec<SeqKey> = (self.seqs.iter())
+            .filter(|(_, s)| s.is_stalled() && s.sink.is_closed())
+            .map(|(k, _)| *k)
+            .collect();
+        for k in gone {
+            self.finish(k, FinishReason::Cancelled);
+        }
         let tick = self.next_tick();
         self.cache.expire(tick);
         let plan = self.scheduler.schedule(&mut SchedContext {

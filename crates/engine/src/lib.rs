@@ -39,8 +39,8 @@ pub use kv_events::{KvEvent, KvEventSink, KvMedium};
 pub use paged_kv::PagedKvMemory;
 pub use request::{
     priority_of_rank, retention_rank, Breakpoint, EngineEvent, EventReceiver, EventSender,
-    EvictedBlocks, FinishReason, RequestId, RequestSpec, Retention, SessionInfo, SessionQuery,
-    Timings, TokenEvent, Usage, MAX_PRIORITY, MIN_PRIORITY,
+    EvictedBlocks, FinishReason, ReadProgress, RequestId, RequestSpec, Retention, SessionInfo,
+    SessionQuery, Timings, TokenEvent, Usage, MAX_PRIORITY, MIN_PRIORITY, STALL_TOKENS,
 };
 pub use snapshot::{EngineSnapshot, PinnedPrompt};
 pub use stats::EngineStats;

@@ -45,6 +45,48 @@ pub struct RequestSpec {
     /// a decode out of blocks preempts the least important running request (the newest among
     /// equals). Retention made for the request should carry [`retention_rank`] of it.
     pub priority: i32,
+    /// How far the request's reader is (`None`: not tracked, always decoded). A request whose
+    /// reader is [`STALL_TOKENS`] or more tokens behind is not decoded, is the first to be
+    /// preempted and is not readmitted until its reader catches up: a client that stops
+    /// reading a stream stops holding compute, slots and blocks others wait for.
+    pub reader: Option<std::sync::Arc<ReadProgress>>,
+}
+
+/// Tokens a request's reader may fall behind before the request stalls. The server's own
+/// buffers (hyper's, the socket's) hold a few dozen more events before it stops reading, so a
+/// reading client is never this far behind; a stalled request resumes when its reader catches
+/// up.
+pub const STALL_TOKENS: u64 = 64;
+
+/// Tokens sent to a request's event channel and taken off it by its reader.
+#[derive(Debug, Default)]
+pub struct ReadProgress {
+    sent: std::sync::atomic::AtomicU64,
+    read: std::sync::atomic::AtomicU64,
+}
+
+impl ReadProgress {
+    /// The engine sent one more token event.
+    pub fn note_sent(&self) {
+        self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The reader took one token event off the channel.
+    pub fn note_read(&self) {
+        self.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Token events sent and not yet read.
+    pub fn behind(&self) -> u64 {
+        let read = self.read.load(std::sync::atomic::Ordering::Relaxed);
+        let sent = self.sent.load(std::sync::atomic::Ordering::Relaxed);
+        sent.saturating_sub(read)
+    }
+
+    /// The reader is [`STALL_TOKENS`] or more behind.
+    pub fn is_stalled(&self) -> bool {
+        self.behind() >= STALL_TOKENS
+    }
 }
 
 /// Most important request priority.
@@ -104,6 +146,7 @@ impl RequestSpec {
             retention: None,
             breakpoints: Vec::new(),
             priority: 0,
+            reader: None,
         }
     }
 }

@@ -126,14 +126,19 @@ impl Scheduler {
         self.priority.get(&id).copied().unwrap_or(0)
     }
 
-    /// The running request to preempt: the least important, the newest among equals, skipping
-    /// those `skip` says are planned already.
-    fn victim(&self, skip: impl Fn(SeqKey) -> bool) -> Option<SeqKey> {
+    /// The running request to preempt: one whose reader stalled first, then the least
+    /// important, the newest among equals, skipping those `skip` says are planned already.
+    fn victim(
+        &self,
+        seqs: &HashMap<SeqKey, Sequence>,
+        skip: impl Fn(SeqKey) -> bool,
+    ) -> Option<SeqKey> {
+        let stalled = |r: &SeqKey| seqs.get(r).is_some_and(Sequence::is_stalled);
         self.running
             .iter()
             .enumerate()
             .filter(|(_, r)| !skip(**r))
-            .max_by_key(|(i, r)| (self.priority_of(**r), *i))
+            .max_by_key(|(i, r)| (stalled(r), self.priority_of(**r), *i))
             .map(|(_, r)| *r)
     }
 
@@ -152,8 +157,9 @@ impl Scheduler {
         if self.waiting.front() != Some(&head) {
             return None;
         }
-        let v = self.victim(|_| false)?;
-        if self.priority_of(v) <= self.priority_of(head) {
+        let v = self.victim(cx.seqs, |_| false)?;
+        // A request whose reader stalled gives way to anyone waiting.
+        if !cx.seqs[&v].is_stalled() && self.priority_of(v) <= self.priority_of(head) {
             return None;
         }
         self.preempt(cx, v, plan);
@@ -205,7 +211,8 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 && plan.work.len() < self.cfg.max_seqs {
             let id = self.running[i];
-            if !cx.seqs[&id].is_decoding() {
+            // A request whose reader stopped reading waits for it without computing.
+            if !cx.seqs[&id].is_decoding() || cx.seqs[&id].is_stalled() {
                 i += 1;
                 continue;
             }
@@ -218,7 +225,7 @@ impl Scheduler {
                 continue;
             }
             // Out of blocks: preempt the least important running request not yet planned.
-            let victim = self.victim(|v| plan.work.iter().any(|w| w.id == v));
+            let victim = self.victim(cx.seqs, |v| plan.work.iter().any(|w| w.id == v));
             let Some(v) = victim else {
                 return Err(EngineError::Internal(
                     "no block for a decode and nothing to preempt".into(),
@@ -266,8 +273,12 @@ impl Scheduler {
             let Some(id) = self.waiting.pop_front() else {
                 break;
             };
-            // A request preempted for priority comes back in a later step at the earliest.
-            if Some(id) == priority_victim || self.shares_prefix_in_flight(cx, id) {
+            // A request preempted for priority comes back in a later step at the earliest; one
+            // whose reader stalled, once the reader catches up.
+            if Some(id) == priority_victim
+                || cx.seqs[&id].is_stalled()
+                || self.shares_prefix_in_flight(cx, id)
+            {
                 skipped.push_back(id);
                 continue;
             }
@@ -295,8 +306,9 @@ impl Scheduler {
         }
         // Nothing could run although requests hold blocks: free the least important (newest)
         // to make progress.
-        if plan.work.is_empty() && !self.waiting.is_empty() {
-            if let Some(v) = self.victim(|_| false) {
+        let ready = |w: &SeqKey| cx.seqs.get(w).is_some_and(|s| !s.is_stalled());
+        if plan.work.is_empty() && self.waiting.iter().any(ready) {
+            if let Some(v) = self.victim(cx.seqs, |_| false) {
                 self.preempt(cx, v, &mut plan);
             }
         }

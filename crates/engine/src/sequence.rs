@@ -63,6 +63,11 @@ impl Sequence {
         self.tokens.len() - self.num_computed
     }
 
+    /// Its reader has fallen [`crate::request::STALL_TOKENS`] behind (never without a reader).
+    pub fn is_stalled(&self) -> bool {
+        self.spec.reader.as_ref().is_some_and(|r| r.is_stalled())
+    }
+
     /// A decode step: exactly the last sampled token is pending.
     pub fn is_decoding(&self) -> bool {
         self.num_generated > 0 && self.num_pending() == 1

@@ -73,6 +73,8 @@ pub struct Running {
     ttft: Option<Duration>,
     queue: Duration,
     total: Duration,
+    /// Token events taken off the channel, for the engine's stall rule.
+    reader: std::sync::Arc<engine::ReadProgress>,
 }
 
 /// Admits (429/503 when over the bounds) and submits a validated request.
@@ -102,7 +104,12 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
             p.spec.priority,
         )
     });
-    let (id, rx) = state.engine.submit(p.spec).map_err(ApiError::from_engine)?;
+    // The engine stops decoding a request whose reader falls behind (a client that stopped
+    // reading its stream): `next` counts what this side takes off the channel.
+    let mut spec = p.spec;
+    let reader = std::sync::Arc::new(engine::ReadProgress::default());
+    spec.reader = Some(reader.clone());
+    let (id, rx) = state.engine.submit(spec).map_err(ApiError::from_engine)?;
     Ok(Running {
         state: state.clone(),
         id,
@@ -132,6 +139,7 @@ pub fn submit(state: &AppState, tenant: &Tenant, p: Prepared) -> Result<Running,
         ttft: None,
         queue: Duration::ZERO,
         total: Duration::ZERO,
+        reader,
     })
 }
 
@@ -207,6 +215,7 @@ impl Running {
             match ev {
                 EngineEvent::Admitted { cached_tokens } => self.cached_tokens = cached_tokens,
                 EngineEvent::Token(t) => {
+                    self.reader.note_read();
                     if let (Some(p), 0) = (&mut self.pause, t.choice) {
                         p.2.push(t.id);
                     }

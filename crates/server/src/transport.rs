@@ -42,6 +42,33 @@ use crate::error::ApiError;
 use crate::settings::Limits;
 use crate::state::AppState;
 
+/// Send buffer of each accepted connection (the kernel doubles it). Small, so that a client that
+/// stops reading a stream is noticed after a few dozen events instead of megabytes of kernel
+/// buffer: the stream stops being polled, its request falls behind and the engine stops
+/// decoding it (`engine::STALL_TOKENS`). Token streams are small; throughput is unaffected.
+pub const SEND_BUFFER_BYTES: u32 = 32 * 1024;
+
+/// hyper's read and write buffer per connection (request heads must fit; see the send buffer).
+pub const MAX_BUF_BYTES: usize = 16 * 1024;
+
+/// Binds the server's listening socket on `host:port` (the first address it resolves to), with
+/// `SO_REUSEADDR` and [`SEND_BUFFER_BYTES`] (accepted connections inherit it).
+pub async fn bind(host: &str, port: u16) -> io::Result<TcpListener> {
+    let addr = tokio::net::lookup_host((host, port))
+        .await?
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the host resolves to nothing"))?;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_send_buffer_size(SEND_BUFFER_BYTES)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
 /// How long connections get, after the grace period, to deliver the errors of the requests
 /// that were still running.
 const ABORT_FLUSH: Duration = Duration::from_secs(2);
@@ -96,6 +123,9 @@ pub async fn run(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
+                // hyper's own write buffer (default ~400 KB, a hundred token events) would hide
+                // a client that stopped reading; 16 KiB still holds any request head we accept.
+                .max_buf_size(MAX_BUF_BYTES)
                 .keep_alive(true);
             let conn = builder.serve_connection(TokioIo::new(JsonErrorIo::new(stream)), svc);
             let mut conn = std::pin::pin!(conn);

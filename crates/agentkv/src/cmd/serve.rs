@@ -103,7 +103,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let result = runtime.block_on(async {
         warm_up(&engine, &model, &file, &settings).await?;
         let state = AppState::new(engine.handle(), Arc::clone(&model.frontend), settings)?;
-        let listener = tokio::net::TcpListener::bind((host.as_str(), port))
+        let listener = server::transport::bind(&host, port)
             .await
             .with_context(|| format!("binding {host}:{port}"))?;
         let addr: SocketAddr = listener.local_addr()?;

@@ -94,6 +94,9 @@ impl EngineCore {
             text = pushed.text;
             stopped |= pushed.stopped;
         }
+        if let Some(r) = &s.spec.reader {
+            r.note_sent();
+        }
         let alive = s.send(EngineEvent::Token(TokenEvent {
             choice: id.1,
             id: tok.id,

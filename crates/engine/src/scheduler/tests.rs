@@ -130,6 +130,18 @@ impl Sim {
         id
     }
 
+    /// A request whose reader's progress the test moves by hand.
+    fn submit_read(
+        &mut self,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        reader: std::sync::Arc<crate::request::ReadProgress>,
+    ) -> SeqKey {
+        let id = self.submit(prompt, max_tokens);
+        self.seqs.get_mut(&id).unwrap().spec.reader = Some(reader);
+        id
+    }
+
     fn schedule(&mut self) -> StepPlan {
         self.tick += 1;
         let plan = self
@@ -378,6 +390,37 @@ fn a_more_important_request_waiting_for_a_slot_preempts_a_less_important_one() {
         sim.finished[&SeqKey(RequestId(1), 0)],
         alone(&prompt(1, 3), 6),
         "a preempted request's output does not change"
+    );
+}
+
+#[test]
+fn a_request_whose_reader_stalled_stops_decoding_gives_its_slot_away_and_resumes() {
+    use crate::request::{ReadProgress, STALL_TOKENS};
+    // One slot. 1's client stops reading after its first token; 2 (equal priority) arrives.
+    let mut sim = Sim::new(64, config(4, 64, 1));
+    let reader = std::sync::Arc::new(ReadProgress::default());
+    let one = sim.submit_read(prompt(1, 3), 6, reader.clone());
+    assert_eq!(chunks(&sim.step()), [(1, 0, 3)]);
+    assert_eq!(chunks(&sim.step()), [(1, 3, 1)]);
+    (0..STALL_TOKENS).for_each(|_| reader.note_sent());
+    sim.submit(prompt(2, 3), 2); // 2
+                                 // 1 is not decoded; nothing else can run, so the stalled request is preempted at once.
+    let plan = sim.step();
+    assert_eq!(chunks(&plan), []);
+    assert_eq!(plan.preempted, vec![one]);
+    assert_eq!(chunks(&sim.step()), [(2, 0, 3)]);
+    assert_eq!(chunks(&sim.step()), [(2, 3, 1)]);
+    // 2 finished; 1 waits for its reader without computing.
+    for _ in 0..3 {
+        assert_eq!(chunks(&sim.step()), []);
+    }
+    assert!(sim.sched.has_work());
+    (0..STALL_TOKENS).for_each(|_| reader.note_read());
+    sim.run_to_end(50);
+    assert_eq!(
+        sim.finished[&one],
+        alone(&prompt(1, 3), 6),
+        "a stalled request's output does not change"
     );
 }
 
