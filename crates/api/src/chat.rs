@@ -112,6 +112,10 @@ pub struct ChatCompletionRequest {
     /// Session and retention fields (`prompt_cache_key`, `cache_control`, …).
     #[serde(flatten)]
     pub cache: crate::cache_control::CacheFields,
+    /// Most tool calls in the reply: the Responses API's `max_tool_calls` carried into the chat
+    /// request it becomes (not a chat field: never read from or written to JSON).
+    #[serde(skip)]
+    pub max_tool_calls: Option<u32>,
 }
 
 /// `logit_bias` on the wire: token ids as decimal strings (JSON object keys) → bias.

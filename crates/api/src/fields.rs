@@ -128,12 +128,12 @@ impl KnownFields for ResponsesRequest {
         "metadata",
         "include",
         "user",
+        "truncation",
+        "max_tool_calls",
     ];
     const IGNORED: &'static [&'static str] = &[
-        "truncation",
         "reasoning",
         "background",
-        "max_tool_calls",
         "stream_options",
         "service_tier",
         "safety_identifier",

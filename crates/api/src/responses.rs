@@ -9,6 +9,14 @@ use serde_json::Value;
 use crate::chat::ToolChoiceMode;
 use crate::format::JsonSchemaFormat;
 
+/// The Responses API's `truncation`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Truncation {
+    Auto,
+    Disabled,
+}
+
 /// Body of `POST /v1/responses`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResponsesRequest {
@@ -48,6 +56,14 @@ pub struct ResponsesRequest {
     /// Extra output to include; none is supported, so only an empty list is accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include: Option<Vec<String>>,
+    /// `auto`: when the conversation does not fit the context, the oldest turns are dropped
+    /// (after the instructions and any leading system message, never the newest input) until
+    /// it does; `disabled` (the default): a 400 `context_length_exceeded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncation: Option<Truncation>,
+    /// Most tool calls in the reply (at most the server's `max_tool_calls_per_turn`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tool_calls: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
     /// Session and retention fields (`prompt_cache_key`, `cache_control`, …).

@@ -105,6 +105,7 @@ fn known_fields_are_exactly_the_serialised_fields() {
         response_format: Some(ResponseFormat::JsonObject),
         extra: extras(),
         cache: cache_fields(),
+        max_tool_calls: None,
     };
     let expected: std::collections::BTreeSet<String> = ChatCompletionRequest::FIELDS
         .iter()
@@ -252,6 +253,8 @@ fn responses_request_known_fields_and_items() {
         include: Some(Vec::new()),
         user: Some("u".into()),
         cache: cache_fields(),
+        truncation: Some(Truncation::Auto),
+        max_tool_calls: Some(4),
     };
     let expected: std::collections::BTreeSet<String> = ResponsesRequest::FIELDS
         .iter()

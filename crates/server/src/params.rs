@@ -299,7 +299,8 @@ pub fn chat_prompt(
         r,
         text_schema,
         tool_families::model_syntax(&state.frontend),
-        state.settings.limits.max_tool_calls_per_turn,
+        (state.settings.limits.max_tool_calls_per_turn)
+            .min(r.max_tool_calls.map_or(usize::MAX, |m| m as usize)),
     )?;
     let prompt = render_chat(state, &r.messages, plan.as_ref(), r.tools.as_deref(), true)?;
     Ok((prompt, plan))

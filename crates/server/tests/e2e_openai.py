@@ -301,8 +301,10 @@ check(raw.parse().choices[0].message is not None and
       {"metadata", "store", "service_tier", "reasoning_effort", "verbosity"} <= set(ignored.split(", ")),
       f"OpenAI fields accepted and named as ignored: {ignored!r}")
 rr = alpha.responses.with_raw_response.create(model="m", input="Hi.", max_output_tokens=4,
-                                              truncation="auto", extra_body={"max_tool_calls": 4})
-check("truncation" in rr.headers.get("x-agentkv-ignored-fields", ""), "Responses truncation accepted")
+                                              truncation="auto", max_tool_calls=4,
+                                              extra_body={"reasoning": {"effort": "low"}})
+check(rr.parse().truncation == "auto" and "reasoning" in rr.headers.get("x-agentkv-ignored-fields", ""),
+      "Responses: truncation and max_tool_calls honoured, reasoning accepted and named as ignored")
 # Context overflow in OpenAI's words and code.
 try:
     alpha.chat.completions.create(model="m", messages=msgs("word " * 9000), max_tokens=4)

@@ -551,3 +551,72 @@ async fn input_items_list_the_request_items_paged_per_tenant() {
     .await
     .error(404);
 }
+
+/// Issue #45: `truncation: "auto"` drops the oldest turns until the conversation fits (the
+/// default refuses it with `context_length_exceeded`), and `max_tool_calls` bounds a reply's calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncation_auto_drops_the_oldest_turns_and_max_tool_calls_bounds_calls() {
+    // A pool larger than the 8,192-token context, so the context is what overflows.
+    let cfg = engine::EngineConfig {
+        num_blocks: 640,
+        threads: 2,
+        ..engine::EngineConfig::default()
+    };
+    let engine = engine::Engine::start(engine::EngineCore::new(common::model(), cfg).unwrap());
+    let state = server::AppState::new(
+        engine.handle(),
+        common::model().frontend.clone(),
+        settings(),
+    )
+    .unwrap();
+    let r = server::router(state);
+    let long = "the agent read the file and ran the tests again. ".repeat(250);
+    let mut input: Vec<Value> = Vec::new();
+    for i in 0..5 {
+        input.push(json!({"role": "user", "content": format!("step {i}: {long}")}));
+        input.push(json!({"role": "assistant", "content": format!("done {i}")}));
+    }
+    input.push(json!({"role": "user", "content": "Say hi."}));
+    let body = |truncation: Option<&str>| {
+        let mut b = json!({"model": "agentkv", "input": input, "max_output_tokens": 4,
+                           "temperature": 0, "instructions": "Be brief."});
+        if let Some(t) = truncation {
+            b["truncation"] = json!(t);
+        }
+        b.to_string()
+    };
+    for t in [None, Some("disabled")] {
+        let e = call(&r, "POST", PATH, Some("ka"), &body(t))
+            .await
+            .error(400);
+        assert_eq!(e["code"], "context_length_exceeded", "{e}");
+    }
+    let ok = call(&r, "POST", PATH, Some("ka"), &body(Some("auto"))).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let v = ok.json();
+    let used = v["usage"]["input_tokens"].as_u64().unwrap();
+    assert!(used < 8192, "{used}");
+    assert_eq!(v["truncation"], "auto", "{}", ok.body);
+    assert!(
+        v["output_text"].as_str().is_some_and(|t| !t.is_empty()),
+        "{}",
+        ok.body
+    );
+    // max_tool_calls: 1 with parallel calls allowed: one call at most.
+    let tools = json!([{"type": "function", "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}]);
+    let b = json!({"model": "agentkv", "input": "Weather in Paris, Rome, Oslo, Bern and Riga?",
+                   "tools": tools, "tool_choice": "required", "max_tool_calls": 1,
+                   "max_output_tokens": 200, "temperature": 0});
+    let v = call(&r, "POST", PATH, Some("ka"), &b.to_string())
+        .await
+        .json();
+    let calls = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["type"] == "function_call")
+        .count();
+    assert_eq!(calls, 1, "{v}");
+}

@@ -11,7 +11,7 @@ use api::responses::{
     FunctionCallItem, IncompleteDetails, InputItem, InputRole, InputTokensDetails, OutputItem,
     OutputMessage, OutputText, OutputTokensDetails, Response as ApiResponse, ResponseDeleted,
     ResponseEvent, ResponseInput, ResponseTool, ResponseToolChoice, ResponseUsage,
-    ResponsesRequest, StreamEvent, TextConfig, TextFormat,
+    ResponsesRequest, StreamEvent, TextConfig, TextFormat, Truncation,
 };
 use api::{
     ChatCompletionRequest, ChatMessage, FunctionCall, FunctionDef, FunctionKind, FunctionName,
@@ -74,8 +74,26 @@ pub async fn create(
     };
     let mut conversation = history.clone();
     conversation.extend(input_messages(&req.input)?);
-    let chat = chat_request(&req, &conversation);
-    let (mut prepared, tool_mode) = prepare_chat(&state, &tenant, &chat).map_err(rename_param)?;
+    // `truncation: auto`: the oldest turns go until the conversation fits; the stored
+    // conversation stays whole.
+    let mut sent = conversation.clone();
+    let (chat, mut prepared, tool_mode) = loop {
+        let chat = chat_request(&req, &sent);
+        match prepare_chat(&state, &tenant, &chat) {
+            Err(ApiError::PromptTooLong { .. } | ApiError::ContextExceeded(_))
+                if req.truncation == Some(Truncation::Auto) && drop_oldest_turn(&mut sent) => {}
+            r => {
+                let (prepared, tool_mode) = r.map_err(rename_param)?;
+                break (chat, prepared, tool_mode);
+            }
+        }
+    };
+    if sent.len() < conversation.len() {
+        tracing::debug!(
+            dropped = conversation.len() - sent.len(),
+            "truncation auto: oldest turns dropped to fit the context"
+        );
+    }
     prepared.spec.priority = crate::sessions::priority(&tenant, &req.cache)?;
     prepared.spec.retention = crate::sessions::retention(
         &state.settings.limits,
@@ -234,6 +252,25 @@ fn input_messages(input: &ResponseInput) -> Result<Vec<ChatMessage>, ApiError> {
 }
 
 /// The chat request this response runs as (`instructions` first, as the system message).
+/// Drops the oldest turn of `conversation` for `truncation: auto`: its first message after any
+/// leading system messages, with the tool results that answered it; never the last message (the
+/// newest input). False when nothing can go.
+fn drop_oldest_turn(conversation: &mut Vec<ChatMessage>) -> bool {
+    let first = conversation
+        .iter()
+        .position(|m| m.role != Role::System)
+        .unwrap_or(conversation.len());
+    if first + 1 >= conversation.len() {
+        return false;
+    }
+    conversation.remove(first);
+    // Tool results whose call went with it would answer nothing.
+    while first + 1 < conversation.len() && conversation[first].role == Role::Tool {
+        conversation.remove(first);
+    }
+    true
+}
+
 fn chat_request(req: &ResponsesRequest, conversation: &[ChatMessage]) -> ChatCompletionRequest {
     let messages = req
         .instructions
@@ -286,6 +323,7 @@ fn chat_request(req: &ResponsesRequest, conversation: &[ChatMessage]) -> ChatCom
         parallel_tool_calls: req.parallel_tool_calls,
         response_format,
         user: req.user.clone(),
+        max_tool_calls: req.max_tool_calls,
         ..Default::default()
     }
 }
@@ -358,7 +396,13 @@ fn skeleton(state: &AppState, req: &ResponsesRequest, id: &str) -> ApiResponse {
         incomplete_details: None,
         error: None,
         metadata: req.metadata.clone().unwrap_or_default(),
-        truncation: Some("disabled".into()),
+        truncation: Some(
+            match req.truncation {
+                Some(Truncation::Auto) => "auto",
+                _ => "disabled",
+            }
+            .into(),
+        ),
         user: req.user.clone(),
     }
 }
