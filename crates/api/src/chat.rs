@@ -106,6 +106,12 @@ pub struct ChatCompletionRequest {
     /// Structured output: free text, any JSON object, or JSON matching a schema.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<crate::format::ResponseFormat>,
+    /// Keep the completion for `GET /v1/chat/completions/{id}` (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<bool>,
+    /// Up to 16 string pairs, kept with a stored completion (and filterable when listing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<std::collections::BTreeMap<String, String>>,
     /// Sampling extras, named as vLLM names them.
     #[serde(flatten)]
     pub extra: crate::extras::SamplingExtras,

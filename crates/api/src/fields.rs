@@ -65,10 +65,10 @@ impl KnownFields for ChatCompletionRequest {
         "parallel_tool_calls",
         "logit_bias",
         "response_format",
+        "store",
+        "metadata",
     ];
     const IGNORED: &'static [&'static str] = &[
-        "metadata",
-        "store",
         "service_tier",
         "reasoning_effort",
         "verbosity",

@@ -106,6 +106,8 @@ fn known_fields_are_exactly_the_serialised_fields() {
         extra: extras(),
         cache: cache_fields(),
         max_tool_calls: None,
+        store: Some(true),
+        metadata: Some(Default::default()),
     };
     let expected: std::collections::BTreeSet<String> = ChatCompletionRequest::FIELDS
         .iter()

@@ -1,16 +1,65 @@
-//! Stored responses of the Responses API (`store: true`), per tenant: the response object (for
-//! `GET /v1/responses/{id}`), its input items (for `…/input_items`) and its conversation as chat
-//! messages — the previous conversation,
-//! this request's input items and the output — so a request with `previous_response_id` sends
-//! only its new items and its prompt extends the stored one (a cached prefix). Bounded per
-//! tenant in count and bytes; the oldest are evicted first. In memory: a restart forgets them.
+//! Stored objects per tenant (`store: true`), bounded per tenant in count and bytes, the oldest
+//! evicted first; in memory (a restart forgets them). Two kinds:
+//! - responses of the Responses API: the response object (for `GET /v1/responses/{id}`), its
+//!   input items (for `…/input_items`) and its conversation as chat messages — the previous
+//!   conversation, this request's input items and the output — so a request with
+//!   `previous_response_id` sends only its new items and its prompt extends the stored one (a
+//!   cached prefix);
+//! - chat completions: the completion object, the request's messages and metadata (for
+//!   `GET /v1/chat/completions[/{id}[/messages]]` and `DELETE`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use api::responses::Response;
-use api::ChatMessage;
+use api::{ChatCompletionResponse, ChatMessage};
 use cache::TenantId;
+
+/// What a [`TenantStore`] holds: an id and a size charged against the tenant's byte bound.
+pub trait Stored {
+    fn id(&self) -> &str;
+    fn bytes(&self) -> usize;
+}
+
+/// A stored chat completion (`store: true` on `/v1/chat/completions`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredCompletion {
+    pub completion: ChatCompletionResponse,
+    /// The request's messages (for `…/messages`).
+    pub messages: Vec<ChatMessage>,
+    /// The request's `metadata` (up to 16 pairs).
+    pub metadata: std::collections::BTreeMap<String, String>,
+}
+
+impl Stored for StoredCompletion {
+    fn id(&self) -> &str {
+        &self.completion.id
+    }
+
+    fn bytes(&self) -> usize {
+        serde_json::to_vec(&self.completion).map_or(0, |v| v.len())
+            + messages_bytes(&self.messages)
+            + (self.metadata.iter())
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+    }
+}
+
+/// Bytes charged for chat messages: their text, tool calls and a fixed overhead each.
+fn messages_bytes(messages: &[ChatMessage]) -> usize {
+    messages
+        .iter()
+        .map(|m| {
+            64 + m.content.as_ref().map_or(0, String::len)
+                + m.tool_calls.as_ref().map_or(0, |calls| {
+                    calls
+                        .iter()
+                        .map(|c| c.id.len() + c.function.name.len() + c.function.arguments.len())
+                        .sum()
+                })
+        })
+        .sum()
+}
 
 /// One stored response.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,26 +73,15 @@ pub struct StoredResponse {
     pub input_items: Vec<serde_json::Value>,
 }
 
-impl StoredResponse {
-    /// Bytes charged against the tenant's bound: the JSON of the response and the text of the
-    /// conversation.
+impl Stored for StoredResponse {
+    fn id(&self) -> &str {
+        &self.response.id
+    }
+
+    /// The JSON of the response and of the input items, and the text of the conversation.
     fn bytes(&self) -> usize {
         let response = serde_json::to_vec(&self.response).map_or(0, |v| v.len());
-        let conversation: usize = self
-            .conversation
-            .iter()
-            .map(|m| {
-                64 + m.content.as_ref().map_or(0, String::len)
-                    + m.tool_calls.as_ref().map_or(0, |calls| {
-                        calls
-                            .iter()
-                            .map(|c| {
-                                c.id.len() + c.function.name.len() + c.function.arguments.len()
-                            })
-                            .sum()
-                    })
-            })
-            .sum();
+        let conversation = messages_bytes(&self.conversation);
         let items: usize = self
             .input_items
             .iter()
@@ -53,45 +91,60 @@ impl StoredResponse {
     }
 }
 
-#[derive(Default)]
-struct TenantResponses {
+struct TenantObjects<T> {
     /// Oldest first.
     order: VecDeque<String>,
-    by_id: HashMap<String, (Arc<StoredResponse>, usize)>,
+    by_id: HashMap<String, (Arc<T>, usize)>,
     bytes: usize,
 }
 
-/// The stored responses of every tenant. A tenant never sees another's.
-pub struct ResponseStore {
-    tenants: Mutex<HashMap<TenantId, TenantResponses>>,
+impl<T> Default for TenantObjects<T> {
+    fn default() -> Self {
+        TenantObjects {
+            order: VecDeque::new(),
+            by_id: HashMap::new(),
+            bytes: 0,
+        }
+    }
+}
+
+/// The stored objects of every tenant. A tenant never sees another's.
+pub struct TenantStore<T> {
+    tenants: Mutex<HashMap<TenantId, TenantObjects<T>>>,
     max_count: usize,
     max_bytes: usize,
 }
 
-impl ResponseStore {
-    /// At most `max_count` responses and `max_bytes` bytes per tenant.
-    pub fn new(max_count: usize, max_bytes: usize) -> ResponseStore {
-        ResponseStore {
+/// Stored responses of the Responses API.
+pub type ResponseStore = TenantStore<StoredResponse>;
+
+/// Stored chat completions.
+pub type CompletionStore = TenantStore<StoredCompletion>;
+
+impl<T: Stored> TenantStore<T> {
+    /// At most `max_count` objects and `max_bytes` bytes per tenant.
+    pub fn new(max_count: usize, max_bytes: usize) -> TenantStore<T> {
+        TenantStore {
             tenants: Mutex::new(HashMap::new()),
             max_count,
             max_bytes,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TenantId, TenantResponses>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TenantId, TenantObjects<T>>> {
         // The map stays consistent even if a holder panicked (no multi-step updates across
         // a panic point), so a poisoned lock is taken as is.
         self.tenants.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Stores `r` under its id, evicting the tenant's oldest responses to stay within the
+    /// Stores `r` under its id, evicting the tenant's oldest objects to stay within the
     /// bounds. Returns false (nothing stored) when `r` alone exceeds the byte bound.
-    pub fn insert(&self, tenant: TenantId, r: StoredResponse) -> bool {
+    pub fn insert(&self, tenant: TenantId, r: T) -> bool {
         let bytes = r.bytes();
         if bytes > self.max_bytes {
             return false;
         }
-        let id = r.response.id.clone();
+        let id = r.id().to_string();
         let mut tenants = self.lock();
         let t = tenants.entry(tenant).or_default();
         if let Some((_, old)) = t.by_id.remove(&id) {
@@ -112,12 +165,23 @@ impl ResponseStore {
         true
     }
 
-    pub fn get(&self, tenant: TenantId, id: &str) -> Option<Arc<StoredResponse>> {
+    pub fn get(&self, tenant: TenantId, id: &str) -> Option<Arc<T>> {
         let tenants = self.lock();
         tenants.get(&tenant)?.by_id.get(id).map(|(r, _)| r.clone())
     }
 
-    /// Removes a stored response; false when the tenant has none with that id.
+    /// The tenant's objects, oldest first.
+    pub fn all(&self, tenant: TenantId) -> Vec<Arc<T>> {
+        let tenants = self.lock();
+        let Some(t) = tenants.get(&tenant) else {
+            return Vec::new();
+        };
+        (t.order.iter())
+            .filter_map(|id| t.by_id.get(id).map(|(r, _)| r.clone()))
+            .collect()
+    }
+
+    /// Removes a stored object; false when the tenant has none with that id.
     pub fn remove(&self, tenant: TenantId, id: &str) -> bool {
         let mut tenants = self.lock();
         let Some(t) = tenants.get_mut(&tenant) else {
@@ -133,7 +197,7 @@ impl ResponseStore {
         }
     }
 
-    /// (responses, bytes) held for a tenant.
+    /// (objects, bytes) held for a tenant.
     pub fn usage(&self, tenant: TenantId) -> (usize, usize) {
         self.lock()
             .get(&tenant)

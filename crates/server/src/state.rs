@@ -14,7 +14,7 @@ use crate::admission::Admission;
 use crate::error::ApiError;
 use crate::grammar::{GrammarError, Grammars};
 use crate::metrics::Metrics;
-use crate::response_store::ResponseStore;
+use crate::response_store::{CompletionStore, ResponseStore};
 use crate::settings::{ServerSettings, SettingsError};
 use crate::tenants::Tenants;
 
@@ -33,6 +33,8 @@ pub struct Inner {
     pub metrics: Metrics,
     /// Stored responses of the Responses API, per tenant.
     pub responses: ResponseStore,
+    /// Stored chat completions (`store: true`), per tenant (the same bounds as responses).
+    pub chat_completions: CompletionStore,
     /// Unix seconds at start (the `created` of `/v1/models`).
     pub started_unix_s: u64,
     shutting_down: AtomicBool,
@@ -56,6 +58,10 @@ impl AppState {
                 tenants: Tenants::new(&settings),
                 admission: Admission::new(settings.limits.clone()),
                 responses: ResponseStore::new(
+                    settings.limits.max_stored_responses_per_tenant,
+                    settings.limits.max_stored_response_bytes_per_tenant,
+                ),
+                chat_completions: CompletionStore::new(
                     settings.limits.max_stored_responses_per_tenant,
                     settings.limits.max_stored_response_bytes_per_tenant,
                 ),

@@ -297,9 +297,32 @@ raw = alpha.chat.completions.with_raw_response.create(
     model="m", messages=msgs("Hi."), max_tokens=2, metadata={"run": "7"}, store=True,
     service_tier="auto", extra_body={"reasoning_effort": "low", "verbosity": "low"})
 ignored = raw.headers.get("x-agentkv-ignored-fields", "")
-check(raw.parse().choices[0].message is not None and
-      {"metadata", "store", "service_tier", "reasoning_effort", "verbosity"} <= set(ignored.split(", ")),
+stored = raw.parse()
+check(stored.choices[0].message is not None and
+      {"service_tier", "reasoning_effort", "verbosity"} <= set(ignored.split(", ")),
       f"OpenAI fields accepted and named as ignored: {ignored!r}")
+# store: true keeps the completion (retrieve, messages, list by metadata, delete), streamed too.
+got = alpha.chat.completions.retrieve(stored.id)
+check(got.id == stored.id and got.choices[0].message.content == stored.choices[0].message.content and
+      got.metadata == {"run": "7"}, "a stored chat completion is retrieved with its metadata")
+sm = alpha.chat.completions.messages.list(stored.id)
+check([m.content for m in sm.data] == [m["content"] for m in msgs("Hi.")], "stored completion's messages")
+parts = []
+for ch in alpha.chat.completions.create(model="m", messages=msgs("Hi again."), max_tokens=4, stream=True,
+                                        store=True, metadata={"run": "8"}):
+    parts.append(ch)
+sid = parts[0].id
+text = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+check(alpha.chat.completions.retrieve(sid).choices[0].message.content == text,
+      "a streamed completion is stored whole")
+listed = alpha.chat.completions.list(metadata={"run": "8"})
+check([c.id for c in listed.data] == [sid], "list filters by metadata")
+try:
+    client("kb").chat.completions.retrieve(sid)
+    check(False, "another tenant cannot retrieve a stored completion")
+except openai.NotFoundError:
+    check(True, "another tenant cannot retrieve a stored completion")
+check(alpha.chat.completions.delete(sid).deleted, "delete a stored completion")
 rr = alpha.responses.with_raw_response.create(model="m", input="Hi.", max_output_tokens=4,
                                               truncation="auto", max_tool_calls=4,
                                               extra_body={"reasoning": {"effort": "low"}})

@@ -37,6 +37,25 @@ pub async fn chat_completions(
     let (tenant, req, marked) =
         read_generation_request(&state, &headers, body, |r: &ChatCompletionRequest| &r.model)?;
     let (mut prepared, tool_mode) = prepare_chat(&state, &tenant, &req)?;
+    if let Some(m) = &req.metadata {
+        super::stored_chat::check_metadata(m)?;
+    }
+    // `store: true`: the finished completion is kept for `GET /v1/chat/completions/{id}`.
+    let store = req.store.unwrap_or(false).then(|| {
+        let state = state.clone();
+        let (tenant, messages) = (tenant.id, req.messages.clone());
+        let metadata = req.metadata.clone().unwrap_or_default();
+        move |completion: api::ChatCompletionResponse| {
+            state.chat_completions.insert(
+                tenant,
+                crate::response_store::StoredCompletion {
+                    completion,
+                    messages,
+                    metadata,
+                },
+            );
+        }
+    });
     prepared.spec.priority = crate::sessions::priority(&tenant, &req.cache)?;
     prepared.spec.retention = crate::sessions::retention(
         &state.settings.limits,
@@ -89,7 +108,26 @@ pub async fn chat_completions(
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
         running.prime().await?;
+        // With `store`, every chunk also goes into the completion that is stored at the end.
+        let stored = store.map(|put| {
+            let acc = std::sync::Arc::new(std::sync::Mutex::new(Some(
+                super::stored_chat::StreamAccumulator::default(),
+            )));
+            (acc, put, id.clone(), model.clone())
+        });
+        let acc = stored.as_ref().map(|s| s.0.clone());
+        let mut store_at_end = stored.map(|(acc, put, id, model)| {
+            move |usage: api::Usage| {
+                let whole = acc.lock().ok().and_then(|mut a| a.take());
+                if let Some(a) = whole {
+                    put(a.finish(id, created, model, Some(usage)));
+                }
+            }
+        });
         let chunk = move |choices: Vec<ChatChunkChoice>, usage: Option<api::Usage>| {
+            if let Some(Some(a)) = acc.as_ref().and_then(|a| a.lock().ok()).as_deref_mut() {
+                a.add(&choices);
+            }
             json(&ChatCompletionChunk {
                 id: id.clone(),
                 object: "chat.completion.chunk".into(),
@@ -203,8 +241,16 @@ pub async fn chat_completions(
                     )],
                     None,
                 )],
-                Step::Done(usage) if include_usage => vec![chunk(Vec::new(), Some(usage))],
-                Step::Done(_) => Vec::new(),
+                Step::Done(usage) => {
+                    if let Some(put) = store_at_end.take() {
+                        put(usage.clone());
+                    }
+                    if include_usage {
+                        vec![chunk(Vec::new(), Some(usage))]
+                    } else {
+                        Vec::new()
+                    }
+                }
             }
         };
         return Ok(sse::stream(running, prelude, on_step).into_response());
@@ -239,7 +285,7 @@ pub async fn chat_completions(
             }
         })
         .collect();
-    Ok(Json(ChatCompletionResponse {
+    let completion = ChatCompletionResponse {
         id,
         object: "chat.completion".into(),
         created,
@@ -247,8 +293,11 @@ pub async fn chat_completions(
         choices,
         usage: Some(collected.usage),
         system_fingerprint: None,
-    })
-    .into_response())
+    };
+    if let Some(put) = store {
+        put(completion.clone());
+    }
+    Ok(Json(completion).into_response())
 }
 
 /// How many tokens of `prompt` (the rendering of `full`) a `cache_control` breakpoint covers:

@@ -9,6 +9,7 @@ mod input_items;
 mod render;
 mod responses;
 mod sessions;
+mod stored_chat;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -27,7 +28,18 @@ use crate::tenants::Tenant;
 pub fn router(state: AppState) -> Router {
     let limit = state.settings.limits.max_body_bytes;
     Router::new()
-        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route(
+            "/v1/chat/completions",
+            post(chat::chat_completions).get(stored_chat::list),
+        )
+        .route(
+            "/v1/chat/completions/{id}",
+            get(stored_chat::get).delete(stored_chat::delete),
+        )
+        .route(
+            "/v1/chat/completions/{id}/messages",
+            get(stored_chat::messages),
+        )
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions/render", post(render::chat))
         .route("/v1/completions/render", post(render::completion))
