@@ -763,3 +763,38 @@ fn the_probe_reads_each_template_s_layout() {
     // Llama 3 takes one call per turn (its template refuses two).
     assert_eq!(syntax(Family::Llama3).layout.separator, None);
 }
+
+/// Issue #45: the generic mode's grammar holds a turn to `max_calls` calls, keeps a tool's own
+/// `$defs`/`$ref`s and bounds a string argument by its `maxLength`.
+#[test]
+fn generic_calls_are_bounded_nested_schemas_resolve_and_max_length_holds() {
+    let tool: api::Tool = serde_json::from_value(serde_json::json!({"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object",
+            "properties": {"s": {"type": "string", "maxLength": 5},
+                           "items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+            "required": ["s"],
+            "$defs": {"Item": {"type": "object", "properties": {"n": {"type": "integer"}},
+                               "required": ["n"]}}}}}))
+    .unwrap();
+    let req = ChatCompletionRequest {
+        model: "m".into(),
+        messages: vec![ChatMessage::new(Role::User, "Go.")],
+        tools: Some(vec![tool]),
+        tool_choice: Some(ToolChoice::Mode(api::ToolChoiceMode::Required)),
+        ..Default::default()
+    };
+    let plan = tools::plan(&req, None, None, 2).unwrap().unwrap();
+    let spec = grammars()
+        .json_schema(&plan.schema)
+        .unwrap_or_else(|e| panic!("{e}\n{}", plan.schema));
+    let call = |s: &str, items: &str| {
+        format!(r#"{{"name": "f", "arguments": {{"s": "{s}", "items": [{items}]}}}}"#)
+    };
+    let list = |calls: &[String]| format!(r#"{{"tool_calls": [{}]}}"#, calls.join(", "));
+    assert!(accepts(&spec, &list(&[call("abcde", r#"{"n": 1}"#)])));
+    assert!(!accepts(&spec, &list(&[call("abcdef", "")])), "maxLength");
+    assert!(!accepts(&spec, &list(&[call("a", r#"{"m": 1}"#)])), "the $ref'd Item");
+    let two = call("a", "");
+    assert!(accepts(&spec, &list(&[two.clone(), two.clone()])));
+    assert!(!accepts(&spec, &list(&[two.clone(), two.clone(), two])), "max_calls");
+}
