@@ -768,14 +768,15 @@ fn the_probe_reads_each_template_s_layout() {
 /// `$defs`/`$ref`s and bounds a string argument by its `maxLength`.
 #[test]
 fn generic_calls_are_bounded_nested_schemas_resolve_and_max_length_holds() {
-    let tool: api::Tool = serde_json::from_value(serde_json::json!({"type": "function", "function": {
+    let tool: api::Tool =
+        serde_json::from_value(serde_json::json!({"type": "function", "function": {
         "name": "f", "parameters": {"type": "object",
             "properties": {"s": {"type": "string", "maxLength": 5},
                            "items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
             "required": ["s"],
             "$defs": {"Item": {"type": "object", "properties": {"n": {"type": "integer"}},
                                "required": ["n"]}}}}}))
-    .unwrap();
+        .unwrap();
     let req = ChatCompletionRequest {
         model: "m".into(),
         messages: vec![ChatMessage::new(Role::User, "Go.")],
@@ -793,8 +794,14 @@ fn generic_calls_are_bounded_nested_schemas_resolve_and_max_length_holds() {
     let list = |calls: &[String]| format!(r#"{{"tool_calls": [{}]}}"#, calls.join(", "));
     assert!(accepts(&spec, &list(&[call("abcde", r#"{"n": 1}"#)])));
     assert!(!accepts(&spec, &list(&[call("abcdef", "")])), "maxLength");
-    assert!(!accepts(&spec, &list(&[call("a", r#"{"m": 1}"#)])), "the $ref'd Item");
+    assert!(
+        !accepts(&spec, &list(&[call("a", r#"{"m": 1}"#)])),
+        "the $ref'd Item"
+    );
     let two = call("a", "");
     assert!(accepts(&spec, &list(&[two.clone(), two.clone()])));
-    assert!(!accepts(&spec, &list(&[two.clone(), two.clone(), two])), "max_calls");
+    assert!(
+        !accepts(&spec, &list(&[two.clone(), two.clone(), two])),
+        "max_calls"
+    );
 }
