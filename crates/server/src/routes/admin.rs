@@ -30,10 +30,10 @@ pub async fn flush(
     };
     let tenant = match &req.tenant {
         None => None,
+        // Only a tenant this server serves (a server with named tenants has no `default`).
         Some(name) => Some(
-            state
-                .tenants
-                .by_name(name)
+            (state.tenants.serving().iter())
+                .find(|t| &t.name == name)
                 .ok_or_else(|| ApiError::NotFound(format!("no tenant named {name:?}")))?
                 .id,
         ),
