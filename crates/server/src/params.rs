@@ -41,7 +41,6 @@ fn ignorable(name: &str, v: &serde_json::Value) -> bool {
     match name {
         "modalities" => v == &serde_json::json!(["text"]),
         "background" => v == &serde_json::Value::Bool(false),
-        "max_tool_calls" => v.as_u64().is_some_and(|n| n >= 1),
         _ => true,
     }
 }
