@@ -250,3 +250,53 @@ fn hostile_constraints_never_take_the_server_down_or_answer_garbage() {
         Expect::Text(|s| s == "yes" || s == "no"),
     );
 }
+
+/// A constraint that dead-ends after the stream has started (issue #44, must-have 2): the
+/// stream carries an error event with `constraint_dead_end`, then `[DONE]`, never text the
+/// constraint did not allow.
+#[test]
+fn a_stream_whose_constraint_dead_ends_ends_with_an_error_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agentkv.yaml");
+    std::fs::write(&cfg, CONFIG).unwrap();
+    let server = start(&cfg);
+    // 2,000 alternatives: the first token is allowed, the second trips llguidance's limit of
+    // items per Earley row (2,000).
+    let grammar = format!(
+        "start: {}",
+        (0..2_000)
+            .map(|i| format!("\"c{i}x\""))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    let mut body = chat(json!({"guided_grammar": grammar}));
+    body["stream"] = json!(true);
+    let (status, reply) = http(
+        &server.addr,
+        "POST",
+        "/v1/chat/completions",
+        "",
+        &body.to_string(),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let data: Vec<&str> = reply
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{reply}");
+    let err: Value = serde_json::from_str(data[data.len() - 2]).unwrap();
+    assert_eq!(err["error"]["code"], "constraint_dead_end", "{reply}");
+    let text: String = data[..data.len() - 2]
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert!(
+        text.is_empty() || (text.starts_with('c') && text.len() <= 6),
+        "{text:?}"
+    );
+}

@@ -48,8 +48,10 @@ use crate::state::AppState;
 /// decoding it (`engine::STALL_TOKENS`). Token streams are small; throughput is unaffected.
 pub const SEND_BUFFER_BYTES: u32 = 32 * 1024;
 
-/// hyper's read and write buffer per connection (request heads must fit; see the send buffer).
-pub const MAX_BUF_BYTES: usize = 16 * 1024;
+/// hyper's read and write buffer per connection (see the send buffer): a request head must fit
+/// in it (more gets 431), and it is larger than the longest URI hyper accepts (64 KiB), so a
+/// longer URI is still told 414.
+pub const MAX_BUF_BYTES: usize = 96 * 1024;
 
 /// Binds the server's listening socket on `host:port` (the first address it resolves to), with
 /// `SO_REUSEADDR` and [`SEND_BUFFER_BYTES`] (accepted connections inherit it).
@@ -123,8 +125,8 @@ pub async fn run(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
-                // hyper's own write buffer (default ~400 KB, a hundred token events) would hide
-                // a client that stopped reading; 16 KiB still holds any request head we accept.
+                // hyper's own write buffer (default ~400 KB, a hundred or more token events)
+                // would hide a client that stopped reading for longer.
                 .max_buf_size(MAX_BUF_BYTES)
                 .keep_alive(true);
             let conn = builder.serve_connection(TokioIo::new(JsonErrorIo::new(stream)), svc);
