@@ -22,6 +22,7 @@
 #   N_PER_CAT=50      first N ids of each category (same ids for both servers); "all" = full set
 #   BFCL_VENV=/work/bfcl-work/venv   created with bfcl-eval==$BFCL_VERSION if missing
 #   BFCL_VERSION=2026.3.23
+#   SERVERS=""       only re-classify the runs under WORK_DIR and rewrite report.txt
 #   THREADS=2  PORT_BASE=18200  NICE=10   SERVERS="agentkv llama-server"
 #   LLAMA_N_PREDICT=1024  llama-server -n: BFCL sends no output cap; agentkv's default cap is
 #                     limits.default_max_tokens = 1024, llama-server's is none (it can run to -c)
@@ -168,8 +169,8 @@ EOF
   local nq; nq=$(cat "$root"/result/$BFCL_MODEL/non_live/*_result.json | wc -l)
   echo "$label generate: $((t1 - t0)) s for $nq questions ($(awk -v a=$((t1 - t0)) -v b="$nq" 'BEGIN{printf "%.2f", a/b}') s/question)" \
     | tee "$root/timing.txt"
-  "$PY" "$HERE/classify.py" --bfcl-root "$root" --label "$label" --raw-log "$root/raw.jsonl" \
-    --json "$root/classify.json" > "$root/classify.txt"
+  { echo "run started $(date -u -d @"$t0" +%FT%TZ), generate took $((t1 - t0)) s"
+    echo "agentkv git HEAD at run time: $(git -C "$REPO" rev-parse HEAD)"; } > "$root/run-info.txt"
 }
 
 i=0
@@ -195,8 +196,10 @@ REPORT=$WORK/report.txt
   echo "machine (lscpu | head -20):"; lscpu | head -20
   for d in "$WORK"/*/; do
     label=$(basename "$d"); [ -f "$d/timing.txt" ] || continue
+    "$PY" "$HERE/classify.py" --bfcl-root "$d" --label "$label" --raw-log "$d/raw.jsonl" \
+      --json "$d/classify.json" > "$d/classify.txt"
     echo; echo "################ $label ################"
-    cat "$d/timing.txt"
+    cat "$d/timing.txt" "$d/run-info.txt" 2>/dev/null
     echo "-- BFCL score files (header line of each score/$BFCL_MODEL/non_live/*_score.json):"
     for c in ${CATS//,/ }; do printf '  %-18s %s\n' "$c" "$(head -n 1 "$d/score/$BFCL_MODEL/non_live/BFCL_v4_${c}_score.json")"; done
     echo "-- BFCL score/data_non_live.csv:"

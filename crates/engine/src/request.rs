@@ -56,7 +56,7 @@ pub struct RequestSpec {
 /// buffers (hyper's, the socket's) hold a few dozen more events before it stops reading, so a
 /// reading client is never this far behind; a stalled request resumes when its reader catches
 /// up.
-pub const STALL_TOKENS: u64 = 64;
+pub const STALL_TOKENS: u64 = 32;
 
 /// Tokens sent to a request's event channel and taken off it by its reader.
 #[derive(Debug, Default)]

@@ -46,12 +46,11 @@ use crate::state::AppState;
 /// stops reading a stream is noticed after a few dozen events instead of megabytes of kernel
 /// buffer: the stream stops being polled, its request falls behind and the engine stops
 /// decoding it (`engine::STALL_TOKENS`). Token streams are small; throughput is unaffected.
-pub const SEND_BUFFER_BYTES: u32 = 32 * 1024;
+pub const SEND_BUFFER_BYTES: u32 = 8 * 1024;
 
 /// hyper's read and write buffer per connection (see the send buffer): a request head must fit
-/// in it (more gets 431), and it is larger than the longest URI hyper accepts (64 KiB), so a
-/// longer URI is still told 414.
-pub const MAX_BUF_BYTES: usize = 96 * 1024;
+/// in it (a longer one, a URI of 16 KiB included, gets 431).
+pub const MAX_BUF_BYTES: usize = 16 * 1024;
 
 /// Binds the server's listening socket on `host:port` (the first address it resolves to), with
 /// `SO_REUSEADDR` and [`SEND_BUFFER_BYTES`] (accepted connections inherit it).
@@ -125,8 +124,8 @@ pub async fn run(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
-                // hyper's own write buffer (default ~400 KB, a hundred or more token events)
-                // would hide a client that stopped reading for longer.
+                // hyper's own write buffer (default ~400 KB, hundreds of token events) would
+                // hide a client that stopped reading for seconds.
                 .max_buf_size(MAX_BUF_BYTES)
                 .keep_alive(true);
             let conn = builder.serve_connection(TokioIo::new(JsonErrorIo::new(stream)), svc);
