@@ -16,11 +16,11 @@
 #                         -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_COMMIT=0c1e57098
 #                       cmake --build build --target llama-server -j2
 #   MODEL_GGUF        e.g. models/SmolLM2-135M-Instruct.Q4_1.gguf
-#   WORK_DIR          default /work/bfcl-work/s26 (results, scores, logs, report.txt)
+#   WORK_DIR          default bench-out/bfcl (gitignored: results, scores, logs, report.txt)
 #
 # Environment:
 #   N_PER_CAT=50      first N ids of each category (same ids for both servers); "all" = full set
-#   BFCL_VENV=/work/bfcl-work/venv   created with bfcl-eval==$BFCL_VERSION if missing
+#   BFCL_VENV=bench-out/bfcl-venv   created with bfcl-eval==$BFCL_VERSION if missing
 #   BFCL_VERSION=2026.3.23
 #   SERVERS=""       only re-classify the runs under WORK_DIR and rewrite report.txt
 #   THREADS=2  PORT_BASE=18200  NICE=10   SERVERS="agentkv llama-server"
@@ -44,9 +44,11 @@ set -euo pipefail
 AGENTKV_BIN=$(readlink -f "${1:?usage: run.sh AGENTKV_BIN LLAMA_SERVER_BIN MODEL_GGUF [WORK_DIR]}")
 LLAMA_BIN=$(readlink -f "${2:?llama-server binary}")
 MODEL=$(readlink -f "${3:?model gguf}")
-WORK=${4:-/work/bfcl-work/s26}
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+WORK=$(mkdir -p "${4:-$REPO/bench-out/bfcl}" && cd "${4:-$REPO/bench-out/bfcl}" && pwd)
 N_PER_CAT=${N_PER_CAT:-50}
-BFCL_VENV=${BFCL_VENV:-/work/bfcl-work/venv}
+BFCL_VENV=${BFCL_VENV:-$REPO/bench-out/bfcl-venv}
 BFCL_VERSION=${BFCL_VERSION:-2026.3.23}
 THREADS=${THREADS:-2}
 PORT_BASE=${PORT_BASE:-18200}
@@ -57,8 +59,6 @@ LLAMA_CPP_VERSION=${LLAMA_CPP_VERSION:-"llama-cpp-python 0.3.36 sdist, vendored 
 BFCL_MODEL=gpt-4o-2024-11-20-FC
 SENT_MODEL=gpt-4o-2024-11-20
 CATS=simple_python,multiple,parallel,parallel_multiple,irrelevance
-HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
 
 mkdir -p "$WORK"
 PY=$BFCL_VENV/bin/python
