@@ -158,6 +158,8 @@ EOF
   PIDS+=($!); local ppid=$!
   sleep 1
   local t0=$(date +%s)
+  local bin=$LLAMA_BIN; [[ $label == agentkv* ]] && bin=$AGENTKV_BIN
+  local binfo="server binary at start: $bin sha256 $(sha256sum "$bin" | cut -c1-16)... mtime $(date -u -r "$bin" +%FT%TZ); load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
   ( export BFCL_PROJECT_ROOT=$root OPENAI_BASE_URL=http://127.0.0.1:$pport/v1 OPENAI_API_KEY=sk-bfcl-local
     cd "$root" && "$BFCL_VENV/bin/bfcl" generate --model "$BFCL_MODEL" --run-ids --num-threads 1 \
       --include-input-log > "$root/generate.log" 2>&1 )
@@ -170,7 +172,8 @@ EOF
   echo "$label generate: $((t1 - t0)) s for $nq questions ($(awk -v a=$((t1 - t0)) -v b="$nq" 'BEGIN{printf "%.2f", a/b}') s/question)" \
     | tee "$root/timing.txt"
   { echo "run started $(date -u -d @"$t0" +%FT%TZ), generate took $((t1 - t0)) s"
-    echo "agentkv git HEAD at run time: $(git -C "$REPO" rev-parse HEAD)"; } > "$root/run-info.txt"
+    echo "agentkv git HEAD at run time: $(git -C "$REPO" rev-parse HEAD)"
+    echo "$binfo; load at end: $(cut -d' ' -f1-3 /proc/loadavg)"; } > "$root/run-info.txt"
 }
 
 i=0
@@ -189,7 +192,7 @@ REPORT=$WORK/report.txt
   echo "bfcl-eval: $("$PY" -c 'import importlib.metadata as m; print(m.version("bfcl-eval"))')  (registry entry $BFCL_MODEL, OpenAIResponsesHandler -> POST /v1/responses, model=\"$SENT_MODEL\", temperature 0.001, --num-threads 1)"
   echo "llama.cpp: $LLAMA_CPP_VERSION; binary $LLAMA_BIN: $("$LLAMA_BIN" --version 2>&1 | grep -iE 'version|built' | tr '\n' ' ')"
   echo "llama-server flags: -m MODEL --jinja -t $THREADS -c 8192 -n $LLAMA_N_PREDICT --alias $SENT_MODEL"
-  echo "agentkv: git $(git -C "$REPO" rev-parse HEAD)$(git -C "$REPO" diff --quiet HEAD -- crates 2>/dev/null || echo ' (+uncommitted changes under crates/)'); binary $AGENTKV_BIN (mtime $(date -u -r "$AGENTKV_BIN" +%FT%TZ), sha256 $(sha256sum "$AGENTKV_BIN" | cut -c1-16)...; built from the tree at or before that commit); config: server: {model_name: agentkv-bfcl, model_aliases: [$SENT_MODEL], unknown_fields: reject}, model: {threads: $THREADS}"
+  echo "agentkv: git $(git -C "$REPO" rev-parse HEAD)$(git -C "$REPO" diff --quiet HEAD -- crates 2>/dev/null || echo ' (+uncommitted changes under crates/)'); binary $AGENTKV_BIN (at report time: mtime $(date -u -r "$AGENTKV_BIN" +%FT%TZ), sha256 $(sha256sum "$AGENTKV_BIN" | cut -c1-16)...; at run time: see each run's "server binary at start"); config: server: {model_name: agentkv-bfcl, model_aliases: [$SENT_MODEL], unknown_fields: reject}, model: {threads: $THREADS}"
   echo "questions: N_PER_CAT=$N_PER_CAT (first N ids of each category in BFCL's order, same ids for every server)"
   echo "categories: $CATS"
   echo
