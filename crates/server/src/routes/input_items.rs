@@ -45,15 +45,46 @@ pub async fn list(
 
 /// One page of `items` (oldest first) under the query.
 fn page(items: &[Value], q: &ListQuery) -> Result<ResponseItemList, ApiError> {
-    let limit = q.limit.unwrap_or(20);
+    if q.include.as_ref().is_some_and(|i| !i.is_empty()) {
+        return Err(ApiError::UnsupportedParameter {
+            param: "include".into(),
+            message: "include is not supported (no extra output is available)".into(),
+        });
+    }
+    let items = (items.iter())
+        .map(|v| (v["id"].as_str().unwrap_or_default().to_string(), v.clone()))
+        .collect();
+    list_page(
+        items,
+        q.limit,
+        q.order.as_deref(),
+        q.after.as_deref(),
+        true,
+        "input item",
+    )
+}
+
+/// One page of OpenAI's list shape over `items` (`(id, item)`, oldest first): `limit` 1 to 100
+/// (default 20), `order` `asc` or `desc` (default `desc` when `desc_by_default`), `after` an id
+/// of `what` (the page starts after it, in that order).
+pub(crate) fn list_page(
+    mut items: Vec<(String, Value)>,
+    limit: Option<u32>,
+    order: Option<&str>,
+    after: Option<&str>,
+    desc_by_default: bool,
+    what: &str,
+) -> Result<ResponseItemList, ApiError> {
+    let limit = limit.unwrap_or(20);
     if !(1..=100).contains(&limit) {
         return Err(ApiError::invalid(
             format!("limit must be between 1 and 100, got {limit}"),
             "limit",
         ));
     }
-    let desc = match q.order.as_deref() {
-        None | Some("desc") => true,
+    let desc = match order {
+        None => desc_by_default,
+        Some("desc") => true,
         Some("asc") => false,
         Some(other) => {
             return Err(ApiError::invalid(
@@ -62,44 +93,27 @@ fn page(items: &[Value], q: &ListQuery) -> Result<ResponseItemList, ApiError> {
             ))
         }
     };
-    if q.include.as_ref().is_some_and(|i| !i.is_empty()) {
-        return Err(ApiError::UnsupportedParameter {
-            param: "include".into(),
-            message: "include is not supported (no extra output is available)".into(),
-        });
-    }
-    let mut ordered: Vec<&Value> = items.iter().collect();
     if desc {
-        ordered.reverse();
+        items.reverse();
     }
-    let start = match &q.after {
+    let start = match after {
         None => 0,
         Some(after) => {
-            ordered
+            items
                 .iter()
-                .position(|v| v["id"].as_str() == Some(after.as_str()))
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        format!("no input item with id {after:?} in this response"),
-                        "after",
-                    )
-                })?
+                .position(|(id, _)| id == after)
+                .ok_or_else(|| ApiError::invalid(format!("no {what} with id {after:?}"), "after"))?
                 + 1
         }
     };
-    let rest = &ordered[start..];
-    let data: Vec<Value> = rest
-        .iter()
-        .take(limit as usize)
-        .map(|v| (*v).clone())
-        .collect();
-    let id = |v: Option<&Value>| v.and_then(|v| v["id"].as_str()).map(str::to_string);
+    let rest = &items[start..];
+    let shown = &rest[..rest.len().min(limit as usize)];
     Ok(ResponseItemList {
         object: "list".into(),
-        first_id: id(data.first()),
-        last_id: id(data.last()),
-        has_more: rest.len() > data.len(),
-        data,
+        data: shown.iter().map(|(_, v)| v.clone()).collect(),
+        first_id: shown.first().map(|(id, _)| id.clone()),
+        last_id: shown.last().map(|(id, _)| id.clone()),
+        has_more: rest.len() > shown.len(),
     })
 }
 

@@ -59,49 +59,27 @@ fn not_found(id: &str) -> ApiError {
     ApiError::NotFound(format!("no stored chat completion with id {id:?}"))
 }
 
-/// One page of `items` (oldest first, each with its id) under `limit`, `order`, `after`.
+/// One page of `items` (oldest first, each with its id) under `limit`, `order` (`asc` by
+/// default) and `after` (`routes::input_items::list_page`).
 fn page(items: Vec<(String, Value)>, q: &HashMap<String, String>) -> Result<Value, ApiError> {
-    let limit: usize = match q.get("limit") {
-        None => 20,
-        Some(l) => l
-            .parse()
-            .ok()
-            .filter(|l| (1..=100).contains(l))
-            .ok_or_else(|| {
-                ApiError::invalid(format!("limit must be 1 to 100, got {l:?}"), "limit")
-            })?,
+    let limit = match q.get("limit") {
+        None => None,
+        Some(l) => Some(l.parse::<u32>().map_err(|_| {
+            ApiError::invalid(
+                format!("limit must be between 1 and 100, got {l:?}"),
+                "limit",
+            )
+        })?),
     };
-    let mut items = items;
-    match q.get("order").map(String::as_str) {
-        None | Some("asc") => {}
-        Some("desc") => items.reverse(),
-        Some(o) => {
-            return Err(ApiError::invalid(
-                format!("order must be \"asc\" or \"desc\", got {o:?}"),
-                "order",
-            ))
-        }
-    }
-    let start = match q.get("after") {
-        None => 0,
-        Some(a) => {
-            items
-                .iter()
-                .position(|(id, _)| id == a)
-                .ok_or_else(|| ApiError::invalid(format!("no item with id {a:?}"), "after"))?
-                + 1
-        }
-    };
-    let rest = &items[start.min(items.len())..];
-    let data: Vec<Value> = rest.iter().take(limit).map(|(_, v)| v.clone()).collect();
-    let ids: Vec<&String> = rest.iter().take(limit).map(|(id, _)| id).collect();
-    Ok(json!({
-        "object": "list",
-        "data": data,
-        "first_id": ids.first(),
-        "last_id": ids.last(),
-        "has_more": rest.len() > limit,
-    }))
+    let list = super::input_items::list_page(
+        items,
+        limit,
+        q.get("order").map(String::as_str),
+        q.get("after").map(String::as_str),
+        false,
+        "item",
+    )?;
+    Ok(serde_json::to_value(list).unwrap_or(Value::Null))
 }
 
 /// `GET /v1/chat/completions`.
