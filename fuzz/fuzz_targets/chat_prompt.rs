@@ -3,7 +3,7 @@
 //! turn markers — client text never adds `<|im_start|>` / `<|im_end|>` (issue #13, F7).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use model::chat::ChatMessage;
+use frontend::chat::ChatMessage;
 
 #[path = "common.rs"]
 mod common;
@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
         .collect();
     let ids = match f.encode_chat(&msgs, None, true) {
         Ok(ids) => ids,
-        Err(model::chat_prompt::ChatPromptError::Template(_)) => return,
+        Err(frontend::chat_prompt::ChatPromptError::Template(_)) => return,
         Err(e) => panic!("{e}"),
     };
     let tok = &f.tokenizer;

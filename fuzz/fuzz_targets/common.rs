@@ -3,14 +3,14 @@
 
 use std::sync::OnceLock;
 
-pub fn frontend() -> &'static model::Frontend {
-    static F: OnceLock<model::Frontend> = OnceLock::new();
+pub fn frontend() -> &'static frontend::Frontend {
+    static F: OnceLock<frontend::Frontend> = OnceLock::new();
     F.get_or_init(|| {
         let path = model::default_model_path();
-        let file = model::gguf::GgufFile::open(&path)
+        let file = gguf::GgufFile::open(&path)
             .unwrap_or_else(|e| panic!("{}: {e} (run `agentkv fetch-model`)", path.display()));
-        let tok = model::tokenizer::Tokenizer::from_gguf(file.metadata()).expect("tokenizer");
-        let tpl = model::chat::ChatTemplate::from_gguf(file.metadata(), &tok).expect("template");
-        model::Frontend::new(tok, tpl, 8192)
+        let tok = frontend::tokenizer::Tokenizer::from_gguf(file.metadata()).expect("tokenizer");
+        let tpl = frontend::chat::ChatTemplate::from_gguf(file.metadata(), &tok).expect("template");
+        frontend::Frontend::new(tok, tpl, 8192)
     })
 }

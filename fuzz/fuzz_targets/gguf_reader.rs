@@ -5,12 +5,12 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(f) = model::gguf::GgufFile::from_bytes(data.to_vec()) {
+    if let Ok(f) = gguf::GgufFile::from_bytes(data.to_vec()) {
         for t in f.tensors() {
             let _ = f.tensor_data(t);
         }
-        if let Ok(tok) = model::tokenizer::Tokenizer::from_gguf(f.metadata()) {
-            let _ = model::chat::ChatTemplate::from_gguf(f.metadata(), &tok);
+        if let Ok(tok) = frontend::tokenizer::Tokenizer::from_gguf(f.metadata()) {
+            let _ = frontend::chat::ChatTemplate::from_gguf(f.metadata(), &tok);
         }
     }
 });

@@ -22,10 +22,10 @@ fn grammars() -> &'static Grammars {
     static G: OnceLock<Grammars> = OnceLock::new();
     G.get_or_init(|| {
         let path = model::default_model_path();
-        let file = model::gguf::GgufFile::open(&path).expect("the default model");
-        let tok = model::tokenizer::Tokenizer::from_gguf(file.metadata()).expect("tokenizer");
-        let tpl = model::chat::ChatTemplate::from_gguf(file.metadata(), &tok).expect("template");
-        Grammars::new(Arc::new(model::Frontend::new(tok, tpl, 8192))).expect("grammars")
+        let file = gguf::GgufFile::open(&path).expect("the default model");
+        let tok = frontend::tokenizer::Tokenizer::from_gguf(file.metadata()).expect("tokenizer");
+        let tpl = frontend::chat::ChatTemplate::from_gguf(file.metadata(), &tok).expect("template");
+        Grammars::new(Arc::new(frontend::Frontend::new(tok, tpl, 8192))).expect("grammars")
     })
 }
 

@@ -8,7 +8,7 @@ use engine::{
     EngineConfig, EngineCore, EngineError, EngineEvent, FinishReason, RequestError, RequestId,
     RequestSpec,
 };
-use model::chat::ChatMessage;
+use frontend::chat::ChatMessage;
 use model::Model;
 
 fn model() -> Arc<Model> {

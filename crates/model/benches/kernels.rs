@@ -7,7 +7,7 @@
 //! (so `Gelem/s` = GFLOP/s). Weights are random blocks with sane f16 scales. Measures only.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use model::gguf::GgmlType;
+use gguf::GgmlType;
 use model::kernels::{matmul, QMatrix, ThreadPool};
 use rand::{Rng, SeedableRng};
 use std::time::Duration;

@@ -2,9 +2,9 @@
 //! (reported as tokens/s), decoding it, and rendering a chat prompt with the GGUF's template.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use model::chat::{ChatMessage, ChatTemplate};
-use model::gguf::GgufFile;
-use model::tokenizer::{StreamDecoder, Tokenizer};
+use frontend::chat::{ChatMessage, ChatTemplate};
+use frontend::tokenizer::{StreamDecoder, Tokenizer};
+use gguf::GgufFile;
 use std::hint::black_box;
 
 fn load() -> (Tokenizer, ChatTemplate) {

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use model::gguf::GgmlType;
+use gguf::GgmlType;
 use model::kernels::{matmul, Packed32, QMatrix, ThreadPool};
 use rand::{Rng, SeedableRng};
 
@@ -29,7 +29,7 @@ fn main() {
         let mut data = Vec::new();
         for _ in 0..rows {
             let x: Vec<f32> = (0..row_len).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-            model::gguf::quantize::quantize_row(ty, &x, &mut data).expect("quantize");
+            gguf::quantize::quantize_row(ty, &x, &mut data).expect("quantize");
         }
         let p = Packed32::pack(ty, rows, row_len, &data).expect("pack");
         let w = QMatrix {

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use model::gguf::GgmlType;
+use gguf::GgmlType;
 use model::kernels::{matmul, Packed32, QMatrix, ThreadPool};
 use rand::{Rng, SeedableRng};
 

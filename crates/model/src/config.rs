@@ -3,8 +3,8 @@
 //! Owns the translation from `<arch>.*` metadata keys to a [`ModelConfig`] and its validation.
 //! It never touches tensor data.
 
-use crate::gguf::Metadata;
 use crate::rope_scaling::{RopeScaling, ScalingKind};
+use gguf::Metadata;
 
 /// Architectures the forward pass implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,7 +219,7 @@ impl ModelConfig {
                     let local: Vec<bool> = match meta.get(&pattern_key).and_then(|v| v.as_array()) {
                         Some(per_layer) => per_layer
                             .iter()
-                            .map(|v| matches!(v, crate::gguf::MetaValue::Bool(true)))
+                            .map(|v| matches!(v, gguf::MetaValue::Bool(true)))
                             .collect(),
                         None => {
                             let pattern = meta.get_u64(&pattern_key).unwrap_or(6) as usize;

@@ -1,5 +1,6 @@
-//! The model runtime: GGUF loading, tokenizer, chat templates, CPU kernels, the forward pass and
-//! the sampler.
+//! The model runtime: weights loaded from GGUF (`gguf` crate), CPU kernels, the forward pass and
+//! the sampler. Text ↔ token ids (tokenizer, chat templates, [`Frontend`]) live in the `frontend`
+//! crate.
 //!
 //! This crate owns everything that turns token ids into logits and logits into tokens. It never
 //! schedules requests, never owns a paged cache (the forward pass reads and writes K/V through the
@@ -9,15 +10,11 @@ pub mod attention;
 pub mod attention_plan;
 pub mod attention_split;
 pub mod attention_tiled;
-pub mod chat;
-pub mod chat_prompt;
 pub mod config;
 pub mod forward;
 mod forward_rows;
-pub mod frontend;
 pub mod generate;
 pub mod ggml_tiled;
-pub mod gguf;
 pub mod hugepages;
 pub mod kernels;
 pub mod kv;
@@ -32,7 +29,6 @@ pub mod rope_scaling;
 pub mod sampler;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod tokenizer;
 pub mod weights;
 
 pub use config::ModelConfig;

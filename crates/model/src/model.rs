@@ -6,16 +6,16 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::chat::{ChatError, ChatTemplate};
 use crate::config::{ConfigError, ModelConfig};
 use crate::forward::{forward, ForwardBatch, ForwardError, Scratch};
-use crate::frontend::Frontend;
-use crate::gguf::{GgufError, GgufFile};
 use crate::kernels::ThreadPool;
 use crate::kv::{ContiguousKv, KvDtype, KvError, KvStore};
 use crate::ops::Rope;
-use crate::tokenizer::{Tokenizer, TokenizerError};
 use crate::weights::{Weights, WeightsError};
+use frontend::chat::{ChatError, ChatTemplate};
+use frontend::tokenizer::{Tokenizer, TokenizerError};
+use frontend::Frontend;
+use gguf::{GgufError, GgufFile};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -182,10 +182,10 @@ impl Model {
     /// See [`Frontend::encode_chat`].
     pub fn encode_chat(
         &self,
-        messages: &[crate::chat::ChatMessage],
+        messages: &[frontend::chat::ChatMessage],
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
-    ) -> Result<Vec<u32>, crate::chat_prompt::ChatPromptError> {
+    ) -> Result<Vec<u32>, frontend::chat_prompt::ChatPromptError> {
         self.frontend
             .encode_chat(messages, tools, add_generation_prompt)
     }

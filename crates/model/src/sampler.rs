@@ -1,171 +1,18 @@
 //! Token sampling from logits: greedy, temperature, top-k, top-p, min-p, repetition / presence /
 //! frequency penalties, seeded reproducible randomness, and logprobs.
 //!
-//! Owns [`SamplingParams`] validation and the per-request [`Sampler`] (its RNG is private to the
+//! Owns the per-request [`Sampler`] (its RNG is private to the
 //! request, so a seeded request draws the same tokens whatever else runs). Logprobs are those of
 //! the model's raw distribution (log-softmax of the unmodified logits), as vLLM reports by
 //! default. It never touches the model or the tokenizer.
 
-use std::sync::Arc;
-
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
-/// Structured output: which tokens may come next for one sequence. Built per sequence by a
-/// [`ConstraintSpec`]; consulted by [`Sampler::sample`] at each step of that sequence only, so an
-/// unconstrained request never pays for it and never sees it.
-pub trait TokenConstraint: Send {
-    /// Computes the set of tokens allowed next and keeps it for [`TokenConstraint::mask_logits`].
-    /// It depends only on the tokens accepted so far, so the engine calls it on another thread
-    /// while the forward pass computes the logits; the default does nothing (the mask is then
-    /// computed in `mask_logits`).
-    fn prepare(&mut self) {}
-    /// Sets the logits of every token that may not come next to `-inf` (`logits` is indexed by
-    /// token id; ids beyond the constraint's vocabulary are disallowed), using the prepared set
-    /// when there is one. An error when the constraint cannot continue (no token is allowed, or
-    /// it failed): the sequence must end with that error, never with an arbitrary token.
-    fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError>;
-    /// Advances past the token that was chosen.
-    fn accept(&mut self, id: u32);
-}
-
-/// Why a constraint cannot continue a sequence (shown to the client: the constraint is theirs).
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-#[error("{0}")]
-pub struct ConstraintError(pub String);
-
-/// Starts a fresh [`TokenConstraint`] for each sequence of a request (each of `n` choices gets
-/// its own state).
-pub trait ConstraintFactory: Send + Sync {
-    fn start(&self) -> Box<dyn TokenConstraint>;
-    /// A short description for debugging output.
-    fn describe(&self) -> String;
-}
-
-/// A request's constraint, shared by its sequences. Equal only to itself (pointer identity).
-#[derive(Clone)]
-pub struct ConstraintSpec(pub Arc<dyn ConstraintFactory>);
-
-impl std::fmt::Debug for ConstraintSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ConstraintSpec({})", self.0.describe())
-    }
-}
-
-impl PartialEq for ConstraintSpec {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    /// 0 means greedy.
-    pub temperature: f32,
-    /// 0 disables.
-    pub top_k: usize,
-    /// 1 disables.
-    pub top_p: f32,
-    /// 0 disables.
-    pub min_p: f32,
-    /// 1 disables; >1 discourages tokens seen in the prompt or output.
-    pub repetition_penalty: f32,
-    /// Subtracted once from every token present in the output.
-    pub presence_penalty: f32,
-    /// Subtracted per occurrence in the output.
-    pub frequency_penalty: f32,
-    pub seed: Option<u64>,
-    /// How many top alternatives to report with each token (0 = none).
-    pub top_logprobs: usize,
-    /// `(token id, bias)` added to those logits after the penalties, before choosing
-    /// (OpenAI's `logit_bias`, each in [-100, 100]; ids beyond the vocabulary are ignored).
-    pub logit_bias: Vec<(u32, f32)>,
-    /// Restricts which tokens may come next (applied after `logit_bias`); `None` = free text.
-    pub constraint: Option<ConstraintSpec>,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            seed: None,
-            top_logprobs: 0,
-            logit_bias: Vec::new(),
-            constraint: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, thiserror::Error, PartialEq)]
-pub enum SamplingError {
-    #[error("{param} must be {rule}, got {value}")]
-    Invalid {
-        param: &'static str,
-        rule: &'static str,
-        value: f64,
-    },
-}
-
-impl SamplingParams {
-    pub fn validate(&self) -> Result<(), SamplingError> {
-        let bad = |param, rule, value: f64| Err(SamplingError::Invalid { param, rule, value });
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return bad(
-                "temperature",
-                "a finite number >= 0",
-                self.temperature as f64,
-            );
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad("top_p", "in (0, 1]", self.top_p as f64);
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return bad("min_p", "in [0, 1]", self.min_p as f64);
-        }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return bad(
-                "repetition_penalty",
-                "a finite number > 0",
-                self.repetition_penalty as f64,
-            );
-        }
-        if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return bad(
-                "presence_penalty",
-                "in [-2, 2]",
-                self.presence_penalty as f64,
-            );
-        }
-        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return bad(
-                "frequency_penalty",
-                "in [-2, 2]",
-                self.frequency_penalty as f64,
-            );
-        }
-        if self.top_logprobs > 20 {
-            return bad("top_logprobs", "at most 20", self.top_logprobs as f64);
-        }
-        if let Some(&(_, b)) = self
-            .logit_bias
-            .iter()
-            .find(|(_, b)| !(-100.0..=100.0).contains(b))
-        {
-            return bad("logit_bias", "in [-100, 100]", b as f64);
-        }
-        Ok(())
-    }
-
-    pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0 || self.top_k == 1
-    }
-}
+pub use frontend::sampling::{
+    ConstraintError, ConstraintFactory, ConstraintSpec, SamplingError, SamplingParams,
+    TokenConstraint,
+};
 
 /// One sampled token with its logprob and the top alternatives (`(id, logprob)`, best first).
 #[derive(Debug, Clone, PartialEq)]
@@ -437,6 +284,7 @@ pub fn logprobs(logits: &[f32], id: u32, top_n: usize) -> (f32, Vec<(u32, f32)>)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn logits() -> Vec<f32> {
         vec![1.0, 3.0, 2.0, 3.0, -1.0, 0.5]

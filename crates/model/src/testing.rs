@@ -9,9 +9,9 @@ use std::path::Path;
 
 use rand::{Rng, SeedableRng};
 
-use crate::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
 use crate::model::{LoadError, Model};
-use crate::tokenizer::unicode::byte_to_char;
+use frontend::tokenizer::byte_to_char;
+use gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
 
 /// Which architecture a tiny model has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,7 +196,7 @@ mod tests {
             ids,
             [TINY_FIRST_BYTE + b'h' as u32, TINY_FIRST_BYTE + b'i' as u32]
         );
-        let msgs = [crate::chat::ChatMessage::new("user", "hi")];
+        let msgs = [frontend::chat::ChatMessage::new("user", "hi")];
         let text = m
             .chat_template_or_fallback()
             .render(&msgs, None, true)

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{Arch, ModelConfig};
-use crate::gguf::{dequant::dequantize_row, GgmlType, GgufError, GgufFile, TensorInfo};
 use crate::kernels::{KernelError, Packed32, QMatrix};
+use gguf::{dequant::dequantize_row, GgmlType, GgufError, GgufFile, TensorInfo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {

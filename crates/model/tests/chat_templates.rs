@@ -2,7 +2,7 @@
 //! methods, `raise_exception`, whitespace control, and typed errors. Expected strings come from
 //! Python Jinja2 set up like HF transformers (`tests/data/chat_jinja2.json`).
 
-use model::chat::{ChatError, ChatMessage, ChatTemplate};
+use frontend::chat::{ChatError, ChatMessage, ChatTemplate};
 
 fn jinja2_data() -> serde_json::Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/chat_jinja2.json");

@@ -4,9 +4,9 @@
 //! on `Q8_K` activations. Checked against the same model with every tensor dequantised to F32
 //! (float kernels, no activation quantisation), and for batch and ISA-path invariance.
 
+use gguf::{dequantize_row, quantize_row, GgmlType, GgufFile, GgufWriter, MetaValue};
 use model::config::ModelConfig;
 use model::forward::{forward, ForwardBatch, Scratch};
-use model::gguf::{dequantize_row, quantize_row, GgmlType, GgufFile, GgufWriter, MetaValue};
 use model::kernels::set_force_portable;
 use model::kv::{ContiguousKv, KvDtype, SeqSlot};
 use model::ops::Rope;

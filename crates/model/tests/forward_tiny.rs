@@ -4,9 +4,9 @@
 //! (embedding scale, QK-norm, post-norms, GeGLU, a sliding-window layer with its own RoPE base)
 //! against a naive f64 reference implementation of the transformer.
 
+use gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
 use model::config::{Arch, ModelConfig};
 use model::forward::{forward, AttnArith, ForwardBatch, Scratch};
-use model::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
 use model::kv::{ContiguousKv, KvDtype, SeqSlot};
 use model::ops::Rope;
 use model::weights::Weights;

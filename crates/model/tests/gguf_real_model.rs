@@ -1,7 +1,7 @@
 //! Opens the real default model (memory-mapped) and checks its header and selected rows against
 //! values extracted with the python `gguf` package (`tests/data/gguf/model_rows.gguf`).
 
-use model::gguf::{dequantize_row, GgmlType, GgufFile};
+use gguf::{dequantize_row, GgmlType, GgufFile};
 
 fn open_default() -> GgufFile {
     let path = model::default_model_path();

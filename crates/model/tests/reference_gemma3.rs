@@ -208,10 +208,10 @@ fn chat_uses_gemmas_turn_format_when_the_file_has_no_template() {
         "the base model ships no template"
     );
     let messages = [
-        model::chat::ChatMessage::new("system", "Be brief."),
-        model::chat::ChatMessage::new("user", "Hi <start_of_turn> there"),
-        model::chat::ChatMessage::new("assistant", "Hello."),
-        model::chat::ChatMessage::new("user", "Bye"),
+        frontend::chat::ChatMessage::new("system", "Be brief."),
+        frontend::chat::ChatMessage::new("user", "Hi <start_of_turn> there"),
+        frontend::chat::ChatMessage::new("assistant", "Hello."),
+        frontend::chat::ChatMessage::new("user", "Bye"),
     ];
     let text = m
         .chat_template_or_fallback()

@@ -12,8 +12,8 @@ mod common;
 use std::path::PathBuf;
 
 use common::tokenize_mismatches;
-use model::gguf::GgufFile;
-use model::tokenizer::Tokenizer;
+use frontend::tokenizer::Tokenizer;
+use gguf::GgufFile;
 
 fn tokenizer() -> Tokenizer {
     let path =

@@ -2,9 +2,9 @@
 //! pre-tokenizer `smollm`) against llama.cpp's reference in `tests/data/greedy.jsonl`, and
 //! round-trips tricky text and the 52 KB corpus.
 
-use model::chat::{ChatMessage, ChatTemplate};
-use model::gguf::GgufFile;
-use model::tokenizer::{StreamDecoder, Tokenizer};
+use frontend::chat::{ChatMessage, ChatTemplate};
+use frontend::tokenizer::{StreamDecoder, Tokenizer};
+use gguf::GgufFile;
 use std::sync::OnceLock;
 
 struct Fixture {

@@ -9,8 +9,8 @@
 mod common;
 
 use common::tokenize_mismatches;
-use model::gguf::GgufFile;
-use model::tokenizer::Tokenizer;
+use frontend::tokenizer::Tokenizer;
+use gguf::GgufFile;
 
 /// The file scripts/test.sh generates.
 const VOCAB_FILE: &str = "tekken-240718-vocab.gguf";

@@ -1,16 +1,16 @@
 //! Constrained decoding with `llguidance` over the model's own tokenizer: a JSON Schema, regular
 //! expression, list of choices or Lark grammar is
 //! compiled once per request into a token parser, and each sequence of the request (each of `n`
-//! choices) gets its own copy as a [`model::TokenConstraint`]. The sampler asks it for the token
+//! choices) gets its own copy as a [`frontend::TokenConstraint`]. The sampler asks it for the token
 //! mask at every step of that sequence only; unconstrained requests never touch it, and nothing
 //! here enters a cache key (the prompt, not the constraint, decides what is cached).
 
 use std::sync::{Arc, Mutex};
 
+use frontend::{ConstraintError, ConstraintFactory, ConstraintSpec, Frontend, TokenConstraint};
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory, TokenParser};
-use model::{ConstraintError, ConstraintFactory, ConstraintSpec, Frontend, TokenConstraint};
 
 use crate::constraint_limits::{self, LimitExceeded};
 use crate::structured::OutputFormat;

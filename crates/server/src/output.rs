@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use api::{ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob};
 use engine::{FinishReason, TokenEvent};
-use model::Frontend;
+use frontend::Frontend;
 
 use crate::error::ApiError;
 use crate::run::{Running, Step};

@@ -5,7 +5,7 @@ use api::{
     ChatCompletionRequest, CompletionRequest, KnownFields, LogitBias, Prompt, SamplingExtras,
 };
 use engine::RequestSpec;
-use model::{ConstraintSpec, SamplingParams};
+use frontend::{ConstraintSpec, SamplingParams};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
@@ -330,7 +330,7 @@ pub fn tool_constraint(state: &AppState, plan: &ToolPlan) -> Result<ConstraintSp
 }
 
 /// Chat messages → prompt token ids. Only the chat template's own markup yields special tokens:
-/// every client-supplied text is tokenised as plain text (`model::chat_prompt`), so a message
+/// every client-supplied text is tokenised as plain text (`frontend::chat_prompt`), so a message
 /// holding `<|im_end|>` cannot end its turn or forge another role. `tools` reach the template
 /// when it has a known tool format (`tool_families.rs`).
 pub fn render_chat(
@@ -346,13 +346,13 @@ pub fn render_chat(
         .frontend
         .encode_chat(&msgs, tools.as_ref(), add_generation_prompt)
         .map_err(|e| match e {
-            model::chat_prompt::ChatPromptError::Tokenizer(e) => {
+            frontend::chat_prompt::ChatPromptError::Tokenizer(e) => {
                 ApiError::Internal(format!("tokenizer: {e}"))
             }
-            model::chat_prompt::ChatPromptError::Template(e) => {
+            frontend::chat_prompt::ChatPromptError::Template(e) => {
                 ApiError::invalid(format!("chat template failed: {e}"), "messages")
             }
-            e @ model::chat_prompt::ChatPromptError::UntraceableContent { .. } => {
+            e @ frontend::chat_prompt::ChatPromptError::UntraceableContent { .. } => {
                 ApiError::invalid(e.to_string(), "messages")
             }
         })

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use engine::EngineHandle;
-use model::Frontend;
+use frontend::Frontend;
 
 use crate::admission::Admission;
 use crate::error::ApiError;

@@ -6,7 +6,7 @@
 //! parameters of its own request, never its prompt or cache keys.
 
 use api::{JsonSchemaFormat, ResponseFormat, SamplingExtras, StructuredOutputs};
-use model::ConstraintSpec;
+use frontend::ConstraintSpec;
 use serde_json::{json, Value};
 
 use crate::error::ApiError;

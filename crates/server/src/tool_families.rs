@@ -134,7 +134,7 @@ impl Family {
 
 /// The family of `model`'s chat template and its layout (`None`: the generic mode, also when the
 /// probe finds the template does not write calls as the family does). Probed once per template.
-pub fn model_syntax(model: &model::Frontend) -> Option<FamilySyntax> {
+pub fn model_syntax(model: &frontend::Frontend) -> Option<FamilySyntax> {
     static PROBED: OnceLock<Mutex<HashMap<String, Option<FamilySyntax>>>> = OnceLock::new();
     let template = model.chat_template.as_ref()?;
     let family = Family::detect(template.source())?;
@@ -170,22 +170,22 @@ pub fn model_syntax(model: &model::Frontend) -> Option<FamilySyntax> {
 /// it, the turn ending with one of `ends` (the end-of-turn tokens' text). `None` when the
 /// template does not render calls that way (then the generic mode is used).
 pub fn probe(
-    template: &model::chat::ChatTemplate,
+    template: &frontend::chat::ChatTemplate,
     family: Family,
     ends: &[&str],
 ) -> Option<Layout> {
     let tools = json!([{"type": "function", "function": {"name": "probe_fn",
         "description": "A probe.", "parameters": {"type": "object",
         "properties": {"probe_arg": {"type": "integer"}}, "required": ["probe_arg"]}}}]);
-    let user = model::chat::ChatMessage::new("user", "Probe?");
+    let user = frontend::chat::ChatMessage::new("user", "Probe?");
     let call = |n: u32| {
         json!({"id": format!("probe000{n}"), "type": "function",
         "function": {"name": "probe_fn", "arguments": {"probe_arg": n}}})
     };
     let turn_with = |calls: Vec<Value>| {
-        let assistant = model::chat::ChatMessage {
+        let assistant = frontend::chat::ChatMessage {
             tool_calls: Some(Value::Array(calls)),
-            ..model::chat::ChatMessage::new("assistant", "")
+            ..frontend::chat::ChatMessage::new("assistant", "")
         };
         template.render(&[user.clone(), assistant], Some(&tools), false)
     };
@@ -241,12 +241,12 @@ pub fn tools_value(tools: &[Tool]) -> Value {
 /// call arguments must be JSON objects.
 pub fn template_messages(
     messages: &[ChatMessage],
-) -> Result<Vec<model::chat::ChatMessage>, ApiError> {
+) -> Result<Vec<frontend::chat::ChatMessage>, ApiError> {
     let mut out = Vec::with_capacity(messages.len());
     let mut calls: Vec<(&str, &str)> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
         let content = m.content.clone().unwrap_or_default();
-        let mut msg = model::chat::ChatMessage {
+        let mut msg = frontend::chat::ChatMessage {
             role: match m.role {
                 Role::System | Role::Developer => "system",
                 Role::User => "user",

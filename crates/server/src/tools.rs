@@ -480,10 +480,10 @@ pub fn partial_text(reply: &str) -> Option<String> {
 pub fn render_messages(
     messages: &[ChatMessage],
     plan: Option<&ToolPlan>,
-) -> Result<Vec<model::chat::ChatMessage>, ApiError> {
+) -> Result<Vec<frontend::chat::ChatMessage>, ApiError> {
     let parallel = plan.is_some_and(|p| p.parallel);
     let structured_text = plan.is_some_and(|p| p.structured_text);
-    let mut out: Vec<model::chat::ChatMessage> = Vec::with_capacity(messages.len() + 1);
+    let mut out: Vec<frontend::chat::ChatMessage> = Vec::with_capacity(messages.len() + 1);
     let mut calls: Vec<(&str, &str)> = Vec::new(); // (id, name) of every earlier call
     for (i, m) in messages.iter().enumerate() {
         let text = m.content.clone().unwrap_or_default();
@@ -524,7 +524,7 @@ pub fn render_messages(
             (Role::Assistant, _) if plan.is_some() => compact(&json!({"response": text})),
             _ => text,
         };
-        out.push(model::chat::ChatMessage {
+        out.push(frontend::chat::ChatMessage {
             role: role_name(m.role).to_string(),
             content,
             name: m.name.clone(),
@@ -538,7 +538,10 @@ pub fn render_messages(
                 first.content.push_str("\n\n");
                 first.content.push_str(&p.system_text);
             }
-            _ => out.insert(0, model::chat::ChatMessage::new("system", &p.system_text)),
+            _ => out.insert(
+                0,
+                frontend::chat::ChatMessage::new("system", &p.system_text),
+            ),
         }
     }
     Ok(out)
@@ -553,7 +556,7 @@ pub fn template_input(
     plan: Option<&ToolPlan>,
     tools: Option<&[Tool]>,
     family: Option<FamilySyntax>,
-) -> Result<(Vec<model::chat::ChatMessage>, Option<Value>), ApiError> {
+) -> Result<(Vec<frontend::chat::ChatMessage>, Option<Value>), ApiError> {
     match family {
         Some(_) => Ok((
             tool_families::template_messages(messages)?,

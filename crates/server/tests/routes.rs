@@ -228,12 +228,12 @@ async fn usage_says_where_and_why_the_cached_prefix_ended() {
     .json();
     let m = common::model();
     let ids = |time: &str| {
-        let msgs: Vec<model::chat::ChatMessage> = with_time(time)["messages"]
+        let msgs: Vec<frontend::chat::ChatMessage> = with_time(time)["messages"]
             .as_array()
             .unwrap()
             .iter()
             .map(|x| {
-                model::chat::ChatMessage::new(
+                frontend::chat::ChatMessage::new(
                     x["role"].as_str().unwrap(),
                     x["content"].as_str().unwrap(),
                 )

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use api::{ChatCompletionRequest, ChatMessage, Role, ToolChoice, ToolChoiceMode};
-use model::chat::ChatTemplate;
+use frontend::chat::ChatTemplate;
 use model::{ConstraintSpec, Model};
 use serde_json::{json, Value};
 use server::grammar::Grammars;

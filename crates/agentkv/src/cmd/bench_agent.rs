@@ -291,18 +291,18 @@ fn run_replay(a: ReplayArgs) -> anyhow::Result<()> {
 
 fn trace_to_sim(a: TraceToSimArgs) -> anyhow::Result<()> {
     let path = a.model.clone().unwrap_or_else(model::default_model_path);
-    let gguf = model::gguf::GgufFile::open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    let tok = model::tokenizer::Tokenizer::from_gguf(gguf.metadata())?;
-    let template = model::chat::ChatTemplate::from_gguf(gguf.metadata(), &tok)?
-        .unwrap_or_else(model::chat::ChatTemplate::fallback);
+    let gguf =
+        gguf::GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let tok = frontend::tokenizer::Tokenizer::from_gguf(gguf.metadata())?;
+    let template = frontend::chat::ChatTemplate::from_gguf(gguf.metadata(), &tok)?
+        .unwrap_or_else(frontend::chat::ChatTemplate::fallback);
     let entries = bench::trace::read_trace(&a.trace)?;
     let file =
         std::fs::File::create(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut w = std::io::BufWriter::new(file);
     let mut n = 0usize;
     for e in entries.iter().filter(|e| e.target == a.trace_target) {
-        let messages: Vec<model::chat::ChatMessage> = e
+        let messages: Vec<frontend::chat::ChatMessage> = e
             .request
             .messages
             .iter()
@@ -311,7 +311,7 @@ fn trace_to_sim(a: TraceToSimArgs) -> anyhow::Result<()> {
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default();
-                model::chat::ChatMessage::new(role, m.content.clone().unwrap_or_default())
+                frontend::chat::ChatMessage::new(role, m.content.clone().unwrap_or_default())
             })
             .collect();
         let text = template.render(&messages, None, true)?;

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use engine::{Engine, EngineConfig, EngineCore, EngineEvent, RequestSpec};
-use model::chat::ChatMessage;
+use frontend::chat::ChatMessage;
 use model::SamplingParams;
 
 use super::common::ModelArgs;

@@ -1,5 +1,5 @@
 //! `agentkv kv-size`: how much KV memory a context takes, for a GGUF file (metadata read with
-//! `model::gguf`), a Hugging Face `config.json` or a preset. Argument parsing and the GGUF
+//! `gguf`), a Hugging Face `config.json` or a preset. Argument parsing and the GGUF
 //! lookup only; the maths is `bench::kvsize`.
 
 use std::path::{Path, PathBuf};
@@ -87,8 +87,7 @@ pub fn run(args: KvSizeArgs) -> anyhow::Result<()> {
 /// `.attention.key_length`/`value_length`, else `embedding_length / head_count`; sliding-window
 /// layers as `model::ModelConfig` reads them, for the architectures it supports).
 fn gguf_shape(path: &Path) -> anyhow::Result<KvShape> {
-    let file =
-        model::gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file = gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
     let meta = file.metadata();
     let Some(arch) = meta.get_str("general.architecture") else {
         bail!("{}: no general.architecture", path.display());

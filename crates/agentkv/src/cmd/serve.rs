@@ -475,9 +475,11 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
 fn prompt_tokens(model: &model::Model, p: &PromptDef) -> Result<Vec<u32>> {
     Ok(match (&p.system, &p.text) {
         // The same path as a request's messages (client text never parsed as special tokens).
-        (Some(s), _) => {
-            model.encode_chat(&[model::chat::ChatMessage::new("system", s)], None, false)?
-        }
+        (Some(s), _) => model.encode_chat(
+            &[frontend::chat::ChatMessage::new("system", s)],
+            None,
+            false,
+        )?,
         (None, Some(t)) => model.tokenizer().encode(t, true, false)?,
         (None, None) => Vec::new(),
     })

@@ -35,8 +35,8 @@ use std::cell::RefCell;
 
 use super::act_quant::PAR_QUANTIZE_MIN_TOKENS;
 use super::vec_f32::hsum8;
-use crate::gguf::dequant::scale_min_k4;
-use crate::gguf::GgmlType;
+use gguf::dequant::scale_min_k4;
+use gguf::GgmlType;
 
 /// Elements per K-quant super-block and per activation block.
 pub const QK_K: usize = 256;
@@ -410,7 +410,7 @@ pub(super) fn with_act_k_scratch(f: impl FnOnce(&mut ActQ8K)) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::{dequantize_row, quantize_row};
+    use gguf::{dequantize_row, quantize_row};
     use rand::{Rng, SeedableRng};
 
     /// Quantising over a pool gives the same buffers as on one thread.

@@ -13,7 +13,7 @@ use super::kquant::{Q4K, Q5K, Q6K, TILED_MIN_TOKENS};
 use super::matmul::{matmul_with_features, prepare, Job, MatmulArith, OutPtr};
 use super::pool::ThreadPool;
 use super::{KernelError, QMatrix};
-use crate::gguf::GgmlType;
+use gguf::GgmlType;
 
 /// Whether K-quant weights take the integer kernels (`kquant.rs`, the default: they reproduce
 /// llama.cpp's AVX2 arithmetic) rather than the dequantise-to-f32 path (`AGENTKV_KQUANT_INT=0`,

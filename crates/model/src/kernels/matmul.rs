@@ -24,7 +24,7 @@ use super::pool::ThreadPool;
 use super::row_f32::row_to_f32;
 use super::vec_f32::dot_f32_with;
 use super::KernelError;
-use crate::gguf::GgmlType;
+use gguf::GgmlType;
 
 /// A weight matrix borrowed in its on-disk encoding (rows contiguous, `row_len` elements each).
 #[derive(Debug, Clone, Copy)]

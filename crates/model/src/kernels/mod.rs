@@ -70,7 +70,7 @@ pub use pool::ThreadPool;
 pub use vec_f16::{axpy_f16, dot_f32_f16};
 pub use vec_f32::{axpy_f32, dot_f32};
 
-use crate::gguf::GgmlType;
+use gguf::GgmlType;
 
 /// Errors from kernel entry points; all are caller bugs or malformed tensors, never panics.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -37,7 +37,7 @@ use super::matmul::OutPtr;
 use super::pool::ThreadPool;
 use super::vec_f32::hsum8;
 use super::KernelError;
-use crate::gguf::GgmlType;
+use gguf::GgmlType;
 
 /// Rows per interleaved group (one 32-bit lane of a 512-bit register each).
 pub const GROUP_ROWS: usize = 16;
@@ -453,8 +453,8 @@ pub(super) fn split(p: &Packed32, pool: &ThreadPool, num_tokens: usize) -> (usiz
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::gguf::quantize::quantize_row;
     use crate::kernels::block32::{dot_row_scalar, Block32, Q4_0, Q4_1, Q5_0, Q8_0};
+    use gguf::quantize::quantize_row;
     use rand::{Rng, SeedableRng};
 
     /// `rows` rows of uniform values in [-1, 1) quantised to `ty` (GGUF layout).

@@ -32,7 +32,7 @@ use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
 use super::matmul::OutPtr;
 use super::packed32::{f16_at, quant_layout, value, Packed32, GROUP_ROWS, Q4_0, Q4_1, Q5_0, Q8_0};
-use crate::gguf::GgmlType;
+use gguf::GgmlType;
 
 /// One token's 16 outputs of group `g` in the `BlockSum` definition (the portable twin of every
 /// SIMD path).

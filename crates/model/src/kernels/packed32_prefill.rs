@@ -36,7 +36,7 @@ use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
 use super::matmul::OutPtr;
 use super::packed32::{assert_shapes, Packed32, PackedDef, GROUP_ROWS, Q4_0, Q4_1, Q5_0, Q8_0};
-use crate::gguf::GgmlType;
+use gguf::GgmlType;
 
 /// Fewest tokens of a call for which [`run_groups`] takes this path (below it the decode
 /// kernels, whose per-call cost is lower).
@@ -432,10 +432,10 @@ unsafe fn tile_bs<const K: u8, const T: usize>(
 #[cfg(test)]
 pub(super) mod check {
     use super::*;
-    use crate::gguf::quantize::quantize_row;
     use crate::kernels::matmul::matmul_with_def;
     use crate::kernels::packed32::PackedDef;
     use crate::kernels::{QMatrix, ThreadPool};
+    use gguf::quantize::quantize_row;
     use rand::{Rng, SeedableRng};
 
     fn bits(v: &[f32]) -> Vec<u32> {

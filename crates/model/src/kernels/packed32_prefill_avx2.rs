@@ -41,7 +41,7 @@ use super::packed32::{assert_shapes, Packed32, GROUP_ROWS, Q4_0, Q4_1, Q5_0, Q8_
 use super::packed32_blocksum::correction;
 use super::packed32_prefill::{enabled, MIN_TOKENS};
 use super::packed32_x86::{hsum8_lanes, q5_lanes256};
-use crate::gguf::GgmlType;
+use gguf::GgmlType;
 
 /// Tokens per lane sweep: one accumulator each, plus the lane's weights, the `madd` ones and a
 /// few temporaries in AVX2's sixteen registers.

@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
 use super::packed32::{Packed32, Q4_0, Q4_1, Q5_0, Q8_0, TILE_TOKENS};
-use crate::gguf::GgmlType;
+use gguf::GgmlType;
 
 /// Computes `out` (one row of 16 outputs per token `tok0..tok0 + out.len()`) for group `g` on the
 /// best SIMD path `features` allows; `false` when there is none (the caller runs the scalar twin).

@@ -6,8 +6,8 @@
 //! decoded by `gguf::dequant::dequantize_row` (ggml's operation order). It never allocates.
 
 use super::cpu::CpuFeatures;
-use crate::gguf::dequant::dequantize_row;
-use crate::gguf::GgmlType;
+use gguf::dequant::dequantize_row;
+use gguf::GgmlType;
 
 /// Decodes one row: `src` holds exactly `ty.row_bytes(dst.len())` bytes (checked by the caller).
 pub(crate) fn row_to_f32(features: CpuFeatures, ty: GgmlType, src: &[u8], dst: &mut [f32]) {

@@ -8,7 +8,7 @@ use super::matmul::{matmul_with_features, QMatrix};
 use super::pool::ThreadPool;
 use super::row_f32::row_to_f32;
 use super::KernelError;
-use crate::gguf::GgmlType;
+use gguf::GgmlType;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

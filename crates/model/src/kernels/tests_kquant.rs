@@ -8,7 +8,7 @@ use super::pool::ThreadPool;
 use super::tests::{
     assert_within_quant_bound, both_paths, dequant_matrix, random_acts, random_matrix,
 };
-use crate::gguf::GgmlType;
+use gguf::GgmlType;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 

@@ -22,7 +22,7 @@ pub fn model() -> &'static Model {
 #[derive(serde::Deserialize, Debug, Clone)]
 pub struct Reference {
     pub id: String,
-    pub messages: Option<Vec<model::chat::ChatMessage>>,
+    pub messages: Option<Vec<frontend::chat::ChatMessage>>,
     pub prompt: Option<String>,
     pub prompt_text: String,
     pub prompt_ids: Vec<u32>,
@@ -147,7 +147,7 @@ pub struct TokenizeCase {
 /// of `encode(text, add_special, parse_special)`, and `decode(ids)` against llama-server's
 /// `/detokenize` passed through `expect_decoded` (which states how the two are meant to differ).
 pub fn tokenize_mismatches(
-    tok: &model::tokenizer::Tokenizer,
+    tok: &frontend::tokenizer::Tokenizer,
     reference: &str,
     expect_decoded: impl Fn(&[u32], &str) -> String,
 ) -> (usize, Vec<String>) {

@@ -122,7 +122,7 @@ fn block_q8_0(s: &[u8], y: &mut [f32]) {
 /// The 6-bit scale and min of sub-block `j` (0..8) packed in the 12 `scales` bytes of
 /// Q4_K/Q5_K (ggml's `get_scale_min_k4`).
 #[inline]
-pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

@@ -1,7 +1,7 @@
 //! Writer round trips: every metadata value type and several tensor types survive
 //! write → read (from bytes and memory-mapped from a file) unchanged.
 
-use model::gguf::{dequantize_row, quantize_row, GgmlType, GgufFile, GgufWriter, MetaValue};
+use gguf::{dequantize_row, quantize_row, GgmlType, GgufFile, GgufWriter, MetaValue};
 
 fn every_type_metadata() -> Vec<(&'static str, MetaValue)> {
     use MetaValue::*;

@@ -1,6 +1,6 @@
 //! [`Frontend`]: what turns requests into token ids and tokens back into text — the tokenizer,
-//! the chat template and the context length — without the weights. A server holds this (shared
-//! with the [`crate::Model`] it came from) and never the model itself.
+//! the chat template and the context length — without the weights. A server holds this (the model
+//! crate's `Model` makes one from a GGUF file) and never the model itself.
 //!
 //! Owns nothing but that hand-off; it never runs the model.
 

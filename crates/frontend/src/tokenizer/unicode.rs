@@ -146,7 +146,7 @@ const fn cp_to_byte_table() -> [i16; CP_LIMIT] {
 static CP_TO_BYTE: [i16; CP_LIMIT] = cp_to_byte_table();
 
 /// The printable character GPT-2's byte-level BPE uses for byte `b`.
-pub(crate) fn byte_to_char(b: u8) -> char {
+pub fn byte_to_char(b: u8) -> char {
     // Every table entry is below U+0144, a valid scalar value.
     char::from_u32(u32::from(BYTE_TO_CP[b as usize])).unwrap_or('\u{FFFD}')
 }

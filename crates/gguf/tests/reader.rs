@@ -2,7 +2,7 @@
 //! `gguf` package, one test per rejection rule, and fuzzing (every truncation, every header bit
 //! flip, random corruptions) asserting `from_bytes` returns `Ok` or `Err` and never panics.
 
-use model::gguf::{dequantize_row, GgmlType, GgufError, GgufFile, GgufWriter, MetaValue};
+use gguf::{dequantize_row, GgmlType, GgufError, GgufFile, GgufWriter, MetaValue};
 use proptest::prelude::*;
 
 fn python_file() -> GgufFile {

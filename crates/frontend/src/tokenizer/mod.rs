@@ -29,6 +29,9 @@ pub(crate) mod unicode;
 pub use error::TokenizerError;
 pub use spec::{TokenType, TokenizerSpec};
 pub use stream::StreamDecoder;
+/// GPT-2 byte-level alphabet: the char that stands for byte `b` in a byte-level BPE vocabulary
+/// (tiny test vocabularies are built from it).
+pub use unicode::byte_to_char;
 
 use bpe::{BpeModel, BpeScratch};
 use pretokenize::PreTokenizer;
@@ -101,7 +104,7 @@ impl std::fmt::Debug for Tokenizer {
 
 impl Tokenizer {
     /// Builds the tokenizer described by the `tokenizer.*` keys of a GGUF file.
-    pub fn from_gguf(meta: &crate::gguf::Metadata) -> Result<Tokenizer, TokenizerError> {
+    pub fn from_gguf(meta: &gguf::Metadata) -> Result<Tokenizer, TokenizerError> {
         Self::from_spec(TokenizerSpec::from_gguf(meta)?)
     }
 

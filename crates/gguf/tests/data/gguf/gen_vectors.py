@@ -1,6 +1,6 @@
 """Generates the committed GGUF test vectors with the python `gguf` package (0.19.0).
 
-Run from the repository root:  python3 crates/model/tests/data/gguf/gen_vectors.py
+Run from the repository root:  python3 crates/gguf/tests/data/gguf/gen_vectors.py
 Tests never run this; they read the files it wrote:
 
 - quant_vectors.gguf: written by gguf.GGUFWriter. Metadata of every GGUF value type (including

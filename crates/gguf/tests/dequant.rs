@@ -3,7 +3,7 @@
 //!
 //! Vectors: `tests/data/gguf/quant_vectors.gguf` (see `gen_vectors.py` next to it).
 
-use model::gguf::{dequantize_row, quantize_row, GgmlType, GgufFile};
+use gguf::{dequantize_row, quantize_row, GgmlType, GgufFile};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -70,7 +70,7 @@ pub struct TokenizerSpec {
 
 impl TokenizerSpec {
     /// Reads the `tokenizer.*` keys of a GGUF file.
-    pub fn from_gguf(meta: &crate::gguf::Metadata) -> Result<Self, super::TokenizerError> {
+    pub fn from_gguf(meta: &gguf::Metadata) -> Result<Self, super::TokenizerError> {
         use super::TokenizerError::MissingKey;
         let model = meta
             .get_str("tokenizer.ggml.model")

@@ -7,8 +7,8 @@
 //! Never tokenises (see [`crate::tokenizer`]) and never parses model output (tool-call
 //! extraction belongs to the server).
 
-use crate::gguf::Metadata;
 use crate::tokenizer::Tokenizer;
+use gguf::Metadata;
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
