@@ -168,9 +168,9 @@ if [ "$#" -eq 0 ]; then set -- --workspace; fi
 cargo test --no-fail-fast "$@"
 
 # The kernels pick their path from the CPU, and the attention chooses its tile steps from that
-# path: on an AVX-512 machine, run the model's tests once more capped to AVX2 (AGENTKV_ISA), so
+# path: on an AVX-512 machine, run the kernels' and the model's tests once more capped to AVX2 (AGENTKV_ISA), so
 # the steps an AVX2-only CPU takes are exercised end to end there too.
 if [ "$*" = "--workspace" ] && grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   echo "== the model's tests on the AVX2 paths (AGENTKV_ISA=avx2)"
-  AGENTKV_ISA=avx2 cargo test --no-fail-fast -p model --lib
+  AGENTKV_ISA=avx2 cargo test --no-fail-fast -p kernels -p model --lib
 fi

@@ -154,7 +154,7 @@ pub struct ModelSection {
     /// Prompt rows of 64+ token prompts in llama.cpp's tiled prefill arithmetic, as
     /// llama-server computes them (`engine::EngineConfig::llama_cpp_prefill`; default false:
     /// logprobs then match llama.cpp's to ~0.001 instead of ~0.015, without cache hits on earlier
-    /// generated tokens; prefill speed: docs/benchmarks.md "fid7").
+    /// generated tokens; prefill speed: docs/history/benchmarks-log.md "fid7").
     pub llama_cpp_prefill: Option<bool>,
 }
 
@@ -213,7 +213,7 @@ impl Policy {
             Policy::Lru => cache::EvictionPolicy::Lru,
             Policy::Lfu => cache::EvictionPolicy::Lfu,
             // 20% protected: never below LRU on the simulated agent traces, where a large
-            // protected segment behaves like LFU (docs/benchmarks.md, "Hit rate by policy").
+            // protected segment behaves like LFU (docs/history/benchmarks-log.md, "Hit rate by policy").
             Policy::SegmentedLru => cache::EvictionPolicy::SegmentedLru {
                 protected_fraction: 0.2,
             },
@@ -225,7 +225,7 @@ impl Policy {
 
 /// `kv_cache_config.quantization`: a KV codec (`f16`, `f32`, `bf16`, `fp8`, `int8`, `int4`,
 /// `int8-g32`, `k=int8,v=int4`, …) or a task preset: `code` → int8 (K and V), `chat` → int8 K +
-/// int4 V, `math` → f16. The measured quality of each is in docs/benchmarks.md ("KV quantization").
+/// int4 V, `math` → f16. The measured quality of each is in docs/history/benchmarks-log.md ("KV quantization").
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct Quantization(pub String);
@@ -319,7 +319,7 @@ pub struct LimitsSection {
 }
 
 /// `limits.step_time_target_ms` when the file does not set it. Measured on agent loops
-/// (docs/benchmarks.md, "The step-time cap on agent loops"): decoders' inter-token p99 falls
+/// (docs/history/benchmarks-log.md, "The step-time cap on agent loops"): decoders' inter-token p99 falls
 /// from ≈ 1 s to ≈ 0.2 s while other agents' prefills stream in, at no measurable cost in wall
 /// time or call latency; 0 restores whole prefill chunks beside decodes.
 pub const DEFAULT_STEP_TIME_TARGET_MS: u64 = 150;

@@ -1,4 +1,4 @@
-//! Session-aware retention under memory pressure, for docs/benchmarks.md: hit rate of LRU,
+//! Session-aware retention under memory pressure, for docs/history/benchmarks-log.md: hit rate of LRU,
 //! adaptive SLRU and the session-aware policy (LRU plus per-session retention with a TTL,
 //! released when a task ends) on generated agent traces with tool pauses, through the same
 //! simulator as `agentkv cache-sim --session-ttl-s`.

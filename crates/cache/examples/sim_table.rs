@@ -1,4 +1,4 @@
-//! Hit-rate table for docs/benchmarks.md: policy × capacity on generated ReAct, WebShop and swarm
+//! Hit-rate table for docs/history/benchmarks-log.md: policy × capacity on generated ReAct, WebShop and swarm
 //! traces, through the same simulator as `agentkv cache-sim`.
 //!
 //! `cargo run --release -p cache --example sim_table [agents] [tasks] [seed]`

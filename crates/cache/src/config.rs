@@ -35,7 +35,7 @@ pub enum EvictionPolicy {
 
 impl EvictionPolicy {
     /// Adaptive segmented LRU starting at 20% protected (the safest fixed setting on the simulated
-    /// agent traces, see docs/benchmarks.md), free to move over the whole `[0, 1]` range.
+    /// agent traces, see docs/history/benchmarks-log.md), free to move over the whole `[0, 1]` range.
     pub const ADAPTIVE_SEGMENTED_LRU: EvictionPolicy = EvictionPolicy::AdaptiveSegmentedLru {
         initial_protected_fraction: 0.2,
         min_protected_fraction: 0.0,

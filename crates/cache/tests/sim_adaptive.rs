@@ -1,7 +1,7 @@
 //! Adaptive segmented LRU against fixed protected fractions on the three synthetic agent traces
 //! (the `sim_table` example's defaults: 24 agents over 3 tenants, 4 tasks each, seed 1, block
 //! size 16), at the two tight capacities where the best fixed fraction differs by trace (5% and
-//! 10% of the trace's distinct blocks, as in docs/benchmarks.md). Deterministic, so the printed
+//! 10% of the trace's distinct blocks, as in docs/history/benchmarks-log.md). Deterministic, so the printed
 //! table is exact; the assertions keep a margin.
 
 use cache::sim::{generate, simulate, SimConfig, SimReport, TraceKind, TraceParams};

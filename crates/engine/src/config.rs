@@ -41,14 +41,14 @@ pub struct EngineConfig {
     /// Compute the prompt rows of prompts of [`model::attention::PREFILL_MIN_TOKENS`]+ tokens in
     /// llama.cpp's tiled prefill attention arithmetic, as llama-server does, and every other
     /// row (generated tokens, short prompts) in its per-row one: logprobs then match
-    /// llama.cpp's to ~0.001 where they differ by ~0.015 otherwise (docs/benchmarks.md
+    /// llama.cpp's to ~0.001 where they differ by ~0.015 otherwise (docs/history/benchmarks-log.md
     /// "Held-out fidelity"). A row's arithmetic is then a property of its request, not of the
     /// batch or the chunking; to keep cache hits exact, such requests share blocks in a
     /// namespace of their own and publish their prompt blocks only — so a later turn (or a
     /// preempted request) recomputes earlier generated tokens instead of hitting them. Off by
-    /// default. Its kernel (`model::ggml_tiled::attend_rows`) prefills as fast as the per-row
+    /// default. Its kernel (`kernels::ggml_tiled::attend_rows`) prefills as fast as the per-row
     /// engine's or faster on AVX2 CPUs (explicit kernel), 1.5–2× slower on AVX-512 CPUs (still
-    /// the compiled portable body); docs/benchmarks.md "fid6", "fid7". Off: every row in the
+    /// the compiled portable body); docs/history/benchmarks-log.md "fid6", "fid7". Off: every row in the
     /// engine's attention arithmetic (`model::AttnArith::invariant`: the tiled attention at
     /// every depth), and generated blocks are shared too. On, every step's packed matmuls also
     /// take ggml's float order (`model::MatmulArith::InvariantGgml`) instead of the faster

@@ -4,7 +4,7 @@
 //! plan asks for and runs one forward pass over the plan's flattened batch; the commit publishes
 //! the written blocks and samples, emits and finishes requests (`core/lifecycle.rs`).
 //!
-//! Owns the model, the `cache` bookkeeping, the paged K/V memory (written only through
+//! Owns the [`Backend`] (what computes the forward pass), the `cache` bookkeeping, the paged K/V memory (written only through
 //! [`KvStorage::writer`], which hands evicted blocks to the tiers first) and every request's
 //! state. It never talks to clients except through each request's event channel; the actor in
 //! `actor.rs` drives it from its own thread. Tier I/O runs on the demotion and loader threads
@@ -20,9 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cache::{CacheConfig, KvCache, Namespace, NamespaceKey, TenantId, Tick};
-use model::forward::{AttnArith, ForwardBatch, Scratch};
+use model::forward::{AttnArith, ForwardBatch};
 use model::kv::SeqSlot;
-use model::{Model, ThreadPool};
+use model::{Backend, CpuBackend, Model, ModelShape};
 
 use crate::config::EngineConfig;
 use crate::error::{internal, EngineBuildError, EngineError, RequestError, MAX_CHOICES};
@@ -46,12 +46,12 @@ use crate::tiering::{TierMatch, Tiering};
 pub const LONG_PREFILL_TOKENS: usize = 2048;
 
 pub struct EngineCore {
-    model: Arc<Model>,
-    pool: ThreadPool,
+    /// What computes the forward pass (the CPU today); the model's shape is read once.
+    backend: Box<dyn Backend>,
+    shape: ModelShape,
     cfg: EngineConfig,
     cache: KvCache,
     kv: KvStorage,
-    scratch: Scratch,
     model_fingerprint: [u8; 32],
     /// The namespace's `kv_settings`: which lossy codecs the tiers store blocks in (empty when
     /// every tier is lossless).
@@ -124,6 +124,17 @@ impl EngineCore {
         cfg: EngineConfig,
         stores: Vec<Arc<dyn tier::TierStore>>,
     ) -> Result<Self, EngineBuildError> {
+        let backend = Box::new(CpuBackend::new(model, cfg.threads));
+        Self::with_backend(backend, cfg, stores)
+    }
+
+    /// Like [`EngineCore::with_tier_stores`] over any [`Backend`] (the engine needs nothing
+    /// else of the model).
+    pub fn with_backend(
+        backend: Box<dyn Backend>,
+        cfg: EngineConfig,
+        stores: Vec<Arc<dyn tier::TierStore>>,
+    ) -> Result<Self, EngineBuildError> {
         if !stores.is_empty() && !cfg.prefix_caching {
             return Err(EngineBuildError::Config(
                 "storage tiers need prefix_caching (blocks are found by their prefix keys)",
@@ -155,7 +166,7 @@ impl EngineCore {
             }
         }
         let cache = KvCache::new(cache_cfg)?;
-        let c = &model.config;
+        let c = backend.shape();
         let geo = KvGeometry {
             num_blocks: cfg.num_blocks,
             block_size: cfg.block_size,
@@ -168,7 +179,7 @@ impl EngineCore {
             .kv_events
             .clone()
             .map(|sink| KvEventLog::new(sink, cfg.num_blocks, cfg.block_size));
-        let model_fingerprint = *blake3::hash(model.gguf().file_bytes()).as_bytes();
+        let model_fingerprint = backend.weights_fingerprint();
         let rows_per_block = c.num_layers * c.num_kv_heads * cfg.block_size;
         let mut codecs = Vec::with_capacity(stores.len());
         for i in 0..stores.len() {
@@ -224,12 +235,11 @@ impl EngineCore {
             },
         });
         let mut core = EngineCore {
-            pool: ThreadPool::new(cfg.threads.max(1)),
-            model,
+            shape: backend.shape(),
+            backend,
             cfg,
             cache,
             kv: KvStorage::new(mem, kv_log),
-            scratch: Scratch::default(),
             model_fingerprint,
             tier_settings,
             seqs: HashMap::new(),
@@ -271,8 +281,9 @@ impl EngineCore {
         moved
     }
 
-    pub fn model(&self) -> &Arc<Model> {
-        &self.model
+    /// What computes the forward pass.
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
     }
 
     pub fn cache(&self) -> &KvCache {
@@ -341,12 +352,8 @@ impl EngineCore {
             // the tiled regime beyond 256 positions.
             kv_settings.extend_from_slice(b";attention=llama.cpp-row-2");
         }
-        let c = &self.model.config;
-        if c.rope_scaling.is_scaled() || self.model.weights.rope_long_short.is_some() {
-            // Scaled RoPE computed as llama.cpp does since session 25 (linear in ggml's order,
-            // YaRN, longrope, Gemma's sliding-window layers unscaled): apart from older blocks.
-            kv_settings.extend_from_slice(b";rope-scaling=llama.cpp");
-        }
+        // The backend's own settings (scaled RoPE computed as llama.cpp does, ...).
+        kv_settings.extend_from_slice(&self.backend.kv_settings());
         if self.matmul_arith().packed_def() == model::PackedDef::BlockSum {
             // Blocks computed in another float order than ggml's (the default on CPUs without
             // AVX-512 VNNI) are never shared with engines that compute ggml's.
@@ -463,8 +470,8 @@ impl EngineCore {
                 };
                 let mut writer = self.kv.writer(&mut self.cache, self.tiers.as_mut());
                 let mut kv = writer.view(&tables);
-                self.model
-                    .forward(&self.pool, &batch, &mut kv, &mut self.scratch)
+                self.backend
+                    .forward(&batch, &mut kv)
                     .map_err(|e| EngineError::Internal(e.to_string()))?;
                 done += len;
                 self.cache.mark_written(cs, done, tick).map_err(internal)?;
@@ -581,7 +588,7 @@ impl EngineCore {
 
     /// Checks a request against the model and this engine's size.
     fn check_request(&self, spec: &RequestSpec) -> Result<(), RequestError> {
-        let c = &self.model.config;
+        let c = self.shape;
         if spec.prompt.is_empty() {
             return Err(RequestError::EmptyPrompt);
         }
@@ -802,14 +809,14 @@ impl EngineCore {
             .filter(|(k, s)| samples.contains(k) && s.sampler.is_constrained())
             .map(|(_, s)| &mut s.sampler)
             .collect();
-        let (model, pool, scratch) = (&self.model, &self.pool, &mut self.scratch);
+        let backend = &mut self.backend;
         let logits = if masks.is_empty() {
-            model.forward(pool, &batch, &mut kv, scratch)
+            backend.forward(&batch, &mut kv)
         } else {
             std::thread::scope(|scope| {
                 let prepared =
                     scope.spawn(move || masks.into_iter().for_each(|s| s.prepare_constraint()));
-                let logits = model.forward(pool, &batch, &mut kv, scratch);
+                let logits = backend.forward(&batch, &mut kv);
                 // A constraint that panicked computes its mask again when sampling.
                 let _ = prepared.join();
                 logits
@@ -821,7 +828,7 @@ impl EngineCore {
     /// Publishes every full block the plan wrote, then samples for each sequence whose pending
     /// tokens are all computed (forking `n > 1` choices after the prompt).
     fn commit(&mut self, plan: &StepPlan, logits: &[f32], tick: Tick) -> Result<(), EngineError> {
-        let vocab = self.model.config.vocab_size;
+        let vocab = self.shape.vocab_size;
         let mut to_sample = Vec::new();
         for w in &plan.work {
             let s = self.seqs.get_mut(&w.id).expect("planned sequences exist");

@@ -11,7 +11,8 @@
 //! a table names.
 
 use cache::BlockId;
-use model::kv::{KvChunk, KvDtype, KvError, KvRows, KvStore, SeqSlot};
+use model::kv::{KvChunk, KvDtype, KvError, KvStore, SeqSlot};
+use model::kv_rows::KvRows;
 use model::ThreadPool;
 
 /// Geometry of the K/V memory.

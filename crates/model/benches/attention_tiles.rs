@@ -7,9 +7,9 @@
 //! `cargo bench -p model --bench attention_tiles`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use model::kernels::flash_tile::{tile_update_rows, TileSoftmax, TILE_POSITIONS};
-use model::kernels::flash_tile_narrow::{tile_update_narrow, NarrowTiles};
-use model::kernels::flash_tile_wide::{tile_update_wide, transpose_keys, WideTiles};
+use kernels::flash_tile::{tile_update_rows, TileSoftmax, TILE_POSITIONS};
+use kernels::flash_tile_narrow::{tile_update_narrow, NarrowTiles};
+use kernels::flash_tile_wide::{tile_update_wide, transpose_keys, WideTiles};
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
 

@@ -8,7 +8,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gguf::GgmlType;
-use model::kernels::{matmul, QMatrix, ThreadPool};
+use kernels::{matmul, QMatrix, ThreadPool};
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
 

@@ -7,11 +7,11 @@
 
 use std::time::Instant;
 
+use kernels::par::DisjointRows;
 use model::attention::AttnArith;
 use model::attention_plan::{plan, AttnShape};
 use model::attention_tiled::{run_tile_task, TileInputs, TileOutputs, TileScratch};
-use model::kv::ContiguousKv;
-use model::par::DisjointRows;
+use model::kv_contiguous::ContiguousKv;
 use model::{KvDtype, KvStore, SeqSlot};
 use rand::{Rng, SeedableRng};
 

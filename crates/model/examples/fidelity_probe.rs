@@ -14,7 +14,8 @@
 //! tokens agree) and the overall mean; `EVERY` = 3 takes the server test's subset.
 
 use model::forward::{AttnArith, ForwardBatch, MatmulArith, Scratch};
-use model::kv::{ContiguousKv, KvChunk};
+use model::kv::KvChunk;
+use model::kv_contiguous::ContiguousKv;
 use model::sampler::{Sampler, SamplingParams};
 use model::{KvDtype, KvStore, Model, SeqSlot, ThreadPool};
 

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use gguf::GgmlType;
-use model::kernels::{matmul, QMatrix, ThreadPool};
+use kernels::{matmul, QMatrix, ThreadPool};
 use rand::{Rng, SeedableRng};
 
 fn main() {

@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use gguf::GgmlType;
-use model::kernels::{matmul, Packed32, QMatrix, ThreadPool};
+use kernels::{matmul, Packed32, QMatrix, ThreadPool};
 use rand::{Rng, SeedableRng};
 
 fn random_weights(ty: GgmlType, num_rows: usize, row_len: usize, seed: u64) -> Vec<u8> {

@@ -23,8 +23,8 @@
 
 use half::f16;
 
-use crate::kernels::flash_f16::{accumulate_rows, OnlineSoftmax};
-use crate::kernels::{axpy_f32, dot_f32};
+use kernels::flash_f16::{accumulate_rows, OnlineSoftmax};
+use kernels::{axpy_f32, dot_f32};
 
 /// Up to this many positions llama.cpp's one-token step is one chunk of
 /// `flash_attn_ext_f16_one_chunk` (a cache of 256 padded cells); above it, its split-KV path
@@ -142,9 +142,9 @@ impl AttnArith {
     /// llama.cpp's float order (`PackedDef::invariant()` is `BlockSum`: every CPU unless
     /// `AGENTKV_PACKED_DEF=ggml`), [`AttnArith::Row`] — llama.cpp's decode arithmetic — where
     /// they keep it (with `Tiled`, 2 of 16 held-out greedy prefixes move against llama.cpp,
-    /// docs/benchmarks.md "Tiled attention for short contexts").
+    /// docs/history/benchmarks-log.md "Tiled attention for short contexts").
     pub fn invariant() -> AttnArith {
-        use crate::kernels::PackedDef;
+        use kernels::PackedDef;
         if PackedDef::invariant() == PackedDef::BlockSum {
             AttnArith::Tiled
         } else {
@@ -339,7 +339,8 @@ pub fn attend_window_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::{ContiguousKv, KvDtype};
+    use crate::kv::KvDtype;
+    use crate::kv_contiguous::ContiguousKv;
 
     #[test]
     fn single_position_returns_its_value() {

@@ -28,7 +28,7 @@ use crate::kv::SeqSlot;
 pub const SEGMENT_POSITIONS: usize = 512;
 /// Tokens of one sequence whose query rows share a K/V tile (with a GQA group of three, 96
 /// rows per transposed or decoded tile). On an AVX-512 Xeon at depth 4096 (f16 K/V;
-/// docs/benchmarks.md), 16 rather than 8 prefilled a median 7% faster and 32 rather than 16
+/// docs/history/benchmarks-log.md), 16 rather than 8 prefilled a median 7% faster and 32 rather than 16
 /// another 2–6% (64: no faster than 32): each tile is transposed or decoded half as often.
 pub const QUERY_TILE_TOKENS: usize = 32;
 /// [`QUERY_TILE_TOKENS`] over encoded (quantized) K/V, whose tiles cost more to decode than f16
@@ -44,7 +44,7 @@ pub const MIN_TILES_PER_RUN: usize = 4;
 /// …of at least this many tokens.
 pub const MIN_TILE_TOKENS: usize = 16;
 
-const _: () = assert!(SEGMENT_POSITIONS.is_multiple_of(crate::kernels::flash_tile::TILE_POSITIONS));
+const _: () = assert!(SEGMENT_POSITIONS.is_multiple_of(kernels::flash_tile::TILE_POSITIONS));
 
 /// One parallel attention task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,7 +16,7 @@
 //! order), so chunk boundaries are positions. This module owns the chunk arithmetic; it never
 //! reads a KV store (the caller feeds it rows in position order) and never parallelises.
 
-use crate::kernels::flash_f16::OnlineSoftmax;
+use kernels::flash_f16::OnlineSoftmax;
 
 /// llama.cpp pads a step's KV cells to a multiple of this.
 pub const PAD_CELLS: usize = 256;

@@ -22,20 +22,20 @@ use half::{bf16, f16};
 
 use crate::attention::AttnArith;
 use crate::attention_plan::{AttnPlan, AttnTask, SEGMENT_POSITIONS};
-use crate::kernels::cpu::{cpu_features, CpuFeatures};
-use crate::kernels::flash_tile::{
+use crate::kv::{KvChunk, KvDtype, KvStore, SeqSlot};
+use kernels::cpu::{cpu_features, CpuFeatures};
+use kernels::flash_tile::{
     merge_segments, prefetch_l1, tile_update, tile_update_rows, widen_f16, TileElem, TileSoftmax,
     TILE_POSITIONS, TILE_ROWS,
 };
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::flash_tile_codes::{tile_update_channel_codes, tile_update_wide_codes};
-use crate::kernels::flash_tile_codes::{
+use kernels::flash_tile_codes::{tile_update_channel_codes, tile_update_wide_codes};
+use kernels::flash_tile_codes::{
     tile_update_codes, values_from_codes, CodedTile, KeyCodes, QueryCodes, QueryRef, TileValues,
 };
-use crate::kernels::flash_tile_narrow::{tile_update_narrow, NarrowTiles};
-use crate::kernels::flash_tile_wide::{tile_update_wide, transpose_keys, WideTiles, WIDE_ROWS};
-use crate::kv::{KvChunk, KvDtype, KvStore, SeqSlot};
-use crate::par::DisjointRows;
+use kernels::flash_tile_narrow::{tile_update_narrow, NarrowTiles};
+use kernels::flash_tile_wide::{tile_update_wide, transpose_keys, WideTiles, WIDE_ROWS};
+use kernels::par::DisjointRows;
 use quant::decode_rows;
 
 /// From this many query rows sharing a tile on, the tile is widened to f32 once instead of
@@ -965,7 +965,7 @@ mod tests {
     use super::*;
     use crate::attention::{attend_one, AttnScratch};
     use crate::attention_plan::{plan, AttnShape};
-    use crate::kv::ContiguousKv;
+    use crate::kv_contiguous::ContiguousKv;
     use rand::{Rng, SeedableRng};
 
     /// Runs every task of `plan` (serially) and returns `[tokens · heads, hd]` outputs.
@@ -1141,9 +1141,9 @@ mod tests {
             };
             let together = run_plan(&inp, &plan(&shape, &slots, &positions));
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            crate::kernels::set_force_portable(true);
+            kernels::set_force_portable(true);
             let portable = run_plan(&inp, &plan(&shape, &slots, &positions));
-            crate::kernels::set_force_portable(false);
+            kernels::set_force_portable(false);
             assert_eq!(
                 bits(&together),
                 bits(&portable),
@@ -1242,9 +1242,9 @@ mod tests {
         };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let together = run_plan(&inp, &plan(&shape, &slots, &positions));
-        crate::kernels::set_force_portable(true);
+        kernels::set_force_portable(true);
         let portable = run_plan(&inp, &plan(&shape, &slots, &positions));
-        crate::kernels::set_force_portable(false);
+        kernels::set_force_portable(false);
         assert_eq!(bits(&together), bits(&portable), "native vs portable");
         let qd = heads * hd;
         for (t, &pos) in positions.iter().enumerate() {

@@ -15,16 +15,16 @@ use crate::attention_plan::{self, AttnShape, AttnTask};
 use crate::attention_tiled::{run_tile_task, TileInputs, TileOutputs, TileScratch};
 use crate::config::ModelConfig;
 use crate::forward_rows as rows;
-use crate::ggml_tiled::{self, RowsScratch};
-pub use crate::kernels::MatmulArith;
-use crate::kernels::{
+use crate::kv::{KvChunk, KvDtype, KvError, KvStore, SeqSlot};
+use crate::ops::{rms_norm, softcap, Rope};
+use crate::weights::{Weights, WeightsError};
+use kernels::ggml_tiled::{self, RowsScratch};
+use kernels::par::DisjointRows;
+pub use kernels::MatmulArith;
+use kernels::{
     cpu_features, matmul_many_with_arith as matmul_many, matmul_with_arith as matmul, KernelError,
     ThreadPool,
 };
-use crate::kv::{KvChunk, KvDtype, KvError, KvStore, SeqSlot};
-use crate::ops::{rms_norm, softcap, Rope};
-use crate::par::DisjointRows;
-use crate::weights::{Weights, WeightsError};
 use std::collections::HashMap;
 
 /// One step's tokens. All slices are `[num_tokens]` except `logits_for`.

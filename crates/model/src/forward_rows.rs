@@ -11,10 +11,10 @@
 //! batch.
 
 use crate::config::{FfnAct, ModelConfig};
-use crate::kernels::ThreadPool;
 use crate::ops::{geglu, rms_norm, swiglu, Rope, RopeAngles};
-use crate::par::DisjointRows;
 use crate::weights::{LayerWeights, Weights, WeightsError};
+use kernels::par::DisjointRows;
+use kernels::ThreadPool;
 
 /// Steps with fewer tokens than this run their element-wise stages on the caller.
 pub(crate) const MIN_POOL_ROWS: usize = 4;

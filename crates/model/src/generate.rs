@@ -6,10 +6,10 @@
 use std::time::{Duration, Instant};
 
 use crate::forward::{AttnArith, ForwardBatch, ForwardError, MatmulArith, Scratch};
-use crate::kernels::ThreadPool;
 use crate::kv::{KvDtype, SeqSlot};
 use crate::model::Model;
 use crate::sampler::{SampledToken, Sampler, SamplingParams};
+use kernels::ThreadPool;
 
 #[derive(Debug, Clone)]
 pub struct GenerateOptions {

@@ -11,11 +11,11 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use quant::EncodedRows;
 
-use crate::hugepages::{advise_huge_pages, zeroed_vec};
-use crate::kernels::ThreadPool;
 use crate::kv::{KvChunk, KvDtype, KvError, KvLayout};
 use crate::kv_sealed::SealedK;
-use crate::par::{try_spread, DisjointRows};
+use kernels::hugepages::{advise_huge_pages, zeroed_vec};
+use kernels::par::{try_spread, DisjointRows};
+use kernels::ThreadPool;
 
 enum RowBuf {
     F32 {

@@ -17,9 +17,9 @@ use std::collections::HashMap;
 
 use quant::{EncodedRows, KvCodecKind};
 
-use crate::kernels::ThreadPool;
 use crate::kv::KvError;
-use crate::par::{try_spread, DisjointRows};
+use kernels::par::{try_spread, DisjointRows};
+use kernels::ThreadPool;
 
 /// Encodes one group (`out`, its sealed bytes) from its staged f16 rows, through `scratch`.
 fn seal_group(
@@ -73,7 +73,7 @@ impl SealedK {
         let group_bytes = kind.bytes_per_group(head_dim).expect("block codec");
         let num_groups = num_rows / tokens;
         let mut sealed = vec![0u8; num_groups * group_bytes];
-        crate::hugepages::advise_huge_pages(&mut sealed);
+        kernels::hugepages::advise_huge_pages(&mut sealed);
         Ok(SealedK {
             kind,
             head_dim,

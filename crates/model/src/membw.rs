@@ -12,9 +12,9 @@
 
 use std::time::Instant;
 
-use crate::kernels::ThreadPool;
 use crate::kv::KvDtype;
 use crate::model::Model;
+use kernels::ThreadPool;
 
 /// Bytes a batch-1 decode step reads at least once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,14 +8,15 @@ use std::sync::Arc;
 
 use crate::config::{ConfigError, ModelConfig};
 use crate::forward::{forward, ForwardBatch, ForwardError, Scratch};
-use crate::kernels::ThreadPool;
-use crate::kv::{ContiguousKv, KvDtype, KvError, KvStore};
+use crate::kv::{KvDtype, KvError, KvStore};
+use crate::kv_contiguous::ContiguousKv;
 use crate::ops::Rope;
 use crate::weights::{Weights, WeightsError};
 use frontend::chat::{ChatError, ChatTemplate};
 use frontend::tokenizer::{Tokenizer, TokenizerError};
 use frontend::Frontend;
 use gguf::{GgufError, GgufFile};
+use kernels::ThreadPool;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -111,6 +112,11 @@ impl Model {
 
     pub fn gguf(&self) -> &GgufFile {
         &self.weights.file
+    }
+
+    /// BLAKE3 of the model file's bytes: the identity of the weights in every cache key.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        *blake3::hash(self.gguf().file_bytes()).as_bytes()
     }
 
     /// Sets the context served per sequence (llama.cpp's `n_ctx_seq`), which picks Phi 3 128K's

@@ -67,7 +67,7 @@ impl Rope {
     /// bits.
     pub fn apply(&self, x: &mut [f32], angles: &RopeAngles) {
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::cpu_features().avx2 {
+        if kernels::cpu_features().avx2 {
             // SAFETY: AVX2+FMA+F16C were detected (`cpu_features` only reports what the CPU
             // has).
             unsafe { self.apply_avx2(x, angles) };
@@ -117,9 +117,9 @@ impl Rope {
 }
 
 /// `gate[i] = silu(gate[i]) * up[i]`, in place, with ggml's arithmetic (see
-/// [`crate::kernels::swiglu`]). Shapes: `[ffn]`.
+/// [`kernels::swiglu`]). Shapes: `[ffn]`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    crate::kernels::swiglu::swiglu(gate, up)
+    kernels::swiglu::swiglu(gate, up)
 }
 
 /// `gate[i] = gelu_tanh(gate[i]) * up[i]`, in place, with ggml's CPU arithmetic (our reference):
@@ -129,7 +129,7 @@ pub fn geglu(gate: &mut [f32], up: &[f32]) {
     let table = gelu_table();
     let n = gate.len().min(up.len());
     #[cfg(target_arch = "x86_64")]
-    let done = if crate::kernels::cpu_features().avx2 {
+    let done = if kernels::cpu_features().avx2 {
         // SAFETY: AVX2+FMA+F16C were detected (`cpu_features` only reports what the CPU has).
         unsafe { geglu_avx2(table, &mut gate[..n], &up[..n]) }
     } else {

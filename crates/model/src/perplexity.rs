@@ -7,11 +7,11 @@
 //! tokens at `ctx/2+1 .. ctx-1`. Reports `exp(mean NLL)` and llama.cpp's standard error.
 
 use crate::forward::{AttnArith, ForwardBatch, ForwardError, MatmulArith, Scratch};
-use crate::kernels::ThreadPool;
 use crate::kv::KvDtype;
 use crate::kv::SeqSlot;
 use crate::model::Model;
 use crate::ops::log_softmax_at;
+use kernels::ThreadPool;
 
 #[derive(Debug, Clone)]
 pub struct PerplexityOptions {

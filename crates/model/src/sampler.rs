@@ -134,7 +134,7 @@ impl Sampler {
 /// compare chain over the vocabulary.
 pub fn argmax(x: &[f32]) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::cpu_features().avx2 {
+    if kernels::cpu_features().avx2 {
         // SAFETY: AVX2 was detected (`cpu_features` only reports what the CPU has).
         return unsafe { argmax_avx2(x) };
     }

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{Arch, ModelConfig};
-use crate::kernels::{KernelError, Packed32, QMatrix};
 use gguf::{dequant::dequantize_row, GgmlType, GgufError, GgufFile, TensorInfo};
+use kernels::{KernelError, Packed32, QMatrix};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -251,7 +251,7 @@ impl Weights {
         }
         for m in mats {
             let key = (m.info.offset, m.first_row);
-            if !crate::kernels::packed32::packable(m.info.ty) || self.packed.contains_key(&key) {
+            if !kernels::packed32::packable(m.info.ty) || self.packed.contains_key(&key) {
                 continue;
             }
             let q = self.qmatrix(&m);

@@ -5,10 +5,11 @@
 //! (float kernels, no activation quantisation), and for batch and ISA-path invariance.
 
 use gguf::{dequantize_row, quantize_row, GgmlType, GgufFile, GgufWriter, MetaValue};
+use kernels::set_force_portable;
 use model::config::ModelConfig;
 use model::forward::{forward, ForwardBatch, Scratch};
-use model::kernels::set_force_portable;
-use model::kv::{ContiguousKv, KvDtype, SeqSlot};
+use model::kv::{KvDtype, SeqSlot};
+use model::kv_contiguous::ContiguousKv;
 use model::ops::Rope;
 use model::weights::Weights;
 use model::ThreadPool;

@@ -7,7 +7,8 @@
 use gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
 use model::config::{Arch, ModelConfig};
 use model::forward::{forward, AttnArith, ForwardBatch, Scratch};
-use model::kv::{ContiguousKv, KvDtype, SeqSlot};
+use model::kv::{KvDtype, SeqSlot};
+use model::kv_contiguous::ContiguousKv;
 use model::ops::Rope;
 use model::weights::Weights;
 use model::ThreadPool;

@@ -98,7 +98,7 @@ fn heldout_prompts_match_llama_cpp() {
 
 /// The goals: stable greedy prefixes equal on at least 98% of the prompts and a mean
 /// |Δ logprob| of at most 0.005 (reached 2026-12-02 against llama.cpp's AVX2 build; see
-/// docs/benchmarks.md "Held-out fidelity").
+/// docs/history/benchmarks-log.md "Held-out fidelity").
 const MIN_SHARE: f64 = 0.98;
 const MEAN_BOUND: f64 = 0.005;
 /// Every prompt's own mean |Δ logprob|: measured ≤ 0.00016 on each of the 52 (2026-12-04, mean

@@ -34,7 +34,7 @@ fn ppl(kv_dtype: KvDtype, chunks: usize) -> f64 {
 
 #[test]
 fn int8_kv_perplexity_is_within_one_percent_of_f16() {
-    // A deliberately loose correctness bound; the measured figures are in docs/benchmarks.md.
+    // A deliberately loose correctness bound; the measured figures are in docs/history/benchmarks-log.md.
     let base = ppl(KvDtype::F16, 4);
     let int8 = ppl(KvDtype::parse("int8").unwrap(), 4);
     let rel = (int8 - base).abs() / base;

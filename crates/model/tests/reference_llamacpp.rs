@@ -1,5 +1,5 @@
 //! The model runtime against llama.cpp's outputs for the default model (tests/data/greedy.jsonl,
-//! tests/data/corpus.txt; see ../../shared/reference/README.md for how they were produced).
+//! tests/data/corpus.txt; tests/data/REFERENCE.md says how they were produced).
 
 mod common;
 
@@ -137,7 +137,7 @@ fn greedy_tokens_and_logprobs_match_llama_cpp() {
 #[test]
 fn greedy_tokens_and_logprobs_in_the_engine_arithmetic_stay_close_to_llama_cpp() {
     // The engine's own (batch-invariant, the block-sum float order
-    // of packed matrices: docs/benchmarks.md "Block-sum matmul", and the tiled attention at every
+    // of packed matrices: docs/history/benchmarks-log.md "Block-sum matmul", and the tiled attention at every
     // depth): rounding differs from llama.cpp's, which this model amplifies to ~0.03 nats per
     // position (llama.cpp's own AVX2 and AVX-512 builds differ by as much); measured on AMD
     // Zen 3: 10/10 stable prefixes, mean 0.034, no confident position missed (block-sum order

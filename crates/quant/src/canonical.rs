@@ -1,6 +1,6 @@
 //! The canonical summation order of every f32 dot product in the workspace (portable form): the
 //! one definition the bit-identity guarantees rest on. This crate's quantized dots and the model's
-//! f32/f16 kernels (`model::kernels::vec_f32`) both call it, and their SIMD paths are tested
+//! f32/f16 kernels (`kernels::vec_f32`) both call it, and their SIMD paths are tested
 //! bit-identical to it.
 //!
 //! Order: 4 accumulators of 8 lanes fed by fused multiply-adds over 32-element strides, leftover

@@ -3,7 +3,7 @@
 //!
 //! Owns runtime detection (done once, cached). Both paths perform the same operations in the
 //! same order, so they give bit-identical results; the choice changes only speed. The process
-//! environment caps the detected path as it caps the model kernels' (`model::kernels::cpu`):
+//! environment caps the detected path as it caps the model kernels' (`kernels::cpu`):
 //! `AGENTKV_NO_SIMD=1` or `AGENTKV_ISA=portable` → portable, `AGENTKV_ISA=avx2` → at most AVX2
 //! (what an AVX2-only machine runs, for measurements); other values cap nothing (the model
 //! reports them). Callers that want a given path pass it to the `*_with` functions.

@@ -8,15 +8,15 @@
 //! own with [`COMPILE_STACK_BYTES`] of stack — address space only; pages are touched as deep as a
 //! compile goes — which the source-size limit keeps out of reach; a panic there is caught and
 //! logged under an error id, and a compile that outlives [`COMPILE_TIMEOUT`] is abandoned with a
-//! 400. Never compiles anything itself (`grammar.rs` does).
+//! 400. Also holds the two types the constraint modules share: [`OutputFormat`] (what the output
+//! must be) and [`GrammarError`] (why it cannot be compiled). Never compiles anything itself
+//! (`grammar.rs` does).
 
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use llguidance::api::ParserLimits;
-
-use crate::grammar::GrammarError;
-use crate::structured::OutputFormat;
+use serde_json::Value;
 
 /// Largest constraint source: a schema's compact JSON text, a regex, a grammar, or all choices
 /// together (OpenAI allows structured-output schemas of about 120,000 characters).
@@ -48,6 +48,33 @@ pub fn parser_limits() -> ParserLimits {
         verbose_errors: false,
         ..ParserLimits::default()
     }
+}
+
+/// What the output must be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputFormat {
+    /// JSON matching the schema (`{"type": "object"}` for `json_object`).
+    Json(Value),
+    /// A string matching the regular expression (Rust `regex` syntax).
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A grammar in llguidance's Lark-like syntax.
+    Lark(String),
+}
+
+/// Why a grammar could not be compiled.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum GrammarError {
+    /// The client's constraint is not valid, or can produce no output (shown to the client).
+    #[error("{0}")]
+    Invalid(String),
+    /// The constraint is over one of the compile limits (shown to the client, naming it).
+    #[error(transparent)]
+    Limit(#[from] LimitExceeded),
+    /// The compiler itself failed (a panic): `detail` is for the log, never for the client.
+    #[error("the grammar compiler failed: {detail}")]
+    Failed { detail: String },
 }
 
 /// Which limit a constraint is over (the message names it and the constraint's size).

@@ -12,8 +12,8 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory, TokenParser};
 
-use crate::constraint_limits::{self, LimitExceeded};
-use crate::structured::OutputFormat;
+pub use crate::constraint_limits::GrammarError;
+use crate::constraint_limits::{self, OutputFormat};
 
 /// The model's vocabulary as llguidance sees it: each token's bytes (special tokens behind
 /// toktrie's marker byte, so text never matches them) and the end-of-turn token as EOS.
@@ -39,20 +39,6 @@ impl TokenizerEnv for ModelTokEnv {
 /// Compiles grammars for one model. Built once, on the first constrained request.
 pub struct Grammars {
     factory: Arc<ParserFactory>,
-}
-
-/// Why a grammar could not be compiled.
-#[derive(Debug, Clone, thiserror::Error, PartialEq)]
-pub enum GrammarError {
-    /// The client's constraint is not valid, or can produce no output (shown to the client).
-    #[error("{0}")]
-    Invalid(String),
-    /// The constraint is over one of the compile limits (shown to the client, naming it).
-    #[error(transparent)]
-    Limit(#[from] LimitExceeded),
-    /// The compiler itself failed (a panic): `detail` is for the log, never for the client.
-    #[error("the grammar compiler failed: {detail}")]
-    Failed { detail: String },
 }
 
 impl Grammars {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use engine::EngineSnapshot;
 
 use crate::metrics_compat::{render_compat, CompatTotals};
+use crate::prom_text::escape;
 
 /// Bucket upper bounds in seconds, shared by every latency histogram.
 const BUCKETS_S: [f64; 16] = [
@@ -589,13 +590,6 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
             "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
         );
     }
-}
-
-/// Escapes a label value (`\`, `"`, newline).
-pub(crate) fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ pub(crate) fn render_compat(
     model_name: &str,
     totals: CompatTotals,
 ) {
-    let model = crate::metrics::escape(model_name);
+    let model = crate::prom_text::escape(model_name);
     let labels = format!("model_name=\"{model}\",engine=\"0\"");
     let usage = kv_usage_fraction(s);
     series(
@@ -99,7 +99,7 @@ pub(crate) fn render_compat(
             s.block_size,
             s.num_blocks,
             if s.prefix_caching { "True" } else { "False" },
-            crate::metrics::escape(&s.kv_codec)
+            crate::prom_text::escape(&s.kv_codec)
         ),
         1,
     );

@@ -4,7 +4,7 @@
 //! stream's line comes at its end with its real duration (and `outcome=client_gone` when the
 //! client left first).
 //!
-//! The route and the request's [`crate::run::Running`] fill the line's fields through the
+//! The route and the request's `Running` (`run.rs`) fill the line's fields through the
 //! task-local [`RequestLog`] that [`log_requests`] installs around the handler; `Running` keeps a
 //! handle, so a stream (polled outside the handler's task) still reports its tokens.
 

@@ -3,7 +3,7 @@
 //! KV is kept after it ends (`cache_control`, `prompt_cache_retention`), bounded by
 //! `limits.max_cache_ttl_secs`. Session ids are derived from the tenant and the client's key, so
 //! tenants never share a session. Breakpoints inside the prompt (message-, content- and
-//! tool-level `cache_control`) are `crate::breakpoints`'.
+//! tool-level `cache_control`) are the `breakpoints` module's.
 
 use std::hash::{Hash, Hasher};
 use std::time::Duration;

@@ -9,23 +9,11 @@ use api::{JsonSchemaFormat, ResponseFormat, SamplingExtras, StructuredOutputs};
 use frontend::ConstraintSpec;
 use serde_json::{json, Value};
 
+use crate::constraint_limits::GrammarError;
+pub use crate::constraint_limits::OutputFormat;
 use crate::error::ApiError;
 use crate::gbnf;
-use crate::grammar::GrammarError;
 use crate::state::AppState;
-
-/// What the output must be.
-#[derive(Debug, Clone, PartialEq)]
-pub enum OutputFormat {
-    /// JSON matching the schema (`{"type": "object"}` for `json_object`).
-    Json(Value),
-    /// A string matching the regular expression (Rust `regex` syntax).
-    Regex(String),
-    /// Exactly one of these strings.
-    Choice(Vec<String>),
-    /// A grammar in llguidance's Lark-like syntax.
-    Lark(String),
-}
 
 /// A requested format and the request field it came from (named in errors).
 #[derive(Debug, Clone, PartialEq)]

@@ -30,7 +30,7 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::error::ApiError;
 use crate::schema_embed::Embedder;
-use crate::tools::{arguments_schema, ParsedCall, Reply};
+use crate::tool_call::{arguments_schema, ParsedCall, Reply};
 
 /// A chat-template family with its own tool-call syntax.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,7 +279,7 @@ pub fn template_messages(
                 msg.tool_calls = Some(Value::Array(items));
             }
             (Role::Tool, _) => {
-                let (id, name) = crate::tools::answered_call(m, i, &calls)?;
+                let (id, name) = crate::tool_call::answered_call(m, i, &calls)?;
                 msg.name = Some(name.to_string());
                 msg.tool_call_id = Some(id.to_string());
             }
@@ -491,7 +491,7 @@ pub fn parse(family: Family, text: &str) -> Reply {
                 return Reply::Text(text.to_string());
             }
             let Ok(items) = serde_json::from_str::<Vec<CallWire>>(body.trim_end()) else {
-                let whole = body.strip_prefix('[').map(crate::tools::complete_items);
+                let whole = body.strip_prefix('[').map(crate::tool_call::complete_items);
                 let calls = (whole.unwrap_or_default().into_iter())
                     .map_while(|v| one_call(v.get()))
                     .collect();

@@ -114,7 +114,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
     let capacity = depth + args.prompt_tokens.max(args.gen_tokens) + 1;
     let mut scratch = Scratch::default();
     // One forward pass over positions `start..start + len` of slot 0.
-    let run = |kv: &mut model::kv::ContiguousKv,
+    let run = |kv: &mut model::kv_contiguous::ContiguousKv,
                scratch: &mut Scratch,
                start: usize,
                len: usize|

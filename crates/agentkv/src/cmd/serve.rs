@@ -212,7 +212,7 @@ impl Summary {
             tenants: settings.tenants.len(),
             matmul: cfg.matmul_arith().packed_def().name(),
             attention: cfg.attn_arith().name(),
-            isa: model::kernels::cpu_features().name(),
+            isa: kernels::cpu_features().name(),
         }
     }
 

@@ -50,7 +50,7 @@ impl EngineCore {
     }
 
     pub(super) fn sample_and_emit(&mut self, id: SeqKey, logits: &mut [f32]) {
-        let eot: Vec<u32> = self.model.tokenizer().eot_ids().to_vec();
+        let eot: Vec<u32> = self.backend.frontend().tokenizer.eot_ids().to_vec();
         let s = self.seqs.get_mut(&id).expect("exists");
         if s.num_generated < s.spec.min_tokens {
             for &t in eot.iter().chain(&s.spec.stop_token_ids) {
@@ -84,10 +84,11 @@ impl EngineCore {
             || s.spec.stop_token_ids.contains(&tok.id);
         let mut stopped = is_stop_id;
         let mut text = String::new();
-        if !is_stop_id && !self.model.tokenizer().is_special(tok.id) {
+        if !is_stop_id && !self.backend.frontend().tokenizer.is_special(tok.id) {
             let bytes = self
-                .model
-                .tokenizer()
+                .backend
+                .frontend()
+                .tokenizer
                 .token_bytes(tok.id)
                 .unwrap_or_default();
             let pushed = s.text.push(&bytes);
@@ -104,8 +105,8 @@ impl EngineCore {
             logprob: tok.logprob,
             top_logprobs: tok.top,
         }));
-        let at_length = s.num_generated >= s.spec.max_tokens
-            || s.tokens.len() >= self.model.config.context_length;
+        let at_length =
+            s.num_generated >= s.spec.max_tokens || s.tokens.len() >= self.shape.context_length;
         if !alive {
             self.finish(id, FinishReason::Cancelled);
         } else if stopped {

@@ -2,7 +2,7 @@
 //!
 //! Owns the vocabulary, special-token parsing, pre-tokenisation, BPE merging (byte-level GPT-2
 //! style for `tokenizer.ggml.model = "gpt2"`, score-based SentencePiece style for `"llama"`),
-//! decoding and streaming decoding. Never renders chat templates (see [`crate::chat`]) and never
+//! decoding and streaming decoding. Never renders chat templates (see `chat.rs`) and never
 //! reads files itself (it is built from parsed GGUF metadata or a [`TokenizerSpec`]).
 //!
 //! Why an own implementation rather than the `tokenizers` crate: the reference is llama.cpp, whose

@@ -8,7 +8,7 @@ Run by hand against a llama-server built from the `llama-cpp-python` source pack
 flash attention auto = on for the CPU, one slot so every prompt is prefilled alone), with the
 CPU backend built for AVX2 (no AVX-512) like the one that wrote the shared references
 (greedy.jsonl): the AVX-512 build sums attention in another order, which alone moves logprobs by
-0.04 on average (docs/benchmarks.md, "Held-out fidelity"). On an AVX-512 machine:
+0.04 on average (docs/history/benchmarks-log.md, "Held-out fidelity"). On an AVX-512 machine:
     cmake -S . -B build-avx2 -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
         -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF && cmake --build build-avx2 --target ggml-cpu
     LD_LIBRARY_PATH=build-avx2/bin:build/bin build/bin/llama-server \

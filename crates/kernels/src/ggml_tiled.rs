@@ -2,7 +2,7 @@
 //! `ggml-cpu/ops.cpp`, which it runs for every row of a step of at least 64 query tokens: prompt
 //! prefill, `llama-perplexity`) for one query row over f16 K/V, operation for operation as its
 //! x86 AVX2 build performs it — the build whose outputs our references come from (the AVX-512
-//! build sums some of these in another order, see docs/benchmarks.md "Fidelity").
+//! build sums some of these in another order, see docs/history/benchmarks-log.md "Fidelity").
 //!
 //! The arithmetic for a row with f32 query `q` attending positions `first..end`: K/V positions
 //! are visited in tiles of [`KV_TILE`] aligned to position 0 (one sequence's cache cells); tiles
@@ -28,7 +28,7 @@
 
 use half::f16;
 
-use crate::kernels::CpuFeatures;
+use crate::CpuFeatures;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -300,11 +300,11 @@ fn attend_rows_body(
 }
 
 /// One lane of ggml's AVX2 `ggml_v_expf` (`ggml-cpu/vec.h`), bit-identical to it: the SwiGLU
-/// kernel's [`expf_ggml`](crate::kernels::swiglu::expf_ggml), the one copy of that arithmetic.
+/// kernel's [`expf_ggml`](crate::swiglu::expf_ggml), the one copy of that arithmetic.
 /// `ggml_expf(-inf) == 0`.
 #[inline(always)]
 pub fn ggml_expf(x: f32) -> f32 {
-    crate::kernels::swiglu::expf_ggml(x)
+    crate::swiglu::expf_ggml(x)
 }
 
 #[cfg(test)]

@@ -339,7 +339,7 @@ pub(crate) mod x86 {
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[inline]
-    pub(in crate::kernels) unsafe fn scores16<const R: usize>(
+    pub(crate) unsafe fn scores16<const R: usize>(
         qs: &[&[f32]; R],
         kt: &[f32],
         scale: f32,
@@ -394,7 +394,7 @@ pub(crate) mod x86 {
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[inline]
-    pub(in crate::kernels) unsafe fn finish<const R: usize>(
+    pub(crate) unsafe fn finish<const R: usize>(
         sts: &mut [TileSoftmax; R],
         accs: &mut [&mut [f32]; R],
         s: [__m512; R],
@@ -415,7 +415,7 @@ pub(crate) mod x86 {
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[inline]
-    pub(in crate::kernels) unsafe fn values16<E: TileElem, const R: usize>(
+    pub(crate) unsafe fn values16<E: TileElem, const R: usize>(
         accs: &mut [&mut [f32]; R],
         p: &[[f32; TILE_POSITIONS]; R],
         valid: usize,
@@ -446,7 +446,7 @@ pub(crate) mod x86 {
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[inline]
-    pub(in crate::kernels) unsafe fn softmax16<const R: usize>(
+    pub(crate) unsafe fn softmax16<const R: usize>(
         sts: &mut [TileSoftmax; R],
         accs: &mut [&mut [f32]; R],
         s: [__m512; R],

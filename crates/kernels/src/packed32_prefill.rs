@@ -432,9 +432,9 @@ unsafe fn tile_bs<const K: u8, const T: usize>(
 #[cfg(test)]
 pub(super) mod check {
     use super::*;
-    use crate::kernels::matmul::matmul_with_def;
-    use crate::kernels::packed32::PackedDef;
-    use crate::kernels::{QMatrix, ThreadPool};
+    use crate::matmul::matmul_with_def;
+    use crate::packed32::PackedDef;
+    use crate::{QMatrix, ThreadPool};
     use gguf::quantize::quantize_row;
     use rand::{Rng, SeedableRng};
 
@@ -445,7 +445,7 @@ pub(super) mod check {
     /// Every type, the token counts `toks` (across the kernel's tile and chunk edges), padded
     /// groups and 1 or 2 threads (groups split into tasks): the matmul with `features` in the
     /// definition `def` is bit-identical to the portable path's.
-    pub(in crate::kernels) fn prefill_matches_portable(
+    pub(crate) fn prefill_matches_portable(
         features: CpuFeatures,
         def: PackedDef,
         seed: u64,

@@ -5,7 +5,7 @@
 # AGENTKV, VLLM_ROUTER, MODEL override the binary, the router (pip: vllm-router==0.1.17) and the model.
 # Each configuration starts fresh servers (cold caches) and runs the same seeded agent load for
 # DURATION_S seconds (calls in flight then finish); results go to OUTDIR/NAME.txt and OUTDIR/NAME/.
-# usage: route-bench.sh OUTDIR DURATION_S SEED ORDER...   (ORDER: single2 single1 kv_aware cache_aware cache_aware_b2 round_robin)
+# usage: route.sh OUTDIR DURATION_S SEED ORDER...   (ORDER: single2 single1 kv_aware cache_aware cache_aware_b2 round_robin)
 # cache_aware_b2: cache_aware with --balance-abs-threshold 2 (the default, 64 in-flight calls, never balances 8 agents)
 OUT=$1; DUR=$2; SEED=$3; shift 3
 B=${AGENTKV:-target/release/agentkv}

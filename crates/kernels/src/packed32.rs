@@ -71,7 +71,7 @@ impl PackedDef {
     /// The definition the batch-invariant arithmetic uses: `BlockSum` on every CPU (an eighth
     /// of `Ggml`'s conversions and fused multiply-adds; on Intel Xeon with AVX-512 VNNI its
     /// 512-bit kernels prefill 1.45–1.6× and decode 1.05–1.2× faster than `Ggml`'s,
-    /// docs/benchmarks.md), and, its paths being bit-identical, the same bits on every ISA.
+    /// docs/history/benchmarks-log.md), and, its paths being bit-identical, the same bits on every ISA.
     /// `Ggml` stays for reproducing llama.cpp (`MatmulArith::InvariantGgml`).
     /// `AGENTKV_PACKED_DEF=ggml|block-sum` (read once) overrides it, to measure one against the
     /// other.
@@ -453,17 +453,12 @@ pub(super) fn split(p: &Packed32, pool: &ThreadPool, num_tokens: usize) -> (usiz
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::kernels::block32::{dot_row_scalar, Block32, Q4_0, Q4_1, Q5_0, Q8_0};
+    use crate::block32::{dot_row_scalar, Block32, Q4_0, Q4_1, Q5_0, Q8_0};
     use gguf::quantize::quantize_row;
     use rand::{Rng, SeedableRng};
 
     /// `rows` rows of uniform values in [-1, 1) quantised to `ty` (GGUF layout).
-    pub(in crate::kernels) fn random_matrix(
-        ty: GgmlType,
-        rows: usize,
-        row_len: usize,
-        seed: u64,
-    ) -> Vec<u8> {
+    pub(crate) fn random_matrix(ty: GgmlType, rows: usize, row_len: usize, seed: u64) -> Vec<u8> {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let mut data = Vec::new();
         for _ in 0..rows {
@@ -588,10 +583,8 @@ pub(super) mod tests {
     /// matrix's; fused calls (in this machine's invariant definition) equal separate ones.
     #[test]
     fn packed_paths_batches_and_threads_agree_bitwise() {
-        use crate::kernels::matmul::matmul_with_def;
-        use crate::kernels::{
-            matmul_many_with_features, matmul_with_features, QMatrix, ThreadPool,
-        };
+        use crate::matmul::matmul_with_def;
+        use crate::{matmul_many_with_features, matmul_with_features, QMatrix, ThreadPool};
         let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
         let detected = CpuFeatures::detect();
         let portable = CpuFeatures::PORTABLE;

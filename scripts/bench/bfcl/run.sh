@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # BFCL (Berkeley Function Calling Leaderboard) FC-mode run against agentkv and llama-server,
-# both serving the same GGUF, plus BFCL's AST evaluation and scripts/bfcl/classify.py.
+# both serving the same GGUF, plus BFCL's AST evaluation and scripts/bench/bfcl/classify.py.
 # Manual tool: not used by CI and not called from scripts/test.sh.
 #
 # Usage:
-#   scripts/bfcl/run.sh AGENTKV_BIN LLAMA_SERVER_BIN MODEL_GGUF [WORK_DIR]
+#   scripts/bench/bfcl/run.sh AGENTKV_BIN LLAMA_SERVER_BIN MODEL_GGUF [WORK_DIR]
 #
 #   AGENTKV_BIN       e.g. target/debug/agentkv
 #   LLAMA_SERVER_BIN  a CPU llama-server; how s26 built it (outside this repo):
@@ -45,7 +45,7 @@ AGENTKV_BIN=$(readlink -f "${1:?usage: run.sh AGENTKV_BIN LLAMA_SERVER_BIN MODEL
 LLAMA_BIN=$(readlink -f "${2:?llama-server binary}")
 MODEL=$(readlink -f "${3:?model gguf}")
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
+REPO=$(cd "$HERE/../../.." && pwd)
 WORK=$(mkdir -p "${4:-$REPO/bench-out/bfcl}" && cd "${4:-$REPO/bench-out/bfcl}" && pwd)
 N_PER_CAT=${N_PER_CAT:-50}
 BFCL_VENV=${BFCL_VENV:-$REPO/bench-out/bfcl-venv}

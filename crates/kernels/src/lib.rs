@@ -1,4 +1,5 @@
-//! CPU compute kernels: the hot path of the forward pass.
+//! CPU compute kernels: the hot path of the forward pass, and (nearly) all of the workspace's
+//! `unsafe` — each block with a `// SAFETY:` note and tests of bit-identity beside it.
 //!
 //! Owns the thread pool ([`pool`]), runtime CPU feature detection ([`cpu`]), f32 vector primitives
 //! ([`vec_f32`]: `dot_f32`, `axpy_f32`; [`vec_f16`]: the same with an f16 operand widened on
@@ -9,7 +10,9 @@
 //! their 16-rows-per-instruction kernels: [`packed32`]), the same for the K-quant super-block types Q4_K / Q5_K / Q6_K
 //! against 256-element activation blocks ([`kquant`], AVX2 / VNNI tiles in `kquant_tile`, their unpacking in `kquant_avx2`, the driver in `kquant_rows`), row conversion to f32 for everything else ([`row_f32`]) and the
 //! matrix-times-activations driver ([`matmul`]; several matrices sharing one input in one dispatch:
-//! [`matmul_many`]). It never reads files, never allocates per task,
+//! [`matmul_many`]), llama.cpp's tiled flash attention reproduced op for op ([`ggml_tiled`]),
+//! disjoint row access from parallel tasks ([`par`]) and huge-page buffers ([`hugepages`]). It
+//! never reads files, never allocates per task,
 //! and never decides what a model layer is.
 //!
 //! Numerical contract (the engine relies on it):
@@ -31,6 +34,8 @@ pub mod flash_tile;
 pub mod flash_tile_codes;
 pub mod flash_tile_narrow;
 pub mod flash_tile_wide;
+pub mod ggml_tiled;
+pub mod hugepages;
 pub mod kquant;
 #[cfg(target_arch = "x86_64")]
 mod kquant_avx2;
@@ -49,6 +54,7 @@ mod packed32_prefill;
 mod packed32_prefill_avx2;
 #[cfg(target_arch = "x86_64")]
 mod packed32_x86;
+pub mod par;
 pub mod pool;
 pub mod row_f32;
 pub mod swiglu;

@@ -131,7 +131,7 @@ fn act_block(ty: GgmlType) -> Option<usize> {
 #[test]
 fn row_decoding_matches_llama_cpp_python_reference() {
     let cases: Vec<serde_json::Value> =
-        serde_json::from_str(include_str!("../../tests/data/kernels_dequant.json"))
+        serde_json::from_str(include_str!("../tests/data/kernels_dequant.json"))
             .expect("valid test data");
     assert_eq!(cases.len(), 8);
     for case in cases {

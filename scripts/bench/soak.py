@@ -13,7 +13,7 @@ Counts as an error: any HTTP status other than 200 (429/503 are reported separat
 "overload"), a stream that ends without [DONE] or with an error event, a client exception that
 is not our own disconnect, and a /health that fails or takes over 1 s.
 
-Usage: scripts/soak.py [--binary target/release/agentkv] [--minutes 30] [--streams 32]
+Usage: scripts/bench/soak.py [--binary target/release/agentkv] [--minutes 30] [--streams 32]
                        [--disconnect 0.2] [--freeze-s 60] [--out soak.json]
 Prints a JSON summary (also written to --out) and exits non-zero on errors, RSS growth over 5 %
 (last quarter vs first quarter after warm-up) or blocks in use when idle.

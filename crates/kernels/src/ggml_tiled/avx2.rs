@@ -24,8 +24,8 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::{RowsScratch, KV_TILE};
-use crate::kernels::flash_tile_wide::x86::transpose8x8;
-use crate::kernels::swiglu::avx2::expf8;
+use crate::flash_tile_wide::x86::transpose8x8;
+use crate::swiglu::avx2::expf8;
 
 /// Query rows per register block (2 rows × 4 vectors of accumulators, the K or V vectors and
 /// the broadcasts fit the 16 `ymm` registers).

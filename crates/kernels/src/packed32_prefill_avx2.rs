@@ -509,8 +509,8 @@ impl Tile<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::packed32::PackedDef;
-    use crate::kernels::packed32_prefill::check::prefill_matches_portable;
+    use crate::packed32::PackedDef;
+    use crate::packed32_prefill::check::prefill_matches_portable;
 
     /// Token counts across tile and chunk edges, with AVX-512 masked off so that this kernel
     /// runs on every AVX2 machine: bit-identical to the portable path, in both definitions.

@@ -63,6 +63,7 @@ impl OnlineSoftmax {
 /// The online-softmax loop over `keys`/`vals` (`[n, head_dim]` each, `head_dim = q.len() =
 /// acc.len()`): see the module doc. `q` holds the query already rounded to f16 (as f32 values).
 /// Panics on a shape mismatch.
+#[inline]
 pub fn accumulate_rows(
     st: &mut OnlineSoftmax,
     acc: &mut [f32],

@@ -355,11 +355,11 @@ unsafe fn one_token512<const K: u8>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::matmul::matmul_with_def;
-    use crate::kernels::packed32::tests::random_matrix;
-    use crate::kernels::packed32::PackedDef;
-    use crate::kernels::QMatrix;
-    use crate::kernels::ThreadPool;
+    use crate::matmul::matmul_with_def;
+    use crate::packed32::tests::random_matrix;
+    use crate::packed32::PackedDef;
+    use crate::QMatrix;
+    use crate::ThreadPool;
     use rand::{Rng, SeedableRng};
 
     fn bits(v: &[f32]) -> Vec<u32> {

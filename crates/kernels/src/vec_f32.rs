@@ -14,6 +14,7 @@ pub(crate) use quant::canonical::hsum8;
 
 /// `Σ a[i] * b[i]` in the canonical order (see module doc). Panics if the lengths differ (a
 /// caller bug: shapes are fixed by the model).
+#[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     dot_f32_with(cpu_features(), a, b)
 }
@@ -31,6 +32,7 @@ pub fn dot_f32_with(features: CpuFeatures, a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `y[i] += a * x[i]` with one fused multiply-add per element. Panics if lengths differ.
+#[inline]
 pub fn axpy_f32(a: f32, x: &[f32], y: &mut [f32]) {
     axpy_f32_with(cpu_features(), a, x, y)
 }

@@ -7,7 +7,7 @@
 use std::marker::PhantomData;
 use std::sync::Mutex;
 
-use crate::kernels::ThreadPool;
+use crate::ThreadPool;
 
 /// Runs `f(i)` for every `i` in `0..n` over `pool`, in runs of consecutive items (at least
 /// `min_run`, about four per thread), and returns the error of the lowest failing item, if any

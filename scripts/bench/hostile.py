@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue #44's goals, measured from outside against a real `agentkv serve` (stdlib only).
 
-Usage: scripts/bench_hostile.py AGENTKV_BINARY [--calls N] [--skip-tenants]
+Usage: scripts/bench/hostile.py AGENTKV_BINARY [--calls N] [--skip-tenants]
 
 1. Rejected constraints: each hostile constraint of issue #44 (and a few it did not show) is sent
    5 times; for each, the answer (status, code) and the server process's CPU time per request

@@ -63,7 +63,7 @@ pub(super) mod avx2 {
     /// `p` points at 8 readable `f16` (16 bytes); F16C is available.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::kernels) unsafe fn load8(p: *const f16) -> __m256 {
+    pub(crate) unsafe fn load8(p: *const f16) -> __m256 {
         // SAFETY: the caller guarantees 16 readable bytes; `f16` is a plain `u16`, unaligned load.
         _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) })
     }
@@ -104,7 +104,7 @@ pub(super) mod avx2 {
     /// Twin of `vec_f32::avx2::axpy` with `x` widened on load.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(in crate::kernels) fn axpy(a: f32, x: &[f16], y: &mut [f32]) {
+    pub(crate) fn axpy(a: f32, x: &[f16], y: &mut [f32]) {
         let n = x.len().min(y.len());
         let av = _mm256_set1_ps(a);
         let mut i = 0;

@@ -125,7 +125,7 @@ impl TileElem for half::bf16 {
 /// of a decode's K/V stream. `start` may point anywhere (the next tile can lie past the current
 /// chunk, in unrelated memory): a prefetch never faults, and changes no result. No-op off x86-64.
 #[inline(always)]
-pub(crate) fn prefetch_l1(start: *const u8, len: usize) {
+pub fn prefetch_l1(start: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     for at in (0..len).step_by(64) {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
