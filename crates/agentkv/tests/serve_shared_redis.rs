@@ -10,7 +10,8 @@
 mod common;
 
 use common::{greedy_chat, http, metric_sum, start, words_message, Server};
-use tier::testing::{RedisCluster, RedisServer};
+use tier::testing::RedisServer;
+use tier::testing_cluster::RedisCluster;
 
 /// A 24-block active pool (16-token blocks, f16 KV: 23,040 bytes per token) and one Redis tier
 /// (`tier`: its YAML flow mapping) written on publish.

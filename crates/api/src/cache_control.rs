@@ -6,8 +6,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::fields::KnownFields;
-
 /// Session and retention fields of a generation request.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CacheFields {
@@ -37,16 +35,6 @@ pub struct CacheControl {
     /// `"5m"` (the default) or `"1h"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl: Option<String>,
-}
-
-impl KnownFields for CacheFields {
-    const FIELDS: &'static [&'static str] = &[
-        "prompt_cache_key",
-        "session_id",
-        "prompt_cache_retention",
-        "cache_control",
-        "priority",
-    ];
 }
 
 /// `GET /v1/sessions/{id}`: what a session retains now.

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::tools::FunctionKind;
 use crate::usage::{StreamOptions, Usage};
 
 /// Author of a chat message.
@@ -153,13 +154,6 @@ pub struct NamedToolChoice {
     #[serde(rename = "type")]
     pub kind: FunctionKind,
     pub function: FunctionName,
-}
-
-/// The only tool type: `"function"`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FunctionKind {
-    Function,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -144,3 +144,14 @@ impl KnownFields for ResponsesRequest {
         Self::FIELDS.contains(&name) || CacheFields::is_known(name)
     }
 }
+
+/// The cache and session fields every generation request reads (`cache_control.rs`).
+impl KnownFields for CacheFields {
+    const FIELDS: &'static [&'static str] = &[
+        "prompt_cache_key",
+        "session_id",
+        "prompt_cache_retention",
+        "cache_control",
+        "priority",
+    ];
+}

@@ -28,8 +28,8 @@ pub use cache_control::{
 };
 pub use chat::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatMessage, FunctionKind, FunctionName, LogitBias,
-    NamedToolChoice, Role, ToolChoice, ToolChoiceMode,
+    ChatCompletionResponse, ChatDelta, ChatMessage, FunctionName, LogitBias, NamedToolChoice, Role,
+    ToolChoice, ToolChoiceMode,
 };
 pub use completion::{
     CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse, Prompt,
@@ -40,7 +40,9 @@ pub use fields::KnownFields;
 pub use format::{JsonSchemaFormat, ResponseFormat, StructuredOutputs};
 pub use logprobs::{ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob};
 pub use models::{ModelCard, ModelList};
-pub use tools::{FunctionCall, FunctionCallDelta, FunctionDef, Tool, ToolCall, ToolCallDelta};
+pub use tools::{
+    FunctionCall, FunctionCallDelta, FunctionDef, FunctionKind, Tool, ToolCall, ToolCallDelta,
+};
 pub use usage::{
     CacheMissDetails, CompletionTokensDetails, PromptTokensDetails, StreamOptions, Usage,
 };

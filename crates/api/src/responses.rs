@@ -260,7 +260,7 @@ pub enum ResponseToolChoice {
 pub struct NamedFunction {
     /// Always `"function"`.
     #[serde(rename = "type")]
-    pub kind: crate::chat::FunctionKind,
+    pub kind: crate::tools::FunctionKind,
     pub name: String,
 }
 

@@ -4,7 +4,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::chat::FunctionKind;
+/// The only tool type: `"function"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FunctionKind {
+    Function,
+}
 
 /// One entry of a request's `tools`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

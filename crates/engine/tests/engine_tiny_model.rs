@@ -1043,8 +1043,7 @@ fn all_retention_survives_preemption_and_comes_back_from_a_tier_identically() {
 /// Blocks computed in the engine's default arithmetic (the
 /// block-sum matmul order and the tiled attention at every depth) are keyed apart from blocks of
 /// an engine that reproduces llama.cpp (`llama_cpp_prefill`: ggml's order, its per-row
-/// attention), also for short prompts; where the default is llama.cpp's arithmetic for short
-/// prompts (`AGENTKV_PACKED_DEF=ggml`) the two share them.
+/// attention), also for short prompts.
 #[test]
 fn the_arithmetic_is_part_of_the_cache_namespace() {
     let default_cfg = EngineConfig {

@@ -159,6 +159,7 @@ pub fn tile_update_wide(
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     //! AVX2 transposition and AVX-512 tile bodies; callers check the features at runtime.
+    use super::super::flash_tile::avx2::values16;
     use super::super::flash_tile::{
         exp_poly, EXP_MIN, LN2_HI, LN2_LO, LOG2E, P0, P1, P2, P3, P4, P5,
     };
@@ -407,36 +408,6 @@ pub(crate) mod x86 {
         unsafe { values16::<f32, R>(accs, &p, valid, vals) };
     }
 
-    /// Step 4 of [`finish`]: `acc += p[t]·v[t]` in position order, up to four vectors per row
-    /// held in registers (constant block widths, so the accumulators never leave registers).
-    ///
-    /// # Safety
-    /// As [`finish`].
-    #[allow(clippy::needless_range_loop)]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    #[inline]
-    pub(crate) unsafe fn values16<E: TileElem, const R: usize>(
-        accs: &mut [&mut [f32]; R],
-        p: &[[f32; TILE_POSITIONS]; R],
-        valid: usize,
-        vals: &[E],
-    ) {
-        let hd = accs[0].len();
-        let aps: [*mut f32; R] = std::array::from_fn(|r| accs[r].as_mut_ptr());
-        let vp = vals.as_ptr();
-        let mut e0 = 0;
-        while e0 + 64 <= hd {
-            // SAFETY: elements `e0..e0 + 64 <= hd` of every accumulator and `vals` row.
-            unsafe { pv::<E, R, 4>(&aps, vp, hd, e0, p, valid) };
-            e0 += 64;
-        }
-        while e0 < hd {
-            // SAFETY: elements `e0..e0 + 16 <= hd` (`hd` is a multiple of 16).
-            unsafe { pv::<E, R, 1>(&aps, vp, hd, e0, p, valid) };
-            e0 += 16;
-        }
-    }
-
     /// Steps 2–3 for `R` rows (masking positions past `valid`, rescaling `accs` and the
     /// states): returns the weights `p` of step 4.
     ///
@@ -488,48 +459,6 @@ pub(crate) mod x86 {
             st.sum += group_sums(e);
         }
         p
-    }
-
-    /// `acc_r[e0..e0 + 16W] = fma(p[r][t], v[t][e0..e0 + 16W], acc_r)` for `t < valid` in
-    /// order, every row's `W` vectors held in registers and each V load shared by the rows.
-    ///
-    /// # Safety
-    /// AVX-512 F present; `aps[r] + e0` holds `16W` floats; `vp + t·hd + e0` holds `16W` floats
-    /// for every `t < valid <= 16`.
-    #[allow(clippy::needless_range_loop)]
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn pv<E: TileElem, const R: usize, const W: usize>(
-        aps: &[*mut f32; R],
-        vp: *const E,
-        hd: usize,
-        e0: usize,
-        p: &[[f32; TILE_POSITIONS]; R],
-        valid: usize,
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); W]; R];
-        for r in 0..R {
-            for i in 0..W {
-                // SAFETY: caller's contract.
-                acc[r][i] = unsafe { _mm512_loadu_ps(aps[r].add(e0 + 16 * i)) };
-            }
-        }
-        for t in 0..valid {
-            let bp: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(p[r][t]));
-            for i in 0..W {
-                // SAFETY: caller's contract (row `t < valid`).
-                let x = unsafe { E::load16(vp.add(t * hd + e0 + 16 * i)) };
-                for r in 0..R {
-                    acc[r][i] = _mm512_fmadd_ps(bp[r], x, acc[r][i]);
-                }
-            }
-        }
-        for r in 0..R {
-            for i in 0..W {
-                // SAFETY: caller's contract.
-                unsafe { _mm512_storeu_ps(aps[r].add(e0 + 16 * i), acc[r][i]) };
-            }
-        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! driver for them.
 //!
 //! Owns the activation format, the portable (scalar) kernels and the canonical per-output
-//! operation order; the AVX2 / AVX-512 VNNI tiles live in [`super::kquant_avx2`] and follow the
+//! operation order; the AVX2 / AVX-512 VNNI tiles live in `kquant_avx2.rs` and follow the
 //! same order bit for bit. The order is the one of llama.cpp's x86 AVX2 kernels (the build our
 //! references come from). For weight row `W[r]` and token `t`, over super-blocks `b` in order:
 //! ```text

@@ -1,5 +1,5 @@
 //! AVX2 unpacking of the K-quant super-blocks (Q4_K / Q5_K / Q6_K) for the integer tiles of
-//! [`super::kquant_tile`]: stored values as unsigned bytes per 32-element vector, the integer
+//! `kquant_tile.rs`: stored values as unsigned bytes per 32-element vector, the integer
 //! group scales expanded for `madd` / `vpdpwssd`, the per-32 mins and the float scales. Callers
 //! must have checked AVX2+FMA+F16C at runtime. It never allocates and computes no dot product.
 #![cfg(target_arch = "x86_64")]

@@ -10,21 +10,15 @@ use super::cpu::CpuFeatures;
 use super::kquant::KQuant;
 use super::kquant::{dot_row_scalar, flat_order, order, with_act_k_scratch, ActQ8K};
 use super::kquant::{Q4K, Q5K, Q6K, TILED_MIN_TOKENS};
-use super::matmul::{matmul_with_features, prepare, Job, MatmulArith, OutPtr};
+use super::matmul::{matmul_with_features, prepare, Job, MatmulArith};
+use super::out_ptr::OutPtr;
 use super::pool::ThreadPool;
 use super::{KernelError, QMatrix};
 use gguf::GgmlType;
 
-/// Whether K-quant weights take the integer kernels (`kquant.rs`, the default: they reproduce
-/// llama.cpp's AVX2 arithmetic) rather than the dequantise-to-f32 path (`AGENTKV_KQUANT_INT=0`,
-/// kept for comparison; [`matmul_kquant_f32`] reaches it directly).
-pub(crate) fn kquant_integer() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("AGENTKV_KQUANT_INT").map_or(true, |v| v != "0"))
-}
-
-/// [`matmul_with_features`] with K-quant weights through the dequantise-to-f32 path whatever
-/// [`kquant_integer`] says (other types as usual).
+/// [`matmul_with_features`] with K-quant weights through the dequantise-to-f32 path (other
+/// types as usual): the reference the integer kernels (`kquant.rs`, llama.cpp's AVX2
+/// arithmetic; what every matmul takes) are compared with.
 pub fn matmul_kquant_f32(
     pool: &ThreadPool,
     w: &QMatrix,

@@ -46,12 +46,14 @@ mod kquant_tile;
 mod kquant_tile512;
 pub mod matmul;
 pub mod matmul_many;
+mod out_ptr;
 pub mod packed32;
 mod packed32_blocksum;
 #[cfg(target_arch = "x86_64")]
 mod packed32_prefill;
 #[cfg(target_arch = "x86_64")]
 mod packed32_prefill_avx2;
+mod packed32_run;
 #[cfg(target_arch = "x86_64")]
 mod packed32_x86;
 pub mod par;

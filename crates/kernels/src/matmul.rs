@@ -19,7 +19,9 @@ use std::ops::Range;
 use super::act_quant::ActQ8;
 use super::block32::{dot_row_scalar, Block32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::cpu::{cpu_features, CpuFeatures};
+use super::out_ptr::OutPtr;
 use super::packed32::{self, Packed32, PackedDef};
+use super::packed32_run;
 use super::pool::ThreadPool;
 use super::row_f32::row_to_f32;
 use super::vec_f32::dot_f32_with;
@@ -200,17 +202,8 @@ impl Job<'_> {
             GgmlType::Q5_0 => job.run_quantized::<Q5_0>(pool, x, out),
             GgmlType::Q5_1 => job.run_quantized::<Q5_1>(pool, x, out),
             GgmlType::Q8_0 => job.run_quantized::<Q8_0>(pool, x, out),
-            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K
-                if super::kquant_rows::kquant_integer() =>
-            {
-                job.run_kquant(pool, x, out)
-            }
-            GgmlType::Q4K
-            | GgmlType::Q5K
-            | GgmlType::Q6K
-            | GgmlType::F32
-            | GgmlType::F16
-            | GgmlType::BF16 => job.run_float_rows(pool, x, out),
+            GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => job.run_kquant(pool, x, out),
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => job.run_float_rows(pool, x, out),
         }
     }
 }
@@ -263,10 +256,7 @@ pub(super) fn prepare<'a>(
         ggml_groups: arith == MatmulArith::LlamaCpp,
         packed_def: arith.packed_def_for(w.ty, w.num_rows),
     };
-    let out = OutPtr {
-        ptr: y.as_mut_ptr(),
-        len: y.len(),
-    };
+    let out = OutPtr::new(y);
     Ok(Some((job, out)))
 }
 
@@ -276,42 +266,6 @@ pub(super) fn is_block32(ty: GgmlType) -> bool {
         ty,
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
     )
-}
-
-/// The output matrix shared by all tasks; each task writes only its own rows.
-pub(super) struct OutPtr {
-    ptr: *mut f32,
-    len: usize,
-}
-
-// SAFETY: `OutPtr` is only created from a `&mut [f32]` that outlives the `for_each` using it, and
-// tasks write disjoint row ranges (each element by exactly one task), so sharing is race-free.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    #[inline(always)]
-    pub(super) fn write(&self, index: usize, value: f32) {
-        assert!(index < self.len, "output index in range");
-        // SAFETY: in bounds (checked above); no other task writes this index (see `Sync` impl).
-        unsafe { self.ptr.add(index).write(value) };
-    }
-
-    /// Elements `range` as a slice, for a task that writes all of them.
-    ///
-    /// # Safety
-    /// No other task reads or writes any element of `range` while the slice lives (tasks own
-    /// disjoint ranges, see the `Sync` impl).
-    #[inline(always)]
-    #[allow(clippy::mut_from_ref)] // disjoint ranges per task, the caller's contract above
-    pub(super) unsafe fn slice_mut(&self, range: Range<usize>) -> &mut [f32] {
-        assert!(
-            range.start <= range.end && range.end <= self.len,
-            "output range in bounds"
-        );
-        // SAFETY: in bounds (checked above); exclusive for its lifetime (the caller's contract);
-        // `ptr` comes from a `&mut [f32]` that outlives every task.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len()) }
-    }
 }
 
 /// Kernel set of one 32-element block type on this architecture.
@@ -398,7 +352,7 @@ impl Job<'_> {
             let act = &*act;
             if packed32::claims_from_both_ends(self.num_tokens) {
                 super::both_ends::for_each_chunk(pool, p.num_groups(), &|groups| {
-                    packed32::run_groups(p, self.features, self.packed_def, act, groups, out)
+                    packed32_run::run_groups(p, self.features, self.packed_def, act, groups, out)
                 });
                 return;
             }
@@ -406,7 +360,7 @@ impl Job<'_> {
             pool.for_each(num_tasks, &|task| {
                 let start = task * per;
                 let groups = start..(start + per).min(p.num_groups());
-                packed32::run_groups(p, self.features, self.packed_def, act, groups, out);
+                packed32_run::run_groups(p, self.features, self.packed_def, act, groups, out);
             });
         });
     }

@@ -12,8 +12,10 @@
 use super::act_quant::ActQ8;
 use super::cpu::{cpu_features, CpuFeatures};
 use super::kquant::{is_kquant, with_act_k_scratch, ActQ8K};
-use super::matmul::{is_block32, matmul_impl, prepare, with_act_scratch, Job, MatmulArith, OutPtr};
+use super::matmul::{is_block32, matmul_impl, prepare, with_act_scratch, Job, MatmulArith};
+use super::out_ptr::OutPtr;
 use super::packed32;
+use super::packed32_run;
 use super::pool::ThreadPool;
 use super::{KernelError, QMatrix};
 
@@ -80,7 +82,7 @@ fn matmul_many_impl(
             outputs: ys.len(),
         });
     }
-    let all_kquant = super::kquant_rows::kquant_integer() && ws.iter().all(|w| is_kquant(w.ty));
+    let all_kquant = ws.iter().all(|w| is_kquant(w.ty));
     let all_packed = ws.iter().all(|w| w.packed.is_some());
     let all_block32 = ws.iter().all(|w| is_block32(w.ty) && w.packed.is_none());
     let fusable = ws.len() <= MAX_FUSED && (all_kquant || all_packed || all_block32);
@@ -181,7 +183,7 @@ fn run_packed_fused(
                     let (lo, hi) = (chunk.start.max(own.start), chunk.end.min(own.end));
                     if lo < hi {
                         let groups = lo - own.start..hi - own.start;
-                        packed32::run_groups(p, features, job.packed_def, act, groups, out);
+                        packed32_run::run_groups(p, features, job.packed_def, act, groups, out);
                     }
                 }
             });
@@ -210,7 +212,7 @@ fn run_packed_fused(
             let p = ws[i].packed.expect("all matrices are packed");
             let start = (task - task_start[i]) * splits[i].1;
             let groups = start..(start + splits[i].1).min(p.num_groups());
-            packed32::run_groups(p, features, job.packed_def, act, groups, out);
+            packed32_run::run_groups(p, features, job.packed_def, act, groups, out);
         });
     });
 }

@@ -32,8 +32,6 @@
 //! allocates per call.
 
 use super::act_quant::{ActQ8, QK8};
-use super::cpu::CpuFeatures;
-use super::matmul::OutPtr;
 use super::pool::ThreadPool;
 use super::vec_f32::hsum8;
 use super::KernelError;
@@ -51,6 +49,17 @@ pub(super) const Q5_0: u8 = 3;
 /// Tokens per register tile of the batched kernels.
 pub(super) const TILE_TOKENS: usize = 2;
 
+/// The factor of a block's activation sum that corrects the unsigned weight operand exactly:
+/// Q4_0 nibbles carry `+8`, Q5_0 values `+16`; Q4_1 has none and Q8_0 takes its signs with
+/// `psignb`.
+pub(super) const fn correction(k: u8) -> i32 {
+    match k {
+        Q4_0 => -8,
+        Q5_0 => -16,
+        _ => 0,
+    }
+}
+
 /// The float order of a packed matrix's outputs. Both sum each block's products exactly in
 /// integers; they differ in how the block sums become a float.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +72,7 @@ pub enum PackedDef {
     /// One exact integer sum of the block's 32 products, then one fused multiply-add per block
     /// into one accumulator per row (Q4_1's zero-point term is a second fused multiply-add into
     /// the same accumulator): an eighth of `Ggml`'s conversions and fused multiply-adds, and the
-    /// lane sums add as 16-bit integers before one widening (see [`super::packed32_blocksum`]).
+    /// lane sums add as 16-bit integers before one widening (see `packed32_blocksum.rs`).
     BlockSum,
 }
 
@@ -73,25 +82,10 @@ impl PackedDef {
     /// 512-bit kernels prefill 1.45–1.6× and decode 1.05–1.2× faster than `Ggml`'s,
     /// docs/history/benchmarks-log.md), and, its paths being bit-identical, the same bits on every ISA.
     /// `Ggml` stays for reproducing llama.cpp (`MatmulArith::InvariantGgml`).
-    /// `AGENTKV_PACKED_DEF=ggml|block-sum` (read once) overrides it, to measure one against the
-    /// other.
+    /// No setting changes it (a measurement of one against the other builds both: the
+    /// kernels' tests, `bench-model --llama-cpp-prefill`).
     pub fn invariant() -> PackedDef {
-        static DEF: std::sync::OnceLock<PackedDef> = std::sync::OnceLock::new();
-        *DEF.get_or_init(|| {
-            match std::env::var("AGENTKV_PACKED_DEF")
-                .ok()
-                .as_deref()
-                .map(str::trim)
-            {
-                Some("ggml") => return PackedDef::Ggml,
-                Some("block-sum") => return PackedDef::BlockSum,
-                None | Some("") => {}
-                Some(other) => eprintln!(
-                    "agentkv: AGENTKV_PACKED_DEF={other:?} is not one of ggml, block-sum; ignored"
-                ),
-            }
-            PackedDef::BlockSum
-        })
+        PackedDef::BlockSum
     }
 
     /// A short name for cache namespaces and reports.
@@ -343,71 +337,6 @@ pub(super) fn group_scalar(
     }
 }
 
-/// Computes groups `groups` for every token of `act` into `out` (`[num_tokens, num_rows]`) in
-/// the definition `def`.
-pub(super) fn run_groups(
-    p: &Packed32,
-    features: CpuFeatures,
-    def: PackedDef,
-    act: &ActQ8,
-    groups: std::ops::Range<usize>,
-    out: &OutPtr,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if act.num_tokens <= TILE_TOKENS && groups.start < p.num_groups() {
-        // A decode chunk's first bytes, before the kernel's own look-ahead covers the stream (a
-        // chunk claimed from the back end starts cold).
-        super::packed32_x86::prefetch_first(p, groups.start);
-    }
-    if def == PackedDef::BlockSum {
-        super::packed32_blocksum::run_groups(p, features, act, groups, out);
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if super::packed32_prefill::run_groups(p, features, def, act, groups.clone(), out)
-        || super::packed32_prefill_avx2::run_groups(p, features, act, groups.clone(), out)
-    {
-        return;
-    }
-    let n = p.num_rows;
-    let num_tokens = act.num_tokens;
-    #[cfg(target_arch = "x86_64")]
-    if num_tokens == 1 && !groups.is_empty() {
-        // A decode: the whole range in one call (features and shapes checked once), the rows of
-        // the range written in place.
-        let rows = groups.start * GROUP_ROWS..(groups.end * GROUP_ROWS).min(n);
-        // SAFETY: for one token the rows of `groups` are outputs `rows`, which only this task
-        // writes (tasks own disjoint group ranges).
-        let o = unsafe { out.slice_mut(rows) };
-        if super::packed32_x86::groups_one_token(p, features, groups.clone(), act, o) {
-            return;
-        }
-    }
-    let mut tile = [[0f32; 16]; TILE_TOKENS];
-    for g in groups {
-        let rows = (n - g * GROUP_ROWS).min(GROUP_ROWS);
-        let mut t = 0;
-        while t < num_tokens {
-            let tt = (num_tokens - t).min(TILE_TOKENS);
-            let o = &mut tile[..tt];
-            #[cfg(target_arch = "x86_64")]
-            let done = super::packed32_x86::group(p, features, g, act, t, o);
-            #[cfg(not(target_arch = "x86_64"))]
-            let done = false;
-            if !done {
-                group_scalar(p, g, act, t, o);
-            }
-            for (dt, row) in o.iter().enumerate() {
-                for (lane, v) in row.iter().take(rows).enumerate() {
-                    out.write((t + dt) * n + g * GROUP_ROWS + lane, *v);
-                }
-            }
-            t += tt;
-        }
-    }
-    let _ = features;
-}
-
 /// Panics unless `act` holds whole tokens of `p`'s blocks in every buffer and `groups` lies in
 /// `p`: the entry check of the multi-token kernels (`packed32_prefill`, `packed32_prefill_avx2`,
 /// `packed32_blocksum`).
@@ -454,6 +383,7 @@ pub(super) fn split(p: &Packed32, pool: &ThreadPool, num_tokens: usize) -> (usiz
 pub(super) mod tests {
     use super::*;
     use crate::block32::{dot_row_scalar, Block32, Q4_0, Q4_1, Q5_0, Q8_0};
+    use crate::cpu::CpuFeatures;
     use gguf::quantize::quantize_row;
     use rand::{Rng, SeedableRng};
 

@@ -29,9 +29,9 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::act_quant::{ActQ8, QK8};
-use super::cpu::CpuFeatures;
-use super::matmul::OutPtr;
-use super::packed32::{f16_at, quant_layout, value, Packed32, GROUP_ROWS, Q4_0, Q4_1, Q5_0, Q8_0};
+use super::packed32::{
+    correction, f16_at, quant_layout, value, Packed32, GROUP_ROWS, Q4_1, Q5_0, Q8_0,
+};
 use gguf::GgmlType;
 
 /// One token's 16 outputs of group `g` in the `BlockSum` definition (the portable twin of every
@@ -61,83 +61,6 @@ pub(super) fn token_scalar(p: &Packed32, g: usize, act: &ActQ8, tok: usize) -> [
         *yv = acc;
     }
     y
-}
-
-/// Computes groups `groups` of `p` for every token of `act` into `out` (`[num_tokens,
-/// num_rows]`) in the `BlockSum` definition, on the best path `features` allows.
-pub(super) fn run_groups(
-    p: &Packed32,
-    features: CpuFeatures,
-    act: &ActQ8,
-    groups: Range<usize>,
-    out: &OutPtr,
-) {
-    super::packed32::assert_shapes(p, act, &groups);
-    let n = p.num_rows();
-    #[cfg(target_arch = "x86_64")]
-    if features.clamp_to_detected().avx2 && !groups.is_empty() {
-        let f = features.clamp_to_detected();
-        if act.num_tokens == 1 {
-            let rows = groups.start * GROUP_ROWS..(groups.end * GROUP_ROWS).min(n);
-            // SAFETY: for one token the rows of `groups` are outputs `rows`, which only this task
-            // writes (tasks own disjoint group ranges).
-            let o = unsafe { out.slice_mut(rows) };
-            if f.avx512 && f.vnni {
-                // SAFETY: AVX-512 F+VL+VNNI on top of AVX2+FMA+F16C were detected; the shapes
-                // were checked above and the output is exactly the groups' rows.
-                unsafe {
-                    match p.ty() {
-                        GgmlType::Q4_0 => one_token512::<Q4_0>(p, groups, act, o),
-                        GgmlType::Q4_1 => one_token512::<Q4_1>(p, groups, act, o),
-                        GgmlType::Q5_0 => one_token512::<Q5_0>(p, groups, act, o),
-                        _ => one_token512::<Q8_0>(p, groups, act, o),
-                    }
-                }
-                return;
-            }
-            // SAFETY: AVX2+FMA+F16C were detected; the shapes were checked above and the
-            // output is exactly the groups' rows.
-            unsafe {
-                match p.ty() {
-                    GgmlType::Q4_0 => one_token::<Q4_0>(p, groups, act, o),
-                    GgmlType::Q4_1 => one_token::<Q4_1>(p, groups, act, o),
-                    GgmlType::Q5_0 => one_token::<Q5_0>(p, groups, act, o),
-                    _ => one_token::<Q8_0>(p, groups, act, o),
-                }
-            }
-        } else if !super::packed32_prefill::run_groups(
-            p,
-            features,
-            super::packed32::PackedDef::BlockSum,
-            act,
-            groups.clone(),
-            out,
-        ) {
-            super::packed32_prefill_avx2::run_groups_blocksum(p, act, groups, out);
-        }
-        return;
-    }
-    let _ = features;
-    for g in groups {
-        let rows = (n - g * GROUP_ROWS).min(GROUP_ROWS);
-        for t in 0..act.num_tokens {
-            let y = token_scalar(p, g, act, t);
-            for (lane, v) in y.iter().take(rows).enumerate() {
-                out.write(t * n + g * GROUP_ROWS + lane, *v);
-            }
-        }
-    }
-}
-
-/// The factor of a block's activation sum that corrects the unsigned weight operand exactly:
-/// Q4_0 nibbles carry `+8`, Q5_0 values `+16`; Q4_1 has none and Q8_0 takes its signs with
-/// `psignb`.
-pub(super) const fn correction(k: u8) -> i32 {
-    match k {
-        Q4_0 => -8,
-        Q5_0 => -16,
-        _ => 0,
-    }
 }
 
 /// The exact integer sums of one packed block's eight rows `8h..8h + 8` against one token's
@@ -193,7 +116,12 @@ unsafe fn half_isum<const K: u8>(bp: *const u8, h: usize, xs: &[__m256i; 8]) -> 
 /// (checked by [`run_groups`]) and `out` holds exactly the groups' rows.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn one_token<const K: u8>(p: &Packed32, groups: Range<usize>, act: &ActQ8, out: &mut [f32]) {
+pub(super) unsafe fn one_token<const K: u8>(
+    p: &Packed32,
+    groups: Range<usize>,
+    act: &ActQ8,
+    out: &mut [f32],
+) {
     let (nb, bb) = (p.num_blocks(), p.block_bytes());
     let n = p.num_rows();
     assert!(
@@ -264,7 +192,7 @@ unsafe fn one_token<const K: u8>(p: &Packed32, groups: Range<usize>, act: &ActQ8
 /// rows.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-unsafe fn one_token512<const K: u8>(
+pub(super) unsafe fn one_token512<const K: u8>(
     p: &Packed32,
     groups: Range<usize>,
     act: &ActQ8,
@@ -355,6 +283,7 @@ unsafe fn one_token512<const K: u8>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::CpuFeatures;
     use crate::matmul::matmul_with_def;
     use crate::packed32::tests::random_matrix;
     use crate::packed32::PackedDef;

@@ -34,7 +34,7 @@ use std::ops::Range;
 
 use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
-use super::matmul::OutPtr;
+use super::out_ptr::OutPtr;
 use super::packed32::{assert_shapes, Packed32, PackedDef, GROUP_ROWS, Q4_0, Q4_1, Q5_0, Q8_0};
 use gguf::GgmlType;
 

@@ -36,9 +36,9 @@ use std::ops::Range;
 
 use super::act_quant::{ActQ8, QK8};
 use super::cpu::CpuFeatures;
-use super::matmul::OutPtr;
+use super::out_ptr::OutPtr;
+use super::packed32::correction;
 use super::packed32::{assert_shapes, Packed32, GROUP_ROWS, Q4_0, Q4_1, Q5_0, Q8_0};
-use super::packed32_blocksum::correction;
 use super::packed32_prefill::{enabled, MIN_TOKENS};
 use super::packed32_x86::{hsum8_lanes, q5_lanes256};
 use gguf::GgmlType;

@@ -156,7 +156,7 @@ pub(super) use hsum8_lanes;
 /// The factor of an activation sum that corrects the unsigned weight operand of `vpdpbusd`
 /// exactly: Q4_0 nibbles carry `+8`, Q5_0 values `+16`, Q8_0's signed bytes `+128` (top bit
 /// flipped); Q4_1 has none. (AVX2's `maddubs` paths take Q8_0's signs with `psignb` instead:
-/// `packed32_blocksum::correction`.)
+/// `packed32::correction`.)
 pub(super) const fn vnni_correction(k: u8) -> i32 {
     match k {
         Q4_0 => -8,
@@ -172,7 +172,7 @@ fn lane_start<const K: u8>(act: &ActQ8, xi: usize, l: usize, avx512: bool) -> i3
     let c = if avx512 {
         vnni_correction(K)
     } else {
-        super::packed32_blocksum::correction(K)
+        super::packed32::correction(K)
     };
     if c == 0 {
         0

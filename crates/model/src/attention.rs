@@ -138,18 +138,12 @@ pub enum AttnArith {
 pub const PREFILL_MIN_TOKENS: usize = 64;
 
 impl AttnArith {
-    /// The engine's default: [`AttnArith::Tiled`] where its packed matmuls already leave
-    /// llama.cpp's float order (`PackedDef::invariant()` is `BlockSum`: every CPU unless
-    /// `AGENTKV_PACKED_DEF=ggml`), [`AttnArith::Row`] — llama.cpp's decode arithmetic — where
-    /// they keep it (with `Tiled`, 2 of 16 held-out greedy prefixes move against llama.cpp,
-    /// docs/history/benchmarks-log.md "Tiled attention for short contexts").
+    /// The engine's default: [`AttnArith::Tiled`], the regime that goes with its packed
+    /// matmuls' block-sum order (`PackedDef::invariant()`), which already leaves llama.cpp's
+    /// float order; llama.cpp's own arithmetic is [`AttnArith::Row`] (the engine's
+    /// `llama_cpp_prefill`).
     pub fn invariant() -> AttnArith {
-        use kernels::PackedDef;
-        if PackedDef::invariant() == PackedDef::BlockSum {
-            AttnArith::Tiled
-        } else {
-            AttnArith::Row
-        }
+        AttnArith::Tiled
     }
 
     /// How logs and reports name it.

@@ -11,6 +11,10 @@
 
 use half::f16;
 
+/// The AVX2 twin of the clipped-range search (bit-identical).
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod clip_avx2;
+
 /// Largest finite f16; integer codecs saturate inputs to ±this so parameters always fit in f16.
 pub const F16_MAX: f32 = 65504.0;
 
@@ -98,7 +102,7 @@ pub(crate) fn choose_clipped_with(isa: crate::isa::Isa, values: &[f32], qmax: u3
     #[cfg(target_arch = "x86_64")]
     if isa.use_avx2() {
         // SAFETY: `use_avx2` is true only when AVX2, FMA and F16C were detected at runtime.
-        return unsafe { crate::clip_avx2::choose_clipped(values, qmax) };
+        return unsafe { crate::affine::clip_avx2::choose_clipped(values, qmax) };
     }
     let _ = isa;
     choose_clipped(values, qmax)
@@ -109,7 +113,7 @@ pub(crate) fn choose_with(isa: crate::isa::Isa, values: &[f32], qmax: u32) -> Af
     #[cfg(target_arch = "x86_64")]
     if isa.use_avx2() {
         // SAFETY: `use_avx2` is true only when AVX2, FMA and F16C were detected at runtime.
-        return unsafe { crate::clip_avx2::choose(values, qmax) };
+        return unsafe { crate::affine::clip_avx2::choose(values, qmax) };
     }
     let _ = isa;
     choose(values, qmax)

@@ -446,7 +446,7 @@ pub(crate) fn decode_u4_channels(scales: &[f32], offsets: &[f32], codes: &[u8], 
     }
 }
 
-crate::dispatch::int_row_drivers!(target_feature(enable = "avx2,fma,f16c"));
+crate::row_drivers::int_row_drivers!(target_feature(enable = "avx2,fma,f16c"));
 
 /// [`crate::scalar::encode_codes`], four values at a time in f64: sanitise (NaN → code 0,
 /// clamp to ±65504), `(x − offset)/scale` with an IEEE division, round to nearest even, clamp

@@ -80,7 +80,7 @@ fn encode_group_with(isa: Isa, rows: &[f32], tokens: usize, head_dim: usize, out
             // SAFETY: `use_avx2` is true only when AVX2, FMA and F16C were detected at runtime;
             // the shapes were checked by the caller (and are asserted inside).
             if unsafe {
-                crate::clip_avx2::encode_channels8(rows, tokens, head_dim, c, params, codes)
+                crate::affine::clip_avx2::encode_channels8(rows, tokens, head_dim, c, params, codes)
             } {
                 c += 8;
                 continue;
@@ -337,7 +337,7 @@ mod tests {
             let kind = KvCodecKind::Int4Channel { tokens };
             // Each channel its own shape (outliers, constants, signed zeros, NaN, …).
             let columns: Vec<Vec<f32>> = (0..hd)
-                .map(|_| crate::clip_avx2::tests::group(&mut rng, tokens, case % 3 == 0))
+                .map(|_| crate::affine::clip_avx2::tests::group(&mut rng, tokens, case % 3 == 0))
                 .collect();
             let rows: Vec<f32> = (0..tokens * hd).map(|i| columns[i % hd][i / hd]).collect();
             let bytes = kind.bytes_per_group(hd).unwrap();

@@ -19,8 +19,6 @@ mod avx512;
 mod axpy;
 pub mod canonical;
 pub mod channel;
-#[cfg(target_arch = "x86_64")]
-mod clip_avx2;
 mod codecs;
 mod dispatch;
 mod dot;
@@ -31,6 +29,7 @@ mod isa;
 mod kind;
 mod layout;
 pub mod row;
+mod row_drivers;
 mod rows;
 mod scalar;
 mod tile;

@@ -128,7 +128,7 @@ pub(crate) fn decode_u4_channels(scales: &[f32], offsets: &[f32], codes: &[u8], 
     }
 }
 
-crate::dispatch::int_row_drivers!();
+crate::row_drivers::int_row_drivers!();
 
 /// Integer codes of `x` under the widened parameters `(scale, offset)`: [`affine::code`] per
 /// value (the reference every encode path must match bit for bit).

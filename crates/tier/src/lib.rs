@@ -21,7 +21,7 @@ mod ram;
 mod redis_store;
 mod store;
 pub mod testing;
-mod testing_cluster;
+pub mod testing_cluster;
 
 pub use config::{open_tiers, ByteSize, TierConfig};
 pub use disk::{DiskConfig, DiskStore, ScanReport, LAYOUT_DIR};

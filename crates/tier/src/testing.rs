@@ -1,12 +1,10 @@
 //! Test support shared with other crates' tests: a throw-away `redis-server` on a free loopback
-//! port (killed on drop), a three-master Redis Cluster of them ([`RedisCluster`]) and
+//! port (killed on drop), a three-master Redis Cluster of them (`testing_cluster.rs`) and
 //! deterministic block payloads. Never used by production code.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-pub use crate::testing_cluster::RedisCluster;
 
 /// Why a test Redis server could not be started.
 #[derive(Debug, thiserror::Error)]

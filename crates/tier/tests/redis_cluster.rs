@@ -7,7 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use tier::testing::{hash32, payload, RedisCluster};
+use tier::testing::{hash32, payload};
+use tier::testing_cluster::RedisCluster;
 use tier::{BlockRef, RedisConfig, RedisStore, TierKey, TierStore};
 
 fn key(i: u64) -> TierKey {

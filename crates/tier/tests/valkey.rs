@@ -9,7 +9,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tier::conformance::{self, Subject};
-use tier::testing::{hash32, payload, RedisCluster, RedisServer};
+use tier::testing::{hash32, payload, RedisServer};
+use tier::testing_cluster::RedisCluster;
 use tier::{BlockRef, Compression, RedisConfig, RedisStore, TierKey, TierStore};
 
 fn valkey_installed() -> bool {
