@@ -22,7 +22,8 @@ use half::{bf16, f16};
 
 use crate::attention::AttnArith;
 use crate::attention_plan::{AttnPlan, AttnTask, SEGMENT_POSITIONS};
-use crate::kv::{KvChunk, KvDtype, KvStore, SeqSlot};
+use crate::kv::{KvChunk, KvStore, SeqSlot};
+use crate::tile_path::{RowCodec, TaskPath, Transposed};
 use kernels::cpu::{cpu_features, CpuFeatures};
 use kernels::flash_tile::{
     merge_segments, prefetch_l1, tile_update, tile_update_rows, widen_f16, TileElem, TileSoftmax,
@@ -31,16 +32,12 @@ use kernels::flash_tile::{
 #[cfg(target_arch = "x86_64")]
 use kernels::flash_tile_codes::{tile_update_channel_codes, tile_update_wide_codes};
 use kernels::flash_tile_codes::{
-    tile_update_codes, values_from_codes, CodedTile, KeyCodes, QueryCodes, QueryRef, TileValues,
+    tile_update_codes, CodedTile, KeyCodes, QueryCodes, QueryRef, TileValues,
 };
 use kernels::flash_tile_narrow::{tile_update_narrow, NarrowTiles};
 use kernels::flash_tile_wide::{tile_update_wide, transpose_keys, WideTiles, WIDE_ROWS};
 use kernels::par::DisjointRows;
 use quant::decode_rows;
-
-/// From this many query rows sharing a tile on, the tile is widened to f32 once instead of
-/// widening each element on load for every row (same bits either way).
-const WIDEN_MIN_ROWS: usize = 8;
 
 /// Reusable per-thread buffers: one K and one V tile as stored (f16) and widened (f32).
 #[derive(Default)]
@@ -64,6 +61,21 @@ pub struct TileScratch {
     /// The position counts of a segment's rows and its passes (`segment_passes`).
     ns: Vec<usize>,
     passes: Vec<SegmentPass>,
+}
+
+impl TileScratch {
+    /// Sizes the tile buffers for heads of `hd` (grown once, reused by every task).
+    fn size_tiles(&mut self, hd: usize) {
+        for buf in [&mut self.keys16, &mut self.vals16] {
+            buf.resize(TILE_POSITIONS * hd, f16::ZERO);
+        }
+        for buf in [&mut self.keys_bf16, &mut self.vals_bf16] {
+            buf.resize(TILE_POSITIONS * hd, bf16::ZERO);
+        }
+        for buf in [&mut self.keys32, &mut self.vals32, &mut self.keys_t] {
+            buf.resize(TILE_POSITIONS * hd, 0.0);
+        }
+    }
 }
 
 /// What a tile task reads: one layer's queries and the step's token positions.
@@ -563,7 +575,6 @@ pub unsafe fn run_tile_task(
     outputs: &TileOutputs<'_>,
     scratch: &mut TileScratch,
 ) {
-    let partials = &outputs.partials;
     let AttnTask::Tile {
         tokens,
         kv_head,
@@ -574,22 +585,8 @@ pub unsafe fn run_tile_task(
         unreachable!("run_tile_task takes Tile tasks");
     };
     let hd = inp.head_dim;
-    let group = inp.num_heads / inp.num_kv_heads;
-    let qd = inp.num_heads * hd;
     let slot = inp.slots[tokens.0 as usize];
-    for buf in [&mut scratch.keys16, &mut scratch.vals16] {
-        buf.resize(TILE_POSITIONS * hd, f16::ZERO);
-    }
-    for buf in [&mut scratch.keys_bf16, &mut scratch.vals_bf16] {
-        buf.resize(TILE_POSITIONS * hd, bf16::ZERO);
-    }
-    for buf in [
-        &mut scratch.keys32,
-        &mut scratch.vals32,
-        &mut scratch.keys_t,
-    ] {
-        buf.resize(TILE_POSITIONS * hd, 0.0);
-    }
+    scratch.size_tiles(hd);
     let TileScratch {
         keys16,
         vals16,
@@ -604,108 +601,41 @@ pub unsafe fn run_tile_task(
         ns,
         passes,
     } = scratch;
-    // Widened tiles go through the 512-bit kernel where it runs (same bits either way).
-    let wide = WideTiles::here().filter(|_| hd.is_multiple_of(16));
-    // Without it, widened tiles shared by many rows go through the AVX2 transposed kernel.
-    let narrow = NarrowTiles::here().filter(|_| wide.is_none() && hd.is_multiple_of(8));
-    // Every query row of the task, rounded to f16 once (not in the prefill arithmetic).
-    q16.clear();
-    for t in tokens.0 as usize..tokens.1 as usize {
-        let first = t * qd + kv_head as usize * group * hd;
-        let rows = &inp.q[first..first + group * hd];
-        match inp.arith {
-            AttnArith::Row | AttnArith::Tiled if inp.kv.codecs() == KvDtype::F16 => {
-                q16.extend(rows.iter().map(|&x| f16::from_f32(x).to_f32()))
-            }
-            _ => q16.extend_from_slice(rows),
-        }
-    }
-    let q16: &[f32] = q16;
-    // Encoded K/V: every tile's V (and K, unless it is scored from its codes) is decoded once
-    // into the f32 scratch. With a block K codec a query reads its own group's f16 rows and
-    // every earlier group's sealed codes ([`segment_passes`] splits the rows where that
-    // differs).
-    let codecs = inp.kv.codecs();
-    let encoded = codecs != KvDtype::F16;
-    // bf16 K and V: a tile of few rows is read as stored by the row kernels, widened on load
-    // like f16 (the values, so the bits, of decoding it to f32 first, without that pass).
-    let bf16_rows = codecs == KvDtype::uniform(quant::KvCodecKind::Bf16);
-    // fp8 K and V (each row scaled): a tile of few rows is decoded to f32 and read by the row
-    // kernels, without the transposed step's K transpose (the same bits).
-    let fp8_rows = codecs == KvDtype::uniform(quant::KvCodecKind::Fp8E4m3);
-    // Encoded K/V whose tiles of few rows the row kernels read (the others are widened).
-    let row_kernel_codec = bf16_rows || fp8_rows;
-    // K scored from its codes: every tile of a row codec; for a block codec every tile before
-    // the pass's own group (a function of the queries' positions only).
+    // What runs (`tile_path`: one choice per task, one per pass), and the kernels' proofs of
+    // the features it counts on.
     let features = cpu_features();
-    let key_codes = KeyCodes::of(codecs.k, hd);
-    #[cfg(target_arch = "x86_64")]
-    let key_codes_all = key_codes;
-    // Few rows per tile (a decode): V is read from its codes by the fused kernels (AVX-512
-    // VNNI; AVX2 where AVX-512 is absent) instead of being decoded to the scratch first (same
-    // values, so the same bits).
-    let fuse_values = values_from_codes(codecs.v, hd)
-        && tokens.1 - tokens.0 < 3
-        && if features.avx512 {
-            features.vnni
-        } else {
-            features.avx2
-        };
-    // Sealed `int4c` groups in a decode without the 512-bit kernel: K and V read from their
-    // codes by the AVX2 tile step (decoded in registers: the values, so the bits, of decoding
-    // the tile first, which costs more than the step for so few rows).
-    #[cfg(target_arch = "x86_64")]
-    let fuse_channels = fuse_values && wide.is_none() && key_codes == Some(KeyCodes::Channels);
-    #[cfg(target_arch = "x86_64")]
-    if fuse_channels {
-        coded.reset(hd);
-    }
-    // Sealed `int4c` groups are decoded straight into the transposed K tile of the 512-bit
-    // kernel (the arithmetic of every other path; re-quantising every query row per group
-    // costs more than the integer scores save in a prefill), and, for the AVX2 transposed
-    // step, into its K tile by `CodedTile::widen_channel_rows` (runs of 8 rows; the same
-    // values). Elsewhere they are decoded.
-    if key_codes == Some(KeyCodes::Channels) && narrow.is_some() {
-        coded.reset(hd);
-    }
-    let key_codes = key_codes.filter(|&k| k == KeyCodes::Rows || wide.is_some());
-    if let Some(keys) = key_codes {
-        coded.reset(hd);
-        if keys == KeyCodes::Rows {
-            qcodes.reset(q16.len() / hd, hd);
-            for (r, q) in q16.chunks_exact(hd).enumerate() {
-                qcodes.prepare_rows(features, r, q);
-            }
-        }
-    }
+    let task_tokens = (tokens.1 - tokens.0) as usize;
+    let path = TaskPath::choose(inp.kv.codecs(), hd, task_tokens, features, inp.arith);
+    let steps = TileSteps {
+        path,
+        wide: WideTiles::with(features).filter(|_| path.wide),
+        narrow: NarrowTiles::with(features).filter(|_| path.narrow),
+        features,
+        hd,
+        scale: inp.scale,
+    };
+    task_queries(inp, tokens, kv_head, path.q_f16, q16);
+    let q16: &[f32] = q16;
+    prepare_codes(&path, features, hd, q16, coded, qcodes);
+    let mut bufs = TileBuffers {
+        keys16,
+        vals16,
+        keys_bf16,
+        vals_bf16,
+        keys32,
+        vals32,
+        keys_t,
+        coded,
+        qcodes,
+    };
     for j in segments.0..segments.1 {
         let seg_start = j as usize * SEGMENT_POSITIONS;
-        let mut rows: Vec<Row<'_>> = Vec::with_capacity((tokens.1 - tokens.0) as usize * group);
-        for t in tokens.0 as usize..tokens.1 as usize {
-            let segs = plan.segments[t];
-            if j >= segs {
-                continue;
-            }
-            let base = plan.partial_base[t].expect("tiled token has partial rows") as usize;
-            for g in 0..group {
-                let head = kv_head as usize * group + g;
-                // SAFETY: row (t, head, j) belongs to this task alone (caller's contract).
-                let partial = unsafe { partials.row_mut(base + head * segs as usize + j as usize) };
-                partial[..hd].fill(0.0);
-                partial[hd] = f32::NEG_INFINITY;
-                partial[hd + 1] = 0.0;
-                let at = ((t - tokens.0 as usize) * group + g) * hd;
-                rows.push(Row {
-                    idx: at / hd,
-                    q: &q16[at..at + hd],
-                    n: inp.positions[t] as usize + 1,
-                    partial,
-                });
-            }
-        }
+        // SAFETY: the rows of segment `j` of this task's tokens and heads are this task's
+        // alone (caller's contract).
+        let mut rows = unsafe { segment_rows(inp, plan, outputs, tokens, kv_head, j, q16) };
         ns.clear();
         ns.extend(rows.iter().map(|r| r.n));
-        segment_passes(ns, seg_start, codecs.k.block_tokens(), passes);
+        segment_passes(ns, seg_start, inp.kv.codecs().k.block_tokens(), passes);
         for pass in passes.iter().cloned() {
             let SegmentPass {
                 rows: pass_rows,
@@ -715,247 +645,475 @@ pub unsafe fn run_tile_task(
                 own_start,
             } = pass;
             let rows = &mut rows[pass_rows];
+            let span = PassSpan {
+                seg_start,
+                seg_end,
+                from,
+                own_start,
+            };
             inp.kv.for_each_chunk_from(
                 inp.layer,
                 slot,
                 kv_head as usize,
                 from,
                 store_end,
-                &mut |start, chunk| {
-                    let (k, v, coded_kv) = match chunk {
-                        KvChunk::F16 { k, v } => (k, v, None),
-                        KvChunk::Encoded { k: ek, v: ev } => (&[][..], &[][..], Some((ek, ev))),
-                        KvChunk::F32 { .. } => unreachable!("the plan never tiles f32 K/V stores"),
-                    };
-                    let chunk_end = start + chunk.num_positions(hd);
-                    let widen = (encoded && !row_kernel_codec) || rows.len() >= WIDEN_MIN_ROWS;
-                    // The transposed step for a widened tile: the 512-bit one, or the AVX2 one when
-                    // many rows share the tile (worth transposing K for).
-                    let transposed = wide.map(TransposedStep::Wide).or(narrow
-                        .filter(|_| rows.len() >= WIDEN_MIN_ROWS)
-                        .map(TransposedStep::Narrow));
-                    // Sealed `int4c` K for the AVX2 transposed step goes straight into its tile.
-                    let narrow_channels = matches!(transposed, Some(TransposedStep::Narrow(_)))
-                        && hd.is_multiple_of(64);
-                    let mut a = start.max(from);
-                    while a < chunk_end.min(seg_end) {
-                        let tile_start =
-                            seg_start + (a - seg_start) / TILE_POSITIONS * TILE_POSITIONS;
-                        let tile_end = (tile_start + TILE_POSITIONS).min(seg_end);
-                        // The kernel reads whole groups of 8 key rows (the extra ones masked).
-                        let read_end = tile_start + (tile_end - tile_start).div_ceil(8) * 8;
-                        if !widen && coded_kv.is_none() && a == tile_start && read_end <= chunk_end
-                        {
-                            // The whole tile lies in this chunk: read it in place.
-                            let (ks, vs) = (&k[(a - start) * hd..], &v[(a - start) * hd..]);
-                            update_rows(&mut *rows, hd, ks, vs, tile_start, tile_end, inp.scale);
-                            a = tile_end;
-                            continue;
-                        }
-                        let b = chunk_end.min(tile_end);
-                        let (src, dst) = (
-                            (a - start) * hd..(b - start) * hd,
-                            (a - tile_start) * hd..(b - tile_start) * hd,
-                        );
-                        let (first, n) = (a - start, b - a);
-                        #[cfg(target_arch = "x86_64")]
-                        if let (true, Some((ek, ev))) = (fuse_channels, coded_kv) {
-                            let sealed = tile_start + TILE_POSITIONS <= own_start;
-                            if sealed && a == tile_start && n == TILE_POSITIONS {
-                                let k_run = ek.skip_rows(first).take_rows(n);
-                                debug_assert_eq!(KeyCodes::of(ek.kind(), hd), key_codes_all);
-                                coded.load_channel_params(&k_run);
-                                let v_run = ev.skip_rows(first).take_rows(n);
-                                // The next tile's V codes, fetched while this one is scored (its
-                                // sealed K group is the next block's, elsewhere in the pool).
-                                let vb = v_run.bytes();
-                                prefetch_l1(vb.as_ptr().wrapping_add(vb.len()), vb.len());
-                                update_rows_channel_codes(
-                                    features, &mut *rows, hd, coded, &k_run, &v_run, tile_start,
-                                    tile_end, inp.scale,
-                                );
-                                a = b;
-                                continue;
-                            }
-                        }
-                        if let (false, true, Some((ek, ev))) = (widen, fp8_rows, coded_kv) {
-                            decode_rows(
-                                &ek.skip_rows(first).take_rows(n),
-                                &mut keys32[dst.clone()],
-                            );
-                            decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst]);
-                            a = b;
-                            if a == tile_end {
-                                update_rows(
-                                    &mut *rows, hd, keys32, vals32, tile_start, tile_end, inp.scale,
-                                );
-                            }
-                            continue;
-                        }
-                        if let (false, Some((ek, ev))) = (widen, coded_kv) {
-                            debug_assert!(bf16_rows, "only bf16 K/V tiles are left unwidened");
-                            if a == tile_start && read_end <= chunk_end {
-                                // The whole tile lies in this chunk: read it in place.
-                                let (ks, vs) = (
-                                    as_bf16(ek.skip_rows(first).bytes()),
-                                    as_bf16(ev.skip_rows(first).bytes()),
-                                );
-                                if let (Some(ks), Some(vs)) = (ks, vs) {
-                                    update_rows(
-                                        &mut *rows, hd, ks, vs, tile_start, tile_end, inp.scale,
-                                    );
-                                    a = tile_end;
-                                    continue;
-                                }
-                            }
-                            let (kt, vt) = (&mut keys_bf16[dst.clone()], &mut vals_bf16[dst]);
-                            bf16_rows_into(&ek.skip_rows(first).take_rows(n), kt);
-                            bf16_rows_into(&ev.skip_rows(first).take_rows(n), vt);
-                            a = b;
-                            if a == tile_end {
-                                update_rows(
-                                    &mut *rows, hd, keys_bf16, vals_bf16, tile_start, tile_end,
-                                    inp.scale,
-                                );
-                            }
-                            continue;
-                        }
-                        let coded_tile =
-                            key_codes.filter(|_| tile_start + TILE_POSITIONS <= own_start);
-                        let mut v_codes = None;
-                        if let (Some(keys), Some((ek, ev))) = (coded_tile, coded_kv) {
-                            debug_assert_eq!(KeyCodes::of(ek.kind(), hd), Some(keys));
-                            let run = ek.skip_rows(first).take_rows(n);
-                            match keys {
-                                KeyCodes::Rows => coded.load_rows(features, &run, a - tile_start),
-                                KeyCodes::Channels => {
-                                    coded.load_channels(features, &run, a - tile_start)
-                                }
-                            }
-                            let v_run = ev.skip_rows(first).take_rows(n);
-                            if fuse_values && a == tile_start && b == tile_end {
-                                // A decode streams the run once: the next tile's codes (K and
-                                // V rows are runs of whole rows) are fetched while this one is
-                                // scored.
-                                for rows in [&run, &v_run] {
-                                    let bytes = rows.bytes();
-                                    prefetch_l1(
-                                        bytes.as_ptr().wrapping_add(bytes.len()),
-                                        bytes.len(),
-                                    );
-                                }
-                                // A whole tile of few rows: V decoded in registers (same values).
-                                v_codes = Some(v_run);
-                            } else {
-                                decode_rows(&v_run, &mut vals32[dst]);
-                            }
-                        } else if let Some((ek, ev)) = coded_kv.filter(|(ek, _)| {
-                            narrow_channels
-                                && n.is_multiple_of(8)
-                                && KeyCodes::of(ek.kind(), hd) == Some(KeyCodes::Channels)
-                        }) {
-                            // Sealed `int4c` rows for the AVX2 transposed step: decoded straight
-                            // into the transposed K tile (the values, so the bits, of decoding
-                            // then transposing them).
-                            let run = ek.skip_rows(first).take_rows(n);
-                            coded.widen_channel_rows(features, &run, a - tile_start, keys_t);
-                            decode_rows(&ev.skip_rows(first).take_rows(n), &mut vals32[dst]);
-                        } else if let Some((ek, ev)) = coded_kv {
-                            decode_rows(
-                                &ek.skip_rows(first).take_rows(n),
-                                &mut keys32[dst.clone()],
-                            );
-                            decode_rows(
-                                &ev.skip_rows(first).take_rows(n),
-                                &mut vals32[dst.clone()],
-                            );
-                            if transposed.is_some() {
-                                transpose_keys(&keys32[dst], n, hd, keys_t, a - tile_start);
-                            }
-                        } else if widen && transposed.is_some() {
-                            // K straight from f16 into the transposed tile; V widened.
-                            transpose_keys(&k[src.clone()], n, hd, keys_t, a - tile_start);
-                            widen_f16(&v[src], &mut vals32[dst]);
-                        } else if widen {
-                            widen_f16(&k[src.clone()], &mut keys32[dst.clone()]);
-                            widen_f16(&v[src], &mut vals32[dst]);
-                        } else {
-                            keys16[dst.clone()].copy_from_slice(&k[src.clone()]);
-                            vals16[dst].copy_from_slice(&v[src]);
-                        }
-                        a = b;
-                        if a == tile_end {
-                            if let (Some(KeyCodes::Channels), Some(proof)) = (coded_tile, wide) {
-                                coded.widen_channels(features, keys_t);
-                                match v_codes {
-                                    #[cfg(target_arch = "x86_64")]
-                                    Some(v) => update_rows_wide_codes(
-                                        proof, &mut *rows, hd, keys_t, &v, tile_start, tile_end,
-                                        inp.scale,
-                                    ),
-                                    _ => update_rows_transposed(
-                                        TransposedStep::Wide(proof),
-                                        &mut *rows,
-                                        hd,
-                                        keys_t,
-                                        vals32,
-                                        tile_start,
-                                        tile_end,
-                                        inp.scale,
-                                    ),
-                                }
-                            } else if let Some(keys) = coded_tile {
-                                let vals = match v_codes {
-                                    Some(v) => TileValues::Codes(v),
-                                    None => TileValues::Decoded(vals32),
-                                };
-                                update_rows_coded(
-                                    features, keys, &mut *rows, hd, coded, qcodes, vals,
-                                    tile_start, tile_end, inp.scale,
-                                );
-                            } else if let (true, Some(step)) = (widen, transposed) {
-                                update_rows_transposed(
-                                    step, &mut *rows, hd, keys_t, vals32, tile_start, tile_end,
-                                    inp.scale,
-                                );
-                            } else if widen {
-                                update_rows(
-                                    &mut *rows, hd, keys32, vals32, tile_start, tile_end, inp.scale,
-                                );
-                            } else {
-                                update_rows(
-                                    &mut *rows, hd, keys16, vals16, tile_start, tile_end, inp.scale,
-                                );
-                            }
-                        }
-                    }
-                },
+                &mut |start, chunk| attend_chunk(&steps, span, &mut bufs, rows, start, chunk),
             );
         }
     }
     // The last task of the group merges (AcqRel: every other task's partial rows, released by
     // its decrement, are visible here).
     if outputs.pending[tile_group as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
-        for t in tokens.0 as usize..tokens.1 as usize {
-            let segs = plan.segments[t] as usize;
-            let base = plan.partial_base[t].expect("tiled token has partial rows") as usize;
-            for g in 0..group {
-                let head = kv_head as usize * group + g;
-                // SAFETY: this group's rows are owned by this task now (countdown reached 0).
-                let out = unsafe { outputs.out.row_mut(t * inp.num_heads + head) };
-                let states = (0..segs).map(|j| {
-                    // SAFETY: as above; no task writes these rows any more.
-                    let row = unsafe { partials.row(base + head * segs + j) };
-                    (
-                        TileSoftmax {
-                            max: row[hd],
-                            sum: row[hd + 1],
-                        },
-                        &row[..hd],
-                    )
-                });
-                merge_segments(states, out);
+        // SAFETY: the countdown reached 0: the group's rows are this task's now.
+        unsafe { merge_group(inp, plan, outputs, tokens, kv_head) };
+    }
+}
+
+/// What a task's tiles are attended with: its path (`tile_path`) and the kernels' proofs of the
+/// features that path counts on.
+struct TileSteps {
+    path: TaskPath,
+    wide: Option<WideTiles>,
+    narrow: Option<NarrowTiles>,
+    features: CpuFeatures,
+    hd: usize,
+    scale: f32,
+}
+
+/// Where a pass reads: positions `from..end` of the segment starting at `seg_start`; tiles that
+/// end at or before `own_start` are sealed (before the pass's own block-codec group).
+#[derive(Clone, Copy)]
+struct PassSpan {
+    seg_start: usize,
+    seg_end: usize,
+    from: usize,
+    own_start: usize,
+}
+
+/// The task's tile buffers (split from [`TileScratch`], whose query rows the pass's rows borrow).
+struct TileBuffers<'s> {
+    keys16: &'s mut [f16],
+    vals16: &'s mut [f16],
+    keys_bf16: &'s mut [bf16],
+    vals_bf16: &'s mut [bf16],
+    keys32: &'s mut [f32],
+    vals32: &'s mut [f32],
+    keys_t: &'s mut [f32],
+    coded: &'s mut CodedTile,
+    qcodes: &'s mut QueryCodes,
+}
+
+/// One chunk of K/V (`start..`) for a pass's `rows`: every tile piece it holds is read (in
+/// place, copied, widened, transposed or kept as codes, as the path says) and each tile it
+/// completes runs its tile step.
+fn attend_chunk(
+    steps: &TileSteps,
+    span: PassSpan,
+    bufs: &mut TileBuffers<'_>,
+    rows: &mut [Row<'_>],
+    start: usize,
+    chunk: KvChunk<'_>,
+) {
+    let (hd, scale, features, path) = (steps.hd, steps.scale, steps.features, &steps.path);
+    let PassSpan {
+        seg_start,
+        seg_end,
+        from,
+        own_start,
+    } = span;
+    let (k, v, coded_kv) = match chunk {
+        KvChunk::F16 { k, v } => (k, v, None),
+        KvChunk::Encoded { k: ek, v: ev } => (&[][..], &[][..], Some((ek, ev))),
+        KvChunk::F32 { .. } => unreachable!("the plan never tiles f32 K/V stores"),
+    };
+    let chunk_end = start + chunk.num_positions(hd);
+    // The pass's choice (`tile_path`): widen the tile or not, and which transposed step.
+    let pass = path.pass(rows.len(), hd);
+    let widen = pass.widen;
+    let transposed = match pass.transposed {
+        Some(Transposed::Wide) => steps.wide.map(TransposedStep::Wide),
+        Some(Transposed::Narrow) => steps.narrow.map(TransposedStep::Narrow),
+        None => None,
+    };
+    let narrow_channels = pass.narrow_channels;
+    let mut a = start.max(from);
+    while a < chunk_end.min(seg_end) {
+        let tile_start = seg_start + (a - seg_start) / TILE_POSITIONS * TILE_POSITIONS;
+        let tile_end = (tile_start + TILE_POSITIONS).min(seg_end);
+        // The kernel reads whole groups of 8 key rows (the extra ones masked).
+        let read_end = tile_start + (tile_end - tile_start).div_ceil(8) * 8;
+        if !widen && coded_kv.is_none() && a == tile_start && read_end <= chunk_end {
+            // The whole tile lies in this chunk: read it in place.
+            let (ks, vs) = (&k[(a - start) * hd..], &v[(a - start) * hd..]);
+            update_rows(&mut *rows, hd, ks, vs, tile_start, tile_end, scale);
+            a = tile_end;
+            continue;
+        }
+        let b = chunk_end.min(tile_end);
+        let (src, dst) = (
+            (a - start) * hd..(b - start) * hd,
+            (a - tile_start) * hd..(b - tile_start) * hd,
+        );
+        let (first, n) = (a - start, b - a);
+        #[cfg(target_arch = "x86_64")]
+        if let (true, Some((ek, ev))) = (path.fuse_channels, coded_kv) {
+            let sealed = tile_start + TILE_POSITIONS <= own_start;
+            if sealed && a == tile_start && n == TILE_POSITIONS {
+                let k_run = ek.skip_rows(first).take_rows(n);
+                debug_assert_eq!(KeyCodes::of(ek.kind(), hd), path.key_codes_any);
+                bufs.coded.load_channel_params(&k_run);
+                let v_run = ev.skip_rows(first).take_rows(n);
+                // The next tile's V codes, fetched while this one is scored (its
+                // sealed K group is the next block's, elsewhere in the pool).
+                let vb = v_run.bytes();
+                prefetch_l1(vb.as_ptr().wrapping_add(vb.len()), vb.len());
+                update_rows_channel_codes(
+                    features, &mut *rows, hd, bufs.coded, &k_run, &v_run, tile_start, tile_end,
+                    scale,
+                );
+                a = b;
+                continue;
             }
+        }
+        if let (false, Some(RowCodec::Fp8), Some((ek, ev))) = (widen, path.row_codec, coded_kv) {
+            decode_rows(
+                &ek.skip_rows(first).take_rows(n),
+                &mut bufs.keys32[dst.clone()],
+            );
+            decode_rows(&ev.skip_rows(first).take_rows(n), &mut bufs.vals32[dst]);
+            a = b;
+            if a == tile_end {
+                update_rows(
+                    &mut *rows,
+                    hd,
+                    bufs.keys32,
+                    bufs.vals32,
+                    tile_start,
+                    tile_end,
+                    scale,
+                );
+            }
+            continue;
+        }
+        if let (false, Some((ek, ev))) = (widen, coded_kv) {
+            debug_assert_eq!(
+                path.row_codec,
+                Some(RowCodec::Bf16),
+                "only bf16 tiles stay unwidened"
+            );
+            if a == tile_start && read_end <= chunk_end {
+                // The whole tile lies in this chunk: read it in place.
+                let (ks, vs) = (
+                    as_bf16(ek.skip_rows(first).bytes()),
+                    as_bf16(ev.skip_rows(first).bytes()),
+                );
+                if let (Some(ks), Some(vs)) = (ks, vs) {
+                    update_rows(&mut *rows, hd, ks, vs, tile_start, tile_end, scale);
+                    a = tile_end;
+                    continue;
+                }
+            }
+            let (kt, vt) = (&mut bufs.keys_bf16[dst.clone()], &mut bufs.vals_bf16[dst]);
+            bf16_rows_into(&ek.skip_rows(first).take_rows(n), kt);
+            bf16_rows_into(&ev.skip_rows(first).take_rows(n), vt);
+            a = b;
+            if a == tile_end {
+                update_rows(
+                    &mut *rows,
+                    hd,
+                    bufs.keys_bf16,
+                    bufs.vals_bf16,
+                    tile_start,
+                    tile_end,
+                    scale,
+                );
+            }
+            continue;
+        }
+        let coded_tile = path
+            .key_codes
+            .filter(|_| tile_start + TILE_POSITIONS <= own_start);
+        let mut v_codes = None;
+        if let (Some(keys), Some((ek, ev))) = (coded_tile, coded_kv) {
+            debug_assert_eq!(KeyCodes::of(ek.kind(), hd), Some(keys));
+            let run = ek.skip_rows(first).take_rows(n);
+            match keys {
+                KeyCodes::Rows => bufs.coded.load_rows(features, &run, a - tile_start),
+                KeyCodes::Channels => bufs.coded.load_channels(features, &run, a - tile_start),
+            }
+            let v_run = ev.skip_rows(first).take_rows(n);
+            if path.fuse_values && a == tile_start && b == tile_end {
+                // A decode streams the run once: the next tile's codes (K and
+                // V rows are runs of whole rows) are fetched while this one is
+                // scored.
+                for rows in [&run, &v_run] {
+                    let bytes = rows.bytes();
+                    prefetch_l1(bytes.as_ptr().wrapping_add(bytes.len()), bytes.len());
+                }
+                // A whole tile of few rows: V decoded in registers (same values).
+                v_codes = Some(v_run);
+            } else {
+                decode_rows(&v_run, &mut bufs.vals32[dst]);
+            }
+        } else if let Some((ek, ev)) = coded_kv.filter(|(ek, _)| {
+            narrow_channels
+                && n.is_multiple_of(8)
+                && KeyCodes::of(ek.kind(), hd) == Some(KeyCodes::Channels)
+        }) {
+            // Sealed `int4c` rows for the AVX2 transposed step: decoded straight
+            // into the transposed K tile (the values, so the bits, of decoding
+            // then transposing them).
+            let run = ek.skip_rows(first).take_rows(n);
+            bufs.coded
+                .widen_channel_rows(features, &run, a - tile_start, bufs.keys_t);
+            decode_rows(&ev.skip_rows(first).take_rows(n), &mut bufs.vals32[dst]);
+        } else if let Some((ek, ev)) = coded_kv {
+            decode_rows(
+                &ek.skip_rows(first).take_rows(n),
+                &mut bufs.keys32[dst.clone()],
+            );
+            decode_rows(
+                &ev.skip_rows(first).take_rows(n),
+                &mut bufs.vals32[dst.clone()],
+            );
+            if transposed.is_some() {
+                transpose_keys(&bufs.keys32[dst], n, hd, bufs.keys_t, a - tile_start);
+            }
+        } else if widen && transposed.is_some() {
+            // K straight from f16 into the transposed tile; V widened.
+            transpose_keys(&k[src.clone()], n, hd, bufs.keys_t, a - tile_start);
+            widen_f16(&v[src], &mut bufs.vals32[dst]);
+        } else if widen {
+            widen_f16(&k[src.clone()], &mut bufs.keys32[dst.clone()]);
+            widen_f16(&v[src], &mut bufs.vals32[dst]);
+        } else {
+            bufs.keys16[dst.clone()].copy_from_slice(&k[src.clone()]);
+            bufs.vals16[dst].copy_from_slice(&v[src]);
+        }
+        a = b;
+        if a == tile_end {
+            tile_step(
+                steps, bufs, rows, coded_tile, v_codes, widen, transposed, tile_start, tile_end,
+            );
+        }
+    }
+}
+
+/// The tile step of a completed tile (`tile_start..tile_end`) for a pass's rows: the last rung
+/// of the path (`TaskPath::tile_step` names each) — K scored from its codes, the transposed
+/// step, or the row kernels over widened or f16 tiles.
+#[allow(clippy::too_many_arguments)]
+fn tile_step(
+    steps: &TileSteps,
+    bufs: &mut TileBuffers<'_>,
+    rows: &mut [Row<'_>],
+    coded_tile: Option<KeyCodes>,
+    v_codes: Option<quant::EncodedRows<'_>>,
+    widen: bool,
+    transposed: Option<TransposedStep>,
+    tile_start: usize,
+    tile_end: usize,
+) {
+    let (hd, scale, features) = (steps.hd, steps.scale, steps.features);
+    if let (Some(KeyCodes::Channels), Some(proof)) = (coded_tile, steps.wide) {
+        bufs.coded.widen_channels(features, bufs.keys_t);
+        match v_codes {
+            #[cfg(target_arch = "x86_64")]
+            Some(v) => update_rows_wide_codes(
+                proof,
+                &mut *rows,
+                hd,
+                bufs.keys_t,
+                &v,
+                tile_start,
+                tile_end,
+                scale,
+            ),
+            _ => update_rows_transposed(
+                TransposedStep::Wide(proof),
+                &mut *rows,
+                hd,
+                bufs.keys_t,
+                bufs.vals32,
+                tile_start,
+                tile_end,
+                scale,
+            ),
+        }
+    } else if let Some(keys) = coded_tile {
+        let vals = match v_codes {
+            Some(v) => TileValues::Codes(v),
+            None => TileValues::Decoded(bufs.vals32),
+        };
+        update_rows_coded(
+            features,
+            keys,
+            &mut *rows,
+            hd,
+            bufs.coded,
+            bufs.qcodes,
+            vals,
+            tile_start,
+            tile_end,
+            scale,
+        );
+    } else if let (true, Some(step)) = (widen, transposed) {
+        update_rows_transposed(
+            step,
+            &mut *rows,
+            hd,
+            bufs.keys_t,
+            bufs.vals32,
+            tile_start,
+            tile_end,
+            scale,
+        );
+    } else if widen {
+        update_rows(
+            &mut *rows,
+            hd,
+            bufs.keys32,
+            bufs.vals32,
+            tile_start,
+            tile_end,
+            scale,
+        );
+    } else {
+        update_rows(
+            &mut *rows,
+            hd,
+            bufs.keys16,
+            bufs.vals16,
+            tile_start,
+            tile_end,
+            scale,
+        );
+    }
+}
+
+/// The task's query rows (`[tokens, group heads, head_dim]`), rounded to f16 once when `q_f16`.
+fn task_queries(
+    inp: &TileInputs<'_>,
+    tokens: (u32, u32),
+    kv_head: u32,
+    q_f16: bool,
+    q16: &mut Vec<f32>,
+) {
+    let hd = inp.head_dim;
+    let group = inp.num_heads / inp.num_kv_heads;
+    let qd = inp.num_heads * hd;
+    q16.clear();
+    for t in tokens.0 as usize..tokens.1 as usize {
+        let first = t * qd + kv_head as usize * group * hd;
+        let rows = &inp.q[first..first + group * hd];
+        if q_f16 {
+            q16.extend(rows.iter().map(|&x| f16::from_f32(x).to_f32()));
+        } else {
+            q16.extend_from_slice(rows);
+        }
+    }
+}
+
+/// Readies the code buffers the path uses: the coded K tile and, for `int8` K scored from its
+/// codes, every query row quantised once.
+fn prepare_codes(
+    path: &TaskPath,
+    features: CpuFeatures,
+    hd: usize,
+    q16: &[f32],
+    coded: &mut CodedTile,
+    qcodes: &mut QueryCodes,
+) {
+    if path.fuse_channels || path.stage_channels_narrow {
+        coded.reset(hd);
+    }
+    if let Some(keys) = path.key_codes {
+        coded.reset(hd);
+        if keys == KeyCodes::Rows {
+            qcodes.reset(q16.len() / hd, hd);
+            for (r, q) in q16.chunks_exact(hd).enumerate() {
+                qcodes.prepare_rows(features, r, q);
+            }
+        }
+    }
+}
+
+/// The rows of segment `j` for the task's tokens and the heads of `kv_head`'s group, their
+/// partial rows reset.
+///
+/// # Safety
+/// Those partial rows belong to the calling task alone while the returned rows live.
+unsafe fn segment_rows<'a>(
+    inp: &TileInputs<'_>,
+    plan: &AttnPlan,
+    outputs: &'a TileOutputs<'_>,
+    tokens: (u32, u32),
+    kv_head: u32,
+    j: u32,
+    q16: &'a [f32],
+) -> Vec<Row<'a>> {
+    let hd = inp.head_dim;
+    let group = inp.num_heads / inp.num_kv_heads;
+    let partials = &outputs.partials;
+    let mut rows: Vec<Row<'a>> = Vec::with_capacity((tokens.1 - tokens.0) as usize * group);
+    for t in tokens.0 as usize..tokens.1 as usize {
+        let segs = plan.segments[t];
+        if j >= segs {
+            continue;
+        }
+        let base = plan.partial_base[t].expect("tiled token has partial rows") as usize;
+        for g in 0..group {
+            let head = kv_head as usize * group + g;
+            // SAFETY: row (t, head, j) belongs to this task alone (caller's contract).
+            let partial = unsafe { partials.row_mut(base + head * segs as usize + j as usize) };
+            partial[..hd].fill(0.0);
+            partial[hd] = f32::NEG_INFINITY;
+            partial[hd + 1] = 0.0;
+            let at = ((t - tokens.0 as usize) * group + g) * hd;
+            rows.push(Row {
+                idx: at / hd,
+                q: &q16[at..at + hd],
+                n: inp.positions[t] as usize + 1,
+                partial,
+            });
+        }
+    }
+    rows
+}
+
+/// Merges the group's segment rows into its outputs, in segment order.
+///
+/// # Safety
+/// Every task of the group has finished (its countdown reached 0): the rows are the caller's.
+unsafe fn merge_group(
+    inp: &TileInputs<'_>,
+    plan: &AttnPlan,
+    outputs: &TileOutputs<'_>,
+    tokens: (u32, u32),
+    kv_head: u32,
+) {
+    let hd = inp.head_dim;
+    let group = inp.num_heads / inp.num_kv_heads;
+    let partials = &outputs.partials;
+    for t in tokens.0 as usize..tokens.1 as usize {
+        let segs = plan.segments[t] as usize;
+        let base = plan.partial_base[t].expect("tiled token has partial rows") as usize;
+        for g in 0..group {
+            let head = kv_head as usize * group + g;
+            // SAFETY: this group's rows are owned by this task now (countdown reached 0).
+            let out = unsafe { outputs.out.row_mut(t * inp.num_heads + head) };
+            let states = (0..segs).map(|j| {
+                // SAFETY: as above; no task writes these rows any more.
+                let row = unsafe { partials.row(base + head * segs + j) };
+                (
+                    TileSoftmax {
+                        max: row[hd],
+                        sum: row[hd + 1],
+                    },
+                    &row[..hd],
+                )
+            });
+            merge_segments(states, out);
         }
     }
 }
@@ -965,6 +1123,7 @@ mod tests {
     use super::*;
     use crate::attention::{attend_one, AttnScratch};
     use crate::attention_plan::{plan, AttnShape};
+    use crate::kv::KvDtype;
     use crate::kv_contiguous::ContiguousKv;
     use rand::{Rng, SeedableRng};
 

@@ -27,6 +27,7 @@ pub mod rope_scaling;
 pub mod sampler;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tile_path;
 pub mod weights;
 
 pub use backend::{Backend, CpuBackend, ModelShape};
