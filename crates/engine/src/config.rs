@@ -69,28 +69,12 @@ pub struct TenantShare {
 }
 
 impl EngineConfig {
-    /// The matmul arithmetic of every forward step: batch-invariant, in llama.cpp's (ggml's)
-    /// float order for packed matrices when the engine reproduces llama.cpp
-    /// (`llama_cpp_prefill`), else in this machine's fastest invariant one.
-    pub fn matmul_arith(&self) -> model::MatmulArith {
-        if self.llama_cpp_prefill {
-            model::MatmulArith::InvariantGgml
-        } else {
-            model::MatmulArith::Invariant
-        }
-    }
-
-    /// The attention arithmetic of every row that is not a marked llama.cpp prefill row:
-    /// llama.cpp's per-row kernel when the engine reproduces llama.cpp (`llama_cpp_prefill`),
-    /// else the engine's default (`model::AttnArith::invariant`: the tiled regime at every
-    /// depth — the same arithmetic beyond 256 positions, f32 accumulation and the multi-row tile
-    /// kernels below).
-    pub fn attn_arith(&self) -> model::AttnArith {
-        if self.llama_cpp_prefill {
-            model::AttnArith::Row
-        } else {
-            model::AttnArith::invariant()
-        }
+    /// How every forward step computes, chosen once from the configuration: llama-server's
+    /// arithmetic with the pool's threads when the engine reproduces llama.cpp
+    /// (`llama_cpp_prefill`), else the engine's own (batch-invariant block-sum matmuls, the
+    /// tiled attention at every depth).
+    pub fn numerics(&self) -> model::Numerics {
+        model::Numerics::for_engine(self.llama_cpp_prefill, self.threads)
     }
 }
 

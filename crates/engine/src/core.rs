@@ -20,9 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cache::{CacheConfig, KvCache, Namespace, NamespaceKey, TenantId, Tick};
-use model::forward::{AttnArith, ForwardBatch};
+use model::forward::ForwardBatch;
 use model::kv::SeqSlot;
-use model::{Backend, CpuBackend, Model, ModelShape};
+use model::{Backend, CpuBackend, Model, ModelShape, Numerics, RowKind};
 
 use crate::config::EngineConfig;
 use crate::error::{internal, EngineBuildError, EngineError, RequestError, MAX_CHOICES};
@@ -323,9 +323,9 @@ impl EngineCore {
         self.namespace_for(tenant, salt, 0)
     }
 
-    /// The matmul arithmetic of every forward step (`EngineConfig::matmul_arith`).
-    pub fn matmul_arith(&self) -> model::MatmulArith {
-        self.cfg.matmul_arith()
+    /// How every forward step computes (`EngineConfig::numerics`).
+    pub fn numerics(&self) -> Numerics {
+        self.cfg.numerics()
     }
 
     /// Whether a request with a prompt of `prompt_len` tokens computes its prompt rows in
@@ -342,23 +342,10 @@ impl EngineCore {
         if self.prefills_like_llama_cpp(prompt_len) {
             kv_settings.extend_from_slice(b";prompt-attention=llama.cpp-tiled");
         }
-        if self.cfg.attn_arith() == AttnArith::Tiled {
-            // Rows under 257 positions accumulate in f32 (not llama.cpp's f16 accumulator).
-            kv_settings.extend_from_slice(b";attention=tiled");
-        }
-        if self.cfg.attn_arith() == AttnArith::Row {
-            // llama.cpp's per-row attention at every depth (its split-KV decode for generated
-            // tokens) since session 25: never mixed with blocks of the earlier rows, which took
-            // the tiled regime beyond 256 positions.
-            kv_settings.extend_from_slice(b";attention=llama.cpp-row-2");
-        }
-        // The backend's own settings (scaled RoPE computed as llama.cpp does, ...).
+        // The arithmetic (attention regime, matmul order, split-KV chunks) ...
+        kv_settings.extend_from_slice(&self.numerics().tag());
+        // ... and the backend's own settings (scaled RoPE computed as llama.cpp does, ...).
         kv_settings.extend_from_slice(&self.backend.kv_settings());
-        if self.matmul_arith().packed_def() == model::PackedDef::BlockSum {
-            // Blocks computed in another float order than ggml's (the default on CPUs without
-            // AVX-512 VNNI) are never shared with engines that compute ggml's.
-            kv_settings.extend_from_slice(b";matmul=block-sum");
-        }
         Namespace {
             model_fingerprint: self.model_fingerprint,
             codec_id: self.codec_name(),
@@ -441,7 +428,12 @@ impl EngineCore {
         // Pinned tokens are a prompt prefix: computed as a prompt of their own length would
         // be, and only requests in the same arithmetic (namespace) hit them.
         let ns = self.namespace_for(tenant, salt, tokens.len());
-        let llama_rows = vec![self.prefills_like_llama_cpp(tokens.len()); tokens.len()];
+        let kind = if self.prefills_like_llama_cpp(tokens.len()) {
+            RowKind::LongPrompt
+        } else {
+            RowKind::Prompt
+        };
+        let kinds = vec![kind; tokens.len()];
         // One token beyond the prompt is never needed: only full blocks are pinned.
         let m = self.cache.lookup(&ns, tokens, tick);
         let cached = m.num_cached_tokens();
@@ -457,16 +449,13 @@ impl EngineCore {
                 let tables = [table.as_slice()];
                 let positions: Vec<u32> = (done as u32..(done + len) as u32).collect();
                 let slots = vec![SeqSlot(0); len];
-                let no_split = vec![false; len];
                 let batch = ForwardBatch {
-                    split_kv_rows: &no_split,
-                    matmul_arith: self.matmul_arith(),
                     tokens: &tokens[done..done + len],
                     positions: &positions,
                     slots: &slots,
                     logits_for: &[],
-                    arith: self.cfg.attn_arith(),
-                    prefill_rows: &llama_rows[done..done + len],
+                    numerics: self.numerics(),
+                    rows: &kinds[done..done + len],
                 };
                 let mut writer = self.kv.writer(&mut self.cache, self.tiers.as_mut());
                 let mut kv = writer.view(&tables);
@@ -748,12 +737,10 @@ impl EngineCore {
         let mut positions = Vec::new();
         let mut slots = Vec::new();
         let mut logits_for = Vec::new();
-        // Rows in llama.cpp's tiled prefill arithmetic: the prompt rows of requests that
-        // prefill like it (a property of the request, never of this batch).
-        let mut prefill_rows = Vec::new();
-        // Rows in llama.cpp's split-KV decode (`AttnArith::Row` beyond 256 positions): the
-        // generated tokens, which llama-server feeds one per step — a property of the row.
-        let mut split_kv_rows = Vec::new();
+        // What each row is — a property of its request and position, never of this batch: the
+        // prompt rows of requests that prefill like llama.cpp, other prompt rows, generated
+        // tokens (which llama-server feeds one per step).
+        let mut kinds = Vec::new();
         // Sequences that sample after this pass.
         let mut samples = Vec::new();
         let mut tables = Vec::with_capacity(plan.work.len());
@@ -765,8 +752,13 @@ impl EngineCore {
                 tokens.push(s.tokens[p]);
                 positions.push(p as u32);
                 slots.push(SeqSlot(slot as u32));
-                prefill_rows.push(llama && p < prompt_len);
-                split_kv_rows.push(p >= prompt_len);
+                kinds.push(if p >= prompt_len {
+                    RowKind::Generated
+                } else if llama {
+                    RowKind::LongPrompt
+                } else {
+                    RowKind::Prompt
+                });
             }
             if w.start + w.len == s.tokens.len() {
                 logits_for.push(tokens.len() - 1);
@@ -775,7 +767,7 @@ impl EngineCore {
             let cs = s.cache_seq.expect("planned sequences hold blocks");
             tables.push(self.cache.block_table(cs).map_err(internal)?.to_vec());
         }
-        let matmul_arith = self.matmul_arith();
+        let numerics = self.numerics();
         // Evicted blocks may be rewritten below: the writer demotes them first.
         let mut writer = self.kv.writer(&mut self.cache, self.tiers.as_mut());
         for load in &plan.tier_loads {
@@ -790,14 +782,12 @@ impl EngineCore {
         }
         let table_refs: Vec<&[cache::BlockId]> = tables.iter().map(|t| t.as_slice()).collect();
         let batch = ForwardBatch {
-            matmul_arith,
             tokens: &tokens,
             positions: &positions,
             slots: &slots,
             logits_for: &logits_for,
-            arith: self.cfg.attn_arith(),
-            prefill_rows: &prefill_rows,
-            split_kv_rows: &split_kv_rows,
+            numerics,
+            rows: &kinds,
         };
         let mut kv = writer.view(&table_refs);
         // Constrained sequences that sample after this pass get their token masks computed now,

@@ -1052,7 +1052,7 @@ fn the_arithmetic_is_part_of_the_cache_namespace() {
     };
     let default = EngineCore::new(model(), default_cfg).unwrap();
     let ggml = EngineCore::new(model(), cfg(64, 64)).unwrap();
-    assert_eq!(ggml.matmul_arith(), model::MatmulArith::InvariantGgml);
+    assert_eq!(ggml.numerics().matmul(), model::MatmulArith::InvariantGgml);
     let tenant = cache::TenantId(0);
     let short = 10;
     let own = model::PackedDef::invariant() == model::PackedDef::BlockSum;

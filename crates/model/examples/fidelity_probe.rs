@@ -18,6 +18,7 @@ use model::kv::KvChunk;
 use model::kv_contiguous::ContiguousKv;
 use model::sampler::{Sampler, SamplingParams};
 use model::{KvDtype, KvStore, Model, SeqSlot, ThreadPool};
+use model::{Numerics, RowKind};
 
 #[derive(serde::Deserialize)]
 struct Reference {
@@ -68,15 +69,16 @@ fn step(
     let positions: Vec<u32> = (start..start + tokens.len()).map(|p| p as u32).collect();
     let slots = vec![SeqSlot(0); tokens.len()];
     let batch = ForwardBatch {
-        split_kv_rows: &[],
-        prefill_rows: &[],
         tokens,
         positions: &positions,
         slots: &slots,
         logits_for: &[tokens.len() - 1],
-        arith,
-        // Only Q4_K matrices differ between the two (the default model has none).
-        matmul_arith: MatmulArith::Invariant,
+        // Only Q4_K matrices differ between the two matmul orders (the default model has none).
+        numerics: Numerics::Explicit {
+            attention: arith,
+            matmul: MatmulArith::Invariant,
+        },
+        rows: &RowKind::by_step(&slots),
     };
     m.forward(pool, &batch, kv, scratch).expect("forward")
 }

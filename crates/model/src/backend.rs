@@ -122,6 +122,7 @@ impl Backend for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::numerics::{Numerics, RowKind};
     use crate::testing::{tiny_model, TinyModelSpec};
 
     #[test]
@@ -148,10 +149,11 @@ mod tests {
             positions: &positions,
             slots: &[crate::kv::SeqSlot(0); 3],
             logits_for: &[2],
-            arith: crate::forward::AttnArith::Tiled,
-            prefill_rows: &[],
-            split_kv_rows: &[],
-            matmul_arith: crate::forward::MatmulArith::Invariant,
+            numerics: Numerics::Explicit {
+                attention: crate::forward::AttnArith::Tiled,
+                matmul: crate::forward::MatmulArith::Invariant,
+            },
+            rows: &RowKind::by_step(&[crate::kv::SeqSlot(0); 3]),
         };
         let via_backend = backend.forward(&batch, &mut kv_a).unwrap();
         let direct = model

@@ -16,6 +16,7 @@ use crate::attention_tiled::{run_tile_task, TileInputs, TileOutputs, TileScratch
 use crate::config::ModelConfig;
 use crate::forward_rows as rows;
 use crate::kv::{KvChunk, KvDtype, KvError, KvStore, SeqSlot};
+use crate::numerics::{Numerics, RowKind};
 use crate::ops::{rms_norm, softcap, Rope};
 use crate::weights::{Weights, WeightsError};
 use kernels::ggml_tiled::{self, RowsScratch};
@@ -25,7 +26,6 @@ use kernels::{
     cpu_features, matmul_many_with_arith as matmul_many, matmul_with_arith as matmul, KernelError,
     ThreadPool,
 };
-use std::collections::HashMap;
 
 /// One step's tokens. All slices are `[num_tokens]` except `logits_for`.
 #[derive(Debug, Clone, Copy)]
@@ -35,23 +35,11 @@ pub struct ForwardBatch<'a> {
     pub slots: &'a [SeqSlot],
     /// Indices into `tokens` whose logits are wanted, in the order they are returned.
     pub logits_for: &'a [usize],
-    /// Which of llama.cpp's attention kernels this step reproduces over f16 K/V
-    /// ([`AttnArith::for_step`] picks llama.cpp's own choice for a step of that many tokens), or
-    /// [`AttnArith::Tiled`] (the tiled regime at every depth; the engine's default where
-    /// [`AttnArith::invariant`] says so).
-    pub arith: AttnArith,
-    /// Per token (empty: none): rows that take llama.cpp's tiled prefill arithmetic over f16
-    /// K/V whatever `arith` says — a choice made per row, so a batch may mix them (the engine
-    /// marks the prompt rows of prompts llama.cpp prefills with that kernel).
-    pub prefill_rows: &'a [bool],
-    /// Per token (empty: a token that is its sequence's only one in the step): rows that
-    /// llama.cpp computes in a one-token step (a generated token), which in [`AttnArith::Row`]
-    /// take its split-KV decode beyond 256 positions (`attention_split`). A choice per row, so
-    /// the engine keeps a row's arithmetic whatever chunking or batching it gets.
-    pub split_kv_rows: &'a [bool],
-    /// Whether the matrix products take llama.cpp's batch-position-dependent K-quant order
-    /// ([`MatmulArith::LlamaCpp`], for reproductions of llama.cpp) or the batch-invariant one.
-    pub matmul_arith: MatmulArith,
+    /// How every row computes (chosen once by the caller: [`Numerics`]).
+    pub numerics: Numerics,
+    /// What each row is (`[num_tokens]`): with the numerics, it decides the row's attention
+    /// kernel (a choice per row, so a row's arithmetic never depends on its batch or chunk).
+    pub rows: &'a [RowKind],
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -185,22 +173,15 @@ pub fn forward(
     // `AttnArith::Prefill` step, and the rows the batch marks) are reproduced by `ggml_tiled`,
     // in tasks of their own (a run of one sequence's tokens × one KV head); the plan leaves them out.
     let f16_kv = kv.codecs() == KvDtype::F16;
-    if !batch.prefill_rows.is_empty() && batch.prefill_rows.len() != n {
+    if batch.rows.len() != n {
         return Err(ForwardError::BadBatch(
-            "prefill_rows is neither empty nor one flag per token".into(),
+            "rows must give one kind per token".into(),
         ));
     }
-    if !batch.split_kv_rows.is_empty() && batch.split_kv_rows.len() != n {
-        return Err(ForwardError::BadBatch(
-            "split_kv_rows is neither empty nor one flag per token".into(),
-        ));
-    }
-    let ggml_rows: Vec<bool> = (0..n)
-        .map(|t| {
-            f16_kv
-                && (batch.arith == AttnArith::Prefill
-                    || batch.prefill_rows.get(t).copied().unwrap_or(false))
-        })
+    let ggml_rows: Vec<bool> = batch
+        .rows
+        .iter()
+        .map(|&kind| f16_kv && batch.numerics.tiled_prefill(kind))
         .collect();
     let per_task = ggml_task_tokens(
         ggml_rows.iter().filter(|&&m| m).count(),
@@ -220,32 +201,18 @@ pub fn forward(
         head_dim,
         kv_is_f16: f16_kv,
         kv_encoded: kv.codecs() != KvDtype::F16 && kv.codecs() != KvDtype::F32,
-        arith: batch.arith,
+        arith: batch.numerics.attention(),
     };
     let plan = attention_plan::plan_without(&shape, batch.slots, batch.positions, &ggml_rows);
-    // llama.cpp takes its split-KV decode for a one-token step only; `AttnArith::Row` does so
-    // for the rows `split_kv_rows` marks (by default a token that is its sequence's only one in
-    // the step: what shares the step never changes a row), with as many chunks as the pool has
-    // threads (0: one chunk).
-    let kv_split: Vec<usize> = if batch.arith == AttnArith::Row {
+    // llama.cpp takes its split-KV decode for a one-token step only: in its per-row
+    // arithmetic the generated rows do, in as many chunks as the numerics say (0: one chunk).
+    let kv_split: Vec<usize> = if batch.numerics.attention() == AttnArith::Row {
         let threads = pool.num_threads();
-        if batch.split_kv_rows.is_empty() {
-            let mut per_seq: HashMap<SeqSlot, usize> = HashMap::new();
-            for &s in batch.slots {
-                *per_seq.entry(s).or_default() += 1;
-            }
-            batch
-                .slots
-                .iter()
-                .map(|s| if per_seq[s] == 1 { threads } else { 0 })
-                .collect()
-        } else {
-            batch
-                .split_kv_rows
-                .iter()
-                .map(|&split| if split { threads } else { 0 })
-                .collect()
-        }
+        batch
+            .rows
+            .iter()
+            .map(|&kind| batch.numerics.split_chunks(kind, threads))
+            .collect()
     } else {
         Vec::new()
     };
@@ -297,7 +264,7 @@ pub fn forward(
             xn,
             n,
             &mut [&mut *q, &mut *k, &mut *v],
-            batch.matmul_arith,
+            batch.numerics.matmul(),
         )?;
         let r = if window.is_some() {
             rope_local.unwrap_or(rope)
@@ -323,7 +290,7 @@ pub fn forward(
                 num_kv_heads: cfg.num_kv_heads,
                 head_dim,
                 scale: attn_scale,
-                arith: batch.arith,
+                arith: batch.numerics.attention(),
             };
             let num_plan = plan.tasks.len();
             pool.for_each(num_plan + ggml_tasks.len(), &|i| {
@@ -387,7 +354,7 @@ pub fn forward(
                         let first = window.map_or(0, |size| end.saturating_sub(size));
                         ATTN_SCRATCH.with_borrow_mut(|scratch| {
                             attend_window_with(
-                                batch.arith,
+                                batch.numerics.attention(),
                                 kv_split.get(t).copied().unwrap_or(0),
                                 kv_ro,
                                 l,
@@ -412,7 +379,14 @@ pub fn forward(
             });
         }
         let proj = grow(&mut s.proj, n * hd);
-        matmul(pool, &w.qmatrix(&lw.wo), att, n, proj, batch.matmul_arith)?;
+        matmul(
+            pool,
+            &w.qmatrix(&lw.wo),
+            att,
+            n,
+            proj,
+            batch.numerics.matmul(),
+        )?;
         // After the last layer's attention output projection only the tokens whose logits are
         // wanted matter: keep those rows (in `logits_for` order) and drop the others, where
         // llama.cpp does (`inp_out_ids`). Every row's arithmetic stays the same (for
@@ -453,7 +427,7 @@ pub fn forward(
             xn,
             n,
             &mut [&mut *gate, &mut *up],
-            batch.matmul_arith,
+            batch.numerics.matmul(),
         )?;
         rows::gated_act(pool, cfg.ffn_act, gate, up, ffn);
         let proj = grow(&mut s.proj, n * hd);
@@ -463,7 +437,7 @@ pub fn forward(
             gate,
             n,
             proj,
-            batch.matmul_arith,
+            batch.numerics.matmul(),
         )?;
         // Post-norm, residual add and the next layer's input norm.
         let next = w.layers.get(l + 1).map(|nl| &nl.attn_norm[..]);
@@ -500,7 +474,7 @@ pub fn forward(
             &xn[..m * hd],
             m,
             &mut logits,
-            batch.matmul_arith,
+            batch.numerics.matmul(),
         )?;
     }
     if let Some(cap) = cfg.final_logit_softcap {

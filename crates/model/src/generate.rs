@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::forward::{AttnArith, ForwardBatch, ForwardError, MatmulArith, Scratch};
 use crate::kv::{KvDtype, SeqSlot};
 use crate::model::Model;
+use crate::numerics::{Numerics, RowKind};
 use crate::sampler::{SampledToken, Sampler, SamplingParams};
 use kernels::ThreadPool;
 
@@ -23,7 +24,7 @@ pub struct GenerateOptions {
     /// Prompt chunks of 64+ tokens in llama.cpp's tiled prefill arithmetic
     /// ([`AttnArith::for_step`]), as llama-server computes them, and generated tokens in its
     /// per-row one. Off by default: every step in `attn_arith`. (The engine, with `EngineConfig::llama_cpp_prefill`, computes the prompt rows of 64+ token prompts in the
-    /// tiled arithmetic whatever its chunks — `ForwardBatch::prefill_rows` — which equals this
+    /// tiled arithmetic whatever its chunks — `RowKind::LongPrompt` — which equals this
     /// for prompts of up to 512 tokens.) On, the matmuls take llama.cpp's float order too
     /// (`MatmulArith::LlamaCpp` for the prompt, `InvariantGgml` for generated tokens).
     pub llama_cpp_prefill: bool,
@@ -125,23 +126,24 @@ pub fn generate(
         let slots = vec![SeqSlot(0); piece.len()];
         let last = [piece.len() - 1];
         let is_last_chunk = (c + 1) * chunk >= prompt.len();
+        let numerics = if opts.llama_cpp_prefill {
+            Numerics::Explicit {
+                attention: AttnArith::for_step(piece.len()),
+                matmul: MatmulArith::LlamaCpp,
+            }
+        } else {
+            Numerics::Explicit {
+                attention: opts.attn_arith,
+                matmul: opts.matmul_arith,
+            }
+        };
         let batch = ForwardBatch {
-            split_kv_rows: &[],
-            prefill_rows: &[],
-            matmul_arith: if opts.llama_cpp_prefill {
-                MatmulArith::LlamaCpp
-            } else {
-                opts.matmul_arith
-            },
             tokens: piece,
             positions: &positions,
             slots: &slots,
             logits_for: if is_last_chunk { &last } else { &[] },
-            arith: if opts.llama_cpp_prefill {
-                AttnArith::for_step(piece.len())
-            } else {
-                opts.attn_arith
-            },
+            numerics,
+            rows: &RowKind::by_step(&slots),
         };
         logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
     }
@@ -160,25 +162,26 @@ pub fn generate(
         if stop || !keep_going || out.len() == opts.max_tokens {
             break;
         }
+        // llama.cpp's decode arithmetic when reproducing it (the prompt's `LlamaCpp` is the
+        // same for one token).
+        let numerics = if opts.llama_cpp_prefill {
+            Numerics::Explicit {
+                attention: AttnArith::Row,
+                matmul: MatmulArith::InvariantGgml,
+            }
+        } else {
+            Numerics::Explicit {
+                attention: opts.attn_arith,
+                matmul: opts.matmul_arith,
+            }
+        };
         let batch = ForwardBatch {
-            split_kv_rows: &[],
-            prefill_rows: &[],
-            // llama.cpp's decode arithmetic when reproducing it (the prompt's `LlamaCpp` is the
-            // same for one token).
-            matmul_arith: if opts.llama_cpp_prefill {
-                MatmulArith::InvariantGgml
-            } else {
-                opts.matmul_arith
-            },
             tokens: &[id],
             positions: &[pos as u32],
             slots: &[SeqSlot(0)],
             logits_for: &[0],
-            arith: if opts.llama_cpp_prefill {
-                AttnArith::Row
-            } else {
-                opts.attn_arith
-            },
+            numerics,
+            rows: &[RowKind::Generated],
         };
         logits = model.forward(pool, &batch, &mut kv, &mut scratch)?;
         pos += 1;

@@ -21,6 +21,7 @@ pub mod kv_rows;
 mod kv_sealed;
 pub mod membw;
 pub mod model;
+pub mod numerics;
 pub mod ops;
 pub mod perplexity;
 pub mod rope_scaling;
@@ -37,6 +38,7 @@ pub use frontend::Frontend;
 pub use kernels::{PackedDef, ThreadPool};
 pub use kv::{KvDtype, KvStore, SeqSlot};
 pub use model::{LoadError, Model};
+pub use numerics::{Numerics, RowKind};
 pub use sampler::{
     ConstraintError, ConstraintFactory, ConstraintSpec, SampledToken, Sampler, SamplingParams,
     TokenConstraint,

@@ -10,6 +10,7 @@ use crate::forward::{AttnArith, ForwardBatch, ForwardError, MatmulArith, Scratch
 use crate::kv::KvDtype;
 use crate::kv::SeqSlot;
 use crate::model::Model;
+use crate::numerics::{Numerics, RowKind};
 use crate::ops::log_softmax_at;
 use kernels::ThreadPool;
 
@@ -111,42 +112,45 @@ pub fn perplexity(
             window[0] = b;
         }
         let batch = ForwardBatch {
-            split_kv_rows: &[],
-            prefill_rows: &[],
-            matmul_arith: opts.matmul_arith,
             tokens: &window,
             positions: &positions,
             slots: &slots,
             logits_for: &logits_for,
             // llama-perplexity evaluates each window in one step, so its tiled kernel.
-            arith: AttnArith::for_step(ctx),
+            numerics: Numerics::Explicit {
+                attention: AttnArith::for_step(ctx),
+                matmul: opts.matmul_arith,
+            },
+            rows: &RowKind::by_step(&slots),
         };
         let logits = match opts.restored_through {
             None => model.forward(pool, &batch, &mut kv, &mut scratch)?,
             Some(through) => {
                 let prefix = ForwardBatch {
-                    split_kv_rows: &[],
-                    prefill_rows: &[],
-                    matmul_arith: opts.matmul_arith,
                     tokens: &window[..first],
                     positions: &positions[..first],
                     slots: &slots[..first],
                     logits_for: &[],
-                    arith: AttnArith::for_step(first),
+                    numerics: Numerics::Explicit {
+                        attention: AttnArith::for_step(first),
+                        matmul: opts.matmul_arith,
+                    },
+                    rows: &RowKind::by_step(&slots[..first]),
                 };
                 model.forward(pool, &prefix, &mut kv, &mut scratch)?;
                 kv.round_trip(SeqSlot(0), first, through)
                     .map_err(ForwardError::from)?;
                 let shifted: Vec<usize> = logits_for.iter().map(|&t| t - first).collect();
                 let rest = ForwardBatch {
-                    split_kv_rows: &[],
-                    prefill_rows: &[],
-                    matmul_arith: opts.matmul_arith,
                     tokens: &window[first..],
                     positions: &positions[first..],
                     slots: &slots[first..],
                     logits_for: &shifted,
-                    arith: AttnArith::for_step(ctx - first),
+                    numerics: Numerics::Explicit {
+                        attention: AttnArith::for_step(ctx - first),
+                        matmul: opts.matmul_arith,
+                    },
+                    rows: &RowKind::by_step(&slots[first..]),
                 };
                 model.forward(pool, &rest, &mut kv, &mut scratch)?
             }

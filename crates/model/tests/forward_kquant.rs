@@ -13,6 +13,7 @@ use model::kv_contiguous::ContiguousKv;
 use model::ops::Rope;
 use model::weights::Weights;
 use model::ThreadPool;
+use model::{Numerics, RowKind};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
@@ -131,14 +132,15 @@ fn run(m: &Loaded, tokens: &[u32], chunk: usize) -> Vec<Vec<f32>> {
         let slots = vec![SeqSlot(0); toks.len()];
         let logits_for: Vec<usize> = (0..toks.len()).collect();
         let batch = ForwardBatch {
-            split_kv_rows: &[],
-            prefill_rows: &[],
-            matmul_arith: model::MatmulArith::Invariant,
             tokens: toks,
             positions: &positions,
             slots: &slots,
             logits_for: &logits_for,
-            arith: model::AttnArith::Row,
+            numerics: Numerics::Explicit {
+                attention: model::AttnArith::Row,
+                matmul: model::MatmulArith::Invariant,
+            },
+            rows: &RowKind::by_step(&slots),
         };
         let logits = forward(
             &m.cfg,

@@ -12,6 +12,7 @@ use model::kv_contiguous::ContiguousKv;
 use model::ops::Rope;
 use model::weights::Weights;
 use model::ThreadPool;
+use model::{Numerics, RowKind};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -394,14 +395,15 @@ fn check(arch: &str, want_arch: Arch, tolerance: f64) {
     let mut kv = ContiguousKv::new(1, LAYERS, KV_HEADS, HEAD_DIM, 16, KvDtype::F32).unwrap();
     let pool = ThreadPool::new(2);
     let batch = ForwardBatch {
-        split_kv_rows: &[],
-        prefill_rows: &[],
-        matmul_arith: model::MatmulArith::Invariant,
         tokens: &tokens,
         positions: &positions,
         slots: &slots,
         logits_for: &logits_for,
-        arith: model::AttnArith::Row,
+        numerics: Numerics::Explicit {
+            attention: model::AttnArith::Row,
+            matmul: model::MatmulArith::Invariant,
+        },
+        rows: &RowKind::by_step(&slots),
     };
     let got = forward(
         &cfg,
@@ -658,16 +660,17 @@ fn check_long_context_invariance(
         // Every row marked as a prompt row (`AttnArith::Row` would otherwise take llama.cpp's
         // split-KV decode for a lone token beyond 256 positions, as llama.cpp does for a
         // one-token step): a row's arithmetic is then the same in every chunking.
-        let split_kv_rows = vec![false; toks.len()];
+        let rows = vec![RowKind::Prompt; toks.len()];
         let batch = ForwardBatch {
-            split_kv_rows: &split_kv_rows,
-            prefill_rows: &[],
-            matmul_arith: model::MatmulArith::Invariant,
             tokens: &toks,
             positions: &pos,
             slots: &slots,
             logits_for: &logits_for,
-            arith,
+            numerics: Numerics::Explicit {
+                attention: arith,
+                matmul: model::MatmulArith::Invariant,
+            },
+            rows: &rows,
         };
         let out = forward(
             &cfg,
@@ -737,7 +740,7 @@ fn check_long_context_invariance(
 
 /// llama.cpp's split-KV decode (`model::attention_split`) in `AttnArith::Row`: a token beyond
 /// 256 positions that is its sequence's only one in the step takes it by default, as llama.cpp
-/// does for a one-token step; `split_kv_rows` decides per row instead (the engine marks
+/// does for a one-token step (`RowKind::by_step`); the row's kind decides instead (the engine marks
 /// generated tokens), so the same row computed in a longer step gives the same bits.
 #[test]
 fn lone_tokens_beyond_256_positions_take_the_split_kv_decode() {
@@ -749,18 +752,19 @@ fn lone_tokens_beyond_256_positions_take_the_split_kv_decode() {
     let rope = rope_of(&cfg, None);
     let pool = ThreadPool::new(2);
     let n = tokens.len();
-    let step = |kv: &mut ContiguousKv, range: std::ops::Range<usize>, split: &[bool]| {
+    let step = |kv: &mut ContiguousKv, range: std::ops::Range<usize>, rows: &[RowKind]| {
         let pos: Vec<u32> = range.clone().map(|p| p as u32).collect();
         let slots = vec![SeqSlot(0); range.len()];
         let batch = ForwardBatch {
-            split_kv_rows: split,
-            prefill_rows: &[],
-            matmul_arith: model::MatmulArith::InvariantGgml,
             tokens: &tokens[range.clone()],
             positions: &pos,
             slots: &slots,
             logits_for: &[range.len() - 1],
-            arith: AttnArith::Row,
+            numerics: Numerics::Explicit {
+                attention: AttnArith::Row,
+                matmul: model::MatmulArith::InvariantGgml,
+            },
+            rows,
         };
         forward(
             &cfg,
@@ -775,17 +779,22 @@ fn lone_tokens_beyond_256_positions_take_the_split_kv_decode() {
         .unwrap()
     };
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let last_alone = |split: &[bool]| {
+    let last_alone = |kind: RowKind| {
         let mut kv = ContiguousKv::new(1, LAYERS, KV_HEADS, HEAD_DIM, n, KvDtype::F16).unwrap();
-        step(&mut kv, 0..n - 1, &vec![false; n - 1]);
-        bits(&step(&mut kv, n - 1..n, split))
+        step(&mut kv, 0..n - 1, &vec![RowKind::Prompt; n - 1]);
+        bits(&step(&mut kv, n - 1..n, &[kind]))
     };
     let whole = {
         let mut kv = ContiguousKv::new(1, LAYERS, KV_HEADS, HEAD_DIM, n, KvDtype::F16).unwrap();
-        bits(&step(&mut kv, 0..n, &vec![false; n]))
+        bits(&step(&mut kv, 0..n, &vec![RowKind::Prompt; n]))
     };
-    let (default, split, unsplit) = (last_alone(&[]), last_alone(&[true]), last_alone(&[false]));
-    assert_eq!(default, split, "a lone token splits by default");
+    let by_step = RowKind::by_step(&[SeqSlot(0)])[0];
+    let (default, split, unsplit) = (
+        last_alone(by_step),
+        last_alone(RowKind::Generated),
+        last_alone(RowKind::Prompt),
+    );
+    assert_eq!(default, split, "a lone token in a step is a generated row");
     assert_eq!(
         unsplit, whole,
         "a row marked unsplit equals the same row in a longer step"

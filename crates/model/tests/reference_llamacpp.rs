@@ -7,6 +7,7 @@ use common::{model, references};
 use model::generate::{generate, GenerateOptions};
 use model::perplexity::{perplexity, PerplexityOptions};
 use model::{AttnArith, KvDtype, MatmulArith, ThreadPool};
+use model::{Numerics, RowKind};
 
 /// Teacher-forced comparison: the prompt plus llama.cpp's greedy tokens in one forward pass, so a
 /// single divergence does not cascade. Returns per-position (our logprob of llama.cpp's token,
@@ -27,14 +28,15 @@ fn teacher_forced(
     let logits_for: Vec<usize> = (r.prompt_ids.len() - 1..all.len()).take(n).collect();
     let mut kv = m.contiguous_kv(1, all.len(), KvDtype::F16).unwrap();
     let batch = ForwardBatch {
-        split_kv_rows: &[],
-        prefill_rows: &[],
-        matmul_arith,
         tokens: &all,
         positions: &positions,
         slots: &slots,
         logits_for: &logits_for,
-        arith: attn_arith,
+        numerics: Numerics::Explicit {
+            attention: attn_arith,
+            matmul: matmul_arith,
+        },
+        rows: &RowKind::by_step(&slots),
     };
     let logits = m
         .forward(pool, &batch, &mut kv, &mut Scratch::default())

@@ -16,6 +16,7 @@ use server::structured::OutputFormat;
 use server::tool_families::{Family, FamilySyntax};
 
 use super::common::ModelArgs;
+use model::{Numerics, RowKind};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchConstraintArgs {
@@ -186,14 +187,15 @@ pub fn run(args: BenchConstraintArgs) -> Result<()> {
     let mut tok = 1u32;
     for pos in 0..args.gen_tokens {
         let batch = ForwardBatch {
-            split_kv_rows: &[],
-            prefill_rows: &[],
-            matmul_arith: model::MatmulArith::Invariant,
             tokens: &[tok],
             positions: &[pos as u32],
             slots: &[SeqSlot(0)],
             logits_for: &[0],
-            arith: AttnArith::invariant(),
+            numerics: Numerics::Explicit {
+                attention: AttnArith::invariant(),
+                matmul: model::MatmulArith::Invariant,
+            },
+            rows: &RowKind::by_step(&[SeqSlot(0)]),
         };
         let t0 = Instant::now();
         let logits = model.forward(&pool, &batch, &mut kv, &mut scratch)?;

@@ -8,14 +8,14 @@
 //! decoded token reads, and their quotient next to the measured rate; then the same read of a
 //! buffer the size of that token's traffic (the decode's working set, which a large last-level
 //! cache may hold: the binding bound on such a CPU). Every step takes the
-//! engine's arithmetic (`engine::EngineConfig::matmul_arith` / `attn_arith`, or `--attention`);
+//! engine's arithmetic (`engine::EngineConfig::numerics`, or `--attention`);
 //! it never runs the engine or the server.
 
 use std::time::Instant;
 
 use anyhow::Result;
 use model::forward::{AttnArith, ForwardBatch, Scratch};
-use model::SeqSlot;
+use model::{Numerics, RowKind, SeqSlot};
 
 use super::common::ModelArgs;
 
@@ -49,14 +49,14 @@ pub struct BenchModelArgs {
     pub kv: super::common::KvArgs,
     /// Compute prompt rows (the cached prefix and the timed prefill, when at least 64 tokens)
     /// in llama.cpp's tiled prefill arithmetic, as the engine does with
-    /// `EngineConfig::llama_cpp_prefill` (`ForwardBatch::prefill_rows`), and every other step in
+    /// `EngineConfig::llama_cpp_prefill` (`RowKind::LongPrompt`), and every other step in
     /// llama.cpp's per-row attention and ggml's matmul order, as that engine does.
     #[arg(long)]
     pub llama_cpp_prefill: bool,
     /// Attention arithmetic of the unmarked steps: `tiled` (the tiled regime at every depth) or
     /// `llama.cpp-row` (llama.cpp's per-row kernel with its f16 accumulator, and beyond 256
     /// positions its split-KV decode for this many threads). Default: the engine's
-    /// (`EngineConfig::attn_arith`: `tiled`, or `llama.cpp-row` with `--llama-cpp-prefill`).
+    /// (`EngineConfig::numerics`: `tiled`, or `llama.cpp-row` with `--llama-cpp-prefill`).
     #[arg(long, value_parser = ["tiled", "llama.cpp-row"])]
     pub attention: Option<String>,
     /// A second KV codec measured side by side in the same process: each repetition runs both
@@ -97,15 +97,19 @@ fn ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
 pub fn run(args: BenchModelArgs) -> Result<()> {
     let model = args.model.load()?;
     let pool = args.model.pool();
-    let engine = engine::EngineConfig {
-        llama_cpp_prefill: args.llama_cpp_prefill,
-        ..Default::default()
-    };
-    let matmul_arith = engine.matmul_arith();
-    let attn_arith = match args.attention.as_deref() {
-        Some("tiled") => AttnArith::Tiled,
-        Some(_) => AttnArith::Row,
-        None => engine.attn_arith(),
+    // The engine's numerics for this pool (what `serve` runs), or its matmul order with the
+    // attention `--attention` names.
+    let engine_numerics = Numerics::for_engine(args.llama_cpp_prefill, pool.num_threads());
+    let numerics = match args.attention.as_deref() {
+        None => engine_numerics,
+        Some(name) => Numerics::Explicit {
+            attention: if name == "tiled" {
+                AttnArith::Tiled
+            } else {
+                AttnArith::Row
+            },
+            matmul: engine_numerics.matmul(),
+        },
     };
     let vocab = model.config.vocab_size as u32;
     let depth = args.depth;
@@ -122,19 +126,20 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         let tokens: Vec<u32> = (start..start + len).map(token_at).collect();
         let positions: Vec<u32> = (start as u32..(start + len) as u32).collect();
         let slots = vec![SeqSlot(0); len];
-        let marked =
-            vec![args.llama_cpp_prefill && len >= model::attention::PREFILL_MIN_TOKENS; len];
+        // Prompt rows of 64+ token steps are llama.cpp's tiled prefill rows when reproducing
+        // it; otherwise each row is what llama.cpp's step would make it.
+        let rows = if args.llama_cpp_prefill && len >= model::attention::PREFILL_MIN_TOKENS {
+            vec![RowKind::LongPrompt; len]
+        } else {
+            RowKind::by_step(&slots)
+        };
         let batch = ForwardBatch {
-            split_kv_rows: &[],
-            prefill_rows: &marked,
-            matmul_arith,
             tokens: &tokens,
             positions: &positions,
             slots: &slots,
             logits_for: &[len - 1],
-            // The engine's arithmetic for every step (what `serve` runs), not llama.cpp's
-            // tiled-prefill choice that `perplexity` follows.
-            arith: attn_arith,
+            numerics,
+            rows: &rows,
         };
         Ok(model.forward(&pool, &batch, kv, scratch)?)
     };
@@ -161,14 +166,12 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         let mut tok = 1u32;
         for pos in depth..depth + args.gen_tokens {
             let batch = ForwardBatch {
-                split_kv_rows: &[],
-                prefill_rows: &[],
-                matmul_arith,
                 tokens: &[tok],
                 positions: &[pos as u32],
                 slots: &[SeqSlot(0)],
                 logits_for: &[0],
-                arith: attn_arith,
+                numerics,
+                rows: &[RowKind::Generated],
             };
             let logits = model.forward(&pool, &batch, &mut kv, &mut scratch)?;
             tok = model::sampler::argmax(&logits);

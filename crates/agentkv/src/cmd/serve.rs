@@ -210,8 +210,8 @@ impl Summary {
             threads: cfg.threads,
             step_target_ms: cfg.step_time_target.map_or(0, |t| t.as_millis() as u64),
             tenants: settings.tenants.len(),
-            matmul: cfg.matmul_arith().packed_def().name(),
-            attention: cfg.attn_arith().name(),
+            matmul: cfg.numerics().matmul().packed_def().name(),
+            attention: cfg.numerics().attention().name(),
             isa: kernels::cpu_features().name(),
         }
     }

@@ -96,14 +96,15 @@ pub fn llama_server_logits(
             let positions: Vec<u32> = range.clone().map(|i| i as u32).collect();
             let slots = vec![model::SeqSlot(0); range.len()];
             let batch = ForwardBatch {
-                split_kv_rows: &[],
-                prefill_rows: &[],
                 tokens: &all[range.clone()],
                 positions: &positions,
                 slots: &slots,
                 logits_for: &[range.len() - 1],
-                arith: model::AttnArith::for_step(range.len()),
-                matmul_arith: model::MatmulArith::LlamaCpp,
+                numerics: model::Numerics::Explicit {
+                    attention: model::AttnArith::for_step(range.len()),
+                    matmul: model::MatmulArith::LlamaCpp,
+                },
+                rows: &model::RowKind::by_step(&slots),
             };
             let row = m
                 .forward(pool, &batch, &mut kv, &mut scratch)
