@@ -17,6 +17,7 @@ pub mod metrics;
 mod metrics_compat;
 mod output;
 pub mod params;
+mod pipeline;
 mod prom_text;
 pub mod reqlog;
 pub mod response_store;

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::params::completion_prompt;
-use crate::routes::chat::prepare_chat;
+use crate::pipeline::prepare_chat;
 use crate::routes::read_generation_request;
 use crate::state::AppState;
 

@@ -26,14 +26,13 @@ use axum::Json;
 use cache::TenantId;
 use engine::FinishReason;
 
-use crate::breakpoints;
 use crate::error::ApiError;
 use crate::output::collect;
+use crate::pipeline::{prepare_chat, start_chat, tool_reply, Hints};
 use crate::response_store::StoredResponse;
-use crate::routes::chat::{breakpoint_prefix, prepare_chat, tool_reply};
 use crate::routes::input_items::input_items;
 use crate::routes::read_generation_request;
-use crate::run::{submit, Step};
+use crate::run::Step;
 use crate::sse::{self, json, SseData};
 use crate::state::{unix_now, AppState};
 use crate::tool_stream::{Piece, ReplyStream};
@@ -77,7 +76,7 @@ pub async fn create(
     // `truncation: auto`: the oldest turns go until the conversation fits; the stored
     // conversation stays whole.
     let mut sent = conversation.clone();
-    let (chat, mut prepared, tool_mode) = loop {
+    let (chat, prepared, tool_mode) = loop {
         let chat = chat_request(&req, &sent);
         match prepare_chat(&state, &tenant, &chat) {
             Err(ApiError::PromptTooLong { .. } | ApiError::ContextExceeded(_))
@@ -94,47 +93,33 @@ pub async fn create(
             "truncation auto: oldest turns dropped to fit the context"
         );
     }
-    prepared.spec.priority = crate::sessions::priority(&tenant, &req.cache)?;
-    prepared.spec.retention = crate::sessions::retention(
-        &state.settings.limits,
+    let hints = Hints {
+        headers: &headers,
+        cache: &req.cache,
+        marked: &marked,
+    };
+    let mut running = start_chat(
+        &state,
         &tenant,
-        &headers,
-        &req.cache,
-        &prepared.spec.prompt,
-        prepared.spec.priority,
-    )?;
-    let prompt = &prepared.spec.prompt;
-    prepared.spec.breakpoints = breakpoints::retentions(
-        &state.settings.limits,
-        &tenant,
-        prepared.spec.priority,
-        prompt,
-        &marked,
-        |site| {
-            Ok(breakpoint_prefix(
-                &state,
-                &chat,
-                prompt,
-                site,
-                |list, index, text| {
-                    let ResponseInput::Items(items) = &req.input else {
-                        return None;
-                    };
-                    if list != "input" || index >= items.len() {
-                        return None;
-                    }
-                    let mut cut = items[..=index].to_vec();
-                    if let (InputItem::Message(m), Some(t)) = (&mut cut[index], text) {
-                        m.content = t.to_string();
-                    }
-                    let mut conversation = history.clone();
-                    conversation.extend(input_messages(&ResponseInput::Items(cut)).ok()?);
-                    Some(chat_request(&req, &conversation))
-                },
-            ))
+        hints,
+        &chat,
+        prepared,
+        |list, index, text| {
+            let ResponseInput::Items(items) = &req.input else {
+                return None;
+            };
+            if list != "input" || index >= items.len() {
+                return None;
+            }
+            let mut cut = items[..=index].to_vec();
+            if let (InputItem::Message(m), Some(t)) = (&mut cut[index], text) {
+                m.content = t.to_string();
+            }
+            let mut conversation = history.clone();
+            conversation.extend(input_messages(&ResponseInput::Items(cut)).ok()?);
+            Some(chat_request(&req, &conversation))
         },
     )?;
-    let mut running = submit(&state, &tenant, prepared)?;
     let suffix = crate::ids::public_id();
     let draft = Draft {
         tenant: tenant.id,
