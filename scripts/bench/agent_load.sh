@@ -22,6 +22,7 @@ wait_up() { for _ in $(seq 300); do curl -sf "$1/health" >/dev/null && return 0;
 run_one() { # name url model
   "$agentkv" bench agent --url "$2" --model "$3" "${load[@]}" --out "$out/$1" >/dev/null
   echo "== $1"; cat "$out/$1/table.txt"
+  python3 -c 'import json,sys; print("wall (s)", round(json.load(open(sys.argv[1]))["wall_s"], 1))' "$out/$1/results.json"
 }
 
 echo "== machine"; lscpu | grep -E "Model name|^CPU\(s\)"; echo "threads: $threads"

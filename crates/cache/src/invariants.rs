@@ -9,6 +9,7 @@ use crate::error::InvariantViolation;
 use crate::evict::slru::ProtectedSegment;
 use crate::evict::{order_key, BlockStats};
 use crate::ids::BlockId;
+use crate::pool::{Block, Published};
 use crate::retention::Holder;
 
 macro_rules! ensure {
@@ -201,68 +202,7 @@ impl KvCache {
                 continue;
             };
             *tenant_cached.entry(p.ns.tenant()).or_default() += 1;
-            ensure!(
-                self.index.get(&p.key) == Some(id),
-                "{id}: published key not indexed to it"
-            );
-            match p.parent {
-                None => ensure!(p.depth == 0, "{id}: root block at depth {}", p.depth),
-                Some(parent) => {
-                    let pb = self.pool.get(parent);
-                    let pp = pb.published;
-                    ensure!(
-                        pp.is_some_and(|pp| pp.ns == p.ns && pp.depth + 1 == p.depth),
-                        "{id}: parent {parent} not published in the chain"
-                    );
-                    children[parent.index()] += 1;
-                    if b.ref_count > 0 {
-                        ensure!(
-                            pb.ref_count > 0,
-                            "{id}: referenced but its parent {parent} is not"
-                        );
-                    }
-                }
-            }
-            let eligible = b.ref_count == 0 && b.num_children == 0;
-            let stats = BlockStats {
-                last_use: b.last_use,
-                hits: b.hits,
-                protected: b.protected,
-                depth: p.depth,
-            };
-            if eligible {
-                let key = order_key(
-                    self.config.policy,
-                    self.registry.rank_of(&b.holders),
-                    &stats,
-                );
-                ensure!(
-                    b.candidate == Some(key),
-                    "{id}: candidate key stale or missing"
-                );
-                ensure!(
-                    self.candidates.global.contains(&(key, id)),
-                    "{id}: missing from the candidate set"
-                );
-                let tenant_set = self.candidates.by_tenant.get(&p.ns.tenant());
-                ensure!(
-                    tenant_set.is_some_and(|s| s.contains(&(key, id))),
-                    "{id}: missing from its tenant's candidates"
-                );
-            } else {
-                ensure!(
-                    b.candidate.is_none(),
-                    "{id}: referenced or has children but is a candidate"
-                );
-            }
-            ensure!(
-                b.protected
-                    == self
-                        .protected
-                        .set
-                        .contains(&ProtectedSegment::entry(&stats, id)),
-                "{id}: protected flag and segment disagree"
-            );
+            self.check_published(id, b, &p, &mut children)?;
         }
         for (i, b) in self.pool.blocks.iter().enumerate() {
             ensure!(
@@ -295,6 +235,109 @@ impl KvCache {
                     .count(),
             "index holds unpublished keys"
         );
+        self.check_candidate_sets()?;
+        self.check_adaptive()?;
+        ensure!(
+            retained == self.registry.num_retained_blocks
+                && pinned == self.registry.num_pinned_blocks,
+            "retention gauges drifted"
+        );
+        ensure!(
+            retained <= self.max_retained_blocks,
+            "retained {retained} over the cap"
+        );
+        self.check_retention_records()?;
+        for (t, c) in &self.tenants.counters {
+            let expect = tenant_cached.get(t).copied().unwrap_or(0);
+            ensure!(
+                c.cached_blocks == expect,
+                "{t}: cached gauge {} but {expect}",
+                c.cached_blocks
+            );
+        }
+        ensure!(
+            unused_slots == self.unused_slots,
+            "fragmentation counter drifted"
+        );
+        Ok(())
+    }
+
+    /// The checks of one published block `id`: indexed under its key, its parent published in
+    /// the chain (counted in `children`), its candidacy and protected flag current.
+    fn check_published(
+        &self,
+        id: BlockId,
+        b: &Block,
+        p: &Published,
+        children: &mut [u32],
+    ) -> Result<(), InvariantViolation> {
+        ensure!(
+            self.index.get(&p.key) == Some(id),
+            "{id}: published key not indexed to it"
+        );
+        match p.parent {
+            None => ensure!(p.depth == 0, "{id}: root block at depth {}", p.depth),
+            Some(parent) => {
+                let pb = self.pool.get(parent);
+                let pp = pb.published;
+                ensure!(
+                    pp.is_some_and(|pp| pp.ns == p.ns && pp.depth + 1 == p.depth),
+                    "{id}: parent {parent} not published in the chain"
+                );
+                children[parent.index()] += 1;
+                if b.ref_count > 0 {
+                    ensure!(
+                        pb.ref_count > 0,
+                        "{id}: referenced but its parent {parent} is not"
+                    );
+                }
+            }
+        }
+        let eligible = b.ref_count == 0 && b.num_children == 0;
+        let stats = BlockStats {
+            last_use: b.last_use,
+            hits: b.hits,
+            protected: b.protected,
+            depth: p.depth,
+        };
+        if eligible {
+            let key = order_key(
+                self.config.policy,
+                self.registry.rank_of(&b.holders),
+                &stats,
+            );
+            ensure!(
+                b.candidate == Some(key),
+                "{id}: candidate key stale or missing"
+            );
+            ensure!(
+                self.candidates.global.contains(&(key, id)),
+                "{id}: missing from the candidate set"
+            );
+            let tenant_set = self.candidates.by_tenant.get(&p.ns.tenant());
+            ensure!(
+                tenant_set.is_some_and(|s| s.contains(&(key, id))),
+                "{id}: missing from its tenant's candidates"
+            );
+        } else {
+            ensure!(
+                b.candidate.is_none(),
+                "{id}: referenced or has children but is a candidate"
+            );
+        }
+        ensure!(
+            b.protected
+                == self
+                    .protected
+                    .set
+                    .contains(&ProtectedSegment::entry(&stats, id)),
+            "{id}: protected flag and segment disagree"
+        );
+        Ok(())
+    }
+
+    /// The candidate sets (global, per tenant, flagged blocks) and the protected segment agree.
+    fn check_candidate_sets(&self) -> Result<(), InvariantViolation> {
         let n_cands = self.candidates.global.len();
         let n_tenant: usize = self.candidates.by_tenant.values().map(|s| s.len()).sum();
         let n_flagged = self
@@ -316,16 +359,11 @@ impl KvCache {
             self.protected.set.len() <= self.protected.capacity as usize,
             "protected segment over capacity"
         );
-        self.check_adaptive()?;
-        ensure!(
-            retained == self.registry.num_retained_blocks
-                && pinned == self.registry.num_pinned_blocks,
-            "retention gauges drifted"
-        );
-        ensure!(
-            retained <= self.max_retained_blocks,
-            "retained {retained} over the cap"
-        );
+        Ok(())
+    }
+
+    /// Retention gauges per tenant and the registry's records match the blocks' holders.
+    fn check_retention_records(&self) -> Result<(), InvariantViolation> {
         let mut retained_by_tenant: std::collections::BTreeMap<crate::ids::TenantId, u32> =
             Default::default();
         for b in &self.pool.blocks {
@@ -351,18 +389,6 @@ impl KvCache {
             }
             listed.insert(*h, r.blocks.len());
         }
-        for (t, c) in &self.tenants.counters {
-            let expect = tenant_cached.get(t).copied().unwrap_or(0);
-            ensure!(
-                c.cached_blocks == expect,
-                "{t}: cached gauge {} but {expect}",
-                c.cached_blocks
-            );
-        }
-        ensure!(
-            unused_slots == self.unused_slots,
-            "fragmentation counter drifted"
-        );
         Ok(())
     }
 }

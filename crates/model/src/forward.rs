@@ -10,21 +10,17 @@
 //! followed by the FFN of the rows whose logits are wanted only. It never decides what to batch.
 
 pub use crate::attention::AttnArith;
-use crate::attention::{attend_window_with, AttnScratch};
-use crate::attention_plan::{self, AttnShape, AttnTask};
-use crate::attention_tiled::{run_tile_task, TileInputs, TileOutputs, TileScratch};
+use crate::attention_plan::{self, AttnShape};
 use crate::config::ModelConfig;
+use crate::forward_attention::StepAttention;
 use crate::forward_rows as rows;
-use crate::kv::{KvChunk, KvDtype, KvError, KvStore, SeqSlot};
+use crate::kv::{KvDtype, KvError, KvStore, SeqSlot};
 use crate::numerics::{Numerics, RowKind};
 use crate::ops::{rms_norm, softcap, Rope};
 use crate::weights::{Weights, WeightsError};
-use kernels::ggml_tiled::{self, RowsScratch};
-use kernels::par::DisjointRows;
 pub use kernels::MatmulArith;
 use kernels::{
-    cpu_features, matmul_many_with_arith as matmul_many, matmul_with_arith as matmul, KernelError,
-    ThreadPool,
+    matmul_many_with_arith as matmul_many, matmul_with_arith as matmul, KernelError, ThreadPool,
 };
 
 /// One step's tokens. All slices are `[num_tokens]` except `logits_for`.
@@ -72,26 +68,6 @@ pub struct Scratch {
     partials: Vec<f32>,
     /// The rows the last layer keeps, gathered before they are moved to the front.
     keep: Vec<f32>,
-}
-
-thread_local! {
-    /// Per-thread attention buffers (the pool's workers are persistent, so these are reused).
-    static ATTN_SCRATCH: std::cell::RefCell<AttnScratch> = std::cell::RefCell::new(AttnScratch::default());
-    static TILE_SCRATCH: std::cell::RefCell<TileScratch> = std::cell::RefCell::new(TileScratch::default());
-    /// Per-thread buffers of llama.cpp's tiled prefill arithmetic: the kernel's, one position
-    /// range of K and of V, and the task's query rows, row ranges and outputs.
-    static GGML_TILED_SCRATCH: std::cell::RefCell<GgmlTaskScratch> =
-        std::cell::RefCell::new(Default::default());
-}
-
-#[derive(Default)]
-struct GgmlTaskScratch {
-    kernel: RowsScratch,
-    k: Vec<half::f16>,
-    v: Vec<half::f16>,
-    q: Vec<f32>,
-    ranges: Vec<(usize, usize)>,
-    out: Vec<f32>,
 }
 
 /// At most this many tokens of one sequence at consecutive positions share one task of
@@ -148,7 +124,7 @@ pub fn forward(
         });
     }
     kv.begin_step();
-    let (hd, qd, kvd, ffn) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_size);
+    let (hd, qd, kvd) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
     let head_dim = cfg.head_dim;
     let x = grow(&mut s.x, n * hd);
     rows::embed(pool, cfg, w, batch.tokens, x)?;
@@ -168,7 +144,6 @@ pub fn forward(
     } else {
         cfg.attn_scale
     };
-    let group = cfg.num_heads / cfg.num_kv_heads;
     // Rows in llama.cpp's tiled prefill arithmetic over f16 K/V (every row of an
     // `AttnArith::Prefill` step, and the rows the batch marks) are reproduced by `ggml_tiled`,
     // in tasks of their own (a run of one sequence's tokens × one KV head); the plan leaves them out.
@@ -245,6 +220,15 @@ pub fn forward(
             grow(&mut s.xn, n * hd),
         );
     }
+    let step_attention = StepAttention {
+        cfg,
+        slots: batch.slots,
+        positions: batch.positions,
+        arith: batch.numerics.attention(),
+        ggml_tasks: &ggml_tasks,
+        kv_split: &kv_split,
+        scale: attn_scale,
+    };
     for (l, lw) in w.layers.iter().enumerate() {
         let window = cfg.window_of(l);
         let (plan, angles) = match (window, &local_plan) {
@@ -275,109 +259,7 @@ pub fn forward(
         kv.write_step(pool, l, batch.slots, batch.positions, k, v)?;
         let att = grow(&mut s.att, n * qd);
         let partials = grow(&mut s.partials, plan.partial_rows * (head_dim + 2));
-        {
-            let rows = DisjointRows::new(att, head_dim);
-            let outputs = TileOutputs::new(plan, partials, head_dim, &rows);
-            let kv_ro: &dyn KvStore = &*kv;
-            let q_ro: &[f32] = q;
-            let inputs = TileInputs {
-                kv: kv_ro,
-                layer: l,
-                q: q_ro,
-                slots: batch.slots,
-                positions: batch.positions,
-                num_heads: cfg.num_heads,
-                num_kv_heads: cfg.num_kv_heads,
-                head_dim,
-                scale: attn_scale,
-                arith: batch.numerics.attention(),
-            };
-            let num_plan = plan.tasks.len();
-            pool.for_each(num_plan + ggml_tasks.len(), &|i| {
-                if i >= num_plan {
-                    // Last runs first: a causal prompt's later runs attend more positions, and
-                    // the longest tasks should not be the last ones handed out.
-                    let (t0, t1, kv_head) = ggml_tasks[ggml_tasks.len() - 1 - (i - num_plan)];
-                    GGML_TILED_SCRATCH.with_borrow_mut(|g| {
-                        g.q.clear();
-                        g.ranges.clear();
-                        let (mut lo, mut hi) = (usize::MAX, 0);
-                        for t in t0..t1 {
-                            let end = batch.positions[t] as usize + 1;
-                            let first = window.map_or(0, |size| end.saturating_sub(size));
-                            (lo, hi) = (lo.min(first), hi.max(end));
-                            for head in kv_head * group..(kv_head + 1) * group {
-                                let at = t * qd + head * head_dim;
-                                g.q.extend_from_slice(&q_ro[at..at + head_dim]);
-                                g.ranges.push((first, end));
-                            }
-                        }
-                        let slot = batch.slots[t0];
-                        gather_f16(
-                            kv_ro, l, slot, kv_head, lo, hi, head_dim, &mut g.k, &mut g.v,
-                        );
-                        g.out.resize(g.q.len(), 0.0);
-                        ggml_tiled::attend_rows(
-                            cpu_features(),
-                            &g.q,
-                            &g.k,
-                            &g.v,
-                            lo,
-                            &g.ranges,
-                            attn_scale,
-                            &mut g.kernel,
-                            &mut g.out,
-                        );
-                        let mut r = 0;
-                        for t in t0..t1 {
-                            for head in kv_head * group..(kv_head + 1) * group {
-                                // SAFETY: `ggml_task_runs` gives each marked token to exactly
-                                // one run, whose tasks (one per KV head) write its rows of
-                                // their heads only; the plan has no task for marked tokens.
-                                let out = unsafe { rows.row_mut(t * cfg.num_heads + head) };
-                                out.copy_from_slice(&g.out[r * head_dim..(r + 1) * head_dim]);
-                                r += 1;
-                            }
-                        }
-                    });
-                    return;
-                }
-                match plan.tasks[i] {
-                    AttnTask::Row { token, head } => {
-                        let (t, head) = (token as usize, head as usize);
-                        // SAFETY: the plan holds one `Row` task per (token, head) of the exact
-                        // regime and those rows are written by no other task, so each row of `att`
-                        // has exactly one writer.
-                        let out = unsafe { rows.row_mut(t * cfg.num_heads + head) };
-                        let qh = &q_ro[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
-                        let end = batch.positions[t] as usize + 1;
-                        let first = window.map_or(0, |size| end.saturating_sub(size));
-                        ATTN_SCRATCH.with_borrow_mut(|scratch| {
-                            attend_window_with(
-                                batch.numerics.attention(),
-                                kv_split.get(t).copied().unwrap_or(0),
-                                kv_ro,
-                                l,
-                                batch.slots[t],
-                                head / group,
-                                first,
-                                end,
-                                qh,
-                                attn_scale,
-                                scratch,
-                                out,
-                            )
-                        });
-                    }
-                    task @ AttnTask::Tile { .. } => TILE_SCRATCH.with_borrow_mut(|scratch| {
-                        // SAFETY: the plan gives every (token, head, segment) partial row to exactly
-                        // one task and every tiled output row to one group, merged by its last task
-                        // (tested in `attention_plan`); `Row` tasks write only exact-regime rows.
-                        unsafe { run_tile_task(&inputs, plan, task, &outputs, scratch) }
-                    }),
-                }
-            });
-        }
+        step_attention.run(pool, plan, l, window, &*kv, q, att, partials);
         let proj = grow(&mut s.proj, n * hd);
         matmul(
             pool,
@@ -416,43 +298,60 @@ pub fn forward(
             hd,
         );
 
-        // Feed-forward block.
-        let xn = &s.xn[..n * hd];
-        let gate = grow(&mut s.gate, n * ffn);
-        let up = grow(&mut s.up, n * ffn);
-        let gate_up = [w.qmatrix(&lw.w_gate), w.qmatrix(&lw.w_up)];
-        matmul_many(
-            pool,
-            &gate_up,
-            xn,
-            n,
-            &mut [&mut *gate, &mut *up],
-            batch.numerics.matmul(),
-        )?;
-        rows::gated_act(pool, cfg.ffn_act, gate, up, ffn);
-        let proj = grow(&mut s.proj, n * hd);
-        matmul(
-            pool,
-            &w.qmatrix(&lw.w_down),
-            gate,
-            n,
-            proj,
-            batch.numerics.matmul(),
-        )?;
-        // Post-norm, residual add and the next layer's input norm.
-        let next = w.layers.get(l + 1).map(|nl| &nl.attn_norm[..]);
-        let xn = grow(&mut s.xn, n * hd);
-        rows::residual(
-            pool,
-            proj,
-            &mut s.x,
-            lw.post_ffn_norm.as_deref(),
-            next.map(|wn| (wn, xn)),
-            cfg.rms_eps,
-            hd,
-        );
+        feed_forward(pool, cfg, w, l, s, n, batch.numerics.matmul())?;
     }
 
+    final_logits(pool, cfg, w, s, batch, compact)
+}
+
+/// Layer `l`'s feed-forward block over `n` rows (`s.xn` holds the normed input): the gated FFN,
+/// its post-norm, the residual add and the next layer's input norm.
+fn feed_forward(
+    pool: &ThreadPool,
+    cfg: &ModelConfig,
+    w: &Weights,
+    l: usize,
+    s: &mut Scratch,
+    n: usize,
+    arith: MatmulArith,
+) -> Result<(), ForwardError> {
+    let (hd, ffn) = (cfg.hidden_size, cfg.ffn_size);
+    let lw = &w.layers[l];
+    // Feed-forward block.
+    let xn = &s.xn[..n * hd];
+    let gate = grow(&mut s.gate, n * ffn);
+    let up = grow(&mut s.up, n * ffn);
+    let gate_up = [w.qmatrix(&lw.w_gate), w.qmatrix(&lw.w_up)];
+    matmul_many(pool, &gate_up, xn, n, &mut [&mut *gate, &mut *up], arith)?;
+    rows::gated_act(pool, cfg.ffn_act, gate, up, ffn);
+    let proj = grow(&mut s.proj, n * hd);
+    matmul(pool, &w.qmatrix(&lw.w_down), gate, n, proj, arith)?;
+    // Post-norm, residual add and the next layer's input norm.
+    let next = w.layers.get(l + 1).map(|nl| &nl.attn_norm[..]);
+    let xn = grow(&mut s.xn, n * hd);
+    rows::residual(
+        pool,
+        proj,
+        &mut s.x,
+        lw.post_ffn_norm.as_deref(),
+        next.map(|wn| (wn, xn)),
+        cfg.rms_eps,
+        hd,
+    );
+    Ok(())
+}
+
+/// The final norm and the logits of the tokens `batch.logits_for` names (after the last
+/// layer's compaction, row `j` holds token `logits_for[j]`).
+fn final_logits(
+    pool: &ThreadPool,
+    cfg: &ModelConfig,
+    w: &Weights,
+    s: &mut Scratch,
+    batch: &ForwardBatch<'_>,
+    compact: bool,
+) -> Result<Vec<f32>, ForwardError> {
+    let hd = cfg.hidden_size;
     // Final norm and logits for the requested tokens only.
     let m = batch.logits_for.len();
     let xn = grow(&mut s.xn, m.max(1) * hd);
@@ -513,40 +412,4 @@ fn ggml_task_runs(
         t = end;
     }
     tasks
-}
-
-/// The f16 K and V rows of positions `first..end` of one KV head, copied into `k` and `v`.
-#[allow(clippy::too_many_arguments)]
-fn gather_f16(
-    kv: &dyn KvStore,
-    layer: usize,
-    slot: SeqSlot,
-    kv_head: usize,
-    first: usize,
-    end: usize,
-    head_dim: usize,
-    k: &mut Vec<half::f16>,
-    v: &mut Vec<half::f16>,
-) {
-    k.clear();
-    v.clear();
-    kv.for_each_chunk_from(
-        layer,
-        slot,
-        kv_head,
-        first,
-        end,
-        &mut |start, chunk| match chunk.skip_positions(first.saturating_sub(start), head_dim) {
-            KvChunk::F16 { k: ck, v: cv } => {
-                k.extend_from_slice(ck);
-                v.extend_from_slice(cv);
-            }
-            _ => unreachable!("an f16 store yields f16 chunks"),
-        },
-    );
-    debug_assert_eq!(
-        k.len(),
-        (end - first) * head_dim,
-        "wrong number of positions"
-    );
 }

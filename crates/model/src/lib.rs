@@ -13,6 +13,7 @@ pub mod attention_tiled;
 pub mod backend;
 pub mod config;
 pub mod forward;
+mod forward_attention;
 mod forward_rows;
 pub mod generate;
 pub mod kv;

@@ -303,6 +303,13 @@ fn render_engine(
             );
         }
     }
+    render_usage(out, s);
+    render_evictions_and_steps(out, s);
+    render_tiers(out, s);
+}
+
+/// The active pool's usage: blocks by state, retention, fragmentation.
+fn render_usage(out: &mut String, s: &EngineSnapshot) {
     let u = &s.usage;
     let _ = writeln!(out, "# HELP agentkv_kv_blocks KV blocks by state (free + in_use + cached = total).\n# TYPE agentkv_kv_blocks gauge");
     for (state, v) in [
@@ -332,6 +339,11 @@ fn render_engine(
         "Unused token slots in blocks held by requests / allocated slots.",
         s.fragmentation,
     );
+}
+
+/// Evictions by cause, the adaptive segment, the engine's step counters.
+fn render_evictions_and_steps(out: &mut String, s: &EngineSnapshot) {
+    let c = &s.cache;
     let e = &c.evictions;
     let _ = writeln!(out, "# HELP agentkv_kv_evictions_total KV blocks evicted, by cause.\n# TYPE agentkv_kv_evictions_total counter");
     for (cause, v) in [
@@ -422,7 +434,6 @@ fn render_engine(
         "Tokens computed in decode.",
         s.stats.decode_tokens,
     );
-    render_tiers(out, s);
 }
 
 /// Per-tier series, labelled `tier` (position in the lookup order) and `kind`.
@@ -527,6 +538,12 @@ fn render_tiers(out: &mut String, s: &EngineSnapshot) {
             );
         }
     }
+    render_tier_loads(out, s);
+}
+
+/// Per-tier load latency histograms and the prefetch counters.
+fn render_tier_loads(out: &mut String, s: &EngineSnapshot) {
+    let tiers = &s.tiers.tiers;
     let name = "agentkv_tier_load_latency_seconds";
     let _ = writeln!(
         out,

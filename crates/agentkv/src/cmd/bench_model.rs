@@ -224,49 +224,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         );
     }
     if let Some(b) = &bound {
-        let (mem, ws) = (&b.memory, &b.working_set);
-        let bound_tok_s = mem.best() / b.bytes_per_token as f64;
-        let ws_bound_tok_s = ws.best() / b.bytes_per_token as f64;
-        out["membw"] = serde_json::json!({
-            "buffer_bytes": mem.buffer_bytes,
-            "read_gb_s_best": mem.best() / 1e9,
-            "read_gb_s_median": mem.median() / 1e9,
-            "read_gb_s_passes": mem.passes.iter().map(|p| p / 1e9).collect::<Vec<_>>(),
-            "weight_bytes": b.weight_bytes,
-            "kv_bytes_per_position": b.kv_bytes_per_position,
-            "bytes_per_decoded_token": b.bytes_per_token,
-            "decode_bound_tok_s": bound_tok_s,
-            "decode_share_of_bound": tg_med / bound_tok_s,
-            "decode_read_gb_s": tg_med * b.bytes_per_token as f64 / 1e9,
-            "working_set_buffer_bytes": ws.buffer_bytes,
-            "working_set_read_gb_s_best": ws.best() / 1e9,
-            "working_set_read_gb_s_median": ws.median() / 1e9,
-            "decode_working_set_bound_tok_s": ws_bound_tok_s,
-            "decode_share_of_working_set_bound": tg_med / ws_bound_tok_s,
-        });
-        eprintln!(
-            "memory read {:.1} GB/s (best of {} passes over {} MiB, median {:.1}); a decoded token at mean depth {} reads {:.1} MB ({:.1} MB weights + {:.1} MB K/V): bound {:.1} tok/s, measured {:.1} tok/s = {:.0}% of it",
-            mem.best() / 1e9,
-            mem.passes.len(),
-            mem.buffer_bytes >> 20,
-            mem.median() / 1e9,
-            b.mean_depth,
-            b.bytes_per_token as f64 / 1e6,
-            b.weight_bytes as f64 / 1e6,
-            (b.bytes_per_token - b.weight_bytes) as f64 / 1e6,
-            bound_tok_s,
-            tg_med,
-            100.0 * tg_med / bound_tok_s,
-        );
-        eprintln!(
-            "working-set read {:.1} GB/s (best of {} passes over {} MiB, the token's traffic, median {:.1}): bound {:.1} tok/s, measured = {:.0}% of it",
-            ws.best() / 1e9,
-            ws.passes.len(),
-            ws.buffer_bytes >> 20,
-            ws.median() / 1e9,
-            ws_bound_tok_s,
-            100.0 * tg_med / ws_bound_tok_s,
-        );
+        report_membw(b, tg_med, &mut out);
     }
     println!("{out}");
     eprintln!(
@@ -276,6 +234,54 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         pool.num_threads()
     );
     Ok(())
+}
+
+/// Adds `--membw`'s figures to the JSON report `out` and prints them: the bounds on decode
+/// speed from memory and working-set bandwidth beside the measured `tg_med`.
+fn report_membw(b: &MembwBound, tg_med: f64, out: &mut serde_json::Value) {
+    let (mem, ws) = (&b.memory, &b.working_set);
+    let bound_tok_s = mem.best() / b.bytes_per_token as f64;
+    let ws_bound_tok_s = ws.best() / b.bytes_per_token as f64;
+    out["membw"] = serde_json::json!({
+        "buffer_bytes": mem.buffer_bytes,
+        "read_gb_s_best": mem.best() / 1e9,
+        "read_gb_s_median": mem.median() / 1e9,
+        "read_gb_s_passes": mem.passes.iter().map(|p| p / 1e9).collect::<Vec<_>>(),
+        "weight_bytes": b.weight_bytes,
+        "kv_bytes_per_position": b.kv_bytes_per_position,
+        "bytes_per_decoded_token": b.bytes_per_token,
+        "decode_bound_tok_s": bound_tok_s,
+        "decode_share_of_bound": tg_med / bound_tok_s,
+        "decode_read_gb_s": tg_med * b.bytes_per_token as f64 / 1e9,
+        "working_set_buffer_bytes": ws.buffer_bytes,
+        "working_set_read_gb_s_best": ws.best() / 1e9,
+        "working_set_read_gb_s_median": ws.median() / 1e9,
+        "decode_working_set_bound_tok_s": ws_bound_tok_s,
+        "decode_share_of_working_set_bound": tg_med / ws_bound_tok_s,
+    });
+    eprintln!(
+        "memory read {:.1} GB/s (best of {} passes over {} MiB, median {:.1}); a decoded token at mean depth {} reads {:.1} MB ({:.1} MB weights + {:.1} MB K/V): bound {:.1} tok/s, measured {:.1} tok/s = {:.0}% of it",
+        mem.best() / 1e9,
+        mem.passes.len(),
+        mem.buffer_bytes >> 20,
+        mem.median() / 1e9,
+        b.mean_depth,
+        b.bytes_per_token as f64 / 1e6,
+        b.weight_bytes as f64 / 1e6,
+        (b.bytes_per_token - b.weight_bytes) as f64 / 1e6,
+        bound_tok_s,
+        tg_med,
+        100.0 * tg_med / bound_tok_s,
+    );
+    eprintln!(
+        "working-set read {:.1} GB/s (best of {} passes over {} MiB, the token's traffic, median {:.1}): bound {:.1} tok/s, measured = {:.0}% of it",
+        ws.best() / 1e9,
+        ws.passes.len(),
+        ws.buffer_bytes >> 20,
+        ws.median() / 1e9,
+        ws_bound_tok_s,
+        100.0 * tg_med / ws_bound_tok_s,
+    );
 }
 
 /// What `--membw` reports: the machine's read bandwidth, of memory and of a working set of one

@@ -192,21 +192,13 @@ fn stream_chat(
     let id = ids.id.clone();
     let call_id = move |choice: u32, j: usize| ids.call_id(choice, j);
     // With `store`, every chunk also goes into the completion that is stored at the end.
-    let stored = store.map(|put| {
-        let acc = std::sync::Arc::new(std::sync::Mutex::new(Some(
-            super::stored_chat::StreamAccumulator::default(),
-        )));
-        (acc, put, id.clone(), model.clone())
-    });
-    let acc = stored.as_ref().map(|s| s.0.clone());
-    let mut store_at_end = stored.map(|(acc, put, id, model)| {
-        move |usage: api::Usage| {
-            let whole = acc.lock().ok().and_then(|mut a| a.take());
-            if let Some(a) = whole {
-                put(a.finish(id, created, model, Some(usage)));
-            }
+    let (acc, mut store_at_end) = match store {
+        Some(put) => {
+            let (acc, at_end) = stream_store(put, id.clone(), created, model.clone());
+            (Some(acc), Some(at_end))
         }
-    });
+        None => (None, None),
+    };
     let chunk = move |choices: Vec<ChatChunkChoice>, usage: Option<api::Usage>| {
         if let Some(Some(a)) = acc.as_ref().and_then(|a| a.lock().ok()).as_deref_mut() {
             a.add(&choices);
@@ -335,6 +327,30 @@ fn stream_chat(
         }
     };
     sse::stream(running, prelude, on_step).into_response()
+}
+
+/// The accumulator a stored streamed completion's chunks go into, and what stores it once
+/// the usage is known.
+fn stream_store(
+    put: Store,
+    id: String,
+    created: u64,
+    model: String,
+) -> (
+    std::sync::Arc<std::sync::Mutex<Option<super::stored_chat::StreamAccumulator>>>,
+    impl FnOnce(api::Usage) + Send,
+) {
+    let acc = std::sync::Arc::new(std::sync::Mutex::new(Some(
+        super::stored_chat::StreamAccumulator::default(),
+    )));
+    let whole = acc.clone();
+    let at_end = move |usage: api::Usage| {
+        let whole = whole.lock().ok().and_then(|mut a| a.take());
+        if let Some(a) = whole {
+            put(a.finish(id, created, model, Some(usage)));
+        }
+    };
+    (acc, at_end)
 }
 
 /// One piece of a streamed reply as a delta (a call's first delta carries its index, id, type
