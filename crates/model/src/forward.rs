@@ -10,7 +10,7 @@
 //! followed by the FFN of the rows whose logits are wanted only. It never decides what to batch.
 
 pub use crate::attention::AttnArith;
-use crate::attention_plan::{self, AttnShape};
+use crate::attention_plan::{self, AttnPlan, AttnShape};
 use crate::config::ModelConfig;
 use crate::forward_attention::StepAttention;
 use crate::forward_rows as rows;
@@ -107,22 +107,7 @@ pub fn forward(
     s: &mut Scratch,
 ) -> Result<Vec<f32>, ForwardError> {
     let n = batch.tokens.len();
-    if batch.positions.len() != n || batch.slots.len() != n {
-        return Err(ForwardError::BadBatch(
-            "tokens, positions and slots differ in length".into(),
-        ));
-    }
-    if let Some(&i) = batch.logits_for.iter().find(|&&i| i >= n) {
-        return Err(ForwardError::BadBatch(format!(
-            "logits requested for token {i} of {n}"
-        )));
-    }
-    if let Some(&t) = batch.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-        return Err(ForwardError::BadToken {
-            token: t,
-            vocab_size: cfg.vocab_size,
-        });
-    }
+    check_batch(cfg, batch)?;
     kv.begin_step();
     let (hd, qd, kvd) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
     let head_dim = cfg.head_dim;
@@ -144,67 +129,12 @@ pub fn forward(
     } else {
         cfg.attn_scale
     };
-    // Rows in llama.cpp's tiled prefill arithmetic over f16 K/V (every row of an
-    // `AttnArith::Prefill` step, and the rows the batch marks) are reproduced by `ggml_tiled`,
-    // in tasks of their own (a run of one sequence's tokens × one KV head); the plan leaves them out.
-    let f16_kv = kv.codecs() == KvDtype::F16;
-    if batch.rows.len() != n {
-        return Err(ForwardError::BadBatch(
-            "rows must give one kind per token".into(),
-        ));
-    }
-    let ggml_rows: Vec<bool> = batch
-        .rows
-        .iter()
-        .map(|&kind| f16_kv && batch.numerics.tiled_prefill(kind))
-        .collect();
-    let per_task = ggml_task_tokens(
-        ggml_rows.iter().filter(|&&m| m).count(),
-        cfg.num_kv_heads,
-        pool.num_threads(),
-    );
-    let ggml_tasks = ggml_task_runs(
-        &ggml_rows,
-        batch.slots,
-        batch.positions,
-        cfg.num_kv_heads,
-        per_task,
-    );
-    let shape = AttnShape {
-        num_heads: cfg.num_heads,
-        num_kv_heads: cfg.num_kv_heads,
-        head_dim,
-        kv_is_f16: f16_kv,
-        kv_encoded: kv.codecs() != KvDtype::F16 && kv.codecs() != KvDtype::F32,
-        arith: batch.numerics.attention(),
-    };
-    let plan = attention_plan::plan_without(&shape, batch.slots, batch.positions, &ggml_rows);
-    // llama.cpp takes its split-KV decode for a one-token step only: in its per-row
-    // arithmetic the generated rows do, in as many chunks as the numerics say (0: one chunk).
-    let kv_split: Vec<usize> = if batch.numerics.attention() == AttnArith::Row {
-        let threads = pool.num_threads();
-        batch
-            .rows
-            .iter()
-            .map(|&kind| batch.numerics.split_chunks(kind, threads))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    // Sliding-window layers: one exact-regime task per (token, head) (the window bounds what a
-    // row reads; the tiled regime's segments are absolute positions).
-    let local_plan = cfg.sliding_window.as_ref().map(|_| {
-        attention_plan::plan_without(
-            &AttnShape {
-                kv_is_f16: false,
-                kv_encoded: false,
-                ..shape
-            },
-            batch.slots,
-            batch.positions,
-            &ggml_rows,
-        )
-    });
+    let StepPlans {
+        plan,
+        local_plan,
+        ggml_tasks,
+        kv_split,
+    } = plan_step(cfg, batch, kv.codecs(), pool.num_threads());
 
     // Whether the last layer keeps only the rows of `logits_for` (always, unless every token's
     // logits are wanted in order, when it would change nothing).
@@ -302,6 +232,112 @@ pub fn forward(
     }
 
     final_logits(pool, cfg, w, s, batch, compact)
+}
+
+/// Checks the batch's slices against each other and the vocabulary.
+fn check_batch(cfg: &ModelConfig, batch: &ForwardBatch<'_>) -> Result<(), ForwardError> {
+    let n = batch.tokens.len();
+    if batch.positions.len() != n || batch.slots.len() != n {
+        return Err(ForwardError::BadBatch(
+            "tokens, positions and slots differ in length".into(),
+        ));
+    }
+    if let Some(&i) = batch.logits_for.iter().find(|&&i| i >= n) {
+        return Err(ForwardError::BadBatch(format!(
+            "logits requested for token {i} of {n}"
+        )));
+    }
+    if let Some(&t) = batch.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(ForwardError::BadToken {
+            token: t,
+            vocab_size: cfg.vocab_size,
+        });
+    }
+    if batch.rows.len() != n {
+        return Err(ForwardError::BadBatch(
+            "rows must give one kind per token".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The step's attention plans: the plan of the full-attention layers and, with sliding-window
+/// layers, theirs; llama.cpp's tiled prefill runs; each row's split-KV chunks.
+struct StepPlans {
+    plan: AttnPlan,
+    local_plan: Option<AttnPlan>,
+    ggml_tasks: Vec<(usize, usize, usize)>,
+    kv_split: Vec<usize>,
+}
+
+/// Plans the step's attention for K/V in `codecs` on a pool of `threads` threads.
+fn plan_step(
+    cfg: &ModelConfig,
+    batch: &ForwardBatch<'_>,
+    codecs: KvDtype,
+    threads: usize,
+) -> StepPlans {
+    // Rows in llama.cpp's tiled prefill arithmetic over f16 K/V (every row of an
+    // `AttnArith::Prefill` step, and the rows the batch marks) are reproduced by `ggml_tiled`,
+    // in tasks of their own (a run of one sequence's tokens × one KV head); the plan leaves them out.
+    let f16_kv = codecs == KvDtype::F16;
+    let ggml_rows: Vec<bool> = batch
+        .rows
+        .iter()
+        .map(|&kind| f16_kv && batch.numerics.tiled_prefill(kind))
+        .collect();
+    let per_task = ggml_task_tokens(
+        ggml_rows.iter().filter(|&&m| m).count(),
+        cfg.num_kv_heads,
+        threads,
+    );
+    let ggml_tasks = ggml_task_runs(
+        &ggml_rows,
+        batch.slots,
+        batch.positions,
+        cfg.num_kv_heads,
+        per_task,
+    );
+    let shape = AttnShape {
+        num_heads: cfg.num_heads,
+        num_kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+        kv_is_f16: f16_kv,
+        kv_encoded: codecs != KvDtype::F16 && codecs != KvDtype::F32,
+        arith: batch.numerics.attention(),
+    };
+    let plan = attention_plan::plan_without(&shape, batch.slots, batch.positions, &ggml_rows);
+    // llama.cpp takes its split-KV decode for a one-token step only: in its per-row
+    // arithmetic the generated rows do, in as many chunks as the numerics say (0: one chunk).
+    let kv_split: Vec<usize> = if batch.numerics.attention() == AttnArith::Row {
+        batch
+            .rows
+            .iter()
+            .map(|&kind| batch.numerics.split_chunks(kind, threads))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    // Sliding-window layers: one exact-regime task per (token, head) (the window bounds what a
+    // row reads; the tiled regime's segments are absolute positions).
+    let local_plan = cfg.sliding_window.as_ref().map(|_| {
+        attention_plan::plan_without(
+            &AttnShape {
+                kv_is_f16: false,
+                kv_encoded: false,
+                ..shape
+            },
+            batch.slots,
+            batch.positions,
+            &ggml_rows,
+        )
+    });
+    StepPlans {
+        plan,
+        local_plan,
+        ggml_tasks,
+        kv_split,
+    }
 }
 
 /// Layer `l`'s feed-forward block over `n` rows (`s.xn` holds the normed input): the gated FFN,
