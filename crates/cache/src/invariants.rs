@@ -96,58 +96,8 @@ impl KvCache {
             .check(|id| self.pool.get(id).published.is_some())
             .map_err(|e| InvariantViolation(format!("miss diagnostics: {e}")))?;
 
-        // Free list.
-        let mut seen = vec![false; n];
-        for &id in &self.pool.free {
-            ensure!(id.index() < n, "{id} out of range in free list");
-            ensure!(!seen[id.index()], "{id} twice in the free list");
-            seen[id.index()] = true;
-            let b = self.pool.get(id);
-            ensure!(b.is_free, "{id} in free list but not marked free");
-            ensure!(
-                b.ref_count == 0 && b.published.is_none() && b.holders.is_empty(),
-                "free {id} has state"
-            );
-        }
-
-        // Ref counts from tables and matches.
-        let mut refs = vec![0u32; n];
-        for (sid, s) in &self.seqs.map {
-            ensure!(
-                s.blocks.len() == s.tokens.len().div_ceil(bs),
-                "{sid}: {} blocks for {} tokens",
-                s.blocks.len(),
-                s.tokens.len()
-            );
-            ensure!(
-                s.keys.len() <= s.tokens.len() / bs,
-                "{sid}: more keys than full blocks"
-            );
-            for &id in &s.blocks {
-                refs[id.index()] += 1;
-            }
-            if s.tokens.len() % bs != 0 {
-                let last = *s.blocks.last().expect("non-empty");
-                ensure!(
-                    self.pool.get(last).ref_count == 1,
-                    "{sid}: partial last block {last} is shared"
-                );
-            }
-            if !s.sealed {
-                for (i, key) in s.keys.iter().enumerate() {
-                    let b = self.pool.get(s.blocks[i]);
-                    ensure!(
-                        b.published.is_some_and(|p| p.key == *key && p.ns == s.ns),
-                        "{sid}: block {i} not published under its key"
-                    );
-                }
-            }
-        }
-        for m in self.matches.values() {
-            for &id in &m.blocks {
-                refs[id.index()] += 1;
-            }
-        }
+        let seen = self.check_free_list()?;
+        let refs = self.check_tables_and_count_refs()?;
 
         let (mut free, mut in_use, mut cached) = (0u32, 0u32, 0u32);
         let mut children = vec![0u32; n];
@@ -390,5 +340,70 @@ impl KvCache {
             listed.insert(*h, r.blocks.len());
         }
         Ok(())
+    }
+
+    /// The free list: in range, no block twice, every listed block free and stateless. Returns
+    /// which blocks it lists.
+    fn check_free_list(&self) -> Result<Vec<bool>, InvariantViolation> {
+        let n = self.pool.blocks.len();
+        // Free list.
+        let mut seen = vec![false; n];
+        for &id in &self.pool.free {
+            ensure!(id.index() < n, "{id} out of range in free list");
+            ensure!(!seen[id.index()], "{id} twice in the free list");
+            seen[id.index()] = true;
+            let b = self.pool.get(id);
+            ensure!(b.is_free, "{id} in free list but not marked free");
+            ensure!(
+                b.ref_count == 0 && b.published.is_none() && b.holders.is_empty(),
+                "free {id} has state"
+            );
+        }
+        Ok(seen)
+    }
+
+    /// Block tables (block and key counts, unshared partial blocks, published prefixes) and
+    /// the references they and outstanding prefix matches hold, per block.
+    fn check_tables_and_count_refs(&self) -> Result<Vec<u32>, InvariantViolation> {
+        let (n, bs) = (self.pool.blocks.len(), self.block_size);
+        // Ref counts from tables and matches.
+        let mut refs = vec![0u32; n];
+        for (sid, s) in &self.seqs.map {
+            ensure!(
+                s.blocks.len() == s.tokens.len().div_ceil(bs),
+                "{sid}: {} blocks for {} tokens",
+                s.blocks.len(),
+                s.tokens.len()
+            );
+            ensure!(
+                s.keys.len() <= s.tokens.len() / bs,
+                "{sid}: more keys than full blocks"
+            );
+            for &id in &s.blocks {
+                refs[id.index()] += 1;
+            }
+            if s.tokens.len() % bs != 0 {
+                let last = *s.blocks.last().expect("non-empty");
+                ensure!(
+                    self.pool.get(last).ref_count == 1,
+                    "{sid}: partial last block {last} is shared"
+                );
+            }
+            if !s.sealed {
+                for (i, key) in s.keys.iter().enumerate() {
+                    let b = self.pool.get(s.blocks[i]);
+                    ensure!(
+                        b.published.is_some_and(|p| p.key == *key && p.ns == s.ns),
+                        "{sid}: block {i} not published under its key"
+                    );
+                }
+            }
+        }
+        for m in self.matches.values() {
+            for &id in &m.blocks {
+                refs[id.index()] += 1;
+            }
+        }
+        Ok(refs)
     }
 }

@@ -213,16 +213,6 @@ fn stream_chat(
             system_fingerprint: None,
         })
     };
-    let delta = |index: u32, delta: ChatDelta, finish: Option<&str>, logprobs| ChatChunkChoice {
-        index,
-        delta,
-        finish_reason: finish.map(str::to_string),
-        logprobs,
-    };
-    let text_delta = |content: String| ChatDelta {
-        content: Some(content),
-        ..ChatDelta::default()
-    };
     let prelude = (0..running.n as u32)
         .map(|index| {
             let d = ChatDelta {
@@ -327,6 +317,29 @@ fn stream_chat(
         }
     };
     sse::stream(running, prelude, on_step).into_response()
+}
+
+/// One choice's delta in a chunk.
+fn delta(
+    index: u32,
+    delta: ChatDelta,
+    finish: Option<&str>,
+    logprobs: Option<api::ChatLogprobs>,
+) -> ChatChunkChoice {
+    ChatChunkChoice {
+        index,
+        delta,
+        finish_reason: finish.map(str::to_string),
+        logprobs,
+    }
+}
+
+/// A delta of text.
+fn text_delta(content: String) -> ChatDelta {
+    ChatDelta {
+        content: Some(content),
+        ..ChatDelta::default()
+    }
 }
 
 /// The accumulator a stored streamed completion's chunks go into, and what stores it once
