@@ -171,6 +171,36 @@ fn hsum4_ps(v: __m128) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)))
 }
 
+/// Panics (internal bug) unless rows `rows` of a `w_len`-byte matrix with rows of `row_bytes`
+/// bytes and tokens `tokens` of `act` lie in range, `act`'s buffers hold its whole shape and
+/// `tile_order` is one the tiles compute: the entry check of [`tile512`].
+#[inline]
+fn assert_tile_shape<K: KQuant512>(
+    w_len: usize,
+    row_bytes: usize,
+    rows: std::ops::Range<usize>,
+    act: &ActQ8K,
+    tokens: std::ops::Range<usize>,
+    tile_order: u8,
+) {
+    let nb = act.num_blocks;
+    assert!(
+        tile_order == order::LANES || tile_order == order::FLAT,
+        "lane or flat order"
+    );
+    assert!(
+        row_bytes == nb * K::BYTES && rows.end * row_bytes <= w_len,
+        "tile rows in range"
+    );
+    assert!(tokens.end <= act.num_tokens, "tile tokens in range");
+    assert!(
+        act.qs.len() >= act.num_tokens * nb * QK_K
+            && act.bs16.len() >= act.num_tokens * nb * 16
+            && act.d.len() >= act.num_tokens * nb,
+        "activation buffers hold the whole shape"
+    );
+}
+
 /// `out[t][r] = dot(W[row0 + r], X[tok0 + t])` for a `T × R` tile in order `ORDER`
 /// ([`order::LANES`] or [`order::FLAT`]), as `kquant_tile::tile_vnni` computes it. `w` is the
 /// whole weight matrix with rows of `row_bytes` bytes.
@@ -188,20 +218,13 @@ pub(crate) fn tile512<K: KQuant512, const T: usize, const R: usize, const ORDER:
     out: &mut [[f32; R]; T],
 ) {
     let nb = act.num_blocks;
-    assert!(
-        ORDER == order::LANES || ORDER == order::FLAT,
-        "lane or flat order"
-    );
-    assert!(
-        row_bytes == nb * K::BYTES && (row0 + R) * row_bytes <= w.len(),
-        "tile rows in range"
-    );
-    assert!(tok0 + T <= act.num_tokens, "tile tokens in range");
-    assert!(
-        act.qs.len() >= act.num_tokens * nb * QK_K
-            && act.bs16.len() >= act.num_tokens * nb * 16
-            && act.d.len() >= act.num_tokens * nb,
-        "activation buffers hold the whole shape"
+    assert_tile_shape::<K>(
+        w.len(),
+        row_bytes,
+        row0..row0 + R,
+        act,
+        tok0..tok0 + T,
+        ORDER,
     );
     let row_len = nb * QK_K;
     let wbase = w.as_ptr();

@@ -299,6 +299,27 @@ pub fn attend_window_with(
         sum += *s as f64;
     }
     let inv = (1.0 / sum) as f32;
+    weighted_values(
+        kv,
+        (layer, slot, kv_head),
+        first..num_positions,
+        scores,
+        inv,
+        out,
+    );
+}
+
+/// `out = Σ scores[i]·inv·v[first + i]` over positions `range` of one KV head of `slot` in
+/// `layer` (the exact regime's second pass over f32 and encoded V).
+fn weighted_values(
+    kv: &dyn KvStore,
+    (layer, slot, kv_head): (usize, SeqSlot, usize),
+    range: std::ops::Range<usize>,
+    scores: &[f32],
+    inv: f32,
+    out: &mut [f32],
+) {
+    let (first, num_positions, head_dim) = (range.start, range.end, out.len());
     let mut pos = 0usize;
     let mut v_kind = None;
     kv.for_each_chunk_from(

@@ -783,15 +783,8 @@ fn attend_chunk(
             decode_rows(&ev.skip_rows(first).take_rows(n), &mut bufs.vals32[dst]);
             a = b;
             if a == tile_end {
-                update_rows(
-                    &mut *rows,
-                    hd,
-                    bufs.keys32,
-                    bufs.vals32,
-                    tile_start,
-                    tile_end,
-                    scale,
-                );
+                let (ks, vs) = (&*bufs.keys32, &*bufs.vals32);
+                update_rows(&mut *rows, hd, ks, vs, tile_start, tile_end, scale);
             }
             continue;
         }
@@ -833,63 +826,23 @@ fn attend_chunk(
         let coded_tile = path
             .key_codes
             .filter(|_| tile_start + TILE_POSITIONS <= own_start);
-        let mut v_codes = None;
-        if let (Some(keys), Some((ek, ev))) = (coded_tile, coded_kv) {
-            debug_assert_eq!(KeyCodes::of(ek.kind(), hd), Some(keys));
-            let run = ek.skip_rows(first).take_rows(n);
-            match keys {
-                KeyCodes::Rows => bufs.coded.load_rows(features, &run, a - tile_start),
-                KeyCodes::Channels => bufs.coded.load_channels(features, &run, a - tile_start),
-            }
-            let v_run = ev.skip_rows(first).take_rows(n);
-            if path.fuse_values && a == tile_start && b == tile_end {
-                // A decode streams the run once: the next tile's codes (K and
-                // V rows are runs of whole rows) are fetched while this one is
-                // scored.
-                for rows in [&run, &v_run] {
-                    let bytes = rows.bytes();
-                    prefetch_l1(bytes.as_ptr().wrapping_add(bytes.len()), bytes.len());
-                }
-                // A whole tile of few rows: V decoded in registers (same values).
-                v_codes = Some(v_run);
-            } else {
-                decode_rows(&v_run, &mut bufs.vals32[dst]);
-            }
-        } else if let Some((ek, ev)) = coded_kv.filter(|(ek, _)| {
-            narrow_channels
-                && n.is_multiple_of(8)
-                && KeyCodes::of(ek.kind(), hd) == Some(KeyCodes::Channels)
-        }) {
-            // Sealed `int4c` rows for the AVX2 transposed step: decoded straight
-            // into the transposed K tile (the values, so the bits, of decoding
-            // then transposing them).
-            let run = ek.skip_rows(first).take_rows(n);
-            bufs.coded
-                .widen_channel_rows(features, &run, a - tile_start, bufs.keys_t);
-            decode_rows(&ev.skip_rows(first).take_rows(n), &mut bufs.vals32[dst]);
-        } else if let Some((ek, ev)) = coded_kv {
-            decode_rows(
-                &ek.skip_rows(first).take_rows(n),
-                &mut bufs.keys32[dst.clone()],
-            );
-            decode_rows(
-                &ev.skip_rows(first).take_rows(n),
-                &mut bufs.vals32[dst.clone()],
-            );
-            if transposed.is_some() {
-                transpose_keys(&bufs.keys32[dst], n, hd, bufs.keys_t, a - tile_start);
-            }
-        } else if widen && transposed.is_some() {
-            // K straight from f16 into the transposed tile; V widened.
-            transpose_keys(&k[src.clone()], n, hd, bufs.keys_t, a - tile_start);
-            widen_f16(&v[src], &mut bufs.vals32[dst]);
-        } else if widen {
-            widen_f16(&k[src.clone()], &mut bufs.keys32[dst.clone()]);
-            widen_f16(&v[src], &mut bufs.vals32[dst]);
-        } else {
-            bufs.keys16[dst.clone()].copy_from_slice(&k[src.clone()]);
-            bufs.vals16[dst].copy_from_slice(&v[src]);
-        }
+        let piece = Piece {
+            first,
+            n,
+            at: a - tile_start,
+            whole: a == tile_start && b == tile_end,
+            src,
+            dst,
+        };
+        let v_codes = load_piece(
+            steps,
+            bufs,
+            &piece,
+            coded_tile,
+            coded_kv,
+            (k, v),
+            (widen, transposed.is_some(), narrow_channels),
+        );
         a = b;
         if a == tile_end {
             tile_step(
@@ -897,6 +850,100 @@ fn attend_chunk(
             );
         }
     }
+}
+
+/// A piece of a tile held by one K/V chunk: rows `first..first + n` of the chunk, landing at
+/// tile position `at` (`whole`: the piece is the whole tile); `src` / `dst` are its element
+/// ranges in the chunk and in the tile buffers.
+struct Piece {
+    first: usize,
+    n: usize,
+    at: usize,
+    whole: bool,
+    src: std::ops::Range<usize>,
+    dst: std::ops::Range<usize>,
+}
+
+/// Reads a piece into the tile buffers as the pass's path says — K as codes (sealed tiles of a
+/// codec scored from codes), sealed `int4c` K straight into the AVX2 transposed tile, decoded,
+/// transposed, widened, or f16 as stored — and returns V's codes when a whole tile of few rows
+/// reads them in registers. `(widen, transposed, narrow_channels)` is the pass's choice.
+fn load_piece<'c>(
+    steps: &TileSteps,
+    bufs: &mut TileBuffers<'_>,
+    piece: &Piece,
+    coded_tile: Option<KeyCodes>,
+    coded_kv: Option<(quant::EncodedRows<'c>, quant::EncodedRows<'c>)>,
+    (k, v): (&[f16], &[f16]),
+    (widen, transposed, narrow_channels): (bool, bool, bool),
+) -> Option<quant::EncodedRows<'c>> {
+    let (hd, features, path) = (steps.hd, steps.features, &steps.path);
+    let Piece {
+        first,
+        n,
+        at,
+        whole,
+        ref src,
+        ref dst,
+    } = *piece;
+    let (src, dst) = (src.clone(), dst.clone());
+    if let (Some(keys), Some((ek, ev))) = (coded_tile, coded_kv) {
+        debug_assert_eq!(KeyCodes::of(ek.kind(), hd), Some(keys));
+        let run = ek.skip_rows(first).take_rows(n);
+        match keys {
+            KeyCodes::Rows => bufs.coded.load_rows(features, &run, at),
+            KeyCodes::Channels => bufs.coded.load_channels(features, &run, at),
+        }
+        let v_run = ev.skip_rows(first).take_rows(n);
+        if path.fuse_values && whole {
+            // A decode streams the run once: the next tile's codes (K and
+            // V rows are runs of whole rows) are fetched while this one is
+            // scored.
+            for rows in [&run, &v_run] {
+                let bytes = rows.bytes();
+                prefetch_l1(bytes.as_ptr().wrapping_add(bytes.len()), bytes.len());
+            }
+            // A whole tile of few rows: V decoded in registers (same values).
+            return Some(v_run);
+        } else {
+            decode_rows(&v_run, &mut bufs.vals32[dst]);
+        }
+    } else if let Some((ek, ev)) = coded_kv.filter(|(ek, _)| {
+        narrow_channels
+            && n.is_multiple_of(8)
+            && KeyCodes::of(ek.kind(), hd) == Some(KeyCodes::Channels)
+    }) {
+        // Sealed `int4c` rows for the AVX2 transposed step: decoded straight
+        // into the transposed K tile (the values, so the bits, of decoding
+        // then transposing them).
+        let run = ek.skip_rows(first).take_rows(n);
+        bufs.coded
+            .widen_channel_rows(features, &run, at, bufs.keys_t);
+        decode_rows(&ev.skip_rows(first).take_rows(n), &mut bufs.vals32[dst]);
+    } else if let Some((ek, ev)) = coded_kv {
+        decode_rows(
+            &ek.skip_rows(first).take_rows(n),
+            &mut bufs.keys32[dst.clone()],
+        );
+        decode_rows(
+            &ev.skip_rows(first).take_rows(n),
+            &mut bufs.vals32[dst.clone()],
+        );
+        if transposed {
+            transpose_keys(&bufs.keys32[dst], n, hd, bufs.keys_t, at);
+        }
+    } else if widen && transposed {
+        // K straight from f16 into the transposed tile; V widened.
+        transpose_keys(&k[src.clone()], n, hd, bufs.keys_t, at);
+        widen_f16(&v[src], &mut bufs.vals32[dst]);
+    } else if widen {
+        widen_f16(&k[src.clone()], &mut bufs.keys32[dst.clone()]);
+        widen_f16(&v[src], &mut bufs.vals32[dst]);
+    } else {
+        bufs.keys16[dst.clone()].copy_from_slice(&k[src.clone()]);
+        bufs.vals16[dst].copy_from_slice(&v[src]);
+    }
+    None
 }
 
 /// The tile step of a completed tile (`tile_start..tile_end`) for a pass's rows: the last rung
