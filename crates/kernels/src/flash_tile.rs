@@ -138,6 +138,7 @@ pub fn prefetch_l1(start: *const u8, len: usize) {
 }
 
 /// `dst[i] = f32(src[i])` (exact). Panics if lengths differ.
+#[inline]
 pub fn widen_f16(src: &[f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "widen_f16 needs equal lengths");
     #[cfg(target_arch = "x86_64")]
@@ -324,6 +325,7 @@ fn finish_portable<E: TileElem>(
 /// `scores[..valid]` (already multiplied by the softmax scale) were computed elsewhere — from
 /// integer K codes (`flash_tile_codes`). The same operations as those steps of [`tile_update`],
 /// on every path. Panics on a shape mismatch.
+#[inline]
 pub fn tile_update_scored(
     features: CpuFeatures,
     st: &mut TileSoftmax,

@@ -75,6 +75,7 @@ pub enum KeyCodes {
 
 impl KeyCodes {
     /// How rows of `kind` are scored from codes with `head_dim`, or `None` (decoded to f32).
+    #[inline]
     pub fn of(kind: KvCodecKind, head_dim: usize) -> Option<KeyCodes> {
         if head_dim == 0 || !head_dim.is_multiple_of(16) || head_dim > MAX_CODED_HEAD_DIM {
             return None;
@@ -110,6 +111,7 @@ pub struct CodedTile {
 
 impl CodedTile {
     /// Sizes the tile for `hd` (grows its buffers once).
+    #[inline]
     pub fn reset(&mut self, hd: usize) {
         self.hd = hd;
         self.kt.resize(hd / 4 * TILE_POSITIONS, 0);
@@ -120,11 +122,13 @@ impl CodedTile {
     }
 
     /// The current group's per-channel scales and offsets (`Channels`).
+    #[inline]
     pub fn channel_params(&self) -> (&[f32], &[f32]) {
         self.channel.split_at(self.hd)
     }
 
     /// Loads `rows` (`int8`, one group per row) at tile positions `at..at + n`.
+    #[inline]
     pub fn load_rows(&mut self, features: CpuFeatures, rows: &EncodedRows<'_>, at: usize) {
         let (hd, n, rb) = (self.hd, rows.num_rows(), rows.row_bytes());
         assert!(
@@ -155,6 +159,7 @@ impl CodedTile {
 
     /// Loads `rows` (a sealed `int4c` group's rows, its header in `rows.params()`) at tile
     /// positions `at..at + n`, and the group's per-channel parameters.
+    #[inline]
     pub fn load_channels(&mut self, features: CpuFeatures, rows: &EncodedRows<'_>, at: usize) {
         let (hd, n) = (self.hd, rows.num_rows());
         assert!(
@@ -171,6 +176,7 @@ impl CodedTile {
 
     /// Loads the per-channel parameters of `rows`' sealed `int4c` group only (its header,
     /// `rows.params()`), for [`tile_update_channel_codes`].
+    #[inline]
     pub fn load_channel_params(&mut self, rows: &EncodedRows<'_>) {
         let hd = self.hd;
         assert!(
@@ -199,6 +205,7 @@ impl CodedTile {
     /// `kt32[c · 16 + t] = fma(code_{t,c}, σ_c, ω_c)` for every position of the tile (what
     /// `quant::decode_rows` gives for the row, so the f32 tile step's bits are unchanged).
     /// Panics unless `kt32` holds `hd · 16` floats.
+    #[inline]
     pub fn widen_channels(&self, features: CpuFeatures, kt32: &mut [f32]) {
         let hd = self.hd;
         assert!(
@@ -231,6 +238,7 @@ impl CodedTile {
     /// `quant::decode_rows`), without the byte tile in between. The AVX2 prefill path: eight
     /// rows of packed codes are transposed as words and widened in registers. Panics unless
     /// the rows fit the tile and `kt32` holds `hd · 16` floats.
+    #[inline]
     pub fn widen_channel_rows(
         &mut self,
         features: CpuFeatures,
@@ -394,6 +402,7 @@ impl QueryRef<'_> {
 
 impl QueryCodes {
     /// Room for `rows` rows of `hd`.
+    #[inline]
     pub fn reset(&mut self, rows: usize, hd: usize) {
         self.hd = hd;
         self.q8.resize(rows * hd / 4, 0);
@@ -405,6 +414,7 @@ impl QueryCodes {
     }
 
     /// Row `r` of a `Rows` codec: the query quantised as it is.
+    #[inline]
     pub fn prepare_rows(&mut self, features: CpuFeatures, r: usize, q: &[f32]) {
         let hd = self.hd;
         assert_eq!(q.len(), hd, "query row length");
@@ -424,6 +434,7 @@ impl QueryCodes {
     }
 
     /// Row `r` of a `Channels` group: `q ∘ scales` quantised, and the offsets' bias.
+    #[inline]
     pub fn prepare_channels(
         &mut self,
         features: CpuFeatures,
@@ -451,6 +462,7 @@ impl QueryCodes {
     }
 
     /// Row `r` as the kernels read it.
+    #[inline]
     pub fn row(&self, r: usize) -> QueryRef<'_> {
         let hd = self.hd;
         QueryRef {
@@ -560,6 +572,7 @@ pub enum TileValues<'a> {
 
 /// Whether V rows of `kind` can be read by the tile step as [`TileValues::Codes`]: `int8` /
 /// `int4` (not rotated) with groups of a multiple of 16 channels.
+#[inline]
 pub fn values_from_codes(kind: KvCodecKind, hd: usize) -> bool {
     hd.is_multiple_of(16)
         && matches!(kind, KvCodecKind::Int8 { group } | KvCodecKind::Int4 { group }
@@ -588,6 +601,7 @@ fn score_of(
 /// `tile`, values `vals` (`[≥ max valid, hd]` f32). Rows `r..r+3` with equal `valid` share
 /// every load on the AVX-512 VNNI path. Panics on a shape mismatch.
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[inline]
 pub fn tile_update_codes(
     features: CpuFeatures,
     keys: KeyCodes,
@@ -763,6 +777,7 @@ fn avx2_blocks<V: super::flash_tile::avx2::ValueRows>(args: Avx2Args<'_, '_, '_>
 /// step). Panics on a shape mismatch or without AVX2.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub fn tile_update_channel_codes(
     features: CpuFeatures,
     sts: &mut [TileSoftmax],
@@ -849,6 +864,7 @@ fn channel_blocks<V: super::flash_tile::avx2::ValueRows>(
 /// rejects.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub fn tile_update_wide_codes(
     proof: super::flash_tile_wide::WideTiles,
     sts: &mut [TileSoftmax],

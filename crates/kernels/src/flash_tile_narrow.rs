@@ -54,6 +54,7 @@ impl NarrowTiles {
 ///
 /// Panics unless `hd` is a multiple of 8 and shapes match.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub fn tile_update_narrow(
     _proof: NarrowTiles,
     sts: &mut [TileSoftmax],

@@ -90,6 +90,7 @@ pub(crate) fn triple_run_end(valids: &[usize], r: usize) -> usize {
 ///
 /// Panics unless `hd` is a multiple of 16 and shapes match.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub fn tile_update_wide(
     _proof: WideTiles,
     sts: &mut [TileSoftmax],
