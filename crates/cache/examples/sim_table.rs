@@ -96,6 +96,7 @@ fn main() {
                         capacity_blocks: capacity,
                         policy: *policy,
                         session_retention: None,
+                        inferred: None,
                     },
                 )
                 .expect("capacity holds the longest prompt");

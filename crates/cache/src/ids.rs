@@ -20,6 +20,11 @@ pub struct TenantId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SessionId(pub u64);
 
+/// A conversation inferred from prefix continuation ([`crate::Conversations`]); handed out by
+/// the index, never reused within one index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConversationId(pub u64);
+
 /// Handle of one pinned prefix (warm-up template), returned by [`crate::KvCache::pin_prefix`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PinId(pub u64);

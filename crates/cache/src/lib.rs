@@ -22,16 +22,19 @@
 
 mod cache;
 pub mod config;
+mod conversation;
 pub mod counters;
 pub mod error;
 pub mod events;
 mod evict;
 pub mod ids;
 mod index;
+mod inferred;
 mod invariants;
 pub mod key;
 mod pool;
 mod retention;
+mod return_model;
 pub mod sim;
 mod table;
 pub mod tenant;
@@ -41,9 +44,14 @@ pub use cache::{
     PublishReport, RetainOutcome, SessionRetention,
 };
 pub use config::{CacheConfig, EvictionPolicy};
+pub use conversation::{ConversationConfig, Conversations, FinishedRequest, Turn, TurnKind};
 pub use counters::{BlockUsage, Counters, EvictionCause, EvictionCounts, Fragmentation};
 pub use error::{AllocError, ConfigError, InvariantViolation, RetainError, SeqError};
 pub use events::CacheEvent;
-pub use ids::{BlockId, PinId, SeqId, SessionId, TenantId, Tick};
+pub use ids::{BlockId, ConversationId, PinId, SeqId, SessionId, TenantId, Tick};
+pub use inferred::{
+    inferred_session, InferredConfig, InferredCounters, InferredRetainer, InferredTurn,
+};
 pub use key::{BlockKey, Namespace, NamespaceKey};
+pub use return_model::{ReturnModel, ReturnModelConfig};
 pub use tenant::TenantCounters;

@@ -20,6 +20,7 @@ fn sim(calls: &[TraceCall], capacity_blocks: u32, policy: EvictionPolicy) -> cac
             capacity_blocks,
             policy,
             session_retention: None,
+            inferred: None,
         },
     )
     .unwrap()
@@ -92,6 +93,7 @@ fn small_capacity_evicts_and_prompt_larger_than_pool_is_an_error() {
             capacity_blocks: 4,
             policy: EvictionPolicy::Lru,
             session_retention: None,
+            inferred: None,
         },
     )
     .unwrap_err();
@@ -162,6 +164,7 @@ fn session_retention_keeps_a_paused_sessions_context_until_its_ttl() {
                     ttl_s,
                     max_retained_fraction: 0.5,
                 }),
+                inferred: None,
             },
         )
         .unwrap()
@@ -194,6 +197,7 @@ fn session_retention_costs_nothing_without_pressure_and_helps_under_it() {
                 capacity_blocks,
                 policy: EvictionPolicy::Lru,
                 session_retention: retention,
+                inferred: None,
             },
         )
         .unwrap()

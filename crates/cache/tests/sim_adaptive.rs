@@ -43,6 +43,7 @@ fn adaptive_tracks_the_best_fixed_fraction_and_never_loses_to_lru() {
                         capacity_blocks,
                         policy,
                         session_retention: None,
+                        inferred: None,
                     },
                 )
                 .expect("capacity holds the longest prompt")

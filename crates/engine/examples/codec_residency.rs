@@ -67,6 +67,7 @@ fn main() {
                     capacity_blocks: capacity,
                     policy: EvictionPolicy::Lru,
                     session_retention: None,
+                    inferred: None,
                 },
             )
             .expect("capacity holds the longest prompt");

@@ -71,6 +71,7 @@ pub fn run(args: RouteSimArgs) -> anyhow::Result<()> {
                 capacity_blocks,
                 policy,
                 session_retention: None,
+                inferred: None,
             },
         )
     };

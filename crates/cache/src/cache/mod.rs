@@ -194,6 +194,12 @@ impl KvCache {
         }
     }
 
+    /// Blocks that may still take on retention before `max_retained_fraction` is reached.
+    pub fn retention_headroom(&self) -> u32 {
+        self.max_retained_blocks
+            .saturating_sub(self.registry.num_retained_blocks)
+    }
+
     /// Blocks an allocation can get right now: free plus every unreferenced cached block.
     pub fn available_blocks(&self) -> u32 {
         self.pool.num_free() + self.num_cached

@@ -231,6 +231,7 @@ mod tests {
                 capacity_blocks: 2048,
                 policy: EvictionPolicy::Lru,
                 session_retention: None,
+                inferred: None,
             },
         )
         .unwrap();

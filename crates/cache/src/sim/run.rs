@@ -6,11 +6,16 @@
 //! one touched); release everything (the partial last block returns to the free list). The call's
 //! index is its tick, so every block a call used counts as used at that call.
 //!
-//! With [`SessionRetention`] (the session-aware policy): ticks are the calls' times in
-//! milliseconds; each call's blocks are retained for its session until `t + ttl` (replacing the
-//! session's previous retention, as the server does for a keyed session), expired retention ends
-//! before each call, and a session's retention is released after its last call (the client
-//! deletes the session when its task is done).
+//! With [`SessionRetention`] (the session-aware policy, sessions named by the trace): ticks are
+//! the calls' times in milliseconds; each call's blocks are retained for its session until
+//! `t + ttl` (replacing the session's previous retention, as the server does for a keyed
+//! session), expired retention ends before each call, and a session's retention is released
+//! after its last call (the client deletes the session when its task is done).
+//!
+//! With [`InferredRetention`] (what the server does for clients that name nothing): calls whose
+//! trace names no session are placed in conversations by [`crate::Conversations`], exactly as the
+//! engine does at the end of a request, and each call's blocks are retained for its conversation
+//! for the TTL the [`crate::ReturnModel`] has learned so far (no knowledge of later calls).
 
 use std::collections::HashMap;
 
@@ -19,8 +24,11 @@ use thiserror::Error;
 
 use super::trace::TraceCall;
 use crate::config::{CacheConfig, EvictionPolicy};
+use crate::conversation::{FinishedRequest, TurnKind};
 use crate::error::{ConfigError, RetainError, SeqError};
 use crate::ids::{SessionId, TenantId, Tick};
+use crate::inferred::{InferredConfig, InferredRetainer};
+use crate::key::chain_keys;
 use crate::key::Namespace;
 use crate::KvCache;
 
@@ -30,8 +38,12 @@ pub struct SimConfig {
     pub block_size: u32,
     pub capacity_blocks: u32,
     pub policy: EvictionPolicy,
-    /// Session-aware retention on top of `policy` (`None`: plain policy).
+    /// Session-aware retention on top of `policy` for calls that name a session (`None`: plain
+    /// policy).
     pub session_retention: Option<SessionRetention>,
+    /// Retention for inferred conversations, for calls that name no session (`None`: plain
+    /// policy for them).
+    pub inferred: Option<InferredRetention>,
 }
 
 /// The session-aware policy's parameters.
@@ -41,6 +53,23 @@ pub struct SessionRetention {
     pub ttl_s: f64,
     /// At most this fraction of the pool carries retention.
     pub max_retained_fraction: f64,
+}
+
+/// The inferred-conversation policy's parameters (the server's defaults: [`Default`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct InferredRetention {
+    pub policy: InferredConfig,
+    /// At most this fraction of the pool carries retention (the engine's default).
+    pub max_retained_fraction: f64,
+}
+
+impl Default for InferredRetention {
+    fn default() -> Self {
+        InferredRetention {
+            policy: InferredConfig::default(),
+            max_retained_fraction: CacheConfig::new(1).max_retained_fraction,
+        }
+    }
 }
 
 /// What the simulator prints.
@@ -53,6 +82,12 @@ pub struct SimReport {
     pub evictions: u64,
     /// The protected segment's capacity in blocks at the end (moved by the adaptive policy).
     pub protected_capacity_blocks: u32,
+    /// Calls placed by conversation inference: continuing a conversation's latest turn, and
+    /// branching from an earlier turn (0 without [`InferredRetention`]).
+    pub inferred_continuations: u64,
+    pub inferred_branches: u64,
+    /// The TTL the return model had learned by the end (ms; 0 without inference).
+    pub learned_ttl_ms: u64,
 }
 
 /// A trace the simulated cache cannot run.
@@ -73,7 +108,10 @@ pub fn simulate(calls: &[TraceCall], config: SimConfig) -> Result<SimReport, Sim
     cache_config.policy = config.policy;
     cache_config.max_retained_fraction = config
         .session_retention
-        .map_or(0.0, |r| r.max_retained_fraction);
+        .map(|r| r.max_retained_fraction)
+        .into_iter()
+        .chain(config.inferred.map(|r| r.max_retained_fraction))
+        .fold(0.0, f64::max);
     let mut cache = KvCache::new(cache_config)?;
     let last_call: HashMap<&str, usize> = calls
         .iter()
@@ -81,24 +119,34 @@ pub fn simulate(calls: &[TraceCall], config: SimConfig) -> Result<SimReport, Sim
         .map(|(i, c)| (c.session.as_str(), i))
         .collect();
     let mut sessions: HashMap<&str, SessionId> = HashMap::new();
+    let mut inference = config.inferred.map(|r| InferredRetainer::new(r.policy));
+    let timed = config.session_retention.is_some() || inference.is_some();
     let mut last_tick = 0u64;
-    let mut tenants: HashMap<&str, crate::key::NamespaceKey> = HashMap::new();
-    let mut prompt_tokens = 0u64;
-    let mut hit_tokens = 0u64;
+    let mut tenants: HashMap<&str, (TenantId, crate::key::NamespaceKey)> = HashMap::new();
+    let mut report = SimReport {
+        calls: calls.len() as u64,
+        prompt_tokens: 0,
+        hit_tokens: 0,
+        hit_rate: 0.0,
+        evictions: 0,
+        protected_capacity_blocks: 0,
+        inferred_continuations: 0,
+        inferred_branches: 0,
+        learned_ttl_ms: 0,
+    };
     for (i, call) in calls.iter().enumerate() {
-        let tick = match config.session_retention {
-            None => Tick(i as u64 + 1),
-            Some(_) => {
-                // Times in ms, never going back (ties and disorder keep the last tick).
-                last_tick = last_tick.max((call.t.max(0.0) * 1000.0) as u64).max(1);
-                cache.expire(Tick(last_tick));
-                Tick(last_tick)
-            }
+        let tick = if timed {
+            // Times in ms, never going back (ties and disorder keep the last tick).
+            last_tick = last_tick.max((call.t.max(0.0) * 1000.0) as u64).max(1);
+            cache.expire(Tick(last_tick));
+            Tick(last_tick)
+        } else {
+            Tick(i as u64 + 1)
         };
         let next_tenant = TenantId(tenants.len() as u32);
-        let ns = *tenants
+        let (tenant, ns) = *tenants
             .entry(call.tenant.as_str())
-            .or_insert_with(|| Namespace::for_tenant(next_tenant).key());
+            .or_insert_with(|| (next_tenant, Namespace::for_tenant(next_tenant).key()));
         let err = |error| SimError::Call { call: i, error };
         let m = cache.lookup(&ns, &call.tokens, tick);
         let cached = m.num_cached_tokens();
@@ -110,32 +158,59 @@ pub fn simulate(calls: &[TraceCall], config: SimConfig) -> Result<SimReport, Sim
         cache
             .mark_written(seq, call.tokens.len(), tick)
             .map_err(err)?;
-        if let Some(r) = config.session_retention {
-            let next = SessionId(sessions.len() as u64);
-            let session = *sessions.entry(call.session.as_str()).or_insert(next);
-            if last_call[call.session.as_str()] == i {
-                let _ = cache.release_session(session);
-            } else {
-                let until = Tick(tick.0 + (r.ttl_s * 1000.0) as u64);
-                cache
-                    .retain_session(session, seq, until, 0, tick)
-                    .map_err(|e| SimError::Retain { call: i, error: e })?;
+        let retain = |e| SimError::Retain { call: i, error: e };
+        match (config.session_retention, inference.as_mut()) {
+            (Some(r), _) if !call.session.is_empty() => {
+                let next = SessionId(sessions.len() as u64);
+                let session = *sessions.entry(call.session.as_str()).or_insert(next);
+                if last_call[call.session.as_str()] == i {
+                    let _ = cache.release_session(session);
+                } else {
+                    let until = Tick(tick.0 + (r.ttl_s * 1000.0) as u64);
+                    cache
+                        .retain_session(session, seq, until, 0, tick)
+                        .map_err(retain)?;
+                }
             }
+            (_, Some(retainer)) if call.session.is_empty() => {
+                // The blocks a later lookup of this prompt could read: a Mooncake trace's last
+                // hash id is a partial block, and an exact block multiple leaves its last
+                // token to compute (a simplification for token traces: the server registers
+                // the last full block either way).
+                let bs = config.block_size as usize;
+                let full = call.tokens.len().saturating_sub(1) / bs;
+                let chain = chain_keys(&ns, &call.tokens, bs, full);
+                let placed = retainer
+                    .on_finish(
+                        &mut cache,
+                        FinishedRequest {
+                            tenant,
+                            chain: &chain,
+                            prompt_blocks: full,
+                            first_own_block: cached / bs,
+                            now: tick,
+                        },
+                        seq,
+                        0,
+                    )
+                    .map_err(retain)?;
+                match placed.turn.kind {
+                    TurnKind::Continue { .. } => report.inferred_continuations += 1,
+                    TurnKind::Branch { .. } => report.inferred_branches += 1,
+                    TurnKind::Start => {}
+                }
+            }
+            _ => {}
         }
         cache.free(seq, tick).map_err(err)?;
-        prompt_tokens += call.tokens.len() as u64;
-        hit_tokens += cached as u64;
+        report.prompt_tokens += call.tokens.len() as u64;
+        report.hit_tokens += cached as u64;
     }
-    Ok(SimReport {
-        calls: calls.len() as u64,
-        prompt_tokens,
-        hit_tokens,
-        hit_rate: if prompt_tokens == 0 {
-            0.0
-        } else {
-            hit_tokens as f64 / prompt_tokens as f64
-        },
-        evictions: cache.counters().evictions.total_pressure(),
-        protected_capacity_blocks: cache.protected_capacity(),
-    })
+    if report.prompt_tokens > 0 {
+        report.hit_rate = report.hit_tokens as f64 / report.prompt_tokens as f64;
+    }
+    report.evictions = cache.counters().evictions.total_pressure();
+    report.protected_capacity_blocks = cache.protected_capacity();
+    report.learned_ttl_ms = inference.map_or(0, |r| r.ttl_ms());
+    Ok(report)
 }

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 pub struct TraceCall {
     /// Seconds since the start of the trace.
     pub t: f64,
-    /// Agent session (task) the call belongs to.
+    /// Agent session (task) the call belongs to; empty (or absent) when the trace does not say.
+    #[serde(default)]
     pub session: String,
     /// Tenant whose namespace the call runs in.
     pub tenant: String,
