@@ -286,7 +286,7 @@ impl Naive {
                 }
             }
         };
-        if prompt > 0 && prompt - 1 >= own {
+        if prompt > own {
             self.ends.push((
                 chain[prompt - 1],
                 tenant,
@@ -295,7 +295,7 @@ impl Naive {
                 turn.index,
             ));
         }
-        if chain.len() > prompt && chain.len() - 1 >= own {
+        if chain.len() > prompt && chain.len() > own {
             self.ends.push((
                 chain[chain.len() - 1],
                 tenant,
