@@ -22,6 +22,8 @@
 //!   tier_write_queue_max_size: 256MiB  # blocks queued for tier writes; past it writes are dropped
 //!   tier_encode_deferral_ms: 1000  # lossy tier encodes wait this long at most for an idle engine
 //!   max_retained_fraction: 0.5  # most of the pool sessions, breakpoints and tool pauses retain
+//!   infer_conversations: true   # retain unnamed requests' KV for their inferred conversation
+//!   conversation_max_ttl_s: 1800  # longest learned TTL of an inferred conversation
 //! tiers:                      # after the active pool, in lookup order (docs/tiers.md)
 //!   - {kind: ram, max_size: 4GB}
 //!   - {kind: disk, path: /var/cache/agentkv, max_size: 50GB}
@@ -195,6 +197,12 @@ pub struct KvCacheSection {
     /// Most of the pool (0–1) retention may hold: sessions, breakpoints, tool pauses and
     /// warm-up pins (default 0.5). Retention always yields to running requests.
     pub max_retained_fraction: Option<f64>,
+    /// Infer conversations from prefix continuation for requests that name no session and
+    /// retain their KV until the conversation's learned return time (default on; docs/sessions.md).
+    pub infer_conversations: Option<bool>,
+    /// Longest TTL an inferred conversation's retention may learn, seconds (default 1800; also
+    /// capped by `limits.max_cache_ttl_secs`).
+    pub conversation_max_ttl_s: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

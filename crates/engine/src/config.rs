@@ -33,6 +33,9 @@ pub struct EngineConfig {
     pub kv_events: Option<crate::kv_events::KvEventSink>,
     /// Retention of requests that ended in tool calls (see `tool_pause.rs`).
     pub tool_pause: crate::tool_pause::ToolPauseConfig,
+    /// Conversations inferred from prefix continuation for requests that name no session, and
+    /// their retention for a learned return time (`cache::InferredRetainer`; `None`: off).
+    pub inferred_conversations: Option<cache::InferredConfig>,
     /// Tenants' shares of the active pool, in blocks (see [`TenantShare`]).
     pub tenant_shares: std::collections::BTreeMap<cache::TenantId, TenantShare>,
     /// Most of the pool (0–1) that sessions, breakpoints, tool pauses and pins may retain
@@ -95,6 +98,7 @@ impl Default for EngineConfig {
             kv_events: None,
             tenant_shares: Default::default(),
             tool_pause: Default::default(),
+            inferred_conversations: Some(cache::InferredConfig::default()),
             max_retained_fraction: 0.5,
             llama_cpp_prefill: false,
         }

@@ -71,6 +71,8 @@ pub struct EngineCore {
     published_tier_writes: u64,
     /// Requests that ended in tool calls, retained for their next call.
     tool_pauses: crate::tool_pause::ToolPauses,
+    /// Conversations inferred for requests that name no session, and their retention.
+    inferred: Option<cache::InferredRetainer>,
     /// `Finished` events of this step, sent after the snapshot that counts them is published
     /// (a client that saw its request finish never reads counters from before it).
     outbox: Vec<(EventSender, EngineEvent)>,
@@ -234,6 +236,10 @@ impl EngineCore {
                 min_prefill_tokens: cfg.min_prefill_tokens_per_step,
             },
         });
+        // Inferred conversations need the prefix cache's keys.
+        let inferred = (cfg.inferred_conversations)
+            .filter(|_| cfg.prefix_caching)
+            .map(cache::InferredRetainer::new);
         let mut core = EngineCore {
             shape: backend.shape(),
             backend,
@@ -248,6 +254,7 @@ impl EngineCore {
             started: Instant::now(),
             stats: EngineStats::default(),
             tool_pauses: Default::default(),
+            inferred,
             pinned: Vec::new(),
             tiers,
             published: SnapshotCell(Arc::default()),

@@ -17,4 +17,14 @@ pub struct EngineStats {
     pub tool_pauses: u64,
     /// Tool pauses released because a later pause extended them.
     pub tool_pauses_superseded: u64,
+    /// Finished requests without a named session placed in inferred conversations, and of
+    /// those the ones that continued a conversation's latest turn or branched from an earlier
+    /// one (`cache::Conversations`).
+    pub inferred_turns: u64,
+    pub inferred_continuations: u64,
+    pub inferred_branches: u64,
+    /// Inferred retentions released early to make room for named sessions or breakpoints.
+    pub inferred_released_for_explicit: u64,
+    /// The TTL an inferred conversation's latest turn gets now (ms; learned return gaps).
+    pub inferred_ttl_ms: u64,
 }

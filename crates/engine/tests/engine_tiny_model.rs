@@ -802,7 +802,10 @@ fn usage_of(core: &mut EngineCore, id: u64, spec: RequestSpec) -> engine::Usage 
 #[test]
 fn a_retained_session_survives_a_flood_that_evicts_an_unretained_prefix() {
     // 32 blocks of 4 tokens; each prompt is 40 tokens (10 blocks), the flood 10× the pool.
-    let mut core = EngineCore::new(model(), cfg(32, 512)).unwrap();
+    // Unnamed requests are plain LRU here (no inferred conversations).
+    let mut c = cfg(32, 512);
+    c.inferred_conversations = None;
+    let mut core = EngineCore::new(model(), c).unwrap();
     let ps = prompts(44, 0, 7)
         .into_iter()
         .enumerate()
@@ -853,6 +856,63 @@ fn a_retained_session_survives_a_flood_that_evicts_an_unretained_prefix() {
     }
     let gone = usage_of(&mut core, 300, greedy(ps[0].clone(), 4));
     assert_eq!(gone.cached_tokens, 0);
+}
+
+#[test]
+fn an_unnamed_conversation_survives_a_flood_and_yields_to_a_named_session() {
+    // 32 blocks of 4 tokens, at most 16 retained; prompts of 40 tokens (10 blocks).
+    let mut core = EngineCore::new(model(), cfg(32, 512)).unwrap();
+    let ps = prompts(12, 0, 9)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut p)| {
+            p.resize(40, 3 + i as u32);
+            p
+        })
+        .collect::<Vec<_>>();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    core.submit(RequestId(1), greedy(ps[0].clone(), 4), tx)
+        .unwrap();
+    while core.has_work() {
+        core.step().unwrap();
+    }
+    let mut out = Vec::new();
+    while let Ok(ev) = rx.try_recv() {
+        if let EngineEvent::Token(t) = ev {
+            out.push(t.id);
+        }
+    }
+    assert_eq!(core.stats().inferred_turns, 1);
+    // A flood of other unnamed requests, 10× the pool: LRU alone would evict the first one.
+    for (i, p) in ps[1..11].iter().enumerate() {
+        usage_of(&mut core, 10 + i as u64, greedy(p.clone(), 4));
+        core.cache().check_invariants().unwrap();
+    }
+    // The first agent's next call: its prompt and reply, then a tool result.
+    let mut next = ps[0].clone();
+    next.extend(&out);
+    next.extend([77u32; 9]);
+    let second = usage_of(&mut core, 100, greedy(next, 4));
+    assert_eq!(
+        second.cached_tokens, 40,
+        "its retained prompt and reply blocks"
+    );
+    let stats = core.stats();
+    assert_eq!(stats.inferred_continuations, 1, "{stats:?}");
+    assert_eq!(stats.inferred_turns, 12);
+    // A named session takes precedence over inferred retention when the cap is full.
+    let retained = RequestSpec {
+        retention: Some(engine::Retention {
+            session: cache::SessionId(5),
+            ttl: std::time::Duration::from_secs(3600),
+            priority: 0,
+        }),
+        ..greedy(ps[11].clone(), 4)
+    };
+    let named = usage_of(&mut core, 200, retained);
+    assert_eq!(named.retained_tokens, 40);
+    assert!(core.stats().inferred_released_for_explicit >= 1);
+    core.cache().check_invariants().unwrap();
 }
 
 /// A writer that keeps what the log subscriber writes.

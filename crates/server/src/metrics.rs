@@ -370,6 +370,41 @@ fn render_evictions_and_steps(out: &mut String, s: &EngineSnapshot) {
     );
     metric(
         out,
+        "agentkv_inferred_turns_total",
+        "counter",
+        "Finished requests without a named session placed in an inferred conversation.",
+        s.stats.inferred_turns,
+    );
+    metric(
+        out,
+        "agentkv_inferred_continuations_total",
+        "counter",
+        "Inferred turns that continued a conversation's latest turn.",
+        s.stats.inferred_continuations,
+    );
+    metric(
+        out,
+        "agentkv_inferred_branches_total",
+        "counter",
+        "Inferred turns that continued an earlier turn (a new conversation).",
+        s.stats.inferred_branches,
+    );
+    metric(
+        out,
+        "agentkv_inferred_released_for_explicit_total",
+        "counter",
+        "Inferred conversations' retention released to make room for named sessions.",
+        s.stats.inferred_released_for_explicit,
+    );
+    metric(
+        out,
+        "agentkv_inferred_ttl_seconds",
+        "gauge",
+        "Retention TTL an inferred conversation's latest turn gets now (learned return gaps).",
+        s.stats.inferred_ttl_ms as f64 / 1000.0,
+    );
+    metric(
+        out,
         "agentkv_kv_pins_created_total",
         "counter",
         "Prefix pins created (warm-up prompts).",

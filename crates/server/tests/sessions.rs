@@ -15,21 +15,34 @@ use tower::ServiceExt;
 
 use common::{call, model};
 
-/// A server over a 32-block engine (512 tokens), two tenants.
+/// A server over a 32-block engine (512 tokens), two tenants; requests that name nothing are
+/// plain LRU (no inferred conversations), the baseline the named mechanisms are measured
+/// against.
 fn small_app() -> (Engine, axum::Router) {
-    app_with_shares(Default::default())
+    app_with(Default::default(), false)
 }
 
 /// As [`small_app`], with tenants' shares of the pool (alpha is tenant 1, beta tenant 2).
 fn app_with_shares(
     tenant_shares: std::collections::BTreeMap<cache::TenantId, engine::TenantShare>,
 ) -> (Engine, axum::Router) {
-    let cfg = EngineConfig {
+    app_with(tenant_shares, false)
+}
+
+/// As [`small_app`], with tenants' shares and inferred conversations on (the default) or off.
+fn app_with(
+    tenant_shares: std::collections::BTreeMap<cache::TenantId, engine::TenantShare>,
+    inferred: bool,
+) -> (Engine, axum::Router) {
+    let mut cfg = EngineConfig {
         num_blocks: 32,
         threads: 2,
         tenant_shares,
         ..EngineConfig::default()
     };
+    if !inferred {
+        cfg.inferred_conversations = None;
+    }
     let engine = Engine::start(EngineCore::new(model(), cfg).expect("engine"));
     let settings = ServerSettings {
         tenants: vec![
@@ -496,7 +509,8 @@ async fn message_and_tool_breakpoints_retain_their_prefix_through_a_flood() {
 /// A reply that ends in tool calls keeps its blocks for the agent's next call (a tool pause,
 /// TTL from the engine's cost model) without any session field: the next call, which appends
 /// the tool result, still finds the whole history after a flood. The same flow with
-/// `tool_choice: "none"` (a plain answer) is evicted (positive control).
+/// `tool_choice: "none"` (a plain answer) is evicted without inferred conversations (positive
+/// control) and kept with them (the default): its next turn continues its prompt and reply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_with_tool_calls_keeps_the_history_through_the_tool_pause() {
     let chat = "/v1/chat/completions";
@@ -522,8 +536,8 @@ async fn a_reply_with_tool_calls_keeps_the_history_through_the_tool_pause() {
             assert_eq!(reply.status, 200, "{}", reply.body);
         }
     };
-    let run = |choice: &'static str| async move {
-        let (_engine, r) = small_app();
+    let run = |choice: &'static str, inferred: bool| async move {
+        let (_engine, r) = app_with(Default::default(), inferred);
         let reply = call(&r, "POST", chat, Some("ka"), &first(choice).to_string()).await;
         assert_eq!(reply.status, 200, "{}", reply.body);
         let v = reply.json();
@@ -552,17 +566,24 @@ async fn a_reply_with_tool_calls_keeps_the_history_through_the_tool_pause() {
             prompt_tokens,
         )
     };
-    let (finish, cached, prompt_tokens) = run("required").await;
+    let (finish, cached, prompt_tokens) = run("required", false).await;
     assert_eq!(finish, "tool_calls");
     // Retention is capped at half the pool (16 of 32 blocks here).
     assert!(
         cached >= ((prompt_tokens - 1) / 16 * 16).min(16 * 16),
         "the paused history stayed: {cached} of {prompt_tokens}"
     );
-    let (finish, cached, _) = run("none").await;
+    let (finish, cached, _) = run("none", false).await;
     assert_ne!(finish, "tool_calls", "control: a plain answer");
     assert!(
         cached < 32,
         "without a tool pause the flood evicts it: {cached}"
+    );
+    // The same plain answer, its conversation inferred: the next turn finds its history.
+    let (finish, cached, prompt_tokens) = run("none", true).await;
+    assert_ne!(finish, "tool_calls");
+    assert!(
+        cached >= ((prompt_tokens - 1) / 16 * 16).min(16 * 16),
+        "the inferred conversation kept its history: {cached} of {prompt_tokens}"
     );
 }

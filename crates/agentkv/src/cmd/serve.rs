@@ -359,6 +359,20 @@ fn engine_config(
     cfg.tool_pause.enabled &= max_ttl > 0;
     cfg.tool_pause.min_ttl = cfg.tool_pause.min_ttl.min(cfg.tool_pause.max_ttl);
     cfg.tool_pause.unmeasured_ttl = cfg.tool_pause.unmeasured_ttl.min(cfg.tool_pause.max_ttl);
+    if kv.infer_conversations == Some(false) {
+        cfg.inferred_conversations = None;
+    }
+    if let Some(inferred) = cfg.inferred_conversations.as_mut() {
+        let m = &mut inferred.return_model;
+        let max_ttl = kv.conversation_max_ttl_s.unwrap_or(m.max_ttl_ms / 1000);
+        let max_ttl = max_ttl.min(file.limits.max_cache_ttl_secs.unwrap_or(max_ttl));
+        m.max_ttl_ms = max_ttl.saturating_mul(1000);
+        m.min_ttl_ms = m.min_ttl_ms.min(m.max_ttl_ms);
+        m.default_ttl_ms = m.default_ttl_ms.min(m.max_ttl_ms);
+        if max_ttl == 0 {
+            cfg.inferred_conversations = None;
+        }
+    }
     // Tenant ids follow the order of `tenants` (as the server assigns them): 1, 2, …
     let retained_caps = file
         .tenants

@@ -156,6 +156,12 @@ impl EngineCore {
                         .collect()
                 };
                 let before = held(&self.cache);
+                if let (Some(inferred), false) = (self.inferred.as_mut(), holders.is_empty()) {
+                    // Named sessions and breakpoints take precedence over inferred ones.
+                    let need = self.cache.num_published_blocks(cs).unwrap_or(0) as u32;
+                    let n = inferred.make_room(&mut self.cache, need);
+                    self.stats.inferred_released_for_explicit += n as u64;
+                }
                 for (r, max_blocks) in &holders {
                     let until = Tick(self.tick + r.ttl.as_millis() as u64);
                     if let Ok(out) = self.cache.retain_session_prefix(
@@ -170,6 +176,10 @@ impl EngineCore {
                     }
                 }
                 retained_tokens = held(&self.cache).difference(&before).count() * bs;
+                if holders.is_empty() && id.1 == 0 {
+                    // Not reported as `retained_tokens`: that is what a named retention added.
+                    self.retain_inferred(&s, cs, tick);
+                }
             }
             let _ = self.cache.free(cs, tick);
         }
@@ -213,5 +223,39 @@ impl EngineCore {
             num_preemptions: s.num_preemptions,
         };
         self.outbox.push((s.sink, finished));
+    }
+
+    /// A request that named no session finished: place it in its inferred conversation and
+    /// retain its blocks for the conversation's learned return time.
+    fn retain_inferred(&mut self, s: &Sequence, cs: cache::SeqId, tick: Tick) {
+        let Some(inferred) = self.inferred.as_mut() else {
+            return;
+        };
+        let bs = self.cfg.block_size;
+        let published = self.cache.num_published_blocks(cs).unwrap_or(0);
+        let chain: Vec<cache::BlockKey> = (self.cache.block_table(cs).unwrap_or(&[]).iter())
+            .take(published)
+            .map_while(|b| self.cache.block_key(*b))
+            .collect();
+        let req = cache::FinishedRequest {
+            tenant: s.spec.tenant,
+            chain: &chain,
+            prompt_blocks: s.spec.prompt.len() / bs,
+            first_own_block: s.cached_tokens.unwrap_or(0) / bs,
+            now: tick,
+        };
+        let rank = crate::request::retention_rank(s.spec.priority, false);
+        let Ok(placed) = inferred.on_finish(&mut self.cache, req, cs, rank) else {
+            return;
+        };
+        self.stats.inferred_turns += 1;
+        match placed.turn.kind {
+            cache::TurnKind::Continue { .. } => self.stats.inferred_continuations += 1,
+            cache::TurnKind::Branch { .. } => self.stats.inferred_branches += 1,
+            cache::TurnKind::Start => {}
+        }
+        self.stats.inferred_ttl_ms = placed.ttl_ms;
+        self.stats.retained_blocks += u64::from(placed.retained_blocks);
+        inferred.prune(&self.cache);
     }
 }

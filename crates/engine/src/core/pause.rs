@@ -1,5 +1,6 @@
 //! A request that ended in tool calls keeps its blocks for the agent's next call (see
-//! `tool_pause.rs` for the TTL rule and supersession). Never schedules and never touches K/V
+//! `tool_pause.rs` for the TTL rule and supersession), under its inferred conversation's
+//! session when conversations are inferred. Never schedules and never touches K/V
 //! bytes: it only puts cache retention on blocks found by their tokens.
 
 use cache::{SessionId, TenantId};
@@ -39,12 +40,20 @@ impl EngineCore {
         let bytes = full / bs * self.kv.memory().block_num_bytes();
         let reload_s = self.tiers.as_ref().and_then(|t| t.best_load_seconds(bytes));
         let ttl = crate::tool_pause::pause_ttl(&cfg, recompute_s, reload_s);
-        let session = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            (tenant.0, salt, &tokens[..full]).hash(&mut h);
-            SessionId(h.finish() | 1 << 63)
-        };
+        // The request's inferred conversation when there is one (its retention is replaced by
+        // the pause's), else a session named by the tokens.
+        let conversation = self.inferred.as_ref().and_then(|inferred| {
+            let chain = cache::key::chain_keys(&ns, tokens, bs, full / bs);
+            inferred.conversation_of(tenant, &chain)
+        });
+        let session = conversation
+            .map(cache::inferred_session)
+            .unwrap_or_else(|| {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                (tenant.0, salt, &tokens[..full]).hash(&mut h);
+                SessionId(h.finish() | 1 << 63)
+            });
         let rank = crate::request::retention_rank(priority, false);
         let tick = self.next_tick();
         self.cache.expire(tick);
