@@ -10,7 +10,7 @@
 //! model: {path: models/SmolLM2-135M-Instruct.Q4_1.gguf, threads: 4, llama_cpp_prefill: false}
 //! kv_cache_config:
 //!   max_size: 2GB            # bytes of KV memory (KB/MB/GB = 1000^k, KiB/MiB/GiB = 1024^k)
-//!   replacement_policy: segmented_lru   # lru | lfu | segmented_lru | adaptive_segmented_lru
+//!   replacement_policy: reuse_aware_lru  # (default) | lru | lfu | segmented_lru | adaptive_segmented_lru
 //!   warmup_prompts: [system]  # names of `prompts` below
 //!   quantization: f16         # a KV codec (int8, k=int8,v=int4, …) or a preset: code | chat | math
 //!   block_size: 16
@@ -23,6 +23,7 @@
 //!   tier_encode_deferral_ms: 1000  # lossy tier encodes wait this long at most for an idle engine
 //!   max_retained_fraction: 0.5  # most of the pool sessions, breakpoints and tool pauses retain
 //!   infer_conversations: true   # retain unnamed requests' KV for their inferred conversation
+//!   policy_duel: true           # shadow caches decide whether that retention and the reuse bonus pay
 //!   conversation_max_ttl_s: 1800  # longest learned TTL of an inferred conversation
 //! tiers:                      # after the active pool, in lookup order (docs/tiers.md)
 //!   - {kind: ram, max_size: 4GB}
@@ -203,6 +204,9 @@ pub struct KvCacheSection {
     /// Longest TTL an inferred conversation's retention may learn, seconds (default 1800; also
     /// capped by `limits.max_cache_ttl_secs`).
     pub conversation_max_ttl_s: Option<u64>,
+    /// Let shadow caches decide, from the traffic so far, whether inferred retention and
+    /// reuse-aware LRU's bonus pay (default on; off: both always on).
+    pub policy_duel: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -213,6 +217,9 @@ pub enum Policy {
     SegmentedLru,
     /// Segmented LRU whose protected fraction adapts to the workload (ARC-style ghost lists).
     AdaptiveSegmentedLru,
+    /// LRU where a block read twice counts as used the learned return time later (the default;
+    /// docs/kv-cache.md).
+    ReuseAwareLru,
 }
 
 impl Policy {
@@ -227,6 +234,7 @@ impl Policy {
             },
             // Starts at 20% and moves within [0, 1] (docs/kv-cache.md).
             Policy::AdaptiveSegmentedLru => cache::EvictionPolicy::ADAPTIVE_SEGMENTED_LRU,
+            Policy::ReuseAwareLru => cache::EvictionPolicy::REUSE_AWARE_LRU,
         }
     }
 }

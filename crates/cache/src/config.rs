@@ -31,6 +31,10 @@ pub enum EvictionPolicy {
         /// Upper bound of the protected fraction, in `[initial_protected_fraction, 1]`.
         max_protected_fraction: f64,
     },
+    /// LRU in which a block read at least twice (reads counted in a bounded sketch that
+    /// remembers blocks evicted since) ranks as if used `reuse_bonus_ms` later (logical-clock
+    /// ms; [`crate::KvCache::set_reuse_bonus`] moves it at run time). See `evict/reuse.rs`.
+    ReuseAwareLru { reuse_bonus_ms: u64 },
 }
 
 impl EvictionPolicy {
@@ -40,6 +44,11 @@ impl EvictionPolicy {
         initial_protected_fraction: 0.2,
         min_protected_fraction: 0.0,
         max_protected_fraction: 1.0,
+    };
+
+    /// Reuse-aware LRU with a 300 s bonus (until the engine's learned return time replaces it).
+    pub const REUSE_AWARE_LRU: EvictionPolicy = EvictionPolicy::ReuseAwareLru {
+        reuse_bonus_ms: 300_000,
     };
 
     /// Whether blocks are split into probation and protected segments (fixed or adaptive).
@@ -133,7 +142,9 @@ impl CacheConfig {
             }
         }
         match self.policy {
-            EvictionPolicy::Lru | EvictionPolicy::Lfu => Ok(()),
+            EvictionPolicy::Lru | EvictionPolicy::Lfu | EvictionPolicy::ReuseAwareLru { .. } => {
+                Ok(())
+            }
             EvictionPolicy::SegmentedLru { protected_fraction } => {
                 check_fraction("protected_fraction", protected_fraction)
             }
@@ -158,7 +169,9 @@ impl CacheConfig {
     /// equal for fixed segmented LRU.
     pub(crate) fn protected_capacity_bounds(&self) -> (u32, u32, u32) {
         match self.policy {
-            EvictionPolicy::Lru | EvictionPolicy::Lfu => (0, 0, 0),
+            EvictionPolicy::Lru | EvictionPolicy::Lfu | EvictionPolicy::ReuseAwareLru { .. } => {
+                (0, 0, 0)
+            }
             EvictionPolicy::SegmentedLru { protected_fraction } => {
                 let c = self.blocks_of(protected_fraction);
                 (c, c, c)

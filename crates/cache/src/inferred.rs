@@ -80,15 +80,9 @@ impl InferredRetainer {
         }
     }
 
-    /// A request of `req.tenant` finished with its blocks in `seq` (still allocated): place it
-    /// and retain the sequence's published blocks for its conversation with `priority`.
-    pub fn on_finish(
-        &mut self,
-        cache: &mut KvCache,
-        req: FinishedRequest<'_>,
-        seq: SeqId,
-        priority: u8,
-    ) -> Result<InferredTurn, RetainError> {
+    /// Places a finished request in its conversation (the return model learns from it)
+    /// without retaining anything.
+    pub fn place(&mut self, req: FinishedRequest<'_>) -> Turn {
         let turn = self.index.observe(req);
         self.counters.turns += 1;
         match turn.kind {
@@ -99,6 +93,19 @@ impl InferredRetainer {
             TurnKind::Branch { .. } => self.counters.branches += 1,
             TurnKind::Start => {}
         }
+        turn
+    }
+
+    /// A request of `req.tenant` finished with its blocks in `seq` (still allocated): place it
+    /// and retain the sequence's published blocks for its conversation with `priority`.
+    pub fn on_finish(
+        &mut self,
+        cache: &mut KvCache,
+        req: FinishedRequest<'_>,
+        seq: SeqId,
+        priority: u8,
+    ) -> Result<InferredTurn, RetainError> {
+        let turn = self.place(req);
         let ttl_ms = self.returns.ttl_ms();
         let session = inferred_session(turn.conversation);
         let until = Tick(req.now.0.saturating_add(ttl_ms));
@@ -171,6 +178,12 @@ impl InferredRetainer {
     /// The TTL a turn finishing now would get (ms).
     pub fn ttl_ms(&self) -> u64 {
         self.returns.ttl_ms()
+    }
+
+    /// The bonus reuse-aware LRU should give blocks read twice: the learned return time, 0
+    /// (plain LRU) until enough returns were seen to learn it.
+    pub fn reuse_bonus_ms(&self) -> u64 {
+        self.returns.learned_ttl_ms().unwrap_or(0)
     }
 
     pub fn counters(&self) -> InferredCounters {

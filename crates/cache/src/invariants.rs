@@ -249,7 +249,12 @@ impl KvCache {
             hits: b.hits,
             protected: b.protected,
             depth: p.depth,
+            reuse_bonus_ms: b.reuse_bonus_ms,
         };
+        ensure!(
+            b.reuse_bonus_ms == 0 || self.reuse.is_some(),
+            "{id}: a reuse bonus under a policy without one"
+        );
         if eligible {
             let key = order_key(
                 self.config.policy,

@@ -24,6 +24,7 @@ mod cache;
 pub mod config;
 mod conversation;
 pub mod counters;
+mod duel;
 pub mod error;
 pub mod events;
 mod evict;
@@ -46,6 +47,7 @@ pub use cache::{
 pub use config::{CacheConfig, EvictionPolicy};
 pub use conversation::{ConversationConfig, Conversations, FinishedRequest, Turn, TurnKind};
 pub use counters::{BlockUsage, Counters, EvictionCause, EvictionCounts, Fragmentation};
+pub use duel::{DuelConfig, PolicyChoice, PolicyDuel};
 pub use error::{AllocError, ConfigError, InvariantViolation, RetainError, SeqError};
 pub use events::CacheEvent;
 pub use ids::{BlockId, ConversationId, PinId, SeqId, SessionId, TenantId, Tick};

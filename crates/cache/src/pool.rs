@@ -33,6 +33,8 @@ pub(crate) struct Block {
     pub hits: u32,
     /// In the protected segment (segmented LRU only).
     pub protected: bool,
+    /// Reuse-aware LRU: the bonus (ms) decided when the block was last ranked.
+    pub reuse_bonus_ms: u64,
     /// Pins and sessions retaining this block.
     pub holders: Vec<Holder>,
     /// The key under which this block sits in the eviction candidate sets, if it does.

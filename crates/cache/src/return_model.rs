@@ -105,6 +105,11 @@ impl ReturnModel {
         Some(upper_edge_ms(NUM_BINS - 1))
     }
 
+    /// The learned TTL, `None` while fewer than `min_samples` gaps were observed.
+    pub fn learned_ttl_ms(&self) -> Option<u64> {
+        (self.num_samples() >= self.config.min_samples).then(|| self.ttl_ms())
+    }
+
     /// The retention TTL for a conversation's latest turn.
     pub fn ttl_ms(&self) -> u64 {
         let c = &self.config;

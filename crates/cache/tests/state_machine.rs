@@ -30,8 +30,9 @@ struct Harness {
 }
 
 fn policy_for(seed: u64) -> EvictionPolicy {
-    match seed % 4 {
+    match seed % 5 {
         0 => EvictionPolicy::Lru,
+        4 => EvictionPolicy::ReuseAwareLru { reuse_bonus_ms: 7 },
         1 => EvictionPolicy::Lfu,
         2 => EvictionPolicy::SegmentedLru {
             protected_fraction: 0.125,

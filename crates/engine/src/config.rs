@@ -36,10 +36,14 @@ pub struct EngineConfig {
     /// Conversations inferred from prefix continuation for requests that name no session, and
     /// their retention for a learned return time (`cache::InferredRetainer`; `None`: off).
     pub inferred_conversations: Option<cache::InferredConfig>,
+    /// Shadow caches that decide, from the traffic so far, whether inferred retention and
+    /// reuse-aware LRU's bonus pay (`cache::PolicyDuel`; `None`: both always on). Needs
+    /// `inferred_conversations`.
+    pub policy_duel: Option<cache::DuelConfig>,
     /// Tenants' shares of the active pool, in blocks (see [`TenantShare`]).
     pub tenant_shares: std::collections::BTreeMap<cache::TenantId, TenantShare>,
-    /// Most of the pool (0–1) that sessions, breakpoints, tool pauses and pins may retain
-    /// (`cache::CacheConfig::max_retained_fraction`, default 0.5).
+    /// Most of the pool (0–1) that sessions, breakpoints, tool pauses, inferred conversations
+    /// and pins may retain (`cache::CacheConfig::max_retained_fraction`, default 0.9).
     pub max_retained_fraction: f64,
     /// Compute the prompt rows of prompts of [`model::attention::PREFILL_MIN_TOKENS`]+ tokens in
     /// llama.cpp's tiled prefill attention arithmetic, as llama-server does, and every other
@@ -90,7 +94,7 @@ impl Default for EngineConfig {
             max_seqs: 64,
             kv_dtype: KvDtype::F16,
             prefix_caching: true,
-            policy: EvictionPolicy::Lru,
+            policy: EvictionPolicy::REUSE_AWARE_LRU,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             tiers: TieringConfig::default(),
             step_time_target: None,
@@ -99,7 +103,8 @@ impl Default for EngineConfig {
             tenant_shares: Default::default(),
             tool_pause: Default::default(),
             inferred_conversations: Some(cache::InferredConfig::default()),
-            max_retained_fraction: 0.5,
+            policy_duel: Some(cache::DuelConfig::default()),
+            max_retained_fraction: 0.9,
             llama_cpp_prefill: false,
         }
     }

@@ -73,6 +73,8 @@ pub struct EngineCore {
     tool_pauses: crate::tool_pause::ToolPauses,
     /// Conversations inferred for requests that name no session, and their retention.
     inferred: Option<cache::InferredRetainer>,
+    /// Shadow caches choosing whether inferred retention and the reuse bonus pay.
+    duel: Option<cache::PolicyDuel>,
     /// `Finished` events of this step, sent after the snapshot that counts them is published
     /// (a client that saw its request finish never reads counters from before it).
     outbox: Vec<(EventSender, EngineEvent)>,
@@ -167,7 +169,22 @@ impl EngineCore {
                 cache_cfg.tenant_max_retained_blocks.insert(*tenant, m);
             }
         }
-        let cache = KvCache::new(cache_cfg)?;
+        // Inferred conversations need the prefix cache's keys; the duel's arms are shaped like
+        // the pool (bookkeeping only, no K/V), without events.
+        let inferred = (cfg.inferred_conversations)
+            .filter(|_| cfg.prefix_caching)
+            .map(cache::InferredRetainer::new);
+        let duel = match (cfg.inferred_conversations, cfg.policy_duel) {
+            (Some(i), Some(d)) if cfg.prefix_caching => {
+                let mut shadow = cache_cfg.clone();
+                shadow.record_events = false;
+                Some(cache::PolicyDuel::new(&shadow, i, d)?)
+            }
+            _ => None,
+        };
+        let mut cache = KvCache::new(cache_cfg)?;
+        // Reuse-aware LRU starts as plain LRU: its bonus is the learned return time.
+        cache.set_reuse_bonus(0);
         let c = backend.shape();
         let geo = KvGeometry {
             num_blocks: cfg.num_blocks,
@@ -236,10 +253,6 @@ impl EngineCore {
                 min_prefill_tokens: cfg.min_prefill_tokens_per_step,
             },
         });
-        // Inferred conversations need the prefix cache's keys.
-        let inferred = (cfg.inferred_conversations)
-            .filter(|_| cfg.prefix_caching)
-            .map(cache::InferredRetainer::new);
         let mut core = EngineCore {
             shape: backend.shape(),
             backend,
@@ -255,6 +268,7 @@ impl EngineCore {
             stats: EngineStats::default(),
             tool_pauses: Default::default(),
             inferred,
+            duel,
             pinned: Vec::new(),
             tiers,
             published: SnapshotCell(Arc::default()),

@@ -27,4 +27,8 @@ pub struct EngineStats {
     pub inferred_released_for_explicit: u64,
     /// The TTL an inferred conversation's latest turn gets now (ms; learned return gaps).
     pub inferred_ttl_ms: u64,
+    /// Inferred turns not retained because the shadow caches said retention did not pay.
+    pub inferred_unretained: u64,
+    /// Reuse-aware LRU's bonus in force (ms; 0 while not learned or not paying).
+    pub reuse_bonus_ms: u64,
 }

@@ -398,6 +398,20 @@ fn render_evictions_and_steps(out: &mut String, s: &EngineSnapshot) {
     );
     metric(
         out,
+        "agentkv_inferred_unretained_total",
+        "counter",
+        "Inferred turns not retained because the shadow caches said retention did not pay.",
+        s.stats.inferred_unretained,
+    );
+    metric(
+        out,
+        "agentkv_kv_reuse_bonus_seconds",
+        "gauge",
+        "Reuse-aware LRU's bonus in force for blocks read twice (0: not learned or not paying).",
+        s.stats.reuse_bonus_ms as f64 / 1000.0,
+    );
+    metric(
+        out,
         "agentkv_inferred_ttl_seconds",
         "gauge",
         "Retention TTL an inferred conversation's latest turn gets now (learned return gaps).",

@@ -18,6 +18,9 @@ pub enum PolicyArg {
     Slru,
     /// Segmented LRU with an adaptive protected fraction (starts at `--slru-protected`).
     AdaptiveSlru,
+    /// LRU where a block read twice counts as used a learned return time later (the server's
+    /// default; `--reuse-bonus-s` until a return time is learned).
+    ReuseAware,
 }
 
 /// Which retention runs on top of the eviction policy.
@@ -65,9 +68,13 @@ pub struct CacheSimArgs {
     /// Blocks in the simulated pool.
     #[arg(long)]
     pub capacity_blocks: u32,
-    /// Eviction policy.
-    #[arg(long, value_enum, default_value_t = PolicyArg::Lru)]
+    /// Eviction policy (default: the server's, `reuse-aware`).
+    #[arg(long, value_enum, default_value_t = PolicyArg::ReuseAware)]
     pub policy: PolicyArg,
+    /// `reuse-aware`: the bonus in seconds until a return time is learned (and with
+    /// `--retention none`, throughout).
+    #[arg(long, default_value_t = 300.0)]
+    pub reuse_bonus_s: f64,
     /// Fraction of the pool the protected segment may hold (slru; adaptive-slru's start).
     #[arg(long, default_value_t = 0.5)]
     pub slru_protected: f64,
@@ -78,13 +85,15 @@ pub struct CacheSimArgs {
     /// (trace time), released after the session's last call.
     #[arg(long)]
     pub session_ttl_s: Option<f64>,
-    /// At most this fraction of the pool carries retention (default: 0.9 named, the server's
-    /// 0.5 inferred).
+    /// At most this fraction of the pool carries retention (default 0.9, the server's).
     #[arg(long)]
     pub retained_fraction: Option<f64>,
     /// `inferred`: the TTL is this quantile of the return gaps learned so far.
     #[arg(long)]
     pub ttl_quantile: Option<f64>,
+    /// `inferred`: retain always, not only while the shadow caches say it pays.
+    #[arg(long)]
+    pub no_duel: bool,
 }
 
 /// The printed report.
@@ -146,6 +155,9 @@ pub fn run(args: CacheSimArgs) -> anyhow::Result<()> {
             if let Some(f) = args.retained_fraction {
                 r.max_retained_fraction = f;
             }
+            if args.no_duel {
+                r.duel = None;
+            }
             if let Some(q) = args.ttl_quantile {
                 anyhow::ensure!(q > 0.0 && q <= 1.0, "--ttl-quantile must be in (0, 1]");
                 r.policy.return_model.quantile = q;
@@ -158,7 +170,12 @@ pub fn run(args: CacheSimArgs) -> anyhow::Result<()> {
         SimConfig {
             block_size,
             capacity_blocks: args.capacity_blocks,
-            policy: eviction_policy(args.policy, args.slru_protected),
+            policy: match args.policy {
+                PolicyArg::ReuseAware => EvictionPolicy::ReuseAwareLru {
+                    reuse_bonus_ms: (args.reuse_bonus_s.max(0.0) * 1000.0) as u64,
+                },
+                p => eviction_policy(p, args.slru_protected),
+            },
             session_retention,
             inferred,
         },
@@ -218,6 +235,7 @@ pub fn eviction_policy(policy: PolicyArg, slru_protected: f64) -> EvictionPolicy
         PolicyArg::Slru => EvictionPolicy::SegmentedLru {
             protected_fraction: slru_protected,
         },
+        PolicyArg::ReuseAware => EvictionPolicy::REUSE_AWARE_LRU,
         PolicyArg::AdaptiveSlru => EvictionPolicy::AdaptiveSegmentedLru {
             initial_protected_fraction: slru_protected,
             min_protected_fraction: 0.0,

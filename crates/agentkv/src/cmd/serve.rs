@@ -362,6 +362,9 @@ fn engine_config(
     if kv.infer_conversations == Some(false) {
         cfg.inferred_conversations = None;
     }
+    if kv.policy_duel == Some(false) {
+        cfg.policy_duel = None;
+    }
     if let Some(inferred) = cfg.inferred_conversations.as_mut() {
         let m = &mut inferred.return_model;
         let max_ttl = kv.conversation_max_ttl_s.unwrap_or(m.max_ttl_ms / 1000);

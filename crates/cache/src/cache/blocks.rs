@@ -6,6 +6,7 @@ use super::KvCache;
 use crate::counters::EvictionCause;
 use crate::error::AllocError;
 use crate::events::CacheEvent;
+use crate::evict::reuse::REUSED_READS;
 use crate::evict::slru::{ProtectedSegment, PROMOTION_HITS};
 use crate::evict::{order_key, BlockStats};
 use crate::ids::{BlockId, Tick};
@@ -20,6 +21,7 @@ impl KvCache {
             hits: b.hits,
             protected: b.protected,
             depth: p.depth,
+            reuse_bonus_ms: b.reuse_bonus_ms,
         })
     }
 
@@ -45,6 +47,16 @@ impl KvCache {
 
     /// Re-insert a block where its current state says it belongs.
     pub(crate) fn attach(&mut self, id: BlockId) {
+        // Reuse-aware LRU: the bonus is decided now and kept with the block until it is
+        // re-ranked (the sketch and the bonus move on meanwhile).
+        if let (Some(r), Some(p)) = (&self.reuse, self.pool.get(id).published) {
+            let bonus = if r.sketch.estimate(&p.key) >= REUSED_READS {
+                r.bonus_ms
+            } else {
+                0
+            };
+            self.pool.get_mut(id).reuse_bonus_ms = bonus;
+        }
         let Some(stats) = self.stats(id) else { return };
         let b = self.pool.get(id);
         let tenant = b.published.map(|p| p.ns.tenant()).unwrap_or_default();
@@ -75,6 +87,10 @@ impl KvCache {
     pub(crate) fn touch(&mut self, id: BlockId, now: Tick, hit: bool) {
         self.detach(id);
         let slru = self.config.policy.is_segmented();
+        let mut reset = false;
+        if let (true, Some(r), Some(p)) = (hit, self.reuse.as_mut(), self.pool.get(id).published) {
+            reset = r.sketch.record(&p.key);
+        }
         let b = self.pool.get_mut(id);
         b.last_use = b.last_use.max(now);
         let mut promoted = false;
@@ -89,6 +105,20 @@ impl KvCache {
         if promoted {
             self.counters.slru_promotions += 1;
             self.rebalance_protected();
+        }
+        if reset {
+            self.rerank_all();
+        }
+    }
+
+    /// Re-ranks every block (reuse-aware LRU after its counts or its bonus changed).
+    pub(crate) fn rerank_all(&mut self) {
+        for i in 0..self.pool.blocks.len() {
+            let id = BlockId(i as u32);
+            if self.pool.get(id).candidate.is_some() {
+                self.detach(id);
+                self.attach(id);
+            }
         }
     }
 

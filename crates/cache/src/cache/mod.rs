@@ -17,6 +17,7 @@ use crate::counters::{BlockUsage, Counters, Fragmentation};
 use crate::error::{ConfigError, SeqError};
 use crate::events::CacheEvent;
 use crate::evict::adaptive::Adaptive;
+use crate::evict::reuse::ReuseSketch;
 use crate::evict::slru::ProtectedSegment;
 use crate::evict::Candidates;
 use crate::ids::{BlockId, SeqId, TenantId, Tick};
@@ -75,6 +76,15 @@ pub struct KvCache {
     pub(crate) unused_slots: u64,
     pub(crate) max_cached_blocks: u32,
     pub(crate) max_retained_blocks: u32,
+    /// Reuse-aware LRU's read counts and bonus (`None` for every other policy).
+    pub(crate) reuse: Option<Reuse>,
+}
+
+/// Reuse-aware LRU's state (`evict/reuse.rs`).
+#[derive(Debug)]
+pub(crate) struct Reuse {
+    pub sketch: ReuseSketch,
+    pub bonus_ms: u64,
 }
 
 impl KvCache {
@@ -116,6 +126,13 @@ impl KvCache {
             unused_slots: 0,
             max_cached_blocks: config.blocks_of(config.max_cached_fraction),
             max_retained_blocks: config.blocks_of(config.max_retained_fraction),
+            reuse: match config.policy {
+                EvictionPolicy::ReuseAwareLru { reuse_bonus_ms } => Some(Reuse {
+                    sketch: ReuseSketch::new(config.num_blocks),
+                    bonus_ms: reuse_bonus_ms,
+                }),
+                _ => None,
+            },
             config,
         })
     }
@@ -191,6 +208,16 @@ impl KvCache {
             evictable_now: self.candidates.len() as u32,
             retained: self.registry.num_retained_blocks,
             pinned: self.registry.num_pinned_blocks,
+        }
+    }
+
+    /// Reuse-aware LRU: the bonus (ms) blocks read at least twice earn; every block is
+    /// re-ranked when it changes (call it when the value moves, not per request). No effect
+    /// under other policies.
+    pub fn set_reuse_bonus(&mut self, bonus_ms: u64) {
+        if let Some(r) = self.reuse.as_mut().filter(|r| r.bonus_ms != bonus_ms) {
+            r.bonus_ms = bonus_ms;
+            self.rerank_all();
         }
     }
 

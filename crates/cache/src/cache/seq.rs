@@ -164,6 +164,9 @@ impl KvCache {
             }
         }
         let last_use = parent_block.map_or(now, |p| self.pool.get(p).last_use);
+        if self.reuse.as_mut().is_some_and(|r| r.sketch.record(&key)) {
+            self.rerank_all();
+        }
         self.detach(own);
         let b = self.pool.get_mut(own);
         b.published = Some(Published {

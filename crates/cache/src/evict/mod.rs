@@ -13,7 +13,8 @@
 //!    (lower priority first, then later expiry: the most recently paused first), pinned last;
 //! 2. the policy's primary key ([`lru`], [`lfu`], [`slru`]; [`adaptive`] segmented LRU orders
 //!    exactly as [`slru`] and only moves the protected capacity);
-//! 3. least recent `last_use` first;
+//! 3. least recent `last_use` first (reuse-aware LRU: plus the block's reuse bonus, see
+//!    [`reuse`]);
 //! 4. deeper chain position first;
 //! 5. lower `BlockId` first.
 //!
@@ -26,6 +27,7 @@ pub mod adaptive;
 pub mod ghost;
 pub mod lfu;
 pub mod lru;
+pub mod reuse;
 pub mod slru;
 
 use std::cmp::Reverse;
@@ -51,12 +53,14 @@ pub(crate) struct BlockStats {
     pub hits: u32,
     pub protected: bool,
     pub depth: u32,
+    /// Reuse-aware LRU: the bonus (ms) this block earns now (0: read fewer than twice).
+    pub reuse_bonus_ms: u64,
 }
 
 /// The policy's primary key for a block.
 pub(crate) fn primary_key(policy: EvictionPolicy, stats: &BlockStats) -> u64 {
     match policy {
-        EvictionPolicy::Lru => lru::primary_key(stats),
+        EvictionPolicy::Lru | EvictionPolicy::ReuseAwareLru { .. } => lru::primary_key(stats),
         EvictionPolicy::Lfu => lfu::primary_key(stats),
         EvictionPolicy::SegmentedLru { .. } | EvictionPolicy::AdaptiveSegmentedLru { .. } => {
             slru::primary_key(stats)
@@ -73,7 +77,7 @@ pub(crate) fn order_key(
     OrderKey {
         rank,
         primary: primary_key(policy, stats),
-        last_use: stats.last_use,
+        last_use: Tick(stats.last_use.0.saturating_add(stats.reuse_bonus_ms)),
         depth: Reverse(stats.depth),
     }
 }

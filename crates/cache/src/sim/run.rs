@@ -25,6 +25,7 @@ use thiserror::Error;
 use super::trace::TraceCall;
 use crate::config::{CacheConfig, EvictionPolicy};
 use crate::conversation::{FinishedRequest, TurnKind};
+use crate::duel::{DuelConfig, PolicyChoice, PolicyDuel};
 use crate::error::{ConfigError, RetainError, SeqError};
 use crate::ids::{SessionId, TenantId, Tick};
 use crate::inferred::{InferredConfig, InferredRetainer};
@@ -59,15 +60,19 @@ pub struct SessionRetention {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct InferredRetention {
     pub policy: InferredConfig,
-    /// At most this fraction of the pool carries retention (the engine's default).
+    /// At most this fraction of the pool carries retention.
     pub max_retained_fraction: f64,
+    /// Retain only while shadow caches say it pays ([`RetentionDuel`]; `None`: always).
+    pub duel: Option<DuelConfig>,
 }
 
 impl Default for InferredRetention {
     fn default() -> Self {
         InferredRetention {
             policy: InferredConfig::default(),
-            max_retained_fraction: CacheConfig::new(1).max_retained_fraction,
+            // The engine's default (`engine::EngineConfig::max_retained_fraction`).
+            max_retained_fraction: 0.9,
+            duel: Some(DuelConfig::default()),
         }
     }
 }
@@ -88,6 +93,8 @@ pub struct SimReport {
     pub inferred_branches: u64,
     /// The TTL the return model had learned by the end (ms; 0 without inference).
     pub learned_ttl_ms: u64,
+    /// Inferred turns left unretained because the shadow caches said retention did not pay.
+    pub inferred_unretained: u64,
 }
 
 /// A trace the simulated cache cannot run.
@@ -112,7 +119,7 @@ pub fn simulate(calls: &[TraceCall], config: SimConfig) -> Result<SimReport, Sim
         .into_iter()
         .chain(config.inferred.map(|r| r.max_retained_fraction))
         .fold(0.0, f64::max);
-    let mut cache = KvCache::new(cache_config)?;
+    let mut cache = KvCache::new(cache_config.clone())?;
     let last_call: HashMap<&str, usize> = calls
         .iter()
         .enumerate()
@@ -120,7 +127,18 @@ pub fn simulate(calls: &[TraceCall], config: SimConfig) -> Result<SimReport, Sim
         .collect();
     let mut sessions: HashMap<&str, SessionId> = HashMap::new();
     let mut inference = config.inferred.map(|r| InferredRetainer::new(r.policy));
-    let timed = config.session_retention.is_some() || inference.is_some();
+    let mut duel = match config.inferred {
+        Some(InferredRetention {
+            policy,
+            duel: Some(d),
+            ..
+        }) => Some(PolicyDuel::new(&cache_config, policy, d)?),
+        _ => None,
+    };
+    // Retention TTLs and the reuse bonus are times: ticks are then the calls' ms.
+    let timed = config.session_retention.is_some()
+        || inference.is_some()
+        || matches!(config.policy, EvictionPolicy::ReuseAwareLru { .. });
     let mut last_tick = 0u64;
     let mut tenants: HashMap<&str, (TenantId, crate::key::NamespaceKey)> = HashMap::new();
     let mut report = SimReport {
@@ -133,6 +151,7 @@ pub fn simulate(calls: &[TraceCall], config: SimConfig) -> Result<SimReport, Sim
         inferred_continuations: 0,
         inferred_branches: 0,
         learned_ttl_ms: 0,
+        inferred_unretained: 0,
     };
     for (i, call) in calls.iter().enumerate() {
         let tick = if timed {
@@ -180,21 +199,37 @@ pub fn simulate(calls: &[TraceCall], config: SimConfig) -> Result<SimReport, Sim
                 let bs = config.block_size as usize;
                 let full = call.tokens.len().saturating_sub(1) / bs;
                 let chain = chain_keys(&ns, &call.tokens, bs, full);
-                let placed = retainer
-                    .on_finish(
-                        &mut cache,
-                        FinishedRequest {
-                            tenant,
-                            chain: &chain,
-                            prompt_blocks: full,
-                            first_own_block: cached / bs,
-                            now: tick,
-                        },
-                        seq,
-                        0,
-                    )
-                    .map_err(retain)?;
-                match placed.turn.kind {
+                let req = FinishedRequest {
+                    tenant,
+                    chain: &chain,
+                    prompt_blocks: full,
+                    first_own_block: cached / bs,
+                    now: tick,
+                };
+                let choice = duel.as_ref().map_or(
+                    PolicyChoice {
+                        retain: true,
+                        reuse_bonus: true,
+                    },
+                    |d| d.choice(),
+                );
+                // Reuse-aware LRU's bonus follows the learned return time (as in the engine).
+                let bonus_ms = retainer.reuse_bonus_ms();
+                cache.set_reuse_bonus(if choice.reuse_bonus { bonus_ms } else { 0 });
+                let turn = if choice.retain {
+                    let placed = retainer
+                        .on_finish(&mut cache, req, seq, 0)
+                        .map_err(retain)?;
+                    retainer.prune(&cache);
+                    placed.turn
+                } else {
+                    report.inferred_unretained += 1;
+                    retainer.place(req)
+                };
+                if let Some(d) = duel.as_mut() {
+                    d.observe(tenant, &ns, &call.tokens, &call.tokens, 0, bonus_ms, tick);
+                }
+                match turn.kind {
                     TurnKind::Continue { .. } => report.inferred_continuations += 1,
                     TurnKind::Branch { .. } => report.inferred_branches += 1,
                     TurnKind::Start => {}

@@ -55,6 +55,8 @@ pub struct Model {
     pub records: BTreeMap<Holder, (Rank, Vec<usize>)>,
     pub next_pin: u64,
     pub clock: u64,
+    /// Reuse-aware LRU: reads per key, bounded as the cache bounds them.
+    pub reads: std::collections::HashMap<BlockKey, u32>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -117,6 +119,7 @@ impl Model {
             free: (0..n).rev().collect(),
             seqs: BTreeMap::new(),
             next_seq: 0,
+            reads: Default::default(),
             records: BTreeMap::new(),
             next_pin: 0,
             clock: 0,
@@ -157,14 +160,24 @@ impl Model {
 
     fn order_key(&self, id: usize) -> (OrderRank, u64, u64, Reverse<u32>, usize) {
         let b = &self.blocks[id];
-        let primary = match self.policy {
-            EvictionPolicy::Lru => 0,
-            EvictionPolicy::Lfu => u64::from(b.hits),
+        let (primary, bonus) = match self.policy {
+            EvictionPolicy::Lru => (0, 0),
+            EvictionPolicy::Lfu => (u64::from(b.hits), 0),
             EvictionPolicy::SegmentedLru { .. } | EvictionPolicy::AdaptiveSegmentedLru { .. } => {
-                u64::from(b.protected)
+                (u64::from(b.protected), 0)
+            }
+            EvictionPolicy::ReuseAwareLru { reuse_bonus_ms } => {
+                let reads = b.key.and_then(|k| self.reads.get(&k)).copied().unwrap_or(0);
+                (0, if reads >= 2 { reuse_bonus_ms } else { 0 })
             }
         };
-        (self.rank(id), primary, b.last_use, Reverse(b.depth), id)
+        (
+            self.rank(id),
+            primary,
+            b.last_use + bonus,
+            Reverse(b.depth),
+            id,
+        )
     }
 
     pub fn eviction_order(&self) -> Vec<usize> {
@@ -176,8 +189,28 @@ impl Model {
         c.into_iter().map(|k| k.4).collect()
     }
 
+    /// Reuse-aware LRU's read count: saturating at 15; a new key finding `max(8 · blocks,
+    /// 1024)` keys remembered first halves every count and forgets the zeros.
+    fn read(&mut self, key: BlockKey) {
+        if !matches!(self.policy, EvictionPolicy::ReuseAwareLru { .. }) {
+            return;
+        }
+        let cap = (self.blocks.len() * 8).max(1024);
+        while !self.reads.contains_key(&key) && self.reads.len() >= cap {
+            self.reads.retain(|_, c| {
+                *c /= 2;
+                *c > 0
+            });
+        }
+        let c = self.reads.entry(key).or_default();
+        *c = (*c + 1).min(15);
+    }
+
     fn touch(&mut self, id: usize, now: u64, hit: bool) {
         let slru = self.policy.is_segmented();
+        if let (true, Some(k)) = (hit, self.blocks[id].key) {
+            self.read(k);
+        }
         let b = &mut self.blocks[id];
         b.last_use = b.last_use.max(now);
         if hit {
@@ -426,6 +459,7 @@ impl Model {
                 replaced += 1;
             } else {
                 let last_use = parent.map_or(now, |p| self.blocks[p].last_use);
+                self.read(key);
                 let b = &mut self.blocks[own];
                 b.key = Some(key);
                 b.parent = parent;

@@ -245,17 +245,45 @@ impl EngineCore {
             now: tick,
         };
         let rank = crate::request::retention_rank(s.spec.priority, false);
-        let Ok(placed) = inferred.on_finish(&mut self.cache, req, cs, rank) else {
-            return;
+        let choice = self.duel.as_ref().map_or(
+            cache::PolicyChoice {
+                retain: true,
+                reuse_bonus: true,
+            },
+            |d| d.choice(),
+        );
+        let bonus_ms = inferred.reuse_bonus_ms();
+        self.cache
+            .set_reuse_bonus(if choice.reuse_bonus { bonus_ms } else { 0 });
+        let turn = if choice.retain {
+            let Ok(placed) = inferred.on_finish(&mut self.cache, req, cs, rank) else {
+                return;
+            };
+            self.stats.retained_blocks += u64::from(placed.retained_blocks);
+            inferred.prune(&self.cache);
+            placed.turn
+        } else {
+            self.stats.inferred_unretained += 1;
+            inferred.place(req)
         };
         self.stats.inferred_turns += 1;
-        match placed.turn.kind {
+        match turn.kind {
             cache::TurnKind::Continue { .. } => self.stats.inferred_continuations += 1,
             cache::TurnKind::Branch { .. } => self.stats.inferred_branches += 1,
             cache::TurnKind::Start => {}
         }
-        self.stats.inferred_ttl_ms = placed.ttl_ms;
-        self.stats.retained_blocks += u64::from(placed.retained_blocks);
-        inferred.prune(&self.cache);
+        self.stats.inferred_ttl_ms = inferred.ttl_ms();
+        self.stats.reuse_bonus_ms = if choice.reuse_bonus { bonus_ms } else { 0 };
+        let ns = self.namespace_for(s.spec.tenant, &s.spec.cache_salt, s.spec.prompt.len());
+        if let Some(duel) = self.duel.as_mut() {
+            let prompt = &s.spec.prompt;
+            let upto = (published * bs).max(prompt.len()).min(s.tokens.len());
+            let tokens = if upto >= prompt.len() {
+                &s.tokens[..upto]
+            } else {
+                prompt
+            };
+            duel.observe(s.spec.tenant, &ns, prompt, tokens, rank, bonus_ms, tick);
+        }
     }
 }
