@@ -11,6 +11,7 @@ pub mod corpus;
 pub mod driver;
 pub mod error;
 pub mod kvsize;
+pub mod open_loop;
 pub mod replay;
 pub mod report;
 pub mod sse;

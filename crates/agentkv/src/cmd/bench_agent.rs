@@ -114,13 +114,34 @@ pub struct AgentArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
-    /// Trace written by `bench agent --save-trace`.
+    /// Trace written by `bench agent --save-trace`, or a Mooncake trace
+    /// (`{"timestamp","input_length","output_length","hash_ids"}` per line), replayed open-loop
+    /// as `/v1/completions` calls with token-id prompts (one block of ids per hash id).
     pub trace: PathBuf,
     #[command(flatten)]
     pub target: TargetArgs,
     /// Which target's requests to replay from a --compare trace.
     #[arg(long, default_value_t = 0)]
     pub trace_target: usize,
+    /// Mooncake: wall seconds per trace second (0.05: twenty times faster than recorded).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Mooncake: tokens per hash id (the server's block size, so one trace block is one KV block).
+    #[arg(long, default_value_t = 16)]
+    pub block_tokens: usize,
+    /// Mooncake: replay only the first N requests.
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Mooncake: requests in flight at most (later ones wait and are reported late).
+    #[arg(long, default_value_t = 32)]
+    pub max_in_flight: usize,
+    /// Mooncake: tokens generated per request.
+    #[arg(long, default_value_t = 1)]
+    pub max_tokens: u32,
+    /// Mooncake: also replay the same prompts through `cache-sim`'s default policy with a pool of
+    /// this many blocks (the server's), and print both hit rates.
+    #[arg(long)]
+    pub capacity_blocks: Option<u32>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -159,7 +180,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
 }
 
-fn targets(t: &TargetArgs, default_model: &str) -> anyhow::Result<Vec<Target>> {
+pub(super) fn targets(t: &TargetArgs, default_model: &str) -> anyhow::Result<Vec<Target>> {
     let api_key = match &t.api_key_env {
         Some(var) => Some(std::env::var(var).with_context(|| format!("reading ${var}"))?),
         None => None,
@@ -270,6 +291,9 @@ fn run_agent(a: AgentArgs) -> anyhow::Result<()> {
 }
 
 fn run_replay(a: ReplayArgs) -> anyhow::Result<()> {
+    if super::cache_sim::is_mooncake(&a.trace)? {
+        return super::mooncake_replay::run(&a);
+    }
     let entries = bench::trace::read_trace(&a.trace)?;
     let plans = bench::replay::plans_from_trace(&entries, a.trace_target);
     if plans.is_empty() {

@@ -222,6 +222,33 @@ pub fn load(path: &std::path::Path, format: FormatArg) -> anyhow::Result<(Vec<Tr
     }
 }
 
+/// Whether the first non-blank line of `path` is a Mooncake request (has `hash_ids`).
+pub fn is_mooncake(path: &std::path::Path) -> anyhow::Result<bool> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    for line in std::io::BufReader::new(file).lines() {
+        let line = line.with_context(|| format!("reading {}", path.display()))?;
+        if !line.trim().is_empty() {
+            return Ok(line.contains("\"hash_ids\""));
+        }
+    }
+    Ok(false)
+}
+
+/// Reads Mooncake requests (blank lines skipped).
+pub fn load_mooncake(path: &std::path::Path) -> anyhow::Result<Vec<MooncakeRequest>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            serde_json::from_str::<MooncakeRequest>(l)
+                .with_context(|| format!("{}:{}: bad trace line", path.display(), n + 1))
+        })
+        .collect()
+}
+
 /// Reads an agent-format JSONL trace (blank lines skipped).
 pub fn load_trace(path: &std::path::Path) -> anyhow::Result<Vec<TraceCall>> {
     Ok(load(path, FormatArg::Agent)?.0)

@@ -11,6 +11,7 @@ pub mod generate;
 pub mod info;
 pub mod kv_size;
 pub mod logging;
+pub mod mooncake_replay;
 pub mod perplexity;
 pub mod route_sim;
 pub mod serve;

@@ -11,7 +11,9 @@ mod run;
 mod trace;
 
 pub use gen::{generate, TraceKind, TraceParams};
-pub use mooncake::{mooncake_calls, HashIdTooLarge, MooncakeRequest, MOONCAKE_BLOCK_TOKENS};
+pub use mooncake::{
+    mooncake_calls, mooncake_prompt, HashIdTooLarge, MooncakeRequest, MOONCAKE_BLOCK_TOKENS,
+};
 pub use optimum::{optimum, Optimum};
 pub use oracle::label_conversations;
 pub use route::{simulate_routing, RouteConfig, RoutePolicy, RouteReport};

@@ -54,3 +54,27 @@ pub fn mooncake_calls(requests: &[MooncakeRequest]) -> Result<Vec<TraceCall>, Ha
         })
         .collect()
 }
+
+/// A request's prompt as token ids for a live server whose blocks hold `block_tokens` tokens:
+/// each hash id becomes one block of ids drawn from a generator seeded by the id (equal ids,
+/// equal blocks; ids in `[1000, 40000)`, ordinary tokens of any common vocabulary), the last
+/// one cut to the request's partial last block at the same proportion (at least one token).
+pub fn mooncake_prompt(request: &MooncakeRequest, block_tokens: usize) -> Vec<u32> {
+    let n = request.hash_ids.len();
+    let trace_block = u64::from(MOONCAKE_BLOCK_TOKENS);
+    let last_len = request
+        .input_length
+        .saturating_sub(trace_block * n.saturating_sub(1) as u64)
+        .clamp(1, trace_block);
+    let mut out = Vec::with_capacity(n * block_tokens);
+    for (i, &id) in request.hash_ids.iter().enumerate() {
+        let len = if i + 1 == n {
+            ((last_len * block_tokens as u64).div_ceil(trace_block) as usize).max(1)
+        } else {
+            block_tokens
+        };
+        let mut rng = super::rng::SplitMix64::new(id ^ 0x6d6f_6f6e_6361_6b65);
+        out.extend((0..len).map(|_| rng.range(1000, 40000) as u32));
+    }
+    out
+}
