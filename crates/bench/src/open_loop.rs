@@ -97,7 +97,10 @@ async fn replay(
     }
     let mut out = Vec::with_capacity(tasks.len());
     for t in tasks {
-        out.push(t.await.map_err(|e| BenchError::Config(format!("task: {e}")))?);
+        out.push(
+            t.await
+                .map_err(|e| BenchError::Config(format!("task: {e}")))?,
+        );
     }
     Ok(out)
 }
@@ -124,7 +127,9 @@ async fn complete(
         return Err(format!("HTTP {status}: {v}"));
     }
     let usage = &v["usage"];
-    let prompt_tokens = usage["prompt_tokens"].as_u64().ok_or("no usage.prompt_tokens")?;
+    let prompt_tokens = usage["prompt_tokens"]
+        .as_u64()
+        .ok_or("no usage.prompt_tokens")?;
     let cached = usage["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap_or(0);

@@ -232,3 +232,24 @@ fn inferred_retention_makes_room_for_named_sessions() {
     retainer.check_invariants().unwrap();
     cache.check_invariants().unwrap();
 }
+
+/// A live replay's prompts: one block of ids per hash id, equal ids equal blocks, the last block
+/// cut in proportion to the partial 512-token block.
+#[test]
+fn mooncake_prompts_share_blocks_exactly_where_hash_ids_are_equal() {
+    let req = |ids: Vec<u64>, input_length| MooncakeRequest {
+        timestamp: 0,
+        input_length,
+        output_length: 1,
+        hash_ids: ids,
+    };
+    let a = cache::sim::mooncake_prompt(&req(vec![0, 1, 2], 2 * 512 + 256), 16);
+    let b = cache::sim::mooncake_prompt(&req(vec![0, 1, 7, 8], 3 * 512 + 512), 16);
+    assert_eq!(a.len(), 16 + 16 + 8, "half of the last block");
+    assert_eq!(b.len(), 64, "a full last block");
+    assert_eq!(a[..32], b[..32], "shared hash ids, shared tokens");
+    assert_ne!(a[32..40], b[32..40]);
+    assert!(a.iter().all(|t| (1000..40000).contains(t)));
+    let tiny = cache::sim::mooncake_prompt(&req(vec![5], 1), 16);
+    assert_eq!(tiny.len(), 1, "at least one token");
+}

@@ -142,6 +142,10 @@ pub struct ReplayArgs {
     /// this many blocks (the server's), and print both hit rates.
     #[arg(long)]
     pub capacity_blocks: Option<u32>,
+    /// Mooncake: simulate plain LRU without inferred conversations (a server configured with
+    /// `replacement_policy: lru` and `infer_conversations: false`) instead of the defaults.
+    #[arg(long)]
+    pub sim_plain_lru: bool,
 }
 
 #[derive(clap::Args, Debug)]

@@ -45,9 +45,13 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<()> {
             let config = SimConfig {
                 block_size: a.block_tokens as u32,
                 capacity_blocks,
-                policy: EvictionPolicy::REUSE_AWARE_LRU,
+                policy: if a.sim_plain_lru {
+                    EvictionPolicy::Lru
+                } else {
+                    EvictionPolicy::REUSE_AWARE_LRU
+                },
                 session_retention: None,
-                inferred: Some(InferredRetention::default()),
+                inferred: (!a.sim_plain_lru).then(InferredRetention::default),
             };
             Some(simulate(&calls, config)?)
         }
