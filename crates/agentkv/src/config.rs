@@ -21,7 +21,7 @@
 //!   tier_lookup_timeout_ms: 2000  # a tier lookup unanswered this long is abandoned (recompute)
 //!   tier_write_queue_max_size: 256MiB  # blocks queued for tier writes; past it writes are dropped
 //!   tier_encode_deferral_ms: 1000  # lossy tier encodes wait this long at most for an idle engine
-//!   max_retained_fraction: 0.5  # most of the pool sessions, breakpoints and tool pauses retain
+//!   max_retained_fraction: 0.9  # most of the pool sessions, breakpoints and tool pauses retain
 //!   infer_conversations: true   # retain unnamed requests' KV for their inferred conversation
 //!   policy_duel: true           # shadow caches decide whether that retention and the reuse bonus pay
 //!   conversation_max_ttl_s: 1800  # longest learned TTL of an inferred conversation
@@ -195,8 +195,9 @@ pub struct KvCacheSection {
     pub tool_pause_ttl_per_saved_second: Option<f64>,
     /// Longest tool-pause TTL in seconds (default 300; also capped by `limits.max_cache_ttl_secs`).
     pub tool_pause_max_ttl_s: Option<u64>,
-    /// Most of the pool (0–1) retention may hold: sessions, breakpoints, tool pauses and
-    /// warm-up pins (default 0.5). Retention always yields to running requests.
+    /// Most of the pool (0–1) retention may hold: sessions, breakpoints, tool pauses, inferred
+    /// conversations and warm-up pins (default 0.9). Retention always yields to running
+    /// requests.
     pub max_retained_fraction: Option<f64>,
     /// Infer conversations from prefix continuation for requests that name no session and
     /// retain their KV until the conversation's learned return time (default on; docs/sessions.md).
