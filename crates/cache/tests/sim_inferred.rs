@@ -253,3 +253,34 @@ fn mooncake_prompts_share_blocks_exactly_where_hash_ids_are_equal() {
     let tiny = cache::sim::mooncake_prompt(&req(vec![5], 1), 16);
     assert_eq!(tiny.len(), 1, "at least one token");
 }
+
+/// The server's default (reuse-aware LRU, inferred conversations, the duel) on generated agent
+/// traces at a pool of about an eighth of the working set: better than LRU where conversations
+/// come back (ReAct), and where both options always on lose to LRU (a swarm, whose reuse is
+/// across agents), the duel turns them off and stays within half a point of it.
+#[test]
+fn the_duel_keeps_the_default_at_or_above_lru() {
+    let run = |kind, capacity, policy, duel: bool, inferred: bool| {
+        let calls = unnamed(generate(TraceParams {
+            kind,
+            agents: 16,
+            tasks: 4,
+            seed: 5,
+        }));
+        let mut c = config(capacity, policy, false);
+        c.inferred = inferred.then(|| InferredRetention {
+            duel: duel.then(cache::DuelConfig::default),
+            ..InferredRetention::default()
+        });
+        simulate(&calls, c).unwrap().hit_rate
+    };
+    let reuse = EvictionPolicy::REUSE_AWARE_LRU;
+    let lru = run(TraceKind::React, 4786, EvictionPolicy::Lru, false, false);
+    let default = run(TraceKind::React, 4786, reuse, true, true);
+    assert!(default > lru + 0.01, "react: {default} vs LRU {lru}");
+    let lru = run(TraceKind::Swarm, 1970, EvictionPolicy::Lru, false, false);
+    let default = run(TraceKind::Swarm, 1970, reuse, true, true);
+    let always = run(TraceKind::Swarm, 1970, reuse, false, true);
+    assert!(always < lru - 0.01, "swarm, both always on: {always} vs LRU {lru}");
+    assert!(default > lru - 0.005, "swarm, the duel: {default} vs LRU {lru}");
+}
