@@ -5,6 +5,8 @@
 # wait on the other's). Writes the table to OUT (default bench-out/agent-ab/).
 #
 #   scripts/bench/agent_ab.sh AGENTKV_A AGENTKV_B [OUT]
+#
+# CONFIG_A / CONFIG_B: a YAML config for that server (e.g. the same binary twice, two settings).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 a=${1:?binary A}; b=${2:?binary B}; out=${3:-bench-out/agent-ab}
@@ -13,9 +15,11 @@ threads=${THREADS:-2}
 mkdir -p "$out"
 wait_up() { for _ in $(seq 300); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.5; done; return 1; }
 echo "== machine"; lscpu | grep -E "Model name|^CPU\(s\)"; echo "threads: $threads each"
-"$a" serve --model "$model" --port 18911 --threads "$threads" >"$out/a.log" 2>&1 &
+"$a" serve --model "$model" --port 18911 --threads "$threads" ${CONFIG_A:+--config "$CONFIG_A"} \
+  >"$out/a.log" 2>&1 &
 pa=$!
-"$b" serve --model "$model" --port 18912 --threads "$threads" >"$out/b.log" 2>&1 &
+"$b" serve --model "$model" --port 18912 --threads "$threads" ${CONFIG_B:+--config "$CONFIG_B"} \
+  >"$out/b.log" 2>&1 &
 pb=$!
 trap 'kill $pa $pb 2>/dev/null || true' EXIT
 wait_up http://127.0.0.1:18911; wait_up http://127.0.0.1:18912

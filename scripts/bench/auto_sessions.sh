@@ -8,17 +8,22 @@
 #              clients send nothing (what a server without agent-aware retention does).
 # Prints cached share, TTFT p50/p95 and wall per run; raw results under OUT.
 #
-#   scripts/bench/auto_sessions.sh AGENTKV_BINARY [OUT]     (AGENTS, POOL_BLOCKS override)
+#   scripts/bench/auto_sessions.sh AGENTKV_BINARY [OUT]
+#
+# AGENTS, STEPS, OBS (observation tokens LO..HI), TOOL_MS (tool latency LO..HI ms) and
+# POOL_BLOCKS shape the load; the defaults pause agents long enough that most are waiting for a
+# tool at any time (the case retention is for) and size the pool to a quarter of the agents'
+# contexts.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 agentkv=${1:?agentkv binary}; out=${2:-bench-out/auto-sessions}
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
-agents=${AGENTS:-8}
+agents=${AGENTS:-12}; steps=${STEPS:-6}; obs=${OBS:-150..300}; tool_ms=${TOOL_MS:-8000..16000}
 # SmolLM2-135M f16 KV: 368,640 bytes per 16-token block.
-pool_blocks=${POOL_BLOCKS:-490}
+pool_blocks=${POOL_BLOCKS:-360}
 mkdir -p "$out"
-load=(--workload react --agents "$agents" --tasks 2 --steps 10 --observation-tokens 150..500
-      --output-tokens 48 --system-tokens 1200 --no-progress)
+load=(--workload react --agents "$agents" --tasks 2 --steps "$steps" --observation-tokens "$obs"
+      --tool-latency-ms "$tool_ms" --output-tokens 48 --system-tokens 1200 --no-progress)
 
 wait_up() { for _ in $(seq 300); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.5; done; return 1; }
 
@@ -43,7 +48,7 @@ PY
 }
 
 echo "== machine"; lscpu | grep -E "Model name|^CPU\(s\)"
-echo "== agents $agents, pool $pool_blocks blocks ($((pool_blocks * 16)) tokens)"
+echo "== agents $agents, steps $steps, observations $obs tokens, tools $tool_ms ms, pool $pool_blocks blocks ($((pool_blocks * 16)) tokens)"
 run_one hints "" --session-keys
 run_one no-hints ""
 run_one lru ", replacement_policy: lru, infer_conversations: false, tool_pause_retention: false"
