@@ -281,6 +281,12 @@ fn the_duel_keeps_the_default_at_or_above_lru() {
     let lru = run(TraceKind::Swarm, 1970, EvictionPolicy::Lru, false, false);
     let default = run(TraceKind::Swarm, 1970, reuse, true, true);
     let always = run(TraceKind::Swarm, 1970, reuse, false, true);
-    assert!(always < lru - 0.01, "swarm, both always on: {always} vs LRU {lru}");
-    assert!(default > lru - 0.005, "swarm, the duel: {default} vs LRU {lru}");
+    assert!(
+        always < lru - 0.01,
+        "swarm, both always on: {always} vs LRU {lru}"
+    );
+    assert!(
+        default > lru - 0.005,
+        "swarm, the duel: {default} vs LRU {lru}"
+    );
 }
