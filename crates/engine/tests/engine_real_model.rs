@@ -438,10 +438,13 @@ fn session_retention_keeps_an_agents_prefix_through_a_flood_of_other_requests() 
         .map(|i| (0..160).map(|j| 1000 + i * 997 + j * 31 % 5000).collect())
         .collect();
     let run_agent = |retain: bool| {
+        // No inferred conversations: the control is plain LRU (inferred retention would keep
+        // the unnamed agent's blocks too; `engine_tiny_model.rs` tests that).
         let mut core = EngineCore::new(
             model(),
             EngineConfig {
                 num_blocks: 40,
+                inferred_conversations: None,
                 ..cfg(true)
             },
         )

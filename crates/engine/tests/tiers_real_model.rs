@@ -53,11 +53,14 @@ struct Outcome {
 
 /// A 24-block pool (five 7-block requests overflow it), tiers always loaded, admission waiting
 /// for every tier lookup (scheduling independent of tier timing: deterministic).
+/// A 24-block pool in which other prompts evict a prefix (to the tiers): no inferred
+/// conversations, which would keep the first prompt's blocks retained in the pool instead.
 fn cfg() -> EngineConfig {
     EngineConfig {
         num_blocks: 24,
         block_size: BLOCK_SIZE,
         threads: 2,
+        inferred_conversations: None,
         tiers: TieringConfig {
             load_policy: TierLoadPolicy::Always,
             admission_wait: std::time::Duration::from_secs(600),

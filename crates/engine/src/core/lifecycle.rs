@@ -8,6 +8,10 @@ use std::time::Instant;
 use cache::Tick;
 
 use super::EngineCore;
+
+/// Retention rank of inferred conversations (`crate::request::retention_rank` gives named
+/// retention 2 and up).
+const INFERRED_RANK: u8 = 0;
 use crate::error::{internal, EngineError};
 use crate::request::{EngineEvent, FinishReason, Retention, Timings, TokenEvent, Usage};
 use crate::sequence::{SeqKey, Sequence};
@@ -244,7 +248,10 @@ impl EngineCore {
             first_own_block: s.cached_tokens.unwrap_or(0) / bs,
             now: tick,
         };
-        let rank = crate::request::retention_rank(s.spec.priority, false);
+        // The lowest session rank: an inferred conversation yields to every named session,
+        // breakpoint and tool pause, whatever their priority (among inferred ones, the most
+        // recently retained goes first, as for sessions of one rank).
+        let rank = INFERRED_RANK;
         let choice = self.duel.as_ref().map_or(
             cache::PolicyChoice {
                 retain: true,
