@@ -27,10 +27,9 @@ use crate::config::{CacheConfig, EvictionPolicy};
 use crate::conversation::{FinishedRequest, TurnKind};
 use crate::duel::{DuelConfig, PolicyChoice, PolicyDuel};
 use crate::error::{ConfigError, RetainError, SeqError};
-use crate::ids::{SessionId, TenantId, Tick};
+use crate::ids::{SeqId, SessionId, TenantId, Tick};
 use crate::inferred::{InferredConfig, InferredRetainer};
-use crate::key::chain_keys;
-use crate::key::Namespace;
+use crate::key::{chain_keys, Namespace, NamespaceKey};
 use crate::KvCache;
 
 /// Simulated cache shape.
@@ -126,21 +125,22 @@ pub fn simulate(calls: &[TraceCall], config: SimConfig) -> Result<SimReport, Sim
         .map(|(i, c)| (c.session.as_str(), i))
         .collect();
     let mut sessions: HashMap<&str, SessionId> = HashMap::new();
-    let mut inference = config.inferred.map(|r| InferredRetainer::new(r.policy));
-    let mut duel = match config.inferred {
-        Some(InferredRetention {
-            policy,
-            duel: Some(d),
-            ..
-        }) => Some(PolicyDuel::new(&cache_config, policy, d)?),
-        _ => None,
+    let mut inference = match config.inferred {
+        Some(r) => Some(Inference {
+            retainer: InferredRetainer::new(r.policy),
+            duel: match r.duel {
+                Some(d) => Some(PolicyDuel::new(&cache_config, r.policy, d)?),
+                None => None,
+            },
+        }),
+        None => None,
     };
     // Retention TTLs and the reuse bonus are times: ticks are then the calls' ms.
     let timed = config.session_retention.is_some()
         || inference.is_some()
         || matches!(config.policy, EvictionPolicy::ReuseAwareLru { .. });
     let mut last_tick = 0u64;
-    let mut tenants: HashMap<&str, (TenantId, crate::key::NamespaceKey)> = HashMap::new();
+    let mut tenants: HashMap<&str, (TenantId, NamespaceKey)> = HashMap::new();
     let mut report = SimReport {
         calls: calls.len() as u64,
         prompt_tokens: 0,
@@ -191,49 +191,18 @@ pub fn simulate(calls: &[TraceCall], config: SimConfig) -> Result<SimReport, Sim
                         .map_err(retain)?;
                 }
             }
-            (_, Some(retainer)) if call.session.is_empty() => {
-                // The blocks a later lookup of this prompt could read: a Mooncake trace's last
-                // hash id is a partial block, and an exact block multiple leaves its last
-                // token to compute (a simplification for token traces: the server registers
-                // the last full block either way).
-                let bs = config.block_size as usize;
-                let full = call.tokens.len().saturating_sub(1) / bs;
-                let chain = chain_keys(&ns, &call.tokens, bs, full);
-                let req = FinishedRequest {
+            (_, Some(inferred)) if call.session.is_empty() => {
+                let done = Done {
                     tenant,
-                    chain: &chain,
-                    prompt_blocks: full,
-                    first_own_block: cached / bs,
-                    now: tick,
+                    ns: &ns,
+                    tokens: &call.tokens,
+                    seq,
+                    cached,
+                    tick,
                 };
-                let choice = duel.as_ref().map_or(
-                    PolicyChoice {
-                        retain: true,
-                        reuse_bonus: true,
-                    },
-                    |d| d.choice(),
-                );
-                // Reuse-aware LRU's bonus follows the learned return time (as in the engine).
-                let bonus_ms = retainer.reuse_bonus_ms();
-                cache.set_reuse_bonus(if choice.reuse_bonus { bonus_ms } else { 0 });
-                let turn = if choice.retain {
-                    let placed = retainer
-                        .on_finish(&mut cache, req, seq, 0)
-                        .map_err(retain)?;
-                    retainer.prune(&cache);
-                    placed.turn
-                } else {
-                    report.inferred_unretained += 1;
-                    retainer.place(req)
-                };
-                if let Some(d) = duel.as_mut() {
-                    d.observe(tenant, &ns, &call.tokens, &call.tokens, 0, bonus_ms, tick);
-                }
-                match turn.kind {
-                    TurnKind::Continue { .. } => report.inferred_continuations += 1,
-                    TurnKind::Branch { .. } => report.inferred_branches += 1,
-                    TurnKind::Start => {}
-                }
+                inferred
+                    .finish(&mut cache, done, config.block_size as usize, &mut report)
+                    .map_err(retain)?;
             }
             _ => {}
         }
@@ -246,6 +215,76 @@ pub fn simulate(calls: &[TraceCall], config: SimConfig) -> Result<SimReport, Sim
     }
     report.evictions = cache.counters().evictions.total_pressure();
     report.protected_capacity_blocks = cache.protected_capacity();
-    report.learned_ttl_ms = inference.map_or(0, |r| r.ttl_ms());
+    report.learned_ttl_ms = inference.map_or(0, |r| r.retainer.ttl_ms());
     Ok(report)
+}
+
+/// The server's policy for calls that name no session: the retainer and the duel.
+struct Inference {
+    retainer: InferredRetainer,
+    duel: Option<PolicyDuel>,
+}
+
+/// A call computed and published, its sequence still allocated.
+struct Done<'a> {
+    tenant: TenantId,
+    ns: &'a NamespaceKey,
+    tokens: &'a [u32],
+    seq: SeqId,
+    /// Prompt tokens the lookup found cached.
+    cached: usize,
+    tick: Tick,
+}
+
+impl Inference {
+    /// What the engine does when an unnamed request finishes: place it, set the reuse bonus and
+    /// retain as the duel says, then let the duel's arms replay it.
+    fn finish(
+        &mut self,
+        cache: &mut KvCache,
+        done: Done<'_>,
+        block_size: usize,
+        report: &mut SimReport,
+    ) -> Result<(), RetainError> {
+        // The blocks a later lookup of this prompt could read: a Mooncake trace's last hash id
+        // is a partial block, and an exact block multiple leaves its last token to compute (a
+        // simplification for token traces: the server registers the last full block either way).
+        let full = done.tokens.len().saturating_sub(1) / block_size;
+        let chain = chain_keys(done.ns, done.tokens, block_size, full);
+        let req = FinishedRequest {
+            tenant: done.tenant,
+            chain: &chain,
+            prompt_blocks: full,
+            first_own_block: done.cached / block_size,
+            now: done.tick,
+        };
+        let choice = self.duel.as_ref().map_or(
+            PolicyChoice {
+                retain: true,
+                reuse_bonus: true,
+            },
+            |d| d.choice(),
+        );
+        // Reuse-aware LRU's bonus follows the learned return time (as in the engine).
+        let bonus_ms = self.retainer.reuse_bonus_ms();
+        cache.set_reuse_bonus(if choice.reuse_bonus { bonus_ms } else { 0 });
+        let turn = if choice.retain {
+            let placed = self.retainer.on_finish(cache, req, done.seq, 0)?;
+            self.retainer.prune(cache);
+            placed.turn
+        } else {
+            report.inferred_unretained += 1;
+            self.retainer.place(req)
+        };
+        if let Some(d) = self.duel.as_mut() {
+            let (t, ns) = (done.tokens, done.ns);
+            d.observe(done.tenant, ns, t, t, 0, bonus_ms, done.tick);
+        }
+        match turn.kind {
+            TurnKind::Continue { .. } => report.inferred_continuations += 1,
+            TurnKind::Branch { .. } => report.inferred_branches += 1,
+            TurnKind::Start => {}
+        }
+        Ok(())
+    }
 }
