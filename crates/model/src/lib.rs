@@ -8,9 +8,9 @@
 
 pub mod attention;
 pub mod attention_plan;
-pub mod attention_split;
+mod attention_split;
 pub mod attention_tiled;
-pub mod backend;
+mod backend;
 pub mod config;
 pub mod forward;
 mod forward_attention;
@@ -21,8 +21,8 @@ pub mod kv_contiguous;
 pub mod kv_rows;
 mod kv_sealed;
 pub mod membw;
-pub mod model;
-pub mod numerics;
+mod model;
+mod numerics;
 pub mod ops;
 pub mod perplexity;
 pub mod rope_scaling;
