@@ -26,7 +26,7 @@ fn main() {
         .tokenizer()
         .encode(&text, use_bos, false)
         .expect("tokens");
-    let c = &model.config;
+    let c = model.config();
     let f16_bytes = KvDtype::F16.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim);
     println!(
         "{file}: {} tokens, windows {windows:?}, {threads} threads",

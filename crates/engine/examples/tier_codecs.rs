@@ -177,7 +177,7 @@ fn main() {
     let (f16_per_token, _, _, _, exact) = restore_through(&model, "f16", &p, &qs, threads, gen);
     // The transcoding alone (one thread, what the demotion / loader thread does per block of 16
     // tokens of this model): medians of 20 repetitions on K/V-like f16 values.
-    let c = &model.config;
+    let c = model.config();
     let rows = c.num_layers * c.num_kv_heads * 16;
     let f16_block: Vec<u8> = (0..2 * rows * c.head_dim)
         .flat_map(|i| {

@@ -30,7 +30,7 @@ web snippets; lookup(term) returns the sentence containing term in the last page
 
 fn prompts() -> Vec<Vec<u32>> {
     let m = model();
-    let t = m.frontend.chat_template.as_ref().unwrap();
+    let t = m.frontend().chat_template.as_ref().unwrap();
     [
         "What is the capital of France?",
         "Which river flows through Paris?",
@@ -563,7 +563,7 @@ fn every_eviction_policy_gives_identical_output_under_pressure() {
     // Six agents with their own system prompts (~6 blocks each), twice, through a 20-block
     // pool: blocks are evicted and re-requested under each policy, including the adaptive one.
     let m = model();
-    let t = m.frontend.chat_template.as_ref().unwrap();
+    let t = m.frontend().chat_template.as_ref().unwrap();
     let own: Vec<Vec<u32>> = (0..6)
         .map(|i| {
             let msgs = vec![
@@ -612,7 +612,7 @@ fn every_eviction_policy_gives_identical_output_under_pressure() {
 #[test]
 fn a_step_time_target_chunks_prefills_without_changing_outputs() {
     let m = model();
-    let t = m.frontend.chat_template.as_ref().unwrap();
+    let t = m.frontend().chat_template.as_ref().unwrap();
     let long: Vec<Vec<u32>> = (0..3)
         .map(|i| {
             let msgs = vec![

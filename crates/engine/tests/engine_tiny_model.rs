@@ -226,8 +226,8 @@ fn sliding_window_layers_stay_exact_with_prefix_caching_and_chunking() {
         ..TinyModelSpec::default()
     };
     let m = Arc::new(tiny_model(&spec).unwrap());
-    assert_eq!(m.config.window_of(0), Some(8));
-    assert_eq!(m.config.window_of(2), None);
+    assert_eq!(m.config().window_of(0), Some(8));
+    assert_eq!(m.config().window_of(2), None);
     check_batching_chunking_caching(m, &prompts(5, 24, 3), 12);
 }
 

@@ -177,7 +177,7 @@ fn main() {
         .filter(|r| ids.is_empty() || ids.contains(&r.id.as_str()))
         .collect();
     if rule == "layers" {
-        let c = &m.config;
+        let c = m.config();
         for r in picked {
             let n = r.prompt_ids.len();
             let a = prefill_kv(&m, &pool, r, Rule::Row);

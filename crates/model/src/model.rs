@@ -34,18 +34,55 @@ pub enum LoadError {
     Chat(#[from] ChatError),
 }
 
+/// A loaded model. Its parts are read through accessors; only this crate changes them.
 pub struct Model {
-    pub path: PathBuf,
-    pub config: ModelConfig,
-    pub weights: Weights,
+    pub(crate) path: PathBuf,
+    pub(crate) config: ModelConfig,
+    pub(crate) weights: Weights,
     /// Tokenizer, chat template and context length, shared with whoever serves the model.
-    pub frontend: Arc<Frontend>,
-    pub rope: Rope,
+    pub(crate) frontend: Arc<Frontend>,
+    pub(crate) rope: Rope,
     /// RoPE of the sliding-window layers (their own base, no frequency factors), if any.
-    pub rope_local: Option<Rope>,
+    pub(crate) rope_local: Option<Rope>,
 }
 
 impl Model {
+    /// The GGUF file it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Architecture hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The tensors (for inspection: `agentkv info`, tests).
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
+    /// Tokenizer, chat template and context length.
+    pub fn frontend(&self) -> &Arc<Frontend> {
+        &self.frontend
+    }
+
+    /// The frontend to change before the model is shared (a test swapping the chat template);
+    /// `None` once it is.
+    pub fn frontend_mut(&mut self) -> Option<&mut Frontend> {
+        Arc::get_mut(&mut self.frontend)
+    }
+
+    /// RoPE of the global layers.
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    /// RoPE of the sliding-window layers, if any.
+    pub fn rope_local(&self) -> Option<&Rope> {
+        self.rope_local.as_ref()
+    }
+
     pub fn load(path: &Path) -> Result<Model, LoadError> {
         if !path.exists() {
             return Err(LoadError::NotFound {

@@ -95,15 +95,15 @@ fn fixtures_load_as_their_architectures() {
     ] {
         let m = fixture(name);
         assert_eq!(
-            (m.config.arch, m.config.head_dim),
+            (m.config().arch, m.config().head_dim),
             (arch, head_dim),
             "{name}"
         );
-        assert_eq!(m.config.vocab_size, 320, "{name}");
+        assert_eq!(m.config().vocab_size, 320, "{name}");
     }
     assert_ne!(
-        fixture("mistral").config.q_dim(),
-        fixture("mistral").config.hidden_size,
+        fixture("mistral").config().q_dim(),
+        fixture("mistral").config().hidden_size,
         "the mistral fixture's heads are not hidden / heads wide"
     );
 }

@@ -48,7 +48,7 @@ fn references() -> Vec<Reference> {
 #[test]
 fn config_reads_the_gemma3_layout() {
     let Some(m) = gemma() else { return };
-    let c = &m.config;
+    let c = m.config();
     assert_eq!(c.arch, model::config::Arch::Gemma3);
     assert_eq!((c.num_layers, c.hidden_size, c.head_dim), (18, 640, 256));
     assert_eq!((c.num_heads, c.num_kv_heads, c.vocab_size), (4, 1, 262_144));
@@ -204,7 +204,7 @@ fn perplexity_beyond_the_sliding_window_matches_llama_cpp() {
 fn chat_uses_gemmas_turn_format_when_the_file_has_no_template() {
     let Some(m) = gemma() else { return };
     assert!(
-        m.frontend.chat_template.is_none(),
+        m.frontend().chat_template.is_none(),
         "the base model ships no template"
     );
     let messages = [

@@ -41,7 +41,7 @@ fn teacher_forced(
     let logits = m
         .forward(pool, &batch, &mut kv, &mut Scratch::default())
         .expect("forward");
-    let vocab = m.config.vocab_size;
+    let vocab = m.config().vocab_size;
     (0..logits_for.len())
         .map(|j| {
             let row = &logits[j * vocab..(j + 1) * vocab];
@@ -155,7 +155,7 @@ fn greedy_tokens_and_logprobs_in_the_engine_arithmetic_stay_close_to_llama_cpp()
 fn prompt_rendering_and_tokenisation_match_llama_cpp() {
     let m = model();
     let template = m
-        .frontend
+        .frontend()
         .chat_template
         .as_ref()
         .expect("SmolLM2 ships a chat template");

@@ -77,7 +77,7 @@ async fn context_and_size_limits() {
         ..ServerSettings::default()
     };
     let (_e, _s, r) = app(settings);
-    let ctx = common::model().config.context_length;
+    let ctx = common::model().config().context_length;
     let ids: Vec<u32> = vec![42; ctx + 5];
     let b = serde_json::json!({"model":"agentkv","prompt":ids,"max_tokens":2});
     let e = call(&r, "POST", "/v1/completions", None, &b.to_string())

@@ -239,7 +239,7 @@ async fn metrics_are_valid_prometheus_exposition() {
         ..EngineConfig::default()
     };
     let engine = Engine::start(EngineCore::new(common::model(), cfg).expect("engine"));
-    let frontend = common::model().frontend.clone();
+    let frontend = common::model().frontend().clone();
     let state = AppState::new(engine.handle(), frontend, ServerSettings::default()).unwrap();
     let r = server::router(state);
     // Hits, misses, evictions and a tier: every family has samples.

@@ -70,7 +70,7 @@ async fn check(llama_cpp_prefill: bool, mean_bound: f64) {
     let engine = Engine::start(EngineCore::new(model(), cfg).expect("engine"));
     let state = AppState::new(
         engine.handle(),
-        model().frontend.clone(),
+        model().frontend().clone(),
         ServerSettings::default(),
     )
     .expect("settings");

@@ -565,7 +565,7 @@ async fn truncation_auto_drops_the_oldest_turns_and_max_tool_calls_bounds_calls(
     let engine = engine::Engine::start(engine::EngineCore::new(common::model(), cfg).unwrap());
     let state = server::AppState::new(
         engine.handle(),
-        common::model().frontend.clone(),
+        common::model().frontend().clone(),
         settings(),
     )
     .unwrap();

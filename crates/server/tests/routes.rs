@@ -240,7 +240,7 @@ async fn usage_says_where_and_why_the_cached_prefix_ended() {
             })
             .collect();
         let text = m
-            .frontend
+            .frontend()
             .chat_template
             .as_ref()
             .unwrap()

@@ -61,7 +61,7 @@ fn app_with(
         ],
         ..ServerSettings::default()
     };
-    let state = server::AppState::new(engine.handle(), model().frontend.clone(), settings)
+    let state = server::AppState::new(engine.handle(), model().frontend().clone(), settings)
         .expect("settings");
     (engine, server::router(state))
 }

@@ -373,7 +373,7 @@ fn model() -> Arc<Model> {
 
 fn grammars() -> &'static Grammars {
     static G: std::sync::OnceLock<Grammars> = std::sync::OnceLock::new();
-    G.get_or_init(|| Grammars::new(model().frontend.clone()).unwrap())
+    G.get_or_init(|| Grammars::new(model().frontend().clone()).unwrap())
 }
 
 /// Whether the constraint lets the model write `text` (tokenised by the model) and then end.
@@ -500,9 +500,7 @@ fn the_constrained_grammar_accepts_valid_calls_and_rejects_invalid_ones() {
 /// A server over the default model with the Hermes template swapped in.
 fn hermes_app() -> (engine::Engine, axum::Router) {
     let mut m = Model::load(&model::default_model_path()).expect("default model");
-    Arc::get_mut(&mut m.frontend)
-        .expect("a fresh model")
-        .chat_template = Some(template(Family::Hermes));
+    m.frontend_mut().expect("a fresh model").chat_template = Some(template(Family::Hermes));
     let m = Arc::new(m);
     let cfg = engine::EngineConfig {
         num_blocks: 256,
@@ -512,7 +510,7 @@ fn hermes_app() -> (engine::Engine, axum::Router) {
     let engine = engine::Engine::start(engine::EngineCore::new(m.clone(), cfg).expect("engine"));
     let state = server::AppState::new(
         engine.handle(),
-        m.frontend.clone(),
+        m.frontend().clone(),
         server::ServerSettings::default(),
     )
     .unwrap();

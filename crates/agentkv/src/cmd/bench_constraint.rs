@@ -114,7 +114,7 @@ fn cases(g: &Grammars) -> Result<Vec<Case>> {
 /// finally the end-of-turn token.
 fn replay(model: &model::Model, case: &Case, reps: usize) -> Result<(Vec<f64>, usize)> {
     let tok = model.tokenizer();
-    let vocab = model.config.vocab_size;
+    let vocab = model.config().vocab_size;
     let pieces: Vec<Vec<u8>> = (0..vocab as u32)
         .map(|id| {
             if tok.is_special(id) {
@@ -180,7 +180,7 @@ pub fn run(args: BenchConstraintArgs) -> Result<()> {
     let model = std::sync::Arc::new(args.model.load()?);
     let pool = args.model.pool();
     // The decode step at batch 1, as bench-model times it.
-    let vocab = model.config.vocab_size as u32;
+    let vocab = model.config().vocab_size as u32;
     let mut kv = model.contiguous_kv(1, args.gen_tokens + 1, quant::KvCodecs::F16)?;
     let mut scratch = Scratch::default();
     let mut steps = Vec::with_capacity(args.gen_tokens);
@@ -206,7 +206,7 @@ pub fn run(args: BenchConstraintArgs) -> Result<()> {
     let step_us = percentile(&steps, 0.5);
 
     let t0 = Instant::now();
-    let grammars = Grammars::new(model.frontend.clone()).map_err(|e| anyhow!("{e}"))?;
+    let grammars = Grammars::new(model.frontend().clone()).map_err(|e| anyhow!("{e}"))?;
     let setup_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut rows = Vec::new();
     eprintln!(

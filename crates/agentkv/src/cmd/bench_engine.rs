@@ -157,7 +157,7 @@ fn run_agent_mix(
     args: &BenchEngineArgs,
     target_ms: u64,
 ) -> Result<serde_json::Value> {
-    let vocab = model.config.vocab_size;
+    let vocab = model.config().vocab_size;
     let (depth, p, gen) = (args.depth, args.arrival_tokens, args.gen_tokens);
     let threads = args
         .model
@@ -293,7 +293,7 @@ pub fn run(args: BenchEngineArgs) -> Result<()> {
         println!("{}", serde_json::json!({ "agent_mix": runs }));
         return Ok(());
     }
-    let vocab = model.config.vocab_size;
+    let vocab = model.config().vocab_size;
     let mut decode = serde_json::Map::new();
     for &c in &args.concurrency {
         let mut core = new_core(&model, &args, false)?;

@@ -111,7 +111,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
             matmul: engine_numerics.matmul(),
         },
     };
-    let vocab = model.config.vocab_size as u32;
+    let vocab = model.config().vocab_size as u32;
     let depth = args.depth;
     // Deterministic pseudo-random tokens, as llama-bench uses random tokens.
     let token_at = |i: usize| ((i as u64 * 2_654_435_761) % vocab as u64) as u32;

@@ -13,15 +13,15 @@ pub struct InfoArgs {
 
 pub fn run(args: InfoArgs) -> Result<()> {
     let m = args.model.load()?;
-    let c = &m.config;
+    let c = m.config();
     let g = m.gguf();
     let mut types = std::collections::BTreeMap::<&str, usize>::new();
     for t in g.tensors() {
         *types.entry(t.ty.name()).or_default() += 1;
     }
-    let weight_bytes = m.weights.total_bytes();
+    let weight_bytes = m.weights().total_bytes();
     let kv_f16 = c.kv_elems_per_token() * 2;
-    println!("file            {}", m.path.display());
+    println!("file            {}", m.path().display());
     println!("gguf version    {}", g.version());
     println!(
         "name            {}",
@@ -43,12 +43,12 @@ pub fn run(args: InfoArgs) -> Result<()> {
         c.rope_base,
         c.rope_dim,
         c.rope_style,
-        if m.weights.rope_freqs.is_some() {
+        if m.weights().rope_freqs.is_some() {
             ", per-dimension frequency factors (rope_freqs)"
         } else {
             ""
         },
-        match &m.weights.rope_long_short {
+        match &m.weights().rope_long_short {
             Some(_) if c.context_length > c.rope_orig_context => format!(
                 ", long per-dimension factors (context {} > original {})",
                 c.context_length, c.rope_orig_context
@@ -65,7 +65,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
             (false, true) => format!(", {scaling} on the global layers"),
         }
     );
-    let l0 = &m.weights.layers[0];
+    let l0 = &m.weights().layers[0];
     let mut features = vec![match c.ffn_act {
         model::config::FfnAct::Silu => "SwiGLU FFN".to_string(),
         model::config::FfnAct::GeluTanh => "GeGLU (tanh) FFN".to_string(),
@@ -118,7 +118,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     );
     println!(
         "chat template   {}",
-        if m.frontend.chat_template.is_some() {
+        if m.frontend().chat_template.is_some() {
             "present"
         } else {
             "absent (fallback used)"

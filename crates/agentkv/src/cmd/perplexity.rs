@@ -91,7 +91,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
                 "ppl": report.ppl, "stderr": report.ppl_stderr, "chunks": report.num_chunks,
                 "scored_tokens": report.num_scored, "ctx": args.ctx, "seconds": secs,
                 "kv_codecs": kv_dtype.id(), "kv_bytes_per_token": kv_dtype.bytes_per_token(
-                    model.config.num_layers, model.config.num_kv_heads, model.config.head_dim),
+                    model.config().num_layers, model.config().num_kv_heads, model.config().head_dim),
                 "mean_kl": report.mean_kl,
                 "tier_codec": args.tier_codec.map(|c| c.id()),
                 "matmul": args.matmul,

@@ -102,7 +102,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let port = args.port.or(file.server.port).unwrap_or(8000);
     let result = runtime.block_on(async {
         warm_up(&engine, &model, &file, &settings).await?;
-        let state = AppState::new(engine.handle(), Arc::clone(&model.frontend), settings)?;
+        let state = AppState::new(engine.handle(), Arc::clone(model.frontend()), settings)?;
         let listener = server::transport::bind(&host, port)
             .await
             .with_context(|| format!("binding {host}:{port}"))?;
@@ -183,9 +183,9 @@ impl Summary {
         file: &FileConfig,
     ) -> Summary {
         let bytes_per_token = cfg.kv_dtype.bytes_per_token(
-            model.config.num_layers,
-            model.config.num_kv_heads,
-            model.config.head_dim,
+            model.config().num_layers,
+            model.config().num_kv_heads,
+            model.config().head_dim,
         );
         Summary {
             model: path.display().to_string(),

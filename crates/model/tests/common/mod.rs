@@ -78,7 +78,7 @@ pub fn llama_server_logits(
     let mut scratch = Scratch::default();
     let p = r.prompt_ids.len();
     let mut cuts = vec![0];
-    if m.config.sliding_window.is_some() {
+    if m.config().sliding_window.is_some() {
         cuts.extend(
             [p.saturating_sub(4 + 512), p.saturating_sub(4)]
                 .into_iter()
@@ -109,7 +109,7 @@ pub fn llama_server_logits(
             let row = m
                 .forward(pool, &batch, &mut kv, &mut scratch)
                 .expect("forward");
-            assert_eq!(row.len(), m.config.vocab_size);
+            assert_eq!(row.len(), m.config().vocab_size);
             row
         })
         .collect();

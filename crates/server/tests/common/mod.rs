@@ -30,7 +30,7 @@ pub fn app(settings: ServerSettings) -> (Engine, AppState, Router) {
     };
     let engine = Engine::start(EngineCore::new(model(), cfg).expect("engine"));
     let state =
-        AppState::new(engine.handle(), model().frontend.clone(), settings).expect("settings");
+        AppState::new(engine.handle(), model().frontend().clone(), settings).expect("settings");
     let router = server::router(state.clone());
     (engine, state, router)
 }
