@@ -12,7 +12,7 @@
 
 use cache::BlockId;
 use model::kv::{KvChunk, KvDtype, KvError, KvStore, SeqSlot};
-use model::kv_rows::KvRows;
+use model::KvRows;
 use model::ThreadPool;
 
 /// Geometry of the K/V memory.

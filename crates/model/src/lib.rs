@@ -18,19 +18,19 @@ mod forward_rows;
 pub mod generate;
 pub mod kv;
 pub mod kv_contiguous;
-pub mod kv_rows;
+mod kv_rows;
 mod kv_sealed;
 pub mod membw;
 mod model;
 mod numerics;
 pub mod ops;
 pub mod perplexity;
-pub mod rope_scaling;
+mod rope_scaling;
 pub mod sampler;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod tile_path;
-pub mod weights;
+mod weights;
 
 pub use backend::{Backend, CpuBackend, ModelShape};
 pub use config::ModelConfig;
@@ -38,12 +38,15 @@ pub use forward::{AttnArith, ForwardBatch, ForwardError, MatmulArith, Scratch};
 pub use frontend::Frontend;
 pub use kernels::{PackedDef, ThreadPool};
 pub use kv::{KvDtype, KvStore, SeqSlot};
+pub use kv_rows::KvRows;
 pub use model::{LoadError, Model};
 pub use numerics::{Numerics, RowKind};
+pub use rope_scaling::RopeScaling;
 pub use sampler::{
     ConstraintError, ConstraintFactory, ConstraintSpec, SampledToken, Sampler, SamplingParams,
     TokenConstraint,
 };
+pub use weights::Weights;
 
 use std::path::PathBuf;
 

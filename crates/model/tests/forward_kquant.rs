@@ -11,8 +11,8 @@ use model::forward::{forward, ForwardBatch, Scratch};
 use model::kv::{KvDtype, SeqSlot};
 use model::kv_contiguous::ContiguousKv;
 use model::ops::Rope;
-use model::weights::Weights;
 use model::ThreadPool;
+use model::Weights;
 use model::{Numerics, RowKind};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
@@ -111,7 +111,7 @@ fn load(kquant: bool) -> Loaded {
         head_dim: cfg.head_dim,
         base: cfg.rope_base,
         style: cfg.rope_style,
-        scaling: model::rope_scaling::RopeScaling::default(),
+        scaling: model::RopeScaling::default(),
         freq_factors: None,
     };
     Loaded { cfg, w, rope }

@@ -10,8 +10,8 @@ use model::forward::{forward, AttnArith, ForwardBatch, Scratch};
 use model::kv::{KvDtype, SeqSlot};
 use model::kv_contiguous::ContiguousKv;
 use model::ops::Rope;
-use model::weights::Weights;
 use model::ThreadPool;
+use model::Weights;
 use model::{Numerics, RowKind};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -620,7 +620,7 @@ fn rope_of(cfg: &ModelConfig, freq_factors: Option<Vec<f32>>) -> Rope {
         head_dim: cfg.head_dim,
         base: cfg.rope_base,
         style: cfg.rope_style,
-        scaling: model::rope_scaling::RopeScaling::default(),
+        scaling: model::RopeScaling::default(),
         freq_factors,
     }
 }
