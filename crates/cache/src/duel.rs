@@ -17,9 +17,10 @@
 use crate::config::{CacheConfig, EvictionPolicy};
 use crate::conversation::FinishedRequest;
 use crate::error::ConfigError;
-use crate::ids::{SeqId, TenantId, Tick};
+use crate::ids::{TenantId, Tick};
 use crate::inferred::{InferredConfig, InferredRetainer};
 use crate::key::{BlockKey, NamespaceKey};
+use crate::replay::compute;
 use crate::KvCache;
 
 /// How fast the duel forgets.
@@ -115,7 +116,9 @@ impl PolicyDuel {
             arm.score *= self.decay;
             let cache = &mut arm.cache;
             cache.set_reuse_bonus(if arm.choice.reuse_bonus { bonus_ms } else { 0 });
-            let Some((hit, seq)) = replay(cache, ns, prompt, tokens, now) else {
+            cache.expire(now);
+            // A request larger than the pool does not fit a shadow either: skipped.
+            let Ok((hit, seq)) = compute(cache, ns, prompt, tokens, now) else {
                 continue;
             };
             if let Some(retainer) = arm.retainer.as_mut() {
@@ -131,7 +134,6 @@ impl PolicyDuel {
                     now,
                 };
                 let _ = retainer.on_finish(cache, req, seq, priority);
-                retainer.prune(cache);
             }
             let _ = cache.free(seq, now);
             arm.score += hit as f64;
@@ -154,27 +156,4 @@ impl PolicyDuel {
         let arms = self.arms.iter().map(|a| (a.choice, a.score)).collect();
         (arms, self.requests)
     }
-}
-
-/// One request through a shadow, its sequence left allocated; `None` when the shadow cannot
-/// hold it (larger than the pool).
-fn replay(
-    cache: &mut KvCache,
-    ns: &NamespaceKey,
-    prompt: &[u32],
-    tokens: &[u32],
-    now: Tick,
-) -> Option<(usize, SeqId)> {
-    cache.expire(now);
-    let m = cache.lookup(ns, prompt, now);
-    let hit = m.num_cached_tokens();
-    let seq = cache.create_sequence(m).ok()?;
-    let tokens = if tokens.len() < hit { prompt } else { tokens };
-    if cache.append_tokens(seq, &tokens[hit..], now).is_err()
-        || cache.mark_written(seq, tokens.len(), now).is_err()
-    {
-        let _ = cache.free(seq, now);
-        return None;
-    }
-    Some((hit, seq))
 }

@@ -97,7 +97,8 @@ impl InferredRetainer {
     }
 
     /// A request of `req.tenant` finished with its blocks in `seq` (still allocated): place it
-    /// and retain the sequence's published blocks for its conversation with `priority`.
+    /// and retain the sequence's published blocks for its conversation with `priority`; forget
+    /// the retentions that ended in the cache meanwhile.
     pub fn on_finish(
         &mut self,
         cache: &mut KvCache,
@@ -117,6 +118,7 @@ impl InferredRetainer {
         } else {
             let _ = cache.release_session(session);
         }
+        self.prune(cache);
         Ok(InferredTurn {
             turn,
             session,

@@ -34,6 +34,7 @@ mod inferred;
 mod invariants;
 pub mod key;
 mod pool;
+mod replay;
 mod retention;
 mod return_model;
 pub mod sim;

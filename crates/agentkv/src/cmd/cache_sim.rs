@@ -194,32 +194,30 @@ pub fn run(args: CacheSimArgs) -> anyhow::Result<()> {
 
 /// Reads a trace in `format` (blank lines skipped); says whether it was Mooncake's.
 pub fn load(path: &std::path::Path, format: FormatArg) -> anyhow::Result<(Vec<TraceCall>, bool)> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mooncake = match format {
         FormatArg::Agent => false,
         FormatArg::Mooncake => true,
-        FormatArg::Auto => text
-            .lines()
-            .find(|l| !l.trim().is_empty())
-            .is_some_and(|l| l.contains("\"hash_ids\"")),
+        FormatArg::Auto => is_mooncake(path)?,
     };
-    let lines = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty());
-    let bad = |n: usize| format!("{}:{}: bad trace line", path.display(), n + 1);
     if mooncake {
-        let requests = lines
-            .map(|(n, l)| serde_json::from_str::<MooncakeRequest>(l).with_context(|| bad(n)))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok((mooncake_calls(&requests)?, true))
+        Ok((mooncake_calls(&load_mooncake(path)?)?, true))
     } else {
-        let calls = lines
-            .map(|(n, l)| serde_json::from_str::<TraceCall>(l).with_context(|| bad(n)))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok((calls, false))
+        Ok((read_lines(path)?, false))
     }
+}
+
+/// Every non-blank line of `path` as a `T`, errors naming the line.
+fn read_lines<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> anyhow::Result<Vec<T>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            serde_json::from_str::<T>(l)
+                .with_context(|| format!("{}:{}: bad trace line", path.display(), n + 1))
+        })
+        .collect()
 }
 
 /// Whether the first non-blank line of `path` is a Mooncake request (has `hash_ids`).
@@ -237,16 +235,7 @@ pub fn is_mooncake(path: &std::path::Path) -> anyhow::Result<bool> {
 
 /// Reads Mooncake requests (blank lines skipped).
 pub fn load_mooncake(path: &std::path::Path) -> anyhow::Result<Vec<MooncakeRequest>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(n, l)| {
-            serde_json::from_str::<MooncakeRequest>(l)
-                .with_context(|| format!("{}:{}: bad trace line", path.display(), n + 1))
-        })
-        .collect()
+    read_lines(path)
 }
 
 /// Reads an agent-format JSONL trace (blank lines skipped).

@@ -10,12 +10,9 @@ use cache::EvictionPolicy;
 
 use super::bench_agent::{targets, ReplayArgs};
 
-fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
+/// The `p`-th percentile of `v` (the bench's definition), 0 when empty.
+fn quantile(v: impl IntoIterator<Item = f64>, p: f64) -> f64 {
+    bench::stats::percentile(&bench::stats::sorted_finite(v), p).unwrap_or(0.0)
 }
 
 pub fn run(a: &ReplayArgs) -> anyhow::Result<()> {
@@ -83,9 +80,9 @@ pub fn run(a: &ReplayArgs) -> anyhow::Result<()> {
         "prompt_tokens": prompt_tokens,
         "cached_tokens": cached_tokens,
         "hit_rate": if prompt_tokens == 0 { 0.0 } else { cached_tokens as f64 / prompt_tokens as f64 },
-        "latency_p50_s": quantile(ok.iter().map(|r| r.latency_s).collect(), 0.5),
-        "latency_p95_s": quantile(ok.iter().map(|r| r.latency_s).collect(), 0.95),
-        "late_p95_s": quantile(results.iter().map(|r| r.late_s).collect(), 0.95),
+        "latency_p50_s": quantile(ok.iter().map(|r| r.latency_s), 50.0),
+        "latency_p95_s": quantile(ok.iter().map(|r| r.latency_s), 95.0),
+        "late_p95_s": quantile(results.iter().map(|r| r.late_s), 95.0),
         "sim": sim,
     });
     println!("{}", serde_json::to_string(&report)?);

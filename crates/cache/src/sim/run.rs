@@ -30,6 +30,7 @@ use crate::error::{ConfigError, RetainError, SeqError};
 use crate::ids::{SeqId, SessionId, TenantId, Tick};
 use crate::inferred::{InferredConfig, InferredRetainer};
 use crate::key::{chain_keys, Namespace, NamespaceKey};
+use crate::replay::compute;
 use crate::KvCache;
 
 /// Simulated cache shape.
@@ -167,16 +168,8 @@ pub fn simulate(calls: &[TraceCall], config: SimConfig) -> Result<SimReport, Sim
             .entry(call.tenant.as_str())
             .or_insert_with(|| (next_tenant, Namespace::for_tenant(next_tenant).key()));
         let err = |error| SimError::Call { call: i, error };
-        let m = cache.lookup(&ns, &call.tokens, tick);
-        let cached = m.num_cached_tokens();
-        let seq = cache.create_sequence(m).map_err(err)?;
-        if let Err(e) = cache.append_tokens(seq, &call.tokens[cached..], tick) {
-            cache.free(seq, tick).map_err(err)?;
-            return Err(err(e));
-        }
-        cache
-            .mark_written(seq, call.tokens.len(), tick)
-            .map_err(err)?;
+        let (cached, seq) =
+            compute(&mut cache, &ns, &call.tokens, &call.tokens, tick).map_err(err)?;
         let retain = |e| SimError::Retain { call: i, error: e };
         match (config.session_retention, inference.as_mut()) {
             (Some(r), _) if !call.session.is_empty() => {
@@ -269,9 +262,7 @@ impl Inference {
         let bonus_ms = self.retainer.reuse_bonus_ms();
         cache.set_reuse_bonus(if choice.reuse_bonus { bonus_ms } else { 0 });
         let turn = if choice.retain {
-            let placed = self.retainer.on_finish(cache, req, done.seq, 0)?;
-            self.retainer.prune(cache);
-            placed.turn
+            self.retainer.on_finish(cache, req, done.seq, 0)?.turn
         } else {
             report.inferred_unretained += 1;
             self.retainer.place(req)

@@ -267,7 +267,6 @@ impl EngineCore {
                 return;
             };
             self.stats.retained_blocks += u64::from(placed.retained_blocks);
-            inferred.prune(&self.cache);
             placed.turn
         } else {
             self.stats.inferred_unretained += 1;
