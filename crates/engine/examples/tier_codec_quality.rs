@@ -7,8 +7,8 @@
 //!
 //! `cargo run --release -p engine --example tier_codec_quality [-- <text file> <windows> <threads>]`
 
-use model::perplexity::{perplexity, PerplexityOptions};
 use model::KvDtype;
+use model::{perplexity, PerplexityOptions};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

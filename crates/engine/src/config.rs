@@ -45,7 +45,7 @@ pub struct EngineConfig {
     /// Most of the pool (0–1) that sessions, breakpoints, tool pauses, inferred conversations
     /// and pins may retain (`cache::CacheConfig::max_retained_fraction`, default 0.9).
     pub max_retained_fraction: f64,
-    /// Compute the prompt rows of prompts of [`model::attention::PREFILL_MIN_TOKENS`]+ tokens in
+    /// Compute the prompt rows of prompts of [`model::PREFILL_MIN_TOKENS`]+ tokens in
     /// llama.cpp's tiled prefill attention arithmetic, as llama-server does, and every other
     /// row (generated tokens, short prompts) in its per-row one: logprobs then match
     /// llama.cpp's to ~0.001 where they differ by ~0.015 otherwise (docs/history/benchmarks-log.md

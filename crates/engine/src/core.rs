@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cache::{CacheConfig, KvCache, Namespace, NamespaceKey, TenantId, Tick};
-use model::forward::ForwardBatch;
 use model::kv::SeqSlot;
+use model::ForwardBatch;
 use model::{Backend, CpuBackend, Model, ModelShape, Numerics, RowKind};
 
 use crate::config::EngineConfig;
@@ -352,7 +352,7 @@ impl EngineCore {
     /// Whether a request with a prompt of `prompt_len` tokens computes its prompt rows in
     /// llama.cpp's tiled prefill arithmetic (`EngineConfig::llama_cpp_prefill`).
     pub fn prefills_like_llama_cpp(&self, prompt_len: usize) -> bool {
-        self.cfg.llama_cpp_prefill && prompt_len >= model::attention::PREFILL_MIN_TOKENS
+        self.cfg.llama_cpp_prefill && prompt_len >= model::PREFILL_MIN_TOKENS
     }
 
     /// The cache namespace of a request of a tenant with a prompt of `prompt_len` tokens: the
@@ -852,13 +852,12 @@ impl EngineCore {
                 // arithmetic.
                 let ns = s.ns;
                 let prompt_len = s.spec.prompt.len();
-                let publish = if self.cfg.llama_cpp_prefill
-                    && prompt_len >= model::attention::PREFILL_MIN_TOKENS
-                {
-                    s.num_computed.min(prompt_len)
-                } else {
-                    s.num_computed
-                };
+                let publish =
+                    if self.cfg.llama_cpp_prefill && prompt_len >= model::PREFILL_MIN_TOKENS {
+                        s.num_computed.min(prompt_len)
+                    } else {
+                        s.num_computed
+                    };
                 self.cache
                     .mark_written(cs, publish, tick)
                     .map_err(internal)?;

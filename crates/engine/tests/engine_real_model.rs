@@ -417,13 +417,13 @@ fn engine_output_matches_the_single_sequence_runtime() {
     let m = model();
     let pool = model::ThreadPool::new(2);
     for prompt in prompts().into_iter().take(3) {
-        let opts = model::generate::GenerateOptions {
+        let opts = model::GenerateOptions {
             max_tokens: 12,
             // The engine stops at end-of-turn too (the token is reported).
             stop_ids: m.tokenizer().eot_ids().to_vec(),
             ..Default::default()
         };
-        let (want, _) = model::generate::generate(&m, &pool, &prompt, &opts, |_| true).unwrap();
+        let (want, _) = model::generate(&m, &pool, &prompt, &opts, |_| true).unwrap();
         let want: Vec<(u32, u32)> = want.iter().map(|t| (t.id, t.logprob.to_bits())).collect();
         let (got, _) = run(cfg(true), &[prompt], &[0], 1, 12);
         assert_eq!(got[0].tokens, want);

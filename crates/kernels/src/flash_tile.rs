@@ -353,6 +353,10 @@ pub fn tile_update_scored(
     finish_portable(st, acc, scores, vals, valid);
 }
 
+/// Rows one register-blocked transposed tile step takes (`flash_tile_transposed`): the heads of
+/// a GQA group of three (other rows run one at a time, same bits).
+pub const TRIPLE_ROWS: usize = 3;
+
 /// Rows one [`tile_update_rows`] call takes.
 pub const TILE_ROWS: usize = 3;
 

@@ -858,7 +858,7 @@ fn channel_blocks<V: super::flash_tile::avx2::ValueRows>(
     }
 }
 
-/// `flash_tile_wide::tile_update_wide` (f32 queries, K transposed in `kt`) for rows sharing
+/// `flash_tile_transposed::tile_update_transposed` at 512 bits (f32 queries, K transposed in `kt`) for rows sharing
 /// `valid`, reading V as codes (decoded in registers: the same values, so the same bits as
 /// with the decoded tile). Panics on a shape mismatch or a V codec [`values_from_codes`]
 /// rejects.

@@ -22,12 +22,10 @@
 //! (`attention_tiled` does).
 
 use super::cpu::{cpu_features, CpuFeatures};
+#[cfg(target_arch = "x86_64")]
+use super::flash_tile::TRIPLE_ROWS;
+#[cfg(target_arch = "x86_64")]
 use super::flash_tile::{TileSoftmax, TILE_POSITIONS};
-use super::flash_tile_wide::{triple_run_end, WIDE_ROWS};
-
-/// Rows one register-blocked call takes (the heads of a GQA group of three; other rows run one
-/// at a time, same bits): the 512-bit kernel's blocking.
-pub const NARROW_ROWS: usize = WIDE_ROWS;
 
 /// Proof that the 256-bit transposed tile step may run here (AVX2, FMA and F16C detected and not
 /// overridden): obtained once per task, so the kernel checks no feature per call.
@@ -46,94 +44,8 @@ impl NarrowTiles {
     }
 }
 
-/// The tile step of `flash_tile::tile_update` for each row `r` (state `sts[r]`, accumulator
-/// `accs[r]`, query `qs[r]`, `valids[r]` positions of the tile, 1..=16), reading keys from `kt`
-/// (`[hd][16]`, transposed by `flash_tile_wide::transpose_keys`; positions past a row's `valid`
-/// may hold anything finite) and values from `vals` (`[≥ max valid, hd]` f32). Bit-identical to
-/// `tile_update` with the same K rows.
-///
-/// Panics unless `hd` is a multiple of 8 and shapes match.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-pub fn tile_update_narrow(
-    _proof: NarrowTiles,
-    sts: &mut [TileSoftmax],
-    accs: &mut [&mut [f32]],
-    qs: &[&[f32]],
-    valids: &[usize],
-    kt: &[f32],
-    vals: &[f32],
-    scale: f32,
-) {
-    let rows = qs.len();
-    assert!(rows == sts.len() && rows == accs.len() && rows == valids.len());
-    if rows == 0 {
-        return;
-    }
-    let hd = qs[0].len();
-    let max_valid = valids.iter().copied().max().unwrap_or(0);
-    assert!(
-        hd > 0
-            && hd.is_multiple_of(8)
-            && qs.iter().all(|q| q.len() == hd)
-            && accs.iter().all(|a| a.len() == hd)
-            && valids.iter().all(|v| (1..=TILE_POSITIONS).contains(v))
-            && kt.len() >= hd * TILE_POSITIONS
-            && vals.len() >= max_valid * hd,
-        "narrow tile shapes: hd={hd} kt={} vals={} valids={valids:?}",
-        kt.len(),
-        vals.len()
-    );
-    #[cfg(target_arch = "x86_64")]
-    {
-        let mut r = 0;
-        while r < rows {
-            let mut end = triple_run_end(valids, r);
-            if end == r {
-                // Rows alone: up to the next row that starts a triple (of its own `valid`).
-                end = r + 1;
-                while end < rows && triple_run_end(valids, end) == end {
-                    end += 1;
-                }
-                // SAFETY: AVX2, FMA and F16C presence is proven by the `NarrowTiles` token;
-                // every shape was checked by the assertion above.
-                unsafe {
-                    x86::rows(
-                        &mut sts[r..end],
-                        &mut accs[r..end],
-                        &qs[r..end],
-                        &valids[r..end],
-                        kt,
-                        vals,
-                        scale,
-                    )
-                };
-            } else {
-                // SAFETY: as above.
-                unsafe {
-                    x86::triples(
-                        &mut sts[r..end],
-                        &mut accs[r..end],
-                        &qs[r..end],
-                        valids[r],
-                        kt,
-                        vals,
-                        scale,
-                    )
-                };
-            }
-            r = end;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (sts, accs, kt, vals, scale);
-        unreachable!("no NarrowTiles token exists off x86-64");
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     //! The AVX2 bodies; callers hold a `NarrowTiles` token.
     use super::super::flash_tile::avx2::{exp1, exp8, hsum};
     use super::*;
@@ -148,7 +60,7 @@ mod x86 {
     /// AVX2, FMA, F16C present; `qs[r]`, `accs[r]` hold `hd` (a multiple of 8) floats, `kt`
     /// `hd · 16`, `vals` `valids[r] · hd`; `1 <= valids[r] <= 16`; equal lengths.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn rows(
+    pub(crate) unsafe fn rows(
         sts: &mut [TileSoftmax],
         accs: &mut [&mut [f32]],
         qs: &[&[f32]],
@@ -182,7 +94,7 @@ mod x86 {
     /// # Safety
     /// As [`rows`], every row seeing `valid` positions.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn triples(
+    pub(crate) unsafe fn triples(
         sts: &mut [TileSoftmax],
         accs: &mut [&mut [f32]],
         qs: &[&[f32]],
@@ -191,7 +103,7 @@ mod x86 {
         vals: &[f32],
         scale: f32,
     ) {
-        const R: usize = NARROW_ROWS;
+        const R: usize = TRIPLE_ROWS;
         let n = sts.len() / R;
         debug_assert!(sts.len() == n * R && accs.len() == n * R && qs.len() == n * R);
         let hd = qs[0].len();
@@ -223,12 +135,12 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn pair3<const L0: usize>(
-        qs: [*const f32; NARROW_ROWS],
+        qs: [*const f32; TRIPLE_ROWS],
         hd: usize,
         kt: *const f32,
-    ) -> [[__m256; 2]; NARROW_ROWS] {
+    ) -> [[__m256; 2]; TRIPLE_ROWS] {
         // `a[r][j][h]`: row `r`, chain `L0 + j`, half `h`. Chunk 0 starts every chain from +0.
-        let mut a = [[[_mm256_setzero_ps(); 2]; 2]; NARROW_ROWS];
+        let mut a = [[[_mm256_setzero_ps(); 2]; 2]; TRIPLE_ROWS];
         for c in 0..hd / 8 {
             for j in 0..2 {
                 let d = 8 * c + L0 + j;
@@ -236,7 +148,7 @@ mod x86 {
                 unsafe {
                     let k0 = _mm256_loadu_ps(kt.add(d * TILE_POSITIONS));
                     let k1 = _mm256_loadu_ps(kt.add(d * TILE_POSITIONS + 8));
-                    for r in 0..NARROW_ROWS {
+                    for r in 0..TRIPLE_ROWS {
                         let qb = _mm256_broadcast_ss(&*qs[r].add(d));
                         a[r][j][0] = _mm256_fmadd_ps(qb, k0, a[r][j][0]);
                         a[r][j][1] = _mm256_fmadd_ps(qb, k1, a[r][j][1]);
@@ -256,14 +168,14 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn scores3(
-        qs: [*const f32; NARROW_ROWS],
+        qs: [*const f32; TRIPLE_ROWS],
         hd: usize,
         kt: *const f32,
         scale: f32,
-    ) -> [[__m256; 2]; NARROW_ROWS] {
+    ) -> [[__m256; 2]; TRIPLE_ROWS] {
         // SAFETY: forwarded caller's contract.
         let (x01, x23) = unsafe { (pair3::<0>(qs, hd, kt), pair3::<2>(qs, hd, kt)) };
-        let left: [[__m256; 2]; NARROW_ROWS] =
+        let left: [[__m256; 2]; TRIPLE_ROWS] =
             std::array::from_fn(|r| [0, 1].map(|h| _mm256_add_ps(x01[r][h], x23[r][h])));
         // SAFETY: forwarded caller's contract.
         let (x45, x67) = unsafe { (pair3::<4>(qs, hd, kt), pair3::<6>(qs, hd, kt)) };
@@ -285,14 +197,14 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn values3(
-        accs: &mut [&mut [f32]; NARROW_ROWS],
-        f: [f32; NARROW_ROWS],
-        p: &[[f32; TILE_POSITIONS]; NARROW_ROWS],
+        accs: &mut [&mut [f32]; TRIPLE_ROWS],
+        f: [f32; TRIPLE_ROWS],
+        p: &[[f32; TILE_POSITIONS]; TRIPLE_ROWS],
         valid: usize,
         vp: *const f32,
     ) {
         let hd = accs[0].len();
-        let aps: [*mut f32; NARROW_ROWS] = std::array::from_fn(|r| accs[r].as_mut_ptr());
+        let aps: [*mut f32; TRIPLE_ROWS] = std::array::from_fn(|r| accs[r].as_mut_ptr());
         let vf = f.map(|x| _mm256_set1_ps(x));
         let mut e0 = 0;
         while e0 + 32 <= hd {
@@ -316,32 +228,32 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn block3<const W: usize>(
-        aps: &[*mut f32; NARROW_ROWS],
+        aps: &[*mut f32; TRIPLE_ROWS],
         e0: usize,
-        vf: [__m256; NARROW_ROWS],
-        p: &[[f32; TILE_POSITIONS]; NARROW_ROWS],
+        vf: [__m256; TRIPLE_ROWS],
+        p: &[[f32; TILE_POSITIONS]; TRIPLE_ROWS],
         valid: usize,
         vp: *const f32,
         stride: usize,
     ) {
-        let mut a = [[_mm256_setzero_ps(); W]; NARROW_ROWS];
-        for r in 0..NARROW_ROWS {
+        let mut a = [[_mm256_setzero_ps(); W]; TRIPLE_ROWS];
+        for r in 0..TRIPLE_ROWS {
             for i in 0..W {
                 // SAFETY: caller's contract.
                 a[r][i] = _mm256_mul_ps(unsafe { _mm256_loadu_ps(aps[r].add(e0 + 8 * i)) }, vf[r]);
             }
         }
         for t in 0..valid {
-            let pb: [__m256; NARROW_ROWS] = std::array::from_fn(|r| _mm256_set1_ps(p[r][t]));
+            let pb: [__m256; TRIPLE_ROWS] = std::array::from_fn(|r| _mm256_set1_ps(p[r][t]));
             for i in 0..W {
                 // SAFETY: caller's contract (row `t < valid`).
                 let v = unsafe { _mm256_loadu_ps(vp.add(t * stride + e0 + 8 * i)) };
-                for r in 0..NARROW_ROWS {
+                for r in 0..TRIPLE_ROWS {
                     a[r][i] = _mm256_fmadd_ps(pb[r], v, a[r][i]);
                 }
             }
         }
-        for r in 0..NARROW_ROWS {
+        for r in 0..TRIPLE_ROWS {
             for i in 0..W {
                 // SAFETY: caller's contract.
                 unsafe { _mm256_storeu_ps(aps[r].add(e0 + 8 * i), a[r][i]) };
@@ -506,60 +418,5 @@ mod x86 {
             // SAFETY: caller's contract.
             unsafe { _mm256_storeu_ps(ap.add(8 * i), *ai) };
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::flash_tile_wide::check::check_transposed_step;
-    use super::*;
-
-    /// The AVX2 transposed kernel (runs of triples sharing `valid`, single rows, head sizes
-    /// that are and are not multiples of 64) against the portable row-major definition, bit for
-    /// bit (`flash_tile_wide::check::check_transposed_step`).
-    #[test]
-    fn narrow_tiles_match_the_portable_definition_bitwise() {
-        let Some(proof) = NarrowTiles::here() else {
-            eprintln!("no AVX2 here: the 256-bit transposed tile kernel is not exercised");
-            return;
-        };
-        let tiles: [[usize; 7]; 5] = [
-            [16; 7],
-            [16, 5, 5, 9, 1, 16, 8],
-            [7, 7, 7, 16, 16, 16, 3],
-            [16; 7],
-            [1, 2, 2, 2, 3, 15, 16],
-        ];
-        check_transposed_step(
-            31,
-            &[64, 8, 72, 128, 256],
-            &tiles,
-            |sts, accs, qs, v, kt, vals| {
-                tile_update_narrow(proof, sts, accs, qs, v, kt, vals, 0.125)
-            },
-        );
-    }
-
-    /// Shapes the kernel cannot take are refused, not read out of bounds.
-    #[test]
-    #[should_panic(expected = "narrow tile shapes")]
-    fn a_head_size_not_a_multiple_of_eight_is_refused() {
-        let Some(proof) = NarrowTiles::here() else {
-            panic!("narrow tile shapes (no AVX2 here)");
-        };
-        let q = [0f32; 12];
-        let mut acc = [0f32; 12];
-        let kt = vec![0f32; 12 * TILE_POSITIONS];
-        let vals = vec![0f32; 12 * TILE_POSITIONS];
-        tile_update_narrow(
-            proof,
-            &mut [TileSoftmax::default()],
-            &mut [&mut acc[..]],
-            &[&q[..]],
-            &[16],
-            &kt,
-            &vals,
-            1.0,
-        );
     }
 }

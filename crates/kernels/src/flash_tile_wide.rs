@@ -4,7 +4,7 @@
 //! module doc, step 1) are eight vector accumulators fed by broadcast-FMA chains, and their
 //! reduction tree `((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7))` is seven vertical adds — no horizontal
 //! sums per position. The softmax runs on the 16-lane score vector, and `p·V` broadcasts each
-//! `p[t]` over V rows into register accumulators shared by up to [`WIDE_ROWS`] rows.
+//! `p[t]` over V rows into register accumulators shared by up to three rows (a GQA triple, `flash_tile_transposed`'s schedule).
 //!
 //! Every IEEE operation is the one `flash_tile::tile_update` performs (same chains, same tree,
 //! same exponential lanes, same accumulation order), so the results are bit-identical to the
@@ -15,11 +15,9 @@
 //! never allocates and never decides which rows share a tile (`attention_tiled` does).
 
 use super::cpu::{cpu_features, CpuFeatures};
+#[cfg(target_arch = "x86_64")]
+use super::flash_tile::TRIPLE_ROWS;
 use super::flash_tile::{TileElem, TileSoftmax, TILE_POSITIONS};
-
-/// Rows one register-blocked call takes (the heads of a GQA group of three; other rows run one
-/// at a time, same bits).
-pub const WIDE_ROWS: usize = 3;
 
 /// Proof that the 512-bit tile step may run here (AVX-512 F with AVX2, FMA and F16C detected
 /// and not overridden): obtained once per task, so the kernel checks no feature per call.
@@ -65,95 +63,6 @@ pub fn transpose_keys<E: TileElem>(keys: &[E], n: usize, hd: usize, kt: &mut [f3
         for d in 0..hd {
             kt[d * TILE_POSITIONS + at + t] = keys[t * hd + d].widen();
         }
-    }
-}
-
-/// The end of the run of consecutive triples of rows starting at row `r` whose rows all see
-/// `valids[r]` positions (`r` when rows `r..r + 3` do not form one): the rows the register-
-/// blocked kernels (this one's and `flash_tile_narrow`'s) take in one call.
-pub(crate) fn triple_run_end(valids: &[usize], r: usize) -> usize {
-    let starts_triple = |i: usize| {
-        i + WIDE_ROWS <= valids.len() && valids[i..i + WIDE_ROWS].iter().all(|&v| v == valids[r])
-    };
-    let mut end = r;
-    while starts_triple(end) {
-        end += WIDE_ROWS;
-    }
-    end
-}
-
-/// The tile step of `flash_tile::tile_update` for each row `r` (state `sts[r]`, accumulator
-/// `accs[r]`, query `qs[r]`, `valids[r]` positions of the tile, 1..=16), reading keys from
-/// `kt` (transposed by [`transpose_keys`]) and values from `vals` (`[≥ max valid, hd]` f32).
-/// Bit-identical to `tile_update` with the same K rows. Rows `r, r+1, r+2` with equal `valid`
-/// share every K and V register load.
-///
-/// Panics unless `hd` is a multiple of 16 and shapes match.
-#[allow(clippy::too_many_arguments)]
-#[inline]
-pub fn tile_update_wide(
-    _proof: WideTiles,
-    sts: &mut [TileSoftmax],
-    accs: &mut [&mut [f32]],
-    qs: &[&[f32]],
-    valids: &[usize],
-    kt: &[f32],
-    vals: &[f32],
-    scale: f32,
-) {
-    let rows = qs.len();
-    assert!(rows == sts.len() && rows == accs.len() && rows == valids.len());
-    if rows == 0 {
-        return;
-    }
-    let hd = qs[0].len();
-    let max_valid = valids.iter().copied().max().unwrap_or(0);
-    assert!(
-        hd > 0
-            && hd.is_multiple_of(16)
-            && qs.iter().all(|q| q.len() == hd)
-            && accs.iter().all(|a| a.len() == hd)
-            && valids.iter().all(|v| (1..=TILE_POSITIONS).contains(v))
-            && kt.len() >= hd * TILE_POSITIONS
-            && vals.len() >= max_valid * hd,
-        "wide tile shapes: hd={hd} kt={} vals={} valids={valids:?}",
-        kt.len(),
-        vals.len()
-    );
-    #[cfg(target_arch = "x86_64")]
-    {
-        let mut r = 0;
-        while r < rows {
-            let end = triple_run_end(valids, r);
-            if end > r {
-                // SAFETY: AVX-512 F (with AVX2, FMA, F16C) presence is proven by the `WideTiles`
-                // token; every shape was checked by the assertion above.
-                unsafe {
-                    x86::triples(
-                        &mut sts[r..end],
-                        &mut accs[r..end],
-                        &qs[r..end],
-                        valids[r],
-                        kt,
-                        vals,
-                        scale,
-                    )
-                };
-                r = end;
-            } else {
-                let (s1, _) = sts[r..].split_first_chunk_mut::<1>().expect("1 row");
-                let (a1, _) = accs[r..].split_first_chunk_mut::<1>().expect("1 row");
-                let q1: &[&[f32]; 1] = qs[r..r + 1].try_into().expect("1 row");
-                // SAFETY: as above.
-                unsafe { x86::rows::<1>(s1, a1, q1, valids[r], kt, vals, scale) };
-                r += 1;
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (sts, accs, kt, vals, scale);
-        unreachable!("no WideTiles token exists off x86-64");
     }
 }
 
@@ -279,7 +188,7 @@ pub(crate) mod x86 {
     /// 16) floats, `kt` `hd · 16`, `vals` `valid · hd`; `1 <= valid <= 16`.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn rows<const R: usize>(
+    pub(crate) unsafe fn rows<const R: usize>(
         sts: &mut [TileSoftmax; R],
         accs: &mut [&mut [f32]; R],
         qs: &[&[f32]; R],
@@ -294,6 +203,29 @@ pub(crate) mod x86 {
         unsafe { finish::<R>(sts, accs, s, valid, vals) };
     }
 
+    /// [`rows`] for each row on its own (`valids[r]` positions for row `r`).
+    ///
+    /// # Safety
+    /// As [`rows`], for every row.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(crate) unsafe fn alone(
+        sts: &mut [TileSoftmax],
+        accs: &mut [&mut [f32]],
+        qs: &[&[f32]],
+        valids: &[usize],
+        kt: &[f32],
+        vals: &[f32],
+        scale: f32,
+    ) {
+        for r in 0..qs.len() {
+            let (s1, _) = sts[r..].split_first_chunk_mut::<1>().expect("1 row");
+            let (a1, _) = accs[r..].split_first_chunk_mut::<1>().expect("1 row");
+            let q1: &[&[f32]; 1] = qs[r..r + 1].try_into().expect("1 row");
+            // SAFETY: forwarded caller's contract.
+            unsafe { rows::<1>(s1, a1, q1, valids[r], kt, vals, scale) };
+        }
+    }
+
     /// [`rows`] for consecutive triples of rows (`sts.len()` a multiple of three, every row
     /// seeing `valid` positions), software-pipelined: the scores of the next triple are
     /// computed between the softmax of the current one and its `p·V`, so the softmax's serial
@@ -304,7 +236,7 @@ pub(crate) mod x86 {
     /// # Safety
     /// As [`rows`], for every row.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(super) unsafe fn triples(
+    pub(crate) unsafe fn triples(
         sts: &mut [TileSoftmax],
         accs: &mut [&mut [f32]],
         qs: &[&[f32]],
@@ -313,7 +245,7 @@ pub(crate) mod x86 {
         vals: &[f32],
         scale: f32,
     ) {
-        const R: usize = WIDE_ROWS;
+        const R: usize = TRIPLE_ROWS;
         let n = sts.len() / R;
         debug_assert!(sts.len() == n * R && accs.len() == n * R && qs.len() == n * R);
         let q3 = |b: usize| -> &[&[f32]; R] { qs[b * R..b * R + R].try_into().expect("3 rows") };
@@ -465,7 +397,6 @@ pub(crate) mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::check::check_transposed_step;
     use super::*;
     use half::f16;
     use rand::{Rng, SeedableRng};
@@ -506,33 +437,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// The 512-bit kernel (runs of three-row blocks and single rows, rows with different `valid`)
-    /// against the portable row-major definition, bit for bit (`check_transposed_step`).
-    #[test]
-    fn wide_tiles_match_the_portable_definition_bitwise() {
-        let Some(proof) = WideTiles::here() else {
-            eprintln!("no AVX-512 here: the 512-bit tile kernel is not exercised");
-            return;
-        };
-        // Per tile: each row's valid (runs of one to three triples sharing theirs, so the
-        // pipelined triples run; single rows that differ).
-        let tiles: [[usize; 11]; 5] = [
-            [16; 11],
-            [16, 16, 16, 16, 16, 16, 5, 5, 5, 9, 1],
-            [7, 7, 7, 16, 16, 16, 16, 16, 16, 8, 16],
-            [16; 11],
-            [1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 15],
-        ];
-        check_transposed_step(
-            29,
-            &[64, 16, 128],
-            &tiles,
-            |sts, accs, qs, valids, kt, vals| {
-                tile_update_wide(proof, sts, accs, qs, valids, kt, vals, 0.125)
-            },
-        );
     }
 }
 

@@ -15,6 +15,18 @@
 //! never reads files, never allocates per task,
 //! and never decides what a model layer is.
 //!
+//! Register widths. A definition runs at the widest width the CPU proves, chosen in one place
+//! per definition; where an AVX2 and an AVX-512 body both exist they differ in more than the
+//! lane count (a body that would differ only in width is one body compiled for both, as
+//! `ggml_tiled`'s portable body is for AVX-512):
+//!
+//! | definition | chosen in | 256-bit body | 512-bit body | what differs besides width |
+//! |---|---|---|---|---|
+//! | attention tile over transposed K | [`flash_tile_transposed`] | [`flash_tile_narrow`] | [`flash_tile_wide`] | a row's 16 scores are two vectors, not one; 16 registers run a triple's eight lane chains as four pairs, 32 hold them all |
+//! | K-quant integer tile | `kquant_rows` | `kquant_tile` (`maddubs` + `madd`, or 256-bit `vpdpwssd`) | `kquant_tile512` | two 32-element vectors per register under per-chunk scale index tables, halves added before the float operations |
+//! | packed 32-element prefill | `packed32_run` | `packed32_prefill_avx2` | `packed32_prefill` | eight lane accumulators per token do not fit 16 registers: a lane-by-lane sweep with `maddubs`, against 3-token tiles of `vpdpbusd` with a broadcast memory operand |
+//! | llama.cpp's tiled attention | [`ggml_tiled`] | `ggml_tiled/avx2` (register-blocked rows) | the portable body compiled for AVX-512 | — |
+//!
 //! Numerical contract (the engine relies on it):
 //! - **Batch invariance.** `y[t, r]` of [`matmul`] is bit-identical whatever `num_tokens` is,
 //!   whatever position `t` has in the batch, whatever the thread count and task split: every
@@ -33,6 +45,7 @@ pub mod flash_f16;
 pub mod flash_tile;
 pub mod flash_tile_codes;
 pub mod flash_tile_narrow;
+pub mod flash_tile_transposed;
 pub mod flash_tile_wide;
 pub mod ggml_tiled;
 pub mod hugepages;

@@ -8,8 +8,9 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use kernels::flash_tile::{tile_update_rows, TileSoftmax, TILE_POSITIONS};
-use kernels::flash_tile_narrow::{tile_update_narrow, NarrowTiles};
-use kernels::flash_tile_wide::{tile_update_wide, transpose_keys, WideTiles};
+use kernels::flash_tile_narrow::NarrowTiles;
+use kernels::flash_tile_transposed::{tile_update_transposed, TransposedTiles};
+use kernels::flash_tile_wide::{transpose_keys, WideTiles};
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
 
@@ -47,11 +48,11 @@ fn bench_tiles(c: &mut Criterion) {
             }
         })
     });
-    if let Some(proof) = NarrowTiles::here() {
+    if let Some(proof) = NarrowTiles::here().map(TransposedTiles::Narrow) {
         group.bench_function("narrow_avx2_transposed", |b| {
             b.iter(|| {
                 let mut acc_refs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..]).collect();
-                tile_update_narrow(
+                tile_update_transposed(
                     proof,
                     &mut sts,
                     &mut acc_refs,
@@ -64,11 +65,11 @@ fn bench_tiles(c: &mut Criterion) {
             })
         });
     }
-    if let Some(proof) = WideTiles::here() {
+    if let Some(proof) = WideTiles::here().map(TransposedTiles::Wide) {
         group.bench_function("wide_avx512_transposed", |b| {
             b.iter(|| {
                 let mut acc_refs: Vec<&mut [f32]> = accs.iter_mut().map(|a| &mut a[..]).collect();
-                tile_update_wide(
+                tile_update_transposed(
                     proof,
                     &mut sts,
                     &mut acc_refs,

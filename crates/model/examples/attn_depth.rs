@@ -1,18 +1,17 @@
-//! Attention alone at depth, one thread: the tiled regime over a cache of `DEPTH` positions for a
-//! decode step (one token, the 3 query heads of each GQA group) and a prefill step (a run of
-//! tokens), per KV codec, on the default model's shape (9 query heads, 3 KV heads, head_dim 64).
+//! Attention alone at depth, one thread: one layer's attention (`model::attention_layer`, the
+//! forward pass's own plan and kernels in the engine's numerics) over a cache of `DEPTH`
+//! positions, for a decode step (one token) and a prefill step (a run of tokens), per KV codec,
+//! on the default model's shape (`models/`, or `$AGENTKV_MODEL`).
 //!
 //! `cargo run --release -p model --example attn_depth -- [DEPTH] [PREFILL_TOKENS] [REPS] [CODEC…]`
 //! prints microseconds per layer for each step (the median of `REPS`).
 
 use std::time::Instant;
 
-use kernels::par::DisjointRows;
-use model::attention::AttnArith;
-use model::attention_plan::{plan, AttnShape};
-use model::attention_tiled::{run_tile_task, TileInputs, TileOutputs, TileScratch};
-use model::kv_contiguous::ContiguousKv;
-use model::{KvDtype, KvStore, SeqSlot};
+use model::{
+    attention_layer, default_model_path, ContiguousKv, ForwardBatch, KvDtype, KvStore, Model,
+    Numerics, RowKind, Scratch, SeqSlot, ThreadPool,
+};
 use rand::{Rng, SeedableRng};
 
 fn main() {
@@ -27,8 +26,16 @@ fn main() {
     } else {
         ["f16", "int8", "k=int4c,v=int4"].map(String::from).to_vec()
     };
-    let (heads, kv_heads, hd) = (9usize, 3usize, 64usize);
+    let model =
+        Model::load(&default_model_path()).expect("the default model (agentkv fetch-model)");
+    let cfg = model.config();
+    let (kv_heads, hd, qd) = (cfg.num_kv_heads, cfg.head_dim, cfg.q_dim());
+    let pool = ThreadPool::new(1);
     let n = depth + prefill;
+    println!(
+        "{} query heads, {kv_heads} KV heads, head_dim {hd}, depth {depth}, one thread",
+        cfg.num_heads
+    );
     for spec in &codecs {
         let dtype = KvDtype::parse(spec).expect("codec");
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
@@ -44,53 +51,48 @@ fn main() {
             kv.write(0, SeqSlot(0), p, &k, &v).expect("write");
         }
         kv.begin_step();
-        let q: Vec<f32> = (0..prefill * heads * hd)
+        let q: Vec<f32> = (0..prefill * qd)
             .map(|_| rng.gen_range(-1.0f32..1.0))
             .collect();
-        let shape = AttnShape {
-            num_heads: heads,
-            num_kv_heads: kv_heads,
-            head_dim: hd,
-            kv_is_f16: dtype == KvDtype::F16,
-            kv_encoded: dtype != KvDtype::F16,
-            arith: AttnArith::Row,
-        };
         let mut line = format!("{spec:>16}:");
+        let mut scratch = Scratch::default();
         for (what, tokens) in [("decode", 1usize), ("prefill", prefill)] {
             let positions: Vec<u32> = (depth as u32..(depth + tokens) as u32).collect();
             let slots = vec![SeqSlot(0); tokens];
-            let arith = if tokens >= 64 {
-                AttnArith::Prefill
-            } else {
-                AttnArith::Row
-            };
-            let inp = TileInputs {
-                kv: &kv,
-                layer: 0,
-                q: &q[..tokens * heads * hd],
-                slots: &slots,
+            let kinds = vec![
+                if tokens == 1 {
+                    RowKind::Generated
+                } else {
+                    RowKind::Prompt
+                };
+                tokens
+            ];
+            let ids = vec![0u32; tokens];
+            let batch = ForwardBatch {
+                tokens: &ids,
                 positions: &positions,
-                num_heads: heads,
-                num_kv_heads: kv_heads,
-                head_dim: hd,
-                scale: 0.125,
-                arith,
+                slots: &slots,
+                logits_for: &[],
+                numerics: Numerics::Engine,
+                rows: &kinds,
             };
-            let p = plan(&AttnShape { arith, ..shape }, &slots, &positions);
-            let mut times = Vec::new();
-            let mut scratch = TileScratch::default();
-            let mut att = vec![0f32; tokens * heads * hd];
-            let mut partials = vec![0f32; p.partial_rows * (hd + 2)];
+            let mut att = vec![0f32; tokens * qd];
             let inner = if tokens == 1 { 20 } else { 1 };
+            let mut times = Vec::new();
             for _ in 0..reps {
                 let t0 = Instant::now();
                 for _ in 0..inner {
-                    let rows = DisjointRows::new(&mut att, hd);
-                    let outputs = TileOutputs::new(&p, &mut partials, hd, &rows);
-                    for &task in &p.tasks {
-                        // SAFETY: tasks run one after the other: no row has two writers.
-                        unsafe { run_tile_task(&inp, &p, task, &outputs, &mut scratch) };
-                    }
+                    attention_layer(
+                        cfg,
+                        &pool,
+                        &batch,
+                        &kv,
+                        0,
+                        &q[..tokens * qd],
+                        &mut att,
+                        &mut scratch,
+                    )
+                    .expect("attention");
                 }
                 times.push(t0.elapsed().as_secs_f64() * 1e6 / inner as f64);
             }

@@ -13,10 +13,10 @@
 //! Prints per-prompt mean |Δ logprob| against llama.cpp's reference (positions compared while the
 //! tokens agree) and the overall mean; `EVERY` = 3 takes the server test's subset.
 
-use model::forward::{AttnArith, ForwardBatch, MatmulArith, Scratch};
 use model::kv::KvChunk;
-use model::kv_contiguous::ContiguousKv;
 use model::sampler::{Sampler, SamplingParams};
+use model::ContiguousKv;
+use model::{AttnArith, ForwardBatch, MatmulArith, Scratch};
 use model::{KvDtype, KvStore, Model, SeqSlot, ThreadPool};
 use model::{Numerics, RowKind};
 

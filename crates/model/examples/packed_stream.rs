@@ -58,7 +58,7 @@ fn main() {
     let mut y = vec![0f32; 1536];
     for threads in [1, 2] {
         let pool = ThreadPool::new(threads);
-        let bw = model::membw::measure_read_bandwidth(&pool, 256 << 20, 8);
+        let bw = model::measure_read_bandwidth(&pool, 256 << 20, 8);
         println!(
             "{threads} thread(s): plain read {:.1} GB/s",
             bw.best() / 1e9

@@ -13,7 +13,7 @@
 //! weighted values, divided by `S` at the end. Positions are visited in order, so the result is
 //! still independent of chunking. llama.cpp runs that kernel over the whole range only while the
 //! (256-padded) cache is under 512 cells for a one-token decode; beyond
-//! [`F16_ACC_MAX_POSITIONS`] positions it cuts the cells into one chunk per thread, runs the
+//! 256 (`attention_split::PAD_CELLS`) positions it cuts the cells into one chunk per thread, runs the
 //! kernel on each and merges them (`attention_split`): [`AttnArith::Row`] does the same for
 //! the thread count it is given (`kv_split`).
 //!
@@ -29,7 +29,8 @@ use kernels::{axpy_f32, dot_f32};
 /// Up to this many positions llama.cpp's one-token step is one chunk of
 /// `flash_attn_ext_f16_one_chunk` (a cache of 256 padded cells); above it, its split-KV path
 /// (`attention_split`).
-pub const F16_ACC_MAX_POSITIONS: usize = crate::attention_split::PAD_CELLS;
+#[cfg(test)]
+pub(crate) const F16_ACC_MAX_POSITIONS: usize = crate::attention_split::PAD_CELLS;
 use crate::kv::{KvChunk, KvStore, SeqSlot};
 use quant::PreparedQuery;
 
@@ -48,8 +49,9 @@ pub struct AttnScratch {
 
 /// `out = softmax(q·Kᵀ · scale) · V` over positions `0..num_positions` of `kv_head`.
 /// Shapes: `q`, `out` are `[head_dim]`.
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
-pub fn attend_one(
+pub(crate) fn attend_one(
     kv: &dyn KvStore,
     layer: usize,
     slot: SeqSlot,
@@ -77,8 +79,9 @@ pub fn attend_one(
 /// [`attend_one`] over positions `first..num_positions` only (a sliding-window layer's query
 /// attends the last `window` positions): the same arithmetic over the attended positions, so
 /// `first = 0` is `attend_one`.
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
-pub fn attend_window(
+pub(crate) fn attend_window(
     kv: &dyn KvStore,
     layer: usize,
     slot: SeqSlot,
@@ -112,7 +115,7 @@ pub fn attend_window(
 pub enum AttnArith {
     /// `flash_attn_ext_f16_one_chunk`, which llama.cpp runs for steps of fewer than
     /// [`PREFILL_MIN_TOKENS`] query tokens (decode, short prompts): query rounded to f16, f16
-    /// accumulator; beyond [`F16_ACC_MAX_POSITIONS`] positions over one chunk of cells per
+    /// accumulator; beyond 256 (`attention_split::PAD_CELLS`) positions over one chunk of cells per
     /// thread, merged (its split-KV decode, `attention_split`).
     #[default]
     Row,
@@ -166,7 +169,7 @@ impl AttnArith {
 }
 
 /// [`attend_window`] in the arithmetic `arith` selects. `kv_split` is the thread count whose
-/// split-KV decode [`AttnArith::Row`] reproduces beyond [`F16_ACC_MAX_POSITIONS`] positions
+/// split-KV decode [`AttnArith::Row`] reproduces beyond 256 (`attention_split::PAD_CELLS`) positions
 /// (llama.cpp's `-t`; 0 for a row of a multi-token step, which llama.cpp does not split;
 /// ignored by the other arithmetics).
 #[allow(clippy::too_many_arguments)]

@@ -10,7 +10,7 @@
 //! - **exact** (f16 K/V in a step of [`AttnArith::Row`], or f32 K/V, or `head_dim % 8 != 0`):
 //!   one task per (token, query head) through `attention::attend_window_with`, llama.cpp's
 //!   decode arithmetic (its split-KV decode beyond
-//!   [`F16_ACC_MAX_POSITIONS`](crate::attention::F16_ACC_MAX_POSITIONS) positions);
+//!   256 (`attention_split::PAD_CELLS`) positions);
 //! - **tiled** (otherwise, so every f16 row of an [`AttnArith::Prefill`] or [`AttnArith::Tiled`]
 //!   step and every row over encoded K/V): the query rows of all heads of a GQA group and up to
 //!   [`QUERY_TILE_TOKENS`] ([`ENCODED_QUERY_TILE_TOKENS`] over encoded K/V) consecutive tokens of
@@ -110,7 +110,8 @@ pub fn num_segments(n: usize) -> usize {
 }
 
 /// Plans one step. `slots` and `positions` are `[num_tokens]`.
-pub fn plan(shape: &AttnShape, slots: &[SeqSlot], positions: &[u32]) -> AttnPlan {
+#[cfg(test)]
+pub(crate) fn plan(shape: &AttnShape, slots: &[SeqSlot], positions: &[u32]) -> AttnPlan {
     plan_without(shape, slots, positions, &[])
 }
 

@@ -34,8 +34,11 @@ use kernels::flash_tile_codes::{tile_update_channel_codes, tile_update_wide_code
 use kernels::flash_tile_codes::{
     tile_update_codes, CodedTile, KeyCodes, QueryCodes, QueryRef, TileValues,
 };
-use kernels::flash_tile_narrow::{tile_update_narrow, NarrowTiles};
-use kernels::flash_tile_wide::{tile_update_wide, transpose_keys, WideTiles, WIDE_ROWS};
+use kernels::flash_tile_narrow::NarrowTiles;
+use kernels::flash_tile_transposed::{
+    tile_update_transposed, TransposedTiles, TRIPLE_ROWS as WIDE_ROWS,
+};
+use kernels::flash_tile_wide::{transpose_keys, WideTiles};
 use kernels::par::DisjointRows;
 use quant::decode_rows;
 
@@ -261,19 +264,11 @@ fn for_live_blocks<'r, const BLOCK: usize, Q: Copy>(
 /// triple's softmax with the next triple's scores (`flash_tile_wide::x86::triples`).
 const WIDE_BLOCK_ROWS: usize = 8 * WIDE_ROWS;
 
-/// A tile step over K transposed to `[head_dim, 16]` (same bits as the row-major kernels): the
-/// 512-bit one of `flash_tile_wide`, or without AVX-512 the 256-bit one of `flash_tile_narrow`.
-#[derive(Clone, Copy)]
-enum TransposedStep {
-    Wide(WideTiles),
-    Narrow(NarrowTiles),
-}
-
-/// [`update_rows`] through a [`TransposedStep`]: `kt` is the tile's K transposed, `vals` its
+/// [`update_rows`] through a transposed tile step (`kernels::flash_tile_transposed`): `kt` is the tile's K transposed, `vals` its
 /// widened V; rows go in blocks of [`WIDE_BLOCK_ROWS`].
 #[allow(clippy::too_many_arguments)]
 fn update_rows_transposed(
-    step: TransposedStep,
+    step: TransposedTiles,
     rows: &mut [Row<'_>],
     hd: usize,
     kt: &[f32],
@@ -290,11 +285,8 @@ fn update_rows_transposed(
         tile_end,
         empty,
         |row| row.q,
-        |sts, accs, qs, valids| match step {
-            TransposedStep::Wide(p) => tile_update_wide(p, sts, accs, qs, valids, kt, vals, scale),
-            TransposedStep::Narrow(p) => {
-                tile_update_narrow(p, sts, accs, qs, valids, kt, vals, scale)
-            }
+        |sts, accs, qs, valids| {
+            tile_update_transposed(step, sts, accs, qs, valids, kt, vals, scale)
         },
     );
 }
@@ -733,8 +725,8 @@ fn attend_chunk(
     let pass = path.pass(rows.len(), hd);
     let widen = pass.widen;
     let transposed = match pass.transposed {
-        Some(Transposed::Wide) => steps.wide.map(TransposedStep::Wide),
-        Some(Transposed::Narrow) => steps.narrow.map(TransposedStep::Narrow),
+        Some(Transposed::Wide) => steps.wide.map(TransposedTiles::Wide),
+        Some(Transposed::Narrow) => steps.narrow.map(TransposedTiles::Narrow),
         None => None,
     };
     let narrow_channels = pass.narrow_channels;
@@ -961,7 +953,7 @@ fn tile_step(
     coded_tile: Option<KeyCodes>,
     v_codes: Option<quant::EncodedRows<'_>>,
     widen: bool,
-    transposed: Option<TransposedStep>,
+    transposed: Option<TransposedTiles>,
     tile_start: usize,
     tile_end: usize,
 ) {
@@ -981,7 +973,7 @@ fn tile_step(
                 scale,
             ),
             _ => update_rows_transposed(
-                TransposedStep::Wide(proof),
+                TransposedTiles::Wide(proof),
                 &mut *rows,
                 hd,
                 bufs.keys_t,

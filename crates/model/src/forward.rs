@@ -123,18 +123,7 @@ pub fn forward(
             ))
         }
     };
-    // Queries scaled before attention (then scores are not), or scores after the dot product.
-    let attn_scale = if cfg.scale_queries {
-        1.0
-    } else {
-        cfg.attn_scale
-    };
-    let StepPlans {
-        plan,
-        local_plan,
-        ggml_tasks,
-        kv_split,
-    } = plan_step(cfg, batch, kv.codecs(), pool.num_threads());
+    let plans = plan_step(cfg, batch, kv.codecs(), pool.num_threads());
 
     // Whether the last layer keeps only the rows of `logits_for` (always, unless every token's
     // logits are wanted in order, when it would change nothing).
@@ -150,20 +139,14 @@ pub fn forward(
             grow(&mut s.xn, n * hd),
         );
     }
-    let step_attention = StepAttention {
-        cfg,
-        slots: batch.slots,
-        positions: batch.positions,
-        arith: batch.numerics.attention(),
-        ggml_tasks: &ggml_tasks,
-        kv_split: &kv_split,
-        scale: attn_scale,
-    };
+    let step_attention = plans.attention(cfg, batch);
     for (l, lw) in w.layers.iter().enumerate() {
         let window = cfg.window_of(l);
-        let (plan, angles) = match (window, &local_plan) {
-            (Some(_), Some(p)) => (p, &local_angles),
-            _ => (&plan, &angles),
+        let plan = plans.of_layer(window);
+        let angles = if plans.local_plan.is_some() && window.is_some() {
+            &local_angles
+        } else {
+            &angles
         };
         // Attention block (`xn` holds the normed input).
         let xn = &s.xn[..n * hd];
@@ -234,6 +217,43 @@ pub fn forward(
     final_logits(pool, cfg, w, s, batch, compact)
 }
 
+/// One layer's attention for `batch` alone, over K/V already in `kv`: `q` holds the batch's
+/// queries (`[num_tokens, q_dim]`, roped, and scaled where the model scales queries) and `att`
+/// gets the attention rows (`[num_tokens, q_dim]`). Exactly what [`forward`] runs between a
+/// layer's QKV and output projections — the step's plan, its tasks and the numerics' kernel per
+/// row — for benchmarks and tests of attention on its own (it never writes K/V).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_layer(
+    cfg: &ModelConfig,
+    pool: &ThreadPool,
+    batch: &ForwardBatch<'_>,
+    kv: &dyn KvStore,
+    layer: usize,
+    q: &[f32],
+    att: &mut [f32],
+    s: &mut Scratch,
+) -> Result<(), ForwardError> {
+    check_batch(cfg, batch)?;
+    let (n, qd) = (batch.tokens.len(), cfg.q_dim());
+    if layer >= cfg.num_layers || q.len() != n * qd || att.len() != n * qd {
+        return Err(ForwardError::BadBatch(format!(
+            "attention of layer {layer} (of {}): q holds {} floats and att {}, want {}",
+            cfg.num_layers,
+            q.len(),
+            att.len(),
+            n * qd
+        )));
+    }
+    let plans = plan_step(cfg, batch, kv.codecs(), pool.num_threads());
+    let window = cfg.window_of(layer);
+    let plan = plans.of_layer(window);
+    let partials = grow(&mut s.partials, plan.partial_rows * (cfg.head_dim + 2));
+    plans
+        .attention(cfg, batch)
+        .run(pool, plan, layer, window, kv, q, att, partials);
+    Ok(())
+}
+
 /// Checks the batch's slices against each other and the vocabulary.
 fn check_batch(cfg: &ModelConfig, batch: &ForwardBatch<'_>) -> Result<(), ForwardError> {
     let n = batch.tokens.len();
@@ -268,6 +288,39 @@ struct StepPlans {
     local_plan: Option<AttnPlan>,
     ggml_tasks: Vec<(usize, usize, usize)>,
     kv_split: Vec<usize>,
+}
+
+impl StepPlans {
+    /// The plan of a layer with sliding window `window` (or none).
+    fn of_layer(&self, window: Option<usize>) -> &AttnPlan {
+        match (window, &self.local_plan) {
+            (Some(_), Some(p)) => p,
+            _ => &self.plan,
+        }
+    }
+
+    /// What every layer's attention of the step shares.
+    fn attention<'a>(
+        &'a self,
+        cfg: &'a ModelConfig,
+        batch: &ForwardBatch<'a>,
+    ) -> StepAttention<'a> {
+        StepAttention {
+            cfg,
+            slots: batch.slots,
+            positions: batch.positions,
+            arith: batch.numerics.attention(),
+            ggml_tasks: &self.ggml_tasks,
+            kv_split: &self.kv_split,
+            // Queries scaled before attention (then scores are not), or scores after the dot
+            // product.
+            scale: if cfg.scale_queries {
+                1.0
+            } else {
+                cfg.attn_scale
+            },
+        }
+    }
 }
 
 /// Plans the step's attention for K/V in `codecs` on a pool of `threads` threads.

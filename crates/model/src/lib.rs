@@ -6,41 +6,51 @@
 //! schedules requests, never owns a paged cache (the forward pass reads and writes K/V through the
 //! [`kv::KvStore`] trait that the engine implements) and never touches the network.
 
-pub mod attention;
-pub mod attention_plan;
+mod attention;
+mod attention_plan;
 mod attention_split;
-pub mod attention_tiled;
+mod attention_tiled;
 mod backend;
 pub mod config;
-pub mod forward;
+mod forward;
 mod forward_attention;
 mod forward_rows;
-pub mod generate;
+mod generate;
 pub mod kv;
-pub mod kv_contiguous;
+mod kv_contiguous;
 mod kv_rows;
 mod kv_sealed;
-pub mod membw;
+mod membw;
 mod model;
 mod numerics;
-pub mod ops;
-pub mod perplexity;
+mod ops;
+mod perplexity;
 mod rope_scaling;
 pub mod sampler;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod tile_path;
+mod tile_path;
 mod weights;
 
+pub use attention::PREFILL_MIN_TOKENS;
 pub use backend::{Backend, CpuBackend, ModelShape};
 pub use config::ModelConfig;
-pub use forward::{AttnArith, ForwardBatch, ForwardError, MatmulArith, Scratch};
+pub use forward::{
+    attention_layer, forward, AttnArith, ForwardBatch, ForwardError, MatmulArith, Scratch,
+};
 pub use frontend::Frontend;
+pub use generate::{generate, GenerateError, GenerateOptions, GenerateStats};
 pub use kernels::{PackedDef, ThreadPool};
 pub use kv::{KvDtype, KvStore, SeqSlot};
+pub use kv_contiguous::ContiguousKv;
 pub use kv_rows::KvRows;
+pub use membw::{measure_read_bandwidth, Bandwidth, DecodeTraffic};
 pub use model::{LoadError, Model};
 pub use numerics::{Numerics, RowKind};
+pub use ops::{log_softmax_at, Rope};
+pub use perplexity::{
+    kl_divergence, perplexity, PerplexityError, PerplexityOptions, PerplexityReport,
+};
 pub use rope_scaling::RopeScaling;
 pub use sampler::{
     ConstraintError, ConstraintFactory, ConstraintSpec, SampledToken, Sampler, SamplingParams,

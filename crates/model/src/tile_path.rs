@@ -143,7 +143,8 @@ impl TaskPath {
 
     /// The tile step a whole, sealed (`sealed`: before the pass's own `int4c` group) or
     /// unsealed tile of the pass takes: the last rung of `attention_tiled.rs`'s ladder, named.
-    pub fn tile_step(&self, pass: &PassPath, sealed: bool) -> &'static str {
+    #[cfg(test)]
+    pub(crate) fn tile_step(&self, pass: &PassPath, sealed: bool) -> &'static str {
         if self.fuse_channels && sealed {
             return "int4c codes, AVX2 step (K and V in registers)";
         }

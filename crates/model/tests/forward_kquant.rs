@@ -7,12 +7,12 @@
 use gguf::{dequantize_row, quantize_row, GgmlType, GgufFile, GgufWriter, MetaValue};
 use kernels::set_force_portable;
 use model::config::ModelConfig;
-use model::forward::{forward, ForwardBatch, Scratch};
 use model::kv::{KvDtype, SeqSlot};
-use model::kv_contiguous::ContiguousKv;
-use model::ops::Rope;
+use model::ContiguousKv;
+use model::Rope;
 use model::ThreadPool;
 use model::Weights;
+use model::{forward, ForwardBatch, Scratch};
 use model::{Numerics, RowKind};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;

@@ -6,12 +6,12 @@
 
 use gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
 use model::config::{Arch, ModelConfig};
-use model::forward::{forward, AttnArith, ForwardBatch, Scratch};
 use model::kv::{KvDtype, SeqSlot};
-use model::kv_contiguous::ContiguousKv;
-use model::ops::Rope;
+use model::ContiguousKv;
+use model::Rope;
 use model::ThreadPool;
 use model::Weights;
+use model::{forward, AttnArith, ForwardBatch, Scratch};
 use model::{Numerics, RowKind};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;

@@ -12,7 +12,7 @@
 mod common;
 
 use common::{model, references_from, Reference};
-use model::generate::{generate, GenerateOptions};
+use model::{generate, GenerateOptions};
 use model::{KvDtype, ThreadPool};
 
 fn references() -> Vec<Reference> {

@@ -3,8 +3,8 @@
 mod common;
 
 use common::model;
-use model::generate::{generate, GenerateOptions};
-use model::perplexity::{perplexity, PerplexityOptions};
+use model::{generate, GenerateOptions};
+use model::{perplexity, PerplexityOptions};
 use model::{KvDtype, ThreadPool};
 
 fn ppl(kv_dtype: KvDtype, chunks: usize) -> f64 {

@@ -216,7 +216,7 @@ const LLAMA_CPP_PERPLEXITY: &[(&str, usize, f64)] = &[
 /// evaluated as llama-perplexity does (`model::perplexity`, llama.cpp's matmul order).
 #[test]
 fn perplexity_matches_llama_cpp_on_every_fixture() {
-    use model::perplexity::{perplexity, PerplexityOptions};
+    use model::{perplexity, PerplexityOptions};
     let pool = ThreadPool::new(2);
     let text = include_str!("data/corpus.txt");
     let mut off = Vec::new();

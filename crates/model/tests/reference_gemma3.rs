@@ -20,7 +20,7 @@ mod common;
 use std::sync::OnceLock;
 
 use common::{greedy_like_llama_cpp, llama_server_logits, references_from, Reference};
-use model::perplexity::{perplexity, PerplexityOptions};
+use model::{perplexity, PerplexityOptions};
 use model::{KvDtype, Model, ThreadPool};
 
 /// The model, loaded once per test binary, or `None` (with a message) when it is not fetched.
@@ -89,7 +89,7 @@ fn teacher_forced(m: &Model, pool: &ThreadPool, r: &Reference) -> Vec<(f32, u32)
         .enumerate()
         .map(|(j, row)| {
             (
-                model::ops::log_softmax_at(row, r.greedy_ids[j] as usize),
+                model::log_softmax_at(row, r.greedy_ids[j] as usize),
                 model::sampler::argmax(row),
             )
         })

@@ -4,8 +4,8 @@
 mod common;
 
 use common::{model, references};
-use model::generate::{generate, GenerateOptions};
-use model::perplexity::{perplexity, PerplexityOptions};
+use model::{generate, GenerateOptions};
+use model::{perplexity, PerplexityOptions};
 use model::{AttnArith, KvDtype, MatmulArith, ThreadPool};
 use model::{Numerics, RowKind};
 
@@ -19,7 +19,7 @@ fn teacher_forced(
     matmul_arith: MatmulArith,
     attn_arith: AttnArith,
 ) -> Vec<(f32, u32)> {
-    use model::forward::{ForwardBatch, Scratch};
+    use model::{ForwardBatch, Scratch};
     let n = r.stable_len;
     let mut all = r.prompt_ids.clone();
     all.extend_from_slice(&r.greedy_ids[..n.saturating_sub(1)]);
@@ -46,7 +46,7 @@ fn teacher_forced(
         .map(|j| {
             let row = &logits[j * vocab..(j + 1) * vocab];
             (
-                model::ops::log_softmax_at(row, r.greedy_ids[j] as usize),
+                model::log_softmax_at(row, r.greedy_ids[j] as usize),
                 model::sampler::argmax(row),
             )
         })

@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use anyhow::{anyhow, Result};
-use model::forward::{AttnArith, ForwardBatch, Scratch};
+use model::{AttnArith, ForwardBatch, Scratch};
 use model::{ConstraintSpec, SeqSlot};
 use serde_json::json;
 use server::grammar::Grammars;

@@ -14,7 +14,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use model::forward::{AttnArith, ForwardBatch, Scratch};
+use model::{AttnArith, ForwardBatch, Scratch};
 use model::{Numerics, RowKind, SeqSlot};
 
 use super::common::ModelArgs;
@@ -118,7 +118,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
     let capacity = depth + args.prompt_tokens.max(args.gen_tokens) + 1;
     let mut scratch = Scratch::default();
     // One forward pass over positions `start..start + len` of slot 0.
-    let run = |kv: &mut model::kv_contiguous::ContiguousKv,
+    let run = |kv: &mut model::ContiguousKv,
                scratch: &mut Scratch,
                start: usize,
                len: usize|
@@ -128,7 +128,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         let slots = vec![SeqSlot(0); len];
         // Prompt rows of 64+ token steps are llama.cpp's tiled prefill rows when reproducing
         // it; otherwise each row is what llama.cpp's step would make it.
-        let rows = if args.llama_cpp_prefill && len >= model::attention::PREFILL_MIN_TOKENS {
+        let rows = if args.llama_cpp_prefill && len >= model::PREFILL_MIN_TOKENS {
             vec![RowKind::LongPrompt; len]
         } else {
             RowKind::by_step(&slots)
@@ -288,10 +288,10 @@ fn report_membw(b: &MembwBound, tg_med: f64, out: &mut serde_json::Value) {
 /// token's size, and one decoded token's traffic.
 struct MembwBound {
     /// The streaming read of a `--membw-mib` buffer.
-    memory: model::membw::Bandwidth,
+    memory: model::Bandwidth,
     /// The same read over a buffer of `bytes_per_token` (whole MiB): what the cache hierarchy
     /// gives a working set of the decode's size.
-    working_set: model::membw::Bandwidth,
+    working_set: model::Bandwidth,
     weight_bytes: u64,
     kv_bytes_per_position: u64,
     /// The decode's mean position (decode runs over `depth..depth + gen_tokens`).
@@ -304,11 +304,11 @@ fn membw_bound(
     pool: &model::ThreadPool,
     args: &BenchModelArgs,
 ) -> Result<MembwBound> {
-    let memory = model::membw::measure_read_bandwidth(pool, args.membw_mib << 20, 20);
-    let traffic = model::membw::DecodeTraffic::of(model, args.kv.codecs()?);
+    let memory = model::measure_read_bandwidth(pool, args.membw_mib << 20, 20);
+    let traffic = model::DecodeTraffic::of(model, args.kv.codecs()?);
     let mean_depth = args.depth + args.gen_tokens / 2;
     let bytes_per_token = traffic.bytes_at_depth(mean_depth);
-    let working_set = model::membw::measure_read_bandwidth(pool, bytes_per_token as usize, 20);
+    let working_set = model::measure_read_bandwidth(pool, bytes_per_token as usize, 20);
     Ok(MembwBound {
         memory,
         working_set,

@@ -1,6 +1,7 @@
 //! One module per subcommand: argument structs and thin glue over the library crates.
 
 pub mod bench_agent;
+pub mod bench_args;
 pub mod bench_constraint;
 pub mod bench_engine;
 pub mod bench_model;

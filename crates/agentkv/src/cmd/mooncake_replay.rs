@@ -8,7 +8,7 @@ use bench::open_loop::{run_open_loop, OpenLoopConfig, TimedPrompt};
 use cache::sim::{mooncake_prompt, simulate, InferredRetention, SimConfig, TraceCall};
 use cache::EvictionPolicy;
 
-use super::bench_agent::{targets, ReplayArgs};
+use super::bench_args::{targets, ReplayArgs};
 
 /// The `p`-th percentile of `v` (the bench's definition), 0 when empty.
 fn quantile(v: impl IntoIterator<Item = f64>, p: f64) -> f64 {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use model::perplexity::{perplexity, PerplexityOptions};
+use model::{perplexity, PerplexityOptions};
 
 use super::common::ModelArgs;
 

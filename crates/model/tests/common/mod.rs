@@ -71,7 +71,7 @@ pub fn llama_server_logits(
     r: &Reference,
     n: usize,
 ) -> Vec<Vec<f32>> {
-    use model::forward::{ForwardBatch, Scratch};
+    use model::{ForwardBatch, Scratch};
     let mut all = r.prompt_ids.clone();
     all.extend_from_slice(&r.greedy_ids[..n.saturating_sub(1)]);
     let mut kv = m.contiguous_kv(1, all.len(), model::KvDtype::F16).unwrap();
@@ -123,13 +123,13 @@ pub fn greedy_like_llama_cpp(
     prompt: &[u32],
     n: usize,
 ) -> Vec<u32> {
-    let opts = model::generate::GenerateOptions {
+    let opts = model::GenerateOptions {
         max_tokens: n,
         kv_dtype: model::KvDtype::F16,
         llama_cpp_prefill: true,
         ..Default::default()
     };
-    let (out, _) = model::generate::generate(m, pool, prompt, &opts, |_| true).expect("generation");
+    let (out, _) = model::generate(m, pool, prompt, &opts, |_| true).expect("generation");
     out.iter().map(|t| t.id).collect()
 }
 
