@@ -3,6 +3,7 @@
 # conversation and synthetic traces; the tool-and-agent one is stored as a large file there) and
 # on generated agent traces, for LRU, adaptive SLRU, the server's default (reuse-aware LRU +
 # inferred conversations + the policy duel), the default with both options always on, the
+# default with displacement by retention value (`--displace`, off by default), the
 # sessions-known reference (conversations inferred over the whole trace, released at their last
 # call: knows the future) and the offline optimum. One JSON line per run in OUT/raw.jsonl and a
 # table on stdout.
@@ -36,13 +37,14 @@ for tp in conversation_trace:5000 conversation_trace:20000 synthetic_trace:3000 
   run "$trace" "$pool" adaptive-slru --policy adaptive-slru --retention none
   run "$trace" "$pool" default
   run "$trace" "$pool" no-duel --no-duel
+  run "$trace" "$pool" displace --displace
   run "$trace" "$pool" sessions-known --policy lru --retention oracle --session-ttl-s 600
 done
 echo "== machine: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p')"
 python3 - "$out/raw.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-labels = ["lru", "adaptive-slru", "default", "no-duel", "sessions-known"]
+labels = ["lru", "adaptive-slru", "default", "no-duel", "displace", "sessions-known"]
 print("| trace | pool (blocks) | " + " | ".join(labels) + " | optimum |")
 print("|---|---:|" + "---:|" * (len(labels) + 1))
 keys = []

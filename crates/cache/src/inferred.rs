@@ -6,7 +6,11 @@
 //! Retention stays the cache's soft bias under its cap (`max_retained_fraction`, per-tenant
 //! retained quotas): when the cap is reached, a new turn's blocks are refused rather than
 //! displacing conversations already retained (first come, kept for the whole TTL — under
-//! pressure that serves some conversations fully instead of thrashing all of them). Named
+//! pressure that serves some conversations fully instead of thrashing all of them). With
+//! `displace` on (off by default: measured mixed, docs/history/benchmarks-log.md), a new turn
+//! instead displaces the retained conversations worth less than it
+//! ([`ReturnModel::retention_value`]: the chance to be continued at its depth, fading as the gap
+//! grows past the learned gaps, over the mean wait for that return), least worth first. Named
 //! sessions and `cache_control` take precedence: [`InferredRetainer::make_room`] releases inferred
 //! conversations, oldest retention first, when an explicit retention needs the room.
 //!
@@ -27,10 +31,23 @@ use crate::KvCache;
 const INFERRED_SESSION_BITS: u64 = 0b11 << 62;
 
 /// The inferred-conversation policy's parameters.
-#[derive(Clone, Copy, Debug, PartialEq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct InferredConfig {
     pub conversations: ConversationConfig,
     pub return_model: ReturnModelConfig,
+    /// Whether a new turn displaces retained conversations worth less than it (else it is
+    /// refused when the cap is reached).
+    pub displace: bool,
+}
+
+impl Default for InferredConfig {
+    fn default() -> Self {
+        InferredConfig {
+            conversations: ConversationConfig::default(),
+            return_model: ReturnModelConfig::default(),
+            displace: false,
+        }
+    }
 }
 
 /// What [`InferredRetainer::on_finish`] did.
@@ -51,6 +68,8 @@ pub struct InferredCounters {
     pub branches: u64,
     /// Inferred retentions released early to make room for named sessions or breakpoints.
     pub released_for_explicit: u64,
+    /// Inferred retentions released early for a turn worth more (`displace`).
+    pub displaced: u64,
 }
 
 /// The policy (see the module docs).
@@ -58,9 +77,11 @@ pub struct InferredCounters {
 pub struct InferredRetainer {
     index: Conversations,
     returns: ReturnModel,
-    /// Retentions held, by the tick they were made (oldest first), and the reverse map.
+    displace: bool,
+    /// Retentions held, by the tick they were made (oldest first), and the reverse map (with
+    /// the turn's index).
     held: BTreeSet<(Tick, ConversationId)>,
-    held_at: HashMap<ConversationId, Tick>,
+    held_at: HashMap<ConversationId, (Tick, u32)>,
     counters: InferredCounters,
 }
 
@@ -74,6 +95,7 @@ impl InferredRetainer {
         InferredRetainer {
             index: Conversations::new(config.conversations),
             returns: ReturnModel::new(config.return_model),
+            displace: config.displace,
             held: BTreeSet::new(),
             held_at: HashMap::new(),
             counters: InferredCounters::default(),
@@ -85,6 +107,7 @@ impl InferredRetainer {
     pub fn place(&mut self, req: FinishedRequest<'_>) -> Turn {
         let turn = self.index.observe(req);
         self.counters.turns += 1;
+        self.returns.observe_turn(turn.index);
         match turn.kind {
             TurnKind::Continue { gap_ms } => {
                 self.returns.observe_gap(gap_ms);
@@ -110,11 +133,18 @@ impl InferredRetainer {
         let ttl_ms = self.returns.ttl_ms();
         let session = inferred_session(turn.conversation);
         let until = Tick(req.now.0.saturating_add(ttl_ms));
-        let out = cache.retain_session(session, seq, until, priority, req.now)?;
         self.forget(turn.conversation);
+        let mut out = cache.retain_session(session, seq, until, priority, req.now)?;
+        if out.refused_blocks > 0 && self.displace {
+            let p = self.returns.retention_value(turn.index, 0);
+            if self.displace_below(cache, p, out.refused_blocks, req.now) > 0 {
+                out = cache.retain_session(session, seq, until, priority, req.now)?;
+            }
+        }
         if out.retained_blocks > 0 {
             self.held.insert((req.now, turn.conversation));
-            self.held_at.insert(turn.conversation, req.now);
+            self.held_at
+                .insert(turn.conversation, (req.now, turn.index));
         } else {
             let _ = cache.release_session(session);
         }
@@ -129,9 +159,35 @@ impl InferredRetainer {
     }
 
     fn forget(&mut self, conversation: ConversationId) {
-        if let Some(at) = self.held_at.remove(&conversation) {
+        if let Some((at, _)) = self.held_at.remove(&conversation) {
             self.held.remove(&(at, conversation));
         }
+    }
+
+    /// Releases held retentions worth less than `p` at `now` (per block and millisecond), least first,
+    /// until the cache's retention cap has room for `blocks` more. Returns how many.
+    fn displace_below(&mut self, cache: &mut KvCache, p: f64, blocks: u32, now: Tick) -> usize {
+        self.prune(cache);
+        let mut ranked: Vec<(f64, Tick, ConversationId)> = (self.held_at.iter())
+            .map(|(&c, &(at, index))| {
+                let elapsed = now.0.saturating_sub(at.0);
+                (self.returns.retention_value(index, elapsed), at, c)
+            })
+            .filter(|&(q, _, _)| q < p)
+            .collect();
+        ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut released = 0;
+        for (_, _, c) in ranked {
+            if cache.retention_headroom() >= blocks {
+                break;
+            }
+            self.forget(c);
+            if cache.release_session(inferred_session(c)).is_ok() {
+                released += 1;
+            }
+        }
+        self.counters.displaced += released as u64;
+        released
     }
 
     /// The conversation whose registered end is the deepest on `prompt_chain` (a tool pause
@@ -149,11 +205,10 @@ impl InferredRetainer {
     pub fn make_room(&mut self, cache: &mut KvCache, blocks: u32) -> usize {
         let mut released = 0;
         while cache.retention_headroom() < blocks {
-            let Some((at, conversation)) = self.held.pop_first() else {
+            let Some((_, conversation)) = self.held.pop_first() else {
                 break;
             };
             self.held_at.remove(&conversation);
-            let _ = at;
             if cache
                 .release_session(inferred_session(conversation))
                 .is_ok()
@@ -201,7 +256,7 @@ impl InferredRetainer {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.index.check_invariants()?;
         if self.held.len() != self.held_at.len()
-            || !(self.held.iter()).all(|(at, c)| self.held_at.get(c) == Some(at))
+            || !(self.held.iter()).all(|(at, c)| self.held_at.get(c).map(|h| h.0) == Some(*at))
         {
             return Err("inferred retentions recorded inconsistently".into());
         }

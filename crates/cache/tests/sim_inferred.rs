@@ -9,7 +9,7 @@ use cache::sim::{
 };
 use cache::{
     CacheConfig, EvictionPolicy, FinishedRequest, InferredConfig, InferredRetainer, KvCache,
-    SessionId, TenantId, Tick,
+    SessionId, TenantId, Tick, TurnKind,
 };
 
 fn config(capacity_blocks: u32, policy: EvictionPolicy, inferred: bool) -> SimConfig {
@@ -231,6 +231,65 @@ fn inferred_retention_makes_room_for_named_sessions() {
     retainer.prune(&cache);
     retainer.check_invariants().unwrap();
     cache.check_invariants().unwrap();
+}
+
+/// With `displace` on, a new turn whose return is likely takes the room of a retained
+/// conversation whose learned return time has long passed; with it off (the default), the new
+/// turn's blocks beyond the cap are refused.
+#[test]
+fn a_likely_turn_displaces_a_conversation_past_its_return_time_when_asked() {
+    for displace in [false, true] {
+        let mut cfg = CacheConfig::new(40);
+        cfg.block_size = 4;
+        cfg.max_retained_fraction = 0.25; // 10 blocks
+        let mut cache = KvCache::new(cfg).unwrap();
+        let ns = Namespace::for_tenant(TenantId(0)).key();
+        let mut retainer = InferredRetainer::new(InferredConfig {
+            displace,
+            ..InferredConfig::default()
+        });
+        let mut finish = |cache: &mut KvCache, tokens: Vec<u32>, now: u64| {
+            let m = cache.lookup(&ns, &tokens, Tick(now));
+            let first_own_block = m.num_cached_tokens() / 4;
+            let seq = cache.create_sequence(m).unwrap();
+            cache.append_tokens(seq, &tokens, Tick(now)).unwrap();
+            cache.mark_written(seq, tokens.len(), Tick(now)).unwrap();
+            let blocks = tokens.len() / 4;
+            let chain = chain_keys(&ns, &tokens, 4, blocks);
+            let placed = retainer
+                .on_finish(
+                    cache,
+                    FinishedRequest {
+                        tenant: TenantId(0),
+                        chain: &chain,
+                        prompt_blocks: blocks,
+                        first_own_block,
+                        now: Tick(now),
+                    },
+                    seq,
+                    0,
+                )
+                .unwrap();
+            cache.free(seq, Tick(now)).unwrap();
+            retainer.check_invariants().unwrap();
+            placed
+        };
+        // Conversation A: two turns 1 s apart (the one gap learned), 8 blocks retained.
+        finish(&mut cache, (0..16).collect(), 0);
+        let a = finish(&mut cache, (0..32).collect(), 1_000);
+        assert!(matches!(a.turn.kind, TurnKind::Continue { gap_ms: 1_000 }));
+        assert_eq!(a.retained_blocks, 8);
+        // 100 s later (A's return time long past), conversation B starts: 4 blocks, room for 2.
+        let b = finish(&mut cache, (5000..5016).collect(), 100_000);
+        if displace {
+            assert_eq!((b.retained_blocks, b.refused_blocks), (4, 0));
+            assert_eq!(cache.session(a.session), None, "A was displaced");
+        } else {
+            assert_eq!((b.retained_blocks, b.refused_blocks), (2, 2));
+            assert!(cache.session(a.session).is_some());
+        }
+        cache.check_invariants().unwrap();
+    }
 }
 
 /// A live replay's prompts: one block of ids per hash id, equal ids equal blocks, the last block

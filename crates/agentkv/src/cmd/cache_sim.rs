@@ -94,6 +94,11 @@ pub struct CacheSimArgs {
     /// `inferred`: retain always, not only while the shadow caches say it pays.
     #[arg(long)]
     pub no_duel: bool,
+    /// `inferred`: once the retention cap is reached, a new turn displaces retained
+    /// conversations worth less than it (chance of return over mean wait) instead of being
+    /// refused.
+    #[arg(long)]
+    pub displace: bool,
 }
 
 /// The printed report.
@@ -158,6 +163,7 @@ pub fn run(args: CacheSimArgs) -> anyhow::Result<()> {
             if args.no_duel {
                 r.duel = None;
             }
+            r.policy.displace = args.displace;
             if let Some(q) = args.ttl_quantile {
                 anyhow::ensure!(q > 0.0 && q <= 1.0, "--ttl-quantile must be in (0, 1]");
                 r.policy.return_model.quantile = q;
