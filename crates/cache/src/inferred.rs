@@ -31,23 +31,13 @@ use crate::KvCache;
 const INFERRED_SESSION_BITS: u64 = 0b11 << 62;
 
 /// The inferred-conversation policy's parameters.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct InferredConfig {
     pub conversations: ConversationConfig,
     pub return_model: ReturnModelConfig,
     /// Whether a new turn displaces retained conversations worth less than it (else it is
     /// refused when the cap is reached).
     pub displace: bool,
-}
-
-impl Default for InferredConfig {
-    fn default() -> Self {
-        InferredConfig {
-            conversations: ConversationConfig::default(),
-            return_model: ReturnModelConfig::default(),
-            displace: false,
-        }
-    }
 }
 
 /// What [`InferredRetainer::on_finish`] did.
