@@ -70,6 +70,7 @@ mod packed32_run;
 #[cfg(target_arch = "x86_64")]
 mod packed32_x86;
 pub mod par;
+pub mod peak;
 pub mod pool;
 pub mod row_f32;
 pub mod swiglu;

@@ -27,6 +27,7 @@ mod ops;
 mod perplexity;
 mod rope_scaling;
 pub mod sampler;
+mod step_ops;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod tile_path;
@@ -56,6 +57,7 @@ pub use sampler::{
     ConstraintError, ConstraintFactory, ConstraintSpec, SampledToken, Sampler, SamplingParams,
     TokenConstraint,
 };
+pub use step_ops::StepOps;
 pub use weights::Weights;
 
 use std::path::PathBuf;

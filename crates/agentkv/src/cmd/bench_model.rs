@@ -7,7 +7,8 @@
 //! decode (`model::membw`): the machine's read bandwidth with the same threads, the bytes a
 //! decoded token reads, and their quotient next to the measured rate; then the same read of a
 //! buffer the size of that token's traffic (the decode's working set, which a large last-level
-//! cache may hold: the binding bound on such a CPU). Every step takes the
+//! cache may hold: the binding bound on such a CPU). `--roofline` adds the compute bound of
+//! both steps (`bench_roofline`). Every step takes the
 //! engine's arithmetic (`engine::EngineConfig::numerics`, or `--attention`);
 //! it never runs the engine or the server.
 
@@ -42,6 +43,11 @@ pub struct BenchModelArgs {
     /// weights, that working set is read from cache, not memory: the binding bound there).
     #[arg(long)]
     pub membw: bool,
+    /// Also measure the vector units' peak rates (f32 FMA, 8-bit dot products) with the same
+    /// threads and report the compute bound of the prefill and decode steps next to the measured
+    /// rates (`bench_roofline`).
+    #[arg(long)]
+    pub roofline: bool,
     /// Buffer size of the bandwidth measurement, MiB (choose it far larger than the L3 cache).
     #[arg(long, default_value_t = 512)]
     pub membw_mib: usize,
@@ -225,6 +231,16 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
     }
     if let Some(b) = &bound {
         report_membw(b, tg_med, &mut out);
+    }
+    if args.roofline {
+        if let Some(r) = super::bench_roofline::roofline(
+            &model,
+            &pool,
+            (args.prompt_tokens, args.gen_tokens, depth),
+            (pp_med, tg_med),
+        ) {
+            out["roofline"] = r;
+        }
     }
     println!("{out}");
     eprintln!(

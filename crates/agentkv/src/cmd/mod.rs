@@ -5,6 +5,7 @@ pub mod bench_args;
 pub mod bench_constraint;
 pub mod bench_engine;
 pub mod bench_model;
+pub mod bench_roofline;
 pub mod cache_sim;
 pub mod common;
 pub mod fetch_model;
