@@ -4,7 +4,9 @@
 //! on the default model's shape (`models/`, or `$AGENTKV_MODEL`).
 //!
 //! `cargo run --release -p model --example attn_depth -- [DEPTH] [PREFILL_TOKENS] [REPS] [CODEC…]`
-//! prints microseconds per layer for each step (the median of `REPS`).
+//! prints microseconds per layer for each step (the median of `REPS`). `ATTN_LAYERS=N` fills N
+//! layers and runs them in turn, as a forward pass does (K/V then come from memory, not cache);
+//! `ATTN_THREADS=T` runs on T threads.
 
 use std::time::Instant;
 
@@ -30,17 +32,24 @@ fn main() {
         Model::load(&default_model_path()).expect("the default model (agentkv fetch-model)");
     let cfg = model.config();
     let (kv_heads, hd, qd) = (cfg.num_kv_heads, cfg.head_dim, cfg.q_dim());
-    let pool = ThreadPool::new(1);
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    let layers = env("ATTN_LAYERS").unwrap_or(1).clamp(1, cfg.num_layers);
+    let pool = ThreadPool::new(env("ATTN_THREADS").unwrap_or(1).max(1));
     let n = depth + prefill;
     println!(
-        "{} query heads, {kv_heads} KV heads, head_dim {hd}, depth {depth}, one thread",
-        cfg.num_heads
+        "{} query heads, {kv_heads} KV heads, head_dim {hd}, depth {depth}, {layers} layer(s), {} thread(s)",
+        cfg.num_heads,
+        pool.num_threads()
     );
     for spec in &codecs {
         let dtype = KvDtype::parse(spec).expect("codec");
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-        let mut kv = ContiguousKv::new(1, 1, kv_heads, hd, n, dtype).expect("cache");
-        for p in 0..n {
+        let mut kv = ContiguousKv::new(1, layers, kv_heads, hd, n, dtype).expect("cache");
+        for (l, p) in (0..layers).flat_map(|l| (0..n).map(move |p| (l, p))) {
             let mut k: Vec<f32> = (0..kv_heads * hd)
                 .map(|_| rng.gen_range(-1.0f32..1.0))
                 .collect();
@@ -48,7 +57,7 @@ fn main() {
             let v: Vec<f32> = (0..kv_heads * hd)
                 .map(|_| rng.gen_range(-1.0f32..1.0))
                 .collect();
-            kv.write(0, SeqSlot(0), p, &k, &v).expect("write");
+            kv.write(l, SeqSlot(0), p, &k, &v).expect("write");
         }
         kv.begin_step();
         let q: Vec<f32> = (0..prefill * qd)
@@ -82,19 +91,21 @@ fn main() {
             for _ in 0..reps {
                 let t0 = Instant::now();
                 for _ in 0..inner {
-                    attention_layer(
-                        cfg,
-                        &pool,
-                        &batch,
-                        &kv,
-                        0,
-                        &q[..tokens * qd],
-                        &mut att,
-                        &mut scratch,
-                    )
-                    .expect("attention");
+                    for layer in 0..layers {
+                        attention_layer(
+                            cfg,
+                            &pool,
+                            &batch,
+                            &kv,
+                            layer,
+                            &q[..tokens * qd],
+                            &mut att,
+                            &mut scratch,
+                        )
+                        .expect("attention");
+                    }
                 }
-                times.push(t0.elapsed().as_secs_f64() * 1e6 / inner as f64);
+                times.push(t0.elapsed().as_secs_f64() * 1e6 / (inner * layers) as f64);
             }
             times.sort_by(f64::total_cmp);
             let checksum: f64 = att.iter().map(|&x| x as f64).sum();
