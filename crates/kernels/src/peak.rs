@@ -138,92 +138,59 @@ mod x86 {
     use super::CHAINS;
     use std::arch::x86_64::*;
 
-    /// Lane values of the first chain after `iters` iterations.
-    ///
-    /// # Safety
-    /// AVX-512 F present.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn fma512(iters: u32) -> [f32; 16] {
-        let one = std::hint::black_box(_mm512_set1_ps(1.0));
-        let mut acc = [_mm512_setzero_ps(); CHAINS];
-        for _ in 0..iters {
-            for a in &mut acc {
-                *a = _mm512_fmadd_ps(*a, one, one);
+    /// `$name(iters)`: the lane values of the first of [`CHAINS`] chains of `$step(acc, one,
+    /// one)` after `iters` iterations, with `$features` enabled.
+    macro_rules! chains {
+        ($(#[$doc:meta])* $name:ident, $features:literal, $lane:ty, $lanes:literal,
+         $one:expr, $zero:expr, $step:ident, $store:ident) => {
+            $(#[$doc])*
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name(iters: u32) -> [$lane; $lanes] {
+                let one = std::hint::black_box($one);
+                let mut acc = [$zero; CHAINS];
+                for _ in 0..iters {
+                    for a in &mut acc {
+                        *a = $step(*a, one, one);
+                    }
+                }
+                let mut out = [<$lane>::default(); $lanes];
+                // SAFETY: `out` holds one register's worth of writable lanes; unaligned store.
+                unsafe { $store(out.as_mut_ptr().cast(), std::hint::black_box(acc)[0]) };
+                out
             }
-        }
-        let mut out = [0f32; 16];
-        // SAFETY: `out` holds 16 writable floats; unaligned store.
-        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), std::hint::black_box(acc)[0]) };
-        out
+        };
     }
 
-    /// # Safety
-    /// AVX2 and FMA present.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn fma256(iters: u32) -> [f32; 8] {
-        let one = std::hint::black_box(_mm256_set1_ps(1.0));
-        let mut acc = [_mm256_setzero_ps(); CHAINS];
-        for _ in 0..iters {
-            for a in &mut acc {
-                *a = _mm256_fmadd_ps(*a, one, one);
-            }
-        }
-        let mut out = [0f32; 8];
-        // SAFETY: `out` holds 8 writable floats; unaligned store.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), std::hint::black_box(acc)[0]) };
-        out
-    }
-
-    /// # Safety
-    /// AVX-512 F and VNNI present.
-    #[target_feature(enable = "avx512f,avx512vnni")]
-    pub(super) unsafe fn dot512(iters: u32) -> [i32; 16] {
-        let one = std::hint::black_box(_mm512_set1_epi8(1));
-        let mut acc = [_mm512_setzero_si512(); CHAINS];
-        for _ in 0..iters {
-            for a in &mut acc {
-                *a = _mm512_dpbusd_epi32(*a, one, one);
-            }
-        }
-        let mut out = [0i32; 16];
-        // SAFETY: `out` holds 64 writable bytes; unaligned store.
-        unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), std::hint::black_box(acc)[0]) };
-        out
-    }
-
-    /// # Safety
-    /// AVX-512 VNNI and VL present.
-    #[target_feature(enable = "avx2,avx512vnni,avx512vl")]
-    pub(super) unsafe fn dot256_vl(iters: u32) -> [i32; 8] {
-        let one = std::hint::black_box(_mm256_set1_epi8(1));
-        let mut acc = [_mm256_setzero_si256(); CHAINS];
-        for _ in 0..iters {
-            for a in &mut acc {
-                *a = _mm256_dpbusd_epi32(*a, one, one);
-            }
-        }
-        let mut out = [0i32; 8];
-        // SAFETY: `out` holds 32 writable bytes; unaligned store.
-        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), std::hint::black_box(acc)[0]) };
-        out
-    }
-
-    /// # Safety
-    /// AVX-VNNI present.
-    #[target_feature(enable = "avx2,avxvnni")]
-    pub(super) unsafe fn dot256_vex(iters: u32) -> [i32; 8] {
-        let one = std::hint::black_box(_mm256_set1_epi8(1));
-        let mut acc = [_mm256_setzero_si256(); CHAINS];
-        for _ in 0..iters {
-            for a in &mut acc {
-                *a = _mm256_dpbusd_avx_epi32(*a, one, one);
-            }
-        }
-        let mut out = [0i32; 8];
-        // SAFETY: `out` holds 32 writable bytes; unaligned store.
-        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), std::hint::black_box(acc)[0]) };
-        out
-    }
+    chains!(
+        /// # Safety
+        /// AVX-512 F present.
+        fma512, "avx512f", f32, 16, _mm512_set1_ps(1.0), _mm512_setzero_ps(),
+        _mm512_fmadd_ps, _mm512_storeu_ps
+    );
+    chains!(
+        /// # Safety
+        /// AVX2 and FMA present.
+        fma256, "avx2,fma", f32, 8, _mm256_set1_ps(1.0), _mm256_setzero_ps(),
+        _mm256_fmadd_ps, _mm256_storeu_ps
+    );
+    chains!(
+        /// # Safety
+        /// AVX-512 F and VNNI present.
+        dot512, "avx512f,avx512vnni", i32, 16, _mm512_set1_epi8(1), _mm512_setzero_si512(),
+        _mm512_dpbusd_epi32, _mm512_storeu_si512
+    );
+    chains!(
+        /// # Safety
+        /// AVX-512 VNNI and VL present.
+        dot256_vl, "avx2,avx512vnni,avx512vl", i32, 8, _mm256_set1_epi8(1),
+        _mm256_setzero_si256(), _mm256_dpbusd_epi32, _mm256_storeu_si256
+    );
+    chains!(
+        /// # Safety
+        /// AVX-VNNI present.
+        dot256_vex, "avx2,avxvnni", i32, 8, _mm256_set1_epi8(1), _mm256_setzero_si256(),
+        _mm256_dpbusd_avx_epi32, _mm256_storeu_si256
+    );
 }
 
 #[cfg(test)]
