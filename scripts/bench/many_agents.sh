@@ -33,7 +33,7 @@ PY
 run_load() { # name url model agents
   "$agentkv" bench agent --url "$2" --model "$3" --workload react --agents "$4" --tasks "$tasks" \
     --steps "$steps" --observation-tokens 150..500 --output-tokens 48 --system-tokens 1200 \
-    --no-progress --out "$out/$1" >/dev/null
+    --no-progress --out "$out/$1" >/dev/null 2>"$out/$1.bench.log"
   report "$1" "$out/$1/results.json"
 }
 
