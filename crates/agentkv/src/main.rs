@@ -46,6 +46,8 @@ enum Command {
     RouteSim(cmd::route_sim::RouteSimArgs),
     /// Generate a synthetic agent-workload trace (JSONL) for cache-sim.
     TraceGen(cmd::trace_gen::TraceGenArgs),
+    /// Start the CUDA runtime on GPU 0 and check every GPU kernel against the CPU.
+    GpuCheck(cmd::gpu_check::GpuCheckArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -69,5 +71,6 @@ fn main() -> anyhow::Result<()> {
         Command::CacheSim(a) => cmd::cache_sim::run(a),
         Command::RouteSim(a) => cmd::route_sim::run(a),
         Command::TraceGen(a) => cmd::trace_gen::run(a),
+        Command::GpuCheck(a) => cmd::gpu_check::run(a),
     }
 }

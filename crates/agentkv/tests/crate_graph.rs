@@ -73,7 +73,7 @@ fn from_architecture() -> Graph {
 #[test]
 fn architecture_states_the_crate_graph_of_the_manifests() {
     let manifests = from_manifests();
-    assert_eq!(manifests.len(), 13, "{manifests:?}");
+    assert_eq!(manifests.len(), 14, "{manifests:?}");
     assert_eq!(
         from_architecture(),
         manifests,

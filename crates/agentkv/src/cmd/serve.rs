@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// Compute threads (default: all cores).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    /// What runs the forward pass: cpu, cuda (GPU 0; fails at start without one) or auto
+    /// (overrides model.device; default auto).
+    #[arg(long, value_enum)]
+    pub device: Option<super::device::Device>,
     /// Turn prefix reuse off (for comparisons): every prompt is computed in full.
     #[arg(long)]
     pub no_prefix_cache: bool,
@@ -63,6 +67,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(p) => FileConfig::load(p)?,
         None => FileConfig::default(),
     };
+    let device = args.device.or(file.model.device).unwrap_or_default();
+    let chosen = super::device::choose(device)?;
+    tracing::info!(device = ?chosen, "forward pass");
     let model_path = args
         .model
         .clone()
