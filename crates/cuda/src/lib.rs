@@ -15,6 +15,7 @@ pub mod kernels;
 mod library;
 mod nvrtc;
 pub mod selfcheck;
+pub mod timing;
 
 pub use cublas::Cublas;
 pub use driver::{probe, Arg, DeviceBuffer, DeviceInfo, DeviceScalar, Gpu};

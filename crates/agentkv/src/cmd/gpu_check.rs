@@ -1,6 +1,6 @@
 //! `agentkv gpu-check`: starts the CUDA runtime on GPU 0 (driver, NVRTC, cuBLAS, every kernel
-//! compiled for the device) and runs the kernel-level device check (`cuda::selfcheck`),
-//! printing the device, the libraries and one line per check. Exits non-zero where there is
+//! compiled for the device) and runs the kernel-level device check (`cuda::selfcheck`) and the
+//! kernel timings (`cuda::timing`), printing the device, the libraries and one line each. Exits non-zero where there is
 //! no GPU or a check fails. What `scripts/gpu/check.sh` runs on a machine with a GPU.
 
 use anyhow::{bail, Context, Result};
@@ -28,6 +28,9 @@ pub fn run(args: GpuCheckArgs) -> Result<()> {
         .context("running the device checks")?;
     for r in &results {
         println!("{r}");
+    }
+    for t in cuda::timing::run_all(&cuda.gpu, &mut cuda.cublas).context("timing the kernels")? {
+        println!("timing {t}");
     }
     let failed = results.iter().filter(|r| !r.passed).count();
     println!("{} checks, {failed} failed", results.len());
