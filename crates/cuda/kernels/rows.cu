@@ -126,3 +126,66 @@ extern "C" __global__ void f16_to_f32(const unsigned short* x, float* y, int n) 
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         y[i] = akv_f16_to_f32(x[i]);
 }
+
+// y = x with each block of 32 rounded as the CPU rounds activations for 8-bit block dot
+// products (ggml's Q8_0 / Q8_1): q = rint(x · 127 / amax), y = f16(amax / 127) · q. n is a
+// multiple of 32. Grid-stride, one warp per block.
+extern "C" __global__ void round_q8_32_f32(const float* x, float* y, int n) {
+    const int lane = threadIdx.x % AKV_WARP;
+    const int warps = gridDim.x * blockDim.x / AKV_WARP;
+    for (int b = (blockIdx.x * blockDim.x + threadIdx.x) / AKV_WARP; b * 32 < n; b += warps) {
+        const float v = x[b * 32 + lane];
+        const float amax = akv_warp_max(fabsf(v));
+        const float d = akv_f16_to_f32(akv_f32_to_f16(amax / 127.0f));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[b * 32 + lane] = d * rintf(v * id);
+    }
+}
+
+// y = x with each block of 256 rounded as the CPU rounds activations for K-quant dot products
+// (ggml's Q8_K): max = the first element of largest magnitude, iscale = -127 / max,
+// q = clamp(rint(iscale · x), -128, 127), y = q / iscale. n is a multiple of 256.
+// Grid-stride, one warp per block (8 elements a lane).
+extern "C" __global__ void round_q8k_f32(const float* x, float* y, int n) {
+    const int lane = threadIdx.x % AKV_WARP;
+    const int warps = gridDim.x * blockDim.x / AKV_WARP;
+    for (int b = (blockIdx.x * blockDim.x + threadIdx.x) / AKV_WARP; b * 256 < n; b += warps) {
+        const float* xb = x + (size_t)b * 256;
+        float v[8];
+        float amax = 0.0f;
+        for (int j = 0; j < 8; ++j) {
+            v[j] = xb[lane * 8 + j];
+            amax = fmaxf(amax, fabsf(v[j]));
+        }
+        amax = akv_warp_max(amax);
+        int first = 256;
+        for (int j = 7; j >= 0; --j)
+            if (fabsf(v[j]) == amax) first = lane * 8 + j;
+        for (int o = AKV_WARP / 2; o > 0; o >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
+        const bool zero = amax == 0.0f || !isfinite(amax);
+        const float mx = zero ? 1.0f : xb[first];
+        const float iscale = -127.0f / mx;
+        for (int j = 0; j < 8; ++j) {
+            const float q = fminf(127.0f, fmaxf(-128.0f, rintf(iscale * v[j])));
+            y[(size_t)b * 256 + lane * 8 + j] = zero ? 0.0f : q * (1.0f / iscale);
+        }
+    }
+}
+
+// For each block of 32 of x (rounded as in round_q8_32_f32): c = f16(d · Σq) − f16(d) · Σq with
+// d = amax / 127 — what the CPU's zero-point weight types (Q4_1, Q5_1) multiply their block
+// minimum by, beyond f16(d) · Σq. n is a multiple of 32; c has n / 32 entries. Grid-stride,
+// one warp per block.
+extern "C" __global__ void q8_sum_correction_f32(const float* x, float* c, int n) {
+    const int lane = threadIdx.x % AKV_WARP;
+    const int warps = gridDim.x * blockDim.x / AKV_WARP;
+    for (int b = (blockIdx.x * blockDim.x + threadIdx.x) / AKV_WARP; b * 32 < n; b += warps) {
+        const float v = x[b * 32 + lane];
+        const float amax = akv_warp_max(fabsf(v));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        const float sum = akv_warp_sum(rintf(v * id));
+        const float d = amax / 127.0f;
+        if (lane == 0)
+            c[b] = akv_f16_to_f32(akv_f32_to_f16(d * sum)) - akv_f16_to_f32(akv_f32_to_f16(d)) * sum;
+    }
+}

@@ -110,6 +110,21 @@ pub const KERNELS: &[KernelDef] = &[
         params: &[Ptr, Ptr, I32],
     },
     KernelDef {
+        name: "round_q8_32_f32",
+        source: "rows.cu",
+        params: &[Ptr, Ptr, I32],
+    },
+    KernelDef {
+        name: "round_q8k_f32",
+        source: "rows.cu",
+        params: &[Ptr, Ptr, I32],
+    },
+    KernelDef {
+        name: "q8_sum_correction_f32",
+        source: "rows.cu",
+        params: &[Ptr, Ptr, I32],
+    },
+    KernelDef {
         name: "kv_write_f16",
         source: "attention.cu",
         params: &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, I32, I32, I32, I32],

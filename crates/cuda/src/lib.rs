@@ -14,6 +14,7 @@ mod error;
 pub mod kernels;
 mod library;
 mod nvrtc;
+pub mod ops;
 pub mod selfcheck;
 pub mod timing;
 

@@ -9,9 +9,9 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::cublas::Cublas;
 use crate::driver::{Arg, Gpu};
 use crate::error::CudaError;
+use crate::ops::{ActRound, CudaOps, HostOps, Ops};
 
 /// One check's outcome.
 #[derive(Debug, Clone)]
@@ -72,7 +72,8 @@ fn grid(n: usize) -> (u32, u32, u32) {
 
 /// Runs every check with `seed`; an `Err` is a failure of the device itself (a launch or copy
 /// refused), not a wrong answer.
-pub fn run_all(gpu: &Gpu, cublas: &mut Cublas, seed: u64) -> Result<Vec<CheckResult>, CudaError> {
+pub fn run_all(ops: &CudaOps, seed: u64) -> Result<Vec<CheckResult>, CudaError> {
+    let gpu = ops.gpu();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut out = vec![
         check_embed(gpu, &mut rng)?,
@@ -87,7 +88,8 @@ pub fn run_all(gpu: &Gpu, cublas: &mut Cublas, seed: u64) -> Result<Vec<CheckRes
     for (hd, window, softcap) in [(64, 0, 0.0), (256, 0, 50.0), (80, 37, 0.0), (64, 300, 0.0)] {
         out.push(check_attention(gpu, &mut rng, hd, window, softcap)?);
     }
-    out.push(check_linear(gpu, cublas, &mut rng)?);
+    out.push(check_linear(ops, &mut rng)?);
+    out.extend(check_rounding(ops, &mut rng)?);
     Ok(out)
 }
 
@@ -517,11 +519,8 @@ fn check_attention(
     Ok(result(name, &out.read()?, &cpu, 2e-5))
 }
 
-fn check_linear(
-    gpu: &Gpu,
-    cublas: &mut Cublas,
-    rng: &mut ChaCha8Rng,
-) -> Result<CheckResult, CudaError> {
+fn check_linear(ops: &CudaOps, rng: &mut ChaCha8Rng) -> Result<CheckResult, CudaError> {
+    let gpu = ops.gpu();
     let (rows, in_dim, out_dim) = (13, 576, 1536);
     let x = randn(rng, rows * in_dim, 1.0);
     let w = randn(rng, out_dim * in_dim, 0.1);
@@ -530,7 +529,8 @@ fn check_linear(
         gpu.upload(&w)?,
         gpu.alloc::<f32>(rows * out_dim)?,
     );
-    cublas.linear(&xb, 0, &wb, &yb, 0, rows, in_dim, out_dim)?;
+    let mut yb = yb;
+    ops.linear(&xb, &wb, &mut yb, rows, in_dim, out_dim)?;
     let mut cpu = Vec::with_capacity(rows * out_dim);
     for r in 0..rows {
         for o in 0..out_dim {
@@ -546,4 +546,38 @@ fn check_linear(
         &cpu,
         1e-4,
     ))
+}
+
+/// The activation rounding kernels against [`HostOps`]' definitions: rows with outliers, a
+/// zero block and blocks whose largest magnitude is negative (Q8_K keeps its sign).
+fn check_rounding(ops: &CudaOps, rng: &mut ChaCha8Rng) -> Result<Vec<CheckResult>, CudaError> {
+    let (rows, dim) = (5, 1536);
+    let mut x = randn(rng, rows * dim, 3.0);
+    for (i, v) in x.iter_mut().enumerate() {
+        if i % 211 == 0 {
+            *v *= -40.0;
+        }
+    }
+    x[256..512].fill(0.0);
+    let host = HostOps;
+    let xd = ops.upload(&x)?;
+    let mut out = Vec::new();
+    for (kind, name) in [
+        (ActRound::Q8Blocks32, "round_q8_32_f32"),
+        (ActRound::Q8K, "round_q8k_f32"),
+    ] {
+        let mut want = host.alloc::<f32>(x.len())?;
+        host.round_activations(&x, &mut want, rows, dim, kind)?;
+        let mut got = ops.alloc::<f32>(x.len())?;
+        ops.round_activations(&xd, &mut got, rows, dim, kind)?;
+        let want: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+        out.push(result(name, &got.read()?, &want, 0.0));
+    }
+    let mut want = host.alloc::<f32>(x.len() / 32)?;
+    host.q8_sum_correction(&x, &mut want, rows, dim)?;
+    let mut got = ops.alloc::<f32>(x.len() / 32)?;
+    ops.q8_sum_correction(&xd, &mut got, rows, dim)?;
+    let want: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+    out.push(result("q8_sum_correction_f32", &got.read()?, &want, 0.0));
+    Ok(out)
 }

@@ -8,9 +8,9 @@
 
 use std::time::Instant;
 
-use crate::cublas::Cublas;
 use crate::driver::{Arg, Gpu};
 use crate::error::CudaError;
+use crate::ops::{CudaOps, Ops};
 
 const HEADS: usize = 9;
 const KV_HEADS: usize = 3;
@@ -56,13 +56,14 @@ fn median_micros(
 }
 
 /// Every timing, in order.
-pub fn run_all(gpu: &Gpu, cublas: &mut Cublas) -> Result<Vec<Timing>, CudaError> {
+pub fn run_all(ops: &CudaOps) -> Result<Vec<Timing>, CudaError> {
+    let gpu = ops.gpu();
     let mut out = Vec::new();
     for (seqs, tokens_per_seq) in [(1usize, 1usize), (64, 1), (1, 512)] {
         out.push(attention(gpu, seqs, tokens_per_seq)?);
     }
     for rows in [1usize, 512] {
-        out.push(linear(gpu, cublas, rows, 576, 1536)?);
+        out.push(linear(ops, rows, 576, 1536)?);
     }
     Ok(out)
 }
@@ -135,25 +136,18 @@ fn attention(gpu: &Gpu, seqs: usize, tokens_per_seq: usize) -> Result<Timing, Cu
     })
 }
 
-fn linear(
-    gpu: &Gpu,
-    cublas: &mut Cublas,
-    rows: usize,
-    in_dim: usize,
-    out_dim: usize,
-) -> Result<Timing, CudaError> {
+fn linear(ops: &CudaOps, rows: usize, in_dim: usize, out_dim: usize) -> Result<Timing, CudaError> {
     let x: Vec<f32> = (0..rows * in_dim).map(|i| (i % 7) as f32 * 0.1).collect();
     let w: Vec<f32> = (0..out_dim * in_dim)
         .map(|i| (i % 5) as f32 * 0.01)
         .collect();
-    let (xb, wb, yb) = (
+    let gpu = ops.gpu();
+    let (xb, wb, mut yb) = (
         gpu.upload(&x)?,
         gpu.upload(&w)?,
         gpu.alloc::<f32>(rows * out_dim)?,
     );
-    let micros = median_micros(gpu, || {
-        cublas.linear(&xb, 0, &wb, &yb, 0, rows, in_dim, out_dim)
-    })?;
+    let micros = median_micros(gpu, || ops.linear(&xb, &wb, &mut yb, rows, in_dim, out_dim))?;
     let flops = 2.0 * (rows * in_dim * out_dim) as f64;
     let bytes = (out_dim * in_dim * 4) as f64;
     Ok(Timing {

@@ -16,6 +16,8 @@ mod forward;
 mod forward_attention;
 mod forward_rows;
 mod generate;
+mod gpu_compare;
+mod gpu_forward;
 pub mod kv;
 mod kv_contiguous;
 mod kv_rows;
@@ -41,6 +43,8 @@ pub use forward::{
 };
 pub use frontend::Frontend;
 pub use generate::{generate, GenerateError, GenerateOptions, GenerateStats};
+pub use gpu_compare::{compare_with_cpu, Comparison, CpuSteps, GpuCompareError, StepFn};
+pub use gpu_forward::{GpuForward, GpuForwardError};
 pub use kernels::{PackedDef, ThreadPool};
 pub use kv::{KvDtype, KvStore, SeqSlot};
 pub use kv_contiguous::ContiguousKv;

@@ -298,6 +298,20 @@ impl Weights {
         Ok(())
     }
 
+    /// Matrix `m` dequantized to f32, row-major `[num_rows, row_len]` (what a backend that
+    /// computes in f32 uploads).
+    pub fn dequantize(&self, m: &MatRef) -> Result<Vec<f32>, WeightsError> {
+        let ty: GgmlType = m.info.ty;
+        let row_bytes = ty.row_bytes(m.row_len).expect("validated at load");
+        let data = self.file.tensor_data(&m.info);
+        let mut out = vec![0.0f32; m.num_rows * m.row_len];
+        for (r, row) in out.chunks_exact_mut(m.row_len).enumerate() {
+            let start = (m.first_row + r) * row_bytes;
+            dequantize_row(ty, &data[start..start + row_bytes], row)?;
+        }
+        Ok(out)
+    }
+
     /// Bytes of all weight tensors.
     pub fn total_bytes(&self) -> usize {
         self.file.tensors().iter().map(|t| t.num_bytes).sum()

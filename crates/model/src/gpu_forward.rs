@@ -1,0 +1,573 @@
+//! [`GpuForward`]: the model's forward pass over a device's operations ([`cuda::ops::Ops`]) —
+//! on a GPU with `CudaOps`, or with `HostOps` on the CPU, where it is tested against the CPU
+//! forward pass (`gpu_compare`). Weights are dequantized to f32 once, at construction, and
+//! stay on the device; K/V lives in a paged f16 pool on the device (blocks handed to sequence
+//! slots on demand), in the host pool's row order.
+//!
+//! Owns the layer loop as [`crate::forward`] runs it (norm → QKV → biases → QK-norm → RoPE →
+//! K/V write → attention → output → post-norm → residual → gated FFN → post-norm → residual →
+//! final norm → logits → softcap), each step one device operation. It never schedules, never
+//! shares blocks between slots and never samples: the engine's paged cache is not wired to it
+//! yet (issue #47).
+
+use cuda::ops::{ActRound, AttnShape, Gate, KvLayout, Ops};
+use cuda::CudaError;
+use gguf::GgmlType;
+
+use crate::config::{FfnAct, ModelConfig, RopeStyle};
+use crate::model::Model;
+use crate::ops::Rope;
+use crate::weights::{MatRef, Weights, WeightsError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuForwardError {
+    #[error("device: {0}")]
+    Device(#[from] CudaError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    #[error("malformed batch: {0}")]
+    BadBatch(String),
+    #[error("the K/V pool of {0} blocks is full")]
+    PoolFull(usize),
+}
+
+/// A weight matrix on the device: f32 `[rows, row_len]`, how its input is rounded and, for
+/// zero-point types (Q4_1, Q5_1), each block's minimum `[rows, row_len / 32]`, which the CPU
+/// multiplies by the activations' f16 sum term (see `Ops::q8_sum_correction`).
+struct DeviceMat<O: Ops> {
+    data: O::Buf<f32>,
+    round: ActRound,
+    mins: Option<O::Buf<f32>>,
+}
+
+/// The block minimums of a Q4_1 or Q5_1 matrix (the f16 at byte 2 of each 32-element block).
+fn block_mins(w: &Weights, m: &MatRef) -> Option<Vec<f32>> {
+    if !matches!(m.info.ty, GgmlType::Q4_1 | GgmlType::Q5_1) || !m.row_len.is_multiple_of(32) {
+        return None;
+    }
+    let row_bytes = m.info.ty.row_bytes(m.row_len)?;
+    let blocks = m.row_len / 32;
+    let block_bytes = row_bytes / blocks;
+    let data = w.file.tensor_data(&m.info);
+    let mut out = Vec::with_capacity(m.num_rows * blocks);
+    for r in m.first_row..m.first_row + m.num_rows {
+        for b in 0..blocks {
+            let at = r * row_bytes + b * block_bytes + 2;
+            out.push(half::f16::from_le_bytes([data[at], data[at + 1]]).to_f32());
+        }
+    }
+    Some(out)
+}
+
+/// The activation rounding the CPU's kernels apply for weights of type `ty` (float types
+/// multiply f32 activations as they are).
+fn act_round(ty: GgmlType) -> ActRound {
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => ActRound::None,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+            ActRound::Q8Blocks32
+        }
+        _ => ActRound::Q8K,
+    }
+}
+
+struct DeviceLayer<O: Ops> {
+    attn_norm: O::Buf<f32>,
+    q_norm: Option<O::Buf<f32>>,
+    k_norm: Option<O::Buf<f32>>,
+    post_attn_norm: Option<O::Buf<f32>>,
+    post_ffn_norm: Option<O::Buf<f32>>,
+    wq: DeviceMat<O>,
+    wk: DeviceMat<O>,
+    wv: DeviceMat<O>,
+    wo: DeviceMat<O>,
+    bq: Option<O::Buf<f32>>,
+    bk: Option<O::Buf<f32>>,
+    bv: Option<O::Buf<f32>>,
+    ffn_norm: O::Buf<f32>,
+    w_gate: DeviceMat<O>,
+    w_up: DeviceMat<O>,
+    w_down: DeviceMat<O>,
+}
+
+/// A model on a device with a K/V pool for `num_slots` sequences.
+pub struct GpuForward<O: Ops> {
+    ops: O,
+    cfg: ModelConfig,
+    rope: Rope,
+    rope_local: Option<Rope>,
+    embed: O::Buf<f32>,
+    /// `None` when the output matrix is the embedding (tied; rounded as `output_round`).
+    output: Option<DeviceMat<O>>,
+    output_round: ActRound,
+    embed_mins: Option<O::Buf<f32>>,
+    output_norm: O::Buf<f32>,
+    layers: Vec<DeviceLayer<O>>,
+    layout: KvLayout,
+    k_pool: O::Buf<u16>,
+    v_pool: O::Buf<u16>,
+    max_blocks: usize,
+    /// Each slot's blocks, position p in `tables[slot][p / block_size]`.
+    tables: Vec<Vec<u32>>,
+    free: Vec<u32>,
+}
+
+fn upload_opt<O: Ops>(ops: &O, v: &Option<Vec<f32>>) -> Result<Option<O::Buf<f32>>, CudaError> {
+    v.as_deref().map(|v| ops.upload(v)).transpose()
+}
+
+fn upload_mat<O: Ops>(ops: &O, w: &Weights, m: &MatRef) -> Result<DeviceMat<O>, GpuForwardError> {
+    Ok(DeviceMat {
+        data: ops.upload(&w.dequantize(m)?)?,
+        round: act_round(m.info.ty),
+        mins: block_mins(w, m).map(|v| ops.upload(&v)).transpose()?,
+    })
+}
+
+/// `y = round(x) · mᵀ` for `rows` rows: `x` rounded into `scratch` first where `m` asks, and
+/// a zero-point matrix's minimums times the sum terms' correction added.
+#[allow(clippy::too_many_arguments)]
+fn linear<O: Ops>(
+    o: &O,
+    x: &O::Buf<f32>,
+    m: &DeviceMat<O>,
+    scratch: &mut O::Buf<f32>,
+    y: &mut O::Buf<f32>,
+    rows: usize,
+    in_dim: usize,
+    out_dim: usize,
+) -> Result<(), CudaError> {
+    linear_parts(
+        o,
+        x,
+        &m.data,
+        m.round,
+        m.mins.as_ref(),
+        scratch,
+        y,
+        rows,
+        in_dim,
+        out_dim,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn linear_parts<O: Ops>(
+    o: &O,
+    x: &O::Buf<f32>,
+    data: &O::Buf<f32>,
+    round: ActRound,
+    mins: Option<&O::Buf<f32>>,
+    scratch: &mut O::Buf<f32>,
+    y: &mut O::Buf<f32>,
+    rows: usize,
+    in_dim: usize,
+    out_dim: usize,
+) -> Result<(), CudaError> {
+    if round == ActRound::None {
+        return o.linear(x, data, y, rows, in_dim, out_dim);
+    }
+    o.round_activations(x, scratch, rows, in_dim, round)?;
+    o.linear(scratch, data, y, rows, in_dim, out_dim)?;
+    if let Some(mins) = mins {
+        let blocks = in_dim / 32;
+        let mut corr = o.alloc::<f32>(rows * blocks)?;
+        o.q8_sum_correction(x, &mut corr, rows, in_dim)?;
+        let mut extra = o.alloc::<f32>(rows * out_dim)?;
+        o.linear(&corr, mins, &mut extra, rows, blocks, out_dim)?;
+        o.add(y, &extra, rows * out_dim)?;
+    }
+    Ok(())
+}
+
+impl<O: Ops> GpuForward<O> {
+    /// `model`'s weights on `ops`' device and a pool of `num_slots · ⌈max_tokens / block_size⌉`
+    /// blocks of `block_size` positions.
+    pub fn new(
+        ops: O,
+        model: &Model,
+        num_slots: usize,
+        max_tokens: usize,
+        block_size: usize,
+    ) -> Result<Self, GpuForwardError> {
+        let cfg = model.config().clone();
+        let w = model.weights();
+        if block_size == 0 || num_slots == 0 || max_tokens == 0 {
+            return Err(GpuForwardError::BadBatch(
+                "a K/V pool needs slots, tokens and a block size".into(),
+            ));
+        }
+        if cfg.sliding_window.is_some() && model.rope_local().is_none() {
+            return Err(GpuForwardError::BadBatch(
+                "sliding-window layers need their RoPE".into(),
+            ));
+        }
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for lw in &w.layers {
+            layers.push(DeviceLayer {
+                attn_norm: ops.upload(&lw.attn_norm)?,
+                q_norm: upload_opt(&ops, &lw.q_norm)?,
+                k_norm: upload_opt(&ops, &lw.k_norm)?,
+                post_attn_norm: upload_opt(&ops, &lw.post_attn_norm)?,
+                post_ffn_norm: upload_opt(&ops, &lw.post_ffn_norm)?,
+                wq: upload_mat(&ops, w, &lw.wq)?,
+                wk: upload_mat(&ops, w, &lw.wk)?,
+                wv: upload_mat(&ops, w, &lw.wv)?,
+                wo: upload_mat(&ops, w, &lw.wo)?,
+                bq: upload_opt(&ops, &lw.bq)?,
+                bk: upload_opt(&ops, &lw.bk)?,
+                bv: upload_opt(&ops, &lw.bv)?,
+                ffn_norm: ops.upload(&lw.ffn_norm)?,
+                w_gate: upload_mat(&ops, w, &lw.w_gate)?,
+                w_up: upload_mat(&ops, w, &lw.w_up)?,
+                w_down: upload_mat(&ops, w, &lw.w_down)?,
+            });
+        }
+        let embed = ops.upload(&w.dequantize(&w.token_embd)?)?;
+        let tied = w.output.info.name == w.token_embd.info.name
+            && w.output.first_row == w.token_embd.first_row;
+        let output = if tied {
+            None
+        } else {
+            Some(upload_mat(&ops, w, &w.output)?)
+        };
+        let max_blocks = max_tokens.div_ceil(block_size);
+        let layout = KvLayout {
+            layers: cfg.num_layers,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            num_blocks: num_slots * max_blocks,
+            block_size,
+        };
+        let embed_mins = block_mins(w, &w.token_embd)
+            .map(|v| ops.upload(&v))
+            .transpose()?;
+        let k_pool = ops.alloc::<u16>(layout.pool_elems())?;
+        let v_pool = ops.alloc::<u16>(layout.pool_elems())?;
+        Ok(GpuForward {
+            output_norm: ops.upload(&w.output_norm)?,
+            ops,
+            rope: model.rope().clone(),
+            rope_local: model.rope_local().cloned(),
+            cfg,
+            embed,
+            output,
+            output_round: act_round(w.output.info.ty),
+            embed_mins,
+            layers,
+            layout,
+            k_pool,
+            v_pool,
+            max_blocks,
+            tables: vec![Vec::new(); num_slots],
+            free: (0..layout.num_blocks as u32).rev().collect(),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The device operations back, for the next model.
+    pub fn into_ops(self) -> O {
+        self.ops
+    }
+
+    /// Forgets slot `slot`'s positions (its blocks return to the pool).
+    pub fn clear_slot(&mut self, slot: usize) {
+        if let Some(t) = self.tables.get_mut(slot) {
+            self.free.append(t);
+        }
+    }
+
+    /// Checks the batch and gives each token's slot the block its position needs; returns
+    /// each token's (block, row in block).
+    fn place(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        slots: &[usize],
+        logits_for: &[usize],
+    ) -> Result<(Vec<i32>, Vec<i32>), GpuForwardError> {
+        let n = tokens.len();
+        let bad = |m: String| Err(GpuForwardError::BadBatch(m));
+        if positions.len() != n || slots.len() != n {
+            return bad("tokens, positions and slots differ in length".into());
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return bad(format!(
+                "token {t} outside the vocabulary of {}",
+                self.cfg.vocab_size
+            ));
+        }
+        if let Some(&i) = logits_for.iter().find(|&&i| i >= n) {
+            return bad(format!("logits requested for token {i} of {n}"));
+        }
+        let bs = self.layout.block_size;
+        let (mut blocks, mut rows) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for (&slot, &pos) in slots.iter().zip(positions) {
+            let pos = pos as usize;
+            if slot >= self.tables.len() || pos / bs >= self.max_blocks {
+                return bad(format!(
+                    "slot {slot} position {pos} outside the pool ({} slots of {} positions)",
+                    self.tables.len(),
+                    self.max_blocks * bs
+                ));
+            }
+            let table = &mut self.tables[slot];
+            while table.len() <= pos / bs {
+                let b = self
+                    .free
+                    .pop()
+                    .ok_or(GpuForwardError::PoolFull(self.layout.num_blocks))?;
+                table.push(b);
+            }
+            blocks.push(table[pos / bs] as i32);
+            rows.push((pos % bs) as i32);
+        }
+        Ok((blocks, rows))
+    }
+
+    /// Each token's RoPE angles for `rope`, `[n, rope_dim / 2, 2]` (cos, sin).
+    fn cos_sin(rope: &Rope, positions: &[u32]) -> Vec<f32> {
+        let mut out = Vec::with_capacity(positions.len() * rope.rope_dim);
+        for &p in positions {
+            let a = rope.angles(p);
+            for (c, s) in a.cos.iter().zip(&a.sin) {
+                out.extend([*c, *s]);
+            }
+        }
+        out
+    }
+
+    /// Runs one step: token t of slot `slots[t]` at `positions[t]` (a slot's positions
+    /// written in order, earlier positions already in the pool); returns the logits of the
+    /// tokens `logits_for` names, `[logits_for.len(), vocab]`.
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        slots: &[usize],
+        logits_for: &[usize],
+    ) -> Result<Vec<f32>, GpuForwardError> {
+        let (blocks, rows) = self.place(tokens, positions, slots, logits_for)?;
+        let n = tokens.len();
+        let c = &self.cfg;
+        let (hd, qd, kvd, ffn) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.ffn_size);
+        let o = &self.ops;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let table_host: Vec<i32> = self
+            .tables
+            .iter()
+            .flat_map(|t| (0..self.max_blocks).map(move |i| t.get(i).map_or(0, |&b| b as i32)))
+            .collect();
+        let seq: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
+        let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+        let (ids, tables, seq, pos) = (
+            o.upload(&ids)?,
+            o.upload(&table_host)?,
+            o.upload(&seq)?,
+            o.upload(&pos)?,
+        );
+        let (blocks, rows) = (o.upload(&blocks)?, o.upload(&rows)?);
+        let cs_global = o.upload(&Self::cos_sin(&self.rope, positions))?;
+        let cs_local = match &self.rope_local {
+            Some(r) if c.sliding_window.is_some() => Some(o.upload(&Self::cos_sin(r, positions))?),
+            _ => None,
+        };
+
+        let mut x = o.alloc::<f32>(n * hd)?;
+        o.embed(
+            &self.embed,
+            &ids,
+            &mut x,
+            n,
+            hd,
+            c.embed_scale.unwrap_or(1.0),
+        )?;
+        let mut xn = o.alloc::<f32>(n * hd)?;
+        let mut q = o.alloc::<f32>(n * qd)?;
+        let mut q2 = o.alloc::<f32>(n * qd)?;
+        let mut k = o.alloc::<f32>(n * kvd)?;
+        let mut k2 = o.alloc::<f32>(n * kvd)?;
+        let mut v = o.alloc::<f32>(n * kvd)?;
+        let mut att = o.alloc::<f32>(n * qd)?;
+        let mut proj = o.alloc::<f32>(n * hd)?;
+        let mut proj2 = o.alloc::<f32>(n * hd)?;
+        let mut rounded = o.alloc::<f32>(n * hd.max(qd).max(ffn))?;
+        let mut gate = o.alloc::<f32>(n * ffn)?;
+        let mut up = o.alloc::<f32>(n * ffn)?;
+        let mut act = o.alloc::<f32>(n * ffn)?;
+        if let Some(first) = self.layers.first() {
+            o.rms_norm(&x, &first.attn_norm, &mut xn, n, hd, c.rms_eps)?;
+        }
+        for (l, lw) in self.layers.iter().enumerate() {
+            let window = c.window_of(l);
+            for (m, out, width) in [
+                (&lw.wq, &mut q, qd),
+                (&lw.wk, &mut k, kvd),
+                (&lw.wv, &mut v, kvd),
+            ] {
+                linear(o, &xn, m, &mut rounded, out, n, hd, width)?;
+            }
+            for (buf, bias, width) in [
+                (&mut q, &lw.bq, qd),
+                (&mut k, &lw.bk, kvd),
+                (&mut v, &lw.bv, kvd),
+            ] {
+                if let Some(b) = bias {
+                    o.add_bias(buf, b, n, width)?;
+                }
+            }
+            if let Some(wn) = &lw.q_norm {
+                o.rms_norm(&q, wn, &mut q2, n * c.num_heads, c.head_dim, c.rms_eps)?;
+                std::mem::swap(&mut q, &mut q2);
+            }
+            if let Some(wn) = &lw.k_norm {
+                o.rms_norm(&k, wn, &mut k2, n * c.num_kv_heads, c.head_dim, c.rms_eps)?;
+                std::mem::swap(&mut k, &mut k2);
+            }
+            let (rope, cs) = match (window, &self.rope_local, &cs_local) {
+                (Some(_), Some(r), Some(cs)) => (r, cs),
+                _ => (&self.rope, &cs_global),
+            };
+            let neox = rope.style == RopeStyle::Neox;
+            o.rope(&mut q, cs, n, c.num_heads, c.head_dim, rope.rope_dim, neox)?;
+            o.rope(
+                &mut k,
+                cs,
+                n,
+                c.num_kv_heads,
+                c.head_dim,
+                rope.rope_dim,
+                neox,
+            )?;
+            o.kv_write(
+                &k,
+                &v,
+                &mut self.k_pool,
+                &mut self.v_pool,
+                self.layout,
+                l,
+                &blocks,
+                &rows,
+                n,
+            )?;
+            let shape = AttnShape {
+                tokens: n,
+                heads: c.num_heads,
+                max_blocks: self.max_blocks,
+                window: window.unwrap_or(0),
+                scale: c.attn_scale,
+                softcap: 0.0,
+            };
+            o.attention(
+                &q,
+                &self.k_pool,
+                &self.v_pool,
+                self.layout,
+                l,
+                &tables,
+                &seq,
+                &pos,
+                &mut att,
+                shape,
+            )?;
+            linear(o, &att, &lw.wo, &mut rounded, &mut proj, n, qd, hd)?;
+            if let Some(wn) = &lw.post_attn_norm {
+                o.rms_norm(&proj, wn, &mut proj2, n, hd, c.rms_eps)?;
+                std::mem::swap(&mut proj, &mut proj2);
+            }
+            o.add(&mut x, &proj, n * hd)?;
+            o.rms_norm(&x, &lw.ffn_norm, &mut xn, n, hd, c.rms_eps)?;
+            linear(o, &xn, &lw.w_gate, &mut rounded, &mut gate, n, hd, ffn)?;
+            linear(o, &xn, &lw.w_up, &mut rounded, &mut up, n, hd, ffn)?;
+            let kind = match c.ffn_act {
+                FfnAct::Silu => Gate::Silu,
+                FfnAct::GeluTanh => Gate::GeluTanh,
+            };
+            o.gated(kind, &gate, &up, &mut act, n * ffn)?;
+            linear(o, &act, &lw.w_down, &mut rounded, &mut proj, n, ffn, hd)?;
+            if let Some(wn) = &lw.post_ffn_norm {
+                o.rms_norm(&proj, wn, &mut proj2, n, hd, c.rms_eps)?;
+                std::mem::swap(&mut proj, &mut proj2);
+            }
+            o.add(&mut x, &proj, n * hd)?;
+            if let Some(next) = self.layers.get(l + 1) {
+                o.rms_norm(&x, &next.attn_norm, &mut xn, n, hd, c.rms_eps)?;
+            }
+        }
+        let m = logits_for.len();
+        if m == 0 {
+            return Ok(Vec::new());
+        }
+        let idx: Vec<i32> = logits_for.iter().map(|&i| i as i32).collect();
+        let idx = o.upload(&idx)?;
+        let mut picked = o.alloc::<f32>(m * hd)?;
+        o.gather_rows(&x, &idx, &mut picked, m, hd)?;
+        let mut normed = o.alloc::<f32>(m * hd)?;
+        o.rms_norm(&picked, &self.output_norm, &mut normed, m, hd, c.rms_eps)?;
+        let mut logits = o.alloc::<f32>(m * c.vocab_size)?;
+        let mut scratch = o.alloc::<f32>(m * hd)?;
+        let v = c.vocab_size;
+        match &self.output {
+            Some(w) => linear(o, &normed, w, &mut scratch, &mut logits, m, hd, v)?,
+            None => {
+                let (e, r, mins) = (&self.embed, self.output_round, self.embed_mins.as_ref());
+                linear_parts(o, &normed, e, r, mins, &mut scratch, &mut logits, m, hd, v)?
+            }
+        }
+        if let Some(cap) = c.final_logit_softcap {
+            o.softcap(&mut logits, m * c.vocab_size, cap)?;
+        }
+        Ok(o.read(&logits)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cuda::ops::HostOps;
+
+    /// The device's linear layer (input rounded, f32 weights, block minimums' correction)
+    /// against the CPU's quantized matmul on SmolLM2's Q4_1 and Q8_0 matrices, inputs with
+    /// outliers: equal to float rounding (the CPU multiplies the same operands).
+    #[test]
+    fn a_rounded_linear_layer_is_the_cpus_quantized_matmul() {
+        let model = Model::load(&crate::default_model_path()).unwrap();
+        let w = model.weights();
+        let lw = &w.layers[0];
+        let pool = kernels::ThreadPool::new(2);
+        let o = HostOps;
+        for m in [&lw.wq, &lw.w_down, &w.output] {
+            let dm = upload_mat(&o, w, m).unwrap();
+            let (in_dim, out_dim) = (m.row_len, m.num_rows);
+            for rows in [1usize, 20] {
+                let x: Vec<f32> = (0..rows * in_dim)
+                    .map(|i| {
+                        let big = if i % 97 == 0 { 80.0 } else { 2.0 };
+                        ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * big
+                    })
+                    .collect();
+                let mut cpu = vec![0f32; rows * out_dim];
+                let q = w.qmatrix(m);
+                kernels::matmul_with_arith(&pool, &q, &x, rows, &mut cpu, Default::default())
+                    .unwrap();
+                let xb = o.upload(&x).unwrap();
+                let mut scratch = o.alloc::<f32>(rows * in_dim).unwrap();
+                let mut y = o.alloc::<f32>(rows * out_dim).unwrap();
+                linear(&o, &xb, &dm, &mut scratch, &mut y, rows, in_dim, out_dim).unwrap();
+                let scale = cpu.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let err = y
+                    .iter()
+                    .zip(&cpu)
+                    .fold(0f32, |a, (p, q)| a.max((p - q).abs()));
+                assert!(
+                    err <= 2e-6 * scale,
+                    "{:?} × {rows}: {err} of {scale}",
+                    m.info.ty
+                );
+            }
+        }
+    }
+}
