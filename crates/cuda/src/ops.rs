@@ -1231,7 +1231,7 @@ mod tests {
         };
         let o = HostOps;
         let (mut kp, mut vp) = (vec![0u16; 16], vec![0u16; 16]);
-        let k = vec![0f32; 8];
+        let k = [0f32; 8];
         let v: Vec<f32> = (0..8).map(|i| i as f32).collect();
         // Sequence 0 in block 1, sequence 1 in block 0, four positions each.
         let blocks = vec![1, 1, 1, 1, 0, 0, 0, 0];

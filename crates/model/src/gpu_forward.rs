@@ -90,6 +90,69 @@ struct DeviceLayer<O: Ops> {
     w_down: DeviceMat<O>,
 }
 
+/// A step's activation buffers, kept across steps and grown when a step has more tokens
+/// (allocating device memory every step would cost more than a decode step computes).
+struct StepBufs<O: Ops> {
+    x: O::Buf<f32>,
+    xn: O::Buf<f32>,
+    q: O::Buf<f32>,
+    q2: O::Buf<f32>,
+    k: O::Buf<f32>,
+    k2: O::Buf<f32>,
+    v: O::Buf<f32>,
+    att: O::Buf<f32>,
+    proj: O::Buf<f32>,
+    proj2: O::Buf<f32>,
+    gate: O::Buf<f32>,
+    up: O::Buf<f32>,
+    act: O::Buf<f32>,
+    lin: LinScratch<O>,
+}
+
+impl<O: Ops> StepBufs<O> {
+    fn new(o: &O) -> Result<Self, CudaError> {
+        Ok(StepBufs {
+            x: o.alloc(0)?,
+            xn: o.alloc(0)?,
+            q: o.alloc(0)?,
+            q2: o.alloc(0)?,
+            k: o.alloc(0)?,
+            k2: o.alloc(0)?,
+            v: o.alloc(0)?,
+            att: o.alloc(0)?,
+            proj: o.alloc(0)?,
+            proj2: o.alloc(0)?,
+            gate: o.alloc(0)?,
+            up: o.alloc(0)?,
+            act: o.alloc(0)?,
+            lin: LinScratch::new(o)?,
+        })
+    }
+
+    /// Room for `n` tokens of a model with these widths.
+    fn ensure(&mut self, o: &O, n: usize, cfg: &ModelConfig) -> Result<(), CudaError> {
+        let (hd, qd, kvd, ffn) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_size);
+        for (buf, width) in [
+            (&mut self.x, hd),
+            (&mut self.xn, hd),
+            (&mut self.q, qd),
+            (&mut self.q2, qd),
+            (&mut self.k, kvd),
+            (&mut self.k2, kvd),
+            (&mut self.v, kvd),
+            (&mut self.att, qd),
+            (&mut self.proj, hd),
+            (&mut self.proj2, hd),
+            (&mut self.gate, ffn),
+            (&mut self.up, ffn),
+            (&mut self.act, ffn),
+        ] {
+            grow(o, buf, n.next_power_of_two() * width)?;
+        }
+        Ok(())
+    }
+}
+
 /// A model on a device with a K/V pool for `num_slots` sequences.
 pub struct GpuForward<O: Ops> {
     ops: O,
@@ -110,6 +173,8 @@ pub struct GpuForward<O: Ops> {
     /// Each slot's blocks, position p in `tables[slot][p / block_size]`.
     tables: Vec<Vec<u32>>,
     free: Vec<u32>,
+    /// `None` only while a step runs.
+    bufs: Option<StepBufs<O>>,
 }
 
 fn upload_opt<O: Ops>(ops: &O, v: &Option<Vec<f32>>) -> Result<Option<O::Buf<f32>>, CudaError> {
@@ -124,6 +189,31 @@ fn upload_mat<O: Ops>(ops: &O, w: &Weights, m: &MatRef) -> Result<DeviceMat<O>, 
     })
 }
 
+/// The buffers a linear layer needs beside its input and output, grown on demand.
+struct LinScratch<O: Ops> {
+    rounded: O::Buf<f32>,
+    corr: O::Buf<f32>,
+    extra: O::Buf<f32>,
+}
+
+impl<O: Ops> LinScratch<O> {
+    fn new(o: &O) -> Result<Self, CudaError> {
+        Ok(LinScratch {
+            rounded: o.alloc(0)?,
+            corr: o.alloc(0)?,
+            extra: o.alloc(0)?,
+        })
+    }
+}
+
+/// `buf` replaced by a larger one when it holds fewer than `len` elements (contents dropped).
+fn grow<O: Ops>(o: &O, buf: &mut O::Buf<f32>, len: usize) -> Result<(), CudaError> {
+    if O::len(buf) < len {
+        *buf = o.alloc(len)?;
+    }
+    Ok(())
+}
+
 /// `y = round(x) · mᵀ` for `rows` rows: `x` rounded into `scratch` first where `m` asks, and
 /// a zero-point matrix's minimums times the sum terms' correction added.
 #[allow(clippy::too_many_arguments)]
@@ -131,7 +221,7 @@ fn linear<O: Ops>(
     o: &O,
     x: &O::Buf<f32>,
     m: &DeviceMat<O>,
-    scratch: &mut O::Buf<f32>,
+    scratch: &mut LinScratch<O>,
     y: &mut O::Buf<f32>,
     rows: usize,
     in_dim: usize,
@@ -158,7 +248,7 @@ fn linear_parts<O: Ops>(
     data: &O::Buf<f32>,
     round: ActRound,
     mins: Option<&O::Buf<f32>>,
-    scratch: &mut O::Buf<f32>,
+    scratch: &mut LinScratch<O>,
     y: &mut O::Buf<f32>,
     rows: usize,
     in_dim: usize,
@@ -167,15 +257,17 @@ fn linear_parts<O: Ops>(
     if round == ActRound::None {
         return o.linear(x, data, y, rows, in_dim, out_dim);
     }
-    o.round_activations(x, scratch, rows, in_dim, round)?;
-    o.linear(scratch, data, y, rows, in_dim, out_dim)?;
+    let s = scratch;
+    grow(o, &mut s.rounded, rows * in_dim)?;
+    o.round_activations(x, &mut s.rounded, rows, in_dim, round)?;
+    o.linear(&s.rounded, data, y, rows, in_dim, out_dim)?;
     if let Some(mins) = mins {
         let blocks = in_dim / 32;
-        let mut corr = o.alloc::<f32>(rows * blocks)?;
-        o.q8_sum_correction(x, &mut corr, rows, in_dim)?;
-        let mut extra = o.alloc::<f32>(rows * out_dim)?;
-        o.linear(&corr, mins, &mut extra, rows, blocks, out_dim)?;
-        o.add(y, &extra, rows * out_dim)?;
+        grow(o, &mut s.corr, rows * blocks)?;
+        grow(o, &mut s.extra, rows * out_dim)?;
+        o.q8_sum_correction(x, &mut s.corr, rows, in_dim)?;
+        o.linear(&s.corr, mins, &mut s.extra, rows, blocks, out_dim)?;
+        o.add(y, &s.extra, rows * out_dim)?;
     }
     Ok(())
 }
@@ -244,7 +336,9 @@ impl<O: Ops> GpuForward<O> {
             .transpose()?;
         let k_pool = ops.alloc::<u16>(layout.pool_elems())?;
         let v_pool = ops.alloc::<u16>(layout.pool_elems())?;
+        let bufs = Some(StepBufs::new(&ops)?);
         Ok(GpuForward {
+            bufs,
             output_norm: ops.upload(&w.output_norm)?,
             ops,
             rope: model.rope().clone(),
@@ -376,7 +470,27 @@ impl<O: Ops> GpuForward<O> {
             _ => None,
         };
 
-        let mut x = o.alloc::<f32>(n * hd)?;
+        let mut bufs = match self.bufs.take() {
+            Some(b) => b,
+            None => StepBufs::new(o)?,
+        };
+        bufs.ensure(o, n, c)?;
+        let StepBufs {
+            mut x,
+            mut xn,
+            mut q,
+            mut q2,
+            mut k,
+            mut k2,
+            mut v,
+            mut att,
+            mut proj,
+            mut proj2,
+            mut gate,
+            mut up,
+            mut act,
+            mut lin,
+        } = bufs;
         o.embed(
             &self.embed,
             &ids,
@@ -385,19 +499,6 @@ impl<O: Ops> GpuForward<O> {
             hd,
             c.embed_scale.unwrap_or(1.0),
         )?;
-        let mut xn = o.alloc::<f32>(n * hd)?;
-        let mut q = o.alloc::<f32>(n * qd)?;
-        let mut q2 = o.alloc::<f32>(n * qd)?;
-        let mut k = o.alloc::<f32>(n * kvd)?;
-        let mut k2 = o.alloc::<f32>(n * kvd)?;
-        let mut v = o.alloc::<f32>(n * kvd)?;
-        let mut att = o.alloc::<f32>(n * qd)?;
-        let mut proj = o.alloc::<f32>(n * hd)?;
-        let mut proj2 = o.alloc::<f32>(n * hd)?;
-        let mut rounded = o.alloc::<f32>(n * hd.max(qd).max(ffn))?;
-        let mut gate = o.alloc::<f32>(n * ffn)?;
-        let mut up = o.alloc::<f32>(n * ffn)?;
-        let mut act = o.alloc::<f32>(n * ffn)?;
         if let Some(first) = self.layers.first() {
             o.rms_norm(&x, &first.attn_norm, &mut xn, n, hd, c.rms_eps)?;
         }
@@ -408,7 +509,7 @@ impl<O: Ops> GpuForward<O> {
                 (&lw.wk, &mut k, kvd),
                 (&lw.wv, &mut v, kvd),
             ] {
-                linear(o, &xn, m, &mut rounded, out, n, hd, width)?;
+                linear(o, &xn, m, &mut lin, out, n, hd, width)?;
             }
             for (buf, bias, width) in [
                 (&mut q, &lw.bq, qd),
@@ -473,21 +574,21 @@ impl<O: Ops> GpuForward<O> {
                 &mut att,
                 shape,
             )?;
-            linear(o, &att, &lw.wo, &mut rounded, &mut proj, n, qd, hd)?;
+            linear(o, &att, &lw.wo, &mut lin, &mut proj, n, qd, hd)?;
             if let Some(wn) = &lw.post_attn_norm {
                 o.rms_norm(&proj, wn, &mut proj2, n, hd, c.rms_eps)?;
                 std::mem::swap(&mut proj, &mut proj2);
             }
             o.add(&mut x, &proj, n * hd)?;
             o.rms_norm(&x, &lw.ffn_norm, &mut xn, n, hd, c.rms_eps)?;
-            linear(o, &xn, &lw.w_gate, &mut rounded, &mut gate, n, hd, ffn)?;
-            linear(o, &xn, &lw.w_up, &mut rounded, &mut up, n, hd, ffn)?;
+            linear(o, &xn, &lw.w_gate, &mut lin, &mut gate, n, hd, ffn)?;
+            linear(o, &xn, &lw.w_up, &mut lin, &mut up, n, hd, ffn)?;
             let kind = match c.ffn_act {
                 FfnAct::Silu => Gate::Silu,
                 FfnAct::GeluTanh => Gate::GeluTanh,
             };
             o.gated(kind, &gate, &up, &mut act, n * ffn)?;
-            linear(o, &act, &lw.w_down, &mut rounded, &mut proj, n, ffn, hd)?;
+            linear(o, &act, &lw.w_down, &mut lin, &mut proj, n, ffn, hd)?;
             if let Some(wn) = &lw.post_ffn_norm {
                 o.rms_norm(&proj, wn, &mut proj2, n, hd, c.rms_eps)?;
                 std::mem::swap(&mut proj, &mut proj2);
@@ -498,29 +599,45 @@ impl<O: Ops> GpuForward<O> {
             }
         }
         let m = logits_for.len();
-        if m == 0 {
-            return Ok(Vec::new());
-        }
-        let idx: Vec<i32> = logits_for.iter().map(|&i| i as i32).collect();
-        let idx = o.upload(&idx)?;
-        let mut picked = o.alloc::<f32>(m * hd)?;
-        o.gather_rows(&x, &idx, &mut picked, m, hd)?;
-        let mut normed = o.alloc::<f32>(m * hd)?;
-        o.rms_norm(&picked, &self.output_norm, &mut normed, m, hd, c.rms_eps)?;
-        let mut logits = o.alloc::<f32>(m * c.vocab_size)?;
-        let mut scratch = o.alloc::<f32>(m * hd)?;
-        let v = c.vocab_size;
-        match &self.output {
-            Some(w) => linear(o, &normed, w, &mut scratch, &mut logits, m, hd, v)?,
-            None => {
-                let (e, r, mins) = (&self.embed, self.output_round, self.embed_mins.as_ref());
-                linear_parts(o, &normed, e, r, mins, &mut scratch, &mut logits, m, hd, v)?
+        let mut out = Vec::new();
+        if m > 0 {
+            let idx: Vec<i32> = logits_for.iter().map(|&i| i as i32).collect();
+            let idx = o.upload(&idx)?;
+            let mut picked = o.alloc::<f32>(m * hd)?;
+            o.gather_rows(&x, &idx, &mut picked, m, hd)?;
+            let mut normed = o.alloc::<f32>(m * hd)?;
+            o.rms_norm(&picked, &self.output_norm, &mut normed, m, hd, c.rms_eps)?;
+            let vocab = c.vocab_size;
+            let mut logits = o.alloc::<f32>(m * vocab)?;
+            match &self.output {
+                Some(w) => linear(o, &normed, w, &mut lin, &mut logits, m, hd, vocab)?,
+                None => {
+                    let (e, r, mins) = (&self.embed, self.output_round, self.embed_mins.as_ref());
+                    linear_parts(o, &normed, e, r, mins, &mut lin, &mut logits, m, hd, vocab)?
+                }
             }
+            if let Some(cap) = c.final_logit_softcap {
+                o.softcap(&mut logits, m * vocab, cap)?;
+            }
+            out = o.read(&logits)?;
         }
-        if let Some(cap) = c.final_logit_softcap {
-            o.softcap(&mut logits, m * c.vocab_size, cap)?;
-        }
-        Ok(o.read(&logits)?)
+        self.bufs = Some(StepBufs {
+            x,
+            xn,
+            q,
+            q2,
+            k,
+            k2,
+            v,
+            att,
+            proj,
+            proj2,
+            gate,
+            up,
+            act,
+            lin,
+        });
+        Ok(out)
     }
 }
 
@@ -554,7 +671,7 @@ mod tests {
                 kernels::matmul_with_arith(&pool, &q, &x, rows, &mut cpu, Default::default())
                     .unwrap();
                 let xb = o.upload(&x).unwrap();
-                let mut scratch = o.alloc::<f32>(rows * in_dim).unwrap();
+                let mut scratch = LinScratch::new(&o).unwrap();
                 let mut y = o.alloc::<f32>(rows * out_dim).unwrap();
                 linear(&o, &xb, &dm, &mut scratch, &mut y, rows, in_dim, out_dim).unwrap();
                 let scale = cpu.iter().fold(0f32, |a, v| a.max(v.abs()));
