@@ -421,7 +421,7 @@ impl Arg {
 }
 
 /// Element types a [`DeviceBuffer`] holds: plain data, any bit pattern valid.
-pub trait DeviceScalar: Copy + Default + 'static {}
+pub trait DeviceScalar: Copy + Default + Send + Sync + 'static {}
 impl DeviceScalar for f32 {}
 impl DeviceScalar for i32 {}
 impl DeviceScalar for u16 {}
@@ -500,6 +500,50 @@ impl<T: DeviceScalar> DeviceBuffer<T> {
             (f.dtoh)(
                 host.as_mut_ptr().cast(),
                 self.ptr,
+                std::mem::size_of_val(&host[..]),
+            )
+        };
+        self.ctx.driver.check("cuMemcpyDtoH", code)?;
+        Ok(host)
+    }
+
+    /// Copies `host` into elements `at..at + host.len()` (waits for the copy).
+    pub fn write_range(&self, at: usize, host: &[T]) -> Result<(), CudaError> {
+        if at + host.len() > self.len {
+            return Err(CudaError::Invalid(format!(
+                "copy of {} elements at {at} into a buffer of {}",
+                host.len(),
+                self.len
+            )));
+        }
+        let f = self.ctx.current()?;
+        // SAFETY: the range was checked to lie inside the live buffer; `host` is plain data.
+        let code = unsafe {
+            (f.htod)(
+                self.device_ptr_at(at),
+                host.as_ptr().cast(),
+                std::mem::size_of_val(host),
+            )
+        };
+        self.ctx.driver.check("cuMemcpyHtoD", code)
+    }
+
+    /// Elements `at..at + len` copied out (after every launch issued before).
+    pub fn read_range(&self, at: usize, len: usize) -> Result<Vec<T>, CudaError> {
+        if at + len > self.len {
+            return Err(CudaError::Invalid(format!(
+                "read of {len} elements at {at} from a buffer of {}",
+                self.len
+            )));
+        }
+        let mut host = vec![T::default(); len];
+        let f = self.ctx.current()?;
+        // SAFETY: the range lies inside the live buffer; `host` has room for `len` elements of
+        // plain data.
+        let code = unsafe {
+            (f.dtoh)(
+                host.as_mut_ptr().cast(),
+                self.device_ptr_at(at),
                 std::mem::size_of_val(&host[..]),
             )
         };

@@ -103,14 +103,38 @@ fn to_i32(v: usize) -> Result<i32, CudaError> {
 
 /// The operations of a forward pass, checked; see the module doc. Every method checks the
 /// lengths it touches and then calls the implementation's `*_raw` twin.
-pub trait Ops {
-    type Buf<T: DeviceScalar>;
+pub trait Ops: Send + Sync + 'static {
+    type Buf<T: DeviceScalar>: Send + Sync;
 
     fn upload<T: DeviceScalar>(&self, host: &[T]) -> Result<Self::Buf<T>, CudaError>;
     /// A buffer of `len` elements (contents unspecified until written).
     fn alloc<T: DeviceScalar>(&self, len: usize) -> Result<Self::Buf<T>, CudaError>;
     fn read<T: DeviceScalar>(&self, buf: &Self::Buf<T>) -> Result<Vec<T>, CudaError>;
     fn len<T: DeviceScalar>(buf: &Self::Buf<T>) -> usize;
+    /// Short lowercase name for logs (`"cuda"`, `"host"`).
+    fn name(&self) -> &'static str;
+    /// Elements `at..at + len` of `buf`.
+    fn read_range<T: DeviceScalar>(
+        &self,
+        buf: &Self::Buf<T>,
+        at: usize,
+        len: usize,
+    ) -> Result<Vec<T>, CudaError>;
+    /// `host` written at `at` into `buf`.
+    fn write_range<T: DeviceScalar>(
+        &self,
+        buf: &mut Self::Buf<T>,
+        at: usize,
+        host: &[T],
+    ) -> Result<(), CudaError>;
+    /// `len` elements of `buf` from `src_at` copied to `dst_at` (the ranges must not overlap).
+    fn copy_range<T: DeviceScalar>(
+        &self,
+        buf: &mut Self::Buf<T>,
+        src_at: usize,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<(), CudaError>;
 
     /// `out[r] = table[ids[r]] · scale` for `rows` rows of `dim`. Every id must be a row of
     /// `table` (the caller checks tokens against the vocabulary).
@@ -533,6 +557,52 @@ impl Ops for HostOps {
         buf.len()
     }
 
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn read_range<T: DeviceScalar>(
+        &self,
+        buf: &Vec<T>,
+        at: usize,
+        len: usize,
+    ) -> Result<Vec<T>, CudaError> {
+        buf.get(at..at + len)
+            .map(<[T]>::to_vec)
+            .ok_or_else(|| CudaError::Invalid(format!("read of {len} at {at} from {}", buf.len())))
+    }
+
+    fn write_range<T: DeviceScalar>(
+        &self,
+        buf: &mut Vec<T>,
+        at: usize,
+        host: &[T],
+    ) -> Result<(), CudaError> {
+        let n = buf.len();
+        buf.get_mut(at..at + host.len())
+            .ok_or_else(|| CudaError::Invalid(format!("write of {} at {at} into {n}", host.len())))?
+            .copy_from_slice(host);
+        Ok(())
+    }
+
+    fn copy_range<T: DeviceScalar>(
+        &self,
+        buf: &mut Vec<T>,
+        src_at: usize,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        let n = buf.len();
+        let disjoint = src_at + len <= dst_at || dst_at + len <= src_at;
+        if src_at + len > n || dst_at + len > n || !disjoint {
+            return Err(CudaError::Invalid(format!(
+                "copy of {len} from {src_at} to {dst_at} in {n}"
+            )));
+        }
+        buf.copy_within(src_at..src_at + len, dst_at);
+        Ok(())
+    }
+
     fn embed_raw(
         &self,
         table: &Vec<f32>,
@@ -908,6 +978,43 @@ impl Ops for CudaOps {
 
     fn len<T: DeviceScalar>(buf: &DeviceBuffer<T>) -> usize {
         buf.len()
+    }
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn read_range<T: DeviceScalar>(
+        &self,
+        buf: &DeviceBuffer<T>,
+        at: usize,
+        len: usize,
+    ) -> Result<Vec<T>, CudaError> {
+        buf.read_range(at, len)
+    }
+
+    fn write_range<T: DeviceScalar>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        at: usize,
+        host: &[T],
+    ) -> Result<(), CudaError> {
+        buf.write_range(at, host)
+    }
+
+    fn copy_range<T: DeviceScalar>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        src_at: usize,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        if !(src_at + len <= dst_at || dst_at + len <= src_at) {
+            return Err(CudaError::Invalid(format!(
+                "overlapping device copy of {len} from {src_at} to {dst_at}"
+            )));
+        }
+        buf.copy_from(dst_at, buf, src_at, len)
     }
 
     fn embed_raw(

@@ -27,6 +27,7 @@ use model::{Backend, CpuBackend, Model, ModelShape, Numerics, RowKind};
 use crate::config::EngineConfig;
 use crate::error::{internal, EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 use crate::kv_events::KvEventLog;
+use crate::kv_memory::KvMemory;
 use crate::paged_kv::{KvGeometry, PagedKvMemory};
 use crate::plan::{PrefetchStart, StepPlan};
 use crate::request::{
@@ -100,7 +101,17 @@ impl SnapshotCell {
 impl EngineCore {
     /// An engine over `model`; opens the stores of `cfg.tiers` (a disk tier scans its
     /// directory; Redis connects lazily).
-    pub fn new(model: Arc<Model>, mut cfg: EngineConfig) -> Result<Self, EngineBuildError> {
+    pub fn new(model: Arc<Model>, cfg: EngineConfig) -> Result<Self, EngineBuildError> {
+        let backend = Box::new(CpuBackend::new(model, cfg.threads));
+        Self::open(backend, cfg)
+    }
+
+    /// Like [`EngineCore::new`] over any [`Backend`] (a device backend keeps the K/V pool in
+    /// its memory: [`Backend::device_kv_memory`]).
+    pub fn open(
+        backend: Box<dyn Backend>,
+        mut cfg: EngineConfig,
+    ) -> Result<Self, EngineBuildError> {
         for (i, store) in cfg.tiers.stores.iter().enumerate() {
             if let Some(name) = store.codec() {
                 let codec =
@@ -117,7 +128,7 @@ impl EngineCore {
             .into_iter()
             .map(Arc::from)
             .collect();
-        Self::with_tier_stores(model, cfg, stores)
+        Self::with_backend(backend, cfg, stores)
     }
 
     /// Like [`EngineCore::new`] with already opened tier stores, in lookup order
@@ -135,7 +146,7 @@ impl EngineCore {
     /// Like [`EngineCore::with_tier_stores`] over any [`Backend`] (the engine needs nothing
     /// else of the model).
     pub fn with_backend(
-        backend: Box<dyn Backend>,
+        mut backend: Box<dyn Backend>,
         cfg: EngineConfig,
         stores: Vec<Arc<dyn tier::TierStore>>,
     ) -> Result<Self, EngineBuildError> {
@@ -193,7 +204,10 @@ impl EngineCore {
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
         };
-        let mem = PagedKvMemory::new(geo, cfg.kv_dtype)?;
+        let mem = match backend.device_kv_memory(cfg.num_blocks, cfg.block_size, cfg.kv_dtype) {
+            Some(device) => KvMemory::Device(device?),
+            None => KvMemory::Host(PagedKvMemory::new(geo, cfg.kv_dtype)?),
+        };
         let kv_log = cfg
             .kv_events
             .clone()
@@ -315,7 +329,7 @@ impl EngineCore {
         &self.stats
     }
 
-    pub fn memory(&self) -> &PagedKvMemory {
+    pub fn memory(&self) -> &KvMemory {
         self.kv.memory()
     }
 
@@ -481,8 +495,9 @@ impl EngineCore {
                 let mut writer = self.kv.writer(&mut self.cache, self.tiers.as_mut());
                 let mut kv = writer.view(&tables);
                 self.backend
-                    .forward(&batch, &mut kv)
+                    .forward(&batch, &mut *kv)
                     .map_err(|e| EngineError::Internal(e.to_string()))?;
+                drop(kv);
                 done += len;
                 self.cache.mark_written(cs, done, tick).map_err(internal)?;
                 let publisher = Some(Publisher::computed(&ns));
@@ -822,12 +837,12 @@ impl EngineCore {
             .collect();
         let backend = &mut self.backend;
         let logits = if masks.is_empty() {
-            backend.forward(&batch, &mut kv)
+            backend.forward(&batch, &mut *kv)
         } else {
             std::thread::scope(|scope| {
                 let prepared =
                     scope.spawn(move || masks.into_iter().for_each(|s| s.prepare_constraint()));
-                let logits = backend.forward(&batch, &mut kv);
+                let logits = backend.forward(&batch, &mut *kv);
                 // A constraint that panicked computes its mask again when sampling.
                 let _ = prepared.join();
                 logits

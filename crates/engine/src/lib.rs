@@ -12,6 +12,7 @@ mod demoter;
 mod encode_gate;
 mod error;
 pub mod kv_events;
+mod kv_memory;
 mod loader;
 mod paged_kv;
 mod plan;
@@ -36,6 +37,7 @@ pub use config::{
 pub use core::{EngineCore, SnapshotCell, ToolPauseInfo, LONG_PREFILL_TOKENS};
 pub use error::{EngineBuildError, EngineError, RequestError, MAX_CHOICES};
 pub use kv_events::{KvEvent, KvEventSink, KvMedium};
+pub use kv_memory::KvMemory;
 pub use paged_kv::PagedKvMemory;
 pub use request::{
     priority_of_rank, retention_rank, Breakpoint, EngineEvent, EventReceiver, EventSender,

@@ -390,6 +390,9 @@ pub enum BlockBytesError {
     /// The block id is outside the pool.
     #[error("block {block} is outside the pool of {num_blocks} blocks")]
     NoSuchBlock { block: usize, num_blocks: usize },
+    /// The device memory refused the copy.
+    #[error("device K/V: {0}")]
+    Device(String),
 }
 
 // Block serialisation for the storage tiers: one block's K rows then V rows, as stored (f32/f16

@@ -10,9 +10,10 @@
 
 use crate::paged_kv::BlockBytesError;
 use cache::{BlockId, BlockKey, CacheEvent, EvictionCause, KvCache, NamespaceKey};
+use model::kv::{KvError, KvStore};
 
 use crate::kv_events::KvEventLog;
-use crate::paged_kv::{PagedKvMemory, StepKv};
+use crate::kv_memory::KvMemory;
 use crate::tiering::Tiering;
 
 /// Who published the blocks of a recorded `BlockStored` event.
@@ -59,14 +60,14 @@ impl TierEvents {
 /// The paged K/V memory together with the events that must reach the tiers before it is
 /// written.
 pub(crate) struct KvStorage {
-    mem: PagedKvMemory,
+    mem: KvMemory,
     events: TierEvents,
     /// Announcements for routers (`None`: not published).
     log: Option<KvEventLog>,
 }
 
 impl KvStorage {
-    pub fn new(mem: PagedKvMemory, log: Option<KvEventLog>) -> Self {
+    pub fn new(mem: KvMemory, log: Option<KvEventLog>) -> Self {
         KvStorage {
             mem,
             events: TierEvents::default(),
@@ -75,7 +76,7 @@ impl KvStorage {
     }
 
     /// Read access (sizes, serialised blocks).
-    pub fn memory(&self) -> &PagedKvMemory {
+    pub fn memory(&self) -> &KvMemory {
         &self.mem
     }
 
@@ -127,7 +128,10 @@ impl KvStorage {
                         }
                     }
                     if let Some(tier_key) = to_write {
-                        writes.push((tier_key, self.mem.block_bytes(block)));
+                        match self.mem.block_bytes(block) {
+                            Ok(bytes) => writes.push((tier_key, bytes)),
+                            Err(e) => tracing::warn!(error = %e, "block not written to the tiers"),
+                        }
                     }
                 }
                 CacheEvent::BlockEvicted {
@@ -149,7 +153,10 @@ impl KvStorage {
                     if let Some(tier_key) = to_write {
                         // Copied now: an evicted block's bytes are intact only until its next
                         // write.
-                        writes.push((tier_key, self.mem.block_bytes(block)));
+                        match self.mem.block_bytes(block) {
+                            Ok(bytes) => writes.push((tier_key, bytes)),
+                            Err(e) => tracing::warn!(error = %e, "evicted block not demoted"),
+                        }
                     }
                 }
             }
@@ -182,18 +189,23 @@ impl KvStorage {
 
 /// Write access to the K/V bytes, only obtainable from [`KvStorage::writer`].
 pub(crate) struct KvWriter<'a> {
-    mem: &'a mut PagedKvMemory,
+    mem: &'a mut KvMemory,
 }
 
 impl KvWriter<'_> {
     /// The forward pass's view over the block tables of one batch.
-    pub fn view<'t>(&'t mut self, tables: &'t [&'t [BlockId]]) -> StepKv<'t> {
+    pub fn view<'t>(&'t mut self, tables: &'t [&'t [BlockId]]) -> Box<dyn KvStore + 't> {
         self.mem.view(tables)
     }
 
     /// Copies the first `num_rows` token rows of `src` into `dst` (fork of a partial block).
-    pub fn copy_block(&mut self, src: BlockId, dst: BlockId, num_rows: usize) {
-        self.mem.copy_block(src, dst, num_rows);
+    pub fn copy_block(
+        &mut self,
+        src: BlockId,
+        dst: BlockId,
+        num_rows: usize,
+    ) -> Result<(), KvError> {
+        self.mem.copy_block(src, dst, num_rows)
     }
 
     /// Overwrites `block` with a tier payload.

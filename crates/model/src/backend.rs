@@ -12,7 +12,7 @@ use frontend::Frontend;
 use kernels::ThreadPool;
 
 use crate::forward::{ForwardBatch, ForwardError, Scratch};
-use crate::kv::KvStore;
+use crate::kv::{DeviceKvMemory, KvDtype, KvError, KvStore};
 use crate::model::Model;
 
 /// The sizes the engine plans with (paged K/V geometry, request checks, sampling).
@@ -48,6 +48,20 @@ pub trait Backend: Send {
         batch: &ForwardBatch<'_>,
         kv: &mut dyn KvStore,
     ) -> Result<Vec<f32>, ForwardError>;
+
+    /// The engine's paged K/V pool of `num_blocks` blocks of `block_size` positions in this
+    /// backend's memory, when its forward pass runs on a device: the engine then keeps every
+    /// block there, moves blocks to and from the tiers through it, and hands [`Self::forward`]
+    /// views of it. `None` (the default): the pool is host memory.
+    fn device_kv_memory(
+        &mut self,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> Option<Result<Box<dyn DeviceKvMemory>, KvError>> {
+        let _ = (num_blocks, block_size, dtype);
+        None
+    }
 }
 
 /// The forward pass on this machine's CPU cores.

@@ -50,6 +50,8 @@ pub enum ForwardError {
     Kernel(#[from] KernelError),
     #[error(transparent)]
     Weights(#[from] WeightsError),
+    #[error("device: {0}")]
+    Device(String),
 }
 
 /// Activation buffers, grown on demand and reused across steps.

@@ -237,7 +237,7 @@ mod tests {
 
     fn check(spec: TinyModelSpec) -> Comparison {
         let model = tiny_model(&spec).unwrap();
-        let mut device = GpuForward::new(HostOps, &model, 2, 200, 16).unwrap();
+        let mut device = GpuForward::new(std::sync::Arc::new(HostOps), &model, 2, 200, 16).unwrap();
         let cmp = compare_with_cpu(&model, &mut device, &prompts(&[1, 5, 17, 40]), 24, 2).unwrap();
         assert!(
             cmp.greedy_equal_steps.iter().all(|&s| s == 24) && cmp.mean_abs_dlogprob < 1e-3,
@@ -270,11 +270,11 @@ mod tests {
         let a: Vec<u32> = (0..20).map(|t| TINY_FIRST_BYTE + t).collect();
         let b: Vec<u32> = (0..9).map(|t| TINY_FIRST_BYTE + 100 + t).collect();
         let pos = |n: usize| (0..n as u32).collect::<Vec<_>>();
-        let mut alone = GpuForward::new(HostOps, &model, 2, 64, 16).unwrap();
+        let mut alone = GpuForward::new(std::sync::Arc::new(HostOps), &model, 2, 64, 16).unwrap();
         let want = alone
             .forward(&a, &pos(a.len()), &vec![0; a.len()], &[19])
             .unwrap();
-        let mut both = GpuForward::new(HostOps, &model, 2, 64, 16).unwrap();
+        let mut both = GpuForward::new(std::sync::Arc::new(HostOps), &model, 2, 64, 16).unwrap();
         // b first takes blocks, so a's blocks differ from the run alone.
         both.forward(&b, &pos(b.len()), &vec![1; b.len()], &[])
             .unwrap();
@@ -294,7 +294,7 @@ mod tests {
     #[test]
     fn bad_batches_are_typed_errors() {
         let model = tiny_model(&TinyModelSpec::default()).unwrap();
-        let mut d = GpuForward::new(HostOps, &model, 1, 32, 16).unwrap();
+        let mut d = GpuForward::new(std::sync::Arc::new(HostOps), &model, 1, 32, 16).unwrap();
         let e = d.forward(&[100_000], &[0], &[0], &[0]).unwrap_err();
         assert!(e.to_string().contains("outside the vocabulary"), "{e}");
         let e = d.forward(&[5], &[32], &[0], &[0]).unwrap_err();

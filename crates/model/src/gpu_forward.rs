@@ -10,11 +10,14 @@
 //! shares blocks between slots and never samples: the engine's paged cache is not wired to it
 //! yet (issue #47).
 
+use std::sync::Arc;
+
 use cuda::ops::{ActRound, AttnShape, Gate, KvLayout, Ops};
 use cuda::CudaError;
 use gguf::GgmlType;
 
 use crate::config::{FfnAct, ModelConfig, RopeStyle};
+use crate::gpu_kv::DevicePool;
 use crate::model::Model;
 use crate::ops::Rope;
 use crate::weights::{MatRef, Weights, WeightsError};
@@ -153,9 +156,11 @@ impl<O: Ops> StepBufs<O> {
     }
 }
 
-/// A model on a device with a K/V pool for `num_slots` sequences.
-pub struct GpuForward<O: Ops> {
-    ops: O,
+/// A model's weights on a device and the step's buffers: the forward pass over a K/V pool
+/// and block tables that its caller owns ([`GpuForward`] standalone, [`crate::GpuBackend`] for
+/// the engine).
+pub struct GpuModel<O: Ops> {
+    ops: Arc<O>,
     cfg: ModelConfig,
     rope: Rope,
     rope_local: Option<Rope>,
@@ -166,15 +171,19 @@ pub struct GpuForward<O: Ops> {
     embed_mins: Option<O::Buf<f32>>,
     output_norm: O::Buf<f32>,
     layers: Vec<DeviceLayer<O>>,
-    layout: KvLayout,
-    k_pool: O::Buf<u16>,
-    v_pool: O::Buf<u16>,
+    /// `None` only while a step runs.
+    bufs: Option<StepBufs<O>>,
+}
+
+/// A model on a device with a K/V pool of its own for `num_slots` sequences, blocks handed to
+/// slots on demand: the forward pass on its own, for comparisons and benchmarks.
+pub struct GpuForward<O: Ops> {
+    model: GpuModel<O>,
+    pool: DevicePool<O>,
     max_blocks: usize,
     /// Each slot's blocks, position p in `tables[slot][p / block_size]`.
     tables: Vec<Vec<u32>>,
     free: Vec<u32>,
-    /// `None` only while a step runs.
-    bufs: Option<StepBufs<O>>,
 }
 
 fn upload_opt<O: Ops>(ops: &O, v: &Option<Vec<f32>>) -> Result<Option<O::Buf<f32>>, CudaError> {
@@ -272,75 +281,52 @@ fn linear_parts<O: Ops>(
     Ok(())
 }
 
-impl<O: Ops> GpuForward<O> {
-    /// `model`'s weights on `ops`' device and a pool of `num_slots · ⌈max_tokens / block_size⌉`
-    /// blocks of `block_size` positions.
-    pub fn new(
-        ops: O,
-        model: &Model,
-        num_slots: usize,
-        max_tokens: usize,
-        block_size: usize,
-    ) -> Result<Self, GpuForwardError> {
+impl<O: Ops> GpuModel<O> {
+    /// `model`'s weights on `ops`' device (dequantized to f32).
+    pub fn new(ops: Arc<O>, model: &Model) -> Result<Self, GpuForwardError> {
         let cfg = model.config().clone();
         let w = model.weights();
-        if block_size == 0 || num_slots == 0 || max_tokens == 0 {
-            return Err(GpuForwardError::BadBatch(
-                "a K/V pool needs slots, tokens and a block size".into(),
-            ));
-        }
         if cfg.sliding_window.is_some() && model.rope_local().is_none() {
             return Err(GpuForwardError::BadBatch(
                 "sliding-window layers need their RoPE".into(),
             ));
         }
+        let o = &*ops;
         let mut layers = Vec::with_capacity(w.layers.len());
         for lw in &w.layers {
             layers.push(DeviceLayer {
-                attn_norm: ops.upload(&lw.attn_norm)?,
-                q_norm: upload_opt(&ops, &lw.q_norm)?,
-                k_norm: upload_opt(&ops, &lw.k_norm)?,
-                post_attn_norm: upload_opt(&ops, &lw.post_attn_norm)?,
-                post_ffn_norm: upload_opt(&ops, &lw.post_ffn_norm)?,
-                wq: upload_mat(&ops, w, &lw.wq)?,
-                wk: upload_mat(&ops, w, &lw.wk)?,
-                wv: upload_mat(&ops, w, &lw.wv)?,
-                wo: upload_mat(&ops, w, &lw.wo)?,
-                bq: upload_opt(&ops, &lw.bq)?,
-                bk: upload_opt(&ops, &lw.bk)?,
-                bv: upload_opt(&ops, &lw.bv)?,
-                ffn_norm: ops.upload(&lw.ffn_norm)?,
-                w_gate: upload_mat(&ops, w, &lw.w_gate)?,
-                w_up: upload_mat(&ops, w, &lw.w_up)?,
-                w_down: upload_mat(&ops, w, &lw.w_down)?,
+                attn_norm: o.upload(&lw.attn_norm)?,
+                q_norm: upload_opt(o, &lw.q_norm)?,
+                k_norm: upload_opt(o, &lw.k_norm)?,
+                post_attn_norm: upload_opt(o, &lw.post_attn_norm)?,
+                post_ffn_norm: upload_opt(o, &lw.post_ffn_norm)?,
+                wq: upload_mat(o, w, &lw.wq)?,
+                wk: upload_mat(o, w, &lw.wk)?,
+                wv: upload_mat(o, w, &lw.wv)?,
+                wo: upload_mat(o, w, &lw.wo)?,
+                bq: upload_opt(o, &lw.bq)?,
+                bk: upload_opt(o, &lw.bk)?,
+                bv: upload_opt(o, &lw.bv)?,
+                ffn_norm: o.upload(&lw.ffn_norm)?,
+                w_gate: upload_mat(o, w, &lw.w_gate)?,
+                w_up: upload_mat(o, w, &lw.w_up)?,
+                w_down: upload_mat(o, w, &lw.w_down)?,
             });
         }
-        let embed = ops.upload(&w.dequantize(&w.token_embd)?)?;
+        let embed = o.upload(&w.dequantize(&w.token_embd)?)?;
         let tied = w.output.info.name == w.token_embd.info.name
             && w.output.first_row == w.token_embd.first_row;
         let output = if tied {
             None
         } else {
-            Some(upload_mat(&ops, w, &w.output)?)
-        };
-        let max_blocks = max_tokens.div_ceil(block_size);
-        let layout = KvLayout {
-            layers: cfg.num_layers,
-            kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-            num_blocks: num_slots * max_blocks,
-            block_size,
+            Some(upload_mat(o, w, &w.output)?)
         };
         let embed_mins = block_mins(w, &w.token_embd)
-            .map(|v| ops.upload(&v))
+            .map(|v| o.upload(&v))
             .transpose()?;
-        let k_pool = ops.alloc::<u16>(layout.pool_elems())?;
-        let v_pool = ops.alloc::<u16>(layout.pool_elems())?;
-        let bufs = Some(StepBufs::new(&ops)?);
-        Ok(GpuForward {
-            bufs,
-            output_norm: ops.upload(&w.output_norm)?,
-            ops,
+        Ok(GpuModel {
+            bufs: Some(StepBufs::new(o)?),
+            output_norm: o.upload(&w.output_norm)?,
             rope: model.rope().clone(),
             rope_local: model.rope_local().cloned(),
             cfg,
@@ -349,12 +335,7 @@ impl<O: Ops> GpuForward<O> {
             output_round: act_round(w.output.info.ty),
             embed_mins,
             layers,
-            layout,
-            k_pool,
-            v_pool,
-            max_blocks,
-            tables: vec![Vec::new(); num_slots],
-            free: (0..layout.num_blocks as u32).rev().collect(),
+            ops,
         })
     }
 
@@ -362,22 +343,27 @@ impl<O: Ops> GpuForward<O> {
         &self.cfg
     }
 
-    /// The device operations back, for the next model.
-    pub fn into_ops(self) -> O {
-        self.ops
+    pub fn ops(&self) -> &Arc<O> {
+        &self.ops
     }
 
-    /// Forgets slot `slot`'s positions (its blocks return to the pool).
-    pub fn clear_slot(&mut self, slot: usize) {
-        if let Some(t) = self.tables.get_mut(slot) {
-            self.free.append(t);
+    /// The layout of a pool of `num_blocks` blocks of `block_size` positions for this model.
+    pub fn kv_layout(&self, num_blocks: usize, block_size: usize) -> KvLayout {
+        KvLayout {
+            layers: self.cfg.num_layers,
+            kv_heads: self.cfg.num_kv_heads,
+            head_dim: self.cfg.head_dim,
+            num_blocks,
+            block_size,
         }
     }
 
-    /// Checks the batch and gives each token's slot the block its position needs; returns
-    /// each token's (block, row in block).
-    fn place(
-        &mut self,
+    /// Checks the batch against the vocabulary and the tables; returns each token's (block,
+    /// row in block).
+    fn check(
+        &self,
+        layout: KvLayout,
+        tables: &[Vec<u32>],
         tokens: &[u32],
         positions: &[u32],
         slots: &[usize],
@@ -397,26 +383,20 @@ impl<O: Ops> GpuForward<O> {
         if let Some(&i) = logits_for.iter().find(|&&i| i >= n) {
             return bad(format!("logits requested for token {i} of {n}"));
         }
-        let bs = self.layout.block_size;
+        let bs = layout.block_size;
         let (mut blocks, mut rows) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for (&slot, &pos) in slots.iter().zip(positions) {
             let pos = pos as usize;
-            if slot >= self.tables.len() || pos / bs >= self.max_blocks {
+            let Some(&block) = tables.get(slot).and_then(|t| t.get(pos / bs)) else {
+                return bad(format!("slot {slot} has no block for position {pos}"));
+            };
+            if block as usize >= layout.num_blocks {
                 return bad(format!(
-                    "slot {slot} position {pos} outside the pool ({} slots of {} positions)",
-                    self.tables.len(),
-                    self.max_blocks * bs
+                    "block {block} outside a pool of {}",
+                    layout.num_blocks
                 ));
             }
-            let table = &mut self.tables[slot];
-            while table.len() <= pos / bs {
-                let b = self
-                    .free
-                    .pop()
-                    .ok_or(GpuForwardError::PoolFull(self.layout.num_blocks))?;
-                table.push(b);
-            }
-            blocks.push(table[pos / bs] as i32);
+            blocks.push(block as i32);
             rows.push((pos % bs) as i32);
         }
         Ok((blocks, rows))
@@ -434,26 +414,30 @@ impl<O: Ops> GpuForward<O> {
         out
     }
 
-    /// Runs one step: token t of slot `slots[t]` at `positions[t]` (a slot's positions
-    /// written in order, earlier positions already in the pool); returns the logits of the
-    /// tokens `logits_for` names, `[logits_for.len(), vocab]`.
-    pub fn forward(
+    /// Runs one step over `pool`: token t of slot `slots[t]` at `positions[t]`, whose block is
+    /// `tables[slots[t]][positions[t] / block_size]` (a slot's positions written in order,
+    /// earlier ones already in the pool); returns the logits of the tokens `logits_for` names,
+    /// `[logits_for.len(), vocab]`.
+    pub fn step(
         &mut self,
+        pool: &mut DevicePool<O>,
+        tables: &[Vec<u32>],
         tokens: &[u32],
         positions: &[u32],
         slots: &[usize],
         logits_for: &[usize],
     ) -> Result<Vec<f32>, GpuForwardError> {
-        let (blocks, rows) = self.place(tokens, positions, slots, logits_for)?;
+        let (blocks, rows) =
+            self.check(pool.layout, tables, tokens, positions, slots, logits_for)?;
+        let max_blocks = tables.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let n = tokens.len();
         let c = &self.cfg;
         let (hd, qd, kvd, ffn) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.ffn_size);
-        let o = &self.ops;
+        let o = &*self.ops;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let table_host: Vec<i32> = self
-            .tables
+        let table_host: Vec<i32> = tables
             .iter()
-            .flat_map(|t| (0..self.max_blocks).map(move |i| t.get(i).map_or(0, |&b| b as i32)))
+            .flat_map(|t| (0..max_blocks).map(move |i| t.get(i).map_or(0, |&b| b as i32)))
             .collect();
         let seq: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
         let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
@@ -546,9 +530,9 @@ impl<O: Ops> GpuForward<O> {
             o.kv_write(
                 &k,
                 &v,
-                &mut self.k_pool,
-                &mut self.v_pool,
-                self.layout,
+                &mut pool.k,
+                &mut pool.v,
+                pool.layout,
                 l,
                 &blocks,
                 &rows,
@@ -557,16 +541,16 @@ impl<O: Ops> GpuForward<O> {
             let shape = AttnShape {
                 tokens: n,
                 heads: c.num_heads,
-                max_blocks: self.max_blocks,
+                max_blocks,
                 window: window.unwrap_or(0),
                 scale: c.attn_scale,
                 softcap: 0.0,
             };
             o.attention(
                 &q,
-                &self.k_pool,
-                &self.v_pool,
-                self.layout,
+                &pool.k,
+                &pool.v,
+                pool.layout,
                 l,
                 &tables,
                 &seq,
@@ -638,6 +622,86 @@ impl<O: Ops> GpuForward<O> {
             lin,
         });
         Ok(out)
+    }
+}
+
+impl<O: Ops> GpuForward<O> {
+    /// `model`'s weights on `ops`' device and a pool of `num_slots · ⌈max_tokens / block_size⌉`
+    /// blocks of `block_size` positions.
+    pub fn new(
+        ops: Arc<O>,
+        model: &Model,
+        num_slots: usize,
+        max_tokens: usize,
+        block_size: usize,
+    ) -> Result<Self, GpuForwardError> {
+        if block_size == 0 || num_slots == 0 || max_tokens == 0 {
+            return Err(GpuForwardError::BadBatch(
+                "a K/V pool needs slots, tokens and a block size".into(),
+            ));
+        }
+        let model = GpuModel::new(ops, model)?;
+        let max_blocks = max_tokens.div_ceil(block_size);
+        let layout = model.kv_layout(num_slots * max_blocks, block_size);
+        let pool = DevicePool::new(&**model.ops(), layout)
+            .map_err(|e| GpuForwardError::BadBatch(e.to_string()))?;
+        Ok(GpuForward {
+            model,
+            pool,
+            max_blocks,
+            tables: vec![Vec::new(); num_slots],
+            free: (0..layout.num_blocks as u32).rev().collect(),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    /// Forgets slot `slot`'s positions (its blocks return to the pool).
+    pub fn clear_slot(&mut self, slot: usize) {
+        if let Some(t) = self.tables.get_mut(slot) {
+            self.free.append(t);
+        }
+    }
+
+    /// Runs one step: token t of slot `slots[t]` at `positions[t]` (a slot's positions
+    /// written in order, earlier positions already in the pool; blocks handed out as needed);
+    /// returns the logits of the tokens `logits_for` names, `[logits_for.len(), vocab]`.
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        slots: &[usize],
+        logits_for: &[usize],
+    ) -> Result<Vec<f32>, GpuForwardError> {
+        let bs = self.pool.layout.block_size;
+        for (&slot, &pos) in slots.iter().zip(positions) {
+            let pos = pos as usize;
+            if slot >= self.tables.len() || pos / bs >= self.max_blocks {
+                return Err(GpuForwardError::BadBatch(format!(
+                    "slot {slot} position {pos} outside the pool ({} slots of {} positions)",
+                    self.tables.len(),
+                    self.max_blocks * bs
+                )));
+            }
+            let table = &mut self.tables[slot];
+            while table.len() <= pos / bs {
+                let b = self
+                    .free
+                    .pop()
+                    .ok_or(GpuForwardError::PoolFull(self.pool.layout.num_blocks))?;
+                table.push(b);
+            }
+        }
+        self.model.step(
+            &mut self.pool,
+            &self.tables,
+            tokens,
+            positions,
+            slots,
+            logits_for,
+        )
     }
 }
 

@@ -111,6 +111,8 @@ pub enum KvError {
     UnknownSlot(u32),
     #[error("KV codec: {0}")]
     Codec(String),
+    #[error("K/V on the device: {0}")]
+    Device(String),
 }
 
 /// Storage of K/V for the sequences of a batch.
@@ -180,4 +182,34 @@ pub trait KvStore: Sync {
         let _ = from;
         self.for_each_chunk(layer, slot, kv_head, num_positions, f)
     }
+
+    /// The block tables of the step's slots (`[slot]` → block indices) when the K/V lives in a
+    /// device's memory ([`DeviceKvMemory`]): what a device backend's forward pass reads instead
+    /// of calling the methods above. `None` for host stores.
+    fn device_tables(&self) -> Option<&[Vec<u32>]> {
+        None
+    }
+}
+
+/// The engine's paged K/V pool in a device's memory, provided by a backend whose forward pass
+/// runs there ([`crate::Backend::device_kv_memory`]): blocks named by index, each serialised
+/// as the host pool serialises it (every layer's and K/V head's run of K rows, then of V
+/// rows), so tier payloads and cache keys are the same whichever memory wrote them.
+pub trait DeviceKvMemory: Send {
+    /// The codecs of the rows.
+    fn codecs(&self) -> KvDtype;
+    /// Bytes of K and V per token over all layers.
+    fn bytes_per_token(&self) -> usize;
+    /// Bytes the pool holds on the device.
+    fn allocated_bytes(&self) -> usize;
+    /// Bytes of one serialised block.
+    fn block_num_bytes(&self) -> usize;
+    /// One block serialised (read back from the device).
+    fn block_bytes(&self, block: usize) -> Result<Vec<u8>, KvError>;
+    /// Overwrites one block with serialised bytes of the same geometry and codecs.
+    fn load_block_bytes(&mut self, block: usize, bytes: &[u8]) -> Result<(), KvError>;
+    /// Copies the first `num_rows` token rows of `src` into `dst` (copy-on-write).
+    fn copy_block(&mut self, src: usize, dst: usize, num_rows: usize) -> Result<(), KvError>;
+    /// The step's view: `tables[slot]` is the block table of `SeqSlot(slot)`.
+    fn view(&mut self, tables: Vec<Vec<u32>>) -> Box<dyn KvStore + '_>;
 }

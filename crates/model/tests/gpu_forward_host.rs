@@ -58,7 +58,7 @@ fn f32_copy(path: &Path, dir: &Path) -> PathBuf {
 fn compare(path: &Path, steps: usize) -> Comparison {
     let model = Model::load(path).unwrap();
     let prompts = text_prompts(&model, TEXTS);
-    let mut device = GpuForward::new(HostOps, &model, 1, 256, 16).unwrap();
+    let mut device = GpuForward::new(std::sync::Arc::new(HostOps), &model, 1, 256, 16).unwrap();
     let cmp = compare_with_cpu(&model, &mut device, &prompts, steps, 2).unwrap();
     eprintln!("{}: {cmp}", path.display());
     cmp
@@ -105,7 +105,7 @@ fn smollm2_stays_as_near_the_cpu_as_llama_servers_arithmetic_does() {
     // pass must stay within that yardstick.
     let model = Model::load(&model::default_model_path()).unwrap();
     let prompts = text_prompts(&model, TEXTS);
-    let mut device = GpuForward::new(HostOps, &model, 1, 256, 16).unwrap();
+    let mut device = GpuForward::new(std::sync::Arc::new(HostOps), &model, 1, 256, 16).unwrap();
     let cmp = compare_with_cpu(&model, &mut device, &prompts, 32, 2).unwrap();
     let mut llama = CpuSteps::new(&model, Numerics::LlamaServer { threads: 2 }, 2, 256).unwrap();
     let yardstick = compare_with_cpu(&model, &mut llama, &prompts, 32, 2).unwrap();

@@ -1,44 +1,52 @@
 //! `--device` / `model.device`: which processor runs the forward pass. `cpu` is this
-//! machine's cores; `cuda` asks for NVIDIA GPU 0 and fails at start, with the reason, where
-//! there is none; `auto` (the default) takes the GPU when one can run the model and the CPU
-//! otherwise, saying which in the log.
+//! machine's cores; `cuda` starts NVIDIA GPU 0 (driver, NVRTC, cuBLAS, the kernels compiled for
+//! it) and fails at start, with the reason, where that cannot be done; `auto` (the default)
+//! takes the GPU when it starts and the CPU otherwise, saying which in the log.
 //!
-//! Owns that choice only. The GPU runtime is the `cuda` crate's; which backend serves is the
-//! engine's, given the choice.
+//! Owns that choice only. The GPU runtime is the `cuda` crate's, the backend over it the
+//! model's (`model::GpuBackend`).
 
-use anyhow::{bail, Result};
+use std::sync::Arc;
+
+use anyhow::{anyhow, Result};
+use cuda::ops::CudaOps;
 
 pub use crate::config::Device;
 
 /// What runs the forward pass, once chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Chosen {
     Cpu,
+    Cuda(Arc<CudaOps>),
 }
 
-/// Resolves `requested` on this machine. The CUDA backend's kernels, memory and cuBLAS run
-/// (`agentkv gpu-check`), but it does not run a model's forward pass yet: `cuda` is refused
-/// with what was found, and `auto` chooses the CPU.
+impl Chosen {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Chosen::Cpu => "cpu",
+            Chosen::Cuda(_) => "cuda",
+        }
+    }
+}
+
+fn start() -> Result<Arc<CudaOps>, cuda::CudaError> {
+    let c = cuda::Cuda::start()?;
+    tracing::info!(gpu = %c.gpu.info(), nvrtc = %c.nvrtc.0, "CUDA runtime started");
+    Ok(Arc::new(CudaOps::new(c.gpu, c.cublas)))
+}
+
+/// Resolves `requested` on this machine.
 pub fn choose(requested: Device) -> Result<Chosen> {
     match requested {
         Device::Cpu => Ok(Chosen::Cpu),
-        Device::Cuda => match cuda::probe() {
-            Err(e) => bail!("--device cuda: no usable NVIDIA GPU: {e}"),
-            Ok(info) => bail!(
-                "--device cuda: found {info}, but this build runs models on the CPU only (its \
-                 CUDA kernels are checked by `agentkv gpu-check`; the GPU forward pass is not \
-                 in it yet): use --device cpu or auto"
-            ),
-        },
-        Device::Auto => {
-            match cuda::probe() {
-                Ok(info) => tracing::info!(
-                    gpu = %info,
-                    "device auto: a GPU is present but this build runs models on the CPU only"
-                ),
-                Err(e) => tracing::info!(reason = %e, "device auto: no GPU, using the CPU"),
+        Device::Cuda => start()
+            .map(Chosen::Cuda)
+            .map_err(|e| anyhow!("--device cuda: no usable NVIDIA GPU: {e}")),
+        Device::Auto => match start() {
+            Ok(ops) => Ok(Chosen::Cuda(ops)),
+            Err(e) => {
+                tracing::info!(reason = %e, "device auto: no GPU, using the CPU");
+                Ok(Chosen::Cpu)
             }
-            Ok(Chosen::Cpu)
-        }
+        },
     }
 }

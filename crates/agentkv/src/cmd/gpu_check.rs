@@ -67,7 +67,7 @@ pub fn run(args: GpuCheckArgs) -> Result<()> {
         gpu.info().arch(),
         started.elapsed().as_secs_f64() * 1e3
     );
-    let mut ops = CudaOps::new(gpu, cublas);
+    let ops = std::sync::Arc::new(CudaOps::new(gpu, cublas));
     let results = cuda::selfcheck::run_all(&ops, args.seed).context("running the device checks")?;
     for r in &results {
         println!("{r}");
@@ -79,7 +79,7 @@ pub fn run(args: GpuCheckArgs) -> Result<()> {
     println!("{} kernel checks, {failed} failed", results.len());
     for path in &args.model {
         let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
-        let mut device = GpuForward::new(ops, &model, 1, 1024, 16)
+        let mut device = GpuForward::new(ops.clone(), &model, 1, 1024, 16)
             .with_context(|| format!("{} on the GPU", path.display()))?;
         let prompts: Vec<Vec<u32>> = PROMPTS
             .iter()
@@ -103,7 +103,6 @@ pub fn run(args: GpuCheckArgs) -> Result<()> {
         failed += usize::from(!ok);
         let (prefill, decode) = speed(&mut device, model.config().vocab_size)?;
         println!("model {name}: prefill 512 tokens {prefill:.0} tok/s; decode batch 1 {decode:.0} tok/s (no CUDA graphs)");
-        ops = device.into_ops();
     }
     if failed > 0 {
         bail!("{failed} device checks failed");

@@ -69,7 +69,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let device = args.device.or(file.model.device).unwrap_or_default();
     let chosen = super::device::choose(device)?;
-    tracing::info!(device = ?chosen, "forward pass");
+    tracing::info!(device = chosen.name(), "forward pass");
     let model_path = args
         .model
         .clone()
@@ -97,7 +97,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let engine = Engine::start(EngineCore::new(Arc::clone(&model), engine_cfg)?);
+    let core = match &chosen {
+        super::device::Chosen::Cpu => EngineCore::new(Arc::clone(&model), engine_cfg)?,
+        super::device::Chosen::Cuda(ops) => {
+            let backend =
+                model::GpuBackend::new(ops.clone(), &model).context("the model on the GPU")?;
+            EngineCore::open(Box::new(backend), engine_cfg)?
+        }
+    };
+    let engine = Engine::start(core);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -30,7 +30,8 @@ impl EngineCore {
             if let Some(copy) = fork.copy {
                 self.kv
                     .writer(&mut self.cache, self.tiers.as_mut())
-                    .copy_block(copy.src, copy.dst, copy.num_tokens);
+                    .copy_block(copy.src, copy.dst, copy.num_tokens)
+                    .map_err(internal)?;
             }
             let parent = &self.seqs[&key];
             let mut spec = parent.spec.clone();
