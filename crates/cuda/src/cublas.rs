@@ -1,6 +1,8 @@
-//! cuBLAS, loaded at run time: the f32 matrix product of the forward pass's linear layers,
-//! `y[rows, out] = x[rows, in] · W[out, in]ᵀ` on row-major buffers, in true f32 (cuBLAS's
-//! default math mode: no TF32 unless `NVIDIA_TF32_OVERRIDE` asks for it).
+//! cuBLAS, loaded at run time: the f32 matrix product `y[rows, out] = x[rows, in] · W[out, in]ᵀ`
+//! on row-major buffers, in true f32 (cuBLAS's default math mode: no TF32 unless
+//! `NVIDIA_TF32_OVERRIDE` asks for it) — the speed reference of the forward pass's own
+//! batch-invariant `linear_f32` kernel (cuBLAS chooses its algorithm by shape, so a row's result
+//! may depend on the batch).
 //!
 //! Owns the handle and that one call. It never allocates (buffers are [`crate::Gpu`]'s).
 

@@ -27,6 +27,10 @@ pub const SOURCES: &[KernelSource] = &[
         name: "attention.cu",
         text: include_str!("../kernels/attention.cu"),
     },
+    KernelSource {
+        name: "linear.cu",
+        text: include_str!("../kernels/linear.cu"),
+    },
 ];
 
 /// The C type of one kernel parameter.
@@ -123,6 +127,11 @@ pub const KERNELS: &[KernelDef] = &[
         name: "q8_sum_correction_f32",
         source: "rows.cu",
         params: &[Ptr, Ptr, I32],
+    },
+    KernelDef {
+        name: "linear_f32",
+        source: "linear.cu",
+        params: &[Ptr, Ptr, Ptr, I32, I32, I32],
     },
     KernelDef {
         name: "kv_write_f16",

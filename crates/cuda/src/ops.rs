@@ -929,7 +929,9 @@ impl Ops for HostOps {
     }
 }
 
-/// The kernels and cuBLAS on a GPU.
+/// The kernels on a GPU. The linear layers run `linear_f32` (a fixed order of operations per
+/// output, whatever the batch); cuBLAS is kept beside it as the speed reference of
+/// `agentkv gpu-check` ([`CudaOps::cublas_linear`]).
 pub struct CudaOps {
     gpu: Gpu,
     cublas: Mutex<Cublas>,
@@ -945,6 +947,21 @@ impl CudaOps {
 
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// `y = x · wᵀ` by cuBLAS (`Sgemm`, no TF32): the reference the kernel is timed against.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cublas_linear(
+        &self,
+        x: &DeviceBuffer<f32>,
+        w: &DeviceBuffer<f32>,
+        y: &DeviceBuffer<f32>,
+        rows: usize,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<(), CudaError> {
+        let mut cublas = self.cublas.lock().unwrap_or_else(|p| p.into_inner());
+        cublas.linear(x, 0, w, y, 0, rows, in_dim, out_dim)
     }
 }
 
@@ -1297,8 +1314,23 @@ impl Ops for CudaOps {
         in_dim: usize,
         out_dim: usize,
     ) -> Result<(), CudaError> {
-        let mut cublas = self.cublas.lock().unwrap_or_else(|p| p.into_inner());
-        cublas.linear(x, 0, w, y, 0, rows, in_dim, out_dim)
+        if rows == 0 || out_dim == 0 {
+            return Ok(());
+        }
+        let args = [
+            x.arg(),
+            w.arg(),
+            y.arg(),
+            Arg::I32(to_i32(rows)?),
+            Arg::I32(to_i32(in_dim)?),
+            Arg::I32(to_i32(out_dim)?),
+        ];
+        let grid = (
+            out_dim.div_ceil(64) as u32,
+            to_i32(rows.div_ceil(64))? as u32,
+            1,
+        );
+        self.gpu.launch("linear_f32", grid, (256, 1, 1), 0, &args)
     }
 }
 

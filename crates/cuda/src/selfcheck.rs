@@ -88,7 +88,8 @@ pub fn run_all(ops: &CudaOps, seed: u64) -> Result<Vec<CheckResult>, CudaError> 
     for (hd, window, softcap) in [(64, 0, 0.0), (256, 0, 50.0), (80, 37, 0.0), (64, 300, 0.0)] {
         out.push(check_attention(gpu, &mut rng, hd, window, softcap)?);
     }
-    out.push(check_linear(ops, &mut rng)?);
+    out.extend(check_linear(ops, &mut rng)?);
+    out.push(check_linear_batch_invariance(ops, &mut rng)?);
     out.extend(check_rounding(ops, &mut rng)?);
     Ok(out)
 }
@@ -519,7 +520,7 @@ fn check_attention(
     Ok(result(name, &out.read()?, &cpu, 2e-5))
 }
 
-fn check_linear(ops: &CudaOps, rng: &mut ChaCha8Rng) -> Result<CheckResult, CudaError> {
+fn check_linear(ops: &CudaOps, rng: &mut ChaCha8Rng) -> Result<Vec<CheckResult>, CudaError> {
     let gpu = ops.gpu();
     let (rows, in_dim, out_dim) = (13, 576, 1536);
     let x = randn(rng, rows * in_dim, 1.0);
@@ -540,12 +541,16 @@ fn check_linear(ops: &CudaOps, rng: &mut ChaCha8Rng) -> Result<CheckResult, Cuda
             cpu.push(s);
         }
     }
-    Ok(result(
-        "cublasSgemm linear (13×576 · 1536×576ᵀ)",
-        &yb.read()?,
+    let kernel = result("linear_f32 (13×576 · 1536×576ᵀ)", &yb.read()?, &cpu, 1e-4);
+    let reference = gpu.alloc::<f32>(rows * out_dim)?;
+    ops.cublas_linear(&xb, &wb, &reference, rows, in_dim, out_dim)?;
+    let cublas = result(
+        "cublasSgemm (13×576 · 1536×576ᵀ)",
+        &reference.read()?,
         &cpu,
         1e-4,
-    ))
+    );
+    Ok(vec![kernel, cublas])
 }
 
 /// The activation rounding kernels against [`HostOps`]' definitions: rows with outliers, a
@@ -580,4 +585,36 @@ fn check_rounding(ops: &CudaOps, rng: &mut ChaCha8Rng) -> Result<Vec<CheckResult
     let want: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
     out.push(result("q8_sum_correction_f32", &got.read()?, &want, 0.0));
     Ok(out)
+}
+
+/// A row's linear product alone and inside batches of other sizes, at other tile positions:
+/// the same bits (the kernel's order of operations depends on the row only).
+fn check_linear_batch_invariance(
+    ops: &CudaOps,
+    rng: &mut ChaCha8Rng,
+) -> Result<CheckResult, CudaError> {
+    let (in_dim, out_dim) = (576, 1536);
+    let w = ops.upload(&randn(rng, out_dim * in_dim, 0.1))?;
+    let row = randn(rng, in_dim, 1.0);
+    let mut alone = ops.alloc::<f32>(out_dim)?;
+    ops.linear(&ops.upload(&row)?, &w, &mut alone, 1, in_dim, out_dim)?;
+    let alone = alone.read()?;
+    let mut same = true;
+    for (rows, at) in [(37usize, 5usize), (130, 100), (512, 511)] {
+        let mut x = randn(rng, rows * in_dim, 1.0);
+        x[at * in_dim..(at + 1) * in_dim].copy_from_slice(&row);
+        let mut y = ops.alloc::<f32>(rows * out_dim)?;
+        ops.linear(&ops.upload(&x)?, &w, &mut y, rows, in_dim, out_dim)?;
+        let got = ops.read_range(&y, at * out_dim, out_dim)?;
+        same &= got
+            .iter()
+            .zip(&alone)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+    }
+    Ok(CheckResult {
+        name: "linear_f32 batch invariance (1 row vs 37/130/512)".into(),
+        max_abs_err: if same { 0.0 } else { f64::INFINITY },
+        tolerance: 0.0,
+        passed: same,
+    })
 }

@@ -1,7 +1,7 @@
 //! Kernel timings at SmolLM2-135M's shapes (9 query heads, 3 K/V heads, head size 64, hidden
 //! 576, FFN 1536; 16-token blocks): one layer's paged attention for decode (1 and 64 sequences)
-//! and prefill (512 tokens) at a depth of 4,096, and the cuBLAS linear product for one and 512
-//! rows, with the bytes or operations each moves. Printed by `agentkv gpu-check` beside the
+//! and prefill (512 tokens) at a depth of 4,096, and the linear product for one and 512 rows
+//! (the batch-invariant kernel beside cuBLAS), with the bytes or operations each moves. Printed by `agentkv gpu-check` beside the
 //! checks, so a run on a GPU also says how far each kernel is from the device's limits.
 //!
 //! Owns those measurements only (wall time around synchronised launches, median of repeats).
@@ -63,7 +63,8 @@ pub fn run_all(ops: &CudaOps) -> Result<Vec<Timing>, CudaError> {
         out.push(attention(gpu, seqs, tokens_per_seq)?);
     }
     for rows in [1usize, 512] {
-        out.push(linear(ops, rows, 576, 1536)?);
+        out.push(linear(ops, rows, 576, 1536, false)?);
+        out.push(linear(ops, rows, 576, 1536, true)?);
     }
     Ok(out)
 }
@@ -136,7 +137,13 @@ fn attention(gpu: &Gpu, seqs: usize, tokens_per_seq: usize) -> Result<Timing, Cu
     })
 }
 
-fn linear(ops: &CudaOps, rows: usize, in_dim: usize, out_dim: usize) -> Result<Timing, CudaError> {
+fn linear(
+    ops: &CudaOps,
+    rows: usize,
+    in_dim: usize,
+    out_dim: usize,
+    cublas: bool,
+) -> Result<Timing, CudaError> {
     let x: Vec<f32> = (0..rows * in_dim).map(|i| (i % 7) as f32 * 0.1).collect();
     let w: Vec<f32> = (0..out_dim * in_dim)
         .map(|i| (i % 5) as f32 * 0.01)
@@ -151,7 +158,14 @@ fn linear(ops: &CudaOps, rows: usize, in_dim: usize, out_dim: usize) -> Result<T
     let flops = 2.0 * (rows * in_dim * out_dim) as f64;
     let bytes = (out_dim * in_dim * 4) as f64;
     Ok(Timing {
-        name: format!("cublasSgemm linear: {rows} × {in_dim} → {out_dim}"),
+        name: format!(
+            "{}: {rows} × {in_dim} → {out_dim}",
+            if cublas {
+                "cublasSgemm (reference)"
+            } else {
+                "linear_f32"
+            }
+        ),
         micros,
         rate: format!(
             "{:.2} TFLOP/s, {:.0} GB/s of weights",
