@@ -2,15 +2,17 @@
 # The device check of issue #47, for a machine with an NVIDIA GPU and no Rust toolchain: build
 # here and strip the binary (its line tables take it past what a device call can carry):
 #   cargo build --release -p agentkv && mkdir -p .device && strip -o .device/agentkv target/release/agentkv
-# carry .device there (an ignored folder), and run
+# carry .device there (ignored: `echo /.device/ >> .git/info/exclude`), and run
 #   scripts/gpu/check.sh .device/agentkv OUT_DIR
 # It records the device and driver (nvidia-smi), finds NVRTC and cuBLAS (the CUDA toolkit's or a
 # pip wheel's, e.g. PyTorch's), and runs `agentkv gpu-check`: every CUDA kernel and the cuBLAS
 # product against a CPU computation, their timings, and the forward pass on the GPU against the
 # CPU backend for every architecture fixture of crates/model/tests/data/arch (they travel with
-# the working tree) and every GGUF under models/ that was carried. Raw output:
+# the working tree), a random-weight model of SmolLM2-135M's exact shape that agentkv builds
+# itself (the real 98 MB file does not fit a call), and every GGUF under models/ that was
+# carried. Raw output:
 # OUT_DIR/gpu-check.txt (commit it under docs/reports/gpu/). Exits non-zero when a check fails.
-# About a minute of device time.
+# A few minutes of device time (most of it the CPU side of the comparisons).
 set -uo pipefail
 BIN="${1:?usage: scripts/gpu/check.sh AGENTKV_BINARY OUT_DIR}"
 OUT_DIR="${2:?usage: scripts/gpu/check.sh AGENTKV_BINARY OUT_DIR}"
@@ -43,7 +45,7 @@ find_lib() { # NAME: the first match under the usual CUDA and Python locations
   for m in crates/model/tests/data/arch/*.gguf models/*.gguf; do
     [ -f "$m" ] && models+=(--model "$m")
   done
-  RUST_BACKTRACE=0 "$BIN" gpu-check --threads "$(nproc)" "${models[@]}" 2>&1
+  RUST_BACKTRACE=0 "$BIN" gpu-check --threads "$(nproc)" --synthetic-smollm2 "${models[@]}" 2>&1
   echo "exit status $?"
 } | tee "$REPORT"
 grep -q '^exit status 0$' "$REPORT"

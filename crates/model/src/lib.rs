@@ -32,6 +32,7 @@ mod perplexity;
 mod rope_scaling;
 pub mod sampler;
 mod step_ops;
+pub mod synthetic;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod tile_path;

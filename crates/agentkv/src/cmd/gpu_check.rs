@@ -22,6 +22,10 @@ pub struct GpuCheckArgs {
     /// GGUF models whose forward pass to compare with the CPU's (repeatable).
     #[arg(long)]
     pub model: Vec<PathBuf>,
+    /// Also a random-weight model of SmolLM2-135M's exact shape and types, built in memory
+    /// (`model::synthetic`): the real shapes where the real file cannot be carried.
+    #[arg(long)]
+    pub synthetic_smollm2: bool,
     /// Greedy decode steps per prompt in the model comparison.
     #[arg(long, default_value_t = 64)]
     pub steps: usize,
@@ -77,23 +81,32 @@ pub fn run(args: GpuCheckArgs) -> Result<()> {
     }
     let mut failed = results.iter().filter(|r| !r.passed).count();
     println!("{} kernel checks, {failed} failed", results.len());
+    let mut models: Vec<(String, Model)> = Vec::new();
     for path in &args.model {
         let model = Model::load(path).with_context(|| format!("loading {}", path.display()))?;
-        let mut device = GpuForward::new(ops.clone(), &model, 1, 1024, 16)
-            .with_context(|| format!("{} on the GPU", path.display()))?;
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        models.push((name.into_owned(), model));
+    }
+    if args.synthetic_smollm2 {
+        let spec = model::synthetic::SyntheticSpec::smollm2_135m();
+        let model = model::synthetic::synthetic_model(&spec).context("the synthetic SmolLM2")?;
+        models.push(("synthetic SmolLM2-135M shape".into(), model));
+    }
+    for (name, model) in &models {
+        let mut device = GpuForward::new(ops.clone(), model, 1, 1024, 16)
+            .with_context(|| format!("{name} on the GPU"))?;
         let prompts: Vec<Vec<u32>> = PROMPTS
             .iter()
             .map(|p| model.frontend().tokenizer.encode(p, true, false))
             .collect::<Result<_, _>>()?;
-        let cmp = compare_with_cpu(&model, &mut device, &prompts, args.steps, args.threads)?;
+        let cmp = compare_with_cpu(model, &mut device, &prompts, args.steps, args.threads)?;
         // The yardstick: the CPU in llama-server's arithmetic against the engine's.
         let capacity = prompts.iter().map(Vec::len).max().unwrap_or(0) + args.steps + 1;
         let numerics = Numerics::LlamaServer {
             threads: args.threads,
         };
-        let mut llama = CpuSteps::new(&model, numerics, args.threads, capacity)?;
-        let yardstick = compare_with_cpu(&model, &mut llama, &prompts, args.steps, args.threads)?;
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let mut llama = CpuSteps::new(model, numerics, args.threads, capacity)?;
+        let yardstick = compare_with_cpu(model, &mut llama, &prompts, args.steps, args.threads)?;
         let ok = cmp.mean_abs_dlogprob <= 1.5 * yardstick.mean_abs_dlogprob + 0.005;
         println!(
             "model {name}: GPU vs CPU: {cmp}  {}",
