@@ -13,7 +13,6 @@ use cuda::ops::{KvLayout, Ops};
 use half::f16;
 
 use crate::kv::{DeviceKvMemory, KvChunk, KvDtype, KvError, KvStore, SeqSlot};
-use kernels::ThreadPool;
 
 /// K and V pools of `layout`.
 pub struct DevicePool<O: Ops> {
@@ -234,24 +233,6 @@ impl<O: Ops> KvStore for DeviceView<'_, O> {
             let ops = &self.mem.ops;
             ops.write_range(&mut pool.k, at, &row(k)).map_err(device)?;
             ops.write_range(&mut pool.v, at, &row(v)).map_err(device)?;
-        }
-        Ok(())
-    }
-
-    fn write_step(
-        &mut self,
-        pool: &ThreadPool,
-        layer: usize,
-        slots: &[SeqSlot],
-        positions: &[u32],
-        k: &[f32],
-        v: &[f32],
-    ) -> Result<(), KvError> {
-        let _ = pool;
-        let kvd = k.len() / slots.len().max(1);
-        for (t, (&slot, &pos)) in slots.iter().zip(positions).enumerate() {
-            let rows = t * kvd..(t + 1) * kvd;
-            self.write(layer, slot, pos as usize, &k[rows.clone()], &v[rows])?;
         }
         Ok(())
     }

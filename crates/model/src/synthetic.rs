@@ -122,9 +122,10 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Result<Vec<u8>, GgufError> {
     w.to_bytes()
 }
 
-/// Three control tokens, the 256 byte tokens, one merge (a BPE tokenizer needs a table) and
-/// placeholders up to `vocab`.
-fn add_tokenizer(w: &mut GgufWriter, vocab: usize) {
+/// Three control tokens (`<|endoftext|>` 0, `<|im_start|>` 1, `<|im_end|>` 2), the 256 byte
+/// tokens, one merge (a BPE tokenizer needs a table) and placeholders up to `vocab`; ChatML.
+/// Also the tiny test models' tokenizer (`testing`, at 260 tokens).
+pub(crate) fn add_tokenizer(w: &mut GgufWriter, vocab: usize) {
     let mut tokens = vec![
         "<|endoftext|>".to_string(),
         "<|im_start|>".to_string(),

@@ -10,7 +10,6 @@ use std::path::Path;
 use rand::{Rng, SeedableRng};
 
 use crate::model::{LoadError, Model};
-use frontend::tokenizer::byte_to_char;
 use gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
 
 /// Which architecture a tiny model has.
@@ -60,10 +59,6 @@ pub const TINY_FIRST_BYTE: u32 = 3;
 /// Vocabulary size of every tiny model.
 pub const TINY_VOCAB: usize = 3 + 256 + 1;
 
-const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + \
-message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}\
-{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
 /// The GGUF bytes of a tiny model (tied output embedding).
 pub fn tiny_model_gguf(spec: &TinyModelSpec) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
@@ -95,7 +90,8 @@ pub fn tiny_model_gguf(spec: &TinyModelSpec) -> Vec<u8> {
         w.add_metadata(a("rope.freq_base_swa"), MetaValue::F32(100.0));
     }
     w.add_metadata(a("attention.layer_norm_rms_epsilon"), MetaValue::F32(1e-5));
-    add_tokenizer(&mut w);
+    // The synthetic models' tokenizer at the tiny vocabulary: no placeholders.
+    crate::synthetic::add_tokenizer(&mut w, TINY_VOCAB);
     let head_dim = spec.hidden / spec.num_heads;
     let kv_dim = spec.num_kv_heads * head_dim;
     let (h, f) = (spec.hidden, spec.ffn);
@@ -138,39 +134,6 @@ pub fn tiny_model_gguf(spec: &TinyModelSpec) -> Vec<u8> {
             .expect("tensor shapes are consistent");
     }
     w.to_bytes().expect("a well-formed tiny model")
-}
-
-fn add_tokenizer(w: &mut GgufWriter) {
-    let mut tokens = vec![
-        "<|endoftext|>".to_string(),
-        "<|im_start|>".to_string(),
-        "<|im_end|>".to_string(),
-    ];
-    let mut types = vec![3i32, 3, 3];
-    for b in 0..=255u8 {
-        tokens.push(byte_to_char(b).to_string());
-        types.push(1);
-    }
-    // One merge: a BPE tokenizer needs a merge table.
-    let merges = vec![MetaValue::String("Ġ t".into())];
-    tokens.push("Ġt".into());
-    types.push(1);
-    let strings = tokens.into_iter().map(MetaValue::String).collect();
-    w.add_metadata("tokenizer.ggml.model", MetaValue::String("gpt2".into()));
-    w.add_metadata("tokenizer.ggml.pre", MetaValue::String("default".into()));
-    w.add_metadata("tokenizer.ggml.tokens", MetaValue::Array(strings));
-    w.add_metadata(
-        "tokenizer.ggml.token_type",
-        MetaValue::Array(types.into_iter().map(MetaValue::I32).collect()),
-    );
-    w.add_metadata("tokenizer.ggml.merges", MetaValue::Array(merges));
-    w.add_metadata(
-        "tokenizer.ggml.bos_token_id",
-        MetaValue::U32(TINY_ENDOFTEXT),
-    );
-    w.add_metadata("tokenizer.ggml.eos_token_id", MetaValue::U32(TINY_IM_END));
-    w.add_metadata("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
-    w.add_metadata("tokenizer.chat_template", MetaValue::String(CHATML.into()));
 }
 
 /// A tiny model built in memory (see [`tiny_model_gguf`]).
