@@ -223,8 +223,69 @@ fn grow<O: Ops>(o: &O, buf: &mut O::Buf<f32>, len: usize) -> Result<(), CudaErro
     Ok(())
 }
 
-/// `y = round(x) · mᵀ` for `rows` rows: `x` rounded into `scratch` first where `m` asks, and
-/// a zero-point matrix's minimums times the sum terms' correction added.
+/// One product of [`linear_shared`]: `y[rows, out_dim] = round(x) · dataᵀ`, plus the block
+/// minimums' correction for a zero-point matrix.
+struct Product<'a, O: Ops> {
+    data: &'a O::Buf<f32>,
+    round: ActRound,
+    mins: Option<&'a O::Buf<f32>>,
+    y: &'a mut O::Buf<f32>,
+    out_dim: usize,
+}
+
+impl<'a, O: Ops> Product<'a, O> {
+    fn of(m: &'a DeviceMat<O>, y: &'a mut O::Buf<f32>, out_dim: usize) -> Self {
+        Product {
+            data: &m.data,
+            round: m.round,
+            mins: m.mins.as_ref(),
+            y,
+            out_dim,
+        }
+    }
+}
+
+/// The products of one input `x` (`rows` rows of `in_dim`): `x` is rounded once per rounding
+/// kind (into `scratch`) and the sum terms' correction computed once, however many matrices
+/// read them (Q, K and V; gate and up).
+fn linear_shared<O: Ops>(
+    o: &O,
+    x: &O::Buf<f32>,
+    products: &mut [Product<'_, O>],
+    scratch: &mut LinScratch<O>,
+    rows: usize,
+    in_dim: usize,
+) -> Result<(), CudaError> {
+    let s = scratch;
+    let mut rounded: Option<ActRound> = None;
+    let mut corrected = false;
+    for p in products.iter_mut() {
+        if p.round == ActRound::None {
+            o.linear(x, p.data, p.y, rows, in_dim, p.out_dim)?;
+            continue;
+        }
+        if rounded != Some(p.round) {
+            grow(o, &mut s.rounded, rows * in_dim)?;
+            o.round_activations(x, &mut s.rounded, rows, in_dim, p.round)?;
+            rounded = Some(p.round);
+        }
+        o.linear(&s.rounded, p.data, p.y, rows, in_dim, p.out_dim)?;
+        if let Some(mins) = p.mins {
+            let blocks = in_dim / 32;
+            if !corrected {
+                grow(o, &mut s.corr, rows * blocks)?;
+                o.q8_sum_correction(x, &mut s.corr, rows, in_dim)?;
+                corrected = true;
+            }
+            grow(o, &mut s.extra, rows * p.out_dim)?;
+            o.linear(&s.corr, mins, &mut s.extra, rows, blocks, p.out_dim)?;
+            o.add(p.y, &s.extra, rows * p.out_dim)?;
+        }
+    }
+    Ok(())
+}
+
+/// `y = round(x) · mᵀ` for `rows` rows (see [`linear_shared`]).
 #[allow(clippy::too_many_arguments)]
 fn linear<O: Ops>(
     o: &O,
@@ -236,49 +297,14 @@ fn linear<O: Ops>(
     in_dim: usize,
     out_dim: usize,
 ) -> Result<(), CudaError> {
-    linear_parts(
+    linear_shared(
         o,
         x,
-        &m.data,
-        m.round,
-        m.mins.as_ref(),
+        &mut [Product::of(m, y, out_dim)],
         scratch,
-        y,
         rows,
         in_dim,
-        out_dim,
     )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn linear_parts<O: Ops>(
-    o: &O,
-    x: &O::Buf<f32>,
-    data: &O::Buf<f32>,
-    round: ActRound,
-    mins: Option<&O::Buf<f32>>,
-    scratch: &mut LinScratch<O>,
-    y: &mut O::Buf<f32>,
-    rows: usize,
-    in_dim: usize,
-    out_dim: usize,
-) -> Result<(), CudaError> {
-    if round == ActRound::None {
-        return o.linear(x, data, y, rows, in_dim, out_dim);
-    }
-    let s = scratch;
-    grow(o, &mut s.rounded, rows * in_dim)?;
-    o.round_activations(x, &mut s.rounded, rows, in_dim, round)?;
-    o.linear(&s.rounded, data, y, rows, in_dim, out_dim)?;
-    if let Some(mins) = mins {
-        let blocks = in_dim / 32;
-        grow(o, &mut s.corr, rows * blocks)?;
-        grow(o, &mut s.extra, rows * out_dim)?;
-        o.q8_sum_correction(x, &mut s.corr, rows, in_dim)?;
-        o.linear(&s.corr, mins, &mut s.extra, rows, blocks, out_dim)?;
-        o.add(y, &s.extra, rows * out_dim)?;
-    }
-    Ok(())
 }
 
 impl<O: Ops> GpuModel<O> {
@@ -488,13 +514,12 @@ impl<O: Ops> GpuModel<O> {
         }
         for (l, lw) in self.layers.iter().enumerate() {
             let window = c.window_of(l);
-            for (m, out, width) in [
-                (&lw.wq, &mut q, qd),
-                (&lw.wk, &mut k, kvd),
-                (&lw.wv, &mut v, kvd),
-            ] {
-                linear(o, &xn, m, &mut lin, out, n, hd, width)?;
-            }
+            let qkv = &mut [
+                Product::of(&lw.wq, &mut q, qd),
+                Product::of(&lw.wk, &mut k, kvd),
+                Product::of(&lw.wv, &mut v, kvd),
+            ];
+            linear_shared(o, &xn, qkv, &mut lin, n, hd)?;
             for (buf, bias, width) in [
                 (&mut q, &lw.bq, qd),
                 (&mut k, &lw.bk, kvd),
@@ -565,8 +590,11 @@ impl<O: Ops> GpuModel<O> {
             }
             o.add(&mut x, &proj, n * hd)?;
             o.rms_norm(&x, &lw.ffn_norm, &mut xn, n, hd, c.rms_eps)?;
-            linear(o, &xn, &lw.w_gate, &mut lin, &mut gate, n, hd, ffn)?;
-            linear(o, &xn, &lw.w_up, &mut lin, &mut up, n, hd, ffn)?;
+            let gate_up = &mut [
+                Product::of(&lw.w_gate, &mut gate, ffn),
+                Product::of(&lw.w_up, &mut up, ffn),
+            ];
+            linear_shared(o, &xn, gate_up, &mut lin, n, hd)?;
             let kind = match c.ffn_act {
                 FfnAct::Silu => Gate::Silu,
                 FfnAct::GeluTanh => Gate::GeluTanh,
@@ -596,8 +624,14 @@ impl<O: Ops> GpuModel<O> {
             match &self.output {
                 Some(w) => linear(o, &normed, w, &mut lin, &mut logits, m, hd, vocab)?,
                 None => {
-                    let (e, r, mins) = (&self.embed, self.output_round, self.embed_mins.as_ref());
-                    linear_parts(o, &normed, e, r, mins, &mut lin, &mut logits, m, hd, vocab)?
+                    let tied = Product {
+                        data: &self.embed,
+                        round: self.output_round,
+                        mins: self.embed_mins.as_ref(),
+                        y: &mut logits,
+                        out_dim: vocab,
+                    };
+                    linear_shared(o, &normed, &mut [tied], &mut lin, m, hd)?
                 }
             }
             if let Some(cap) = c.final_logit_softcap {
