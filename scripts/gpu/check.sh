@@ -11,7 +11,7 @@
 # the working tree), a random-weight model of SmolLM2-135M's exact shape that agentkv builds
 # itself (the real 98 MB file does not fit a call), and every GGUF under models/ that was
 # carried. Raw output:
-# OUT_DIR/gpu-check.txt (commit it under docs/reports/gpu/). Exits non-zero when a check fails.
+# OUT_DIR/gpu-check.txt (commit it beside the other raw reports, under docs/reports/). Exits non-zero when a check fails.
 # A few minutes of device time (most of it the CPU side of the comparisons).
 set -uo pipefail
 BIN="${1:?usage: scripts/gpu/check.sh AGENTKV_BINARY OUT_DIR}"
