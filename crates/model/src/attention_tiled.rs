@@ -22,8 +22,8 @@ use half::{bf16, f16};
 
 use crate::attention::AttnArith;
 use crate::attention_plan::{AttnPlan, AttnTask, SEGMENT_POSITIONS};
+use crate::attention_plan::{RowCodec, TaskPath, Transposed};
 use crate::kv::{KvChunk, KvStore, SeqSlot};
-use crate::tile_path::{RowCodec, TaskPath, Transposed};
 use kernels::cpu::{cpu_features, CpuFeatures};
 use kernels::flash_tile::{
     merge_segments, prefetch_l1, tile_update, tile_update_rows, widen_f16, TileElem, TileSoftmax,
@@ -593,7 +593,7 @@ pub unsafe fn run_tile_task(
         ns,
         passes,
     } = scratch;
-    // What runs (`tile_path`: one choice per task, one per pass), and the kernels' proofs of
+    // What runs (`attention_plan`: one choice per task, one per pass), and the kernels' proofs of
     // the features it counts on.
     let features = cpu_features();
     let task_tokens = (tokens.1 - tokens.0) as usize;
@@ -661,7 +661,7 @@ pub unsafe fn run_tile_task(
     }
 }
 
-/// What a task's tiles are attended with: its path (`tile_path`) and the kernels' proofs of the
+/// What a task's tiles are attended with: its path (`attention_plan`) and the kernels' proofs of the
 /// features that path counts on.
 struct TileSteps {
     path: TaskPath,
@@ -721,7 +721,7 @@ fn attend_chunk(
         KvChunk::F32 { .. } => unreachable!("the plan never tiles f32 K/V stores"),
     };
     let chunk_end = start + chunk.num_positions(hd);
-    // The pass's choice (`tile_path`): widen the tile or not, and which transposed step.
+    // The pass's choice (`attention_plan::TaskPath::pass`): widen the tile or not, and which transposed step.
     let pass = path.pass(rows.len(), hd);
     let widen = pass.widen;
     let transposed = match pass.transposed {

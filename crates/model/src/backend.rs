@@ -129,7 +129,17 @@ impl Backend for CpuBackend {
         batch: &ForwardBatch<'_>,
         kv: &mut dyn KvStore,
     ) -> Result<Vec<f32>, ForwardError> {
-        self.model.forward(&self.pool, batch, kv, &mut self.scratch)
+        let m = &*self.model;
+        crate::forward::forward(
+            &m.config,
+            &m.weights,
+            &m.rope,
+            m.rope_local.as_ref(),
+            &self.pool,
+            batch,
+            kv,
+            &mut self.scratch,
+        )
     }
 }
 

@@ -4,7 +4,7 @@
 //! attention output rows `[num_tokens, num_heads, head_dim]`.
 //!
 //! Owns the dispatch of those tasks and their per-thread buffers only; which row takes which
-//! regime is the plan's (`attention_plan`, `tile_path`) and the numerics'.
+//! regime is the plan's (`attention_plan`) and the numerics'.
 
 use crate::attention::AttnArith;
 use crate::attention::{attend_window_with, AttnScratch};

@@ -35,7 +35,6 @@ mod step_ops;
 pub mod synthetic;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-mod tile_path;
 mod weights;
 
 pub use attention::PREFILL_MIN_TOKENS;
