@@ -38,7 +38,9 @@
 //!             allow_remote_subscribers: false, publish_token_ids: true}
 //!             # vLLM KV events (off by default; loopback unless remote is allowed)
 //! limits: {max_body_bytes: 4194304, max_requests: 256, max_tokens: 1048576,
-//!          max_requests_per_tenant: 64, max_tokens_per_tenant: 262144, default_max_tokens: 1024,
+//!          max_requests_per_tenant: 64, max_tokens_per_tenant: 262144,  # with tenants or a
+//!          # trusted tenant header; a single-tenant server defaults them to max_requests/max_tokens
+//!          default_max_tokens: 1024,
 //!          retry_after_s: 1, max_running_requests: 64, max_batch_tokens: 512,
 //!          step_time_target_ms: 150, min_prefill_tokens_per_step: 32,
 //!          max_stored_responses_per_tenant: 1024, max_stored_response_bytes_per_tenant: 67108864,

@@ -440,9 +440,25 @@ fn engine_config(
     Ok(cfg)
 }
 
+/// One tenant serves every request: none is configured and no trusted proxy names them.
+fn single_tenant(file: &FileConfig) -> bool {
+    file.tenants.is_empty() && file.server.trusted_tenant_header.is_none()
+}
+
 fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSettings {
     let l = &file.limits;
     let d = Limits::default();
+    let max_requests = l.max_requests.unwrap_or(d.max_requests);
+    let max_tokens = l.max_tokens.unwrap_or(d.max_tokens);
+    // A tenant's bounds keep one tenant from filling the queue that others share; with a single
+    // tenant there is no other, so they default to the server's own bounds (a single-tenant
+    // server with 64 agents is otherwise refused past 64 requests or 256K tokens in flight,
+    // while the server's queue has room for 256 and 1M).
+    let (tenant_requests, tenant_tokens) = if single_tenant(file) {
+        (max_requests, max_tokens)
+    } else {
+        (d.max_requests_per_tenant, d.max_tokens_per_tenant)
+    };
     ServerSettings {
         model_name: file.server.model_name.clone().unwrap_or_else(|| {
             model_path
@@ -471,12 +487,10 @@ fn server_settings(file: &FileConfig, model_path: &std::path::Path) -> ServerSet
         metrics_per_tenant: file.server.metrics_per_tenant.unwrap_or(true),
         limits: Limits {
             max_body_bytes: l.max_body_bytes.unwrap_or(d.max_body_bytes),
-            max_requests: l.max_requests.unwrap_or(d.max_requests),
-            max_tokens: l.max_tokens.unwrap_or(d.max_tokens),
-            max_requests_per_tenant: l
-                .max_requests_per_tenant
-                .unwrap_or(d.max_requests_per_tenant),
-            max_tokens_per_tenant: l.max_tokens_per_tenant.unwrap_or(d.max_tokens_per_tenant),
+            max_requests,
+            max_tokens,
+            max_requests_per_tenant: l.max_requests_per_tenant.unwrap_or(tenant_requests),
+            max_tokens_per_tenant: l.max_tokens_per_tenant.unwrap_or(tenant_tokens),
             default_max_tokens: l.default_max_tokens.unwrap_or(d.default_max_tokens),
             retry_after_secs: l.retry_after_s.unwrap_or(d.retry_after_secs),
             max_stored_responses_per_tenant: l
@@ -585,7 +599,38 @@ async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::fair_retained_blocks;
+    use super::{fair_retained_blocks, server_settings};
+    use crate::config::FileConfig;
+
+    #[test]
+    fn a_single_tenant_server_bounds_its_tenant_by_the_servers_queue() {
+        let limits = |yaml: &str| {
+            let file = FileConfig::parse(yaml).unwrap();
+            let l = server_settings(&file, std::path::Path::new("m.gguf")).limits;
+            (
+                l.max_requests_per_tenant,
+                l.max_tokens_per_tenant,
+                l.max_requests,
+                l.max_tokens,
+            )
+        };
+        // No tenants: the one tenant may use the whole queue, as configured.
+        assert_eq!(limits("{}\n"), (256, 1 << 20, 256, 1 << 20));
+        assert_eq!(
+            limits("limits: {max_requests: 100, max_tokens: 5000}\n"),
+            (100, 5000, 100, 5000)
+        );
+        // Tenants (configured, or named by a trusted proxy): a share of it.
+        let two = "tenants: [{name: a, api_keys: [ka]}, {name: b, api_keys: [kb]}]\n";
+        assert_eq!(limits(two), (64, 256 << 10, 256, 1 << 20));
+        let proxied = "server: {trusted_tenant_header: x-t, trusted_proxy_api_keys: [p]}\n";
+        assert_eq!(limits(proxied), (64, 256 << 10, 256, 1 << 20));
+        // An explicit bound always holds.
+        assert_eq!(
+            limits("limits: {max_requests_per_tenant: 8, max_tokens_per_tenant: 900}\n").0,
+            8
+        );
+    }
 
     #[test]
     fn tenants_share_the_retention_budget_equally_by_default() {
