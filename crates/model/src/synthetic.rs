@@ -63,17 +63,19 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Result<Vec<u8>, GgufError> {
         "general.name",
         MetaValue::String("agentkv synthetic (random weights)".into()),
     );
-    for (k, v) in [
-        ("block_count", spec.num_layers),
-        ("embedding_length", spec.hidden),
-        ("feed_forward_length", spec.ffn),
-        ("attention.head_count", spec.num_heads),
-        ("attention.head_count_kv", spec.num_kv_heads),
-        ("context_length", spec.context_length),
-        ("vocab_size", spec.vocab),
-    ] {
-        w.add_metadata(format!("llama.{k}"), MetaValue::U32(v as u32));
-    }
+    add_shape(
+        &mut w,
+        "llama",
+        [
+            spec.num_layers,
+            spec.hidden,
+            spec.ffn,
+            spec.num_heads,
+            spec.num_kv_heads,
+            spec.context_length,
+            spec.vocab,
+        ],
+    );
     w.add_metadata("llama.rope.freq_base", MetaValue::F32(100_000.0));
     w.add_metadata(
         "llama.attention.layer_norm_rms_epsilon",
@@ -108,6 +110,34 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Result<Vec<u8>, GgufError> {
             (n("ffn_down.weight"), h, f, 0.05, wt),
         ]);
     }
+    add_random_tensors(&mut w, &mut rng, tensors)?;
+    w.to_bytes()
+}
+
+/// The shape keys of a llama-family GGUF under `{arch}.`: block count, embedding length, FFN
+/// length, query heads, K/V heads, context length and vocabulary size, in that order.
+pub(crate) fn add_shape(w: &mut GgufWriter, arch: &str, values: [usize; 7]) {
+    let keys = [
+        "block_count",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "context_length",
+        "vocab_size",
+    ];
+    for (k, v) in keys.into_iter().zip(values) {
+        w.add_metadata(format!("{arch}.{k}"), MetaValue::U32(v as u32));
+    }
+}
+
+/// Writes each `(name, rows, cols, scale, type)` in order with values drawn uniformly from
+/// `±scale` by `rng`, row by row (a tensor of one row is a vector).
+pub(crate) fn add_random_tensors(
+    w: &mut GgufWriter,
+    rng: &mut impl Rng,
+    tensors: Vec<(String, usize, usize, f32, GgmlType)>,
+) -> Result<(), GgufError> {
     for (name, rows, cols, scale, ty) in tensors {
         let data: Vec<f32> = (0..rows * cols)
             .map(|_| rng.gen_range(-1.0f32..1.0) * scale)
@@ -119,7 +149,7 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Result<Vec<u8>, GgufError> {
         };
         w.add_tensor_f32(name, &dims, &data, ty)?;
     }
-    w.to_bytes()
+    Ok(())
 }
 
 /// Three control tokens (`<|endoftext|>` 0, `<|im_start|>` 1, `<|im_end|>` 2), the 256 byte

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 
 use crate::model::{LoadError, Model};
 use gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
@@ -69,17 +69,19 @@ pub fn tiny_model_gguf(spec: &TinyModelSpec) -> Vec<u8> {
     };
     let a = |k: &str| format!("{arch}.{k}");
     w.add_metadata("general.architecture", MetaValue::String(arch.into()));
-    for (k, v) in [
-        ("block_count", spec.num_layers),
-        ("embedding_length", spec.hidden),
-        ("feed_forward_length", spec.ffn),
-        ("attention.head_count", spec.num_heads),
-        ("attention.head_count_kv", spec.num_kv_heads),
-        ("context_length", spec.context_length),
-        ("vocab_size", TINY_VOCAB),
-    ] {
-        w.add_metadata(a(k), MetaValue::U32(v as u32));
-    }
+    crate::synthetic::add_shape(
+        &mut w,
+        arch,
+        [
+            spec.num_layers,
+            spec.hidden,
+            spec.ffn,
+            spec.num_heads,
+            spec.num_kv_heads,
+            spec.context_length,
+            TINY_VOCAB,
+        ],
+    );
     w.add_metadata(a("rope.freq_base"), MetaValue::F32(10000.0));
     if let TinyArch::Gemma3 { window, pattern } = spec.arch {
         w.add_metadata(a("attention.sliding_window"), MetaValue::U32(window as u32));
@@ -121,18 +123,12 @@ pub fn tiny_model_gguf(spec: &TinyModelSpec) -> Vec<u8> {
             ]);
         }
     }
-    for (name, rows, cols, scale) in tensors {
-        let data: Vec<f32> = (0..rows * cols)
-            .map(|_| rng.gen_range(-1.0f32..1.0) * scale)
-            .collect();
-        let dims: Vec<u64> = if rows == 1 {
-            vec![cols as u64]
-        } else {
-            vec![cols as u64, rows as u64]
-        };
-        w.add_tensor_f32(name, &dims, &data, GgmlType::F32)
-            .expect("tensor shapes are consistent");
-    }
+    let tensors = tensors
+        .into_iter()
+        .map(|(name, rows, cols, scale)| (name, rows, cols, scale, GgmlType::F32))
+        .collect();
+    crate::synthetic::add_random_tensors(&mut w, &mut rng, tensors)
+        .expect("tensor shapes are consistent");
     w.to_bytes().expect("a well-formed tiny model")
 }
 
