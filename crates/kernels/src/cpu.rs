@@ -27,6 +27,10 @@ pub struct CpuFeatures {
     /// `flash_tile`, and the 512-bit transposed tile step of `flash_tile_wide`; same
     /// operations lane by lane, same results).
     pub avx512: bool,
+    /// On top of `avx512`: AVX-512 BF16 with BW (`vdpbf16ps`, two bf16 products per f32 lane
+    /// an instruction, for `flash_tile_pairs`; its portable form performs the same IEEE
+    /// operations, so the results are the same).
+    pub bf16: bool,
 }
 
 impl CpuFeatures {
@@ -36,6 +40,7 @@ impl CpuFeatures {
         vnni: false,
         avxvnni: false,
         avx512: false,
+        bf16: false,
     };
     /// AVX2 without the VNNI dot product (valid wherever `avx2` is detected).
     pub const AVX2: CpuFeatures = CpuFeatures {
@@ -43,6 +48,7 @@ impl CpuFeatures {
         vnni: false,
         avxvnni: false,
         avx512: false,
+        bf16: false,
     };
 
     /// What this CPU supports, ignoring any override.
@@ -52,15 +58,18 @@ impl CpuFeatures {
             let avx2 = is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c");
+            let avx512 =
+                avx2 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl");
             CpuFeatures {
                 avx2,
                 vnni: avx2
                     && is_x86_feature_detected!("avx512vnni")
                     && is_x86_feature_detected!("avx512vl"),
                 avxvnni: avx2 && is_x86_feature_detected!("avxvnni"),
-                avx512: avx2
-                    && is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512vl"),
+                avx512,
+                bf16: avx512
+                    && is_x86_feature_detected!("avx512bf16")
+                    && is_x86_feature_detected!("avx512bw"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -92,6 +101,7 @@ impl CpuFeatures {
             vnni: avx2 && self.vnni && d.vnni,
             avxvnni: avx2 && self.avxvnni && d.avxvnni,
             avx512: avx2 && self.avx512 && d.avx512,
+            bf16: avx2 && self.avx512 && d.avx512 && self.bf16 && d.bf16,
         }
     }
 }
@@ -172,6 +182,7 @@ mod tests {
             vnni: true,
             avxvnni: true,
             avx512: true,
+            bf16: true,
         }
         .clamp_to_detected();
         assert_eq!(all, CpuFeatures::detect());
@@ -188,7 +199,7 @@ mod tests {
         );
         assert_eq!(parse_isa_cap(Some("avx512")), Err("avx512".to_string()));
         let capped = CpuFeatures::AVX2.clamp_to_detected();
-        assert!(!capped.vnni && !capped.avxvnni && !capped.avx512);
+        assert!(!capped.vnni && !capped.avxvnni && !capped.avx512 && !capped.bf16);
         assert_eq!(capped.avx2, CpuFeatures::detect().avx2);
     }
 
@@ -201,6 +212,7 @@ mod tests {
             vnni: true,
             avxvnni: true,
             avx512: true,
+            bf16: true,
         };
         assert_eq!(all.name(), "avx512+vnni");
         let avxvnni = CpuFeatures {

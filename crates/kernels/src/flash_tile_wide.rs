@@ -139,7 +139,7 @@ pub(crate) mod x86 {
     /// lane; arguments ≤ 0 or −∞).
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[inline]
-    pub(super) fn exp16(x: __m512) -> __m512 {
+    pub(crate) fn exp16(x: __m512) -> __m512 {
         let below = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_MIN));
         let x = _mm512_min_ps(
             _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN)),
@@ -172,7 +172,7 @@ pub(crate) mod x86 {
     /// lanes 0 and 8 end up holding the two groups' sums — no store-to-load round trip.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[inline]
-    pub(super) fn group_sums(x: __m512) -> f32 {
+    pub(crate) fn group_sums(x: __m512) -> f32 {
         let a = _mm512_add_ps(x, _mm512_permute_ps::<0xB1>(x));
         let b = _mm512_add_ps(a, _mm512_permute_ps::<0x4E>(a));
         let c = _mm512_add_ps(b, _mm512_shuffle_f32x4::<0xB1>(b, b));

@@ -45,6 +45,7 @@ pub mod flash_f16;
 pub mod flash_tile;
 pub mod flash_tile_codes;
 pub mod flash_tile_narrow;
+pub mod flash_tile_pairs;
 pub mod flash_tile_transposed;
 pub mod flash_tile_wide;
 pub mod ggml_tiled;

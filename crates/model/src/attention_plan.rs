@@ -241,8 +241,6 @@ pub const FUSE_MAX_TOKENS: usize = 3;
 /// Encoded K/V that the row kernels read directly in tiles of few rows (the others widen).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowCodec {
-    /// bf16 K and V, widened on load like f16.
-    Bf16,
     /// fp8 K and V (each row scaled), decoded to f32 first.
     Fp8,
 }
@@ -256,6 +254,23 @@ pub enum Transposed {
     Narrow,
 }
 
+/// Whether K/V in `codecs` are attended in the bf16-pair arithmetic (`kernels::flash_tile_pairs`):
+/// bf16 K and V. A property of the codecs alone, so of the cache namespace ([`arith_tag`]).
+pub fn pairs_arithmetic(codecs: KvDtype) -> bool {
+    codecs == KvDtype::uniform(KvCodecKind::Bf16)
+}
+
+/// What the tiled attention over `codecs` adds to the cache namespace's arithmetic tag: blocks
+/// computed in the bf16-pair arithmetic never share keys with blocks computed before it (bf16
+/// K/V were once attended in f32).
+pub fn arith_tag(codecs: KvDtype) -> &'static [u8] {
+    if pairs_arithmetic(codecs) {
+        b";attention=bf16-pairs"
+    } else {
+        b""
+    }
+}
+
 /// What a task decides once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskPath {
@@ -263,6 +278,8 @@ pub struct TaskPath {
     pub wide: bool,
     /// The AVX2 transposed step is available (only where `wide` is not).
     pub narrow: bool,
+    /// AVX-512 BF16 runs the bf16-pair step (`pairs`) in its own instruction.
+    pub bf16: bool,
     /// Query rows are rounded to f16 once (llama.cpp's per-row kernel and the tiled regime over
     /// f16 K/V); otherwise f32.
     pub q_f16: bool,
@@ -270,6 +287,10 @@ pub struct TaskPath {
     pub encoded: bool,
     /// Encoded K/V whose tiles of few rows the row kernels read.
     pub row_codec: Option<RowCodec>,
+    /// bf16 K and V: every tile takes the bf16-pair step (`kernels::flash_tile_pairs`, its own
+    /// arithmetic: products two at a time in bf16, AVX-512 BF16's `vdpbf16ps`), whatever the
+    /// rows, tokens or CPU (without AVX-512 BF16 its portable form: the same bits, slower).
+    pub pairs: bool,
     /// How K would be scored from its codes, whatever the ISA (`None`: decoded to f32).
     pub key_codes_any: Option<KeyCodes>,
     /// K scored from its codes in sealed tiles: `int8` rows everywhere, `int4c` channels only
@@ -310,9 +331,8 @@ impl TaskPath {
         let narrow = !wide && features.avx2 && head_dim.is_multiple_of(8);
         let f16 = codecs == KvDtype::F16;
         let q_f16 = f16 && matches!(arith, AttnArith::Row | AttnArith::Tiled);
-        let row_codec = if codecs == KvDtype::uniform(KvCodecKind::Bf16) {
-            Some(RowCodec::Bf16)
-        } else if codecs == KvDtype::uniform(KvCodecKind::Fp8E4m3) {
+        let pairs = pairs_arithmetic(codecs);
+        let row_codec = if codecs == KvDtype::uniform(KvCodecKind::Fp8E4m3) {
             Some(RowCodec::Fp8)
         } else {
             None
@@ -329,9 +349,11 @@ impl TaskPath {
         TaskPath {
             wide,
             narrow,
+            bf16: features.bf16 && head_dim.is_multiple_of(16),
             q_f16,
             encoded: !f16,
             row_codec,
+            pairs,
             key_codes_any,
             key_codes: key_codes_any.filter(|&k| k == KeyCodes::Rows || wide),
             fuse_values,
@@ -364,12 +386,15 @@ impl TaskPath {
         if self.fuse_channels && sealed {
             return "int4c codes, AVX2 step (K and V in registers)";
         }
-        if !pass.widen {
-            match self.row_codec {
-                Some(RowCodec::Fp8) => return "fp8 decoded, row kernel",
-                Some(RowCodec::Bf16) => return "bf16, row kernel",
-                None => {}
-            }
+        if self.pairs {
+            return if self.bf16 {
+                "bf16 pairs, AVX-512 BF16 step"
+            } else {
+                "bf16 pairs, portable step"
+            };
+        }
+        if !pass.widen && self.row_codec == Some(RowCodec::Fp8) {
+            return "fp8 decoded, row kernel";
         }
         let coded = self.key_codes.filter(|_| sealed);
         match coded {
@@ -686,7 +711,7 @@ mod path_tests {
 
     const HD: usize = 64;
 
-    fn isas() -> [(&'static str, CpuFeatures); 4] {
+    fn isas() -> [(&'static str, CpuFeatures); 5] {
         let avx512 = CpuFeatures {
             avx512: true,
             vnni: true,
@@ -696,11 +721,16 @@ mod path_tests {
             avx512: true,
             ..CpuFeatures::AVX2
         };
+        let avx512_bf16 = CpuFeatures {
+            bf16: true,
+            ..avx512
+        };
         [
             ("portable", CpuFeatures::PORTABLE),
             ("avx2", CpuFeatures::AVX2),
             ("avx512", avx512_no_vnni),
             ("avx512-vnni", avx512),
+            ("avx512-vnni-bf16", avx512_bf16),
         ]
     }
 

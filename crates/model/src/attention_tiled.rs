@@ -6,8 +6,9 @@
 //! arithmetic (its tiled prefill kernel keeps Q in f32) and over encoded (quantized) K/V, whose
 //! queries stay f32. Owns streaming K/V
 //! from a [`KvStore`] into tiles (each f16 K/V row widened once, each encoded row decoded once by
-//! `quant::decode_rows` — bf16 tiles of few rows are read as stored, like f16, widened on load,
-//! and fp8 ones decoded but read by the row kernels, not transposed —
+//! `quant::decode_rows` — fp8 tiles of few rows decoded but read by the row kernels, not
+//! transposed; bf16 tiles staged once into `kernels::flash_tile_pairs`' layouts and attended in
+//! its own arithmetic, products two at a time in bf16 —
 //! then used by every query row of the task: all query heads of the GQA
 //! group and up to `QUERY_TILE_TOKENS` tokens, `ENCODED_QUERY_TILE_TOKENS` over encoded K/V) and
 //! the causal limits per row. The arithmetic is that of `kernels::flash_tile`; a tile shared by many rows (a prefill run) is widened once — with
@@ -35,6 +36,7 @@ use kernels::flash_tile_codes::{
     tile_update_codes, CodedTile, KeyCodes, QueryCodes, QueryRef, TileValues,
 };
 use kernels::flash_tile_narrow::NarrowTiles;
+use kernels::flash_tile_pairs::{query_pairs, tile_update_pairs, PairTile};
 use kernels::flash_tile_transposed::{
     tile_update_transposed, TransposedTiles, TRIPLE_ROWS as WIDE_ROWS,
 };
@@ -47,9 +49,13 @@ use quant::decode_rows;
 pub struct TileScratch {
     keys16: Vec<f16>, // [TILE_POSITIONS, head_dim]
     vals16: Vec<f16>, // [TILE_POSITIONS, head_dim]
-    /// A bf16 K and V tile as stored, for the row kernels (a decode over bf16 K/V).
+    /// A bf16 K and V tile as stored, gathered from pieces in two chunks.
     keys_bf16: Vec<bf16>, // [TILE_POSITIONS, head_dim]
     vals_bf16: Vec<bf16>, // [TILE_POSITIONS, head_dim]
+    /// A bf16 tile staged for the bf16-pair step (`kernels::flash_tile_pairs`).
+    pair_tile: PairTile,
+    /// The task's query rows rounded to bf16 pairs, `[rows, head_dim / 2]` (bf16 K/V).
+    qpairs: Vec<u32>,
     keys32: Vec<f32>, // [TILE_POSITIONS, head_dim]
     vals32: Vec<f32>, // [TILE_POSITIONS, head_dim]
     /// The widened K tile transposed, `[head_dim, TILE_POSITIONS]` (the 512-bit kernel's input).
@@ -77,6 +83,9 @@ impl TileScratch {
         }
         for buf in [&mut self.keys32, &mut self.vals32, &mut self.keys_t] {
             buf.resize(TILE_POSITIONS * hd, 0.0);
+        }
+        if self.pair_tile.head_dim() != hd && hd.is_multiple_of(2) {
+            self.pair_tile = PairTile::new(hd);
         }
     }
 }
@@ -584,6 +593,8 @@ pub unsafe fn run_tile_task(
         vals16,
         keys_bf16,
         vals_bf16,
+        pair_tile,
+        qpairs,
         keys32,
         vals32,
         keys_t,
@@ -609,11 +620,19 @@ pub unsafe fn run_tile_task(
     task_queries(inp, tokens, kv_head, path.q_f16, q16);
     let q16: &[f32] = q16;
     prepare_codes(&path, features, hd, q16, coded, qcodes);
+    if path.pairs {
+        qpairs.resize(q16.len() / 2, 0);
+        for (q, out) in q16.chunks_exact(hd).zip(qpairs.chunks_exact_mut(hd / 2)) {
+            query_pairs(q, out);
+        }
+    }
     let mut bufs = TileBuffers {
         keys16,
         vals16,
         keys_bf16,
         vals_bf16,
+        pair_tile,
+        qpairs,
         keys32,
         vals32,
         keys_t,
@@ -688,6 +707,8 @@ struct TileBuffers<'s> {
     vals16: &'s mut [f16],
     keys_bf16: &'s mut [bf16],
     vals_bf16: &'s mut [bf16],
+    pair_tile: &'s mut PairTile,
+    qpairs: &'s [u32],
     keys32: &'s mut [f32],
     vals32: &'s mut [f32],
     keys_t: &'s mut [f32],
@@ -721,6 +742,10 @@ fn attend_chunk(
         KvChunk::F32 { .. } => unreachable!("the plan never tiles f32 K/V stores"),
     };
     let chunk_end = start + chunk.num_positions(hd);
+    if let (true, Some(kv)) = (path.pairs, coded_kv) {
+        attend_pairs(steps, span, bufs, rows, start, chunk_end, kv);
+        return;
+    }
     // The pass's choice (`attention_plan::TaskPath::pass`): widen the tile or not, and which transposed step.
     let pass = path.pass(rows.len(), hd);
     let widen = pass.widen;
@@ -782,41 +807,6 @@ fn attend_chunk(
             }
             continue;
         }
-        if let (false, Some((ek, ev))) = (widen, coded_kv) {
-            debug_assert_eq!(
-                path.row_codec,
-                Some(RowCodec::Bf16),
-                "only bf16 tiles stay unwidened"
-            );
-            if a == tile_start && read_end <= chunk_end {
-                // The whole tile lies in this chunk: read it in place.
-                let (ks, vs) = (
-                    as_bf16(ek.skip_rows(first).bytes()),
-                    as_bf16(ev.skip_rows(first).bytes()),
-                );
-                if let (Some(ks), Some(vs)) = (ks, vs) {
-                    update_rows(&mut *rows, hd, ks, vs, tile_start, tile_end, scale);
-                    a = tile_end;
-                    continue;
-                }
-            }
-            let (kt, vt) = (&mut bufs.keys_bf16[dst.clone()], &mut bufs.vals_bf16[dst]);
-            bf16_rows_into(&ek.skip_rows(first).take_rows(n), kt);
-            bf16_rows_into(&ev.skip_rows(first).take_rows(n), vt);
-            a = b;
-            if a == tile_end {
-                update_rows(
-                    &mut *rows,
-                    hd,
-                    bufs.keys_bf16,
-                    bufs.vals_bf16,
-                    tile_start,
-                    tile_end,
-                    scale,
-                );
-            }
-            continue;
-        }
         let coded_tile = path
             .key_codes
             .filter(|_| tile_start + TILE_POSITIONS <= own_start);
@@ -844,6 +834,75 @@ fn attend_chunk(
             );
         }
     }
+}
+
+/// [`attend_chunk`] for bf16 K/V (`kv`), in the bf16-pair arithmetic: each tile's rows are
+/// read as stored (in place when the chunk holds the whole tile, else gathered from the chunks
+/// that hold its pieces), staged once into the pair layouts and attended by every row of the
+/// pass, in blocks.
+fn attend_pairs(
+    steps: &TileSteps,
+    span: PassSpan,
+    bufs: &mut TileBuffers<'_>,
+    rows: &mut [Row<'_>],
+    start: usize,
+    chunk_end: usize,
+    (ek, ev): (quant::EncodedRows<'_>, quant::EncodedRows<'_>),
+) {
+    let hd = steps.hd;
+    let mut a = start.max(span.from);
+    while a < chunk_end.min(span.seg_end) {
+        let tile_start = span.seg_start + (a - span.seg_start) / TILE_POSITIONS * TILE_POSITIONS;
+        let tile_end = (tile_start + TILE_POSITIONS).min(span.seg_end);
+        let b = chunk_end.min(tile_end);
+        let (first, n) = (a - start, b - a);
+        let (ks, vs) = (
+            ek.skip_rows(first).take_rows(n),
+            ev.skip_rows(first).take_rows(n),
+        );
+        if a == tile_start && b == tile_end {
+            if let (Some(k), Some(v)) = (as_bf16(ks.bytes()), as_bf16(vs.bytes())) {
+                bufs.pair_tile.stage(k, v, n);
+                pairs_step(steps, bufs, rows, tile_start, tile_end);
+                a = b;
+                continue;
+            }
+        }
+        let dst = (a - tile_start) * hd..(b - tile_start) * hd;
+        bf16_rows_into(&ks, &mut bufs.keys_bf16[dst.clone()]);
+        bf16_rows_into(&vs, &mut bufs.vals_bf16[dst]);
+        a = b;
+        if a == tile_end {
+            let m = tile_end - tile_start;
+            bufs.pair_tile
+                .stage(&bufs.keys_bf16[..m * hd], &bufs.vals_bf16[..m * hd], m);
+            pairs_step(steps, bufs, rows, tile_start, tile_end);
+        }
+    }
+}
+
+/// The bf16-pair step of a staged tile (`tile_start..tile_end`) for the rows that reach into
+/// it, in blocks of [`WIDE_BLOCK_ROWS`].
+fn pairs_step(
+    steps: &TileSteps,
+    bufs: &mut TileBuffers<'_>,
+    rows: &mut [Row<'_>],
+    tile_start: usize,
+    tile_end: usize,
+) {
+    let (hd, features, scale) = (steps.hd, steps.features, steps.scale);
+    let half = hd / 2;
+    let (tile, qpairs) = (&*bufs.pair_tile, bufs.qpairs);
+    let empty: &[u32] = &[];
+    for_live_blocks::<WIDE_BLOCK_ROWS, _>(
+        rows,
+        hd,
+        tile_start,
+        tile_end,
+        empty,
+        |row| &qpairs[row.idx * half..(row.idx + 1) * half],
+        |sts, accs, qs, valids| tile_update_pairs(features, sts, accs, qs, valids, tile, scale),
+    );
 }
 
 /// A piece of a tile held by one K/V chunk: rows `first..first + n` of the chunk, landing at
@@ -1187,6 +1246,137 @@ mod tests {
         att
     }
 
+    /// A store that hands out another store's chunks in pieces of `piece` positions (a paged
+    /// pool of small blocks: tiles assembled from several chunks).
+    struct Pieces<'a> {
+        inner: &'a ContiguousKv,
+        head_dim: usize,
+        piece: usize,
+    }
+
+    impl KvStore for Pieces<'_> {
+        fn write(
+            &mut self,
+            _: usize,
+            _: SeqSlot,
+            _: usize,
+            _: &[f32],
+            _: &[f32],
+        ) -> Result<(), crate::kv::KvError> {
+            unreachable!("read-only test store")
+        }
+        fn codecs(&self) -> KvDtype {
+            self.inner.codecs()
+        }
+        fn for_each_chunk(
+            &self,
+            layer: usize,
+            slot: SeqSlot,
+            kv_head: usize,
+            num_positions: usize,
+            f: &mut dyn FnMut(usize, KvChunk<'_>),
+        ) {
+            let hd = self.head_dim;
+            self.inner
+                .for_each_chunk(layer, slot, kv_head, num_positions, &mut |start, chunk| {
+                    let n = chunk.num_positions(hd);
+                    for at in (0..n).step_by(self.piece) {
+                        let m = self.piece.min(n - at);
+                        let piece = match chunk.skip_positions(at, hd) {
+                            KvChunk::Encoded { k, v } => KvChunk::Encoded {
+                                k: k.take_rows(m),
+                                v: v.take_rows(m),
+                            },
+                            KvChunk::F16 { k, v } => KvChunk::F16 {
+                                k: &k[..m * hd],
+                                v: &v[..m * hd],
+                            },
+                            KvChunk::F32 { k, v } => KvChunk::F32 {
+                                k: &k[..m * hd],
+                                v: &v[..m * hd],
+                            },
+                        };
+                        f(start + at, piece);
+                    }
+                });
+        }
+    }
+
+    /// bf16 K/V (the bf16-pair arithmetic) read from a store whose chunks cut tiles into pieces
+    /// gives the bits of the same store read whole, for a prefill run and for each token alone.
+    #[test]
+    fn bf16_tiles_from_pieces_equal_whole_tiles_bitwise() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
+        let (heads, kv_heads, hd, n) = (6, 2, 64, 560);
+        let codecs = KvDtype::parse("bf16").unwrap();
+        let mut kv = ContiguousKv::new(1, 1, kv_heads, hd, n, codecs).unwrap();
+        for p in 0..n {
+            let k: Vec<f32> = (0..kv_heads * hd)
+                .map(|_| rng.gen_range(-2.0f32..2.0))
+                .collect();
+            let v: Vec<f32> = (0..kv_heads * hd)
+                .map(|_| rng.gen_range(-1.0f32..1.0))
+                .collect();
+            kv.write(0, SeqSlot(0), p, &k, &v).unwrap();
+        }
+        let positions: Vec<u32> = (505..n as u32).collect();
+        let slots = vec![SeqSlot(0); positions.len()];
+        let q: Vec<f32> = (0..positions.len() * heads * hd)
+            .map(|_| rng.gen_range(-1.0f32..1.0))
+            .collect();
+        let shape = AttnShape {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: hd,
+            kv_is_f16: false,
+            kv_encoded: true,
+            arith: AttnArith::Tiled,
+        };
+        let whole = TileInputs {
+            kv: &kv,
+            layer: 0,
+            q: &q,
+            slots: &slots,
+            positions: &positions,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: hd,
+            scale: 0.125,
+            arith: AttnArith::Tiled,
+        };
+        let want = run_plan(&whole, &plan(&shape, &slots, &positions));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let qd = heads * hd;
+        for piece in [5, 16, 7] {
+            let store = Pieces {
+                inner: &kv,
+                head_dim: hd,
+                piece,
+            };
+            let inp = TileInputs {
+                kv: &store,
+                ..whole
+            };
+            let got = run_plan(&inp, &plan(&shape, &slots, &positions));
+            assert_eq!(bits(&got), bits(&want), "pieces of {piece}: a prefill run");
+            for t in [0, 11, positions.len() - 1] {
+                let alone = TileInputs {
+                    q: &q[t * qd..(t + 1) * qd],
+                    slots: &slots[t..t + 1],
+                    positions: &positions[t..t + 1],
+                    ..inp
+                };
+                let got = run_plan(&alone, &plan(&shape, &slots[..1], &positions[t..t + 1]));
+                assert_eq!(
+                    bits(&got),
+                    bits(&want[t * qd..(t + 1) * qd]),
+                    "pieces of {piece}: position {} alone",
+                    positions[t]
+                );
+            }
+        }
+    }
+
     fn segment_passes(ns: &[usize], seg_start: usize, block: Option<usize>) -> Vec<SegmentPass> {
         let mut passes = Vec::new();
         super::segment_passes(ns, seg_start, block, &mut passes);
@@ -1380,11 +1570,14 @@ mod tests {
                         &mut want,
                     );
                     let got = &together[t * qd + h * hd..t * qd + (h + 1) * hd];
-                    // K scored from codes quantises the query to i8 (`flash_tile_codes`):
-                    // equal to the exact regime up to that rounding; other codecs to f32
-                    // rounding.
+                    // K scored from codes quantises the query to i8 (`flash_tile_codes`), the
+                    // bf16-pair arithmetic rounds the query and the weights to bf16
+                    // (`flash_tile_pairs`): equal to the exact regime up to that rounding;
+                    // other codecs to f32 rounding.
                     let tol = if KeyCodes::of(codecs.k, hd) == Some(KeyCodes::Rows) {
                         2e-2
+                    } else if crate::attention_plan::pairs_arithmetic(codecs) {
+                        1e-2
                     } else {
                         1e-5
                     };

@@ -38,6 +38,7 @@ pub mod testing;
 mod weights;
 
 pub use attention::PREFILL_MIN_TOKENS;
+pub use attention_plan::arith_tag;
 pub use backend::{Backend, CpuBackend, ModelShape};
 pub use config::ModelConfig;
 pub use forward::{

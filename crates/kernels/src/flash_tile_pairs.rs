@@ -1,0 +1,946 @@
+//! The bf16-pair tile step: `flash_tile`'s tiled online softmax over bf16 K/V, with every
+//! product of `q·Kᵀ` and `p·V` taken two at a time in bf16, exactly as AVX-512 BF16's
+//! `vdpbf16ps` takes them (32 products an instruction: twice the f32 FMA's rate).
+//!
+//! Owns the arithmetic of one tile step in that form, its portable definition and its AVX-512
+//! BF16 implementation, and staging a tile into the layouts that instruction reads (K
+//! transposed into position lanes, V interleaved by position pairs). It never reads a KV store,
+//! never allocates per call and never decides which rows share a tile (`attention_tiled` does).
+//!
+//! **The pair step** `dp(acc, a, b)` of two words holding two bf16 each (low half the even
+//! element, high half the odd one) is one `vdpbf16ps` lane: `acc ← ftz(fma(a.odd, b.odd,
+//! daz(acc)))`, then `acc ← ftz(fma(a.even, b.even, acc))` — f32 fused multiply-adds, odd
+//! element first, a denormal input or result counting as a zero of its sign (the instruction
+//! ignores MXCSR and flushes; `tests::pair_step_is_the_instruction` checks the CPU at hand
+//! against this definition).
+//!
+//! **One tile step** for a row with state `(m, l, acc[hd])`, its query rounded to bf16 once
+//! ([`query_pairs`]: round to nearest even, denormals to signed zero, as `vcvtneps2bf16`), and
+//! `valid` positions:
+//! 1. scores `s[t] = ((c0 + c1) + (c2 + c3)) · scale`, where chain `c_l` starts at +0 and
+//!    takes `dp` with `(k[t][2i], k[t][2i+1])` and `(q[2i], q[2i+1])` for the dimension pairs
+//!    `i ≡ l (mod 4)` in order — four chains per position (`hd` a multiple of 8), so a decode's
+//!    few rows still keep enough independent chains in flight;
+//! 2. `m' = max(m, max_t s[t])`; when `m' > m`: `f = exp(m − m')`, `acc *= f`, `l *= f`
+//!    (as `flash_tile`);
+//! 3. `p[t] = bf16(exp(s[t] − m'))` (rounded as the query; 0 at and past `valid`);
+//!    `l += hsum8(p[0..8]) + hsum8(p[8..16])` over the rounded weights, so `l` is the sum of
+//!    the weights `p·V` uses;
+//! 4. for each position pair `j < ⌈valid/2⌉` in order, every `e`:
+//!    `acc[e] = dp(acc[e], (v[2j][e], v[2j+1][e]), (p[2j], p[2j+1]))`, where a position at
+//!    `valid` (odd `valid`, last pair) counts as `p = +0`, `v = +0`.
+//!
+//! `exp` and the merge of segments are `flash_tile`'s. A row's result depends only on its
+//! query, its K/V and its position count — never on which rows share the tile or how the tile
+//! was staged (positions past a row's `valid` never reach its arithmetic).
+
+use half::bf16;
+
+use super::cpu::CpuFeatures;
+use super::flash_tile::{exp_poly, exp_poly_portable, TileSoftmax, TILE_POSITIONS};
+
+/// Position pairs per tile.
+const PAIRS: usize = TILE_POSITIONS / 2;
+
+/// `x` rounded to bf16 bits as `vcvtneps2bf16` rounds it: to nearest even, a denormal to a
+/// zero of its sign, a NaN to a quiet NaN.
+#[inline]
+pub fn round_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) as u16) | 0x0040;
+    }
+    if b & 0x7f80_0000 == 0 {
+        return ((b >> 16) & 0x8000) as u16;
+    }
+    let lsb = (b >> 16) & 1;
+    ((b + 0x7fff + lsb) >> 16) as u16
+}
+
+/// The f32 value of bf16 bits (exact).
+#[inline(always)]
+fn widen(x: u16) -> f32 {
+    f32::from_bits((x as u32) << 16)
+}
+
+/// A denormal as a zero of its sign; every other value as it is.
+#[inline(always)]
+fn flush(x: f32) -> f32 {
+    if x.to_bits() & 0x7f80_0000 == 0 {
+        f32::from_bits(x.to_bits() & 0x8000_0000)
+    } else {
+        x
+    }
+}
+
+/// The pair step (module doc): one `vdpbf16ps` lane.
+#[inline]
+pub fn pair_step(acc: f32, a: u32, b: u32) -> f32 {
+    let odd = flush(widen((a >> 16) as u16)).mul_add(flush(widen((b >> 16) as u16)), flush(acc));
+    flush(flush(widen(a as u16)).mul_add(flush(widen(b as u16)), flush(odd)))
+}
+
+/// A query row rounded to bf16 pairs: `out[i] = bf16(q[2i]) | bf16(q[2i+1]) << 16`.
+/// Panics unless `out` holds `q.len() / 2` words and `q.len()` is even.
+pub fn query_pairs(q: &[f32], out: &mut [u32]) {
+    assert!(
+        q.len().is_multiple_of(2) && out.len() == q.len() / 2,
+        "query pairs: q={} out={}",
+        q.len(),
+        out.len()
+    );
+    for (o, pair) in out.iter_mut().zip(q.chunks_exact(2)) {
+        *o = round_bf16(pair[0]) as u32 | (round_bf16(pair[1]) as u32) << 16;
+    }
+}
+
+/// One K/V tile staged for the pair step: K transposed into position lanes and V interleaved
+/// by position pairs. Positions past the staged ones hold zeros.
+#[derive(Debug, Clone, Default)]
+pub struct PairTile {
+    head_dim: usize,
+    /// `[head_dim / 2][TILE_POSITIONS]`: word `(i, t)` = `k[t][2i] | k[t][2i+1] << 16`.
+    keys: Vec<u32>,
+    /// `[TILE_POSITIONS / 2][head_dim]`: word `(j, e)` = `v[2j][e] | v[2j+1][e] << 16`.
+    values: Vec<u32>,
+}
+
+impl PairTile {
+    /// An empty tile for heads of `head_dim` (even).
+    pub fn new(head_dim: usize) -> PairTile {
+        assert!(
+            head_dim.is_multiple_of(2),
+            "pair tiles need an even head size"
+        );
+        PairTile {
+            head_dim,
+            keys: vec![0; head_dim / 2 * TILE_POSITIONS],
+            values: vec![0; PAIRS * head_dim],
+        }
+    }
+
+    /// The head size the tile holds.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Stages `n` K and V rows (`[n][head_dim]` bf16) as tile positions `0..n`; positions
+    /// `n..` become zeros. Panics on a shape mismatch.
+    pub fn stage(&mut self, keys: &[bf16], vals: &[bf16], n: usize) {
+        let hd = self.head_dim;
+        assert!(
+            n <= TILE_POSITIONS && keys.len() >= n * hd && vals.len() >= n * hd,
+            "pair tile shapes: n={n} hd={hd} keys={} vals={}",
+            keys.len(),
+            vals.len()
+        );
+        #[cfg(target_arch = "x86_64")]
+        if n == TILE_POSITIONS && hd.is_multiple_of(32) && super::cpu::cpu_features().bf16 {
+            // SAFETY: AVX-512 F/BW were detected (`bf16` implies them); `keys` and `vals` hold
+            // 16 rows of `hd` (asserted), the tile's buffers `hd / 2 · 16` and `8 · hd` words
+            // (`new`), and `hd` is a multiple of 32.
+            unsafe { x86::stage_whole(self, keys, vals) };
+            return;
+        }
+        self.stage_portable(keys, vals, n);
+    }
+
+    /// [`PairTile::stage`] in scalar moves (the same words).
+    fn stage_portable(&mut self, keys: &[bf16], vals: &[bf16], n: usize) {
+        let hd = self.head_dim;
+        let bits = |x: bf16| x.to_bits() as u32;
+        for i in 0..hd / 2 {
+            let lanes = &mut self.keys[i * TILE_POSITIONS..(i + 1) * TILE_POSITIONS];
+            for (t, w) in lanes.iter_mut().enumerate() {
+                *w = if t < n {
+                    bits(keys[t * hd + 2 * i]) | bits(keys[t * hd + 2 * i + 1]) << 16
+                } else {
+                    0
+                };
+            }
+        }
+        for j in 0..PAIRS {
+            let row = &mut self.values[j * hd..(j + 1) * hd];
+            let (t0, t1) = (2 * j, 2 * j + 1);
+            for (e, w) in row.iter_mut().enumerate() {
+                let lo = if t0 < n { bits(vals[t0 * hd + e]) } else { 0 };
+                let hi = if t1 < n { bits(vals[t1 * hd + e]) } else { 0 };
+                *w = lo | hi << 16;
+            }
+        }
+    }
+}
+
+/// One tile step (module doc) for every row `r`: state `sts[r]`, accumulator `accs[r]`
+/// (`[hd]`), query pairs `qs[r]` (`[hd / 2]`, [`query_pairs`]) and `valids[r]` positions of
+/// `tile`. The AVX-512 BF16 path where `features` allow it (and `hd` is a multiple of 16),
+/// else the portable one: the same bits. Panics on a shape mismatch.
+pub fn tile_update_pairs(
+    features: CpuFeatures,
+    sts: &mut [TileSoftmax],
+    accs: &mut [&mut [f32]],
+    qs: &[&[u32]],
+    valids: &[usize],
+    tile: &PairTile,
+    scale: f32,
+) {
+    let hd = tile.head_dim;
+    assert!(
+        sts.len() == accs.len() && accs.len() == qs.len() && qs.len() == valids.len(),
+        "pair tile rows disagree"
+    );
+    for ((acc, q), &valid) in accs.iter().zip(qs).zip(valids) {
+        assert!(
+            hd.is_multiple_of(8)
+                && acc.len() == hd
+                && q.len() == hd / 2
+                && (1..=TILE_POSITIONS).contains(&valid),
+            "pair tile row shapes: hd={hd} acc={} q={} valid={valid}",
+            acc.len(),
+            q.len()
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().bf16 && hd.is_multiple_of(16) {
+        // SAFETY: AVX-512 F/BW/VL/BF16 (with AVX2, FMA) were detected just above; every shape
+        // the kernel relies on was asserted (accumulators `hd`, queries `hd / 2`, `hd` a
+        // multiple of 16, `1 <= valid <= 16`; the tile's buffers are sized by `new`).
+        unsafe { x86::rows(sts, accs, qs, valids, tile, scale) };
+        return;
+    }
+    let _ = features;
+    for r in 0..sts.len() {
+        row_portable(&mut sts[r], accs[r], qs[r], valids[r], tile, scale);
+    }
+}
+
+/// `hsum8(x[0..8]) + hsum8(x[8..16])`, `hsum8` being `flash_tile`'s tree.
+#[inline]
+fn group_sums(x: &[f32; TILE_POSITIONS]) -> f32 {
+    let h = |x: &[f32]| ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+    h(&x[..8]) + h(&x[8..])
+}
+
+/// The definition (module doc) for one row, in scalar operations.
+fn row_portable(
+    st: &mut TileSoftmax,
+    acc: &mut [f32],
+    q: &[u32],
+    valid: usize,
+    tile: &PairTile,
+    scale: f32,
+) {
+    let hd = tile.head_dim;
+    let mut s = [f32::NEG_INFINITY; TILE_POSITIONS];
+    for (t, st_t) in s.iter_mut().enumerate().take(valid) {
+        let mut c = [0f32; 4];
+        for (i, &qp) in q.iter().enumerate() {
+            c[i % 4] = pair_step(c[i % 4], tile.keys[i * TILE_POSITIONS + t], qp);
+        }
+        *st_t = ((c[0] + c[1]) + (c[2] + c[3])) * scale;
+    }
+    let tile_max = s[..valid].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if tile_max > st.max {
+        let f = exp_poly_portable(st.max - tile_max);
+        acc.iter_mut().for_each(|a| *a *= f);
+        st.sum *= f;
+        st.max = tile_max;
+    }
+    let mut p = [0u16; TILE_POSITIONS];
+    let mut pf = [0f32; TILE_POSITIONS];
+    for t in 0..valid {
+        p[t] = round_bf16(exp_poly_portable(s[t] - st.max));
+        pf[t] = widen(p[t]);
+    }
+    st.sum += group_sums(&pf);
+    for j in 0..valid.div_ceil(2) {
+        let last_odd = 2 * j + 1 == valid;
+        let pw = p[2 * j] as u32 | (p[2 * j + 1] as u32) << 16;
+        let row = &tile.values[j * hd..(j + 1) * hd];
+        for (a, &v) in acc.iter_mut().zip(row) {
+            let v = if last_odd { v & 0xFFFF } else { v };
+            *a = pair_step(*a, v, pw);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::bf16;
+
+    use super::super::flash_tile_wide::x86::{exp16, group_sums};
+    use super::{exp_poly, PairTile, TileSoftmax, PAIRS, TILE_POSITIONS};
+
+    /// Rows per block: with four chains per position, up to 16 independent `vdpbf16ps`
+    /// chains in flight for the scores, and `4 · 4` accumulators for `p·V`.
+    const BLOCK: usize = 6;
+    /// 16-dimension chunks of `p·V` accumulated in registers at once.
+    const CHUNKS: usize = 4;
+
+    /// `PairTile::stage` of a whole tile (16 rows) in 512-bit moves: K as 16×16 word
+    /// transposes, V rows interleaved by pairs (the same words as the scalar staging; a test
+    /// pins it).
+    ///
+    /// # Safety
+    /// AVX-512 F/BW present; `keys` and `vals` hold 16 rows of `hd` (a multiple of 32), the
+    /// tile's buffers are sized for `hd`.
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    pub(super) unsafe fn stage_whole(tile: &mut PairTile, keys: &[bf16], vals: &[bf16]) {
+        let hd = tile.head_dim;
+        let words = hd / 2;
+        let kp = keys.as_ptr().cast::<u32>();
+        let out = tile.keys.as_mut_ptr();
+        for blk in 0..words / 16 {
+            let at = kp.wrapping_add(16 * blk);
+            let mut rows = [_mm512_setzero_si512(); 16];
+            for (t, row) in rows.iter_mut().enumerate() {
+                // SAFETY: row `t < 16` of `keys` holds `words` words; `16·blk + 16 <= words`.
+                *row = unsafe { _mm512_loadu_si512(at.add(t * words).cast()) };
+            }
+            let cols = transpose16(rows);
+            let to = out.wrapping_add(16 * blk * TILE_POSITIONS);
+            for (c, col) in cols.into_iter().enumerate() {
+                // SAFETY: row `16·blk + c < words` of the transposed K holds 16 words.
+                unsafe { _mm512_storeu_si512(to.add(c * TILE_POSITIONS).cast(), col) };
+            }
+        }
+        let vp = vals.as_ptr().cast::<u16>();
+        let vout = tile.values.as_mut_ptr();
+        let lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+        let hi_idx = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+        for j in 0..PAIRS {
+            for c in 0..hd / 32 {
+                // SAFETY: rows `2j + 1 < 16` of `vals` hold `hd` values; `32c + 32 <= hd`.
+                let (r0, r1) = unsafe {
+                    (
+                        _mm512_loadu_si512(vp.add(2 * j * hd + 32 * c).cast()),
+                        _mm512_loadu_si512(vp.add((2 * j + 1) * hd + 32 * c).cast()),
+                    )
+                };
+                let lo = _mm512_unpacklo_epi16(r0, r1);
+                let hi = _mm512_unpackhi_epi16(r0, r1);
+                let at = vout.wrapping_add(j * hd + 32 * c);
+                // SAFETY: pair row `j < 8` holds `hd` words; `32c + 32 <= hd`.
+                unsafe {
+                    _mm512_storeu_si512(at.cast(), _mm512_permutex2var_epi64(lo, lo_idx, hi));
+                    _mm512_storeu_si512(
+                        at.add(16).cast(),
+                        _mm512_permutex2var_epi64(lo, hi_idx, hi),
+                    );
+                }
+            }
+        }
+    }
+
+    /// The transpose of a 16×16 matrix of words (`r[t]` lane `c` → `out[c]` lane `t`), written
+    /// out in full so the 64 shuffles stay in registers: pairs of rows, then quadruples,
+    /// within each 128-bit lane; then the lanes.
+    #[target_feature(enable = "avx512f,avx2")]
+    #[inline]
+    fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
+        let [r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15] = r;
+        let a0 = _mm512_unpacklo_epi32(r0, r1);
+        let a1 = _mm512_unpackhi_epi32(r0, r1);
+        let a2 = _mm512_unpacklo_epi32(r2, r3);
+        let a3 = _mm512_unpackhi_epi32(r2, r3);
+        let a4 = _mm512_unpacklo_epi32(r4, r5);
+        let a5 = _mm512_unpackhi_epi32(r4, r5);
+        let a6 = _mm512_unpacklo_epi32(r6, r7);
+        let a7 = _mm512_unpackhi_epi32(r6, r7);
+        let a8 = _mm512_unpacklo_epi32(r8, r9);
+        let a9 = _mm512_unpackhi_epi32(r8, r9);
+        let a10 = _mm512_unpacklo_epi32(r10, r11);
+        let a11 = _mm512_unpackhi_epi32(r10, r11);
+        let a12 = _mm512_unpacklo_epi32(r12, r13);
+        let a13 = _mm512_unpackhi_epi32(r12, r13);
+        let a14 = _mm512_unpacklo_epi32(r14, r15);
+        let a15 = _mm512_unpackhi_epi32(r14, r15);
+        // b[4k + c], lane L: column 4L + c of rows 4k..4k + 4.
+        let b0 = _mm512_unpacklo_epi64(a0, a2);
+        let b1 = _mm512_unpackhi_epi64(a0, a2);
+        let b2 = _mm512_unpacklo_epi64(a1, a3);
+        let b3 = _mm512_unpackhi_epi64(a1, a3);
+        let b4 = _mm512_unpacklo_epi64(a4, a6);
+        let b5 = _mm512_unpackhi_epi64(a4, a6);
+        let b6 = _mm512_unpacklo_epi64(a5, a7);
+        let b7 = _mm512_unpackhi_epi64(a5, a7);
+        let b8 = _mm512_unpacklo_epi64(a8, a10);
+        let b9 = _mm512_unpackhi_epi64(a8, a10);
+        let b10 = _mm512_unpacklo_epi64(a9, a11);
+        let b11 = _mm512_unpackhi_epi64(a9, a11);
+        let b12 = _mm512_unpacklo_epi64(a12, a14);
+        let b13 = _mm512_unpackhi_epi64(a12, a14);
+        let b14 = _mm512_unpacklo_epi64(a13, a15);
+        let b15 = _mm512_unpackhi_epi64(a13, a15);
+        let e00 = _mm512_shuffle_i32x4::<0x44>(b0, b4);
+        let e01 = _mm512_shuffle_i32x4::<0xEE>(b0, b4);
+        let f00 = _mm512_shuffle_i32x4::<0x44>(b8, b12);
+        let f01 = _mm512_shuffle_i32x4::<0xEE>(b8, b12);
+        let e10 = _mm512_shuffle_i32x4::<0x44>(b1, b5);
+        let e11 = _mm512_shuffle_i32x4::<0xEE>(b1, b5);
+        let f10 = _mm512_shuffle_i32x4::<0x44>(b9, b13);
+        let f11 = _mm512_shuffle_i32x4::<0xEE>(b9, b13);
+        let e20 = _mm512_shuffle_i32x4::<0x44>(b2, b6);
+        let e21 = _mm512_shuffle_i32x4::<0xEE>(b2, b6);
+        let f20 = _mm512_shuffle_i32x4::<0x44>(b10, b14);
+        let f21 = _mm512_shuffle_i32x4::<0xEE>(b10, b14);
+        let e30 = _mm512_shuffle_i32x4::<0x44>(b3, b7);
+        let e31 = _mm512_shuffle_i32x4::<0xEE>(b3, b7);
+        let f30 = _mm512_shuffle_i32x4::<0x44>(b11, b15);
+        let f31 = _mm512_shuffle_i32x4::<0xEE>(b11, b15);
+        [
+            _mm512_shuffle_i32x4::<0x88>(e00, f00),
+            _mm512_shuffle_i32x4::<0x88>(e10, f10),
+            _mm512_shuffle_i32x4::<0x88>(e20, f20),
+            _mm512_shuffle_i32x4::<0x88>(e30, f30),
+            _mm512_shuffle_i32x4::<0xDD>(e00, f00),
+            _mm512_shuffle_i32x4::<0xDD>(e10, f10),
+            _mm512_shuffle_i32x4::<0xDD>(e20, f20),
+            _mm512_shuffle_i32x4::<0xDD>(e30, f30),
+            _mm512_shuffle_i32x4::<0x88>(e01, f01),
+            _mm512_shuffle_i32x4::<0x88>(e11, f11),
+            _mm512_shuffle_i32x4::<0x88>(e21, f21),
+            _mm512_shuffle_i32x4::<0x88>(e31, f31),
+            _mm512_shuffle_i32x4::<0xDD>(e01, f01),
+            _mm512_shuffle_i32x4::<0xDD>(e11, f11),
+            _mm512_shuffle_i32x4::<0xDD>(e21, f21),
+            _mm512_shuffle_i32x4::<0xDD>(e31, f31),
+        ]
+    }
+
+    /// Bits as the instruction's bf16 operand type.
+    #[inline(always)]
+    fn bh(x: __m512i) -> __m512bh {
+        // SAFETY: both are 64-byte plain vector types; every bit pattern is a valid value.
+        unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
+    }
+
+    /// The pair steps of every row (module doc), `BLOCK` rows at a time.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/BF16, AVX2 and FMA present; shapes as `tile_update_pairs` asserts
+    /// (`hd` a multiple of 16).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+    pub(super) unsafe fn rows(
+        sts: &mut [TileSoftmax],
+        accs: &mut [&mut [f32]],
+        qs: &[&[u32]],
+        valids: &[usize],
+        tile: &PairTile,
+        scale: f32,
+    ) {
+        let mut at = 0;
+        while at < sts.len() {
+            let n = (sts.len() - at).min(BLOCK);
+            let (s, a, q, v) = (
+                &mut sts[at..at + n],
+                &mut accs[at..at + n],
+                &qs[at..at + n],
+                &valids[at..at + n],
+            );
+            // SAFETY: forwarded caller's contract.
+            unsafe {
+                match n {
+                    6 => block::<6>(s, a, q, v, tile, scale),
+                    5 => block::<5>(s, a, q, v, tile, scale),
+                    4 => block::<4>(s, a, q, v, tile, scale),
+                    3 => block::<3>(s, a, q, v, tile, scale),
+                    2 => block::<2>(s, a, q, v, tile, scale),
+                    _ => block::<1>(s, a, q, v, tile, scale),
+                }
+            }
+            at += n;
+        }
+    }
+
+    /// `R` rows (`sts.len() == R`) through steps 1–4.
+    ///
+    /// # Safety
+    /// As [`rows`].
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+    unsafe fn block<const R: usize>(
+        sts: &mut [TileSoftmax],
+        accs: &mut [&mut [f32]],
+        qs: &[&[u32]],
+        valids: &[usize],
+        tile: &PairTile,
+        scale: f32,
+    ) {
+        let hd = tile.head_dim;
+        let kp = tile.keys.as_ptr();
+        // Step 1: four chains per position and row, dimension pairs in order.
+        let mut c = [[_mm512_setzero_ps(); 4]; R];
+        for i4 in (0..hd / 2).step_by(4) {
+            for l in 0..4 {
+                let i = i4 + l;
+                // SAFETY: `i < hd / 2` (a multiple of 4): row `i` of the transposed K holds 16
+                // words.
+                let k = bh(unsafe { _mm512_loadu_si512(kp.add(i * TILE_POSITIONS).cast()) });
+                for r in 0..R {
+                    let q = bh(_mm512_set1_epi32(qs[r][i] as i32));
+                    c[r][l] = _mm512_dpbf16_ps(c[r][l], k, q);
+                }
+            }
+        }
+        let s: [__m512; R] = std::array::from_fn(|r| {
+            let c = c[r];
+            _mm512_add_ps(_mm512_add_ps(c[0], c[1]), _mm512_add_ps(c[2], c[3]))
+        });
+        // Steps 2–3 per row; the weight pairs of step 4 kept as words.
+        let vscale = _mm512_set1_ps(scale);
+        let mut pw = [[0u32; PAIRS]; R];
+        let mut full = true;
+        for r in 0..R {
+            let valid = valids[r];
+            full &= valid == TILE_POSITIONS;
+            let live: __mmask16 = if valid >= TILE_POSITIONS {
+                0xFFFF
+            } else {
+                (1u16 << valid) - 1
+            };
+            let x = _mm512_mask_blend_ps(
+                live,
+                _mm512_set1_ps(f32::NEG_INFINITY),
+                _mm512_mul_ps(s[r], vscale),
+            );
+            let st = &mut sts[r];
+            let tile_max = _mm512_reduce_max_ps(x);
+            if tile_max > st.max {
+                let f = exp_poly(st.max - tile_max);
+                let vf = _mm512_set1_ps(f);
+                let ap = accs[r].as_mut_ptr();
+                for c in 0..hd / 16 {
+                    // SAFETY: `16c + 16 <= hd = accs[r].len()`.
+                    unsafe {
+                        let v = _mm512_loadu_ps(ap.add(16 * c));
+                        _mm512_storeu_ps(ap.add(16 * c), _mm512_mul_ps(v, vf));
+                    }
+                }
+                st.sum *= f;
+                st.max = tile_max;
+            }
+            let e = exp16(_mm512_sub_ps(x, _mm512_set1_ps(st.max)));
+            // SAFETY: both are 32-byte plain vector types; every bit pattern is a valid value.
+            let rounded =
+                unsafe { std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(e)) };
+            let widened =
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(rounded)));
+            st.sum += group_sums(widened);
+            // SAFETY: `pw[r]` holds 8 words (32 bytes).
+            unsafe { _mm256_storeu_si256(pw[r].as_mut_ptr().cast(), rounded) };
+        }
+        // Step 4.
+        let vp = tile.values.as_ptr();
+        let chunks = hd / 16;
+        let mut c0 = 0;
+        while c0 < chunks {
+            let m = (chunks - c0).min(CHUNKS);
+            // SAFETY: forwarded caller's contract; `c0 + m <= hd / 16`.
+            unsafe {
+                match (full, m) {
+                    (true, 4) => values_full::<R, 4>(accs, &pw, vp, hd, c0),
+                    (true, 3) => values_full::<R, 3>(accs, &pw, vp, hd, c0),
+                    (true, 2) => values_full::<R, 2>(accs, &pw, vp, hd, c0),
+                    (true, _) => values_full::<R, 1>(accs, &pw, vp, hd, c0),
+                    (false, 4) => values_rows::<R, 4>(accs, &pw, valids, vp, hd, c0),
+                    (false, 3) => values_rows::<R, 3>(accs, &pw, valids, vp, hd, c0),
+                    (false, 2) => values_rows::<R, 2>(accs, &pw, valids, vp, hd, c0),
+                    (false, _) => values_rows::<R, 1>(accs, &pw, valids, vp, hd, c0),
+                }
+            }
+            c0 += m;
+        }
+    }
+
+    /// Step 4 for `R` rows that all see the whole tile, 16-dimension chunks `c0..c0 + C`:
+    /// `R · C` accumulators in registers, V loaded once per pair and chunk for every row.
+    ///
+    /// # Safety
+    /// As [`rows`]; `16 (c0 + C) <= hd`, `vp` the tile's `8 · hd` words.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn values_full<const R: usize, const C: usize>(
+        accs: &mut [&mut [f32]],
+        pw: &[[u32; PAIRS]; R],
+        vp: *const u32,
+        hd: usize,
+        c0: usize,
+    ) {
+        let mut a: [[__m512; C]; R] = std::array::from_fn(|r| {
+            std::array::from_fn(|c| {
+                // SAFETY: `16 (c0 + c) + 16 <= hd = accs[r].len()`.
+                unsafe { _mm512_loadu_ps(accs[r].as_ptr().add(16 * (c0 + c))) }
+            })
+        });
+        for j in 0..PAIRS {
+            let p: [__m512bh; R] = std::array::from_fn(|r| bh(_mm512_set1_epi32(pw[r][j] as i32)));
+            for c in 0..C {
+                // SAFETY: pair row `j < 8` holds `hd` words; `16 (c0 + c) + 16 <= hd`.
+                let v = bh(unsafe { _mm512_loadu_si512(vp.add(j * hd + 16 * (c0 + c)).cast()) });
+                for r in 0..R {
+                    a[r][c] = _mm512_dpbf16_ps(a[r][c], v, p[r]);
+                }
+            }
+        }
+        for r in 0..R {
+            for c in 0..C {
+                // SAFETY: as the load above.
+                unsafe { _mm512_storeu_ps(accs[r].as_mut_ptr().add(16 * (c0 + c)), a[r][c]) };
+            }
+        }
+    }
+
+    /// Step 4 for `R` rows with their own `valids` (a causal diagonal, a decode's last tile),
+    /// one row at a time: its pairs only, the odd position of an odd `valid`'s last pair
+    /// counted as zero (module doc).
+    ///
+    /// # Safety
+    /// As [`values_full`].
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn values_rows<const R: usize, const C: usize>(
+        accs: &mut [&mut [f32]],
+        pw: &[[u32; PAIRS]; R],
+        valids: &[usize],
+        vp: *const u32,
+        hd: usize,
+        c0: usize,
+    ) {
+        let even_only = _mm512_set1_epi32(0xFFFF);
+        for r in 0..R {
+            let valid = valids[r];
+            let ap = accs[r].as_mut_ptr();
+            let mut a: [__m512; C] = std::array::from_fn(|c| {
+                // SAFETY: `16 (c0 + c) + 16 <= hd = accs[r].len()`.
+                unsafe { _mm512_loadu_ps(ap.add(16 * (c0 + c))) }
+            });
+            for j in 0..valid.div_ceil(2) {
+                let p = bh(_mm512_set1_epi32(pw[r][j] as i32));
+                for (c, acc) in a.iter_mut().enumerate() {
+                    // SAFETY: pair row `j < 8` holds `hd` words; `16 (c0 + c) + 16 <= hd`.
+                    let mut v =
+                        unsafe { _mm512_loadu_si512(vp.add(j * hd + 16 * (c0 + c)).cast()) };
+                    if 2 * j + 1 == valid {
+                        v = _mm512_and_si512(v, even_only);
+                    }
+                    *acc = _mm512_dpbf16_ps(*acc, bh(v), p);
+                }
+            }
+            for (c, acc) in a.iter().enumerate() {
+                // SAFETY: as the load above.
+                unsafe { _mm512_storeu_ps(ap.add(16 * (c0 + c)), *acc) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn features() -> Vec<CpuFeatures> {
+        let mut v = vec![CpuFeatures::PORTABLE];
+        let d = CpuFeatures::detect();
+        if d.bf16 {
+            v.push(d);
+        }
+        v
+    }
+
+    #[test]
+    fn rounding_is_the_instructions() {
+        for (x, want) in [
+            (1.0f32, 0x3f80u16),
+            (f32::from_bits(0x0000_0100), 0x0000),
+            (f32::from_bits(0x8000_0100), 0x8000),
+            (f32::from_bits(0x3f80_8000), 0x3f80),
+            (f32::from_bits(0x3f81_8000), 0x3f82),
+            (f32::from_bits(0x3f80_c000), 0x3f81),
+            (f32::from_bits(0x7fc0_0001), 0x7fc0),
+            (f32::from_bits(0x0080_0000), 0x0080),
+            (f32::from_bits(0x007f_ffff), 0x0000),
+            (-3.0, 0xc040),
+            (f32::MAX, 0x7f80),
+        ] {
+            assert_eq!(round_bf16(x), want, "{x:e}");
+        }
+    }
+
+    /// The portable pair step against the CPU's `vdpbf16ps`, on random bits over the whole
+    /// exponent range (denormals, cancellations, overflow) — where the CPU has one.
+    #[test]
+    fn pair_step_is_the_instruction() {
+        #[cfg(target_arch = "x86_64")]
+        if CpuFeatures::detect().bf16 {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+            for round in 0..20_000 {
+                let mut acc = [0f32; 16];
+                let mut a = [0u32; 16];
+                let mut b = [0u32; 16];
+                for l in 0..16 {
+                    // Mostly nearby exponents (cancellation), some anywhere.
+                    let e = if round % 4 == 0 {
+                        rng.gen_range(0..256u32)
+                    } else {
+                        rng.gen_range(0..6u32) + if round % 8 == 1 { 0 } else { 120 }
+                    };
+                    let w = |rng: &mut rand_chacha::ChaCha8Rng| {
+                        let m: u32 = rng.gen_range(0..128);
+                        let sgn: u32 = rng.gen_range(0..2);
+                        let de: u32 = rng.gen_range(0..3);
+                        sgn << 15 | (e.saturating_sub(de) & 0xff) << 7 | m
+                    };
+                    a[l] = w(&mut rng) | w(&mut rng) << 16;
+                    b[l] = w(&mut rng) | w(&mut rng) << 16;
+                    let ea = (2 * e).saturating_sub(127).min(255);
+                    acc[l] = f32::from_bits(
+                        rng.gen_range(0..2u32) << 31
+                            | ea.saturating_sub(rng.gen_range(0..2)) << 23
+                            | rng.gen_range(0..1u32 << 23),
+                    );
+                }
+                // SAFETY: AVX-512 BF16 was detected just above; the arrays hold 16 lanes.
+                let got: [f32; 16] = unsafe { hw_dp(acc, a, b) };
+                for l in 0..16 {
+                    let want = pair_step(acc[l], a[l], b[l]);
+                    assert!(
+                        got[l].to_bits() == want.to_bits() || (got[l].is_nan() && want.is_nan()),
+                        "acc={:08x} a={:08x} b={:08x}: cpu {:08x}, definition {:08x}",
+                        acc[l].to_bits(),
+                        a[l],
+                        b[l],
+                        got[l].to_bits(),
+                        want.to_bits()
+                    );
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn hw_dp(acc: [f32; 16], a: [u32; 16], b: [u32; 16]) -> [f32; 16] {
+        use std::arch::x86_64::*;
+        // SAFETY: 64-byte arrays and vectors; every bit pattern is valid for both.
+        unsafe {
+            let r = _mm512_dpbf16_ps(
+                std::mem::transmute::<[f32; 16], __m512>(acc),
+                std::mem::transmute::<[u32; 16], __m512bh>(a),
+                std::mem::transmute::<[u32; 16], __m512bh>(b),
+            );
+            std::mem::transmute::<__m512, [f32; 16]>(r)
+        }
+    }
+
+    fn random_bf16(rng: &mut impl Rng, n: usize, spread: f32) -> Vec<bf16> {
+        (0..n)
+            .map(|_| bf16::from_f32(rng.gen_range(-spread..spread)))
+            .collect()
+    }
+
+    /// Every path gives every row the bits of that row computed alone by the portable
+    /// definition, whatever rows share the tile (decode vs prefill) and their `valid`s.
+    #[allow(clippy::needless_range_loop)]
+    #[test]
+    fn paths_and_groupings_agree_bit_for_bit() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        for hd in [64usize, 32, 128, 16] {
+            let rows = 11;
+            let q: Vec<Vec<u32>> = (0..rows)
+                .map(|_| {
+                    let f: Vec<f32> = (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+                    let mut p = vec![0u32; hd / 2];
+                    query_pairs(&f, &mut p);
+                    p
+                })
+                .collect();
+            let tiles = 5;
+            let staged: Vec<PairTile> = (0..tiles)
+                .map(|k| {
+                    let spread = 1.0 + k as f32;
+                    let keys = random_bf16(&mut rng, TILE_POSITIONS * hd, spread);
+                    let vals = random_bf16(&mut rng, TILE_POSITIONS * hd, 1.0);
+                    let mut t = PairTile::new(hd);
+                    t.stage(&keys, &vals, TILE_POSITIONS);
+                    t
+                })
+                .collect();
+            // Per tile, each row's valid: full, except the last tile (a causal diagonal).
+            let valid = |k: usize, r: usize| {
+                if k + 1 < tiles {
+                    TILE_POSITIONS
+                } else {
+                    1 + (r * 7) % TILE_POSITIONS
+                }
+            };
+            // Reference: each row alone, portable.
+            let mut want: Vec<(TileSoftmax, Vec<f32>)> = (0..rows)
+                .map(|_| (TileSoftmax::default(), vec![0f32; hd]))
+                .collect();
+            for (k, tile) in staged.iter().enumerate() {
+                for (r, (st, acc)) in want.iter_mut().enumerate() {
+                    tile_update_pairs(
+                        CpuFeatures::PORTABLE,
+                        std::slice::from_mut(st),
+                        &mut [&mut acc[..]],
+                        &[&q[r]],
+                        &[valid(k, r)],
+                        tile,
+                        0.125,
+                    );
+                }
+            }
+            for f in features() {
+                for group in [1usize, 3, 8, rows] {
+                    let mut sts = vec![TileSoftmax::default(); rows];
+                    let mut accs = vec![vec![0f32; hd]; rows];
+                    for (k, tile) in staged.iter().enumerate() {
+                        for at in (0..rows).step_by(group) {
+                            let end = (at + group).min(rows);
+                            let mut a: Vec<&mut [f32]> =
+                                accs[at..end].iter_mut().map(|x| &mut x[..]).collect();
+                            let qs: Vec<&[u32]> = q[at..end].iter().map(|x| &x[..]).collect();
+                            let vs: Vec<usize> = (at..end).map(|r| valid(k, r)).collect();
+                            tile_update_pairs(f, &mut sts[at..end], &mut a, &qs, &vs, tile, 0.125);
+                        }
+                    }
+                    for r in 0..rows {
+                        assert_eq!(
+                            sts[r],
+                            want[r].0,
+                            "{} hd={hd} group={group} row {r}",
+                            f.name()
+                        );
+                        for e in 0..hd {
+                            assert_eq!(
+                                accs[r][e].to_bits(),
+                                want[r].1[e].to_bits(),
+                                "{} hd={hd} group={group} row {r} e={e}",
+                                f.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every staging path writes the scalar staging's words, for every row count.
+    #[test]
+    fn staging_paths_agree() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+        for hd in [64usize, 32, 128, 96] {
+            let keys = random_bf16(&mut rng, TILE_POSITIONS * hd, 3.0);
+            let vals = random_bf16(&mut rng, TILE_POSITIONS * hd, 1.0);
+            for n in 0..=TILE_POSITIONS {
+                let mut a = PairTile::new(hd);
+                a.keys.fill(7);
+                a.values.fill(7);
+                let mut b = a.clone();
+                a.stage(&keys[..n * hd], &vals[..n * hd], n);
+                b.stage_portable(&keys[..n * hd], &vals[..n * hd], n);
+                assert_eq!(a.keys, b.keys, "hd={hd} n={n}: keys");
+                assert_eq!(a.values, b.values, "hd={hd} n={n}: values");
+                if n > 0 {
+                    assert_eq!(
+                        a.keys[TILE_POSITIONS],
+                        keys[2].to_bits() as u32 | (keys[3].to_bits() as u32) << 16
+                    );
+                    assert_eq!(
+                        a.values[1],
+                        vals[1].to_bits() as u32
+                            | if n > 1 {
+                                (vals[hd + 1].to_bits() as u32) << 16
+                            } else {
+                                0
+                            }
+                    );
+                }
+            }
+        }
+    }
+
+    /// A partly staged tile (a decode's last tile) gives the bits of the same tile staged
+    /// whole with other data past the row's positions.
+    #[test]
+    fn positions_past_valid_never_count() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let hd = 64;
+        let keys = random_bf16(&mut rng, TILE_POSITIONS * hd, 3.0);
+        let vals = random_bf16(&mut rng, TILE_POSITIONS * hd, 1.0);
+        let f: Vec<f32> = (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+        let mut q = vec![0u32; hd / 2];
+        query_pairs(&f, &mut q);
+        for f in features() {
+            for n in 1..=TILE_POSITIONS {
+                let mut part = PairTile::new(hd);
+                part.stage(&keys, &vals, n);
+                let mut whole = PairTile::new(hd);
+                whole.stage(&keys, &vals, TILE_POSITIONS);
+                let run = |tile: &PairTile| {
+                    let mut st = [TileSoftmax { max: 0.5, sum: 2.0 }];
+                    let mut acc = vec![-0.0f32; hd];
+                    acc[3] = 0.25;
+                    tile_update_pairs(f, &mut st, &mut [&mut acc[..]], &[&q[..]], &[n], tile, 0.2);
+                    (st[0], acc.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                };
+                assert_eq!(run(&part), run(&whole), "{} n={n}", f.name());
+            }
+        }
+    }
+
+    /// The pair arithmetic stays within bf16's rounding of exact attention (f64).
+    #[test]
+    fn close_to_exact_attention() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+        let hd = 64;
+        let n = 16 * 40 + 5;
+        let keys = random_bf16(&mut rng, n * hd, 1.0);
+        let vals = random_bf16(&mut rng, n * hd, 1.0);
+        let qf: Vec<f32> = (0..hd).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let mut q = vec![0u32; hd / 2];
+        query_pairs(&qf, &mut q);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut st = [TileSoftmax::default()];
+        let mut acc = vec![0f32; hd];
+        let mut tile = PairTile::new(hd);
+        for start in (0..n).step_by(TILE_POSITIONS) {
+            let m = (n - start).min(TILE_POSITIONS);
+            tile.stage(&keys[start * hd..], &vals[start * hd..], m);
+            tile_update_pairs(
+                CpuFeatures::detect(),
+                &mut st,
+                &mut [&mut acc[..]],
+                &[&q[..]],
+                &[m],
+                &tile,
+                scale,
+            );
+        }
+        let s: Vec<f64> = (0..n)
+            .map(|t| {
+                (0..hd)
+                    .map(|e| qf[e] as f64 * keys[t * hd + e].to_f64())
+                    .sum::<f64>()
+                    * scale as f64
+            })
+            .collect();
+        let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+        let l: f64 = w.iter().sum();
+        for e in 0..hd {
+            let want: f64 = (0..n)
+                .map(|t| w[t] * vals[t * hd + e].to_f64())
+                .sum::<f64>()
+                / l;
+            let got = acc[e] as f64 / st[0].sum as f64;
+            assert!((got - want).abs() < 4e-3, "e={e}: {got} vs {want}");
+        }
+    }
+}
