@@ -3,7 +3,7 @@
 //! `vdpbf16ps` takes them (32 products an instruction: twice the f32 FMA's rate).
 //!
 //! Owns the arithmetic of one tile step in that form, its portable definition and its AVX-512
-//! BF16 implementation, and staging a tile into the layouts that instruction reads (K
+//! BF16 implementation (with an exact AVX2 fallback), and staging a tile into the layouts that instruction reads (K
 //! transposed into position lanes, V interleaved by position pairs). It never reads a KV store,
 //! never allocates per call and never decides which rows share a tile (`attention_tiled` does).
 //!
@@ -208,6 +208,14 @@ pub fn tile_update_pairs(
         unsafe { x86::rows(sts, accs, qs, valids, tile, scale) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().avx2 && hd <= avx2::MAX_HEAD_DIM {
+        // SAFETY: AVX2 and FMA were detected just above; shapes as asserted (`hd` a multiple of
+        // 8 and at most the path's bound, `1 <= valid <= 16`, the tile's buffers sized by
+        // `new`).
+        unsafe { avx2::rows(sts, accs, qs, valids, tile, scale) };
+        return;
+    }
     let _ = features;
     for r in 0..sts.len() {
         row_portable(&mut sts[r], accs[r], qs[r], valids[r], tile, scale);
@@ -260,6 +268,151 @@ fn row_portable(
         for (a, &v) in acc.iter_mut().zip(row) {
             let v = if last_odd { v & 0xFFFF } else { v };
             *a = pair_step(*a, v, pw);
+        }
+    }
+}
+
+/// The definition in 256-bit FMA lanes for CPUs without AVX-512 BF16: each pair step is two
+/// fused multiply-adds, every input and result flushed as the instruction flushes them (four
+/// operations a flush), so the bits are the definition's; several times the f32 tile step's
+/// cost, where bf16 K/V are not worth choosing (the server says so at start).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{
+        exp_poly_portable, flush as flush1, group_sums, round_bf16, widen, PairTile, TileSoftmax,
+        PAIRS, TILE_POSITIONS,
+    };
+
+    /// The largest head size this path takes (its widened tile lives on the stack).
+    pub(super) const MAX_HEAD_DIM: usize = 256;
+
+    /// A denormal lane as a zero of its sign; the others (NaN included) as they are.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn flush(x: __m256) -> __m256 {
+        let bits = _mm256_castps_si256(x);
+        let exp = _mm256_and_si256(bits, _mm256_set1_epi32(0x7f80_0000));
+        // Sign bit set exactly where the exponent field is zero.
+        let zero_exp = _mm256_castsi256_ps(_mm256_sub_epi32(exp, _mm256_set1_epi32(1)));
+        let signed_zero = _mm256_and_ps(x, _mm256_set1_ps(-0.0));
+        _mm256_blendv_ps(x, signed_zero, zero_exp)
+    }
+
+    /// Eight words' odd (high) and even (low) bf16 halves as f32 lanes, flushed.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn halves(w: __m256i) -> (__m256, __m256) {
+        let odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(-65536)));
+        let even = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w));
+        (flush(odd), flush(even))
+    }
+
+    /// One pair step on eight lanes (module doc): `acc` already flushed.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn step(acc: __m256, a: (__m256, __m256), b: (__m256, __m256)) -> __m256 {
+        let odd = flush(_mm256_fmadd_ps(a.0, b.0, acc));
+        flush(_mm256_fmadd_ps(a.1, b.1, odd))
+    }
+
+    /// Every row through the definition; the tile's K and V halves widened and flushed once
+    /// per call for all rows.
+    ///
+    /// # Safety
+    /// AVX2 and FMA present; shapes as `tile_update_pairs` asserts, `hd <= MAX_HEAD_DIM`.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows(
+        sts: &mut [TileSoftmax],
+        accs: &mut [&mut [f32]],
+        qs: &[&[u32]],
+        valids: &[usize],
+        tile: &PairTile,
+        scale: f32,
+    ) {
+        let hd = tile.head_dim;
+        // K: `[hd / 2][2 halves of 8 positions]` (odd, even); V: `[8 pairs][hd / 8]` (odd, even).
+        let zero = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut kh = [zero; MAX_HEAD_DIM];
+        let mut vh = [zero; PAIRS * MAX_HEAD_DIM / 8];
+        let kp = tile.keys.as_ptr();
+        for i in 0..hd / 2 {
+            for h in 0..2 {
+                // SAFETY: row `i < hd / 2` of the transposed K holds 16 words.
+                let w = unsafe { _mm256_loadu_si256(kp.add(i * TILE_POSITIONS + 8 * h).cast()) };
+                kh[2 * i + h] = halves(w);
+            }
+        }
+        let vp = tile.values.as_ptr();
+        for j in 0..PAIRS {
+            for c in 0..hd / 8 {
+                // SAFETY: pair row `j < 8` holds `hd` words; `8c + 8 <= hd`.
+                let w = unsafe { _mm256_loadu_si256(vp.add(j * hd + 8 * c).cast()) };
+                vh[j * (hd / 8) + c] = halves(w);
+            }
+        }
+        for r in 0..sts.len() {
+            let (st, acc, q, valid) = (&mut sts[r], &mut *accs[r], qs[r], valids[r]);
+            // Step 1: four chains per position, eight positions a vector.
+            let mut qh = [(0f32, 0f32); MAX_HEAD_DIM / 2];
+            for (h, &qw) in qh.iter_mut().zip(q) {
+                *h = (flush1(widen((qw >> 16) as u16)), flush1(widen(qw as u16)));
+            }
+            let mut s = [f32::NEG_INFINITY; TILE_POSITIONS];
+            for h in 0..2 {
+                let mut c = [_mm256_setzero_ps(); 4];
+                for i in 0..hd / 2 {
+                    let qv = (_mm256_set1_ps(qh[i].0), _mm256_set1_ps(qh[i].1));
+                    c[i % 4] = step(c[i % 4], kh[2 * i + h], qv);
+                }
+                let sum = _mm256_mul_ps(
+                    _mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3])),
+                    _mm256_set1_ps(scale),
+                );
+                let mut lanes = [0f32; 8];
+                // SAFETY: `lanes` holds 8 floats.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
+                for (l, &x) in lanes.iter().enumerate() {
+                    if 8 * h + l < valid {
+                        s[8 * h + l] = x;
+                    }
+                }
+            }
+            // Steps 2–3 in scalar operations (the definition's).
+            let tile_max = s[..valid].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if tile_max > st.max {
+                let f = exp_poly_portable(st.max - tile_max);
+                acc.iter_mut().for_each(|a| *a *= f);
+                st.sum *= f;
+                st.max = tile_max;
+            }
+            let mut p = [0u16; TILE_POSITIONS];
+            let mut pf = [0f32; TILE_POSITIONS];
+            for t in 0..valid {
+                p[t] = round_bf16(exp_poly_portable(s[t] - st.max));
+                pf[t] = widen(p[t]);
+            }
+            st.sum += group_sums(&pf);
+            // Step 4.
+            let ap = acc.as_mut_ptr();
+            for c in 0..hd / 8 {
+                // SAFETY: `8c + 8 <= hd = acc.len()`.
+                let mut a = flush(unsafe { _mm256_loadu_ps(ap.add(8 * c)) });
+                for j in 0..valid.div_ceil(2) {
+                    let pv = (_mm256_set1_ps(pf[2 * j + 1]), _mm256_set1_ps(pf[2 * j]));
+                    let v = vh[j * (hd / 8) + c];
+                    let v = if 2 * j + 1 == valid {
+                        (_mm256_setzero_ps(), v.1)
+                    } else {
+                        v
+                    };
+                    a = step(a, v, pv);
+                }
+                // SAFETY: as the load above.
+                unsafe { _mm256_storeu_ps(ap.add(8 * c), a) };
+            }
         }
     }
 }
@@ -471,6 +624,7 @@ mod x86 {
     ) {
         let hd = tile.head_dim;
         let kp = tile.keys.as_ptr();
+        let qp: [*const u32; R] = std::array::from_fn(|r| qs[r].as_ptr());
         // Step 1: four chains per position and row, dimension pairs in order.
         let mut c = [[_mm512_setzero_ps(); 4]; R];
         for i4 in (0..hd / 2).step_by(4) {
@@ -480,7 +634,8 @@ mod x86 {
                 // words.
                 let k = bh(unsafe { _mm512_loadu_si512(kp.add(i * TILE_POSITIONS).cast()) });
                 for r in 0..R {
-                    let q = bh(_mm512_set1_epi32(qs[r][i] as i32));
+                    // SAFETY: `i < hd / 2 = qs[r].len()`.
+                    let q = bh(_mm512_set1_epi32(unsafe { *qp[r].add(i) } as i32));
                     c[r][l] = _mm512_dpbf16_ps(c[r][l], k, q);
                 }
             }
@@ -647,6 +802,9 @@ mod tests {
     fn features() -> Vec<CpuFeatures> {
         let mut v = vec![CpuFeatures::PORTABLE];
         let d = CpuFeatures::detect();
+        if d.avx2 {
+            v.push(CpuFeatures::AVX2);
+        }
         if d.bf16 {
             v.push(d);
         }
@@ -863,6 +1021,62 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// Tiny K, V and queries, whose products and sums fall below f32's normal range (and
+    /// denormal bf16 inputs): every path flushes them as the instruction does.
+    #[test]
+    fn denormals_flush_alike_on_every_path() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+        let hd = 64;
+        let tiny = |rng: &mut rand_chacha::ChaCha8Rng| {
+            let e: i32 = rng.gen_range(-140..-60);
+            let m: f32 = rng.gen_range(-2.0..2.0);
+            bf16::from_f32(m * 2f32.powi(e))
+        };
+        let keys: Vec<bf16> = (0..TILE_POSITIONS * hd).map(|_| tiny(&mut rng)).collect();
+        let vals: Vec<bf16> = (0..TILE_POSITIONS * hd).map(|_| tiny(&mut rng)).collect();
+        let mut tile = PairTile::new(hd);
+        tile.stage(&keys, &vals, TILE_POSITIONS);
+        // Queries in words as given (a denormal bf16 among them).
+        let q: Vec<u32> = (0..hd / 2)
+            .map(|i| {
+                let w = tiny(&mut rng).to_bits() as u32 | (tiny(&mut rng).to_bits() as u32) << 16;
+                if i == 3 {
+                    w & 0xFFFF_0000 | 0x0001
+                } else {
+                    w
+                }
+            })
+            .collect();
+        let mut results = Vec::new();
+        for f in features() {
+            for valid in [16, 9] {
+                let mut st = [TileSoftmax { max: 0.0, sum: 1.0 }];
+                let mut acc: Vec<f32> = (0..hd).map(|e| 1e-39 * (e as f32 - 30.0)).collect();
+                tile_update_pairs(
+                    f,
+                    &mut st,
+                    &mut [&mut acc[..]],
+                    &[&q[..]],
+                    &[valid],
+                    &tile,
+                    1e30,
+                );
+                let bits: Vec<u32> = acc.iter().map(|x| x.to_bits()).collect();
+                results.push((f.name(), valid, st[0], bits));
+            }
+        }
+        for r in &results[2..] {
+            let base = &results[if r.1 == 16 { 0 } else { 1 }];
+            assert_eq!(
+                (r.2, &r.3),
+                (base.2, &base.3),
+                "{} valid={} vs portable",
+                r.0,
+                r.1
+            );
         }
     }
 

@@ -187,6 +187,9 @@ struct Summary {
     attention: &'static str,
     /// The kernel paths this CPU runs (`avx2`, `avx512+vnni`, …).
     isa: &'static str,
+    /// bf16 K/V on a CPU without AVX-512 BF16: their attention arithmetic is emulated there
+    /// (`kernels::flash_tile_pairs`, several times slower than f16).
+    bf16_kv_emulated: bool,
 }
 
 impl Summary {
@@ -228,6 +231,8 @@ impl Summary {
             matmul: cfg.numerics().matmul().packed_def().name(),
             attention: cfg.numerics().attention().name(),
             isa: kernels::cpu_features().name(),
+            bf16_kv_emulated: !model::arith_tag(cfg.kv_dtype).is_empty()
+                && !kernels::cpu_features().bf16,
         }
     }
 
@@ -253,6 +258,15 @@ impl Summary {
             listen = %format!("http://{addr}"),
             "agentkv serving"
         );
+        if self.bf16_kv_emulated {
+            tracing::warn!(
+                kv_codec = %self.codec,
+                isa = self.isa,
+                "bf16 K/V are attended in the bf16-pair arithmetic, which this CPU (no AVX-512 \
+                 BF16) emulates with flushed FMAs: attention at depth is 5-7x slower than with \
+                 f16 K/V (the same size); choose f16 here (docs/quantization.md)"
+            );
+        }
     }
 }
 
