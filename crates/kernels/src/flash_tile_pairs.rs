@@ -17,15 +17,16 @@
 //! **One tile step** for a row with state `(m, l, acc[hd])`, its query rounded to bf16 once
 //! ([`query_pairs`]: round to nearest even, denormals to signed zero, as `vcvtneps2bf16`), and
 //! `valid` positions:
-//! 1. scores `s[t] = ((c0 + c1) + (c2 + c3)) · scale`, where chain `c_l` starts at +0 and
-//!    takes `dp` with `(k[t][2i], k[t][2i+1])` and `(q[2i], q[2i+1])` for the dimension pairs
-//!    `i ≡ l (mod 4)` in order — four chains per position (`hd` a multiple of 8), so a decode's
-//!    few rows still keep enough independent chains in flight;
+//! Tiles hold [`PAIR_TILE_POSITIONS`] (32) positions.
+//! 1. scores `s[t] = (c0 + c1) · scale`, where chain `c_l` starts at +0 and takes `dp` with
+//!    `(k[t][2i], k[t][2i+1])` and `(q[2i], q[2i+1])` for the dimension pairs `i ≡ l (mod 2)`
+//!    in order — two chains per position (`hd` a multiple of 4), so a decode's few rows still
+//!    keep enough independent chains in flight;
 //! 2. `m' = max(m, max_t s[t])`; when `m' > m`: `f = exp(m − m')`, `acc *= f`, `l *= f`
 //!    (as `flash_tile`);
 //! 3. `p[t] = bf16(exp(s[t] − m'))` (rounded as the query; 0 at and past `valid`);
-//!    `l += hsum8(p[0..8]) + hsum8(p[8..16])` over the rounded weights, so `l` is the sum of
-//!    the weights `p·V` uses;
+//!    `l += (hsum8(p[0..8]) + hsum8(p[8..16])) + (hsum8(p[16..24]) + hsum8(p[24..32]))` over
+//!    the rounded weights, so `l` is the sum of the weights `p·V` uses;
 //! 4. for each position pair `j < ⌈valid/2⌉` in order, every `e`:
 //!    `acc[e] = dp(acc[e], (v[2j][e], v[2j+1][e]), (p[2j], p[2j+1]))`, where a position at
 //!    `valid` (odd `valid`, last pair) counts as `p = +0`, `v = +0`.
@@ -37,10 +38,15 @@
 use half::bf16;
 
 use super::cpu::CpuFeatures;
-use super::flash_tile::{exp_poly, exp_poly_portable, TileSoftmax, TILE_POSITIONS};
+use super::flash_tile::{exp_poly, exp_poly_portable, TileSoftmax};
 
+/// Positions per softmax tile of this arithmetic (tiles start at multiples of this, counted
+/// from position 0; twice `flash_tile`'s, so the softmax's fixed cost is spread over more
+/// products).
+pub const PAIR_TILE_POSITIONS: usize = 32;
+const TILE: usize = PAIR_TILE_POSITIONS;
 /// Position pairs per tile.
-const PAIRS: usize = TILE_POSITIONS / 2;
+const PAIRS: usize = TILE / 2;
 
 /// `x` rounded to bf16 bits as `vcvtneps2bf16` rounds it: to nearest even, a denormal to a
 /// zero of its sign, a NaN to a quiet NaN.
@@ -99,9 +105,9 @@ pub fn query_pairs(q: &[f32], out: &mut [u32]) {
 #[derive(Debug, Clone, Default)]
 pub struct PairTile {
     head_dim: usize,
-    /// `[head_dim / 2][TILE_POSITIONS]`: word `(i, t)` = `k[t][2i] | k[t][2i+1] << 16`.
+    /// `[head_dim / 2][TILE]`: word `(i, t)` = `k[t][2i] | k[t][2i+1] << 16`.
     keys: Vec<u32>,
-    /// `[TILE_POSITIONS / 2][head_dim]`: word `(j, e)` = `v[2j][e] | v[2j+1][e] << 16`.
+    /// `[TILE / 2][head_dim]`: word `(j, e)` = `v[2j][e] | v[2j+1][e] << 16`.
     values: Vec<u32>,
 }
 
@@ -114,7 +120,7 @@ impl PairTile {
         );
         PairTile {
             head_dim,
-            keys: vec![0; head_dim / 2 * TILE_POSITIONS],
+            keys: vec![0; head_dim / 2 * TILE],
             values: vec![0; PAIRS * head_dim],
         }
     }
@@ -129,13 +135,13 @@ impl PairTile {
     pub fn stage(&mut self, keys: &[bf16], vals: &[bf16], n: usize) {
         let hd = self.head_dim;
         assert!(
-            n <= TILE_POSITIONS && keys.len() >= n * hd && vals.len() >= n * hd,
+            n <= TILE && keys.len() >= n * hd && vals.len() >= n * hd,
             "pair tile shapes: n={n} hd={hd} keys={} vals={}",
             keys.len(),
             vals.len()
         );
         #[cfg(target_arch = "x86_64")]
-        if n == TILE_POSITIONS && hd.is_multiple_of(32) && super::cpu::cpu_features().bf16 {
+        if n == TILE && hd.is_multiple_of(32) && super::cpu::cpu_features().bf16 {
             // SAFETY: AVX-512 F/BW were detected (`bf16` implies them); `keys` and `vals` hold
             // 16 rows of `hd` (asserted), the tile's buffers `hd / 2 · 16` and `8 · hd` words
             // (`new`), and `hd` is a multiple of 32.
@@ -150,7 +156,7 @@ impl PairTile {
         let hd = self.head_dim;
         let bits = |x: bf16| x.to_bits() as u32;
         for i in 0..hd / 2 {
-            let lanes = &mut self.keys[i * TILE_POSITIONS..(i + 1) * TILE_POSITIONS];
+            let lanes = &mut self.keys[i * TILE..(i + 1) * TILE];
             for (t, w) in lanes.iter_mut().enumerate() {
                 *w = if t < n {
                     bits(keys[t * hd + 2 * i]) | bits(keys[t * hd + 2 * i + 1]) << 16
@@ -191,10 +197,10 @@ pub fn tile_update_pairs(
     );
     for ((acc, q), &valid) in accs.iter().zip(qs).zip(valids) {
         assert!(
-            hd.is_multiple_of(8)
+            hd.is_multiple_of(4)
                 && acc.len() == hd
                 && q.len() == hd / 2
-                && (1..=TILE_POSITIONS).contains(&valid),
+                && (1..=TILE).contains(&valid),
             "pair tile row shapes: hd={hd} acc={} q={} valid={valid}",
             acc.len(),
             q.len()
@@ -209,7 +215,7 @@ pub fn tile_update_pairs(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if features.clamp_to_detected().avx2 && hd <= avx2::MAX_HEAD_DIM {
+    if features.clamp_to_detected().avx2 && hd.is_multiple_of(8) && hd <= avx2::MAX_HEAD_DIM {
         // SAFETY: AVX2 and FMA were detected just above; shapes as asserted (`hd` a multiple of
         // 8 and at most the path's bound, `1 <= valid <= 16`, the tile's buffers sized by
         // `new`).
@@ -222,11 +228,12 @@ pub fn tile_update_pairs(
     }
 }
 
-/// `hsum8(x[0..8]) + hsum8(x[8..16])`, `hsum8` being `flash_tile`'s tree.
+/// `(hsum8(x[0..8]) + hsum8(x[8..16])) + (hsum8(x[16..24]) + hsum8(x[24..32]))`, `hsum8`
+/// being `flash_tile`'s tree.
 #[inline]
-fn group_sums(x: &[f32; TILE_POSITIONS]) -> f32 {
+fn group_sums(x: &[f32; TILE]) -> f32 {
     let h = |x: &[f32]| ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
-    h(&x[..8]) + h(&x[8..])
+    (h(&x[..8]) + h(&x[8..16])) + (h(&x[16..24]) + h(&x[24..]))
 }
 
 /// The definition (module doc) for one row, in scalar operations.
@@ -239,13 +246,13 @@ fn row_portable(
     scale: f32,
 ) {
     let hd = tile.head_dim;
-    let mut s = [f32::NEG_INFINITY; TILE_POSITIONS];
+    let mut s = [f32::NEG_INFINITY; TILE];
     for (t, st_t) in s.iter_mut().enumerate().take(valid) {
-        let mut c = [0f32; 4];
+        let mut c = [0f32; 2];
         for (i, &qp) in q.iter().enumerate() {
-            c[i % 4] = pair_step(c[i % 4], tile.keys[i * TILE_POSITIONS + t], qp);
+            c[i % 2] = pair_step(c[i % 2], tile.keys[i * TILE + t], qp);
         }
-        *st_t = ((c[0] + c[1]) + (c[2] + c[3])) * scale;
+        *st_t = (c[0] + c[1]) * scale;
     }
     let tile_max = s[..valid].iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if tile_max > st.max {
@@ -254,8 +261,8 @@ fn row_portable(
         st.sum *= f;
         st.max = tile_max;
     }
-    let mut p = [0u16; TILE_POSITIONS];
-    let mut pf = [0f32; TILE_POSITIONS];
+    let mut p = [0u16; TILE];
+    let mut pf = [0f32; TILE];
     for t in 0..valid {
         p[t] = round_bf16(exp_poly_portable(s[t] - st.max));
         pf[t] = widen(p[t]);
@@ -282,7 +289,7 @@ mod avx2 {
 
     use super::{
         exp_poly_portable, flush as flush1, group_sums, round_bf16, widen, PairTile, TileSoftmax,
-        PAIRS, TILE_POSITIONS,
+        PAIRS, TILE,
     };
 
     /// The largest head size this path takes (its widened tile lives on the stack).
@@ -332,45 +339,79 @@ mod avx2 {
         tile: &PairTile,
         scale: f32,
     ) {
+        WIDENED.with(|w| {
+            let (kh, vh) = &mut *w.borrow_mut();
+            // SAFETY: forwarded caller's contract.
+            unsafe { rows_with(kh, vh, sts, accs, qs, valids, tile, scale) }
+        })
+    }
+
+    type Halves = (__m256, __m256);
+    /// Quarters of 8 positions in a tile.
+    const QUARTERS: usize = TILE / 8;
+
+    thread_local! {
+        /// The tile's K and V halves, widened and flushed once per call (grown once per
+        /// thread, never zeroed per call).
+        static WIDENED: std::cell::RefCell<(Vec<Halves>, Vec<Halves>)> =
+            const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    }
+
+    /// [`rows`] with the widened tile's buffers.
+    ///
+    /// # Safety
+    /// As [`rows`].
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_with(
+        kh: &mut Vec<Halves>,
+        vh: &mut Vec<Halves>,
+        sts: &mut [TileSoftmax],
+        accs: &mut [&mut [f32]],
+        qs: &[&[u32]],
+        valids: &[usize],
+        tile: &PairTile,
+        scale: f32,
+    ) {
         let hd = tile.head_dim;
-        // K: `[hd / 2][2 halves of 8 positions]` (odd, even); V: `[8 pairs][hd / 8]` (odd, even).
+        let chunks = hd / 8;
+        // K: `[hd / 2][4 quarters of 8 positions]` (odd, even); V: `[16 pairs][hd / 8]`.
         let zero = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut kh = [zero; MAX_HEAD_DIM];
-        let mut vh = [zero; PAIRS * MAX_HEAD_DIM / 8];
+        kh.resize(hd / 2 * QUARTERS, zero);
+        vh.resize(PAIRS * chunks, zero);
         let kp = tile.keys.as_ptr();
         for i in 0..hd / 2 {
-            for h in 0..2 {
-                // SAFETY: row `i < hd / 2` of the transposed K holds 16 words.
-                let w = unsafe { _mm256_loadu_si256(kp.add(i * TILE_POSITIONS + 8 * h).cast()) };
-                kh[2 * i + h] = halves(w);
+            for h in 0..QUARTERS {
+                // SAFETY: row `i < hd / 2` of the transposed K holds 32 words.
+                let w = unsafe { _mm256_loadu_si256(kp.add(i * TILE + 8 * h).cast()) };
+                kh[QUARTERS * i + h] = halves(w);
             }
         }
         let vp = tile.values.as_ptr();
         for j in 0..PAIRS {
-            for c in 0..hd / 8 {
-                // SAFETY: pair row `j < 8` holds `hd` words; `8c + 8 <= hd`.
+            for c in 0..chunks {
+                // SAFETY: pair row `j < 16` holds `hd` words; `8c + 8 <= hd`.
                 let w = unsafe { _mm256_loadu_si256(vp.add(j * hd + 8 * c).cast()) };
-                vh[j * (hd / 8) + c] = halves(w);
+                vh[j * chunks + c] = halves(w);
             }
         }
         for r in 0..sts.len() {
             let (st, acc, q, valid) = (&mut sts[r], &mut *accs[r], qs[r], valids[r]);
-            // Step 1: four chains per position, eight positions a vector.
-            let mut qh = [(0f32, 0f32); MAX_HEAD_DIM / 2];
-            for (h, &qw) in qh.iter_mut().zip(q) {
-                *h = (flush1(widen((qw >> 16) as u16)), flush1(widen(qw as u16)));
-            }
-            let mut s = [f32::NEG_INFINITY; TILE_POSITIONS];
-            for h in 0..2 {
-                let mut c = [_mm256_setzero_ps(); 4];
-                for i in 0..hd / 2 {
-                    let qv = (_mm256_set1_ps(qh[i].0), _mm256_set1_ps(qh[i].1));
-                    c[i % 4] = step(c[i % 4], kh[2 * i + h], qv);
-                }
-                let sum = _mm256_mul_ps(
-                    _mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3])),
-                    _mm256_set1_ps(scale),
+            // Step 1: two chains per position, eight positions a vector; the four quarters'
+            // chains interleaved (eight in flight).
+            let mut c = [[_mm256_setzero_ps(); 2]; QUARTERS];
+            for (i, &qw) in q.iter().enumerate() {
+                let qv = (
+                    _mm256_set1_ps(flush1(widen((qw >> 16) as u16))),
+                    _mm256_set1_ps(flush1(widen(qw as u16))),
                 );
+                for (h, ch) in c.iter_mut().enumerate() {
+                    ch[i % 2] = step(ch[i % 2], kh[QUARTERS * i + h], qv);
+                }
+            }
+            let mut s = [f32::NEG_INFINITY; TILE];
+            for (h, ch) in c.iter().enumerate() {
+                let sum = _mm256_mul_ps(_mm256_add_ps(ch[0], ch[1]), _mm256_set1_ps(scale));
                 let mut lanes = [0f32; 8];
                 // SAFETY: `lanes` holds 8 floats.
                 unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
@@ -388,30 +429,34 @@ mod avx2 {
                 st.sum *= f;
                 st.max = tile_max;
             }
-            let mut p = [0u16; TILE_POSITIONS];
-            let mut pf = [0f32; TILE_POSITIONS];
+            let mut pf = [0f32; TILE];
             for t in 0..valid {
-                p[t] = round_bf16(exp_poly_portable(s[t] - st.max));
-                pf[t] = widen(p[t]);
+                pf[t] = widen(round_bf16(exp_poly_portable(s[t] - st.max)));
             }
             st.sum += group_sums(&pf);
-            // Step 4.
+            // Step 4: every 8-dimension chunk's chain interleaved.
             let ap = acc.as_mut_ptr();
-            for c in 0..hd / 8 {
-                // SAFETY: `8c + 8 <= hd = acc.len()`.
-                let mut a = flush(unsafe { _mm256_loadu_ps(ap.add(8 * c)) });
-                for j in 0..valid.div_ceil(2) {
-                    let pv = (_mm256_set1_ps(pf[2 * j + 1]), _mm256_set1_ps(pf[2 * j]));
-                    let v = vh[j * (hd / 8) + c];
-                    let v = if 2 * j + 1 == valid {
+            let mut a = [_mm256_setzero_ps(); MAX_HEAD_DIM / 8];
+            for (cc, x) in a.iter_mut().enumerate().take(chunks) {
+                // SAFETY: `8cc + 8 <= hd = acc.len()`.
+                *x = flush(unsafe { _mm256_loadu_ps(ap.add(8 * cc)) });
+            }
+            for j in 0..valid.div_ceil(2) {
+                let pv = (_mm256_set1_ps(pf[2 * j + 1]), _mm256_set1_ps(pf[2 * j]));
+                let last_odd = 2 * j + 1 == valid;
+                for (cc, x) in a.iter_mut().enumerate().take(chunks) {
+                    let v = vh[j * chunks + cc];
+                    let v = if last_odd {
                         (_mm256_setzero_ps(), v.1)
                     } else {
                         v
                     };
-                    a = step(a, v, pv);
+                    *x = step(*x, v, pv);
                 }
+            }
+            for (cc, x) in a.iter().enumerate().take(chunks) {
                 // SAFETY: as the load above.
-                unsafe { _mm256_storeu_ps(ap.add(8 * c), a) };
+                unsafe { _mm256_storeu_ps(ap.add(8 * cc), *x) };
             }
         }
     }
@@ -424,10 +469,11 @@ mod x86 {
     use half::bf16;
 
     use super::super::flash_tile_wide::x86::{exp16, group_sums};
-    use super::{exp_poly, PairTile, TileSoftmax, PAIRS, TILE_POSITIONS};
+    use super::{exp_poly, PairTile, TileSoftmax, PAIRS, TILE};
 
-    /// Rows per block: with four chains per position, up to 16 independent `vdpbf16ps`
-    /// chains in flight for the scores, and `4 · 4` accumulators for `p·V`.
+    /// Rows per block: two chains per position and two 16-position vectors per chain, so 24
+    /// independent `vdpbf16ps` chains in flight for the scores (a decode's three rows: 12), and
+    /// `6 · 4` accumulators for `p·V`.
     const BLOCK: usize = 6;
     /// 16-dimension chunks of `p·V` accumulated in registers at once.
     const CHUNKS: usize = 4;
@@ -446,17 +492,21 @@ mod x86 {
         let kp = keys.as_ptr().cast::<u32>();
         let out = tile.keys.as_mut_ptr();
         for blk in 0..words / 16 {
-            let at = kp.wrapping_add(16 * blk);
-            let mut rows = [_mm512_setzero_si512(); 16];
-            for (t, row) in rows.iter_mut().enumerate() {
-                // SAFETY: row `t < 16` of `keys` holds `words` words; `16·blk + 16 <= words`.
-                *row = unsafe { _mm512_loadu_si512(at.add(t * words).cast()) };
-            }
-            let cols = transpose16(rows);
-            let to = out.wrapping_add(16 * blk * TILE_POSITIONS);
-            for (c, col) in cols.into_iter().enumerate() {
-                // SAFETY: row `16·blk + c < words` of the transposed K holds 16 words.
-                unsafe { _mm512_storeu_si512(to.add(c * TILE_POSITIONS).cast(), col) };
+            for half in 0..TILE / 16 {
+                let at = kp.wrapping_add(16 * half * words + 16 * blk);
+                let mut rows = [_mm512_setzero_si512(); 16];
+                for (t, row) in rows.iter_mut().enumerate() {
+                    // SAFETY: row `16·half + t < 32` of `keys` holds `words` words;
+                    // `16·blk + 16 <= words`.
+                    *row = unsafe { _mm512_loadu_si512(at.add(t * words).cast()) };
+                }
+                let cols = transpose16(rows);
+                let to = out.wrapping_add(16 * blk * TILE + 16 * half);
+                for (c, col) in cols.into_iter().enumerate() {
+                    // SAFETY: row `16·blk + c < words` of the transposed K holds 32 words;
+                    // this half's 16 of them.
+                    unsafe { _mm512_storeu_si512(to.add(c * TILE).cast(), col) };
+                }
             }
         }
         let vp = vals.as_ptr().cast::<u16>();
@@ -465,7 +515,7 @@ mod x86 {
         let hi_idx = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
         for j in 0..PAIRS {
             for c in 0..hd / 32 {
-                // SAFETY: rows `2j + 1 < 16` of `vals` hold `hd` values; `32c + 32 <= hd`.
+                // SAFETY: rows `2j + 1 < 32` of `vals` hold `hd` values; `32c + 32 <= hd`.
                 let (r0, r1) = unsafe {
                     (
                         _mm512_loadu_si512(vp.add(2 * j * hd + 32 * c).cast()),
@@ -475,7 +525,7 @@ mod x86 {
                 let lo = _mm512_unpacklo_epi16(r0, r1);
                 let hi = _mm512_unpackhi_epi16(r0, r1);
                 let at = vout.wrapping_add(j * hd + 32 * c);
-                // SAFETY: pair row `j < 8` holds `hd` words; `32c + 32 <= hd`.
+                // SAFETY: pair row `j < 16` holds `hd` words; `32c + 32 <= hd`.
                 unsafe {
                     _mm512_storeu_si512(at.cast(), _mm512_permutex2var_epi64(lo, lo_idx, hi));
                     _mm512_storeu_si512(
@@ -625,44 +675,46 @@ mod x86 {
         let hd = tile.head_dim;
         let kp = tile.keys.as_ptr();
         let qp: [*const u32; R] = std::array::from_fn(|r| qs[r].as_ptr());
-        // Step 1: four chains per position and row, dimension pairs in order.
-        let mut c = [[_mm512_setzero_ps(); 4]; R];
-        for i4 in (0..hd / 2).step_by(4) {
-            for l in 0..4 {
-                let i = i4 + l;
-                // SAFETY: `i < hd / 2` (a multiple of 4): row `i` of the transposed K holds 16
-                // words.
-                let k = bh(unsafe { _mm512_loadu_si512(kp.add(i * TILE_POSITIONS).cast()) });
+        // Step 1: two chains per position and row, dimension pairs in order; each chain a
+        // vector per 16-position half of the tile.
+        let mut c = [[[_mm512_setzero_ps(); 2]; 2]; R];
+        for i2 in (0..hd / 2).step_by(2) {
+            for l in 0..2 {
+                let i = i2 + l;
+                // SAFETY: `i < hd / 2` (even): row `i` of the transposed K holds 32 words.
+                let (k0, k1) = unsafe {
+                    (
+                        bh(_mm512_loadu_si512(kp.add(i * TILE).cast())),
+                        bh(_mm512_loadu_si512(kp.add(i * TILE + 16).cast())),
+                    )
+                };
                 for r in 0..R {
                     // SAFETY: `i < hd / 2 = qs[r].len()`.
                     let q = bh(_mm512_set1_epi32(unsafe { *qp[r].add(i) } as i32));
-                    c[r][l] = _mm512_dpbf16_ps(c[r][l], k, q);
+                    c[r][l][0] = _mm512_dpbf16_ps(c[r][l][0], k0, q);
+                    c[r][l][1] = _mm512_dpbf16_ps(c[r][l][1], k1, q);
                 }
             }
         }
-        let s: [__m512; R] = std::array::from_fn(|r| {
-            let c = c[r];
-            _mm512_add_ps(_mm512_add_ps(c[0], c[1]), _mm512_add_ps(c[2], c[3]))
-        });
         // Steps 2–3 per row; the weight pairs of step 4 kept as words.
         let vscale = _mm512_set1_ps(scale);
+        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
         let mut pw = [[0u32; PAIRS]; R];
         let mut full = true;
         for r in 0..R {
             let valid = valids[r];
-            full &= valid == TILE_POSITIONS;
-            let live: __mmask16 = if valid >= TILE_POSITIONS {
-                0xFFFF
+            full &= valid == TILE;
+            let live: u32 = if valid >= TILE {
+                u32::MAX
             } else {
-                (1u16 << valid) - 1
+                (1u32 << valid) - 1
             };
-            let x = _mm512_mask_blend_ps(
-                live,
-                _mm512_set1_ps(f32::NEG_INFINITY),
-                _mm512_mul_ps(s[r], vscale),
-            );
+            let s0 = _mm512_mul_ps(_mm512_add_ps(c[r][0][0], c[r][1][0]), vscale);
+            let s1 = _mm512_mul_ps(_mm512_add_ps(c[r][0][1], c[r][1][1]), vscale);
+            let x0 = _mm512_mask_blend_ps(live as __mmask16, ninf, s0);
+            let x1 = _mm512_mask_blend_ps((live >> 16) as __mmask16, ninf, s1);
             let st = &mut sts[r];
-            let tile_max = _mm512_reduce_max_ps(x);
+            let tile_max = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
             if tile_max > st.max {
                 let f = exp_poly(st.max - tile_max);
                 let vf = _mm512_set1_ps(f);
@@ -677,15 +729,21 @@ mod x86 {
                 st.sum *= f;
                 st.max = tile_max;
             }
-            let e = exp16(_mm512_sub_ps(x, _mm512_set1_ps(st.max)));
-            // SAFETY: both are 32-byte plain vector types; every bit pattern is a valid value.
+            let m = _mm512_set1_ps(st.max);
+            let e0 = exp16(_mm512_sub_ps(x0, m));
+            let e1 = exp16(_mm512_sub_ps(x1, m));
+            // SAFETY: both are 64-byte plain vector types; every bit pattern is a valid value.
             let rounded =
-                unsafe { std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(e)) };
-            let widened =
-                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(rounded)));
-            st.sum += group_sums(widened);
-            // SAFETY: `pw[r]` holds 8 words (32 bytes).
-            unsafe { _mm256_storeu_si256(pw[r].as_mut_ptr().cast(), rounded) };
+                unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(e1, e0)) };
+            let w0 = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm512_castsi512_si256(rounded),
+            )));
+            let w1 = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm512_extracti64x4_epi64::<1>(rounded),
+            )));
+            st.sum += group_sums(w0) + group_sums(w1);
+            // SAFETY: `pw[r]` holds 16 words (64 bytes).
+            unsafe { _mm512_storeu_si512(pw[r].as_mut_ptr().cast(), rounded) };
         }
         // Step 4.
         let vp = tile.values.as_ptr();
@@ -734,7 +792,7 @@ mod x86 {
         for j in 0..PAIRS {
             let p: [__m512bh; R] = std::array::from_fn(|r| bh(_mm512_set1_epi32(pw[r][j] as i32)));
             for c in 0..C {
-                // SAFETY: pair row `j < 8` holds `hd` words; `16 (c0 + c) + 16 <= hd`.
+                // SAFETY: pair row `j < 16` holds `hd` words; `16 (c0 + c) + 16 <= hd`.
                 let v = bh(unsafe { _mm512_loadu_si512(vp.add(j * hd + 16 * (c0 + c)).cast()) });
                 for r in 0..R {
                     a[r][c] = _mm512_dpbf16_ps(a[r][c], v, p[r]);
@@ -777,7 +835,7 @@ mod x86 {
             for j in 0..valid.div_ceil(2) {
                 let p = bh(_mm512_set1_epi32(pw[r][j] as i32));
                 for (c, acc) in a.iter_mut().enumerate() {
-                    // SAFETY: pair row `j < 8` holds `hd` words; `16 (c0 + c) + 16 <= hd`.
+                    // SAFETY: pair row `j < 16` holds `hd` words; `16 (c0 + c) + 16 <= hd`.
                     let mut v =
                         unsafe { _mm512_loadu_si512(vp.add(j * hd + 16 * (c0 + c)).cast()) };
                     if 2 * j + 1 == valid {
@@ -922,19 +980,19 @@ mod tests {
             let staged: Vec<PairTile> = (0..tiles)
                 .map(|k| {
                     let spread = 1.0 + k as f32;
-                    let keys = random_bf16(&mut rng, TILE_POSITIONS * hd, spread);
-                    let vals = random_bf16(&mut rng, TILE_POSITIONS * hd, 1.0);
+                    let keys = random_bf16(&mut rng, TILE * hd, spread);
+                    let vals = random_bf16(&mut rng, TILE * hd, 1.0);
                     let mut t = PairTile::new(hd);
-                    t.stage(&keys, &vals, TILE_POSITIONS);
+                    t.stage(&keys, &vals, TILE);
                     t
                 })
                 .collect();
             // Per tile, each row's valid: full, except the last tile (a causal diagonal).
             let valid = |k: usize, r: usize| {
                 if k + 1 < tiles {
-                    TILE_POSITIONS
+                    TILE
                 } else {
-                    1 + (r * 7) % TILE_POSITIONS
+                    1 + (r * 7) % TILE
                 }
             };
             // Reference: each row alone, portable.
@@ -994,9 +1052,9 @@ mod tests {
     fn staging_paths_agree() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
         for hd in [64usize, 32, 128, 96] {
-            let keys = random_bf16(&mut rng, TILE_POSITIONS * hd, 3.0);
-            let vals = random_bf16(&mut rng, TILE_POSITIONS * hd, 1.0);
-            for n in 0..=TILE_POSITIONS {
+            let keys = random_bf16(&mut rng, TILE * hd, 3.0);
+            let vals = random_bf16(&mut rng, TILE * hd, 1.0);
+            for n in 0..=TILE {
                 let mut a = PairTile::new(hd);
                 a.keys.fill(7);
                 a.values.fill(7);
@@ -1007,7 +1065,7 @@ mod tests {
                 assert_eq!(a.values, b.values, "hd={hd} n={n}: values");
                 if n > 0 {
                     assert_eq!(
-                        a.keys[TILE_POSITIONS],
+                        a.keys[TILE],
                         keys[2].to_bits() as u32 | (keys[3].to_bits() as u32) << 16
                     );
                     assert_eq!(
@@ -1035,10 +1093,10 @@ mod tests {
             let m: f32 = rng.gen_range(-2.0..2.0);
             bf16::from_f32(m * 2f32.powi(e))
         };
-        let keys: Vec<bf16> = (0..TILE_POSITIONS * hd).map(|_| tiny(&mut rng)).collect();
-        let vals: Vec<bf16> = (0..TILE_POSITIONS * hd).map(|_| tiny(&mut rng)).collect();
+        let keys: Vec<bf16> = (0..TILE * hd).map(|_| tiny(&mut rng)).collect();
+        let vals: Vec<bf16> = (0..TILE * hd).map(|_| tiny(&mut rng)).collect();
         let mut tile = PairTile::new(hd);
-        tile.stage(&keys, &vals, TILE_POSITIONS);
+        tile.stage(&keys, &vals, TILE);
         // Queries in words as given (a denormal bf16 among them).
         let q: Vec<u32> = (0..hd / 2)
             .map(|i| {
@@ -1086,17 +1144,17 @@ mod tests {
     fn positions_past_valid_never_count() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         let hd = 64;
-        let keys = random_bf16(&mut rng, TILE_POSITIONS * hd, 3.0);
-        let vals = random_bf16(&mut rng, TILE_POSITIONS * hd, 1.0);
+        let keys = random_bf16(&mut rng, TILE * hd, 3.0);
+        let vals = random_bf16(&mut rng, TILE * hd, 1.0);
         let f: Vec<f32> = (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
         let mut q = vec![0u32; hd / 2];
         query_pairs(&f, &mut q);
         for f in features() {
-            for n in 1..=TILE_POSITIONS {
+            for n in 1..=TILE {
                 let mut part = PairTile::new(hd);
                 part.stage(&keys, &vals, n);
                 let mut whole = PairTile::new(hd);
-                whole.stage(&keys, &vals, TILE_POSITIONS);
+                whole.stage(&keys, &vals, TILE);
                 let run = |tile: &PairTile| {
                     let mut st = [TileSoftmax { max: 0.5, sum: 2.0 }];
                     let mut acc = vec![-0.0f32; hd];
@@ -1124,8 +1182,8 @@ mod tests {
         let mut st = [TileSoftmax::default()];
         let mut acc = vec![0f32; hd];
         let mut tile = PairTile::new(hd);
-        for start in (0..n).step_by(TILE_POSITIONS) {
-            let m = (n - start).min(TILE_POSITIONS);
+        for start in (0..n).step_by(TILE) {
+            let m = (n - start).min(TILE);
             tile.stage(&keys[start * hd..], &vals[start * hd..], m);
             tile_update_pairs(
                 CpuFeatures::detect(),

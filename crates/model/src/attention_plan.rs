@@ -61,6 +61,8 @@ pub const MIN_TILES_PER_RUN: usize = 4;
 pub const MIN_TILE_TOKENS: usize = 16;
 
 const _: () = assert!(SEGMENT_POSITIONS.is_multiple_of(kernels::flash_tile::TILE_POSITIONS));
+const _: () =
+    assert!(SEGMENT_POSITIONS.is_multiple_of(kernels::flash_tile_pairs::PAIR_TILE_POSITIONS));
 
 /// One parallel attention task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

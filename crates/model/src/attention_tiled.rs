@@ -36,7 +36,7 @@ use kernels::flash_tile_codes::{
     tile_update_codes, CodedTile, KeyCodes, QueryCodes, QueryRef, TileValues,
 };
 use kernels::flash_tile_narrow::NarrowTiles;
-use kernels::flash_tile_pairs::{query_pairs, tile_update_pairs, PairTile};
+use kernels::flash_tile_pairs::{query_pairs, tile_update_pairs, PairTile, PAIR_TILE_POSITIONS};
 use kernels::flash_tile_transposed::{
     tile_update_transposed, TransposedTiles, TRIPLE_ROWS as WIDE_ROWS,
 };
@@ -50,8 +50,8 @@ pub struct TileScratch {
     keys16: Vec<f16>, // [TILE_POSITIONS, head_dim]
     vals16: Vec<f16>, // [TILE_POSITIONS, head_dim]
     /// A bf16 K and V tile as stored, gathered from pieces in two chunks.
-    keys_bf16: Vec<bf16>, // [TILE_POSITIONS, head_dim]
-    vals_bf16: Vec<bf16>, // [TILE_POSITIONS, head_dim]
+    keys_bf16: Vec<bf16>, // [PAIR_TILE_POSITIONS, head_dim]
+    vals_bf16: Vec<bf16>, // [PAIR_TILE_POSITIONS, head_dim]
     /// A bf16 tile staged for the bf16-pair step (`kernels::flash_tile_pairs`).
     pair_tile: PairTile,
     /// The task's query rows rounded to bf16 pairs, `[rows, head_dim / 2]` (bf16 K/V).
@@ -79,7 +79,7 @@ impl TileScratch {
             buf.resize(TILE_POSITIONS * hd, f16::ZERO);
         }
         for buf in [&mut self.keys_bf16, &mut self.vals_bf16] {
-            buf.resize(TILE_POSITIONS * hd, bf16::ZERO);
+            buf.resize(PAIR_TILE_POSITIONS * hd, bf16::ZERO);
         }
         for buf in [&mut self.keys32, &mut self.vals32, &mut self.keys_t] {
             buf.resize(TILE_POSITIONS * hd, 0.0);
@@ -852,8 +852,9 @@ fn attend_pairs(
     let hd = steps.hd;
     let mut a = start.max(span.from);
     while a < chunk_end.min(span.seg_end) {
-        let tile_start = span.seg_start + (a - span.seg_start) / TILE_POSITIONS * TILE_POSITIONS;
-        let tile_end = (tile_start + TILE_POSITIONS).min(span.seg_end);
+        let tile_start =
+            span.seg_start + (a - span.seg_start) / PAIR_TILE_POSITIONS * PAIR_TILE_POSITIONS;
+        let tile_end = (tile_start + PAIR_TILE_POSITIONS).min(span.seg_end);
         let b = chunk_end.min(tile_end);
         let (first, n) = (a - start, b - a);
         let (ks, vs) = (

@@ -188,7 +188,7 @@ struct Summary {
     /// The kernel paths this CPU runs (`avx2`, `avx512+vnni`, …).
     isa: &'static str,
     /// bf16 K/V on a CPU without AVX-512 BF16: their attention arithmetic is emulated there
-    /// (`kernels::flash_tile_pairs`, several times slower than f16).
+    /// (`kernels::flash_tile_pairs`, 2-5x slower than f16).
     bf16_kv_emulated: bool,
 }
 
@@ -263,7 +263,7 @@ impl Summary {
                 kv_codec = %self.codec,
                 isa = self.isa,
                 "bf16 K/V are attended in the bf16-pair arithmetic, which this CPU (no AVX-512 \
-                 BF16) emulates with flushed FMAs: attention at depth is 5-7x slower than with \
+                 BF16) emulates with flushed FMAs: attention at depth is 2-5x slower than with \
                  f16 K/V (the same size); choose f16 here (docs/quantization.md)"
             );
         }
