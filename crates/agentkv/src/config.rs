@@ -12,7 +12,8 @@
 //!   max_size: 2GB            # bytes of KV memory (KB/MB/GB = 1000^k, KiB/MiB/GiB = 1024^k)
 //!   replacement_policy: reuse_aware_lru  # (default) | lru | lfu | segmented_lru | adaptive_segmented_lru
 //!   warmup_prompts: [system]  # names of `prompts` below
-//!   quantization: f16         # a KV codec (int8, k=int8,v=int4, …) or a preset: code | chat | math
+//!   quantization: auto        # (default) bf16 where the CPU has AVX-512 BF16, else f16; or a KV
+//!                             # codec (f16, int8, k=int8,v=int4, …) or a preset: code | chat | math
 //!   block_size: 16
 //!   prefix_caching: true
 //!   tier_write_through: false  # demote evicted blocks to every tier, not only the first
@@ -255,15 +256,22 @@ impl Policy {
 }
 
 /// `kv_cache_config.quantization`: a KV codec (`f16`, `f32`, `bf16`, `fp8`, `int8`, `int4`,
-/// `int8-g32`, `k=int8,v=int4`, …) or a task preset: `code` → int8 (K and V), `chat` → int8 K +
-/// int4 V, `math` → f16. The measured quality of each is in docs/history/benchmarks-log.md ("KV quantization").
+/// `int8-g32`, `k=int8,v=int4`, …), a task preset: `code` → int8 (K and V), `chat` → int8 K +
+/// int4 V, `math` → f16, or `auto` (the default): the codec the serving machine attends fastest
+/// at no measured cost — bf16 where the forward pass runs on a CPU with AVX-512 BF16 (its
+/// `vdpbf16ps` arithmetic, `kernels::flash_tile_pairs`), f16 elsewhere (GPU backend, other CPUs,
+/// llama.cpp's prefill arithmetic). The measured quality of each is in docs/quantization.md.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct Quantization(pub String);
 
 impl Quantization {
-    /// The codecs this names; the error says what is accepted.
-    pub fn to_dtype(&self) -> Result<model::KvDtype> {
+    /// The codecs this names, with `auto` meaning `auto_dtype` ([`auto_kv_dtype`]); the error
+    /// says what is accepted.
+    pub fn to_dtype(&self, auto_dtype: model::KvDtype) -> Result<model::KvDtype> {
+        if self.0 == "auto" {
+            return Ok(auto_dtype);
+        }
         let spec = match self.0.as_str() {
             "code" => "int8",
             "chat" => "k=int8,v=int4",
@@ -272,11 +280,27 @@ impl Quantization {
         };
         model::KvDtype::parse(spec).map_err(|e| {
             anyhow::anyhow!(
-                "kv_cache_config.quantization: {:?}: {e} (use f16, f32, bf16, fp8, int8, int4, \
-                 int8-g32, int4h, int8h, k=int8,v=int4, or a preset: code, chat, math)",
+                "kv_cache_config.quantization: {:?}: {e} (use auto, f16, f32, bf16, fp8, int8, \
+                 int4, int8-g32, int4h, int8h, k=int8,v=int4, or a preset: code, chat, math)",
                 self.0
             )
         })
+    }
+}
+
+/// What `quantization: auto` (the default) means for a forward pass on the CPU (`cpu`: not a
+/// device backend) with these kernel features, in llama.cpp's prefill arithmetic or not: bf16
+/// K/V where the CPU attends them natively (AVX-512 BF16) and the engine's own arithmetic runs,
+/// else f16 (llama.cpp's cache type).
+pub fn auto_kv_dtype(
+    cpu: bool,
+    features: kernels::CpuFeatures,
+    llama_cpp_prefill: bool,
+) -> model::KvDtype {
+    if cpu && features.bf16 && !llama_cpp_prefill {
+        model::KvDtype::parse("bf16").expect("a codec name")
+    } else {
+        model::KvDtype::F16
     }
 }
 
@@ -472,7 +496,7 @@ impl FileConfig {
             bail!("kv_cache_config.block_size: must be positive");
         }
         if let Some(q) = &self.kv_cache_config.quantization {
-            q.to_dtype()?;
+            q.to_dtype(model::KvDtype::F16)?;
         }
         if let Some(f) = self
             .kv_cache_config
@@ -649,7 +673,7 @@ mod tests {
 
     #[test]
     fn quantization_accepts_codecs_and_presets_and_names_the_key_when_bad() {
-        let q = |s: &str| Quantization(s.to_string()).to_dtype();
+        let q = |s: &str| Quantization(s.to_string()).to_dtype(model::KvDtype::F16);
         assert_eq!(q("code").unwrap(), model::KvDtype::parse("int8").unwrap());
         assert_eq!(
             q("chat").unwrap(),
@@ -662,5 +686,44 @@ mod tests {
         );
         let err = q("int3").unwrap_err().to_string();
         assert!(err.contains("kv_cache_config.quantization"), "{err}");
+        let bf16 = model::KvDtype::parse("bf16").unwrap();
+        assert_eq!(Quantization("auto".into()).to_dtype(bf16).unwrap(), bf16);
+    }
+
+    #[test]
+    fn auto_is_bf16_only_for_the_cpus_own_bf16_arithmetic() {
+        let bf16 = model::KvDtype::parse("bf16").unwrap();
+        let native = kernels::CpuFeatures {
+            avx512: true,
+            bf16: true,
+            ..kernels::CpuFeatures::AVX2
+        };
+        assert_eq!(auto_kv_dtype(true, native, false), bf16);
+        assert_eq!(
+            auto_kv_dtype(false, native, false),
+            model::KvDtype::F16,
+            "a GPU backend"
+        );
+        assert_eq!(
+            auto_kv_dtype(true, native, true),
+            model::KvDtype::F16,
+            "llama.cpp's prefill"
+        );
+        let avx512 = kernels::CpuFeatures {
+            avx512: true,
+            ..kernels::CpuFeatures::AVX2
+        };
+        for f in [
+            kernels::CpuFeatures::PORTABLE,
+            kernels::CpuFeatures::AVX2,
+            avx512,
+        ] {
+            assert_eq!(
+                auto_kv_dtype(true, f, false),
+                model::KvDtype::F16,
+                "{}",
+                f.name()
+            );
+        }
     }
 }

@@ -79,7 +79,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         model::Model::load(&model_path)
             .with_context(|| format!("loading model {}", model_path.display()))?,
     );
-    let mut engine_cfg = engine_config(&args, &file, &model)?;
+    let auto_kv = crate::config::auto_kv_dtype(
+        matches!(chosen, super::device::Chosen::Cpu),
+        kernels::cpu_features(),
+        file.model.llama_cpp_prefill.unwrap_or(false),
+    );
+    let mut engine_cfg = engine_config(&args, &file, &model, auto_kv)?;
     let settings = server_settings(&file, &model_path);
     settings.validate().context("config")?;
     let summary = Summary::new(&model, &model_path, &engine_cfg, &settings, &file);
@@ -187,6 +192,8 @@ struct Summary {
     attention: &'static str,
     /// The kernel paths this CPU runs (`avx2`, `avx512+vnni`, …).
     isa: &'static str,
+    /// Whether `quantization: auto` (the default) chose the codec.
+    codec_auto: bool,
     /// bf16 K/V on a CPU without AVX-512 BF16: their attention arithmetic is emulated there
     /// (`kernels::flash_tile_pairs`, 2-5x slower than f16).
     bf16_kv_emulated: bool,
@@ -211,6 +218,11 @@ impl Summary {
             aliases: settings.model_aliases.clone(),
             // The codec's own name (`f16`, `int8`, `k=int8,v=int4`, …).
             codec: cfg.kv_dtype.to_string(),
+            codec_auto: file
+                .kv_cache_config
+                .quantization
+                .as_ref()
+                .is_none_or(|q| q.0 == "auto"),
             policy: format!("{:?}", cfg.policy),
             prefix_cache: cfg.prefix_caching,
             blocks: cfg.num_blocks,
@@ -242,6 +254,7 @@ impl Summary {
             served_name = %self.served_name,
             aliases = ?self.aliases,
             kv_codec = %self.codec,
+            kv_codec_auto = self.codec_auto,
             policy = %self.policy,
             prefix_cache = self.prefix_cache,
             pool_blocks = self.blocks,
@@ -311,10 +324,13 @@ fn fair_retained_blocks(fraction: f64, num_blocks: usize, tenants: usize) -> Opt
     })
 }
 
+/// The engine's settings from the flags and the file; `auto_kv` is what `quantization: auto`
+/// (the default) means on this machine (`config::auto_kv_dtype`).
 fn engine_config(
     args: &ServeArgs,
     file: &FileConfig,
     model: &Arc<model::Model>,
+    auto_kv: model::KvDtype,
 ) -> Result<EngineConfig> {
     let kv = &file.kv_cache_config;
     let mut cfg = EngineConfig::default();
@@ -327,9 +343,10 @@ fn engine_config(
     if let Some(b) = kv.block_size {
         cfg.block_size = b;
     }
-    if let Some(q) = &kv.quantization {
-        cfg.kv_dtype = q.to_dtype()?;
-    }
+    cfg.kv_dtype = match &kv.quantization {
+        Some(q) => q.to_dtype(auto_kv)?,
+        None => auto_kv,
+    };
     if let Some(p) = kv.replacement_policy {
         cfg.policy = p.to_cache();
     }
