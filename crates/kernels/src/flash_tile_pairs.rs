@@ -38,7 +38,7 @@
 use half::bf16;
 
 use super::cpu::CpuFeatures;
-use super::flash_tile::{exp_poly, exp_poly_portable, TileSoftmax};
+use super::flash_tile::{exp_poly_portable, TileSoftmax};
 
 /// Positions per softmax tile of this arithmetic (tiles start at multiples of this, counted
 /// from position 0; twice `flash_tile`'s, so the softmax's fixed cost is spread over more
@@ -468,8 +468,8 @@ mod x86 {
 
     use half::bf16;
 
-    use super::super::flash_tile_wide::x86::{exp16, group_sums};
-    use super::{exp_poly, PairTile, TileSoftmax, PAIRS, TILE};
+    use super::super::flash_tile_wide::x86::{exp16, group_sums, raise_max16};
+    use super::{PairTile, TileSoftmax, PAIRS, TILE};
 
     /// Rows per block: two chains per position and two 16-position vectors per chain, so 24
     /// independent `vdpbf16ps` chains in flight for the scores (a decode's three rows: 12), and
@@ -715,20 +715,7 @@ mod x86 {
             let x1 = _mm512_mask_blend_ps((live >> 16) as __mmask16, ninf, s1);
             let st = &mut sts[r];
             let tile_max = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
-            if tile_max > st.max {
-                let f = exp_poly(st.max - tile_max);
-                let vf = _mm512_set1_ps(f);
-                let ap = accs[r].as_mut_ptr();
-                for c in 0..hd / 16 {
-                    // SAFETY: `16c + 16 <= hd = accs[r].len()`.
-                    unsafe {
-                        let v = _mm512_loadu_ps(ap.add(16 * c));
-                        _mm512_storeu_ps(ap.add(16 * c), _mm512_mul_ps(v, vf));
-                    }
-                }
-                st.sum *= f;
-                st.max = tile_max;
-            }
+            raise_max16(st, accs[r], tile_max);
             let m = _mm512_set1_ps(st.max);
             let e0 = exp16(_mm512_sub_ps(x0, m));
             let e1 = exp16(_mm512_sub_ps(x1, m));

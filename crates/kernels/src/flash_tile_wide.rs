@@ -166,6 +166,27 @@ pub(crate) mod x86 {
         _mm512_maskz_mov_ps(!below, res)
     }
 
+    /// Step 2 of the tiled softmax for one row: when `tile_max` exceeds the running maximum,
+    /// the accumulator (a multiple of 16 floats) and the sum are scaled by
+    /// `exp(max − tile_max)` and the maximum moves up; otherwise nothing changes.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn raise_max16(st: &mut TileSoftmax, acc: &mut [f32], tile_max: f32) {
+        if tile_max > st.max {
+            let f = exp_poly(st.max - tile_max);
+            let vf = _mm512_set1_ps(f);
+            for chunk in acc.chunks_exact_mut(16) {
+                // SAFETY: `chunk` holds 16 floats.
+                unsafe {
+                    let v = _mm512_loadu_ps(chunk.as_ptr());
+                    _mm512_storeu_ps(chunk.as_mut_ptr(), _mm512_mul_ps(v, vf));
+                }
+            }
+            st.sum *= f;
+            st.max = tile_max;
+        }
+    }
+
     /// `hsum8(x[0..8]) + hsum8(x[8..16])` of a 16-lane vector, in registers: lane pairs,
     /// then pairs of pairs, then halves of each group of eight are added (IEEE addition
     /// commutes, so every lane holding a partial sum holds exactly `hsum8`'s partial sum), and
@@ -356,7 +377,6 @@ pub(crate) mod x86 {
         s: [__m512; R],
         valid: usize,
     ) -> [[f32; TILE_POSITIONS]; R] {
-        let hd = accs[0].len();
         let live: __mmask16 = if valid >= TILE_POSITIONS {
             0xFFFF
         } else {
@@ -370,20 +390,7 @@ pub(crate) mod x86 {
             // Step 2.
             let st = &mut sts[r];
             let tile_max = _mm512_reduce_max_ps(s);
-            if tile_max > st.max {
-                let f = exp_poly(st.max - tile_max);
-                let vf = _mm512_set1_ps(f);
-                let ap = accs[r].as_mut_ptr();
-                for c in 0..hd / 16 {
-                    // SAFETY: `16c + 16 <= hd = accs[r].len()`.
-                    unsafe {
-                        let v = _mm512_loadu_ps(ap.add(16 * c));
-                        _mm512_storeu_ps(ap.add(16 * c), _mm512_mul_ps(v, vf));
-                    }
-                }
-                st.sum *= f;
-                st.max = tile_max;
-            }
+            raise_max16(st, accs[r], tile_max);
             // Step 3: the two groups of eight summed in order (the second is all zeros when
             // `valid <= 8`, which adds exactly nothing).
             let e = exp16(_mm512_sub_ps(s, _mm512_set1_ps(st.max)));
