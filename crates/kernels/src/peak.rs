@@ -1,7 +1,8 @@
 //! The compute side of a roofline: how many multiply-adds per second this CPU's vector units
-//! sustain in registers — f32 fused multiply-adds (what attention and the activations run on) and
-//! 8-bit integer dot products (`vpdpbusd`, what the quantized matmuls run on) — with every thread
-//! of a pool at once (the forward pass's threads).
+//! sustain in registers — f32 fused multiply-adds (what attention over f16 K/V and the
+//! activations run on), 8-bit integer dot products (`vpdpbusd`, what the quantized matmuls run
+//! on) and bf16 pair dot products (`vdpbf16ps`, what attention over bf16 K/V runs on) — with
+//! every thread of a pool at once (the forward pass's threads).
 //!
 //! Each task runs [`CHAINS`] independent accumulator chains (more than the latency × ports of
 //! any FMA unit, so the throughput, not the latency, binds) for a fixed number of iterations,
@@ -26,6 +27,9 @@ pub enum PeakOp {
     /// u8 × i8 products summed four to an i32 lane (`vpdpbusd`); one product and its add count
     /// as 2 operations.
     Int8Dot,
+    /// bf16 × bf16 products summed two to an f32 lane (`vdpbf16ps`, AVX-512 BF16); one product
+    /// and its add count as 2 floating-point operations.
+    Bf16Dot,
 }
 
 /// The result of [`measure_peak`].
@@ -54,6 +58,7 @@ pub fn peak_width_bits(op: PeakOp) -> Option<u32> {
         PeakOp::F32Fma if f.avx2 => Some(256),
         PeakOp::Int8Dot if f.vnni && f.avx512 && avx512_vnni_512() => Some(512),
         PeakOp::Int8Dot if f.vnni || f.avxvnni => Some(256),
+        PeakOp::Bf16Dot if f.bf16 => Some(512),
         _ => None,
     }
 }
@@ -73,6 +78,7 @@ fn ops_per_task(op: PeakOp, width_bits: u32) -> f64 {
     let per_instruction = match op {
         PeakOp::F32Fma => 2.0 * (width_bits / 32) as f64,
         PeakOp::Int8Dot => 2.0 * (width_bits / 8) as f64,
+        PeakOp::Bf16Dot => 4.0 * (width_bits / 32) as f64,
     };
     per_instruction * (CHAINS as f64) * ITERS as f64
 }
@@ -113,7 +119,8 @@ fn run_task(op: PeakOp, width_bits: u32) -> u64 {
     {
         // SAFETY: `width_bits` came from `peak_width_bits`, which checked the features each
         // body enables (AVX-512 F for the 512-bit FMA; AVX2+FMA for the 256-bit one; AVX-512
-        // F + VNNI for the 512-bit dot product; AVX-512 VNNI+VL or AVX-VNNI for the 256-bit).
+        // F + VNNI for the 512-bit dot product; AVX-512 VNNI+VL or AVX-VNNI for the 256-bit;
+        // AVX-512 BF16 for the bf16 pairs).
         unsafe {
             match (op, width_bits) {
                 (PeakOp::F32Fma, 512) => x86::fma512(ITERS)[0].to_bits() as u64,
@@ -121,6 +128,7 @@ fn run_task(op: PeakOp, width_bits: u32) -> u64 {
                 (PeakOp::Int8Dot, 512) => x86::dot512(ITERS)[0] as u64,
                 (PeakOp::Int8Dot, _) if cpu_features().vnni => x86::dot256_vl(ITERS)[0] as u64,
                 (PeakOp::Int8Dot, _) => x86::dot256_vex(ITERS)[0] as u64,
+                (PeakOp::Bf16Dot, _) => x86::bf16x2_512(ITERS)[0].to_bits() as u64,
             }
         }
     }
@@ -133,8 +141,9 @@ fn run_task(op: PeakOp, width_bits: u32) -> u64 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    //! The chains: `acc = acc · 1 + 1` (f32) and `acc += Σ 1 · 1` (int8), so a chain's lanes end
-    //! at exactly `iters` (f32, exact below 2^24) or `4 · iters` (i32): the tests check them.
+    //! The chains: `acc = acc · 1 + 1` (f32), `acc += Σ 1 · 1` (int8) and `acc += 1 · 1 + 1 · 1`
+    //! (bf16 pairs), so a chain's lanes end at exactly `iters` (f32, exact below 2^24),
+    //! `4 · iters` (i32) or `2 · iters` (f32): the tests check them.
     use super::CHAINS;
     use std::arch::x86_64::*;
 
@@ -185,6 +194,18 @@ mod x86 {
         dot256_vl, "avx2,avx512vnni,avx512vl", i32, 8, _mm256_set1_epi8(1),
         _mm256_setzero_si256(), _mm256_dpbusd_epi32, _mm256_storeu_si256
     );
+    /// Two bf16 ones in each 32-bit lane, as the pair instruction's operand type.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    fn bf16_ones() -> __m512bh {
+        // SAFETY: both are 64-byte plain vector types; every bit pattern is a valid value.
+        unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(0x3F80_3F80)) }
+    }
+    chains!(
+        /// # Safety
+        /// AVX-512 F and BF16 present.
+        bf16x2_512, "avx512f,avx512bf16", f32, 16, bf16_ones(), _mm512_setzero_ps(),
+        _mm512_dpbf16_ps, _mm512_storeu_ps
+    );
     chains!(
         /// # Safety
         /// AVX-VNNI present.
@@ -220,6 +241,9 @@ mod tests {
             if f.avxvnni {
                 assert_eq!(x86::dot256_vex(1000), [4000; 8]);
             }
+            if f.bf16 {
+                assert_eq!(x86::bf16x2_512(1000), [2000.0; 16]);
+            }
         }
     }
 
@@ -227,7 +251,7 @@ mod tests {
     #[test]
     fn a_measurement_reports_every_pass() {
         let pool = ThreadPool::new(2);
-        for op in [PeakOp::F32Fma, PeakOp::Int8Dot] {
+        for op in [PeakOp::F32Fma, PeakOp::Int8Dot, PeakOp::Bf16Dot] {
             let Some(p) = measure_peak(&pool, op, 3) else {
                 assert_eq!(peak_width_bits(op), None);
                 continue;

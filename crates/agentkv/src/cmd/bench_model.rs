@@ -236,6 +236,7 @@ pub fn run(args: BenchModelArgs) -> Result<()> {
         if let Some(r) = super::bench_roofline::roofline(
             &model,
             &pool,
+            codecs,
             (args.prompt_tokens, args.gen_tokens, depth),
             (pp_med, tg_med),
         ) {
