@@ -254,6 +254,27 @@ fn row_portable(
         }
         *st_t = (c[0] + c[1]) * scale;
     }
+    let p = softmax_portable(st, acc, &s, valid);
+    for j in 0..valid.div_ceil(2) {
+        let last_odd = 2 * j + 1 == valid;
+        let pw = p[2 * j] as u32 | (p[2 * j + 1] as u32) << 16;
+        let row = &tile.values[j * hd..(j + 1) * hd];
+        for (a, &v) in acc.iter_mut().zip(row) {
+            let v = if last_odd { v & 0xFFFF } else { v };
+            *a = pair_step(*a, v, pw);
+        }
+    }
+}
+
+/// Steps 2–3 of the definition in scalar operations for a row whose scaled scores are
+/// `s[..valid]`: raises the maximum (rescaling `acc` and the sum), adds the rounded weights'
+/// sum and returns those weights' bf16 bits (0 at and past `valid`).
+fn softmax_portable(
+    st: &mut TileSoftmax,
+    acc: &mut [f32],
+    s: &[f32; TILE],
+    valid: usize,
+) -> [u16; TILE] {
     let tile_max = s[..valid].iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if tile_max > st.max {
         let f = exp_poly_portable(st.max - tile_max);
@@ -268,15 +289,7 @@ fn row_portable(
         pf[t] = widen(p[t]);
     }
     st.sum += group_sums(&pf);
-    for j in 0..valid.div_ceil(2) {
-        let last_odd = 2 * j + 1 == valid;
-        let pw = p[2 * j] as u32 | (p[2 * j + 1] as u32) << 16;
-        let row = &tile.values[j * hd..(j + 1) * hd];
-        for (a, &v) in acc.iter_mut().zip(row) {
-            let v = if last_odd { v & 0xFFFF } else { v };
-            *a = pair_step(*a, v, pw);
-        }
-    }
+    p
 }
 
 /// The definition in 256-bit FMA lanes for CPUs without AVX-512 BF16: each pair step is two
@@ -287,10 +300,7 @@ fn row_portable(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{
-        exp_poly_portable, flush as flush1, group_sums, round_bf16, widen, PairTile, TileSoftmax,
-        PAIRS, TILE,
-    };
+    use super::{flush as flush1, softmax_portable, widen, PairTile, TileSoftmax, PAIRS, TILE};
 
     /// The largest head size this path takes (its widened tile lives on the stack).
     pub(super) const MAX_HEAD_DIM: usize = 256;
@@ -421,19 +431,8 @@ mod avx2 {
                     }
                 }
             }
-            // Steps 2–3 in scalar operations (the definition's).
-            let tile_max = s[..valid].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            if tile_max > st.max {
-                let f = exp_poly_portable(st.max - tile_max);
-                acc.iter_mut().for_each(|a| *a *= f);
-                st.sum *= f;
-                st.max = tile_max;
-            }
-            let mut pf = [0f32; TILE];
-            for t in 0..valid {
-                pf[t] = widen(round_bf16(exp_poly_portable(s[t] - st.max)));
-            }
-            st.sum += group_sums(&pf);
+            // Steps 2–3: the definition's own scalar operations.
+            let pf = softmax_portable(st, acc, &s, valid).map(widen);
             // Step 4: every 8-dimension chunk's chain interleaved.
             let ap = acc.as_mut_ptr();
             let mut a = [_mm256_setzero_ps(); MAX_HEAD_DIM / 8];

@@ -1247,6 +1247,27 @@ mod tests {
         att
     }
 
+    /// A one-layer store of `n` positions in `codecs` whose K and V rows are uniform in
+    /// `±k_spread` / `±v_spread` (K then V per position, drawn from `rng` in that order).
+    fn random_store(
+        rng: &mut impl Rng,
+        codecs: KvDtype,
+        (kv_heads, hd, n): (usize, usize, usize),
+        (k_spread, v_spread): (f32, f32),
+    ) -> ContiguousKv {
+        let mut kv = ContiguousKv::new(1, 1, kv_heads, hd, n, codecs).unwrap();
+        for p in 0..n {
+            let k: Vec<f32> = (0..kv_heads * hd)
+                .map(|_| rng.gen_range(-k_spread..k_spread))
+                .collect();
+            let v: Vec<f32> = (0..kv_heads * hd)
+                .map(|_| rng.gen_range(-v_spread..v_spread))
+                .collect();
+            kv.write(0, SeqSlot(0), p, &k, &v).unwrap();
+        }
+        kv
+    }
+
     /// A store that hands out another store's chunks in pieces of `piece` positions (a paged
     /// pool of small blocks: tiles assembled from several chunks).
     struct Pieces<'a> {
@@ -1310,16 +1331,7 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
         let (heads, kv_heads, hd, n) = (6, 2, 64, 560);
         let codecs = KvDtype::parse("bf16").unwrap();
-        let mut kv = ContiguousKv::new(1, 1, kv_heads, hd, n, codecs).unwrap();
-        for p in 0..n {
-            let k: Vec<f32> = (0..kv_heads * hd)
-                .map(|_| rng.gen_range(-2.0f32..2.0))
-                .collect();
-            let v: Vec<f32> = (0..kv_heads * hd)
-                .map(|_| rng.gen_range(-1.0f32..1.0))
-                .collect();
-            kv.write(0, SeqSlot(0), p, &k, &v).unwrap();
-        }
+        let kv = random_store(&mut rng, codecs, (kv_heads, hd, n), (2.0, 1.0));
         let positions: Vec<u32> = (505..n as u32).collect();
         let slots = vec![SeqSlot(0); positions.len()];
         let q: Vec<f32> = (0..positions.len() * heads * hd)
@@ -1600,16 +1612,7 @@ mod tests {
     fn f16_prefill_tiles_equal_decodes_and_the_portable_path_bitwise() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(31);
         let (heads, kv_heads, hd, n) = (6, 2, 64, 1100);
-        let mut kv = ContiguousKv::new(1, 1, kv_heads, hd, n, KvDtype::F16).unwrap();
-        for p in 0..n {
-            let k: Vec<f32> = (0..kv_heads * hd)
-                .map(|_| rng.gen_range(-2.0f32..2.0))
-                .collect();
-            let v: Vec<f32> = (0..kv_heads * hd)
-                .map(|_| rng.gen_range(-2.0f32..2.0))
-                .collect();
-            kv.write(0, SeqSlot(0), p, &k, &v).unwrap();
-        }
+        let kv = random_store(&mut rng, KvDtype::F16, (kv_heads, hd, n), (2.0, 2.0));
         // 20 queries ending at n - 1 (several query tiles, the last crossing a segment end).
         let positions: Vec<u32> = (n as u32 - 20..n as u32).collect();
         let slots = vec![SeqSlot(0); positions.len()];
