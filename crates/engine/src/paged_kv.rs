@@ -193,6 +193,22 @@ impl KvStore for StepKv<'_> {
         self.mem.rows.release_sealed();
     }
 
+    fn shares_positions(&self, a: SeqSlot, b: SeqSlot, positions: std::ops::Range<usize>) -> bool {
+        let bs = self.mem.geo.block_size;
+        let (Some(ta), Some(tb)) = (self.tables.get(a.0 as usize), self.tables.get(b.0 as usize))
+        else {
+            return false;
+        };
+        if positions.is_empty() {
+            return false;
+        }
+        let blocks = positions.start / bs..(positions.end - 1) / bs + 1;
+        match (ta.get(blocks.clone()), tb.get(blocks)) {
+            (Some(x), Some(y)) => x == y,
+            _ => false,
+        }
+    }
+
     fn for_each_chunk(
         &self,
         layer: usize,
@@ -263,6 +279,30 @@ mod tests {
             num_kv_heads: 2,
             head_dim: 3,
         }
+    }
+
+    /// Two sequences share positions exactly where their tables name the same blocks (blocks
+    /// of 2 positions here): a range is shared only when every block it touches is.
+    #[test]
+    fn positions_are_shared_where_the_tables_name_the_same_blocks() {
+        let mut mem = PagedKvMemory::new(geo(), KvDtype::F16).unwrap();
+        let a: &[BlockId] = &[BlockId(0), BlockId(1), BlockId(2)];
+        let b: &[BlockId] = &[BlockId(0), BlockId(1), BlockId(3)];
+        let tables = [a, b];
+        let kv = mem.view(&tables);
+        let shares = |r: std::ops::Range<usize>| kv.shares_positions(SeqSlot(0), SeqSlot(1), r);
+        assert!(shares(0..4));
+        assert!(shares(1..3));
+        assert!(!shares(0..5), "block 2 differs");
+        assert!(!shares(3..5));
+        assert!(!shares(4..6));
+        assert!(!shares(0..7), "past both tables");
+        assert!(!shares(2..2), "an empty range");
+        assert!(
+            !kv.shares_positions(SeqSlot(0), SeqSlot(2), 0..2),
+            "an unknown slot"
+        );
+        assert!(kv.shares_positions(SeqSlot(1), SeqSlot(1), 0..6));
     }
 
     #[test]

@@ -510,6 +510,55 @@ fn concurrent_requests_sharing_a_prefix_compute_it_once() {
     assert_eq!(on.stats().prefill_tokens as usize, total - reused);
 }
 
+/// Decodes whose sequences share a long prompt prefix (the same blocks, by the prefix cache)
+/// read its whole segments once for all of them (`attention_plan`'s shared tasks); their
+/// tokens and logprob bits are those of each request alone with the cache off, for f16 and
+/// bf16 K/V.
+#[test]
+fn decodes_over_a_shared_long_prefix_give_the_bits_of_each_alone() {
+    let m = model();
+    let t = m.frontend().chat_template.as_ref().unwrap();
+    // A system prompt past two 512-position segments.
+    let system = (0..16)
+        .map(|i| format!("Rule {i}: {SYSTEM}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let p: Vec<Vec<u32>> = [
+        "Who wrote Hamlet?",
+        "What is 12 times 12?",
+        "Name a river.",
+        "Why?",
+    ]
+    .iter()
+    .map(|q| {
+        let msgs = vec![
+            ChatMessage::new("system", &system),
+            ChatMessage::new("user", *q),
+        ];
+        m.tokenizer()
+            .encode(&t.render(&msgs, None, true).unwrap(), false, true)
+            .unwrap()
+    })
+    .collect();
+    assert!(p.iter().all(|x| x.len() > 1100), "{}", p[0].len());
+    for kv in ["f16", "bf16"] {
+        let with = |prefix_caching: bool| EngineConfig {
+            kv_dtype: model::KvDtype::parse(kv).unwrap(),
+            ..cfg(prefix_caching)
+        };
+        let alone: Vec<_> = (0..p.len())
+            .map(|i| tokens_only(&run(with(false), &p[i..=i], &[0], 1, 6).0).remove(0))
+            .collect();
+        let order: Vec<usize> = (0..p.len()).collect();
+        let (together, _) = run(with(true), &p, &order, p.len(), 6);
+        assert!(
+            together[1..].iter().all(|o| o.cached_tokens >= 1024),
+            "{kv}: shared blocks"
+        );
+        assert_eq!(tokens_only(&together), alone, "{kv}");
+    }
+}
+
 #[test]
 fn quantized_kv_gives_identical_output_with_the_cache_on_or_off() {
     let p = prompts();

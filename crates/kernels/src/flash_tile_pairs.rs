@@ -47,6 +47,9 @@ pub const PAIR_TILE_POSITIONS: usize = 32;
 const TILE: usize = PAIR_TILE_POSITIONS;
 /// Position pairs per tile.
 const PAIRS: usize = TILE / 2;
+/// Positions per half of a tile: the unit [`PairTile::stage_half`] stages (a KV store's
+/// 16-row block).
+pub const PAIR_HALF_POSITIONS: usize = TILE / 2;
 
 /// `x` rounded to bf16 bits as `vcvtneps2bf16` rounds it: to nearest even, a denormal to a
 /// zero of its sign, a NaN to a quiet NaN.
@@ -140,18 +143,65 @@ impl PairTile {
             keys.len(),
             vals.len()
         );
-        #[cfg(target_arch = "x86_64")]
-        if n == TILE && hd.is_multiple_of(32) && super::cpu::cpu_features().bf16 {
-            // SAFETY: AVX-512 F/BW were detected (`bf16` implies them); `keys` and `vals` hold
-            // 16 rows of `hd` (asserted), the tile's buffers `hd / 2 · 16` and `8 · hd` words
-            // (`new`), and `hd` is a multiple of 32.
-            unsafe { x86::stage_whole(self, keys, vals) };
-            return;
-        }
-        self.stage_portable(keys, vals, n);
+        let first = n.min(PAIR_HALF_POSITIONS);
+        self.stage_half(0, keys, vals, first);
+        let (k1, v1) = (&keys[first * hd..], &vals[first * hd..]);
+        self.stage_half(1, k1, v1, n - first);
     }
 
-    /// [`PairTile::stage`] in scalar moves (the same words).
+    /// Stages `n` K and V rows (`[n][head_dim]` bf16, `n <= 16`) as positions
+    /// `16·half .. 16·half + n` of the tile; the half's positions past them become zeros, the
+    /// other half is left as it is. A tile's halves are staged alike from any rows (a KV
+    /// store's 16-row blocks in place, or rows gathered from smaller pieces): the words are the
+    /// same. Panics on a shape mismatch.
+    pub fn stage_half(&mut self, half: usize, keys: &[bf16], vals: &[bf16], n: usize) {
+        let hd = self.head_dim;
+        assert!(
+            half < 2 && n <= PAIR_HALF_POSITIONS && keys.len() >= n * hd && vals.len() >= n * hd,
+            "pair tile half shapes: half={half} n={n} hd={hd} keys={} vals={}",
+            keys.len(),
+            vals.len()
+        );
+        #[cfg(target_arch = "x86_64")]
+        if n == PAIR_HALF_POSITIONS && hd.is_multiple_of(32) && super::cpu::cpu_features().bf16 {
+            // SAFETY: AVX-512 F/BW were detected (`bf16` implies them); `keys` and `vals` hold
+            // 16 rows of `hd` (asserted), the tile's buffers `hd / 2 · 32` and `16 · hd` words
+            // (`new`), `half < 2` and `hd` is a multiple of 32.
+            unsafe { x86::stage_half(self, half, keys, vals) };
+            return;
+        }
+        self.stage_half_portable(half, keys, vals, n);
+    }
+
+    /// [`PairTile::stage_half`] in scalar moves (the same words).
+    fn stage_half_portable(&mut self, half: usize, keys: &[bf16], vals: &[bf16], n: usize) {
+        let hd = self.head_dim;
+        let bits = |x: bf16| x.to_bits() as u32;
+        let h = PAIR_HALF_POSITIONS;
+        for i in 0..hd / 2 {
+            let lanes = &mut self.keys[i * TILE + h * half..i * TILE + h * (half + 1)];
+            for (t, w) in lanes.iter_mut().enumerate() {
+                *w = if t < n {
+                    bits(keys[t * hd + 2 * i]) | bits(keys[t * hd + 2 * i + 1]) << 16
+                } else {
+                    0
+                };
+            }
+        }
+        for jj in 0..h / 2 {
+            let j = half * h / 2 + jj;
+            let row = &mut self.values[j * hd..(j + 1) * hd];
+            let (t0, t1) = (2 * jj, 2 * jj + 1);
+            for (e, w) in row.iter_mut().enumerate() {
+                let lo = if t0 < n { bits(vals[t0 * hd + e]) } else { 0 };
+                let hi = if t1 < n { bits(vals[t1 * hd + e]) } else { 0 };
+                *w = lo | hi << 16;
+            }
+        }
+    }
+
+    /// [`PairTile::stage`] in scalar moves (the same words; the reference of the staging test).
+    #[cfg(test)]
     fn stage_portable(&mut self, keys: &[bf16], vals: &[bf16], n: usize) {
         let hd = self.head_dim;
         let bits = |x: bf16| x.to_bits() as u32;
@@ -477,48 +527,51 @@ mod x86 {
     /// 16-dimension chunks of `p·V` accumulated in registers at once.
     const CHUNKS: usize = 4;
 
-    /// `PairTile::stage` of a whole tile (16 rows) in 512-bit moves: K as 16×16 word
+    /// `PairTile::stage_half` of a whole half (16 rows) in 512-bit moves: K as 16×16 word
     /// transposes, V rows interleaved by pairs (the same words as the scalar staging; a test
     /// pins it).
     ///
     /// # Safety
-    /// AVX-512 F/BW present; `keys` and `vals` hold 16 rows of `hd` (a multiple of 32), the
-    /// tile's buffers are sized for `hd`.
+    /// AVX-512 F/BW present; `half < 2`; `keys` and `vals` hold 16 rows of `hd` (a multiple of
+    /// 32), the tile's buffers are sized for `hd`.
     #[target_feature(enable = "avx512f,avx512bw,avx2")]
-    pub(super) unsafe fn stage_whole(tile: &mut PairTile, keys: &[bf16], vals: &[bf16]) {
+    pub(super) unsafe fn stage_half(
+        tile: &mut PairTile,
+        half: usize,
+        keys: &[bf16],
+        vals: &[bf16],
+    ) {
         let hd = tile.head_dim;
         let words = hd / 2;
         let kp = keys.as_ptr().cast::<u32>();
         let out = tile.keys.as_mut_ptr();
         for blk in 0..words / 16 {
-            for half in 0..TILE / 16 {
-                let at = kp.wrapping_add(16 * half * words + 16 * blk);
-                let mut rows = [_mm512_setzero_si512(); 16];
-                for (t, row) in rows.iter_mut().enumerate() {
-                    // SAFETY: row `16·half + t < 32` of `keys` holds `words` words;
-                    // `16·blk + 16 <= words`.
-                    *row = unsafe { _mm512_loadu_si512(at.add(t * words).cast()) };
-                }
-                let cols = transpose16(rows);
-                let to = out.wrapping_add(16 * blk * TILE + 16 * half);
-                for (c, col) in cols.into_iter().enumerate() {
-                    // SAFETY: row `16·blk + c < words` of the transposed K holds 32 words;
-                    // this half's 16 of them.
-                    unsafe { _mm512_storeu_si512(to.add(c * TILE).cast(), col) };
-                }
+            let at = kp.wrapping_add(16 * blk);
+            let mut rows = [_mm512_setzero_si512(); 16];
+            for (t, row) in rows.iter_mut().enumerate() {
+                // SAFETY: row `t < 16` of `keys` holds `words` words; `16·blk + 16 <= words`.
+                *row = unsafe { _mm512_loadu_si512(at.add(t * words).cast()) };
+            }
+            let cols = transpose16(rows);
+            let to = out.wrapping_add(16 * blk * TILE + 16 * half);
+            for (c, col) in cols.into_iter().enumerate() {
+                // SAFETY: row `16·blk + c < words` of the transposed K holds 32 words; this
+                // half's 16 of them.
+                unsafe { _mm512_storeu_si512(to.add(c * TILE).cast(), col) };
             }
         }
         let vp = vals.as_ptr().cast::<u16>();
         let vout = tile.values.as_mut_ptr();
         let lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
         let hi_idx = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-        for j in 0..PAIRS {
+        for jj in 0..PAIRS / 2 {
+            let j = half * PAIRS / 2 + jj;
             for c in 0..hd / 32 {
-                // SAFETY: rows `2j + 1 < 32` of `vals` hold `hd` values; `32c + 32 <= hd`.
+                // SAFETY: rows `2jj + 1 < 16` of `vals` hold `hd` values; `32c + 32 <= hd`.
                 let (r0, r1) = unsafe {
                     (
-                        _mm512_loadu_si512(vp.add(2 * j * hd + 32 * c).cast()),
-                        _mm512_loadu_si512(vp.add((2 * j + 1) * hd + 32 * c).cast()),
+                        _mm512_loadu_si512(vp.add(2 * jj * hd + 32 * c).cast()),
+                        _mm512_loadu_si512(vp.add((2 * jj + 1) * hd + 32 * c).cast()),
                     )
                 };
                 let lo = _mm512_unpacklo_epi16(r0, r1);
@@ -1049,6 +1102,19 @@ mod tests {
                 b.stage_portable(&keys[..n * hd], &vals[..n * hd], n);
                 assert_eq!(a.keys, b.keys, "hd={hd} n={n}: keys");
                 assert_eq!(a.values, b.values, "hd={hd} n={n}: values");
+                // The halves staged one at a time, second first, from rows of their own.
+                let mut c = PairTile::new(hd);
+                c.keys.fill(9);
+                c.values.fill(9);
+                let first = n.min(PAIR_HALF_POSITIONS);
+                let (k1, v1) = (
+                    keys[first * hd..n * hd].to_vec(),
+                    vals[first * hd..n * hd].to_vec(),
+                );
+                c.stage_half(1, &k1, &v1, n - first);
+                c.stage_half(0, &keys[..first * hd], &vals[..first * hd], first);
+                assert_eq!(c.keys, b.keys, "hd={hd} n={n}: keys by halves");
+                assert_eq!(c.values, b.values, "hd={hd} n={n}: values by halves");
                 if n > 0 {
                     assert_eq!(
                         a.keys[TILE],

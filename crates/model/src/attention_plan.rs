@@ -21,7 +21,9 @@
 //!   (`attention_tiled`); positions are split into segments of [`SEGMENT_POSITIONS`] whose
 //!   partial states are merged in order. A one-token tile (a decode) gets one task per
 //!   segment (split-K, flash-decoding style); a longer tile runs its segments in one task. The
-//!   segment split is part of the arithmetic (always applied), only the task grouping differs.
+//!   segment split is part of the arithmetic (always applied), only the task grouping differs:
+//!   decodes whose sequences hold the same blocks over a segment (a shared prompt prefix) read
+//!   it in one [`AttnTask::Shared`] task.
 //!
 //! # Which kernels a tiled task runs
 //!
@@ -79,6 +81,17 @@ pub enum AttnTask {
         segments: (u32, u32),
         group: u32,
     },
+    /// Tiled regime, one segment shared by decodes: the one-token tiles
+    /// `AttnPlan::shared_tokens[list.0..list.1]` (each the only query of its sequence in the
+    /// step), all query heads of `kv_head`, segment `segment` — a segment each of them attends
+    /// whole (never its last) over the same K/V blocks (a shared prompt prefix). The K/V of
+    /// the segment is read once for all of them; each token's partial rows are its own, and
+    /// each token's group (`AttnPlan::token_group`) counts this task as one of its tasks.
+    Shared {
+        list: (u32, u32),
+        kv_head: u32,
+        segment: u32,
+    },
 }
 
 /// The attention work of one step.
@@ -94,7 +107,16 @@ pub struct AttnPlan {
     pub partial_rows: usize,
     /// Per (tile, kv_head) group: how many tasks it has.
     pub group_tasks: Vec<u32>,
+    /// The tokens of the [`AttnTask::Shared`] tasks (each task's `list` is a range of it).
+    pub shared_tokens: Vec<u32>,
+    /// Per batch token: the group of its tile's KV head 0 (a tile's groups follow one another
+    /// by KV head), for tiled tokens; else `None`.
+    pub token_group: Vec<Option<u32>>,
 }
+
+/// At most this many decodes share one [`AttnTask::Shared`] task (more share in several), so a
+/// step of many agents still has tasks enough for the pool.
+pub const MAX_SHARED_TOKENS: usize = 16;
 
 /// Shapes the plan depends on.
 #[derive(Debug, Clone, Copy)]
@@ -130,16 +152,21 @@ pub fn num_segments(n: usize) -> usize {
 /// Plans one step. `slots` and `positions` are `[num_tokens]`.
 #[cfg(test)]
 pub(crate) fn plan(shape: &AttnShape, slots: &[SeqSlot], positions: &[u32]) -> AttnPlan {
-    plan_without(shape, slots, positions, &[])
+    plan_without(shape, slots, positions, &[], &|_, _, _| false)
 }
 
 /// [`plan`] with no task for the tokens `without` marks (empty: none), which the caller
 /// attends by other means (llama.cpp's tiled prefill rows); a tile never spans one of them.
+/// `shares(a, b, j)`: whether the sequences of batch tokens `a` and `b` hold the same K/V
+/// blocks over segment `j` (the store knows; `|_, _, _| false` shares nothing): decodes that
+/// do, over a segment each attends whole, attend it in one [`AttnTask::Shared`] task. Which
+/// task reads a segment never changes a row's bits (every row's arithmetic is its own).
 pub fn plan_without(
     shape: &AttnShape,
     slots: &[SeqSlot],
     positions: &[u32],
     without: &[bool],
+    shares: &dyn Fn(usize, usize, usize) -> bool,
 ) -> AttnPlan {
     let n = slots.len();
     let skipped = |t: usize| without.get(t).copied().unwrap_or(false);
@@ -149,7 +176,10 @@ pub fn plan_without(
         segments: vec![0; n],
         partial_rows: 0,
         group_tasks: Vec::new(),
+        shared_tokens: Vec::new(),
+        token_group: vec![None; n],
     };
+    let mut decodes = Vec::new();
     let tile_tokens = if shape.kv_encoded {
         ENCODED_QUERY_TILE_TOKENS
     } else {
@@ -188,10 +218,81 @@ pub fn plan_without(
                 t + (run_end - t) * (i + 1) / tiles,
             );
             push_tile(&mut p, shape, positions, start, end);
+            if end - start == 1 {
+                decodes.push(start);
+            }
         }
         t = run_end;
     }
+    share_segments(&mut p, shape, positions, &decodes, shares);
     p
+}
+
+/// Moves the segments that decodes share (`shares`, see [`plan_without`]) from their one-token
+/// tiles' tasks into [`AttnTask::Shared`] tasks (placed first: the longest tasks should not
+/// be the last handed out). Only a segment a decode attends whole and not its last (so no
+/// row's own block-codec group lies in it) is shared; each (token, segment) still has
+/// exactly one task, so the groups' task counts stay as they are.
+fn share_segments(
+    p: &mut AttnPlan,
+    shape: &AttnShape,
+    positions: &[u32],
+    decodes: &[usize],
+    shares: &dyn Fn(usize, usize, usize) -> bool,
+) {
+    if decodes.len() < 2 {
+        return;
+    }
+    let max_segs = decodes.iter().map(|&t| p.segments[t]).max().unwrap_or(0);
+    // (token, segment) pairs now read by a shared task.
+    let mut moved = std::collections::HashSet::new();
+    let mut shared_tasks = Vec::new();
+    for j in 0..max_segs {
+        let mut left: Vec<usize> = decodes
+            .iter()
+            .copied()
+            .filter(|&t| j + 1 < p.segments[t])
+            .collect();
+        while left.len() >= 2 {
+            let first = left[0];
+            let (mut same, rest): (Vec<usize>, Vec<usize>) = left[1..]
+                .iter()
+                .partition(|&&u| shares(first, u, j as usize));
+            left = rest;
+            same.insert(0, first);
+            // Rows in position order, as a tile task's (`attention_tiled::segment_passes`).
+            same.sort_by_key(|&t| positions[t]);
+            for members in same.chunks(MAX_SHARED_TOKENS) {
+                if members.len() < 2 {
+                    continue;
+                }
+                let list = (
+                    p.shared_tokens.len() as u32,
+                    (p.shared_tokens.len() + members.len()) as u32,
+                );
+                p.shared_tokens.extend(members.iter().map(|&t| t as u32));
+                for kv_head in 0..shape.num_kv_heads as u32 {
+                    shared_tasks.push(AttnTask::Shared {
+                        list,
+                        kv_head,
+                        segment: j,
+                    });
+                }
+                moved.extend(members.iter().map(|&t| (t as u32, j)));
+            }
+        }
+    }
+    if shared_tasks.is_empty() {
+        return;
+    }
+    p.tasks.retain(|task| match *task {
+        AttnTask::Tile {
+            tokens, segments, ..
+        } if tokens.1 - tokens.0 == 1 => !moved.contains(&(tokens.0, segments.0)),
+        _ => true,
+    });
+    shared_tasks.append(&mut p.tasks);
+    p.tasks = shared_tasks;
 }
 
 /// How many tiles a run of `len` tokens is cut into: enough that none exceeds `tile_tokens`,
@@ -213,6 +314,9 @@ fn push_tile(p: &mut AttnPlan, shape: &AttnShape, positions: &[u32], start: usiz
         p.partial_rows += shape.num_heads * segs;
     }
     let max_segs = p.segments[end - 1];
+    for g in &mut p.token_group[start..end] {
+        *g = Some(p.group_tasks.len() as u32);
+    }
     for kv_head in 0..shape.num_kv_heads as u32 {
         let group = p.group_tasks.len() as u32;
         let split = if end - start == 1 { 1 } else { max_segs };
@@ -599,7 +703,13 @@ mod tests {
         let mut without = vec![false; 10];
         without[0] = true;
         without[4] = true;
-        let p = plan_without(&SHAPE, &[SeqSlot(0); 10], &positions, &without);
+        let p = plan_without(
+            &SHAPE,
+            &[SeqSlot(0); 10],
+            &positions,
+            &without,
+            &|_, _, _| false,
+        );
         let tiles: Vec<(u32, u32)> = p
             .tasks
             .iter()
@@ -615,7 +725,7 @@ mod tests {
         assert_eq!(p.partial_base[4], None);
         assert_eq!(p.partial_rows, 8 * 4);
         assert_eq!(
-            plan_without(&SHAPE, &[SeqSlot(0); 10], &positions, &[]),
+            plan_without(&SHAPE, &[SeqSlot(0); 10], &positions, &[], &|_, _, _| false),
             plan(&SHAPE, &[SeqSlot(0); 10], &positions)
         );
     }
@@ -643,23 +753,38 @@ mod tests {
         }
     }
 
-    /// Seeded random batches: every (token, head) is covered exactly once — by a `Row` task or
-    /// by exactly one task per segment of its tile.
+    /// Seeded random batches (prefill runs and decodes; sequences in classes that share a
+    /// prefix of random length): every (token, head) is covered exactly once — by a `Row` task
+    /// or by exactly one task per segment of its tile, or a shared task for a segment that its
+    /// sequence shares and attends whole, not its last.
     #[test]
     fn random_batches_cover_every_row_and_segment_exactly_once() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-        for _ in 0..200 {
+        let mut shared_seen = 0;
+        for _ in 0..300 {
             let mut slots = Vec::new();
             let mut positions = Vec::new();
-            for s in 0..rng.gen_range(1..5u32) {
+            let num_seqs = rng.gen_range(1..8u32);
+            let class: Vec<u32> = (0..num_seqs).map(|_| rng.gen_range(0..3)).collect();
+            let prefix: Vec<usize> = (0..3).map(|_| rng.gen_range(0..3000)).collect();
+            for s in 0..num_seqs {
                 let start = rng.gen_range(0..3000u32);
-                for i in 0..rng.gen_range(1..20u32) {
+                let len = if rng.gen_bool(0.6) {
+                    1
+                } else {
+                    rng.gen_range(1..20u32)
+                };
+                for i in 0..len {
                     slots.push(SeqSlot(s));
                     positions.push(start + i);
                 }
             }
-            let p = plan(&SHAPE, &slots, &positions);
+            let shares = |a: usize, b: usize, j: usize| {
+                let (ca, cb) = (class[slots[a].0 as usize], class[slots[b].0 as usize]);
+                ca == cb && (j + 1) * SEGMENT_POSITIONS <= prefix[ca as usize]
+            };
+            let p = plan_without(&SHAPE, &slots, &positions, &[], &shares);
             let group = SHAPE.num_heads / SHAPE.num_kv_heads;
             let mut seen = std::collections::HashMap::new();
             let mut tasks_of_group = std::collections::HashMap::new();
@@ -686,6 +811,26 @@ mod tests {
                             }
                         }
                     }
+                    AttnTask::Shared {
+                        list,
+                        kv_head,
+                        segment: j,
+                    } => {
+                        shared_seen += 1;
+                        let listed = &p.shared_tokens[list.0 as usize..list.1 as usize];
+                        assert!((2..=MAX_SHARED_TOKENS).contains(&listed.len()));
+                        for &t in listed {
+                            let t0 = listed[0] as usize;
+                            assert!(shares(t0, t as usize, j as usize), "shared segment {j}");
+                            assert!(j + 1 < p.segments[t as usize], "a decode's last segment");
+                            let g = p.token_group[t as usize].unwrap() + kv_head;
+                            *tasks_of_group.entry(g).or_insert(0u32) += 1;
+                            for g in 0..group as u32 {
+                                let head = kv_head * group as u32 + g;
+                                *seen.entry((t, head, j)).or_insert(0) += 1;
+                            }
+                        }
+                    }
                 }
             }
             for (g, &n) in p.group_tasks.iter().enumerate() {
@@ -704,6 +849,10 @@ mod tests {
                 }
             }
         }
+        assert!(
+            shared_seen > 50,
+            "the batches share segments ({shared_seen} tasks)"
+        );
     }
 }
 

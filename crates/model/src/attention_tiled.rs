@@ -1,5 +1,6 @@
-//! Attention at depth, tiled: runs one [`AttnTask::Tile`] of an [`AttnPlan`] and merges the
-//! resulting per-segment partial states into output rows.
+//! Attention at depth, tiled: runs one [`AttnTask::Tile`] (or [`AttnTask::Shared`]: one
+//! segment of several decodes' shared blocks, read once for all of them) of an [`AttnPlan`]
+//! and merges the resulting per-segment partial states into output rows.
 //!
 //! The query rows are rounded to f16 first (llama.cpp's per-row CPU flash attention converts Q to
 //! the K type; [`AttnArith::Tiled`] keeps that), except in a step of [`AttnArith::Prefill`]
@@ -36,7 +37,9 @@ use kernels::flash_tile_codes::{
     tile_update_codes, CodedTile, KeyCodes, QueryCodes, QueryRef, TileValues,
 };
 use kernels::flash_tile_narrow::NarrowTiles;
-use kernels::flash_tile_pairs::{query_pairs, tile_update_pairs, PairTile, PAIR_TILE_POSITIONS};
+use kernels::flash_tile_pairs::{
+    query_pairs, tile_update_pairs, PairTile, PAIR_HALF_POSITIONS, PAIR_TILE_POSITIONS,
+};
 use kernels::flash_tile_transposed::{
     tile_update_transposed, TransposedTiles, TRIPLE_ROWS as WIDE_ROWS,
 };
@@ -560,9 +563,10 @@ fn segment_passes(
     }
 }
 
-/// Runs `task` (a `Tile`): writes its partial rows and, when it is the last task of its group
-/// to finish, merges the group's segments into the output rows (in segment order, so the
-/// result does not depend on which task merges).
+/// Runs `task` (a `Tile` or a `Shared`): writes its partial rows and, when it is the last task
+/// of a group to finish, merges the group's segments into the output rows (in segment order,
+/// so the result does not depend on which task merges). A `Tile` belongs to one group; a
+/// `Shared` task to each of its tokens' groups.
 ///
 /// # Safety
 /// The partial rows and output rows this task owns must not be accessed by any other running
@@ -576,17 +580,94 @@ pub unsafe fn run_tile_task(
     outputs: &TileOutputs<'_>,
     scratch: &mut TileScratch,
 ) {
-    let AttnTask::Tile {
-        tokens,
-        kv_head,
-        segments,
-        group: tile_group,
-    } = task
-    else {
-        unreachable!("run_tile_task takes Tile tasks");
-    };
+    match task {
+        AttnTask::Tile {
+            tokens,
+            kv_head,
+            segments,
+            group,
+        } => {
+            let toks = TaskTokens::Run(tokens.0, tokens.1);
+            // SAFETY: forwarded caller's contract.
+            unsafe { attend_task(inp, plan, toks, kv_head, segments, outputs, scratch) };
+            // The last task of the group merges (AcqRel: every other task's partial rows,
+            // released by its decrement, are visible here).
+            if outputs.pending[group as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                // SAFETY: the countdown reached 0: the group's rows are this task's now.
+                unsafe { merge_group(inp, plan, outputs, toks, kv_head) };
+            }
+        }
+        AttnTask::Shared {
+            list,
+            kv_head,
+            segment,
+        } => {
+            let listed = &plan.shared_tokens[list.0 as usize..list.1 as usize];
+            let toks = TaskTokens::Listed(listed);
+            let segments = (segment, segment + 1);
+            // SAFETY: forwarded caller's contract.
+            unsafe { attend_task(inp, plan, toks, kv_head, segments, outputs, scratch) };
+            for &t in listed {
+                let group =
+                    plan.token_group[t as usize].expect("a shared token is tiled") + kv_head;
+                if outputs.pending[group as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
+                    // SAFETY: as above, for this token's group (its tile is this token alone).
+                    unsafe { merge_group(inp, plan, outputs, TaskTokens::Run(t, t + 1), kv_head) };
+                }
+            }
+        }
+        AttnTask::Row { .. } => unreachable!("run_tile_task takes tiled tasks"),
+    }
+}
+
+/// The batch tokens of a tiled task: a run (one sequence's consecutive tokens) or the listed
+/// decodes of a shared segment.
+#[derive(Clone, Copy)]
+enum TaskTokens<'p> {
+    Run(u32, u32),
+    Listed(&'p [u32]),
+}
+
+impl<'p> TaskTokens<'p> {
+    /// The tokens, in task order.
+    fn iter(self) -> impl Iterator<Item = usize> + Clone + 'p {
+        let (run, listed): (std::ops::Range<u32>, &'p [u32]) = match self {
+            TaskTokens::Run(a, b) => (a..b, &[]),
+            TaskTokens::Listed(l) => (0..0, l),
+        };
+        run.chain(listed.iter().copied()).map(|t| t as usize)
+    }
+
+    fn len(self) -> usize {
+        match self {
+            TaskTokens::Run(a, b) => (b - a) as usize,
+            TaskTokens::Listed(l) => l.len(),
+        }
+    }
+
+    fn first(self) -> usize {
+        self.iter().next().expect("a task has tokens")
+    }
+}
+
+/// Attends segments `segments.0..segments.1` for every query row of `toks` × the query heads
+/// of `kv_head`, writing their partial rows. The K/V are read through the first token's
+/// sequence (a shared segment's blocks are every listed sequence's).
+///
+/// # Safety
+/// As [`run_tile_task`]: those partial rows are this task's alone.
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_task(
+    inp: &TileInputs<'_>,
+    plan: &AttnPlan,
+    toks: TaskTokens<'_>,
+    kv_head: u32,
+    segments: (u32, u32),
+    outputs: &TileOutputs<'_>,
+    scratch: &mut TileScratch,
+) {
     let hd = inp.head_dim;
-    let slot = inp.slots[tokens.0 as usize];
+    let slot = inp.slots[toks.first()];
     scratch.size_tiles(hd);
     let TileScratch {
         keys16,
@@ -607,7 +688,7 @@ pub unsafe fn run_tile_task(
     // What runs (`attention_plan`: one choice per task, one per pass), and the kernels' proofs of
     // the features it counts on.
     let features = cpu_features();
-    let task_tokens = (tokens.1 - tokens.0) as usize;
+    let task_tokens = toks.len();
     let path = TaskPath::choose(inp.kv.codecs(), hd, task_tokens, features, inp.arith);
     let steps = TileSteps {
         path,
@@ -617,7 +698,7 @@ pub unsafe fn run_tile_task(
         hd,
         scale: inp.scale,
     };
-    task_queries(inp, tokens, kv_head, path.q_f16, q16);
+    task_queries(inp, toks, kv_head, path.q_f16, q16);
     let q16: &[f32] = q16;
     prepare_codes(&path, features, hd, q16, coded, qcodes);
     if path.pairs {
@@ -643,7 +724,7 @@ pub unsafe fn run_tile_task(
         let seg_start = j as usize * SEGMENT_POSITIONS;
         // SAFETY: the rows of segment `j` of this task's tokens and heads are this task's
         // alone (caller's contract).
-        let mut rows = unsafe { segment_rows(inp, plan, outputs, tokens, kv_head, j, q16) };
+        let mut rows = unsafe { segment_rows(inp, plan, outputs, toks, kv_head, j, q16) };
         ns.clear();
         ns.extend(rows.iter().map(|r| r.n));
         segment_passes(ns, seg_start, inp.kv.codecs().k.block_tokens(), passes);
@@ -671,12 +752,6 @@ pub unsafe fn run_tile_task(
                 &mut |start, chunk| attend_chunk(&steps, span, &mut bufs, rows, start, chunk),
             );
         }
-    }
-    // The last task of the group merges (AcqRel: every other task's partial rows, released by
-    // its decrement, are visible here).
-    if outputs.pending[tile_group as usize].fetch_sub(1, Ordering::AcqRel) == 1 {
-        // SAFETY: the countdown reached 0: the group's rows are this task's now.
-        unsafe { merge_group(inp, plan, outputs, tokens, kv_head) };
     }
 }
 
@@ -855,28 +930,43 @@ fn attend_pairs(
         let tile_start =
             span.seg_start + (a - span.seg_start) / PAIR_TILE_POSITIONS * PAIR_TILE_POSITIONS;
         let tile_end = (tile_start + PAIR_TILE_POSITIONS).min(span.seg_end);
-        let b = chunk_end.min(tile_end);
+        let half = (a - tile_start) / PAIR_HALF_POSITIONS;
+        let half_start = tile_start + half * PAIR_HALF_POSITIONS;
+        let half_end = (half_start + PAIR_HALF_POSITIONS).min(tile_end);
+        let b = chunk_end.min(half_end);
         let (first, n) = (a - start, b - a);
         let (ks, vs) = (
             ek.skip_rows(first).take_rows(n),
             ev.skip_rows(first).take_rows(n),
         );
-        if a == tile_start && b == tile_end {
-            if let (Some(k), Some(v)) = (as_bf16(ks.bytes()), as_bf16(vs.bytes())) {
-                bufs.pair_tile.stage(k, v, n);
-                pairs_step(steps, bufs, rows, tile_start, tile_end);
-                a = b;
-                continue;
+        let in_place = if a == half_start && b == half_end {
+            as_bf16(ks.bytes()).zip(as_bf16(vs.bytes()))
+        } else {
+            None
+        };
+        if let Some((k, v)) = in_place {
+            bufs.pair_tile.stage_half(half, k, v, n);
+        } else {
+            let dst = (a - tile_start) * hd..(b - tile_start) * hd;
+            bf16_rows_into(&ks, &mut bufs.keys_bf16[dst.clone()]);
+            bf16_rows_into(&vs, &mut bufs.vals_bf16[dst]);
+            if b == half_end {
+                let m = half_end - half_start;
+                let rows_of = (half_start - tile_start) * hd..(half_end - tile_start) * hd;
+                bufs.pair_tile.stage_half(
+                    half,
+                    &bufs.keys_bf16[rows_of.clone()],
+                    &bufs.vals_bf16[rows_of],
+                    m,
+                );
             }
         }
-        let dst = (a - tile_start) * hd..(b - tile_start) * hd;
-        bf16_rows_into(&ks, &mut bufs.keys_bf16[dst.clone()]);
-        bf16_rows_into(&vs, &mut bufs.vals_bf16[dst]);
         a = b;
         if a == tile_end {
-            let m = tile_end - tile_start;
-            bufs.pair_tile
-                .stage(&bufs.keys_bf16[..m * hd], &bufs.vals_bf16[..m * hd], m);
+            if half == 0 {
+                // A last tile of at most 16 positions: its second half holds zeros.
+                bufs.pair_tile.stage_half(1, &[], &[], 0);
+            }
             pairs_step(steps, bufs, rows, tile_start, tile_end);
         }
     }
@@ -1097,7 +1187,7 @@ fn tile_step(
 /// The task's query rows (`[tokens, group heads, head_dim]`), rounded to f16 once when `q_f16`.
 fn task_queries(
     inp: &TileInputs<'_>,
-    tokens: (u32, u32),
+    toks: TaskTokens<'_>,
     kv_head: u32,
     q_f16: bool,
     q16: &mut Vec<f32>,
@@ -1106,7 +1196,7 @@ fn task_queries(
     let group = inp.num_heads / inp.num_kv_heads;
     let qd = inp.num_heads * hd;
     q16.clear();
-    for t in tokens.0 as usize..tokens.1 as usize {
+    for t in toks.iter() {
         let first = t * qd + kv_head as usize * group * hd;
         let rows = &inp.q[first..first + group * hd];
         if q_f16 {
@@ -1150,7 +1240,7 @@ unsafe fn segment_rows<'a>(
     inp: &TileInputs<'_>,
     plan: &AttnPlan,
     outputs: &'a TileOutputs<'_>,
-    tokens: (u32, u32),
+    toks: TaskTokens<'_>,
     kv_head: u32,
     j: u32,
     q16: &'a [f32],
@@ -1158,8 +1248,8 @@ unsafe fn segment_rows<'a>(
     let hd = inp.head_dim;
     let group = inp.num_heads / inp.num_kv_heads;
     let partials = &outputs.partials;
-    let mut rows: Vec<Row<'a>> = Vec::with_capacity((tokens.1 - tokens.0) as usize * group);
-    for t in tokens.0 as usize..tokens.1 as usize {
+    let mut rows: Vec<Row<'a>> = Vec::with_capacity(toks.len() * group);
+    for (i, t) in toks.iter().enumerate() {
         let segs = plan.segments[t];
         if j >= segs {
             continue;
@@ -1172,7 +1262,7 @@ unsafe fn segment_rows<'a>(
             partial[..hd].fill(0.0);
             partial[hd] = f32::NEG_INFINITY;
             partial[hd + 1] = 0.0;
-            let at = ((t - tokens.0 as usize) * group + g) * hd;
+            let at = (i * group + g) * hd;
             rows.push(Row {
                 idx: at / hd,
                 q: &q16[at..at + hd],
@@ -1192,13 +1282,13 @@ unsafe fn merge_group(
     inp: &TileInputs<'_>,
     plan: &AttnPlan,
     outputs: &TileOutputs<'_>,
-    tokens: (u32, u32),
+    toks: TaskTokens<'_>,
     kv_head: u32,
 ) {
     let hd = inp.head_dim;
     let group = inp.num_heads / inp.num_kv_heads;
     let partials = &outputs.partials;
-    for t in tokens.0 as usize..tokens.1 as usize {
+    for t in toks.iter() {
         let segs = plan.segments[t] as usize;
         let base = plan.partial_base[t].expect("tiled token has partial rows") as usize;
         for g in 0..group {
@@ -1387,6 +1477,134 @@ mod tests {
                     positions[t]
                 );
             }
+        }
+    }
+
+    /// A store whose slots hold the same rows up to `shared` positions (a shared prompt
+    /// prefix, as a paged pool's shared blocks) and says so for ranges within it.
+    struct SharedPrefix {
+        inner: ContiguousKv,
+        shared: usize,
+    }
+
+    impl KvStore for SharedPrefix {
+        fn write(
+            &mut self,
+            _: usize,
+            _: SeqSlot,
+            _: usize,
+            _: &[f32],
+            _: &[f32],
+        ) -> Result<(), crate::kv::KvError> {
+            unreachable!("read-only test store")
+        }
+        fn codecs(&self) -> KvDtype {
+            self.inner.codecs()
+        }
+        fn for_each_chunk(
+            &self,
+            layer: usize,
+            slot: SeqSlot,
+            kv_head: usize,
+            num_positions: usize,
+            f: &mut dyn FnMut(usize, KvChunk<'_>),
+        ) {
+            self.inner
+                .for_each_chunk(layer, slot, kv_head, num_positions, f)
+        }
+        fn shares_positions(
+            &self,
+            _: SeqSlot,
+            _: SeqSlot,
+            positions: std::ops::Range<usize>,
+        ) -> bool {
+            positions.end <= self.shared
+        }
+    }
+
+    /// Decodes of sequences that share a prompt prefix read its segments in shared tasks
+    /// (one read for all of them) and get the bits of each decode planned alone, for every
+    /// codec family (bf16 pairs, f16 tiles, int8 rows, the per-channel block codec).
+    #[test]
+    fn shared_prefix_segments_change_no_bit() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(31);
+        let (heads, kv_heads, hd, shared) = (6, 2, 64, 1100);
+        let lens = [1700usize, 1000, 1600, 1300, 2100];
+        let cap = *lens.iter().max().unwrap();
+        for codec in ["bf16", "f16", "int8", "k=int4c,v=int4"] {
+            let codecs = KvDtype::parse(codec).unwrap();
+            let mut kv = ContiguousKv::new(lens.len(), 1, kv_heads, hd, cap, codecs).unwrap();
+            let row = |rng: &mut rand_chacha::ChaCha8Rng, spread: f32| -> Vec<f32> {
+                (0..kv_heads * hd)
+                    .map(|_| rng.gen_range(-spread..spread))
+                    .collect()
+            };
+            for p in 0..cap {
+                let (k, v) = (row(&mut rng, 2.0), row(&mut rng, 1.0));
+                for (s, &len) in lens.iter().enumerate() {
+                    if p < len {
+                        let (k, v) = if p < shared {
+                            (k.clone(), v.clone())
+                        } else {
+                            (row(&mut rng, 2.0), row(&mut rng, 1.0))
+                        };
+                        kv.write(0, SeqSlot(s as u32), p, &k, &v).unwrap();
+                    }
+                }
+            }
+            let store = SharedPrefix { inner: kv, shared };
+            let slots: Vec<SeqSlot> = (0..lens.len() as u32).map(SeqSlot).collect();
+            let positions: Vec<u32> = lens.iter().map(|&n| n as u32 - 1).collect();
+            let q: Vec<f32> = (0..lens.len() * heads * hd)
+                .map(|_| rng.gen_range(-1.0f32..1.0))
+                .collect();
+            let shape = AttnShape {
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim: hd,
+                kv_is_f16: codec == "f16",
+                kv_encoded: codec != "f16",
+                arith: AttnArith::Tiled,
+            };
+            let inp = TileInputs {
+                kv: &store,
+                layer: 0,
+                q: &q,
+                slots: &slots,
+                positions: &positions,
+                num_heads: heads,
+                num_kv_heads: kv_heads,
+                head_dim: hd,
+                scale: 0.125,
+                arith: AttnArith::Tiled,
+            };
+            let alone = plan(&shape, &slots, &positions);
+            let shares = |a: usize, b: usize, j: usize| {
+                store.shares_positions(slots[a], slots[b], j * 512..(j + 1) * 512)
+            };
+            let together =
+                crate::attention_plan::plan_without(&shape, &slots, &positions, &[], &shares);
+            // Segments 0 and 1 lie in the shared prefix; the 1,000-position decode's last
+            // segment is its second (never shared): five decodes share segment 0, four 1.
+            let shared_tasks: Vec<_> = together
+                .tasks
+                .iter()
+                .filter_map(|t| match *t {
+                    AttnTask::Shared { list, segment, .. } => Some((list.1 - list.0, segment)),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(
+                shared_tasks,
+                vec![(5, 0), (5, 0), (4, 1), (4, 1)],
+                "{codec}: shared tasks (tokens, segment) per KV head"
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&run_plan(&inp, &together)),
+                bits(&run_plan(&inp, &alone)),
+                "{codec}: shared segments"
+            );
         }
     }
 

@@ -125,7 +125,7 @@ pub fn forward(
             ))
         }
     };
-    let plans = plan_step(cfg, batch, kv.codecs(), pool.num_threads());
+    let plans = plan_step(cfg, batch, &*kv, pool.num_threads());
 
     // Whether the last layer keeps only the rows of `logits_for` (always, unless every token's
     // logits are wanted in order, when it would change nothing).
@@ -246,7 +246,7 @@ pub fn attention_layer(
             n * qd
         )));
     }
-    let plans = plan_step(cfg, batch, kv.codecs(), pool.num_threads());
+    let plans = plan_step(cfg, batch, kv, pool.num_threads());
     let window = cfg.window_of(layer);
     let plan = plans.of_layer(window);
     let partials = grow(&mut s.partials, plan.partial_rows * (cfg.head_dim + 2));
@@ -329,9 +329,17 @@ impl StepPlans {
 fn plan_step(
     cfg: &ModelConfig,
     batch: &ForwardBatch<'_>,
-    codecs: KvDtype,
+    kv: &dyn KvStore,
     threads: usize,
 ) -> StepPlans {
+    let codecs = kv.codecs();
+    // Decodes whose sequences hold the same blocks over a segment (a shared prompt prefix)
+    // read it once (`attention_plan::plan_without`).
+    let shares = |a: usize, b: usize, j: usize| {
+        let seg =
+            j * attention_plan::SEGMENT_POSITIONS..(j + 1) * attention_plan::SEGMENT_POSITIONS;
+        kv.shares_positions(batch.slots[a], batch.slots[b], seg)
+    };
     // Rows in llama.cpp's tiled prefill arithmetic over f16 K/V (every row of an
     // `AttnArith::Prefill` step, and the rows the batch marks) are reproduced by `ggml_tiled`,
     // in tasks of their own (a run of one sequence's tokens × one KV head); the plan leaves them out.
@@ -361,7 +369,8 @@ fn plan_step(
         kv_encoded: codecs != KvDtype::F16 && codecs != KvDtype::F32,
         arith: batch.numerics.attention(),
     };
-    let plan = attention_plan::plan_without(&shape, batch.slots, batch.positions, &ggml_rows);
+    let plan =
+        attention_plan::plan_without(&shape, batch.slots, batch.positions, &ggml_rows, &shares);
     // llama.cpp takes its split-KV decode for a one-token step only: in its per-row
     // arithmetic the generated rows do, in as many chunks as the numerics say (0: one chunk).
     let kv_split: Vec<usize> = if batch.numerics.attention() == AttnArith::Row {
@@ -385,6 +394,7 @@ fn plan_step(
             batch.slots,
             batch.positions,
             &ggml_rows,
+            &|_, _, _| false,
         )
     });
     StepPlans {

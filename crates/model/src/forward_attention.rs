@@ -100,12 +100,13 @@ impl StepAttention<'_> {
                     // regime and those rows are written by no other task.
                     unsafe { self.exact_row(token, head, l, window, kv, q, &rows) }
                 }
-                task @ AttnTask::Tile { .. } => TILE_SCRATCH.with_borrow_mut(|scratch| {
-                    // SAFETY: the plan gives every (token, head, segment) partial row to exactly
-                    // one task and every tiled output row to one group, merged by its last task
-                    // (tested in `attention_plan`); `Row` tasks write only exact-regime rows.
-                    unsafe { run_tile_task(&inputs, plan, task, &outputs, scratch) }
-                }),
+                task @ (AttnTask::Tile { .. } | AttnTask::Shared { .. }) => TILE_SCRATCH
+                    .with_borrow_mut(|scratch| {
+                        // SAFETY: the plan gives every (token, head, segment) partial row to exactly
+                        // one task and every tiled output row to one group, merged by its last task
+                        // (tested in `attention_plan`); `Row` tasks write only exact-regime rows.
+                        unsafe { run_tile_task(&inputs, plan, task, &outputs, scratch) }
+                    }),
             }
         });
     }

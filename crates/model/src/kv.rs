@@ -183,6 +183,15 @@ pub trait KvStore: Sync {
         self.for_each_chunk(layer, slot, kv_head, num_positions, f)
     }
 
+    /// Whether sequences `a` and `b` hold the same K/V over `positions` — the same memory (a
+    /// paged store's shared prefix blocks), so reading either gives the same bytes. Lets the
+    /// attention plan read a shared prefix once for several decodes. `false` (the default)
+    /// when the store cannot tell.
+    fn shares_positions(&self, a: SeqSlot, b: SeqSlot, positions: std::ops::Range<usize>) -> bool {
+        let _ = (a, b, positions);
+        false
+    }
+
     /// The block tables of the step's slots (`[slot]` → block indices) when the K/V lives in a
     /// device's memory ([`DeviceKvMemory`]): what a device backend's forward pass reads instead
     /// of calling the methods above. `None` for host stores.

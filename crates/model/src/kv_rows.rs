@@ -286,33 +286,45 @@ impl KvRows {
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             let hd = self.head_dim;
-            let (k, v, bytes): (*const u8, *const u8, usize) = match &self.buf {
-                RowBuf::F32 { k, v } => {
-                    let r = first * hd..(first + n) * hd;
-                    (
-                        k[r.clone()].as_ptr().cast(),
-                        v[r].as_ptr().cast(),
-                        n * hd * 4,
-                    )
-                }
-                RowBuf::F16 { k, v } => {
-                    let r = first * hd..(first + n) * hd;
-                    (
-                        k[r.clone()].as_ptr().cast(),
-                        v[r].as_ptr().cast(),
-                        n * hd * 2,
-                    )
-                }
-                // Encoded rows are small; not worth it.
-                RowBuf::Encoded { .. } | RowBuf::Sealed { .. } => return,
-            };
-            for off in (0..bytes).step_by(64) {
-                // SAFETY: `off < bytes`, the length of the borrowed (bounds-checked) row ranges
-                // above, so both addresses lie inside live buffers; a prefetch never faults and
-                // has no architectural effect.
-                unsafe {
-                    _mm_prefetch::<_MM_HINT_T0>(k.add(off).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(v.add(off).cast());
+            let bytes_of = |x: &[u8]| (x.as_ptr(), x.len());
+            let ((k, k_bytes), (v, v_bytes)): ((*const u8, usize), (*const u8, usize)) =
+                match &self.buf {
+                    RowBuf::F32 { k, v } => {
+                        let r = first * hd..(first + n) * hd;
+                        (
+                            (k[r.clone()].as_ptr().cast(), n * hd * 4),
+                            (v[r].as_ptr().cast(), n * hd * 4),
+                        )
+                    }
+                    RowBuf::F16 { k, v } => {
+                        let r = first * hd..(first + n) * hd;
+                        (
+                            (k[r.clone()].as_ptr().cast(), n * hd * 2),
+                            (v[r].as_ptr().cast(), n * hd * 2),
+                        )
+                    }
+                    // Encoded rows too (bf16's are f16's size; a jump to another block
+                    // stalls their reads as much).
+                    RowBuf::Encoded {
+                        k,
+                        v,
+                        k_row_bytes,
+                        v_row_bytes,
+                    } => (
+                        bytes_of(&k[first * k_row_bytes..(first + n) * k_row_bytes]),
+                        bytes_of(&v[first * v_row_bytes..(first + n) * v_row_bytes]),
+                    ),
+                    RowBuf::Sealed { v, v_row_bytes, .. } => (
+                        (std::ptr::null(), 0),
+                        bytes_of(&v[first * v_row_bytes..(first + n) * v_row_bytes]),
+                    ),
+                };
+            for (at, bytes) in [(k, k_bytes), (v, v_bytes)] {
+                for off in (0..bytes).step_by(64) {
+                    // SAFETY: `off < bytes`, the length of the borrowed (bounds-checked) row
+                    // range above, so the address lies inside a live buffer; a prefetch never
+                    // faults and has no architectural effect.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(at.add(off).cast()) };
                 }
             }
         }
