@@ -1337,6 +1337,40 @@ mod tests {
         att
     }
 
+    /// The plan shape and tile inputs of a one-layer test: `heads` query heads over `kv_heads`
+    /// of size `hd`, scale 1/8, in `arith`; the shape's codec flags from the store's codecs.
+    fn test_inputs<'a>(
+        kv: &'a dyn KvStore,
+        q: &'a [f32],
+        slots: &'a [SeqSlot],
+        positions: &'a [u32],
+        (heads, kv_heads, hd): (usize, usize, usize),
+        arith: AttnArith,
+    ) -> (AttnShape, TileInputs<'a>) {
+        let codecs = kv.codecs();
+        let shape = AttnShape {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: hd,
+            kv_is_f16: codecs == KvDtype::F16,
+            kv_encoded: codecs != KvDtype::F16 && codecs != KvDtype::F32,
+            arith,
+        };
+        let inp = TileInputs {
+            kv,
+            layer: 0,
+            q,
+            slots,
+            positions,
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: hd,
+            scale: 0.125,
+            arith,
+        };
+        (shape, inp)
+    }
+
     /// A one-layer store of `n` positions in `codecs` whose K and V rows are uniform in
     /// `±k_spread` / `±v_spread` (K then V per position, drawn from `rng` in that order).
     fn random_store(
@@ -1359,11 +1393,14 @@ mod tests {
     }
 
     /// A store that hands out another store's chunks in pieces of `piece` positions (a paged
-    /// pool of small blocks: tiles assembled from several chunks).
+    /// pool of small blocks: tiles assembled from several chunks; `usize::MAX`: whole chunks)
+    /// and says its slots share positions `0..shared` (a paged pool's shared prefix blocks:
+    /// the test fills them alike).
     struct Pieces<'a> {
         inner: &'a ContiguousKv,
         head_dim: usize,
         piece: usize,
+        shared: usize,
     }
 
     impl KvStore for Pieces<'_> {
@@ -1392,6 +1429,10 @@ mod tests {
             self.inner
                 .for_each_chunk(layer, slot, kv_head, num_positions, &mut |start, chunk| {
                     let n = chunk.num_positions(hd);
+                    if self.piece >= n {
+                        f(start, chunk);
+                        return;
+                    }
                     for at in (0..n).step_by(self.piece) {
                         let m = self.piece.min(n - at);
                         let piece = match chunk.skip_positions(at, hd) {
@@ -1412,6 +1453,14 @@ mod tests {
                     }
                 });
         }
+        fn shares_positions(
+            &self,
+            _: SeqSlot,
+            _: SeqSlot,
+            positions: std::ops::Range<usize>,
+        ) -> bool {
+            positions.end <= self.shared
+        }
     }
 
     /// bf16 K/V (the bf16-pair arithmetic) read from a store whose chunks cut tiles into pieces
@@ -1427,26 +1476,14 @@ mod tests {
         let q: Vec<f32> = (0..positions.len() * heads * hd)
             .map(|_| rng.gen_range(-1.0f32..1.0))
             .collect();
-        let shape = AttnShape {
-            num_heads: heads,
-            num_kv_heads: kv_heads,
-            head_dim: hd,
-            kv_is_f16: false,
-            kv_encoded: true,
-            arith: AttnArith::Tiled,
-        };
-        let whole = TileInputs {
-            kv: &kv,
-            layer: 0,
-            q: &q,
-            slots: &slots,
-            positions: &positions,
-            num_heads: heads,
-            num_kv_heads: kv_heads,
-            head_dim: hd,
-            scale: 0.125,
-            arith: AttnArith::Tiled,
-        };
+        let (shape, whole) = test_inputs(
+            &kv,
+            &q,
+            &slots,
+            &positions,
+            (heads, kv_heads, hd),
+            AttnArith::Tiled,
+        );
         let want = run_plan(&whole, &plan(&shape, &slots, &positions));
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let qd = heads * hd;
@@ -1455,6 +1492,7 @@ mod tests {
                 inner: &kv,
                 head_dim: hd,
                 piece,
+                shared: 0,
             };
             let inp = TileInputs {
                 kv: &store,
@@ -1477,48 +1515,6 @@ mod tests {
                     positions[t]
                 );
             }
-        }
-    }
-
-    /// A store whose slots hold the same rows up to `shared` positions (a shared prompt
-    /// prefix, as a paged pool's shared blocks) and says so for ranges within it.
-    struct SharedPrefix {
-        inner: ContiguousKv,
-        shared: usize,
-    }
-
-    impl KvStore for SharedPrefix {
-        fn write(
-            &mut self,
-            _: usize,
-            _: SeqSlot,
-            _: usize,
-            _: &[f32],
-            _: &[f32],
-        ) -> Result<(), crate::kv::KvError> {
-            unreachable!("read-only test store")
-        }
-        fn codecs(&self) -> KvDtype {
-            self.inner.codecs()
-        }
-        fn for_each_chunk(
-            &self,
-            layer: usize,
-            slot: SeqSlot,
-            kv_head: usize,
-            num_positions: usize,
-            f: &mut dyn FnMut(usize, KvChunk<'_>),
-        ) {
-            self.inner
-                .for_each_chunk(layer, slot, kv_head, num_positions, f)
-        }
-        fn shares_positions(
-            &self,
-            _: SeqSlot,
-            _: SeqSlot,
-            positions: std::ops::Range<usize>,
-        ) -> bool {
-            positions.end <= self.shared
         }
     }
 
@@ -1552,32 +1548,25 @@ mod tests {
                     }
                 }
             }
-            let store = SharedPrefix { inner: kv, shared };
+            let store = Pieces {
+                inner: &kv,
+                head_dim: hd,
+                piece: usize::MAX,
+                shared,
+            };
             let slots: Vec<SeqSlot> = (0..lens.len() as u32).map(SeqSlot).collect();
             let positions: Vec<u32> = lens.iter().map(|&n| n as u32 - 1).collect();
             let q: Vec<f32> = (0..lens.len() * heads * hd)
                 .map(|_| rng.gen_range(-1.0f32..1.0))
                 .collect();
-            let shape = AttnShape {
-                num_heads: heads,
-                num_kv_heads: kv_heads,
-                head_dim: hd,
-                kv_is_f16: codec == "f16",
-                kv_encoded: codec != "f16",
-                arith: AttnArith::Tiled,
-            };
-            let inp = TileInputs {
-                kv: &store,
-                layer: 0,
-                q: &q,
-                slots: &slots,
-                positions: &positions,
-                num_heads: heads,
-                num_kv_heads: kv_heads,
-                head_dim: hd,
-                scale: 0.125,
-                arith: AttnArith::Tiled,
-            };
+            let (shape, inp) = test_inputs(
+                &store,
+                &q,
+                &slots,
+                &positions,
+                (heads, kv_heads, hd),
+                AttnArith::Tiled,
+            );
             let alone = plan(&shape, &slots, &positions);
             let shares = |a: usize, b: usize, j: usize| {
                 store.shares_positions(slots[a], slots[b], j * 512..(j + 1) * 512)
@@ -1742,26 +1731,14 @@ mod tests {
             let q: Vec<f32> = (0..positions.len() * heads * hd)
                 .map(|_| rng.gen_range(-1.0f32..1.0))
                 .collect();
-            let shape = AttnShape {
-                num_heads: heads,
-                num_kv_heads: kv_heads,
-                head_dim: hd,
-                kv_is_f16: false,
-                kv_encoded: true,
-                arith: AttnArith::Row,
-            };
-            let inp = TileInputs {
-                kv: &kv,
-                layer: 0,
-                q: &q,
-                slots: &slots,
-                positions: &positions,
-                num_heads: heads,
-                num_kv_heads: kv_heads,
-                head_dim: hd,
-                scale: 0.125,
-                arith: AttnArith::Row,
-            };
+            let (shape, inp) = test_inputs(
+                &kv,
+                &q,
+                &slots,
+                &positions,
+                (heads, kv_heads, hd),
+                AttnArith::Row,
+            );
             let together = run_plan(&inp, &plan(&shape, &slots, &positions));
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             kernels::set_force_portable(true);
@@ -1837,26 +1814,14 @@ mod tests {
         let q: Vec<f32> = (0..positions.len() * heads * hd)
             .map(|_| rng.gen_range(-1.0f32..1.0))
             .collect();
-        let shape = AttnShape {
-            num_heads: heads,
-            num_kv_heads: kv_heads,
-            head_dim: hd,
-            kv_is_f16: true,
-            kv_encoded: false,
-            arith: AttnArith::Tiled,
-        };
-        let inp = TileInputs {
-            kv: &kv,
-            layer: 0,
-            q: &q,
-            slots: &slots,
-            positions: &positions,
-            num_heads: heads,
-            num_kv_heads: kv_heads,
-            head_dim: hd,
-            scale: 0.125,
-            arith: AttnArith::Tiled,
-        };
+        let (shape, inp) = test_inputs(
+            &kv,
+            &q,
+            &slots,
+            &positions,
+            (heads, kv_heads, hd),
+            AttnArith::Tiled,
+        );
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let together = run_plan(&inp, &plan(&shape, &slots, &positions));
         kernels::set_force_portable(true);
