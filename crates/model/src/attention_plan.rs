@@ -233,6 +233,10 @@ pub fn plan_without(
 /// be the last handed out). Only a segment a decode attends whole and not its last (so no
 /// row's own block-codec group lies in it) is shared; each (token, segment) still has
 /// exactly one task, so the groups' task counts stay as they are.
+///
+/// Segment `j > 0` is looked for only among decodes that shared segment `j − 1` with each
+/// other (a shared prompt is a prefix): the comparisons are quadratic in the decodes for
+/// segment 0 only (each cut short by the first differing block), linear after it.
 fn share_segments(
     p: &mut AttnPlan,
     shape: &AttnShape,
@@ -247,19 +251,30 @@ fn share_segments(
     // (token, segment) pairs now read by a shared task.
     let mut moved = std::collections::HashSet::new();
     let mut shared_tasks = Vec::new();
+    // The decodes that shared the previous segment, by class (segment 0: all of them).
+    let mut classes: Vec<Vec<usize>> = vec![decodes.to_vec()];
     for j in 0..max_segs {
-        let mut left: Vec<usize> = decodes
-            .iter()
-            .copied()
-            .filter(|&t| j + 1 < p.segments[t])
-            .collect();
-        while left.len() >= 2 {
-            let first = left[0];
-            let (mut same, rest): (Vec<usize>, Vec<usize>) = left[1..]
-                .iter()
-                .partition(|&&u| shares(first, u, j as usize));
-            left = rest;
-            same.insert(0, first);
+        let mut next_classes = Vec::new();
+        for class in classes {
+            let mut left: Vec<usize> = class
+                .into_iter()
+                .filter(|&t| j + 1 < p.segments[t])
+                .collect();
+            while left.len() >= 2 {
+                let first = left[0];
+                let (mut same, rest): (Vec<usize>, Vec<usize>) = left[1..]
+                    .iter()
+                    .partition(|&&u| shares(first, u, j as usize));
+                left = rest;
+                if same.is_empty() {
+                    continue;
+                }
+                same.insert(0, first);
+                next_classes.push(same);
+            }
+        }
+        classes = next_classes;
+        for same in &mut classes {
             // Rows in position order, as a tile task's (`attention_tiled::segment_passes`).
             same.sort_by_key(|&t| positions[t]);
             for members in same.chunks(MAX_SHARED_TOKENS) {
@@ -751,6 +766,36 @@ mod tests {
             let p = plan(&shape, &[SeqSlot(0)], &[4000]);
             assert!(p.tasks.iter().all(|t| matches!(t, AttnTask::Row { .. })));
         }
+    }
+
+    /// The store is asked about segment 0 for every pair of decodes at most, and about a later
+    /// segment only within the classes that shared the one before: 64 unrelated decodes at
+    /// depth cost one question per pair, 64 behind one prompt one per decode and segment.
+    #[test]
+    fn sharing_questions_stay_within_classes() {
+        let slots: Vec<SeqSlot> = (0..64).map(SeqSlot).collect();
+        let positions = vec![3000u32; 64];
+        let asked = std::cell::Cell::new(0usize);
+        let asked = &asked;
+        let count = |answer: bool| {
+            move |_: usize, _: usize, _: usize| {
+                asked.set(asked.get() + 1);
+                answer
+            }
+        };
+        let p = plan_without(&SHAPE, &slots, &positions, &[], &count(false));
+        assert_eq!(asked.get(), 64 * 63 / 2);
+        assert!(!p.tasks.iter().any(|t| matches!(t, AttnTask::Shared { .. })));
+        asked.set(0);
+        let p = plan_without(&SHAPE, &slots, &positions, &[], &count(true));
+        // 3,001 positions: six segments, the last never shared.
+        assert_eq!(asked.get(), 63 * 5);
+        let shared = p
+            .tasks
+            .iter()
+            .filter(|t| matches!(t, AttnTask::Shared { .. }))
+            .count();
+        assert_eq!(shared, 5 * (64 / MAX_SHARED_TOKENS) * SHAPE.num_kv_heads);
     }
 
     /// Seeded random batches (prefill runs and decodes; sequences in classes that share a
