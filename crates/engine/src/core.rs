@@ -730,7 +730,17 @@ impl EngineCore {
             t.observe_forward(plan.num_tokens(), num_prefill, started.elapsed());
         }
         self.commit(&plan, &logits, tick)?;
-        self.scheduler.observe(&plan, started.elapsed());
+        let took = started.elapsed();
+        tracing::trace!(
+            target: "agentkv::step",
+            rows = plan.num_tokens(),
+            decodes = plan.num_tokens() - num_prefill,
+            prefill_tokens = num_prefill,
+            max_depth = plan.work.iter().map(|w| w.start + w.len).max().unwrap_or(0),
+            took_us = took.as_micros() as u64,
+            "step"
+        );
+        self.scheduler.observe(&plan, took);
         Ok(plan.num_tokens())
     }
 

@@ -1,7 +1,8 @@
 //! The [`PackedDef::BlockSum`](super::packed32::PackedDef) definition of a packed matrix's
-//! outputs, its portable twin and its AVX2 and AVX-512 VNNI single-token (decode) kernels; the
-//! multi-token kernels live with the other prefill sweeps (`packed32_prefill_avx2`,
-//! `packed32_prefill`).
+//! outputs, its portable twin, its AVX2 and AVX-512 VNNI single-token (decode) kernels and the
+//! AVX-512 VNNI kernel of a step of a few decodes (2 to [`FEW_TOKENS_MAX`] tokens, weights
+//! streamed once for all of them); the prefill sweeps over more tokens live with the others
+//! (`packed32_prefill_avx2`, `packed32_prefill`).
 //!
 //! Definition, per row `r` and token `t` over the blocks `b` in order:
 //! ```text
@@ -280,6 +281,160 @@ pub(super) unsafe fn one_token512<const K: u8>(
     }
 }
 
+/// Most tokens [`few_tokens512`] takes in one pass (a step of a few decodes); more go to the
+/// prefill sweep (`packed32_prefill`), which decodes each group's weights into a scratch once
+/// per chunk of tokens.
+pub(super) const FEW_TOKENS_MAX: usize = 8;
+
+/// [`few_tokens512`] for `act.num_tokens` (2 to [`FEW_TOKENS_MAX`]) tokens of type `K`.
+///
+/// # Safety
+/// As [`few_tokens512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) unsafe fn few_tokens512_any<const K: u8>(
+    p: &Packed32,
+    groups: Range<usize>,
+    act: &ActQ8,
+    out: &super::out_ptr::OutPtr,
+) {
+    // SAFETY: forwarded caller's contract; each arm's `T` is `act.num_tokens`.
+    unsafe {
+        match act.num_tokens {
+            2 => few_tokens512::<K, 2>(p, groups, act, out),
+            3 => few_tokens512::<K, 3>(p, groups, act, out),
+            4 => few_tokens512::<K, 4>(p, groups, act, out),
+            5 => few_tokens512::<K, 5>(p, groups, act, out),
+            6 => few_tokens512::<K, 6>(p, groups, act, out),
+            7 => few_tokens512::<K, 7>(p, groups, act, out),
+            8 => few_tokens512::<K, 8>(p, groups, act, out),
+            t => panic!("few_tokens512 takes 2 to {FEW_TOKENS_MAX} tokens, got {t}"),
+        }
+    }
+}
+
+/// AVX-512 VNNI kernel for a step of `T` tokens (`2 ≤ T ≤` [`FEW_TOKENS_MAX`]: a few decodes):
+/// each block's weights are loaded and unpacked once and applied to all `T` tokens, so the
+/// weights stream through memory once per step as they do for one token (the prefill sweep
+/// would write them to a scratch and read them back, the single-token kernel would read them
+/// `T` times). Per token the block's integer sum is the same exact integer as
+/// [`token_scalar`]'s and the float operations the same two fused multiply-adds in block
+/// order: bit-identical to every other path (tests below).
+///
+/// # Safety
+/// AVX-512 F+VL+VNNI and AVX2+FMA+F16C present; `act` holds `T` tokens of `p.num_blocks()`
+/// blocks, `groups` lies in `p` (checked by [`run_groups`]) and `out` is the `[T][num_rows]`
+/// output whose rows of `groups` this task owns.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) unsafe fn few_tokens512<const K: u8, const T: usize>(
+    p: &Packed32,
+    groups: Range<usize>,
+    act: &ActQ8,
+    out: &super::out_ptr::OutPtr,
+) {
+    let (nb, bb) = (p.num_blocks(), p.block_bytes());
+    let n = p.num_rows();
+    assert!(
+        act.num_tokens == T
+            && act.qs.len() >= T * nb * QK8
+            && act.block_sums.len() >= T * nb
+            && act.d.len() >= T * nb
+            && act.s.len() >= T * nb,
+        "{T} tokens of {nb} blocks"
+    );
+    let scales = quant_layout(p.ty()).1 * 64;
+    let all = p.bytes();
+    let xq = act.qs.as_ptr();
+    let corr = super::packed32_x86::vnni_correction(K);
+    let nib = _mm512_set1_epi8(0x0F);
+    let flip = _mm512_set1_epi8(-128);
+    for g in groups {
+        let grp = p.group(g);
+        let grp_off = grp.as_ptr() as usize - all.as_ptr() as usize;
+        let mut acc = [_mm512_setzero_ps(); T];
+        for b in 0..nb {
+            super::packed32_x86::prefetch_ahead(all, grp_off + b * bb, bb);
+            let bp = grp[b * bb..(b + 1) * bb].as_ptr();
+            // SAFETY: a packed block of type `K` holds its 64-byte chunks at `64c` (Q5_0's
+            // high-bit chunk at `64 · 4`), then its 16 f16 scales at `scales` (and Q4_1's 16
+            // minima at `scales + 32`), all inside `grp` (caller's contract). Token `t`'s
+            // block `b` is the 32 activation bytes at `32 (t·nb + b) < 32 T nb`.
+            unsafe {
+                // The block's eight weight operands: chunk `c`'s and, for 4-bit types, its high
+                // nibbles (`w[4 + c]`), paired with activation bytes `4c..` and `16 + 4c..`.
+                let w: [__m512i; 8] = if K == Q8_0 {
+                    std::array::from_fn(|c| {
+                        _mm512_xor_si512(_mm512_loadu_si512(bp.add(64 * c).cast()), flip)
+                    })
+                } else {
+                    let h = if K == Q5_0 {
+                        _mm512_loadu_si512(bp.add(64 * 4).cast())
+                    } else {
+                        _mm512_setzero_si512()
+                    };
+                    let mut w = [_mm512_setzero_si512(); 8];
+                    for c in 0..4 {
+                        let v = _mm512_loadu_si512(bp.add(64 * c).cast());
+                        (w[c], w[4 + c]) = if K == Q5_0 {
+                            super::packed32_x86::q5_lanes512(v, h, c)
+                        } else {
+                            (
+                                _mm512_and_si512(v, nib),
+                                _mm512_and_si512(_mm512_srli_epi32::<4>(v), nib),
+                            )
+                        };
+                    }
+                    w
+                };
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(bp.add(scales).cast()));
+                let m = if K == Q4_1 {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(bp.add(scales + 32).cast()))
+                } else {
+                    _mm512_setzero_ps()
+                };
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let tb = t * nb + b;
+                    let x = xq.add(tb * QK8).cast::<i32>();
+                    let start = if corr != 0 {
+                        corr * act.block_sums[tb]
+                    } else {
+                        0
+                    };
+                    let (mut i0, mut i1) = (_mm512_set1_epi32(start), _mm512_setzero_si512());
+                    for c in 0..4 {
+                        i0 = _mm512_dpbusd_epi32(
+                            i0,
+                            w[c],
+                            _mm512_set1_epi32(x.add(c).read_unaligned()),
+                        );
+                        i1 = _mm512_dpbusd_epi32(
+                            i1,
+                            w[4 + c],
+                            _mm512_set1_epi32(x.add(4 + c).read_unaligned()),
+                        );
+                    }
+                    let isum = _mm512_add_epi32(i0, i1);
+                    let dd = _mm512_mul_ps(d, _mm512_set1_ps(act.d[tb]));
+                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dd, *a);
+                    if K == Q4_1 {
+                        *a = _mm512_fmadd_ps(m, _mm512_set1_ps(act.s[tb]), *a);
+                    }
+                }
+            }
+        }
+        let rows = (n - g * GROUP_ROWS).min(GROUP_ROWS);
+        for (t, a) in acc.iter().enumerate() {
+            let mut y = [0f32; GROUP_ROWS];
+            // SAFETY: `y` holds 16 floats.
+            unsafe { _mm512_storeu_ps(y.as_mut_ptr(), *a) };
+            for (lane, v) in y.iter().take(rows).enumerate() {
+                out.write(t * n + g * GROUP_ROWS + lane, *v);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -352,7 +507,8 @@ mod tests {
     }
 
     /// Every path (portable, AVX2 with AVX-512 masked off, AVX-512 VNNI where the CPU has it),
-    /// token counts across the prefill kernels' tile and chunk edges, one to three threads and
+    /// token counts of every few-token kernel (2 to `FEW_TOKENS_MAX`) and across the prefill
+    /// kernels' tile and chunk edges, one to three threads and
     /// padded groups give bit-identical outputs; activations at the edge of the 16-bit sums (all
     /// ±127, weights at their extremes) included.
     #[test]
@@ -396,7 +552,20 @@ mod tests {
             matmul_with_def(&pools[0], &w, &x, max_toks, &mut want, portable, def).unwrap();
             for pool in &pools {
                 for f in [portable, avx2, super::super::cpu::cpu_features()] {
-                    for (t0, toks) in [(0, 1), (1, 1), (5, 2), (0, 3), (3, 9), (1, 64), (0, 70)] {
+                    for (t0, toks) in [
+                        (0, 1),
+                        (1, 1),
+                        (5, 2),
+                        (0, 3),
+                        (2, 4),
+                        (0, 5),
+                        (4, 6),
+                        (0, 7),
+                        (1, 8),
+                        (3, 9),
+                        (1, 64),
+                        (0, 70),
+                    ] {
                         let xs = &x[t0 * row_len..(t0 + toks) * row_len];
                         let mut y = vec![f32::NAN; toks * rows];
                         matmul_with_def(pool, &w, xs, toks, &mut y, f, def).unwrap();

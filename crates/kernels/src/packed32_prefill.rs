@@ -39,7 +39,8 @@ use super::packed32::{assert_shapes, Packed32, PackedDef, GROUP_ROWS, Q4_0, Q4_1
 use gguf::GgmlType;
 
 /// Fewest tokens of a call for which [`run_groups`] takes this path (below it the decode
-/// kernels, whose per-call cost is lower).
+/// kernels, whose per-call cost is lower). The `BlockSum` definition comes here from
+/// `FEW_TOKENS_MAX + 1` tokens on (`packed32_blocksum::few_tokens512` below that).
 pub(super) const MIN_TOKENS: usize = 3;
 
 /// Tokens per register tile: 8 lane accumulators of 16 rows per token (24 of the 32 vector
@@ -508,12 +509,14 @@ mod tests {
         check::prefill_matches_portable(f, PackedDef::Ggml, 11, &toks);
     }
 
-    /// The `BlockSum` sweep, token counts across its tile and chunk edges: bit-identical to
-    /// that definition's portable path.
+    /// The `BlockSum` sweep, token counts across its tile and chunk edges (every remainder of
+    /// a tile; the sweep takes more than `FEW_TOKENS_MAX` tokens, fewer go to
+    /// `packed32_blocksum::few_tokens512`): bit-identical to that definition's portable path.
     #[test]
     fn block_sum_prefill_tiles_match_portable_bitwise() {
         let f = CpuFeatures::detect();
-        let toks = [MIN_TOKENS, 4, 5, 6, 7, 11, CHUNK, CHUNK + 1, 2 * CHUNK + 5];
+        let toks = [9, 10, 11, 12, 13, 14, CHUNK, CHUNK + 1, 2 * CHUNK + 5];
+        assert!(toks[0] > crate::packed32_blocksum::FEW_TOKENS_MAX);
         check::prefill_matches_portable(f, PackedDef::BlockSum, 17, &toks);
     }
 }

@@ -3,7 +3,8 @@
 //! decode reads them), and one matrix kept cache-resident (the kernel's compute bound). Prints
 //! GB/s of weights read per second on 1 and 2 threads. Measures only.
 //!
-//! `cargo run --release -p model --example packed_stream [MiB]`
+//! `cargo run --release -p model --example packed_stream [MiB]` (`TOKENS=N`: a step of N tokens,
+//! as N decodes batched together read the weights once; default 1).
 
 use std::time::Instant;
 
@@ -54,8 +55,13 @@ fn main() {
         }
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(99);
-    let x: Vec<f32> = (0..1536).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-    let mut y = vec![0f32; 1536];
+    let tokens: usize = std::env::var("TOKENS")
+        .ok()
+        .map_or(1, |v| v.parse().expect("TOKENS"));
+    let x: Vec<f32> = (0..1536 * tokens)
+        .map(|_| rng.gen_range(-1.0f32..1.0))
+        .collect();
+    let mut y = vec![0f32; 1536 * tokens];
     for threads in [1, 2] {
         let pool = ThreadPool::new(threads);
         let bw = model::measure_read_bandwidth(&pool, 256 << 20, 8);
@@ -71,7 +77,14 @@ fn main() {
                 data: &m.0,
                 packed: Some(&m.1),
             };
-            matmul(&pool, &w, &x[..m.3], 1, &mut y[..m.2]).expect("matmul");
+            matmul(
+                &pool,
+                &w,
+                &x[..m.3 * tokens],
+                tokens,
+                &mut y[..m.2 * tokens],
+            )
+            .expect("matmul");
         };
         // Streaming: every matrix once per pass.
         let mut best = f64::MAX;

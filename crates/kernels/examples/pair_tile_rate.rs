@@ -1,0 +1,81 @@
+//! The bf16-pair tile step's rate alone, one thread: `ROWS` query rows (a prefill tile's GQA
+//! group) swept over `TILES` staged 32-position tiles of random K/V, as `attention_tiled` runs
+//! a segment, reported in GFLOP/s (`4 · head_dim` per row and position: `q·Kᵀ` and `p·V`, a
+//! multiply-add counted as two) beside this thread's `vdpbf16ps` peak (`kernels::peak`).
+//!
+//! `cargo run --release -p kernels --example pair_tile_rate -- [ROWS] [TILES] [REPS]`
+
+use std::time::Instant;
+
+use half::bf16;
+use kernels::flash_tile::TileSoftmax;
+use kernels::flash_tile_pairs::{query_pairs, tile_update_pairs, PairTile, PAIR_TILE_POSITIONS};
+use kernels::CpuFeatures;
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().expect("a count"))
+        .collect();
+    let rows = args.first().copied().unwrap_or(48);
+    let tiles = args.get(1).copied().unwrap_or(16);
+    let reps = args.get(2).copied().unwrap_or(200);
+    let hd = 64;
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    let staged: Vec<PairTile> = (0..tiles)
+        .map(|_| {
+            let k: Vec<bf16> = (0..PAIR_TILE_POSITIONS * hd)
+                .map(|_| bf16::from_f32(rnd() * 4.0))
+                .collect();
+            let v: Vec<bf16> = (0..PAIR_TILE_POSITIONS * hd)
+                .map(|_| bf16::from_f32(rnd()))
+                .collect();
+            let mut t = PairTile::new(hd);
+            t.stage(&k, &v, PAIR_TILE_POSITIONS);
+            t
+        })
+        .collect();
+    let qs: Vec<Vec<u32>> = (0..rows)
+        .map(|_| {
+            let q: Vec<f32> = (0..hd).map(|_| rnd() * 4.0).collect();
+            let mut p = vec![0u32; hd / 2];
+            query_pairs(&q, &mut p);
+            p
+        })
+        .collect();
+    let features = kernels::cpu_features();
+    let valids = vec![PAIR_TILE_POSITIONS; rows];
+    let qrefs: Vec<&[u32]> = qs.iter().map(|q| q.as_slice()).collect();
+    let mut accs = vec![vec![0f32; hd]; rows];
+    let mut best = f64::INFINITY;
+    let mut check = 0f32;
+    for _ in 0..reps {
+        let mut sts = vec![TileSoftmax::default(); rows];
+        accs.iter_mut().for_each(|a| a.fill(0.0));
+        let t0 = Instant::now();
+        for tile in &staged {
+            let mut arefs: Vec<&mut [f32]> = accs.iter_mut().map(|a| a.as_mut_slice()).collect();
+            tile_update_pairs(features, &mut sts, &mut arefs, &qrefs, &valids, tile, 0.125);
+        }
+        best = best.min(t0.elapsed().as_secs_f64());
+        check += sts.iter().map(|s| s.sum).sum::<f32>();
+    }
+    let flop = (4 * hd * PAIR_TILE_POSITIONS * tiles * rows) as f64;
+    let pool = kernels::ThreadPool::new(1);
+    let peak =
+        kernels::peak::measure_peak(&pool, kernels::peak::PeakOp::Bf16Dot, 10).map(|p| p.best());
+    println!(
+        "{rows} rows x {tiles} tiles, hd {hd}: {:.1} GFLOP/s = {:.0}% of the bf16 pair-dot peak {:.1} ({:.1} ns per row and tile) [check {check:.3}]",
+        flop / best / 1e9,
+        100.0 * flop / best / peak.unwrap_or(f64::NAN),
+        peak.unwrap_or(f64::NAN) / 1e9,
+        best * 1e9 / (tiles * rows) as f64
+    );
+    let _ = CpuFeatures::PORTABLE;
+}
