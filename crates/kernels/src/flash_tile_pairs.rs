@@ -22,16 +22,23 @@
 //!    `(k[t][2i], k[t][2i+1])` and `(q[2i], q[2i+1])` for the dimension pairs `i ≡ l (mod 2)`
 //!    in order — two chains per position (`hd` a multiple of 4), so a decode's few rows still
 //!    keep enough independent chains in flight;
-//! 2. `m' = max(m, max_t s[t])`; when `m' > m`: `f = exp(m − m')`, `acc *= f`, `l *= f`
-//!    (as `flash_tile`);
-//! 3. `p[t] = bf16(exp(s[t] − m'))` (rounded as the query; 0 at and past `valid`);
-//!    `l += (hsum8(p[0..8]) + hsum8(p[8..16])) + (hsum8(p[16..24]) + hsum8(p[24..32]))` over
-//!    the rounded weights, so `l` is the sum of the weights `p·V` uses;
+//! 2. the reference `m` is raised only when the tile's largest score passes it by more than
+//!    [`RAISE_MARGIN`]: when `M = max_t s[t] > m + RAISE_MARGIN`, `f = exp(m − M)`,
+//!    `acc *= f`, `l *= f`, `m = M` (`exp` and the rescaling as `flash_tile`'s). A row's
+//!    first tile always raises it (from −∞); past a row's first few tiles most keep it, so
+//!    the maximum is compared lane-wise and reduced only when it is raised. Weights then reach
+//!    `e^RAISE_MARGIN` at most; the ratio `acc / l` is unchanged by the choice of `m`;
+//! 3. `p[t] = bf16(exp_weight(s[t] − m))` (rounded as the query; 0 at and past `valid`):
+//!    [`exp_weight`] is a degree-4 polynomial, accurate far below the bf16 rounding that
+//!    follows it (`flash_tile`'s degree-6 one is spent on f32 weights); then
+//!    `l += hsum16(lanes)` where lane `j` is the pair step of `(p[2j], p[2j+1])` against
+//!    `(1, 1)` from +0 ([`hsum16`]'s fixed tree), so `l` is the sum of the weights `p·V` uses;
 //! 4. for each position pair `j < ⌈valid/2⌉` in order, every `e`:
 //!    `acc[e] = dp(acc[e], (v[2j][e], v[2j+1][e]), (p[2j], p[2j+1]))`, where a position at
 //!    `valid` (odd `valid`, last pair) counts as `p = +0`, `v = +0`.
 //!
-//! `exp` and the merge of segments are `flash_tile`'s. A row's result depends only on its
+//! The rescaling's `exp` and the merge of segments are `flash_tile`'s (the merge is exact for
+//! any reference `m`). A row's result depends only on its
 //! query, its K/V and its position count — never on which rows share the tile or how the tile
 //! was staged (positions past a row's `valid` never reach its arithmetic).
 
@@ -278,12 +285,50 @@ pub fn tile_update_pairs(
     }
 }
 
-/// `(hsum8(x[0..8]) + hsum8(x[8..16])) + (hsum8(x[16..24]) + hsum8(x[24..32]))`, `hsum8`
-/// being `flash_tile`'s tree.
+/// How far above a row's running maximum `m` a tile's largest score may lie before `m` is
+/// raised (module doc, step 2): weights up to `e^8` before rounding, far inside bf16's and
+/// f32's range, and most tiles past a row's first few skip the rescaling.
+pub const RAISE_MARGIN: f32 = 8.0;
+/// Below this argument [`exp_weight`] is taken here (its result is then below f32's normal
+/// range and rounds to a bf16 zero).
+const EXP_WEIGHT_FLOOR: f32 = -100.0;
+/// Taylor coefficients of `e^r` on `|r| ≤ ln 2 / 2` (relative error ≤ 4.3e-5, under a fortieth
+/// of a bf16 rounding step).
+const W_C1: f32 = 1.0;
+const W_C2: f32 = 0.5;
+const W_C3: f32 = 1.0 / 6.0;
+const W_C4: f32 = 1.0 / 24.0;
+/// The pair word of two bf16 ones (the weights' sum is a pair step against it).
+const ONE_PAIR: u32 = 0x3F80_3F80;
+
+/// The weight exponential of step 3 (module doc): `n = round_even(x · log2 e)` (after
+/// `x = max(x, -100)`), `r = fma(n, -ln 2, x)`, `y` Horner's degree-4 polynomial in `r` in
+/// fused multiply-adds, `y · 2^n` (zero where that is below f32's normal range: the rounding
+/// to bf16 flushes it there anyway). Only ever rounded to bf16 afterwards.
 #[inline]
-fn group_sums(x: &[f32; TILE]) -> f32 {
-    let h = |x: &[f32]| ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
-    (h(&x[..8]) + h(&x[8..16])) + (h(&x[16..24]) + h(&x[24..]))
+pub fn exp_weight(x: f32) -> f32 {
+    let x = x.max(EXP_WEIGHT_FLOOR);
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = n.mul_add(-std::f32::consts::LN_2, x);
+    let mut y = W_C4.mul_add(r, W_C3);
+    y = y.mul_add(r, W_C2);
+    y = y.mul_add(r, W_C1);
+    y = y.mul_add(r, 1.0);
+    if n <= -127.0 {
+        0.0
+    } else {
+        y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+    }
+}
+
+/// `((x[j] + x[j+8]) …)`: halves, then quarters, then pairs, then the last two lanes —
+/// `d = c0 + c1` with `c_j = b_j + b_{j+2}`, `b_j = a_j + a_{j+4}`, `a_j = x_j + x_{j+8}`.
+#[inline]
+fn hsum16(x: &[f32; PAIRS]) -> f32 {
+    let a: [f32; 8] = std::array::from_fn(|j| x[j] + x[j + 8]);
+    let b: [f32; 4] = std::array::from_fn(|j| a[j] + a[j + 4]);
+    let c: [f32; 2] = std::array::from_fn(|j| b[j] + b[j + 2]);
+    c[0] + c[1]
 }
 
 /// The definition (module doc) for one row, in scalar operations.
@@ -326,19 +371,20 @@ fn softmax_portable(
     valid: usize,
 ) -> [u16; TILE] {
     let tile_max = s[..valid].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if tile_max > st.max {
+    if tile_max > st.max + RAISE_MARGIN {
         let f = exp_poly_portable(st.max - tile_max);
         acc.iter_mut().for_each(|a| *a *= f);
         st.sum *= f;
         st.max = tile_max;
     }
     let mut p = [0u16; TILE];
-    let mut pf = [0f32; TILE];
     for t in 0..valid {
-        p[t] = round_bf16(exp_poly_portable(s[t] - st.max));
-        pf[t] = widen(p[t]);
+        p[t] = round_bf16(exp_weight(s[t] - st.max));
     }
-    st.sum += group_sums(&pf);
+    let lanes: [f32; PAIRS] = std::array::from_fn(|j| {
+        pair_step(0.0, p[2 * j] as u32 | (p[2 * j + 1] as u32) << 16, ONE_PAIR)
+    });
+    st.sum += hsum16(&lanes);
     p
 }
 
@@ -517,8 +563,11 @@ mod x86 {
 
     use half::bf16;
 
-    use super::super::flash_tile_wide::x86::{exp16, group_sums, raise_max16};
-    use super::{PairTile, TileSoftmax, PAIRS, TILE};
+    use super::super::flash_tile_wide::x86::raise_max16;
+    use super::{
+        PairTile, TileSoftmax, EXP_WEIGHT_FLOOR, ONE_PAIR, PAIRS, RAISE_MARGIN, TILE, W_C1, W_C2,
+        W_C3, W_C4,
+    };
 
     /// Rows per block: two chains per position and two 16-position vectors per chain, so 24
     /// independent `vdpbf16ps` chains in flight for the scores (a decode's three rows: 12), and
@@ -665,6 +714,37 @@ mod x86 {
         ]
     }
 
+    /// [`super::exp_weight`] of 16 lanes (the same operations; `vscalefps` multiplies by
+    /// `2^n` exactly, giving a denormal where the scalar path gives a zero or a denormal: the
+    /// rounding to bf16 flushes both to zero).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn exp_weight16(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(x, _mm512_set1_ps(EXP_WEIGHT_FLOOR));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-std::f32::consts::LN_2), x);
+        let mut y = _mm512_fmadd_ps(_mm512_set1_ps(W_C4), r, _mm512_set1_ps(W_C3));
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(W_C2));
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(W_C1));
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.0));
+        _mm512_scalef_ps(y, n)
+    }
+
+    /// [`super::hsum16`] in registers: halves, quarters, pairs, then the last two lanes.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn hsum16(v: __m512) -> f32 {
+        let a = _mm256_add_ps(
+            _mm512_castps512_ps256(v),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+        );
+        let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+        _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)))
+    }
+
     /// Bits as the instruction's bf16 operand type.
     #[inline(always)]
     fn bh(x: __m512i) -> __m512bh {
@@ -751,7 +831,8 @@ mod x86 {
         // Steps 2–3 per row; the weight pairs of step 4 kept as words.
         let vscale = _mm512_set1_ps(scale);
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-        let mut pw = [[0u32; PAIRS]; R];
+        let ones = bh(_mm512_set1_epi32(ONE_PAIR as i32));
+        let mut pwv = [_mm512_setzero_si512(); R];
         let mut full = true;
         for r in 0..R {
             let valid = valids[r];
@@ -766,24 +847,23 @@ mod x86 {
             let x0 = _mm512_mask_blend_ps(live as __mmask16, ninf, s0);
             let x1 = _mm512_mask_blend_ps((live >> 16) as __mmask16, ninf, s1);
             let st = &mut sts[r];
-            let tile_max = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
-            raise_max16(st, accs[r], tile_max);
+            let mx = _mm512_max_ps(x0, x1);
+            let bar = _mm512_set1_ps(st.max + RAISE_MARGIN);
+            if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mx, bar) != 0 {
+                raise_max16(st, accs[r], _mm512_reduce_max_ps(mx));
+            }
             let m = _mm512_set1_ps(st.max);
-            let e0 = exp16(_mm512_sub_ps(x0, m));
-            let e1 = exp16(_mm512_sub_ps(x1, m));
+            let e0 = exp_weight16(_mm512_sub_ps(x0, m));
+            let e1 = exp_weight16(_mm512_sub_ps(x1, m));
             // SAFETY: both are 64-byte plain vector types; every bit pattern is a valid value.
             let rounded =
                 unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(e1, e0)) };
-            let w0 = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-                _mm512_castsi512_si256(rounded),
-            )));
-            let w1 = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
-                _mm512_extracti64x4_epi64::<1>(rounded),
-            )));
-            st.sum += group_sums(w0) + group_sums(w1);
-            // SAFETY: `pw[r]` holds 16 words (64 bytes).
-            unsafe { _mm512_storeu_si512(pw[r].as_mut_ptr().cast(), rounded) };
+            st.sum += hsum16(_mm512_dpbf16_ps(_mm512_setzero_ps(), bh(rounded), ones));
+            pwv[r] = rounded;
         }
+        // SAFETY: `[__m512i; R]` and `[[u32; 16]; R]` have the same size and the first's
+        // alignment is a multiple of the second's; every bit pattern is a valid `u32`.
+        let pw = unsafe { &*pwv.as_ptr().cast::<[[u32; PAIRS]; R]>() };
         // Step 4.
         let vp = tile.values.as_ptr();
         let chunks = hd / 16;
@@ -793,14 +873,14 @@ mod x86 {
             // SAFETY: forwarded caller's contract; `c0 + m <= hd / 16`.
             unsafe {
                 match (full, m) {
-                    (true, 4) => values_full::<R, 4>(accs, &pw, vp, hd, c0),
-                    (true, 3) => values_full::<R, 3>(accs, &pw, vp, hd, c0),
-                    (true, 2) => values_full::<R, 2>(accs, &pw, vp, hd, c0),
-                    (true, _) => values_full::<R, 1>(accs, &pw, vp, hd, c0),
-                    (false, 4) => values_rows::<R, 4>(accs, &pw, valids, vp, hd, c0),
-                    (false, 3) => values_rows::<R, 3>(accs, &pw, valids, vp, hd, c0),
-                    (false, 2) => values_rows::<R, 2>(accs, &pw, valids, vp, hd, c0),
-                    (false, _) => values_rows::<R, 1>(accs, &pw, valids, vp, hd, c0),
+                    (true, 4) => values_full::<R, 4>(accs, pw, vp, hd, c0),
+                    (true, 3) => values_full::<R, 3>(accs, pw, vp, hd, c0),
+                    (true, 2) => values_full::<R, 2>(accs, pw, vp, hd, c0),
+                    (true, _) => values_full::<R, 1>(accs, pw, vp, hd, c0),
+                    (false, 4) => values_rows::<R, 4>(accs, pw, valids, vp, hd, c0),
+                    (false, 3) => values_rows::<R, 3>(accs, pw, valids, vp, hd, c0),
+                    (false, 2) => values_rows::<R, 2>(accs, pw, valids, vp, hd, c0),
+                    (false, _) => values_rows::<R, 1>(accs, pw, valids, vp, hd, c0),
                 }
             }
             c0 += m;
@@ -1084,6 +1164,89 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The reference maximum moves only past the margin: a row's first tile sets it, a tile
+    /// whose best score lies within `RAISE_MARGIN` of it keeps it (its weights above 1), one
+    /// past the margin raises it — on every path alike, bit for bit — and the normalised
+    /// output stays the softmax's.
+    #[test]
+    fn the_reference_maximum_moves_only_past_the_margin() {
+        let hd = 16;
+        // q = (1, 0, …): a position's score is its key's first element (scale 1).
+        let mut qf = vec![0f32; hd];
+        qf[0] = 1.0;
+        let mut q = vec![0u32; hd / 2];
+        query_pairs(&qf, &mut q);
+        let best = [1.0f32, 1.0 + RAISE_MARGIN - 3.0, 1.0 + RAISE_MARGIN + 21.0];
+        let mut scores = Vec::new();
+        let staged: Vec<PairTile> = best
+            .iter()
+            .map(|&b| {
+                let mut keys = vec![bf16::ZERO; TILE * hd];
+                let mut vals = vec![bf16::ZERO; TILE * hd];
+                for t in 0..TILE {
+                    let sc = if t == 5 {
+                        b
+                    } else {
+                        (t % 7) as f32 * 0.25 - 1.0
+                    };
+                    keys[t * hd] = bf16::from_f32(sc);
+                    scores.push(bf16::from_f32(sc).to_f32());
+                    for e in 0..hd {
+                        vals[t * hd + e] = bf16::from_f32(((t * 3 + e) % 11) as f32 * 0.1 - 0.5);
+                    }
+                }
+                let mut tile = PairTile::new(hd);
+                tile.stage(&keys, &vals, TILE);
+                tile
+            })
+            .collect();
+        let mut runs = Vec::new();
+        for f in features() {
+            let mut st = TileSoftmax::default();
+            let mut acc = vec![0f32; hd];
+            let mut maxima = Vec::new();
+            for tile in &staged {
+                tile_update_pairs(
+                    f,
+                    std::slice::from_mut(&mut st),
+                    &mut [&mut acc[..]],
+                    &[&q],
+                    &[TILE],
+                    tile,
+                    1.0,
+                );
+                maxima.push(st.max);
+            }
+            assert_eq!(maxima, [best[0], best[0], best[2]], "{}", f.name());
+            runs.push((st, acc.iter().map(|x| x.to_bits()).collect::<Vec<_>>()));
+            // The softmax-weighted values, exactly, to bf16 weight rounding.
+            let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let w: Vec<f64> = scores.iter().map(|&s| f64::from(s - m).exp()).collect();
+            let total: f64 = w.iter().sum();
+            for (e, &a) in acc.iter().enumerate() {
+                let want: f64 = (0..scores.len())
+                    .map(|i| {
+                        let t = i % TILE;
+                        w[i] * f64::from(
+                            bf16::from_f32(((t * 3 + e) % 11) as f32 * 0.1 - 0.5).to_f32(),
+                        )
+                    })
+                    .sum::<f64>()
+                    / total;
+                let got = f64::from(a / st.sum);
+                assert!(
+                    (got - want).abs() < 1e-2,
+                    "{} e={e}: {got} vs {want}",
+                    f.name()
+                );
+            }
+        }
+        assert!(
+            runs.windows(2).all(|w| w[0] == w[1]),
+            "every path gives the same bits"
+        );
     }
 
     /// Every staging path writes the scalar staging's words, for every row count.
