@@ -1,7 +1,8 @@
 //! The [`PackedDef::BlockSum`](super::packed32::PackedDef) definition of a packed matrix's
 //! outputs, its portable twin, its AVX2 and AVX-512 VNNI single-token (decode) kernels and the
 //! AVX-512 VNNI kernel of a step of a few decodes (2 to [`FEW_TOKENS_MAX`] tokens, weights
-//! streamed once for all of them); the prefill sweeps over more tokens live with the others
+//! streamed once for all of them; up to [`FEW_TOKENS_PASSES_MAX`] in two passes); the prefill
+//! sweeps over more tokens live with the others
 //! (`packed32_prefill_avx2`, `packed32_prefill`).
 //!
 //! Definition, per row `r` and token `t` over the blocks `b` in order:
@@ -281,12 +282,26 @@ pub(super) unsafe fn one_token512<const K: u8>(
     }
 }
 
-/// Most tokens [`few_tokens512`] takes in one pass (a step of a few decodes); more go to the
-/// prefill sweep (`packed32_prefill`), which decodes each group's weights into a scratch once
-/// per chunk of tokens.
+/// Most tokens [`few_tokens512`] takes in one pass (a step of a few decodes).
 pub(super) const FEW_TOKENS_MAX: usize = 8;
+/// Most tokens of a call taken by passes of [`few_tokens512`] (each streams the weights once);
+/// more go to the prefill sweep (`packed32_prefill`), which decodes each group's weights into
+/// a scratch once per chunk of tokens. Two passes of up to 8 tokens cost less than the sweep
+/// over 9 to 16 (its tiles and chunk are sized for hundreds of tokens).
+pub(super) const FEW_TOKENS_PASSES_MAX: usize = 2 * FEW_TOKENS_MAX;
 
-/// [`few_tokens512`] for `act.num_tokens` (2 to [`FEW_TOKENS_MAX`]) tokens of type `K`.
+/// The passes [`few_tokens512`] takes `num_tokens` (2 to [`FEW_TOKENS_PASSES_MAX`]) in: as
+/// few as fit, of as equal lengths as possible (`(first token, tokens)`).
+pub(super) fn few_token_passes(num_tokens: usize) -> impl Iterator<Item = (usize, usize)> {
+    let passes = num_tokens.div_ceil(FEW_TOKENS_MAX);
+    (0..passes).map(move |i| {
+        let start = i * num_tokens / passes;
+        (start, (i + 1) * num_tokens / passes - start)
+    })
+}
+
+/// [`few_tokens512`] for tokens `t0..t0 + len` of `act` (`len` 2 to [`FEW_TOKENS_MAX`]), type
+/// `K`.
 ///
 /// # Safety
 /// As [`few_tokens512`].
@@ -296,24 +311,26 @@ pub(super) unsafe fn few_tokens512_any<const K: u8>(
     p: &Packed32,
     groups: Range<usize>,
     act: &ActQ8,
+    (t0, len): (usize, usize),
     out: &super::out_ptr::OutPtr,
 ) {
-    // SAFETY: forwarded caller's contract; each arm's `T` is `act.num_tokens`.
+    // SAFETY: forwarded caller's contract; each arm's `T` is `len`.
     unsafe {
-        match act.num_tokens {
-            2 => few_tokens512::<K, 2>(p, groups, act, out),
-            3 => few_tokens512::<K, 3>(p, groups, act, out),
-            4 => few_tokens512::<K, 4>(p, groups, act, out),
-            5 => few_tokens512::<K, 5>(p, groups, act, out),
-            6 => few_tokens512::<K, 6>(p, groups, act, out),
-            7 => few_tokens512::<K, 7>(p, groups, act, out),
-            8 => few_tokens512::<K, 8>(p, groups, act, out),
+        match len {
+            2 => few_tokens512::<K, 2>(p, groups, act, t0, out),
+            3 => few_tokens512::<K, 3>(p, groups, act, t0, out),
+            4 => few_tokens512::<K, 4>(p, groups, act, t0, out),
+            5 => few_tokens512::<K, 5>(p, groups, act, t0, out),
+            6 => few_tokens512::<K, 6>(p, groups, act, t0, out),
+            7 => few_tokens512::<K, 7>(p, groups, act, t0, out),
+            8 => few_tokens512::<K, 8>(p, groups, act, t0, out),
             t => panic!("few_tokens512 takes 2 to {FEW_TOKENS_MAX} tokens, got {t}"),
         }
     }
 }
 
-/// AVX-512 VNNI kernel for a step of `T` tokens (`2 ≤ T ≤` [`FEW_TOKENS_MAX`]: a few decodes):
+/// AVX-512 VNNI kernel for `T` tokens (`2 ≤ T ≤` [`FEW_TOKENS_MAX`]: a step of a few decodes,
+/// or a pass over part of a few more), tokens `t0..t0 + T` of `act`:
 /// each block's weights are loaded and unpacked once and applied to all `T` tokens, so the
 /// weights stream through memory once per step as they do for one token (the prefill sweep
 /// would write them to a scratch and read them back, the single-token kernel would read them
@@ -322,26 +339,28 @@ pub(super) unsafe fn few_tokens512_any<const K: u8>(
 /// order: bit-identical to every other path (tests below).
 ///
 /// # Safety
-/// AVX-512 F+VL+VNNI and AVX2+FMA+F16C present; `act` holds `T` tokens of `p.num_blocks()`
-/// blocks, `groups` lies in `p` (checked by [`run_groups`]) and `out` is the `[T][num_rows]`
-/// output whose rows of `groups` this task owns.
+/// AVX-512 F+VL+VNNI and AVX2+FMA+F16C present; `act` holds at least `t0 + T` tokens of
+/// `p.num_blocks()` blocks, `groups` lies in `p` (checked by [`run_groups`]) and `out` is the
+/// `[act.num_tokens][num_rows]` output whose rows of `groups` this task owns.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub(super) unsafe fn few_tokens512<const K: u8, const T: usize>(
     p: &Packed32,
     groups: Range<usize>,
     act: &ActQ8,
+    t0: usize,
     out: &super::out_ptr::OutPtr,
 ) {
     let (nb, bb) = (p.num_blocks(), p.block_bytes());
     let n = p.num_rows();
+    let end = t0 + T;
     assert!(
-        act.num_tokens == T
-            && act.qs.len() >= T * nb * QK8
-            && act.block_sums.len() >= T * nb
-            && act.d.len() >= T * nb
-            && act.s.len() >= T * nb,
-        "{T} tokens of {nb} blocks"
+        act.num_tokens >= end
+            && act.qs.len() >= end * nb * QK8
+            && act.block_sums.len() >= end * nb
+            && act.d.len() >= end * nb
+            && act.s.len() >= end * nb,
+        "tokens {t0}..{end} of {nb} blocks"
     );
     let scales = quant_layout(p.ty()).1 * 64;
     let all = p.bytes();
@@ -394,7 +413,7 @@ pub(super) unsafe fn few_tokens512<const K: u8, const T: usize>(
                     _mm512_setzero_ps()
                 };
                 for (t, a) in acc.iter_mut().enumerate() {
-                    let tb = t * nb + b;
+                    let tb = (t0 + t) * nb + b;
                     let x = xq.add(tb * QK8).cast::<i32>();
                     let start = if corr != 0 {
                         corr * act.block_sums[tb]
@@ -429,7 +448,7 @@ pub(super) unsafe fn few_tokens512<const K: u8, const T: usize>(
             // SAFETY: `y` holds 16 floats.
             unsafe { _mm512_storeu_ps(y.as_mut_ptr(), *a) };
             for (lane, v) in y.iter().take(rows).enumerate() {
-                out.write(t * n + g * GROUP_ROWS + lane, *v);
+                out.write((t0 + t) * n + g * GROUP_ROWS + lane, *v);
             }
         }
     }
@@ -506,9 +525,25 @@ mod tests {
         }
     }
 
+    /// The passes cover every token once, in order, each of 2 to `FEW_TOKENS_MAX` tokens.
+    #[test]
+    fn few_token_passes_cover_the_tokens() {
+        for n in 2..=FEW_TOKENS_PASSES_MAX {
+            let passes: Vec<_> = few_token_passes(n).collect();
+            let mut next = 0;
+            for &(t0, len) in &passes {
+                assert_eq!(t0, next, "{n}: {passes:?}");
+                assert!((2..=FEW_TOKENS_MAX).contains(&len), "{n}: {passes:?}");
+                next += len;
+            }
+            assert_eq!(next, n);
+            assert_eq!(passes.len(), n.div_ceil(FEW_TOKENS_MAX));
+        }
+    }
+
     /// Every path (portable, AVX2 with AVX-512 masked off, AVX-512 VNNI where the CPU has it),
-    /// token counts of every few-token kernel (2 to `FEW_TOKENS_MAX`) and across the prefill
-    /// kernels' tile and chunk edges, one to three threads and
+    /// token counts of every few-token kernel (2 to `FEW_TOKENS_MAX`, and their passes up to
+    /// `FEW_TOKENS_PASSES_MAX`) and across the prefill kernels' tile and chunk edges, one to three threads and
     /// padded groups give bit-identical outputs; activations at the edge of the 16-bit sums (all
     /// ±127, weights at their extremes) included.
     #[test]
@@ -563,6 +598,9 @@ mod tests {
                         (0, 7),
                         (1, 8),
                         (3, 9),
+                        (0, 13),
+                        (2, 16),
+                        (0, 17),
                         (1, 64),
                         (0, 70),
                     ] {

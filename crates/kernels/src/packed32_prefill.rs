@@ -40,7 +40,7 @@ use gguf::GgmlType;
 
 /// Fewest tokens of a call for which [`run_groups`] takes this path (below it the decode
 /// kernels, whose per-call cost is lower). The `BlockSum` definition comes here from
-/// `FEW_TOKENS_MAX + 1` tokens on (`packed32_blocksum::few_tokens512` below that).
+/// `FEW_TOKENS_PASSES_MAX + 1` tokens on (`packed32_blocksum::few_tokens512` below that).
 pub(super) const MIN_TOKENS: usize = 3;
 
 /// Tokens per register tile: 8 lane accumulators of 16 rows per token (24 of the 32 vector
@@ -510,13 +510,13 @@ mod tests {
     }
 
     /// The `BlockSum` sweep, token counts across its tile and chunk edges (every remainder of
-    /// a tile; the sweep takes more than `FEW_TOKENS_MAX` tokens, fewer go to
+    /// a tile; the sweep takes more than `FEW_TOKENS_PASSES_MAX` tokens, fewer go to
     /// `packed32_blocksum::few_tokens512`): bit-identical to that definition's portable path.
     #[test]
     fn block_sum_prefill_tiles_match_portable_bitwise() {
         let f = CpuFeatures::detect();
-        let toks = [9, 10, 11, 12, 13, 14, CHUNK, CHUNK + 1, 2 * CHUNK + 5];
-        assert!(toks[0] > crate::packed32_blocksum::FEW_TOKENS_MAX);
+        let toks = [17, 18, 19, 20, 21, 22, CHUNK, CHUNK + 1, 2 * CHUNK + 5];
+        assert!(toks[0] > crate::packed32_blocksum::FEW_TOKENS_PASSES_MAX);
         check::prefill_matches_portable(f, PackedDef::BlockSum, 17, &toks);
     }
 }

@@ -14,7 +14,9 @@ use super::packed32::{assert_shapes, group_scalar, Packed32, PackedDef, GROUP_RO
 use super::packed32::{Q4_0, Q4_1, Q5_0, Q8_0};
 use super::packed32_blocksum::token_scalar;
 #[cfg(target_arch = "x86_64")]
-use super::packed32_blocksum::{few_tokens512_any, one_token, one_token512, FEW_TOKENS_MAX};
+use super::packed32_blocksum::{
+    few_token_passes, few_tokens512_any, one_token, one_token512, FEW_TOKENS_PASSES_MAX,
+};
 use gguf::GgmlType;
 
 /// Computes groups `groups` for every token of `act` into `out` (`[num_tokens, num_rows]`) in
@@ -124,16 +126,20 @@ pub(super) fn run_groups_blocksum(
                     _ => one_token::<Q8_0>(p, groups, act, o),
                 }
             }
-        } else if f.avx512 && f.vnni && act.num_tokens <= FEW_TOKENS_MAX {
-            // SAFETY: AVX-512 F+VL+VNNI and AVX2+FMA+F16C detected (`clamp_to_detected`); the
-            // shapes were checked (`assert_shapes`); `1 < num_tokens <= FEW_TOKENS_MAX`; this
-            // task owns its groups' rows of every token's output.
-            unsafe {
-                match p.ty() {
-                    GgmlType::Q4_0 => few_tokens512_any::<Q4_0>(p, groups, act, out),
-                    GgmlType::Q4_1 => few_tokens512_any::<Q4_1>(p, groups, act, out),
-                    GgmlType::Q5_0 => few_tokens512_any::<Q5_0>(p, groups, act, out),
-                    _ => few_tokens512_any::<Q8_0>(p, groups, act, out),
+        } else if f.avx512 && f.vnni && act.num_tokens <= FEW_TOKENS_PASSES_MAX {
+            for pass in few_token_passes(act.num_tokens) {
+                let g = groups.clone();
+                // SAFETY: AVX-512 F+VL+VNNI and AVX2+FMA+F16C detected (`clamp_to_detected`);
+                // the shapes were checked (`assert_shapes`); each pass is 2 to
+                // `FEW_TOKENS_MAX` tokens inside the call's; this task owns its groups' rows of
+                // every token's output.
+                unsafe {
+                    match p.ty() {
+                        GgmlType::Q4_0 => few_tokens512_any::<Q4_0>(p, g, act, pass, out),
+                        GgmlType::Q4_1 => few_tokens512_any::<Q4_1>(p, g, act, pass, out),
+                        GgmlType::Q5_0 => few_tokens512_any::<Q5_0>(p, g, act, pass, out),
+                        _ => few_tokens512_any::<Q8_0>(p, g, act, pass, out),
+                    }
                 }
             }
         } else if !super::packed32_prefill::run_groups(
