@@ -2,7 +2,9 @@
 # Many agents at once (issue #48): the ReAct-shaped load (1,200-token system prompt, 150-500-token
 # observations, 48 tokens out, greedy, closed loop) at each agent count of AGENTS, against
 # agentkv with its KV pool sized to a quarter of the load's working set and a RAM tier below it,
-# and, when VLLM_START is given, vLLM's CPU build (see agent_load.sh). Each server alone and
+# llama.cpp's llama-server when LLAMA_SERVER names its binary (one slot per agent, each with an
+# agent's whole context; built as agent_load.sh says), and, when VLLM_START is given, vLLM's CPU
+# build (see agent_load.sh). Each server alone and
 # fresh, one after the other. Prints per server and agent count: wall, call latency p50/p95/p99,
 # TTFT p50/p95, cached share; raw results under OUT.
 #
@@ -49,6 +51,15 @@ for n in $agent_counts; do
   wait_up http://127.0.0.1:18921
   run_load "agentkv-$n" http://127.0.0.1:18921 SmolLM2-135M-Instruct.Q4_1 "$n"
   kill $pid; wait $pid 2>/dev/null || true
+  if [ -n "${LLAMA_SERVER:-}" ]; then
+    # One slot per agent, each with room for an agent's whole context (~5,400 tokens).
+    "$LLAMA_SERVER" -m "$model" -t "$threads" -np "$n" -c $((n * 6144)) --port 18922 \
+      >"$out/llama-server-$n.log" 2>&1 &
+    lpid=$!
+    wait_up http://127.0.0.1:18922
+    run_load "llama-server-$n" http://127.0.0.1:18922 SmolLM2-135M-Instruct.Q4_1 "$n"
+    kill $lpid; wait $lpid 2>/dev/null || true
+  fi
   if [ -n "${VLLM_START:-}" ]; then
     setsid bash -c "$VLLM_START" >"$out/vllm-$n.log" 2>&1 &
     vpid=$!
