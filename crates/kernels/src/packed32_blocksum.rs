@@ -1,7 +1,8 @@
 //! The [`PackedDef::BlockSum`](super::packed32::PackedDef) definition of a packed matrix's
 //! outputs, its portable twin, its AVX2 and AVX-512 VNNI single-token (decode) kernels and the
 //! AVX-512 VNNI kernel of a step of a few decodes (2 to [`FEW_TOKENS_MAX`] tokens, weights
-//! streamed once for all of them; up to [`FEW_TOKENS_PASSES_MAX`] in two passes); the prefill
+//! streamed once for all of them; up to [`FEW_TOKENS_PASSES_MAX`] in two passes) and its AVX2
+//! twin for 2 to [`FEW_TOKENS_AVX2_MAX`] tokens; the prefill
 //! sweeps over more tokens live with the others
 //! (`packed32_prefill_avx2`, `packed32_prefill`).
 //!
@@ -181,6 +182,138 @@ pub(super) unsafe fn one_token<const K: u8>(
     }
 }
 
+/// Most tokens [`few_tokens_avx2`] takes in one pass (AVX2 has 16 vector registers).
+pub(super) const FEW_TOKENS_AVX2_MAX: usize = 4;
+/// Most tokens of a call taken by [`few_tokens_avx2`] (one pass); more go to the AVX2 prefill
+/// sweep (`packed32_prefill_avx2`). On AVX2 a token's arithmetic, not the weights' stream,
+/// bounds the kernel: 2 tokens took 0.36–0.39× the sweep's time and 4 tokens 0.8×, but two
+/// passes of 4 were slower than the sweep over 8 (the Zen 5 with `AGENTKV_ISA=avx2`).
+pub(super) const FEW_TOKENS_AVX2_PASSES_MAX: usize = FEW_TOKENS_AVX2_MAX;
+
+/// The passes a few-token kernel of at most `max` tokens a pass takes `num_tokens` in: as few
+/// as fit, of as equal lengths as possible (`(first token, tokens)`).
+pub(super) fn passes_of(num_tokens: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+    let passes = num_tokens.div_ceil(max);
+    (0..passes).map(move |i| {
+        let start = i * num_tokens / passes;
+        (start, (i + 1) * num_tokens / passes - start)
+    })
+}
+
+/// [`few_tokens_avx2`] for tokens `t0..t0 + len` of `act` (`len` 2 to
+/// [`FEW_TOKENS_AVX2_MAX`]), type `K`.
+///
+/// # Safety
+/// As [`few_tokens_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn few_tokens_avx2_any<const K: u8>(
+    p: &Packed32,
+    groups: Range<usize>,
+    act: &ActQ8,
+    (t0, len): (usize, usize),
+    out: &super::out_ptr::OutPtr,
+) {
+    // SAFETY: forwarded caller's contract; each arm's `T` is `len`.
+    unsafe {
+        match len {
+            2 => few_tokens_avx2::<K, 2>(p, groups, act, t0, out),
+            3 => few_tokens_avx2::<K, 3>(p, groups, act, t0, out),
+            4 => few_tokens_avx2::<K, 4>(p, groups, act, t0, out),
+            t => panic!("few_tokens_avx2 takes 2 to {FEW_TOKENS_AVX2_MAX} tokens, got {t}"),
+        }
+    }
+}
+
+/// AVX2 kernel for `T` tokens (`2 ≤ T ≤` [`FEW_TOKENS_AVX2_MAX`]: a step of a few decodes, or a
+/// pass over part of a few more), tokens `t0..t0 + T` of `act`: [`one_token`]'s operations for
+/// each token, block by block, so a block's weights come from memory once a step and from L1 for
+/// the step's other tokens (the prefill sweep would write them to a scratch first).
+/// Bit-identical to every other path (tests below).
+///
+/// # Safety
+/// AVX2+FMA+F16C present; `act` holds at least `t0 + T` tokens of `p.num_blocks()` blocks,
+/// `groups` lies in `p` (checked by [`run_groups`]) and `out` is the
+/// `[act.num_tokens][num_rows]` output whose rows of `groups` this task owns.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn few_tokens_avx2<const K: u8, const T: usize>(
+    p: &Packed32,
+    groups: Range<usize>,
+    act: &ActQ8,
+    t0: usize,
+    out: &super::out_ptr::OutPtr,
+) {
+    let (nb, bb) = (p.num_blocks(), p.block_bytes());
+    let n = p.num_rows();
+    let end = t0 + T;
+    assert!(
+        act.num_tokens >= end
+            && act.qs.len() >= end * nb * QK8
+            && act.block_sums.len() >= end * nb
+            && act.d.len() >= end * nb
+            && act.s.len() >= end * nb,
+        "tokens {t0}..{end} of {nb} blocks"
+    );
+    let scales = quant_layout(p.ty()).1 * 64;
+    let all = p.bytes();
+    let xq = act.qs.as_ptr();
+    let corr = correction(K);
+    for g in groups {
+        let grp = p.group(g);
+        let grp_off = grp.as_ptr() as usize - all.as_ptr() as usize;
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nb {
+            super::packed32_x86::prefetch_ahead(all, grp_off + b * bb, bb);
+            let bp = grp[b * bb..(b + 1) * bb].as_ptr();
+            for (t, a2) in acc.iter_mut().enumerate() {
+                let tb = (t0 + t) * nb + b;
+                // SAFETY: token `t0 + t`'s block `b` is the 32 bytes at `32 tb < 32 end nb`.
+                let xs: [__m256i; 8] = std::array::from_fn(|l| unsafe {
+                    _mm256_set1_epi32(xq.add(tb * QK8 + 4 * l).cast::<i32>().read_unaligned())
+                });
+                let dx = _mm256_set1_ps(act.d[tb]);
+                let start = _mm256_set1_epi32(if corr != 0 {
+                    corr * act.block_sums[tb]
+                } else {
+                    0
+                });
+                for (h, a) in a2.iter_mut().enumerate() {
+                    // SAFETY: as in `one_token`: `bp` is a whole packed block of type `K`
+                    // inside `grp`; its d (and Q4_1's m) run of 16 f16 starts at `scales`
+                    // (`scales + 32`), half `h` at `16h`.
+                    unsafe {
+                        let mut i = half_isum::<K>(bp, h, &xs);
+                        if corr != 0 {
+                            i = _mm256_add_epi32(i, start);
+                        }
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(bp.add(scales + 16 * h).cast()));
+                        *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, dx), *a);
+                        if K == Q4_1 {
+                            let m = _mm256_cvtph_ps(_mm_loadu_si128(
+                                bp.add(scales + 32 + 16 * h).cast(),
+                            ));
+                            *a = _mm256_fmadd_ps(m, _mm256_set1_ps(act.s[tb]), *a);
+                        }
+                    }
+                }
+            }
+        }
+        let rows = (n - g * GROUP_ROWS).min(GROUP_ROWS);
+        for (t, a2) in acc.iter().enumerate() {
+            let mut y = [0f32; GROUP_ROWS];
+            // SAFETY: `y` holds 16 floats, 8 per half.
+            unsafe {
+                _mm256_storeu_ps(y.as_mut_ptr(), a2[0]);
+                _mm256_storeu_ps(y.as_mut_ptr().add(8), a2[1]);
+            }
+            for (lane, v) in y.iter().take(rows).enumerate() {
+                out.write((t0 + t) * n + g * GROUP_ROWS + lane, *v);
+            }
+        }
+    }
+}
+
 /// AVX-512 VNNI decode kernel: token 0 of `act` for groups `groups` into `out` (their rows),
 /// all 16 rows of a block in one pass. A block's integer sum is the eight `vpdpbusd` of its
 /// lanes, started from the correction (`vnni_correction(K) · Σx`: Q8_0's signed weights become
@@ -293,11 +426,7 @@ pub(super) const FEW_TOKENS_PASSES_MAX: usize = 2 * FEW_TOKENS_MAX;
 /// The passes [`few_tokens512`] takes `num_tokens` (2 to [`FEW_TOKENS_PASSES_MAX`]) in: as
 /// few as fit, of as equal lengths as possible (`(first token, tokens)`).
 pub(super) fn few_token_passes(num_tokens: usize) -> impl Iterator<Item = (usize, usize)> {
-    let passes = num_tokens.div_ceil(FEW_TOKENS_MAX);
-    (0..passes).map(move |i| {
-        let start = i * num_tokens / passes;
-        (start, (i + 1) * num_tokens / passes - start)
-    })
+    passes_of(num_tokens, FEW_TOKENS_MAX)
 }
 
 /// [`few_tokens512`] for tokens `t0..t0 + len` of `act` (`len` 2 to [`FEW_TOKENS_MAX`]), type

@@ -15,7 +15,8 @@ use super::packed32::{Q4_0, Q4_1, Q5_0, Q8_0};
 use super::packed32_blocksum::token_scalar;
 #[cfg(target_arch = "x86_64")]
 use super::packed32_blocksum::{
-    few_token_passes, few_tokens512_any, one_token, one_token512, FEW_TOKENS_PASSES_MAX,
+    few_token_passes, few_tokens512_any, few_tokens_avx2_any, one_token, one_token512, passes_of,
+    FEW_TOKENS_AVX2_MAX, FEW_TOKENS_AVX2_PASSES_MAX, FEW_TOKENS_PASSES_MAX,
 };
 use gguf::GgmlType;
 
@@ -139,6 +140,22 @@ pub(super) fn run_groups_blocksum(
                         GgmlType::Q4_1 => few_tokens512_any::<Q4_1>(p, g, act, pass, out),
                         GgmlType::Q5_0 => few_tokens512_any::<Q5_0>(p, g, act, pass, out),
                         _ => few_tokens512_any::<Q8_0>(p, g, act, pass, out),
+                    }
+                }
+            }
+        } else if act.num_tokens <= FEW_TOKENS_AVX2_PASSES_MAX {
+            // (Without AVX-512 VNNI: the branch above took every such count.)
+            for pass in passes_of(act.num_tokens, FEW_TOKENS_AVX2_MAX) {
+                let g = groups.clone();
+                // SAFETY: AVX2+FMA+F16C detected (`clamp_to_detected`); the shapes were checked
+                // (`assert_shapes`); each pass is 2 to `FEW_TOKENS_AVX2_MAX` tokens inside the
+                // call's; this task owns its groups' rows of every token's output.
+                unsafe {
+                    match p.ty() {
+                        GgmlType::Q4_0 => few_tokens_avx2_any::<Q4_0>(p, g, act, pass, out),
+                        GgmlType::Q4_1 => few_tokens_avx2_any::<Q4_1>(p, g, act, pass, out),
+                        GgmlType::Q5_0 => few_tokens_avx2_any::<Q5_0>(p, g, act, pass, out),
+                        _ => few_tokens_avx2_any::<Q8_0>(p, g, act, pass, out),
                     }
                 }
             }
