@@ -182,6 +182,29 @@ pub(super) unsafe fn one_token<const K: u8>(
     }
 }
 
+/// Panics unless `act` holds the tokens `tokens` of `nb` blocks in every buffer the
+/// few-token kernels read.
+fn assert_tokens(act: &ActQ8, nb: usize, tokens: Range<usize>) {
+    let end = tokens.end;
+    assert!(
+        act.num_tokens >= end
+            && act.qs.len() >= end * nb * QK8
+            && act.block_sums.len() >= end * nb
+            && act.d.len() >= end * nb
+            && act.s.len() >= end * nb,
+        "tokens {tokens:?} of {nb} blocks"
+    );
+}
+
+/// Token `t`'s outputs `y` of group `g` into the `[tokens][n]` output (the group's rows that
+/// exist: a last group may hold fewer than 16).
+fn write_group(out: &super::out_ptr::OutPtr, n: usize, g: usize, t: usize, y: &[f32; GROUP_ROWS]) {
+    let rows = (n - g * GROUP_ROWS).min(GROUP_ROWS);
+    for (lane, v) in y.iter().take(rows).enumerate() {
+        out.write(t * n + g * GROUP_ROWS + lane, *v);
+    }
+}
+
 /// Most tokens [`few_tokens_avx2`] takes in one pass (AVX2 has 16 vector registers).
 pub(super) const FEW_TOKENS_AVX2_MAX: usize = 4;
 /// Most tokens of a call taken by [`few_tokens_avx2`] (one pass); more go to the AVX2 prefill
@@ -246,15 +269,7 @@ pub(super) unsafe fn few_tokens_avx2<const K: u8, const T: usize>(
 ) {
     let (nb, bb) = (p.num_blocks(), p.block_bytes());
     let n = p.num_rows();
-    let end = t0 + T;
-    assert!(
-        act.num_tokens >= end
-            && act.qs.len() >= end * nb * QK8
-            && act.block_sums.len() >= end * nb
-            && act.d.len() >= end * nb
-            && act.s.len() >= end * nb,
-        "tokens {t0}..{end} of {nb} blocks"
-    );
+    assert_tokens(act, nb, t0..t0 + T);
     let scales = quant_layout(p.ty()).1 * 64;
     let all = p.bytes();
     let xq = act.qs.as_ptr();
@@ -299,7 +314,6 @@ pub(super) unsafe fn few_tokens_avx2<const K: u8, const T: usize>(
                 }
             }
         }
-        let rows = (n - g * GROUP_ROWS).min(GROUP_ROWS);
         for (t, a2) in acc.iter().enumerate() {
             let mut y = [0f32; GROUP_ROWS];
             // SAFETY: `y` holds 16 floats, 8 per half.
@@ -307,9 +321,7 @@ pub(super) unsafe fn few_tokens_avx2<const K: u8, const T: usize>(
                 _mm256_storeu_ps(y.as_mut_ptr(), a2[0]);
                 _mm256_storeu_ps(y.as_mut_ptr().add(8), a2[1]);
             }
-            for (lane, v) in y.iter().take(rows).enumerate() {
-                out.write((t0 + t) * n + g * GROUP_ROWS + lane, *v);
-            }
+            write_group(out, n, g, t0 + t, &y);
         }
     }
 }
@@ -482,15 +494,7 @@ pub(super) unsafe fn few_tokens512<const K: u8, const T: usize>(
 ) {
     let (nb, bb) = (p.num_blocks(), p.block_bytes());
     let n = p.num_rows();
-    let end = t0 + T;
-    assert!(
-        act.num_tokens >= end
-            && act.qs.len() >= end * nb * QK8
-            && act.block_sums.len() >= end * nb
-            && act.d.len() >= end * nb
-            && act.s.len() >= end * nb,
-        "tokens {t0}..{end} of {nb} blocks"
-    );
+    assert_tokens(act, nb, t0..t0 + T);
     let scales = quant_layout(p.ty()).1 * 64;
     let all = p.bytes();
     let xq = act.qs.as_ptr();
@@ -571,14 +575,11 @@ pub(super) unsafe fn few_tokens512<const K: u8, const T: usize>(
                 }
             }
         }
-        let rows = (n - g * GROUP_ROWS).min(GROUP_ROWS);
         for (t, a) in acc.iter().enumerate() {
             let mut y = [0f32; GROUP_ROWS];
             // SAFETY: `y` holds 16 floats.
             unsafe { _mm512_storeu_ps(y.as_mut_ptr(), *a) };
-            for (lane, v) in y.iter().take(rows).enumerate() {
-                out.write((t0 + t) * n + g * GROUP_ROWS + lane, *v);
-            }
+            write_group(out, n, g, t0 + t, &y);
         }
     }
 }
