@@ -435,12 +435,6 @@ pub(super) const FEW_TOKENS_MAX: usize = 8;
 /// over 9 to 16 (its tiles and chunk are sized for hundreds of tokens).
 pub(super) const FEW_TOKENS_PASSES_MAX: usize = 2 * FEW_TOKENS_MAX;
 
-/// The passes [`few_tokens512`] takes `num_tokens` (2 to [`FEW_TOKENS_PASSES_MAX`]) in: as
-/// few as fit, of as equal lengths as possible (`(first token, tokens)`).
-pub(super) fn few_token_passes(num_tokens: usize) -> impl Iterator<Item = (usize, usize)> {
-    passes_of(num_tokens, FEW_TOKENS_MAX)
-}
-
 /// [`few_tokens512`] for tokens `t0..t0 + len` of `act` (`len` 2 to [`FEW_TOKENS_MAX`]), type
 /// `K`.
 ///
@@ -659,7 +653,7 @@ mod tests {
     #[test]
     fn few_token_passes_cover_the_tokens() {
         for n in 2..=FEW_TOKENS_PASSES_MAX {
-            let passes: Vec<_> = few_token_passes(n).collect();
+            let passes: Vec<_> = passes_of(n, FEW_TOKENS_MAX).collect();
             let mut next = 0;
             for &(t0, len) in &passes {
                 assert_eq!(t0, next, "{n}: {passes:?}");

@@ -15,8 +15,8 @@ use super::packed32::{Q4_0, Q4_1, Q5_0, Q8_0};
 use super::packed32_blocksum::token_scalar;
 #[cfg(target_arch = "x86_64")]
 use super::packed32_blocksum::{
-    few_token_passes, few_tokens512_any, few_tokens_avx2_any, one_token, one_token512, passes_of,
-    FEW_TOKENS_AVX2_MAX, FEW_TOKENS_AVX2_PASSES_MAX, FEW_TOKENS_PASSES_MAX,
+    few_tokens512_any, few_tokens_avx2_any, one_token, one_token512, passes_of,
+    FEW_TOKENS_AVX2_MAX, FEW_TOKENS_AVX2_PASSES_MAX, FEW_TOKENS_MAX, FEW_TOKENS_PASSES_MAX,
 };
 use gguf::GgmlType;
 
@@ -128,7 +128,7 @@ pub(super) fn run_groups_blocksum(
                 }
             }
         } else if f.avx512 && f.vnni && act.num_tokens <= FEW_TOKENS_PASSES_MAX {
-            for pass in few_token_passes(act.num_tokens) {
+            for pass in passes_of(act.num_tokens, FEW_TOKENS_MAX) {
                 let g = groups.clone();
                 // SAFETY: AVX-512 F+VL+VNNI and AVX2+FMA+F16C detected (`clamp_to_detected`);
                 // the shapes were checked (`assert_shapes`); each pass is 2 to
