@@ -253,17 +253,36 @@ impl KvStore for StepKv<'_> {
                 }
             }
             // The block holding the query (the last one read) is its own: with a block K codec
-            // its full-precision rows are read (`KvRows::chunk_for`).
-            f(
-                pos,
-                self.mem.rows.chunk_for(
-                    self.mem.row(block, layer, kv_head, 0),
-                    n,
-                    pos + n == num_positions,
-                ),
+            // its full-precision rows are read (`KvRows::with_chunk`).
+            self.mem.rows.with_chunk(
+                self.mem.row(block, layer, kv_head, 0),
+                n,
+                pos + n == num_positions,
+                |c| f(pos, c),
             );
             pos += n;
         }
+    }
+
+    /// Blocks of whole groups (a block size that is a multiple of 16) in the pair layout.
+    fn pair_group(
+        &self,
+        layer: usize,
+        slot: SeqSlot,
+        kv_head: usize,
+        pos: usize,
+    ) -> Option<model::PairHalf<'_>> {
+        let bs = self.mem.geo.block_size;
+        if !bs.is_multiple_of(model::PAIR_GROUP_ROWS)
+            || layer >= self.mem.geo.num_layers
+            || kv_head >= self.mem.geo.num_kv_heads
+        {
+            return None;
+        }
+        let block = *self.tables.get(slot.0 as usize)?.get(pos / bs)?;
+        self.mem
+            .rows
+            .pair_group(self.mem.row(block, layer, kv_head, pos % bs))
     }
 }
 
@@ -394,6 +413,66 @@ mod tests {
                 }
             });
             assert_eq!(n, 6);
+        }
+    }
+
+    /// bf16 K/V in blocks of 16 (whole groups of the pair layout) are read in place: each
+    /// block's group holds the rows the chunk reader sees, wherever the table puts it; blocks
+    /// of 8 hold half groups and are only read as chunks.
+    #[test]
+    fn bf16_blocks_of_whole_groups_are_read_in_place() {
+        let codecs = KvDtype::parse("bf16").unwrap();
+        for block_size in [16, 8] {
+            let geo = KvGeometry {
+                num_blocks: 4,
+                block_size,
+                num_layers: 2,
+                num_kv_heads: 2,
+                head_dim: 32,
+            };
+            let mut mem = PagedKvMemory::new(geo, codecs).unwrap();
+            let table: &[BlockId] = &[BlockId(3), BlockId(0), BlockId(2)];
+            let tables = [table];
+            let mut kv = mem.view(&tables);
+            let n = 2 * block_size + 5;
+            let row = |pos: usize, s: f32| -> Vec<f32> {
+                (0..64)
+                    .map(|i| s * ((pos * 31 + i * 7) % 19) as f32 - 3.0)
+                    .collect()
+            };
+            for pos in 0..n {
+                kv.write(1, SeqSlot(0), pos, &row(pos, 0.25), &row(pos, -0.5))
+                    .unwrap();
+            }
+            let mut rows = Vec::new();
+            kv.for_each_chunk(1, SeqSlot(0), 1, n, &mut |_, chunk| {
+                let KvChunk::Encoded { k, v } = chunk else {
+                    panic!("encoded bf16 chunks")
+                };
+                for (kr, vr) in k.rows().zip(v.rows()) {
+                    rows.push((kr.to_vec(), vr.to_vec()));
+                }
+            });
+            assert_eq!(rows.len(), n);
+            let bytes = |x: &[half::bf16]| x.iter().flat_map(|b| b.to_le_bytes()).collect();
+            for group in 0..n.div_ceil(16) {
+                let got = kv.pair_group(1, SeqSlot(0), 1, 16 * group);
+                if block_size == 8 {
+                    assert!(got.is_none(), "blocks of 8: half groups");
+                    continue;
+                }
+                let g = got.expect("a whole group in place");
+                let (mut k, mut v) = (vec![half::bf16::ZERO; 32], vec![half::bf16::ZERO; 32]);
+                for t in 0..16.min(n - 16 * group) {
+                    g.row(t, &mut k, &mut v);
+                    let want = &rows[16 * group + t];
+                    assert_eq!((bytes(&k), bytes(&v)), (want.0.clone(), want.1.clone()));
+                }
+            }
+            assert!(
+                kv.pair_group(1, SeqSlot(0), 1, 16 * 3).is_none(),
+                "past the table"
+            );
         }
     }
 

@@ -46,6 +46,8 @@ use half::bf16;
 
 use super::cpu::CpuFeatures;
 use super::flash_tile::{exp_poly_portable, TileSoftmax};
+use super::pair_layout::{group_words, PAIR_GROUP_ROWS};
+pub use super::pair_layout::{PairHalf, PairTileRef};
 
 /// Positions per softmax tile of this arithmetic (tiles start at multiples of this, counted
 /// from position 0; twice `flash_tile`'s, so the softmax's fixed cost is spread over more
@@ -55,8 +57,9 @@ const TILE: usize = PAIR_TILE_POSITIONS;
 /// Position pairs per tile.
 const PAIRS: usize = TILE / 2;
 /// Positions per half of a tile: the unit [`PairTile::stage_half`] stages (a KV store's
-/// 16-row block).
+/// 16-row block; a group of `pair_layout`).
 pub const PAIR_HALF_POSITIONS: usize = TILE / 2;
+const _: () = assert!(PAIR_HALF_POSITIONS == PAIR_GROUP_ROWS);
 
 /// `x` rounded to bf16 bits as `vcvtneps2bf16` rounds it: to nearest even, a denormal to a
 /// zero of its sign, a NaN to a quiet NaN.
@@ -110,14 +113,15 @@ pub fn query_pairs(q: &[f32], out: &mut [u32]) {
     }
 }
 
-/// One K/V tile staged for the pair step: K transposed into position lanes and V interleaved
-/// by position pairs. Positions past the staged ones hold zeros.
+/// One K/V tile staged for the pair step: two groups of `pair_layout` (K transposed into
+/// position lanes and V interleaved by position pairs), positions `0..16` and `16..32`.
+/// Positions past the staged ones hold zeros.
 #[derive(Debug, Clone, Default)]
 pub struct PairTile {
     head_dim: usize,
-    /// `[head_dim / 2][TILE]`: word `(i, t)` = `k[t][2i] | k[t][2i+1] << 16`.
+    /// `[2][head_dim / 2][16]`: half `h`'s word `(i, t)` = `k[16h + t][2i] | k[16h + t][2i+1] << 16`.
     keys: Vec<u32>,
-    /// `[TILE / 2][head_dim]`: word `(j, e)` = `v[2j][e] | v[2j+1][e] << 16`.
+    /// `[2][8][head_dim]` (= `[TILE / 2][head_dim]`): word `(j, e)` = `v[2j][e] | v[2j+1][e] << 16`.
     values: Vec<u32>,
 }
 
@@ -130,9 +134,55 @@ impl PairTile {
         );
         PairTile {
             head_dim,
-            keys: vec![0; head_dim / 2 * TILE],
-            values: vec![0; PAIRS * head_dim],
+            keys: vec![0; 2 * group_words(head_dim)],
+            values: vec![0; 2 * group_words(head_dim)],
         }
+    }
+
+    /// The staged tile as the tile step reads it.
+    pub fn view(&self) -> PairTileRef<'_> {
+        PairTileRef::new(self.head_dim, self.half(0), self.half(1))
+    }
+
+    /// Half `h < 2` of the staged tile (positions `16h..16h + 16`).
+    pub fn half(&self, h: usize) -> PairHalf<'_> {
+        let w = group_words(self.head_dim);
+        PairHalf::new(
+            self.head_dim,
+            &self.keys[h * w..(h + 1) * w],
+            &self.values[h * w..(h + 1) * w],
+        )
+    }
+
+    /// Stages rows `0..n` of `group` (a group of the pair layout, e.g. a store's block being
+    /// filled) as positions `16·half .. 16·half + n`: the words [`PairTile::stage_half`] writes
+    /// for those rows (positions past them zeros). Panics on a shape mismatch.
+    pub fn stage_half_from_group(&mut self, half: usize, group: PairHalf<'_>, n: usize) {
+        let hd = self.head_dim;
+        let w = group_words(hd);
+        assert!(
+            half < 2 && n <= PAIR_HALF_POSITIONS && group.keys.len() == w,
+            "pair tile half from a group: half={half} n={n} hd={hd}"
+        );
+        let h = PAIR_HALF_POSITIONS;
+        let keys = &mut self.keys[half * w..(half + 1) * w];
+        for (dst, src) in keys.chunks_exact_mut(h).zip(group.keys.chunks_exact(h)) {
+            dst[..n].copy_from_slice(&src[..n]);
+            dst[n..].fill(0);
+        }
+        let values = &mut self.values[half * w..(half + 1) * w];
+        let pairs = n / 2;
+        values[..pairs * hd].copy_from_slice(&group.values[..pairs * hd]);
+        if n % 2 == 1 {
+            let (dst, src) = (
+                &mut values[pairs * hd..(pairs + 1) * hd],
+                &group.values[pairs * hd..(pairs + 1) * hd],
+            );
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = s & 0xFFFF;
+            }
+        }
+        values[n.div_ceil(2) * hd..].fill(0);
     }
 
     /// The head size the tile holds.
@@ -185,8 +235,9 @@ impl PairTile {
         let hd = self.head_dim;
         let bits = |x: bf16| x.to_bits() as u32;
         let h = PAIR_HALF_POSITIONS;
+        let base = half * group_words(hd);
         for i in 0..hd / 2 {
-            let lanes = &mut self.keys[i * TILE + h * half..i * TILE + h * (half + 1)];
+            let lanes = &mut self.keys[base + i * h..base + (i + 1) * h];
             for (t, w) in lanes.iter_mut().enumerate() {
                 *w = if t < n {
                     bits(keys[t * hd + 2 * i]) | bits(keys[t * hd + 2 * i + 1]) << 16
@@ -212,9 +263,10 @@ impl PairTile {
     fn stage_portable(&mut self, keys: &[bf16], vals: &[bf16], n: usize) {
         let hd = self.head_dim;
         let bits = |x: bf16| x.to_bits() as u32;
+        let h = PAIR_HALF_POSITIONS;
         for i in 0..hd / 2 {
-            let lanes = &mut self.keys[i * TILE..(i + 1) * TILE];
-            for (t, w) in lanes.iter_mut().enumerate() {
+            for t in 0..TILE {
+                let w = &mut self.keys[(t / h) * group_words(hd) + i * h + t % h];
                 *w = if t < n {
                     bits(keys[t * hd + 2 * i]) | bits(keys[t * hd + 2 * i + 1]) << 16
                 } else {
@@ -236,17 +288,19 @@ impl PairTile {
 
 /// One tile step (module doc) for every row `r`: state `sts[r]`, accumulator `accs[r]`
 /// (`[hd]`), query pairs `qs[r]` (`[hd / 2]`, [`query_pairs`]) and `valids[r]` positions of
-/// `tile`. The AVX-512 BF16 path where `features` allow it (and `hd` is a multiple of 16),
-/// else the portable one: the same bits. Panics on a shape mismatch.
-pub fn tile_update_pairs(
+/// `tile` (a staged [`PairTile`] or two groups of the pair layout read in place). The AVX-512
+/// BF16 path where `features` allow it (and `hd` is a multiple of 16), else the portable one:
+/// the same bits. Panics on a shape mismatch.
+pub fn tile_update_pairs<'t>(
     features: CpuFeatures,
     sts: &mut [TileSoftmax],
     accs: &mut [&mut [f32]],
     qs: &[&[u32]],
     valids: &[usize],
-    tile: &PairTile,
+    tile: impl Into<PairTileRef<'t>>,
     scale: f32,
 ) {
+    let tile: PairTileRef<'t> = tile.into();
     let hd = tile.head_dim;
     assert!(
         sts.len() == accs.len() && accs.len() == qs.len() && qs.len() == valids.len(),
@@ -267,21 +321,28 @@ pub fn tile_update_pairs(
     if features.clamp_to_detected().bf16 && hd.is_multiple_of(16) {
         // SAFETY: AVX-512 F/BW/VL/BF16 (with AVX2, FMA) were detected just above; every shape
         // the kernel relies on was asserted (accumulators `hd`, queries `hd / 2`, `hd` a
-        // multiple of 16, `1 <= valid <= 16`; the tile's buffers are sized by `new`).
+        // multiple of 16, `1 <= valid <= 32`; the tile's halves hold `8 · hd` words each,
+        // `PairTileRef::new`).
         unsafe { x86::rows(sts, accs, qs, valids, tile, scale) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if features.clamp_to_detected().avx2 && hd.is_multiple_of(8) && hd <= avx2::MAX_HEAD_DIM {
         // SAFETY: AVX2 and FMA were detected just above; shapes as asserted (`hd` a multiple of
-        // 8 and at most the path's bound, `1 <= valid <= 16`, the tile's buffers sized by
-        // `new`).
+        // 8 and at most the path's bound, `1 <= valid <= 32`, the tile's halves sized by
+        // `PairTileRef::new`).
         unsafe { avx2::rows(sts, accs, qs, valids, tile, scale) };
         return;
     }
     let _ = features;
     for r in 0..sts.len() {
-        row_portable(&mut sts[r], accs[r], qs[r], valids[r], tile, scale);
+        row_portable(&mut sts[r], accs[r], qs[r], valids[r], &tile, scale);
+    }
+}
+
+impl<'a> From<&'a PairTile> for PairTileRef<'a> {
+    fn from(tile: &'a PairTile) -> PairTileRef<'a> {
+        tile.view()
     }
 }
 
@@ -337,15 +398,17 @@ fn row_portable(
     acc: &mut [f32],
     q: &[u32],
     valid: usize,
-    tile: &PairTile,
+    tile: &PairTileRef<'_>,
     scale: f32,
 ) {
     let hd = tile.head_dim;
+    let h = PAIR_HALF_POSITIONS;
     let mut s = [f32::NEG_INFINITY; TILE];
     for (t, st_t) in s.iter_mut().enumerate().take(valid) {
         let mut c = [0f32; 2];
+        let keys = tile.halves[t / h].keys;
         for (i, &qp) in q.iter().enumerate() {
-            c[i % 2] = pair_step(c[i % 2], tile.keys[i * TILE + t], qp);
+            c[i % 2] = pair_step(c[i % 2], keys[i * h + t % h], qp);
         }
         *st_t = (c[0] + c[1]) * scale;
     }
@@ -353,7 +416,8 @@ fn row_portable(
     for j in 0..valid.div_ceil(2) {
         let last_odd = 2 * j + 1 == valid;
         let pw = p[2 * j] as u32 | (p[2 * j + 1] as u32) << 16;
-        let row = &tile.values[j * hd..(j + 1) * hd];
+        let jj = j % (PAIRS / 2);
+        let row = &tile.halves[j / (PAIRS / 2)].values[jj * hd..(jj + 1) * hd];
         for (a, &v) in acc.iter_mut().zip(row) {
             let v = if last_odd { v & 0xFFFF } else { v };
             *a = pair_step(*a, v, pw);
@@ -396,7 +460,10 @@ fn softmax_portable(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{flush as flush1, softmax_portable, widen, PairTile, TileSoftmax, PAIRS, TILE};
+    use super::{
+        flush as flush1, softmax_portable, widen, PairTileRef, TileSoftmax, PAIRS,
+        PAIR_HALF_POSITIONS, TILE,
+    };
 
     /// The largest head size this path takes (its widened tile lives on the stack).
     pub(super) const MAX_HEAD_DIM: usize = 256;
@@ -442,7 +509,7 @@ mod avx2 {
         accs: &mut [&mut [f32]],
         qs: &[&[u32]],
         valids: &[usize],
-        tile: &PairTile,
+        tile: PairTileRef<'_>,
         scale: f32,
     ) {
         WIDENED.with(|w| {
@@ -476,28 +543,32 @@ mod avx2 {
         accs: &mut [&mut [f32]],
         qs: &[&[u32]],
         valids: &[usize],
-        tile: &PairTile,
+        tile: PairTileRef<'_>,
         scale: f32,
     ) {
         let hd = tile.head_dim;
         let chunks = hd / 8;
+        let h16 = PAIR_HALF_POSITIONS;
         // K: `[hd / 2][4 quarters of 8 positions]` (odd, even); V: `[16 pairs][hd / 8]`.
         let zero = (_mm256_setzero_ps(), _mm256_setzero_ps());
         kh.resize(hd / 2 * QUARTERS, zero);
         vh.resize(PAIRS * chunks, zero);
-        let kp = tile.keys.as_ptr();
+        let kp = tile.halves.map(|h| h.keys.as_ptr());
         for i in 0..hd / 2 {
             for h in 0..QUARTERS {
-                // SAFETY: row `i < hd / 2` of the transposed K holds 32 words.
-                let w = unsafe { _mm256_loadu_si256(kp.add(i * TILE + 8 * h).cast()) };
+                // SAFETY: row `i < hd / 2` of each half's transposed K holds 16 words; quarter
+                // `h` is words `8 (h % 2)..` of half `h / 2`.
+                let w = unsafe { _mm256_loadu_si256(kp[h / 2].add(i * h16 + 8 * (h % 2)).cast()) };
                 kh[QUARTERS * i + h] = halves(w);
             }
         }
-        let vp = tile.values.as_ptr();
+        let vp = tile.halves.map(|h| h.values.as_ptr());
         for j in 0..PAIRS {
+            let jj = j % (PAIRS / 2);
             for c in 0..chunks {
-                // SAFETY: pair row `j < 16` holds `hd` words; `8c + 8 <= hd`.
-                let w = unsafe { _mm256_loadu_si256(vp.add(j * hd + 8 * c).cast()) };
+                // SAFETY: pair row `jj < 8` of half `j / 8` holds `hd` words; `8c + 8 <= hd`.
+                let w =
+                    unsafe { _mm256_loadu_si256(vp[j / (PAIRS / 2)].add(jj * hd + 8 * c).cast()) };
                 vh[j * chunks + c] = halves(w);
             }
         }
@@ -565,8 +636,8 @@ mod x86 {
 
     use super::super::flash_tile_wide::x86::raise_max16;
     use super::{
-        PairTile, TileSoftmax, EXP_WEIGHT_FLOOR, ONE_PAIR, PAIRS, RAISE_MARGIN, TILE, W_C1, W_C2,
-        W_C3, W_C4,
+        group_words, PairTile, PairTileRef, TileSoftmax, EXP_WEIGHT_FLOOR, ONE_PAIR, PAIRS,
+        PAIR_HALF_POSITIONS as H, RAISE_MARGIN, TILE, W_C1, W_C2, W_C3, W_C4,
     };
 
     /// Rows per block: two chains per position and two 16-position vectors per chain, so 24
@@ -593,7 +664,7 @@ mod x86 {
         let hd = tile.head_dim;
         let words = hd / 2;
         let kp = keys.as_ptr().cast::<u32>();
-        let out = tile.keys.as_mut_ptr();
+        let out = tile.keys.as_mut_ptr().wrapping_add(half * group_words(hd));
         for blk in 0..words / 16 {
             let at = kp.wrapping_add(16 * blk);
             let mut rows = [_mm512_setzero_si512(); 16];
@@ -602,11 +673,10 @@ mod x86 {
                 *row = unsafe { _mm512_loadu_si512(at.add(t * words).cast()) };
             }
             let cols = transpose16(rows);
-            let to = out.wrapping_add(16 * blk * TILE + 16 * half);
+            let to = out.wrapping_add(16 * blk * H);
             for (c, col) in cols.into_iter().enumerate() {
-                // SAFETY: row `16·blk + c < words` of the transposed K holds 32 words; this
-                // half's 16 of them.
-                unsafe { _mm512_storeu_si512(to.add(c * TILE).cast(), col) };
+                // SAFETY: row `16·blk + c < words` of this half's transposed K holds 16 words.
+                unsafe { _mm512_storeu_si512(to.add(c * H).cast(), col) };
             }
         }
         let vp = vals.as_ptr().cast::<u16>();
@@ -763,7 +833,7 @@ mod x86 {
         accs: &mut [&mut [f32]],
         qs: &[&[u32]],
         valids: &[usize],
-        tile: &PairTile,
+        tile: PairTileRef<'_>,
         scale: f32,
     ) {
         let mut at = 0;
@@ -778,12 +848,12 @@ mod x86 {
             // SAFETY: forwarded caller's contract.
             unsafe {
                 match n {
-                    6 => block::<6>(s, a, q, v, tile, scale),
-                    5 => block::<5>(s, a, q, v, tile, scale),
-                    4 => block::<4>(s, a, q, v, tile, scale),
-                    3 => block::<3>(s, a, q, v, tile, scale),
-                    2 => block::<2>(s, a, q, v, tile, scale),
-                    _ => block::<1>(s, a, q, v, tile, scale),
+                    6 => block::<6>(s, a, q, v, &tile, scale),
+                    5 => block::<5>(s, a, q, v, &tile, scale),
+                    4 => block::<4>(s, a, q, v, &tile, scale),
+                    3 => block::<3>(s, a, q, v, &tile, scale),
+                    2 => block::<2>(s, a, q, v, &tile, scale),
+                    _ => block::<1>(s, a, q, v, &tile, scale),
                 }
             }
             at += n;
@@ -801,11 +871,11 @@ mod x86 {
         accs: &mut [&mut [f32]],
         qs: &[&[u32]],
         valids: &[usize],
-        tile: &PairTile,
+        tile: &PairTileRef<'_>,
         scale: f32,
     ) {
         let hd = tile.head_dim;
-        let kp = tile.keys.as_ptr();
+        let kp = tile.halves.map(|h| h.keys.as_ptr());
         let qp: [*const u32; R] = std::array::from_fn(|r| qs[r].as_ptr());
         // Step 1: two chains per position and row, dimension pairs in order; each chain a
         // vector per 16-position half of the tile.
@@ -813,11 +883,11 @@ mod x86 {
         for i2 in (0..hd / 2).step_by(2) {
             for l in 0..2 {
                 let i = i2 + l;
-                // SAFETY: `i < hd / 2` (even): row `i` of the transposed K holds 32 words.
+                // SAFETY: `i < hd / 2`: row `i` of each half's transposed K holds 16 words.
                 let (k0, k1) = unsafe {
                     (
-                        bh(_mm512_loadu_si512(kp.add(i * TILE).cast())),
-                        bh(_mm512_loadu_si512(kp.add(i * TILE + 16).cast())),
+                        bh(_mm512_loadu_si512(kp[0].add(i * H).cast())),
+                        bh(_mm512_loadu_si512(kp[1].add(i * H).cast())),
                     )
                 };
                 for r in 0..R {
@@ -865,7 +935,7 @@ mod x86 {
         // alignment is a multiple of the second's; every bit pattern is a valid `u32`.
         let pw = unsafe { &*pwv.as_ptr().cast::<[[u32; PAIRS]; R]>() };
         // Step 4.
-        let vp = tile.values.as_ptr();
+        let vp = tile.halves.map(|h| h.values.as_ptr());
         let chunks = hd / 16;
         let mut c0 = 0;
         while c0 < chunks {
@@ -891,14 +961,14 @@ mod x86 {
     /// `R · C` accumulators in registers, V loaded once per pair and chunk for every row.
     ///
     /// # Safety
-    /// As [`rows`]; `16 (c0 + C) <= hd`, `vp` the tile's `8 · hd` words.
+    /// As [`rows`]; `16 (c0 + C) <= hd`, `vp` the tile's halves' `8 · hd` value words each.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
     #[inline]
     unsafe fn values_full<const R: usize, const C: usize>(
         accs: &mut [&mut [f32]],
         pw: &[[u32; PAIRS]; R],
-        vp: *const u32,
+        vp: [*const u32; 2],
         hd: usize,
         c0: usize,
     ) {
@@ -910,9 +980,11 @@ mod x86 {
         });
         for j in 0..PAIRS {
             let p: [__m512bh; R] = std::array::from_fn(|r| bh(_mm512_set1_epi32(pw[r][j] as i32)));
+            let row = vp[j / (PAIRS / 2)].wrapping_add(j % (PAIRS / 2) * hd);
             for c in 0..C {
-                // SAFETY: pair row `j < 16` holds `hd` words; `16 (c0 + c) + 16 <= hd`.
-                let v = bh(unsafe { _mm512_loadu_si512(vp.add(j * hd + 16 * (c0 + c)).cast()) });
+                // SAFETY: pair row `j % 8` of half `j / 8` holds `hd` words;
+                // `16 (c0 + c) + 16 <= hd`.
+                let v = bh(unsafe { _mm512_loadu_si512(row.add(16 * (c0 + c)).cast()) });
                 for r in 0..R {
                     a[r][c] = _mm512_dpbf16_ps(a[r][c], v, p[r]);
                 }
@@ -939,7 +1011,7 @@ mod x86 {
         accs: &mut [&mut [f32]],
         pw: &[[u32; PAIRS]; R],
         valids: &[usize],
-        vp: *const u32,
+        vp: [*const u32; 2],
         hd: usize,
         c0: usize,
     ) {
@@ -953,10 +1025,11 @@ mod x86 {
             });
             for j in 0..valid.div_ceil(2) {
                 let p = bh(_mm512_set1_epi32(pw[r][j] as i32));
+                let row = vp[j / (PAIRS / 2)].wrapping_add(j % (PAIRS / 2) * hd);
                 for (c, acc) in a.iter_mut().enumerate() {
-                    // SAFETY: pair row `j < 16` holds `hd` words; `16 (c0 + c) + 16 <= hd`.
-                    let mut v =
-                        unsafe { _mm512_loadu_si512(vp.add(j * hd + 16 * (c0 + c)).cast()) };
+                    // SAFETY: pair row `j % 8` of half `j / 8` holds `hd` words;
+                    // `16 (c0 + c) + 16 <= hd`.
+                    let mut v = unsafe { _mm512_loadu_si512(row.add(16 * (c0 + c)).cast()) };
                     if 2 * j + 1 == valid {
                         v = _mm512_and_si512(v, even_only);
                     }
@@ -1280,7 +1353,7 @@ mod tests {
                 assert_eq!(c.values, b.values, "hd={hd} n={n}: values by halves");
                 if n > 0 {
                     assert_eq!(
-                        a.keys[TILE],
+                        a.keys[PAIR_HALF_POSITIONS],
                         keys[2].to_bits() as u32 | (keys[3].to_bits() as u32) << 16
                     );
                     assert_eq!(
@@ -1293,6 +1366,83 @@ mod tests {
                             }
                     );
                 }
+            }
+        }
+    }
+
+    /// Groups written row by row in the pair layout (`pair_layout::write_row`, as a KV store
+    /// keeps bf16 K/V) are the words staging writes: staged from a group's first `n` rows they
+    /// equal the half staged from those rows, and read in place, whole, they give every path
+    /// the staged tile's bits.
+    #[test]
+    fn store_groups_are_staged_tiles() {
+        use crate::pair_layout::{group_words, write_row};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(6);
+        for hd in [64usize, 32, 16] {
+            let keys = random_bf16(&mut rng, TILE * hd, 3.0);
+            let vals = random_bf16(&mut rng, TILE * hd, 1.0);
+            let w = group_words(hd);
+            // Two groups, rows written out of order over stale words.
+            let (mut gk, mut gv) = (vec![0xDEAD_BEEFu32; 2 * w], vec![0x7FC0_7FC0u32; 2 * w]);
+            for t in (0..TILE).rev() {
+                let g = t / PAIR_HALF_POSITIONS;
+                write_row(
+                    &mut gk[g * w..(g + 1) * w],
+                    &mut gv[g * w..(g + 1) * w],
+                    t % PAIR_HALF_POSITIONS,
+                    &keys[t * hd..(t + 1) * hd],
+                    &vals[t * hd..(t + 1) * hd],
+                );
+            }
+            let group =
+                |g: usize| PairHalf::new(hd, &gk[g * w..(g + 1) * w], &gv[g * w..(g + 1) * w]);
+            let mut staged = PairTile::new(hd);
+            staged.stage(&keys, &vals, TILE);
+            assert_eq!(
+                (&gk, &gv),
+                (&staged.keys, &staged.values),
+                "hd={hd}: whole groups"
+            );
+            for n in 0..=PAIR_HALF_POSITIONS {
+                for half in 0..2 {
+                    let rows =
+                        half * PAIR_HALF_POSITIONS * hd..(half * PAIR_HALF_POSITIONS + n) * hd;
+                    let mut a = PairTile::new(hd);
+                    a.keys.fill(5);
+                    a.values.fill(5);
+                    let mut b = a.clone();
+                    a.stage_half(half, &keys[rows.clone()], &vals[rows], n);
+                    b.stage_half_from_group(half, group(half), n);
+                    assert_eq!(
+                        (a.keys, a.values),
+                        (b.keys, b.values),
+                        "hd={hd} half={half} n={n}"
+                    );
+                }
+            }
+            let f: Vec<f32> = (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+            let mut q = vec![0u32; hd / 2];
+            query_pairs(&f, &mut q);
+            for f in features() {
+                let run = |tile: PairTileRef<'_>| {
+                    let mut st = [TileSoftmax { max: 0.5, sum: 2.0 }, TileSoftmax::default()];
+                    let (mut a0, mut a1) = (vec![0.5f32; hd], vec![0f32; hd]);
+                    tile_update_pairs(
+                        f,
+                        &mut st,
+                        &mut [&mut a0[..], &mut a1[..]],
+                        &[&q[..], &q[..]],
+                        &[TILE, 21],
+                        tile,
+                        0.2,
+                    );
+                    (
+                        st,
+                        [a0, a1].map(|a| a.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
+                    )
+                };
+                let in_place = PairTileRef::new(hd, group(0), group(1));
+                assert_eq!(run(in_place), run(staged.view()), "{} hd={hd}", f.name());
             }
         }
     }

@@ -70,6 +70,7 @@ mod packed32_prefill_avx2;
 mod packed32_run;
 #[cfg(target_arch = "x86_64")]
 mod packed32_x86;
+pub mod pair_layout;
 pub mod par;
 pub mod peak;
 pub mod pool;

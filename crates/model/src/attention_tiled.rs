@@ -38,7 +38,8 @@ use kernels::flash_tile_codes::{
 };
 use kernels::flash_tile_narrow::NarrowTiles;
 use kernels::flash_tile_pairs::{
-    query_pairs, tile_update_pairs, PairTile, PAIR_HALF_POSITIONS, PAIR_TILE_POSITIONS,
+    query_pairs, tile_update_pairs, PairHalf, PairTile, PairTileRef, PAIR_HALF_POSITIONS,
+    PAIR_TILE_POSITIONS,
 };
 use kernels::flash_tile_transposed::{
     tile_update_transposed, TransposedTiles, TRIPLE_ROWS as WIDE_ROWS,
@@ -743,6 +744,11 @@ unsafe fn attend_task(
                 from,
                 own_start,
             };
+            if steps.path.pairs
+                && attend_pairs_in_place(&steps, span, &mut bufs, rows, inp, slot, kv_head as usize)
+            {
+                continue;
+            }
             inp.kv.for_each_chunk_from(
                 inp.layer,
                 slot,
@@ -967,23 +973,87 @@ fn attend_pairs(
                 // A last tile of at most 16 positions: its second half holds zeros.
                 bufs.pair_tile.stage_half(1, &[], &[], 0);
             }
-            pairs_step(steps, bufs, rows, tile_start, tile_end);
+            pairs_step(
+                steps,
+                bufs.qpairs,
+                bufs.pair_tile.view(),
+                rows,
+                tile_start,
+                tile_end,
+            );
         }
     }
 }
 
-/// The bf16-pair step of a staged tile (`tile_start..tile_end`) for the rows that reach into
-/// it, in blocks of [`WIDE_BLOCK_ROWS`].
+/// Groups of the pair layout a segment pass reads at most (one per 16 positions).
+const PASS_GROUPS: usize = SEGMENT_POSITIONS / PAIR_HALF_POSITIONS;
+
+/// A pass over bf16 K/V kept in the pair layout (`KvStore::pair_group`): every whole group of
+/// 16 positions is attended in place — no copy, no transpose — and a group the pass reads in
+/// part (the sequence's last positions) is staged from its rows. The same words, so the same
+/// bits, as staging every tile ([`attend_pairs`]). `false` (nothing done) where the store
+/// does not keep every group of the pass in that layout.
+#[allow(clippy::too_many_arguments)]
+fn attend_pairs_in_place(
+    steps: &TileSteps,
+    span: PassSpan,
+    bufs: &mut TileBuffers<'_>,
+    rows: &mut [Row<'_>],
+    inp: &TileInputs<'_>,
+    slot: SeqSlot,
+    kv_head: usize,
+) -> bool {
+    let PassSpan { from, seg_end, .. } = span;
+    if !from.is_multiple_of(PAIR_TILE_POSITIONS) || seg_end <= from {
+        return false;
+    }
+    let count = (seg_end - from).div_ceil(PAIR_HALF_POSITIONS);
+    if count > PASS_GROUPS {
+        return false;
+    }
+    let mut groups: [Option<PairHalf<'_>>; PASS_GROUPS] = [None; PASS_GROUPS];
+    for (g, slot_group) in groups.iter_mut().enumerate().take(count) {
+        let pos = from + g * PAIR_HALF_POSITIONS;
+        match inp.kv.pair_group(inp.layer, slot, kv_head, pos) {
+            Some(group) => *slot_group = Some(group),
+            None => return false,
+        }
+    }
+    let hd = steps.hd;
+    for tile_start in (from..seg_end).step_by(PAIR_TILE_POSITIONS) {
+        let tile_end = (tile_start + PAIR_TILE_POSITIONS).min(seg_end);
+        // Per half: read in place (a whole group), or staged (part of one, or past the pass).
+        let mut in_place: [Option<PairHalf<'_>>; 2] = [None; 2];
+        for (h, view) in in_place.iter_mut().enumerate() {
+            let half_start = tile_start + h * PAIR_HALF_POSITIONS;
+            let n = tile_end.saturating_sub(half_start).min(PAIR_HALF_POSITIONS);
+            let group = groups[(half_start - from) / PAIR_HALF_POSITIONS];
+            match group {
+                Some(g) if n == PAIR_HALF_POSITIONS => *view = Some(g),
+                Some(g) if n > 0 => bufs.pair_tile.stage_half_from_group(h, g, n),
+                _ => bufs.pair_tile.stage_half(h, &[], &[], 0),
+            }
+        }
+        let staged = &*bufs.pair_tile;
+        let [h0, h1] = [0, 1].map(|h| in_place[h].unwrap_or_else(|| staged.half(h)));
+        let tile = PairTileRef::new(hd, h0, h1);
+        pairs_step(steps, bufs.qpairs, tile, rows, tile_start, tile_end);
+    }
+    true
+}
+
+/// The bf16-pair step of a tile (`tile_start..tile_end`: staged, or groups read in place) for
+/// the rows that reach into it, in blocks of [`WIDE_BLOCK_ROWS`].
 fn pairs_step(
     steps: &TileSteps,
-    bufs: &mut TileBuffers<'_>,
+    qpairs: &[u32],
+    tile: PairTileRef<'_>,
     rows: &mut [Row<'_>],
     tile_start: usize,
     tile_end: usize,
 ) {
     let (hd, features, scale) = (steps.hd, steps.features, steps.scale);
     let half = hd / 2;
-    let (tile, qpairs) = (&*bufs.pair_tile, bufs.qpairs);
     let empty: &[u32] = &[];
     for_live_blocks::<WIDE_BLOCK_ROWS, _>(
         rows,

@@ -8,6 +8,7 @@
 //! evicts.
 
 use half::f16;
+use kernels::pair_layout::PairHalf;
 use quant::EncodedRows;
 
 use kernels::ThreadPool;
@@ -181,6 +182,23 @@ pub trait KvStore: Sync {
     ) {
         let _ = from;
         self.for_each_chunk(layer, slot, kv_head, num_positions, f)
+    }
+
+    /// The 16 positions `pos..pos + 16` (`pos` a multiple of 16) of `kv_head` in `layer` as one
+    /// group of bf16 K/V in the pair layout (`kernels::pair_layout`), read in place — what the
+    /// bf16-pair attention reads without transposing a tile. Positions of the group past those
+    /// written hold zeros or stale words (readers stage only the valid ones). `None` (the
+    /// default) where the store does not keep that layout there: other codecs, blocks that
+    /// are not whole groups, memory off the host.
+    fn pair_group(
+        &self,
+        layer: usize,
+        slot: SeqSlot,
+        kv_head: usize,
+        pos: usize,
+    ) -> Option<PairHalf<'_>> {
+        let _ = (layer, slot, kv_head, pos);
+        None
     }
 
     /// Whether sequences `a` and `b` hold the same K/V over `positions` — the same memory (a

@@ -2,13 +2,15 @@
 //! used by the CLI (`generate`, `perplexity`) and the tests. Owns nothing but those buffers; it
 //! never evicts or shares (the engine's paged store does).
 
+use kernels::pair_layout::{PairHalf, PAIR_GROUP_ROWS};
 use kernels::ThreadPool;
 
 use crate::kv::{KvChunk, KvDtype, KvError, KvStore, SeqSlot};
 use crate::kv_rows::KvRows;
 
 /// One contiguous buffer per slot: rows ordered `[num_layers, num_kv_heads, stride]`, where
-/// `stride` is the capacity rounded up to whole groups of a block K codec (`int4c`). With a block
+/// `stride` is the capacity rounded up to whole groups of a block K codec (`int4c`) or of the
+/// bf16 pair layout (16 rows, so every (layer, head) run starts a group). With a block
 /// codec, positions are read in groups and the group holding the query reads its f16 rows (see
 /// `KvRows::chunk_for`); the f16 staging of sealed groups is released by `KvStore::begin_step`.
 pub struct ContiguousKv {
@@ -33,6 +35,9 @@ impl ContiguousKv {
     ) -> Result<Self, KvError> {
         let stride = match dtype.k.block_tokens() {
             Some(t) if t > 0 => capacity.div_ceil(t) * t,
+            _ if crate::kv_rows::pair_layout_codecs(dtype) => {
+                capacity.div_ceil(PAIR_GROUP_ROWS) * PAIR_GROUP_ROWS
+            }
             _ => capacity,
         };
         let rows = num_layers * num_kv_heads * stride;
@@ -209,16 +214,31 @@ impl KvStore for ContiguousKv {
         let rows = &self.slots[slot.0 as usize];
         let base = self.row(layer, kv_head, 0);
         match rows.group_rows() {
-            None => f(0, rows.chunk(base, n)),
+            None => rows.with_chunk(base, n, false, |c| f(0, c)),
             Some(t) => {
                 let mut pos = from.min(n) / t * t;
                 while pos < n {
                     let len = (n - pos).min(t);
-                    f(pos, rows.chunk_for(base + pos, len, pos + len == n));
+                    rows.with_chunk(base + pos, len, pos + len == n, |c| f(pos, c));
                     pos += len;
                 }
             }
         }
+    }
+
+    fn pair_group(
+        &self,
+        layer: usize,
+        slot: SeqSlot,
+        kv_head: usize,
+        pos: usize,
+    ) -> Option<PairHalf<'_>> {
+        if pos >= self.stride || layer >= self.num_layers || kv_head >= self.num_kv_heads {
+            return None;
+        }
+        self.slots
+            .get(slot.0 as usize)?
+            .pair_group(self.row(layer, kv_head, pos))
     }
 }
 

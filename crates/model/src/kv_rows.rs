@@ -2,14 +2,19 @@
 //! cache (`kv.rs`) and the engine's paged memory are built on.
 //!
 //! A row is one token × one KV head (`head_dim` values). f32 and f16 codecs are stored as typed
-//! values; every other `quant` codec as encoded bytes (scales included). Owns writing a row,
+//! values; bf16 K with bf16 V in groups of 16 rows laid out as the bf16-pair tile step reads
+//! them (`kernels::pair_layout`: a decode attends them in place, never transposing a tile);
+//! every other `quant` codec as encoded bytes (scales included). Owns writing a row,
 //! handing out runs of rows as a [`KvChunk`] (buffers on huge pages where the OS allows,
-//! `hugepages`), copying rows, and serialising runs of rows (for the
-//! storage tiers). Never decides which rows belong to whom.
+//! `hugepages`) and whole groups of the pair layout, copying rows, and serialising runs of rows
+//! (for the storage tiers; bf16 rows serialise as row-major bf16 bytes, the codec's rows, in
+//! every layout). Never decides which rows belong to whom.
 
-use half::f16;
 use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+use kernels::pair_layout::{self, group_words, PairHalf, PAIR_GROUP_ROWS};
 use quant::EncodedRows;
+use quant::KvCodecKind;
 
 use crate::kv::{KvChunk, KvDtype, KvError, KvLayout};
 use crate::kv_sealed::SealedK;
@@ -38,7 +43,22 @@ enum RowBuf {
         v: Vec<u8>,
         v_row_bytes: usize,
     },
+    /// bf16 K and V (each value `quant`'s bf16 encoding) in groups of [`PAIR_GROUP_ROWS`] rows
+    /// in the pair layout: row `r` is row `r % 16` of group `r / 16`, whose K and V words are
+    /// `[group_words · (r / 16)..]` of `k` and `v`.
+    Bf16Pairs {
+        k: Vec<u32>,
+        v: Vec<u32>,
+    },
 }
+
+/// Whether `codecs` are stored in the pair layout (bf16 K and bf16 V).
+pub fn pair_layout_codecs(codecs: KvDtype) -> bool {
+    codecs.k == KvCodecKind::Bf16 && codecs.v == KvCodecKind::Bf16
+}
+
+/// The largest head size whose rows [`KvRows`] encodes on the stack in the pair layout.
+const PAIR_MAX_HEAD_DIM: usize = 512;
 
 /// Fewest rows [`KvRows::write_many`] encodes over the pool (a decode step's few rows are
 /// encoded by the caller: a dispatch would cost more).
@@ -66,6 +86,18 @@ impl KvRows {
     pub fn new(codecs: KvDtype, head_dim: usize, num_rows: usize) -> Result<Self, KvError> {
         let n = num_rows * head_dim;
         let layout = KvLayout::of(codecs, head_dim)?;
+        if pair_layout_codecs(codecs) && head_dim <= PAIR_MAX_HEAD_DIM {
+            let words = num_rows.div_ceil(PAIR_GROUP_ROWS) * group_words(head_dim);
+            return Ok(KvRows {
+                codecs,
+                head_dim,
+                num_rows,
+                buf: RowBuf::Bf16Pairs {
+                    k: lazy_zeroes(words),
+                    v: lazy_zeroes(words),
+                },
+            });
+        }
         if codecs.k.is_block() {
             let v_row_bytes = codecs.v.bytes_per_row(head_dim);
             return Ok(KvRows {
@@ -149,14 +181,40 @@ impl KvRows {
         self.codecs.k.bytes_per_row(self.head_dim) + self.codecs.v.bytes_per_row(self.head_dim)
     }
 
-    /// Bytes held by the buffers (equals `num_rows · row_pair_bytes()`).
+    /// Bytes held by the buffers (`num_rows · row_pair_bytes()`; the pair layout rounds the
+    /// rows up to whole groups of 16).
     pub fn allocated_bytes(&self) -> usize {
         match &self.buf {
             RowBuf::F32 { k, v } => (k.len() + v.len()) * 4,
             RowBuf::F16 { k, v } => (k.len() + v.len()) * 2,
             RowBuf::Encoded { k, v, .. } => k.len() + v.len(),
             RowBuf::Sealed { k, v, .. } => k.sealed_bytes() + v.len(),
+            RowBuf::Bf16Pairs { k, v } => (k.len() + v.len()) * 4,
         }
+    }
+
+    /// Whether rows are kept in the pair layout (bf16 K and V): then whole groups of 16 rows
+    /// from a multiple of 16 are read in place ([`KvRows::pair_group`]).
+    pub fn is_pair_layout(&self) -> bool {
+        matches!(self.buf, RowBuf::Bf16Pairs { .. })
+    }
+
+    /// The group of the pair layout holding rows `first..first + 16` (`first` a multiple of
+    /// 16, the group inside the buffer), read in place; `None` in other layouts or for another
+    /// `first`. Rows of the group never written hold zeros or stale words.
+    pub fn pair_group(&self, first: usize) -> Option<PairHalf<'_>> {
+        let RowBuf::Bf16Pairs { k, v } = &self.buf else {
+            return None;
+        };
+        let w = group_words(self.head_dim);
+        let g = first / PAIR_GROUP_ROWS;
+        (first.is_multiple_of(PAIR_GROUP_ROWS) && (g + 1) * w <= k.len()).then(|| {
+            PairHalf::new(
+                self.head_dim,
+                &k[g * w..(g + 1) * w],
+                &v[g * w..(g + 1) * w],
+            )
+        })
     }
 
     /// Stores one token's K and V (`[head_dim]` each) at `row`.
@@ -196,8 +254,60 @@ impl KvRows {
                     .map_err(|e| KvError::Codec(e.to_string()))?;
                 kb.write(row, k)?;
             }
+            RowBuf::Bf16Pairs { k: kb, v: vb } => {
+                let mut ks = [bf16::ZERO; PAIR_MAX_HEAD_DIM];
+                let mut vs = [bf16::ZERO; PAIR_MAX_HEAD_DIM];
+                encode_bf16(&k[..hd], &mut ks[..hd])?;
+                encode_bf16(&v[..hd], &mut vs[..hd])?;
+                let (g, w) = (row / PAIR_GROUP_ROWS, group_words(hd));
+                pair_layout::write_row(
+                    &mut kb[g * w..(g + 1) * w],
+                    &mut vb[g * w..(g + 1) * w],
+                    row % PAIR_GROUP_ROWS,
+                    &ks[..hd],
+                    &vs[..hd],
+                );
+            }
         }
         Ok(())
+    }
+
+    /// Row `row`'s K and V as bf16 (the pair layout; `None` in another).
+    fn pair_row(&self, row: usize, k: &mut [bf16], v: &mut [bf16]) -> Option<()> {
+        let RowBuf::Bf16Pairs { k: kb, v: vb } = &self.buf else {
+            return None;
+        };
+        let (g, w) = (row / PAIR_GROUP_ROWS, group_words(self.head_dim));
+        pair_layout::read_row(
+            &kb[g * w..(g + 1) * w],
+            &vb[g * w..(g + 1) * w],
+            row % PAIR_GROUP_ROWS,
+            k,
+            v,
+        );
+        Some(())
+    }
+
+    /// Rows `first..first + n` of the pair layout as row-major bf16 bytes: all K rows, then
+    /// all V rows (`quant`'s bf16 rows).
+    fn pair_rows_bytes(&self, first: usize, n: usize, out: &mut Vec<u8>) {
+        let hd = self.head_dim;
+        let (mut k, mut v) = (
+            [bf16::ZERO; PAIR_MAX_HEAD_DIM],
+            [bf16::ZERO; PAIR_MAX_HEAD_DIM],
+        );
+        let at = out.len();
+        out.resize(at + 4 * n * hd, 0);
+        let (ko, vo) = out[at..].split_at_mut(2 * n * hd);
+        for r in 0..n {
+            self.pair_row(first + r, &mut k[..hd], &mut v[..hd])
+                .expect("the pair layout");
+            for (src, dst) in [(&k, &mut *ko), (&v, &mut *vo)] {
+                plain_to_le_bytes(&src[..hd], &mut dst[r * 2 * hd..(r + 1) * 2 * hd], |x| {
+                    x.to_le_bytes()
+                });
+            }
+        }
     }
 
     /// [`KvRows::write`] of every `(row, src)` of `items` in order — K and V of source row `src`
@@ -214,7 +324,12 @@ impl KvRows {
         v: &[f32],
     ) -> Result<(), KvError> {
         let hd = self.head_dim;
-        let typed = matches!(self.buf, RowBuf::F32 { .. } | RowBuf::F16 { .. });
+        // Typed rows, and bf16 rows in the pair layout (groups interleave rows: encoded one
+        // after the other; bf16 encoding is a rounding per value).
+        let typed = matches!(
+            self.buf,
+            RowBuf::F32 { .. } | RowBuf::F16 { .. } | RowBuf::Bf16Pairs { .. }
+        );
         let distinct = || {
             let mut rows: Vec<usize> = items.iter().map(|&(r, _)| r).collect();
             rows.sort_unstable();
@@ -275,7 +390,9 @@ impl KvRows {
                 })?;
                 kb.write_many(pool, items, k)
             }
-            RowBuf::F32 { .. } | RowBuf::F16 { .. } => unreachable!("typed rows are written above"),
+            RowBuf::F32 { .. } | RowBuf::F16 { .. } | RowBuf::Bf16Pairs { .. } => {
+                unreachable!("typed and pair-layout rows are written above")
+            }
         }
     }
 
@@ -318,6 +435,14 @@ impl KvRows {
                         (std::ptr::null(), 0),
                         bytes_of(&v[first * v_row_bytes..(first + n) * v_row_bytes]),
                     ),
+                    // The groups holding the rows.
+                    RowBuf::Bf16Pairs { k, v } => {
+                        let w = group_words(hd);
+                        let groups = first / PAIR_GROUP_ROWS * w
+                            ..((first + n).div_ceil(PAIR_GROUP_ROWS) * w).min(k.len());
+                        let words = |x: &[u32]| (x.as_ptr().cast::<u8>(), x.len() * 4);
+                        (words(&k[groups.clone()]), words(&v[groups]))
+                    }
                 };
             for (at, bytes) in [(k, k_bytes), (v, v_bytes)] {
                 for off in (0..bytes).step_by(64) {
@@ -332,20 +457,36 @@ impl KvRows {
         let _ = (first, n);
     }
 
-    /// Rows `first..first + n` as one attention chunk (inside one group for block codecs; the
-    /// sealed codes then, see [`KvRows::chunk_for`]).
+    /// Runs `f` on rows `first..first + n` as one attention chunk (inside one group for block
+    /// codecs; the sealed codes then, see `own`), for a query that lies in this chunk's group
+    /// when `own`: with a block K codec the group's full-precision (f16) rows are read then, its
+    /// sealed codes otherwise, so what a query reads depends on its position only. Other
+    /// codecs ignore `own`. Rows in the pair layout are handed over as encoded bf16 rows,
+    /// gathered first (readers that attend them read the groups in place instead:
+    /// [`KvRows::pair_group`]).
     #[inline]
-    pub fn chunk(&self, first: usize, n: usize) -> KvChunk<'_> {
-        self.chunk_for(first, n, false)
-    }
-
-    /// [`KvRows::chunk`] for a query that lies in this chunk's group when `own`: with a block
-    /// K codec the group's full-precision (f16) rows are read then, its sealed codes otherwise,
-    /// so what a query reads depends on its position only. Other codecs ignore `own`.
-    #[inline]
-    pub fn chunk_for(&self, first: usize, n: usize, own: bool) -> KvChunk<'_> {
+    pub fn with_chunk<R>(
+        &self,
+        first: usize,
+        n: usize,
+        own: bool,
+        f: impl FnOnce(KvChunk<'_>) -> R,
+    ) -> R {
         let hd = self.head_dim;
-        match &self.buf {
+        let buf = match &self.buf {
+            RowBuf::Bf16Pairs { .. } => {
+                let mut bytes = Vec::with_capacity(4 * n * hd);
+                self.pair_rows_bytes(first, n, &mut bytes);
+                let (k, v) = bytes.split_at(2 * n * hd);
+                let rows = |b| EncodedRows::new(self.codecs.k, hd, b).expect("whole bf16 rows");
+                return f(KvChunk::Encoded {
+                    k: rows(k),
+                    v: rows(v),
+                });
+            }
+            buf => buf,
+        };
+        f(match buf {
             RowBuf::Sealed {
                 k,
                 v,
@@ -374,7 +515,8 @@ impl KvRows {
                 v: EncodedRows::new(self.codecs.v, hd, &v[first * vr..(first + n) * vr])
                     .expect("whole rows of a validated codec"),
             },
-        }
+            RowBuf::Bf16Pairs { .. } => unreachable!("handed over above"),
+        })
     }
 
     /// Copies rows `src..src + n` over rows `dst..dst + n`.
@@ -405,6 +547,11 @@ impl KvRows {
             } => {
                 k.copy_rows(src, dst, n);
                 v.copy_within(src * *vr..(src + n) * *vr, dst * *vr);
+            }
+            RowBuf::Bf16Pairs { .. } => {
+                let mut bytes = Vec::with_capacity(n * self.row_pair_bytes());
+                self.pair_rows_bytes(src, n, &mut bytes);
+                self.load_rows_bytes(dst, n, &bytes);
             }
         }
     }
@@ -450,6 +597,7 @@ impl KvRows {
                 k.groups_bytes(first / t, n / t, &mut out);
                 out.extend_from_slice(&v[first * vr..(first + n) * vr]);
             }
+            RowBuf::Bf16Pairs { .. } => self.pair_rows_bytes(first, n, &mut out),
         }
         out
     }
@@ -499,8 +647,38 @@ impl KvRows {
                 k.load_groups_bytes(first / t, kb);
                 v[first * *vr..(first + n) * *vr].copy_from_slice(vb);
             }
+            RowBuf::Bf16Pairs { k, v } => {
+                let (kb, vb) = bytes.split_at(2 * n * hd);
+                let w = group_words(hd);
+                let (mut ks, mut vs) = (
+                    [bf16::ZERO; PAIR_MAX_HEAD_DIM],
+                    [bf16::ZERO; PAIR_MAX_HEAD_DIM],
+                );
+                for r in 0..n {
+                    let row = 2 * hd * r..2 * hd * (r + 1);
+                    plain_from_le_bytes(&kb[row.clone()], &mut ks[..hd], bf16::from_le_bytes);
+                    plain_from_le_bytes(&vb[row], &mut vs[..hd], bf16::from_le_bytes);
+                    let g = (first + r) / PAIR_GROUP_ROWS;
+                    pair_layout::write_row(
+                        &mut k[g * w..(g + 1) * w],
+                        &mut v[g * w..(g + 1) * w],
+                        (first + r) % PAIR_GROUP_ROWS,
+                        &ks[..hd],
+                        &vs[..hd],
+                    );
+                }
+            }
         }
     }
+}
+
+/// `x` in `quant`'s bf16 encoding (the bytes `encode_row` writes for a bf16 row).
+fn encode_bf16(x: &[f32], out: &mut [bf16]) -> Result<(), KvError> {
+    let mut bytes = [0u8; 2 * PAIR_MAX_HEAD_DIM];
+    let bytes = &mut bytes[..2 * x.len()];
+    quant::encode_row(KvCodecKind::Bf16, x, bytes).map_err(|e| KvError::Codec(e.to_string()))?;
+    plain_from_le_bytes(bytes, out, bf16::from_le_bytes);
+    Ok(())
 }
 
 /// `src` written as little-endian bytes into `out` (`N` bytes per value). One loop per slice (no
@@ -527,11 +705,11 @@ mod tests {
 
     /// The bytes a reader sees of rows `first..first + n` (`own`: as the query's own group).
     fn seen(rows: &KvRows, first: usize, n: usize, own: bool) -> Vec<u8> {
-        match rows.chunk_for(first, n, own) {
+        rows.with_chunk(first, n, own, |c| match c {
             KvChunk::F32 { k, v } => k.iter().chain(v).flat_map(|x| x.to_le_bytes()).collect(),
             KvChunk::F16 { k, v } => k.iter().chain(v).flat_map(|x| x.to_le_bytes()).collect(),
             KvChunk::Encoded { k, v } => [k.params(), k.bytes(), v.params(), v.bytes()].concat(),
-        }
+        })
     }
 
     /// A step's rows written at once over a pool (encoders spread, block-codec groups sealed in
@@ -564,6 +742,8 @@ mod tests {
             "fp8",
             "k=int4c,v=int4",
             "k=int4c-t4,v=int8",
+            "bf16",
+            "k=bf16,v=f16",
         ] {
             let codecs = KvDtype::parse(spec).unwrap();
             let mut want = KvRows::new(codecs, hd, num_rows).unwrap();
@@ -612,10 +792,19 @@ mod tests {
             "k=int8,v=int4",
             "int4h",
             "k=int4h,v=int8",
+            "bf16",
         ] {
             let codecs = KvDtype::parse(spec).unwrap();
             let mut a = KvRows::new(codecs, 64, 6).unwrap();
-            assert_eq!(a.allocated_bytes(), 6 * a.row_pair_bytes(), "{spec}");
+            if a.is_pair_layout() {
+                assert_eq!(
+                    a.allocated_bytes(),
+                    16 * a.row_pair_bytes(),
+                    "{spec}: one group"
+                );
+            } else {
+                assert_eq!(a.allocated_bytes(), 6 * a.row_pair_bytes(), "{spec}");
+            }
             for r in 0..6 {
                 let k: Vec<f32> = (0..64).map(|i| (r * 64 + i) as f32 / 97.0 - 1.0).collect();
                 let v: Vec<f32> = k.iter().map(|x| -x).collect();
@@ -634,6 +823,7 @@ mod tests {
             match spec {
                 "f32" => assert_eq!(bytes, naive(&|x| x.to_le_bytes().to_vec())),
                 "f16" => assert_eq!(bytes, naive(&|x| f16::from_f32(x).to_le_bytes().to_vec())),
+                "bf16" => assert_eq!(bytes, naive(&|x| bf16::from_f32(x).to_le_bytes().to_vec())),
                 _ => {}
             }
             let mut b = KvRows::new(codecs, 64, 6).unwrap();
@@ -641,7 +831,7 @@ mod tests {
             assert_eq!(b.rows_bytes(2, 3), bytes, "{spec}");
             a.copy_rows(1, 3, 3);
             assert_eq!(a.rows_bytes(3, 3), bytes, "{spec}");
-            assert_eq!(a.chunk(0, 4).num_positions(64), 4);
+            assert_eq!(a.with_chunk(0, 4, false, |c| c.num_positions(64)), 4);
         }
     }
 }

@@ -50,6 +50,7 @@ pub use gpu_backend::GpuBackend;
 pub use gpu_compare::{compare_with_cpu, Comparison, CpuSteps, GpuCompareError, StepFn};
 pub use gpu_forward::{GpuForward, GpuForwardError, GpuModel};
 pub use gpu_kv::{DeviceBlocks, DevicePool};
+pub use kernels::pair_layout::{PairHalf, PAIR_GROUP_ROWS};
 pub use kernels::{PackedDef, ThreadPool};
 pub use kv::{DeviceKvMemory, KvDtype, KvStore, SeqSlot};
 pub use kv_contiguous::ContiguousKv;
