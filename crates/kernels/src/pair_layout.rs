@@ -46,6 +46,21 @@ impl<'a> PairHalf<'a> {
     pub fn row(&self, t: usize, k: &mut [bf16], v: &mut [bf16]) {
         read_row(self.keys, self.values, t, k, v);
     }
+
+    /// Whether this group's K and V words lie right after `prev`'s (a store's consecutive
+    /// blocks: a stream the hardware prefetcher follows).
+    pub fn follows(&self, prev: &PairHalf<'_>) -> bool {
+        std::ptr::eq(self.keys.as_ptr(), prev.keys.as_ptr_range().end)
+            && std::ptr::eq(self.values.as_ptr(), prev.values.as_ptr_range().end)
+    }
+
+    /// Asks the CPU to bring the group's words into cache ahead of a read (a jump the hardware
+    /// prefetcher cannot follow); no effect on any result.
+    pub fn prefetch(&self) {
+        for words in [self.keys, self.values] {
+            crate::flash_tile::prefetch_l1(words.as_ptr().cast(), std::mem::size_of_val(words));
+        }
+    }
 }
 
 /// A pair tile as the tile step reads it: positions `0..16` from `halves[0]`, `16..32` from
@@ -146,6 +161,18 @@ mod tests {
                 assert_eq!(v[e], val(t, e, -0.5), "v t={t} e={e}");
             }
         }
+        // Groups next to each other in one buffer follow each other, in that order only.
+        let (ks, vs) = (
+            vec![0u32; 3 * group_words(hd)],
+            vec![0u32; 3 * group_words(hd)],
+        );
+        let g = |i: usize| {
+            let r = i * group_words(hd)..(i + 1) * group_words(hd);
+            PairHalf::new(hd, &ks[r.clone()], &vs[r])
+        };
+        assert!(g(1).follows(&g(0)) && g(2).follows(&g(1)));
+        assert!(!g(0).follows(&g(1)) && !g(2).follows(&g(0)));
+        g(2).prefetch();
         // Word (i = 1, t = 5) of K; word (j = 2, e = 3) of V.
         assert_eq!(keys[16 + 5], word(val(5, 2, 1.0), val(5, 3, 1.0)));
         assert_eq!(values[2 * hd + 3], word(val(4, 3, -0.5), val(5, 3, -0.5)));

@@ -1034,6 +1034,16 @@ fn attend_pairs_in_place(
                 _ => bufs.pair_tile.stage_half(h, &[], &[], 0),
             }
         }
+        // The next tile's groups, where they jump away from the ones before them (blocks
+        // spread over the pool), are requested now, as the chunk reader does for blocks.
+        let next = (tile_start + PAIR_TILE_POSITIONS - from) / PAIR_HALF_POSITIONS;
+        for g in next..(next + 2).min(count) {
+            if let (Some(prev), Some(group)) = (groups[g - 1], groups[g]) {
+                if !group.follows(&prev) {
+                    group.prefetch();
+                }
+            }
+        }
         let staged = &*bufs.pair_tile;
         let [h0, h1] = [0, 1].map(|h| in_place[h].unwrap_or_else(|| staged.half(h)));
         let tile = PairTileRef::new(hd, h0, h1);
