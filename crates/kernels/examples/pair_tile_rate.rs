@@ -4,6 +4,13 @@
 //! multiply-add counted as two) beside this thread's `vdpbf16ps` peak (`kernels::peak`).
 //!
 //! `cargo run --release -p kernels --example pair_tile_rate -- [ROWS] [TILES] [REPS]`
+//!
+//! `STREAM_TILES=N` also sweeps `N` tiles laid out as a KV store keeps them, far larger than
+//! the caches (`N = 16000`: 128 MB), once per repetition: read in place in the pair layout
+//! (`kernels::pair_layout`, each tile two groups of consecutive K and V words), and staged
+//! from row-major bf16 rows first (`PairTile::stage_half`, as attention read bf16 K/V before
+//! the layout), reporting ns and GB/s of K/V per tile for each — what a decode's few rows pay
+//! when K/V come from memory.
 
 use std::time::Instant;
 
@@ -78,4 +85,75 @@ fn main() {
         best * 1e9 / (tiles * rows) as f64
     );
     let _ = CpuFeatures::PORTABLE;
+    if let Some(n) = std::env::var("STREAM_TILES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        stream(n, &qrefs, &valids, reps.min(8));
+    }
+}
+
+/// `n` tiles from memory, in place and staged (module doc), best of `reps` sweeps each.
+fn stream(n: usize, qs: &[&[u32]], valids: &[usize], reps: usize) {
+    use kernels::pair_layout::{group_words, write_row, PairHalf, PairTileRef};
+    let hd = 64;
+    let rows_of = |salt: usize| -> Vec<bf16> {
+        (0..n * PAIR_TILE_POSITIONS * hd)
+            .map(|i| bf16::from_f32(((i * salt) % 1000) as f32 / 500.0 - 1.0))
+            .collect()
+    };
+    let (k, v) = (rows_of(7919), rows_of(104_729));
+    let w = group_words(hd);
+    let (mut gk, mut gv) = (vec![0u32; 2 * n * w], vec![0u32; 2 * n * w]);
+    for r in 0..n * PAIR_TILE_POSITIONS {
+        let (g, t) = (r / 16, r % 16);
+        let row = r * hd..(r + 1) * hd;
+        write_row(
+            &mut gk[g * w..(g + 1) * w],
+            &mut gv[g * w..(g + 1) * w],
+            t,
+            &k[row.clone()],
+            &v[row],
+        );
+    }
+    let features = kernels::cpu_features();
+    let rows = qs.len();
+    let mut staged = PairTile::new(hd);
+    for in_place in [true, false] {
+        let mut best = f64::INFINITY;
+        let mut check = 0f32;
+        for _ in 0..reps {
+            let mut sts = vec![TileSoftmax::default(); rows];
+            let mut accs = vec![vec![0f32; hd]; rows];
+            let t0 = Instant::now();
+            for t in 0..n {
+                let mut arefs: Vec<&mut [f32]> =
+                    accs.iter_mut().map(|a| a.as_mut_slice()).collect();
+                if in_place {
+                    let g = |g: usize| {
+                        PairHalf::new(hd, &gk[g * w..(g + 1) * w], &gv[g * w..(g + 1) * w])
+                    };
+                    let tile = PairTileRef::new(hd, g(2 * t), g(2 * t + 1));
+                    tile_update_pairs(features, &mut sts, &mut arefs, qs, valids, tile, 0.125);
+                } else {
+                    let o = t * PAIR_TILE_POSITIONS * hd;
+                    for h in 0..2 {
+                        let rows = o + h * 16 * hd..o + (h + 1) * 16 * hd;
+                        staged.stage_half(h, &k[rows.clone()], &v[rows], 16);
+                    }
+                    tile_update_pairs(features, &mut sts, &mut arefs, qs, valids, &staged, 0.125);
+                }
+            }
+            best = best.min(t0.elapsed().as_secs_f64());
+            check += sts.iter().map(|s| s.sum).sum::<f32>();
+        }
+        let bytes = (n * PAIR_TILE_POSITIONS * hd * 4) as f64;
+        println!(
+            "{rows} rows over {n} tiles from memory ({:.0} MB), {}: {:.1} ns per tile, {:.1} GB/s of K/V [check {check:.3}]",
+            bytes / 1e6,
+            if in_place { "read in place" } else { "staged from rows" },
+            best * 1e9 / n as f64,
+            bytes / best / 1e9
+        );
+    }
 }
