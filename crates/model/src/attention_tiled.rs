@@ -1065,16 +1065,23 @@ fn pairs_step(
     let (hd, features, scale) = (steps.hd, steps.features, steps.scale);
     let half = hd / 2;
     let empty: &[u32] = &[];
-    for_live_blocks::<WIDE_BLOCK_ROWS, _>(
-        rows,
-        hd,
-        tile_start,
-        tile_end,
-        empty,
-        |row| &qpairs[row.idx * half..(row.idx + 1) * half],
-        |sts, accs, qs, valids| tile_update_pairs(features, sts, accs, qs, valids, tile, scale),
-    );
+    let query = |row: &Row<'_>| &qpairs[row.idx * half..(row.idx + 1) * half];
+    let step =
+        |sts: &mut [TileSoftmax], accs: &mut [&mut [f32]], qs: &[&[u32]], valids: &[usize]| {
+            tile_update_pairs(features, sts, accs, qs, valids, tile, scale)
+        };
+    // A decode's few rows: one small block (its per-tile bookkeeping arrays, zeroed per
+    // tile, a quarter of the size); the grouping changes no bit.
+    if rows.len() <= FEW_PAIR_ROWS {
+        for_live_blocks::<FEW_PAIR_ROWS, _>(rows, hd, tile_start, tile_end, empty, query, step);
+    } else {
+        for_live_blocks::<WIDE_BLOCK_ROWS, _>(rows, hd, tile_start, tile_end, empty, query, step);
+    }
 }
+
+/// Rows up to which [`pairs_step`] hands a tile's rows over in one small block (a decode's
+/// GQA group, or two).
+const FEW_PAIR_ROWS: usize = 6;
 
 /// A piece of a tile held by one K/V chunk: rows `first..first + n` of the chunk, landing at
 /// tile position `at` (`whole`: the piece is the whole tile); `src` / `dst` are its element
