@@ -259,14 +259,7 @@ impl KvRows {
                 let mut vs = [bf16::ZERO; PAIR_MAX_HEAD_DIM];
                 encode_bf16(&k[..hd], &mut ks[..hd])?;
                 encode_bf16(&v[..hd], &mut vs[..hd])?;
-                let (g, w) = (row / PAIR_GROUP_ROWS, group_words(hd));
-                pair_layout::write_row(
-                    &mut kb[g * w..(g + 1) * w],
-                    &mut vb[g * w..(g + 1) * w],
-                    row % PAIR_GROUP_ROWS,
-                    &ks[..hd],
-                    &vs[..hd],
-                );
+                write_pair_row(kb, vb, row, &ks[..hd], &vs[..hd]);
             }
         }
         Ok(())
@@ -277,14 +270,9 @@ impl KvRows {
         let RowBuf::Bf16Pairs { k: kb, v: vb } = &self.buf else {
             return None;
         };
-        let (g, w) = (row / PAIR_GROUP_ROWS, group_words(self.head_dim));
-        pair_layout::read_row(
-            &kb[g * w..(g + 1) * w],
-            &vb[g * w..(g + 1) * w],
-            row % PAIR_GROUP_ROWS,
-            k,
-            v,
-        );
+        let (g, w) = (row / PAIR_GROUP_ROWS, group_words(k.len()));
+        let group = g * w..(g + 1) * w;
+        pair_layout::read_row(&kb[group.clone()], &vb[group], row % PAIR_GROUP_ROWS, k, v);
         Some(())
     }
 
@@ -649,7 +637,6 @@ impl KvRows {
             }
             RowBuf::Bf16Pairs { k, v } => {
                 let (kb, vb) = bytes.split_at(2 * n * hd);
-                let w = group_words(hd);
                 let (mut ks, mut vs) = (
                     [bf16::ZERO; PAIR_MAX_HEAD_DIM],
                     [bf16::ZERO; PAIR_MAX_HEAD_DIM],
@@ -658,18 +645,25 @@ impl KvRows {
                     let row = 2 * hd * r..2 * hd * (r + 1);
                     plain_from_le_bytes(&kb[row.clone()], &mut ks[..hd], bf16::from_le_bytes);
                     plain_from_le_bytes(&vb[row], &mut vs[..hd], bf16::from_le_bytes);
-                    let g = (first + r) / PAIR_GROUP_ROWS;
-                    pair_layout::write_row(
-                        &mut k[g * w..(g + 1) * w],
-                        &mut v[g * w..(g + 1) * w],
-                        (first + r) % PAIR_GROUP_ROWS,
-                        &ks[..hd],
-                        &vs[..hd],
-                    );
+                    write_pair_row(k, v, first + r, &ks[..hd], &vs[..hd]);
                 }
             }
         }
     }
+}
+
+/// Writes row `row` (`k`, `v`: `[head_dim]` bf16) into its group of the pair-layout buffers
+/// `kb` / `vb`.
+fn write_pair_row(kb: &mut [u32], vb: &mut [u32], row: usize, k: &[bf16], v: &[bf16]) {
+    let (g, w) = (row / PAIR_GROUP_ROWS, group_words(k.len()));
+    let group = g * w..(g + 1) * w;
+    pair_layout::write_row(
+        &mut kb[group.clone()],
+        &mut vb[group],
+        row % PAIR_GROUP_ROWS,
+        k,
+        v,
+    );
 }
 
 /// `x` in `quant`'s bf16 encoding (the bytes `encode_row` writes for a bf16 row).
