@@ -880,7 +880,11 @@ mod x86 {
         // Step 1: two chains per position and row, dimension pairs in order; each chain a
         // vector per 16-position half of the tile.
         let mut c = [[[_mm512_setzero_ps(); 2]; 2]; R];
-        for i2 in (0..hd / 2).step_by(2) {
+        // A loop that runs at least once (`hd >= 16`, asserted by the caller): with no path
+        // around it, the accumulators live in registers only (a loop that might not run had
+        // the compiler zero a stack copy of all `4R` of them first, every call).
+        let mut i2 = 0;
+        loop {
             for l in 0..2 {
                 let i = i2 + l;
                 // SAFETY: `i < hd / 2`: row `i` of each half's transposed K holds 16 words.
@@ -896,6 +900,10 @@ mod x86 {
                     c[r][l][0] = _mm512_dpbf16_ps(c[r][l][0], k0, q);
                     c[r][l][1] = _mm512_dpbf16_ps(c[r][l][1], k1, q);
                 }
+            }
+            i2 += 2;
+            if i2 >= hd / 2 {
+                break;
             }
         }
         // Steps 2–3 per row; the weight pairs of step 4 kept as words.

@@ -1020,6 +1020,7 @@ fn attend_pairs_in_place(
         }
     }
     let hd = steps.hd;
+    let mut pass_rows = PairPassRows::new(rows, bufs.qpairs, hd);
     for tile_start in (from..seg_end).step_by(PAIR_TILE_POSITIONS) {
         let tile_end = (tile_start + PAIR_TILE_POSITIONS).min(seg_end);
         // Per half: read in place (a whole group), or staged (part of one, or past the pass).
@@ -1047,9 +1048,94 @@ fn attend_pairs_in_place(
         let staged = &*bufs.pair_tile;
         let [h0, h1] = [0, 1].map(|h| in_place[h].unwrap_or_else(|| staged.half(h)));
         let tile = PairTileRef::new(hd, h0, h1);
-        pairs_step(steps, bufs.qpairs, tile, rows, tile_start, tile_end);
+        pass_rows.step(steps, tile, tile_start, tile_end);
     }
+    pass_rows.finish();
     true
+}
+
+/// A pass's rows as the bf16-pair step takes them, gathered once per pass rather than per
+/// tile: softmax states, accumulators and queries, ordered by position count, most first, so
+/// the rows that reach into any tile are a prefix (the order of rows in a step changes no
+/// bit: each row's arithmetic is its own). [`PairPassRows::finish`] writes the states back.
+struct PairPassRows<'r> {
+    sts: Vec<TileSoftmax>,
+    accs: Vec<&'r mut [f32]>,
+    /// Each row's `[max, sum]` in its partial row.
+    states: Vec<&'r mut [f32]>,
+    qs: Vec<&'r [u32]>,
+    /// Position counts, most first.
+    ns: Vec<usize>,
+    valids: Vec<usize>,
+}
+
+impl<'r> PairPassRows<'r> {
+    fn new(rows: &'r mut [Row<'_>], qpairs: &'r [u32], hd: usize) -> PairPassRows<'r> {
+        let half = hd / 2;
+        // A run's rows come in position order: taken backwards they are already sorted (the
+        // stable sort then only checks), a shared segment's decodes in any order.
+        let mut order: Vec<&'r mut Row<'_>> = rows.iter_mut().rev().collect();
+        order.sort_by_key(|row| std::cmp::Reverse(row.n));
+        let count = order.len();
+        let mut out = PairPassRows {
+            sts: Vec::with_capacity(count),
+            accs: Vec::with_capacity(count),
+            states: Vec::with_capacity(count),
+            qs: Vec::with_capacity(count),
+            ns: Vec::with_capacity(count),
+            valids: Vec::with_capacity(count),
+        };
+        for row in order {
+            out.qs.push(&qpairs[row.idx * half..(row.idx + 1) * half]);
+            out.ns.push(row.n);
+            let (acc, st) = row.partial.split_at_mut(hd);
+            out.sts.push(TileSoftmax {
+                max: st[0],
+                sum: st[1],
+            });
+            out.accs.push(acc);
+            out.states.push(st);
+        }
+        out
+    }
+
+    /// The pair step of a tile (`tile_start..tile_end`) for every row that reaches into it,
+    /// in one call.
+    fn step(
+        &mut self,
+        steps: &TileSteps,
+        tile: PairTileRef<'_>,
+        tile_start: usize,
+        tile_end: usize,
+    ) {
+        let live = self.ns.partition_point(|&n| n > tile_start);
+        if live == 0 {
+            return;
+        }
+        self.valids.clear();
+        self.valids.extend(
+            self.ns[..live]
+                .iter()
+                .map(|&n| n.min(tile_end) - tile_start),
+        );
+        tile_update_pairs(
+            steps.features,
+            &mut self.sts[..live],
+            &mut self.accs[..live],
+            &self.qs[..live],
+            &self.valids,
+            tile,
+            steps.scale,
+        );
+    }
+
+    /// Writes every row's softmax state back into its partial row.
+    fn finish(self) {
+        for (st, sm) in self.states.into_iter().zip(self.sts) {
+            st[0] = sm.max;
+            st[1] = sm.sum;
+        }
+    }
 }
 
 /// The bf16-pair step of a tile (`tile_start..tile_end`: staged, or groups read in place) for
