@@ -640,9 +640,9 @@ mod x86 {
         PAIR_HALF_POSITIONS as H, RAISE_MARGIN, TILE, W_C1, W_C2, W_C3, W_C4,
     };
 
-    /// Rows per block: two chains per position and two 16-position vectors per chain, so 24
-    /// independent `vdpbf16ps` chains in flight for the scores (a decode's three rows: 12), and
-    /// `6 · 4` accumulators for `p·V`.
+    /// Rows per block: two chains per position and row, so 12 independent `vdpbf16ps` chains
+    /// in flight for the scores of a tile's half (a decode's three rows: 6), and `6 · 4`
+    /// accumulators for `p·V`.
     const BLOCK: usize = 6;
     /// 16-dimension chunks of `p·V` accumulated in registers at once.
     const CHUNKS: usize = 4;
@@ -883,27 +883,31 @@ mod x86 {
         // A loop that runs at least once (`hd >= 16`, asserted by the caller): with no path
         // around it, the accumulators live in registers only (a loop that might not run had
         // the compiler zero a stack copy of all `4R` of them first, every call).
-        let mut i2 = 0;
-        loop {
-            for l in 0..2 {
-                let i = i2 + l;
-                // SAFETY: `i < hd / 2`: row `i` of each half's transposed K holds 16 words.
-                let (k0, k1) = unsafe {
-                    (
-                        bh(_mm512_loadu_si512(kp[0].add(i * H).cast())),
-                        bh(_mm512_loadu_si512(kp[1].add(i * H).cast())),
-                    )
-                };
-                for r in 0..R {
-                    // SAFETY: `i < hd / 2 = qs[r].len()`.
-                    let q = bh(_mm512_set1_epi32(unsafe { *qp[r].add(i) } as i32));
-                    c[r][l][0] = _mm512_dpbf16_ps(c[r][l][0], k0, q);
-                    c[r][l][1] = _mm512_dpbf16_ps(c[r][l][1], k1, q);
+        // One half after the other, each read front to back: K of a tile is then one run of
+        // consecutive lines (a group's 2 KiB, then the next group's), which the hardware
+        // prefetcher follows; alternating between the halves line by line, it did not — a
+        // decode's few rows read K/V from memory at a third of the rate (`pair_tile_rate`'s
+        // `STREAM_TILES`). Each chain's operations keep their order, so no bit changes.
+        for (h, &k) in kp.iter().enumerate() {
+            // A loop that runs at least once (`hd >= 16`, asserted by the caller): with no
+            // path around it, the accumulators live in registers only (a loop that might not
+            // run had the compiler zero a stack copy of all `4R` of them first, every call).
+            let mut i2 = 0;
+            loop {
+                for l in 0..2 {
+                    let i = i2 + l;
+                    // SAFETY: `i < hd / 2`: row `i` of each half's transposed K holds 16 words.
+                    let kv = bh(unsafe { _mm512_loadu_si512(k.add(i * H).cast()) });
+                    for r in 0..R {
+                        // SAFETY: `i < hd / 2 = qs[r].len()`.
+                        let q = bh(_mm512_set1_epi32(unsafe { *qp[r].add(i) } as i32));
+                        c[r][l][h] = _mm512_dpbf16_ps(c[r][l][h], kv, q);
+                    }
                 }
-            }
-            i2 += 2;
-            if i2 >= hd / 2 {
-                break;
+                i2 += 2;
+                if i2 >= hd / 2 {
+                    break;
+                }
             }
         }
         // Steps 2–3 per row; the weight pairs of step 4 kept as words.
