@@ -628,6 +628,10 @@ mod avx2 {
     }
 }
 
+/// The 16×16 word transpose the staging uses (also `pair_layout_groups`').
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::transpose16;
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -713,7 +717,7 @@ mod x86 {
     /// within each 128-bit lane; then the lanes.
     #[target_feature(enable = "avx512f,avx2")]
     #[inline]
-    fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
+    pub(crate) fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
         let [r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15] = r;
         let a0 = _mm512_unpacklo_epi32(r0, r1);
         let a1 = _mm512_unpackhi_epi32(r0, r1);

@@ -71,6 +71,7 @@ mod packed32_run;
 #[cfg(target_arch = "x86_64")]
 mod packed32_x86;
 pub mod pair_layout;
+pub mod pair_layout_groups;
 pub mod par;
 pub mod peak;
 pub mod pool;

@@ -13,6 +13,7 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use kernels::pair_layout::{self, group_words, PairHalf, PAIR_GROUP_ROWS};
+use kernels::pair_layout_groups::{group_from_le_bytes, group_to_le_bytes};
 use quant::EncodedRows;
 use quant::KvCodecKind;
 
@@ -287,7 +288,24 @@ impl KvRows {
         let at = out.len();
         out.resize(at + 4 * n * hd, 0);
         let (ko, vo) = out[at..].split_at_mut(2 * n * hd);
-        for r in 0..n {
+        let mut r = 0;
+        while r < n {
+            if let Some(rows) = self.whole_group_at(first + r, n - r) {
+                // A whole group at once (`pair_layout_groups`: transposes, not a row at a time).
+                let RowBuf::Bf16Pairs { k: kb, v: vb } = &self.buf else {
+                    unreachable!("the pair layout");
+                };
+                let span = r * 2 * hd..(r + PAIR_GROUP_ROWS) * 2 * hd;
+                group_to_le_bytes(
+                    &kb[rows.clone()],
+                    &vb[rows],
+                    &mut ko[span.clone()],
+                    &mut vo[span],
+                    hd,
+                );
+                r += PAIR_GROUP_ROWS;
+                continue;
+            }
             self.pair_row(first + r, &mut k[..hd], &mut v[..hd])
                 .expect("the pair layout");
             for (src, dst) in [(&k, &mut *ko), (&v, &mut *vo)] {
@@ -295,6 +313,26 @@ impl KvRows {
                     x.to_le_bytes()
                 });
             }
+            r += 1;
+        }
+    }
+
+    /// The words of the pair-layout group that starts at `row`, when a group starts there and
+    /// its 16 rows lie within the `left` rows to convert (a tier's whole block); `None` else.
+    fn whole_group_at(&self, row: usize, left: usize) -> Option<std::ops::Range<usize>> {
+        let w = group_words(self.head_dim);
+        let g = row / PAIR_GROUP_ROWS;
+        (row.is_multiple_of(PAIR_GROUP_ROWS)
+            && left >= PAIR_GROUP_ROWS
+            && (g + 1) * w <= self.num_groups_words())
+        .then(|| g * w..(g + 1) * w)
+    }
+
+    /// Words of K (as of V) the pair layout's buffers hold; 0 in another layout.
+    fn num_groups_words(&self) -> usize {
+        match &self.buf {
+            RowBuf::Bf16Pairs { k, .. } => k.len(),
+            _ => 0,
         }
     }
 
@@ -635,17 +673,36 @@ impl KvRows {
                 k.load_groups_bytes(first / t, kb);
                 v[first * *vr..(first + n) * *vr].copy_from_slice(vb);
             }
-            RowBuf::Bf16Pairs { k, v } => {
+            RowBuf::Bf16Pairs { .. } => {
                 let (kb, vb) = bytes.split_at(2 * n * hd);
                 let (mut ks, mut vs) = (
                     [bf16::ZERO; PAIR_MAX_HEAD_DIM],
                     [bf16::ZERO; PAIR_MAX_HEAD_DIM],
                 );
-                for r in 0..n {
+                let mut r = 0;
+                while r < n {
+                    let whole = self.whole_group_at(first + r, n - r);
+                    let RowBuf::Bf16Pairs { k, v } = &mut self.buf else {
+                        unreachable!("the pair layout");
+                    };
+                    if let Some(rows) = whole {
+                        // A whole group at once (`pair_layout_groups`).
+                        let span = r * 2 * hd..(r + PAIR_GROUP_ROWS) * 2 * hd;
+                        group_from_le_bytes(
+                            &kb[span.clone()],
+                            &vb[span],
+                            &mut k[rows.clone()],
+                            &mut v[rows],
+                            hd,
+                        );
+                        r += PAIR_GROUP_ROWS;
+                        continue;
+                    }
                     let row = 2 * hd * r..2 * hd * (r + 1);
                     plain_from_le_bytes(&kb[row.clone()], &mut ks[..hd], bf16::from_le_bytes);
                     plain_from_le_bytes(&vb[row], &mut vs[..hd], bf16::from_le_bytes);
                     write_pair_row(k, v, first + r, &ks[..hd], &vs[..hd]);
+                    r += 1;
                 }
             }
         }
@@ -826,6 +883,61 @@ mod tests {
             a.copy_rows(1, 3, 3);
             assert_eq!(a.rows_bytes(3, 3), bytes, "{spec}");
             assert_eq!(a.with_chunk(0, 4, false, |c| c.num_positions(64)), 4);
+        }
+    }
+
+    /// bf16 rows in the pair layout serialise and load whole groups at once
+    /// (`pair_layout_groups`) and the rows around them one by one: every span — whole groups,
+    /// a group's part, both — gives the naive row-major bytes and loads back to them, at the
+    /// same rows (whole groups) and shifted (rows only).
+    #[test]
+    fn pair_layout_spans_of_whole_and_partial_groups_serialise_as_rows() {
+        let codecs = KvDtype::parse("bf16").unwrap();
+        let (hd, rows) = (64, 64);
+        let value = |r: usize, i: usize| ((r * 131 + i * 7) % 509) as f32 / 64.0 - 4.0;
+        let mut a = KvRows::new(codecs, hd, rows).unwrap();
+        assert!(a.is_pair_layout());
+        for r in 0..rows {
+            let k: Vec<f32> = (0..hd).map(|i| value(r, i)).collect();
+            let v: Vec<f32> = k.iter().map(|x| -0.5 * x).collect();
+            a.write(r, &k, &v).unwrap();
+        }
+        for (first, n) in [(16, 32), (5, 40), (16, 16), (0, 64), (17, 15), (3, 10)] {
+            let bytes = a.rows_bytes(first, n);
+            let k = (first..first + n).flat_map(|r| (0..hd).map(move |i| value(r, i)));
+            let v = (first..first + n).flat_map(|r| (0..hd).map(move |i| -0.5 * value(r, i)));
+            let naive: Vec<u8> = k
+                .chain(v)
+                .flat_map(|x| bf16::from_f32(x).to_le_bytes())
+                .collect();
+            assert_eq!(bytes, naive, "rows {first}..+{n}");
+            for at in [first, (first + 3) % 8]
+                .into_iter()
+                .filter(|&at| at + n <= rows)
+            {
+                let mut b = KvRows::new(codecs, hd, rows).unwrap();
+                b.load_rows_bytes(at, n, &bytes);
+                assert_eq!(
+                    b.rows_bytes(at, n),
+                    bytes,
+                    "rows {first}..+{n} loaded at {at}"
+                );
+                if at == first && at.is_multiple_of(PAIR_GROUP_ROWS) && n >= PAIR_GROUP_ROWS {
+                    // The loaded group reads in place as the written one does.
+                    let (ga, gb) = (a.pair_group(first).unwrap(), b.pair_group(at).unwrap());
+                    let (mut ka, mut va, mut kb, mut vb) = (
+                        vec![bf16::ZERO; hd],
+                        vec![bf16::ZERO; hd],
+                        vec![bf16::ZERO; hd],
+                        vec![bf16::ZERO; hd],
+                    );
+                    for t in 0..PAIR_GROUP_ROWS {
+                        ga.row(t, &mut ka, &mut va);
+                        gb.row(t, &mut kb, &mut vb);
+                        assert_eq!((&ka, &va), (&kb, &vb), "row {t} of the group");
+                    }
+                }
+            }
         }
     }
 }
