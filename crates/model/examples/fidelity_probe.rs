@@ -102,7 +102,10 @@ fn run(m: &Model, pool: &ThreadPool, r: &Reference, rule: Rule) -> Vec<(u32, f32
             rule.prompt_arith(piece.len()),
         );
     }
-    let mut sampler = Sampler::new(SamplingParams::default());
+    let mut sampler = Sampler::new(SamplingParams {
+        logprobs: true,
+        ..Default::default()
+    });
     let mut out = Vec::new();
     let mut pos = r.prompt_ids.len();
     while out.len() < n {

@@ -41,7 +41,11 @@ impl Default for GenerateOptions {
     fn default() -> Self {
         GenerateOptions {
             max_tokens: 64,
-            sampling: SamplingParams::default(),
+            // `generate` reports each token's logprob (the reference tests compare them).
+            sampling: SamplingParams {
+                logprobs: true,
+                ..Default::default()
+            },
             stop_ids: Vec::new(),
             prefill_chunk: 512,
             kv_dtype: KvDtype::F16,

@@ -488,6 +488,7 @@ pub fn prepare(
         presence_penalty: presence,
         frequency_penalty: frequency,
         seed: o.seed,
+        logprobs: o.logprobs.is_some(),
         top_logprobs: o.logprobs.unwrap_or(0) as usize,
         logit_bias,
         constraint: o.constraint.clone(),
