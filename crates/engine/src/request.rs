@@ -130,11 +130,15 @@ pub struct Retention {
 }
 
 impl RequestSpec {
-    /// A greedy request with defaults for everything else.
+    /// A greedy request with defaults for everything else, reporting each token's logprob
+    /// (callers that build their own `sampling`, as the server does, decide that themselves).
     pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
         RequestSpec {
             prompt,
-            sampling: SamplingParams::default(),
+            sampling: SamplingParams {
+                logprobs: true,
+                ..SamplingParams::default()
+            },
             max_tokens,
             min_tokens: 0,
             stop_token_ids: Vec::new(),

@@ -480,6 +480,7 @@ fn choices_fork_after_the_prompt_and_sample_as_separate_seeded_requests() {
         spec.sampling = SamplingParams {
             temperature: 1.0,
             seed: Some(seed),
+            logprobs: true,
             ..Default::default()
         };
         spec.n = n;
