@@ -219,12 +219,24 @@ impl PairTile {
             keys.len(),
             vals.len()
         );
-        #[cfg(target_arch = "x86_64")]
-        if n == PAIR_HALF_POSITIONS && hd.is_multiple_of(32) && super::cpu::cpu_features().bf16 {
-            // SAFETY: AVX-512 F/BW were detected (`bf16` implies them); `keys` and `vals` hold
-            // 16 rows of `hd` (asserted), the tile's buffers `hd / 2 · 32` and `16 · hd` words
-            // (`new`), `half < 2` and `hd` is a multiple of 32.
-            unsafe { x86::stage_half(self, half, keys, vals) };
+        if n == PAIR_HALF_POSITIONS && cfg!(target_endian = "little") {
+            // A whole group: `pair_layout_groups`' conversion (512-bit transposes where the CPU
+            // has them), from the rows' bytes — little-endian bf16, as the values are laid out
+            // in memory on this target.
+            let bytes = |x: &[bf16]| -> &[u8] {
+                let x = &x[..PAIR_HALF_POSITIONS * hd];
+                // SAFETY: `bf16` is two bytes of plain data with no padding and every byte
+                // pattern a valid `u8`; the slice covers exactly `x`'s memory, borrowed as long.
+                unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), 2 * x.len()) }
+            };
+            let w = group_words(hd);
+            crate::pair_layout_groups::group_from_le_bytes(
+                bytes(keys),
+                bytes(vals),
+                &mut self.keys[half * w..(half + 1) * w],
+                &mut self.values[half * w..(half + 1) * w],
+                hd,
+            );
             return;
         }
         self.stage_half_portable(half, keys, vals, n);
@@ -628,7 +640,7 @@ mod avx2 {
     }
 }
 
-/// The 16×16 word transpose the staging uses (also `pair_layout_groups`').
+/// The 16×16 word transpose of `pair_layout_groups`' conversions (which staging a whole half uses).
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86::transpose16;
 
@@ -636,12 +648,10 @@ pub(crate) use x86::transpose16;
 mod x86 {
     use std::arch::x86_64::*;
 
-    use half::bf16;
-
     use super::super::flash_tile_wide::x86::raise_max16;
     use super::{
-        group_words, PairTile, PairTileRef, TileSoftmax, EXP_WEIGHT_FLOOR, ONE_PAIR, PAIRS,
-        PAIR_HALF_POSITIONS as H, RAISE_MARGIN, TILE, W_C1, W_C2, W_C3, W_C4,
+        PairTileRef, TileSoftmax, EXP_WEIGHT_FLOOR, ONE_PAIR, PAIRS, PAIR_HALF_POSITIONS as H,
+        RAISE_MARGIN, TILE, W_C1, W_C2, W_C3, W_C4,
     };
 
     /// Rows per block: two chains per position and row, so 12 independent `vdpbf16ps` chains
@@ -650,67 +660,6 @@ mod x86 {
     const BLOCK: usize = 6;
     /// 16-dimension chunks of `p·V` accumulated in registers at once.
     const CHUNKS: usize = 4;
-
-    /// `PairTile::stage_half` of a whole half (16 rows) in 512-bit moves: K as 16×16 word
-    /// transposes, V rows interleaved by pairs (the same words as the scalar staging; a test
-    /// pins it).
-    ///
-    /// # Safety
-    /// AVX-512 F/BW present; `half < 2`; `keys` and `vals` hold 16 rows of `hd` (a multiple of
-    /// 32), the tile's buffers are sized for `hd`.
-    #[target_feature(enable = "avx512f,avx512bw,avx2")]
-    pub(super) unsafe fn stage_half(
-        tile: &mut PairTile,
-        half: usize,
-        keys: &[bf16],
-        vals: &[bf16],
-    ) {
-        let hd = tile.head_dim;
-        let words = hd / 2;
-        let kp = keys.as_ptr().cast::<u32>();
-        let out = tile.keys.as_mut_ptr().wrapping_add(half * group_words(hd));
-        for blk in 0..words / 16 {
-            let at = kp.wrapping_add(16 * blk);
-            let mut rows = [_mm512_setzero_si512(); 16];
-            for (t, row) in rows.iter_mut().enumerate() {
-                // SAFETY: row `t < 16` of `keys` holds `words` words; `16·blk + 16 <= words`.
-                *row = unsafe { _mm512_loadu_si512(at.add(t * words).cast()) };
-            }
-            let cols = transpose16(rows);
-            let to = out.wrapping_add(16 * blk * H);
-            for (c, col) in cols.into_iter().enumerate() {
-                // SAFETY: row `16·blk + c < words` of this half's transposed K holds 16 words.
-                unsafe { _mm512_storeu_si512(to.add(c * H).cast(), col) };
-            }
-        }
-        let vp = vals.as_ptr().cast::<u16>();
-        let vout = tile.values.as_mut_ptr();
-        let lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-        let hi_idx = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-        for jj in 0..PAIRS / 2 {
-            let j = half * PAIRS / 2 + jj;
-            for c in 0..hd / 32 {
-                // SAFETY: rows `2jj + 1 < 16` of `vals` hold `hd` values; `32c + 32 <= hd`.
-                let (r0, r1) = unsafe {
-                    (
-                        _mm512_loadu_si512(vp.add(2 * jj * hd + 32 * c).cast()),
-                        _mm512_loadu_si512(vp.add((2 * jj + 1) * hd + 32 * c).cast()),
-                    )
-                };
-                let lo = _mm512_unpacklo_epi16(r0, r1);
-                let hi = _mm512_unpackhi_epi16(r0, r1);
-                let at = vout.wrapping_add(j * hd + 32 * c);
-                // SAFETY: pair row `j < 16` holds `hd` words; `32c + 32 <= hd`.
-                unsafe {
-                    _mm512_storeu_si512(at.cast(), _mm512_permutex2var_epi64(lo, lo_idx, hi));
-                    _mm512_storeu_si512(
-                        at.add(16).cast(),
-                        _mm512_permutex2var_epi64(lo, hi_idx, hi),
-                    );
-                }
-            }
-        }
-    }
 
     /// The transpose of a 16×16 matrix of words (`r[t]` lane `c` → `out[c]` lane `t`), written
     /// out in full so the 64 shuffles stay in registers: pairs of rows, then quadruples,
