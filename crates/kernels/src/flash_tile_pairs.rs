@@ -640,10 +640,6 @@ mod avx2 {
     }
 }
 
-/// The 16×16 word transpose of `pair_layout_groups`' conversions (which staging a whole half uses).
-#[cfg(target_arch = "x86_64")]
-pub(crate) use x86::transpose16;
-
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -660,82 +656,6 @@ mod x86 {
     const BLOCK: usize = 6;
     /// 16-dimension chunks of `p·V` accumulated in registers at once.
     const CHUNKS: usize = 4;
-
-    /// The transpose of a 16×16 matrix of words (`r[t]` lane `c` → `out[c]` lane `t`), written
-    /// out in full so the 64 shuffles stay in registers: pairs of rows, then quadruples,
-    /// within each 128-bit lane; then the lanes.
-    #[target_feature(enable = "avx512f,avx2")]
-    #[inline]
-    pub(crate) fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
-        let [r0, r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15] = r;
-        let a0 = _mm512_unpacklo_epi32(r0, r1);
-        let a1 = _mm512_unpackhi_epi32(r0, r1);
-        let a2 = _mm512_unpacklo_epi32(r2, r3);
-        let a3 = _mm512_unpackhi_epi32(r2, r3);
-        let a4 = _mm512_unpacklo_epi32(r4, r5);
-        let a5 = _mm512_unpackhi_epi32(r4, r5);
-        let a6 = _mm512_unpacklo_epi32(r6, r7);
-        let a7 = _mm512_unpackhi_epi32(r6, r7);
-        let a8 = _mm512_unpacklo_epi32(r8, r9);
-        let a9 = _mm512_unpackhi_epi32(r8, r9);
-        let a10 = _mm512_unpacklo_epi32(r10, r11);
-        let a11 = _mm512_unpackhi_epi32(r10, r11);
-        let a12 = _mm512_unpacklo_epi32(r12, r13);
-        let a13 = _mm512_unpackhi_epi32(r12, r13);
-        let a14 = _mm512_unpacklo_epi32(r14, r15);
-        let a15 = _mm512_unpackhi_epi32(r14, r15);
-        // b[4k + c], lane L: column 4L + c of rows 4k..4k + 4.
-        let b0 = _mm512_unpacklo_epi64(a0, a2);
-        let b1 = _mm512_unpackhi_epi64(a0, a2);
-        let b2 = _mm512_unpacklo_epi64(a1, a3);
-        let b3 = _mm512_unpackhi_epi64(a1, a3);
-        let b4 = _mm512_unpacklo_epi64(a4, a6);
-        let b5 = _mm512_unpackhi_epi64(a4, a6);
-        let b6 = _mm512_unpacklo_epi64(a5, a7);
-        let b7 = _mm512_unpackhi_epi64(a5, a7);
-        let b8 = _mm512_unpacklo_epi64(a8, a10);
-        let b9 = _mm512_unpackhi_epi64(a8, a10);
-        let b10 = _mm512_unpacklo_epi64(a9, a11);
-        let b11 = _mm512_unpackhi_epi64(a9, a11);
-        let b12 = _mm512_unpacklo_epi64(a12, a14);
-        let b13 = _mm512_unpackhi_epi64(a12, a14);
-        let b14 = _mm512_unpacklo_epi64(a13, a15);
-        let b15 = _mm512_unpackhi_epi64(a13, a15);
-        let e00 = _mm512_shuffle_i32x4::<0x44>(b0, b4);
-        let e01 = _mm512_shuffle_i32x4::<0xEE>(b0, b4);
-        let f00 = _mm512_shuffle_i32x4::<0x44>(b8, b12);
-        let f01 = _mm512_shuffle_i32x4::<0xEE>(b8, b12);
-        let e10 = _mm512_shuffle_i32x4::<0x44>(b1, b5);
-        let e11 = _mm512_shuffle_i32x4::<0xEE>(b1, b5);
-        let f10 = _mm512_shuffle_i32x4::<0x44>(b9, b13);
-        let f11 = _mm512_shuffle_i32x4::<0xEE>(b9, b13);
-        let e20 = _mm512_shuffle_i32x4::<0x44>(b2, b6);
-        let e21 = _mm512_shuffle_i32x4::<0xEE>(b2, b6);
-        let f20 = _mm512_shuffle_i32x4::<0x44>(b10, b14);
-        let f21 = _mm512_shuffle_i32x4::<0xEE>(b10, b14);
-        let e30 = _mm512_shuffle_i32x4::<0x44>(b3, b7);
-        let e31 = _mm512_shuffle_i32x4::<0xEE>(b3, b7);
-        let f30 = _mm512_shuffle_i32x4::<0x44>(b11, b15);
-        let f31 = _mm512_shuffle_i32x4::<0xEE>(b11, b15);
-        [
-            _mm512_shuffle_i32x4::<0x88>(e00, f00),
-            _mm512_shuffle_i32x4::<0x88>(e10, f10),
-            _mm512_shuffle_i32x4::<0x88>(e20, f20),
-            _mm512_shuffle_i32x4::<0x88>(e30, f30),
-            _mm512_shuffle_i32x4::<0xDD>(e00, f00),
-            _mm512_shuffle_i32x4::<0xDD>(e10, f10),
-            _mm512_shuffle_i32x4::<0xDD>(e20, f20),
-            _mm512_shuffle_i32x4::<0xDD>(e30, f30),
-            _mm512_shuffle_i32x4::<0x88>(e01, f01),
-            _mm512_shuffle_i32x4::<0x88>(e11, f11),
-            _mm512_shuffle_i32x4::<0x88>(e21, f21),
-            _mm512_shuffle_i32x4::<0x88>(e31, f31),
-            _mm512_shuffle_i32x4::<0xDD>(e01, f01),
-            _mm512_shuffle_i32x4::<0xDD>(e11, f11),
-            _mm512_shuffle_i32x4::<0xDD>(e21, f21),
-            _mm512_shuffle_i32x4::<0xDD>(e31, f31),
-        ]
-    }
 
     /// [`super::exp_weight`] of 16 lanes (the same operations; `vscalefps` multiplies by
     /// `2^n` exactly, giving a denormal where the scalar path gives a zero or a denormal: the
