@@ -30,6 +30,7 @@ mod numerics;
 mod ops;
 mod perplexity;
 mod rope_scaling;
+mod sample_temperature;
 pub mod sampler;
 mod step_ops;
 pub mod synthetic;

@@ -1,5 +1,6 @@
 //! Token sampling from logits: greedy, temperature, top-k, top-p, min-p, repetition / presence /
-//! frequency penalties, seeded reproducible randomness, and logprobs.
+//! frequency penalties, seeded reproducible randomness, and logprobs. Without top-k, the draw is
+//! `sample_temperature`'s (no ordering of the vocabulary); top-k selects its candidates first.
 //!
 //! Owns the per-request [`Sampler`] (its RNG is private to the
 //! request, so a seeded request draws the same tokens whatever else runs). Logprobs are those of
@@ -8,6 +9,8 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
+
+use crate::sample_temperature::order_key;
 
 pub use frontend::sampling::{
     ConstraintError, ConstraintFactory, ConstraintSpec, SamplingError, SamplingParams,
@@ -31,6 +34,9 @@ pub struct Sampler {
     rng: ChaCha12Rng,
     output_counts: std::collections::HashMap<u32, u32>,
     work: Vec<f32>,
+    /// The draw's weights and candidates (`sample_temperature`), kept between tokens.
+    weights: Vec<f32>,
+    candidates: Vec<u64>,
 }
 
 impl Sampler {
@@ -42,6 +48,8 @@ impl Sampler {
             rng: ChaCha12Rng::seed_from_u64(seed),
             output_counts: Default::default(),
             work: Vec::new(),
+            weights: Vec::new(),
+            candidates: Vec::new(),
         }
     }
 
@@ -120,7 +128,8 @@ impl Sampler {
         let id = if p.is_greedy() {
             argmax(work)
         } else {
-            sample_filtered(work, p, &mut self.rng)
+            let bufs = (&mut self.weights, &mut self.candidates);
+            sample_filtered(work, p, &mut self.rng, bufs)
         };
         if let Some(c) = self.constraint.as_mut() {
             c.accept(id);
@@ -204,20 +213,9 @@ unsafe fn argmax_avx2(x: &[f32]) -> u32 {
     (body + at) as u32
 }
 
-/// One token's place in the sampling order — logit descending by [`f32::total_cmp`], ties to
-/// the lower id — as a single integer: the logit's total-order key inverted in the high half,
-/// the id in the low half. Keys of distinct ids are distinct, so ascending keys are exactly
-/// that order, whatever sort produces them.
-fn order_key(logit: f32, id: u32) -> u64 {
-    let bits = logit.to_bits() as i32;
-    // `total_cmp`'s key (compared as a signed integer), then shifted to compare unsigned.
-    let ordered = (bits ^ ((((bits >> 31) as u32) >> 1) as i32)) as u32 ^ 0x8000_0000;
-    (u64::from(!ordered) << 32) | u64::from(id)
-}
-
 /// The ids of the `top_k` first tokens in the sampling order ([`order_key`]), all of them when
-/// `top_k` is 0 or covers the vocabulary. The whole vocabulary (every sampled token of a
-/// request without top-k) is ordered by a stable radix sort of the keys' high halves over ids
+/// `top_k` is 0 or covers the vocabulary. The whole vocabulary (only where
+/// `sample_temperature` declines: logits with a NaN) is ordered by a stable radix sort of the keys' high halves over ids
 /// taken in ascending order — the same order as sorting the whole keys, in three passes over
 /// the vocabulary instead of a comparison sort that read two logits per comparison (2 ms a
 /// token on a 49K vocabulary, paid by every sequence of the step: `sampler_cost`); a top-k
@@ -269,7 +267,28 @@ fn radix_sort_high(keys: &mut Vec<u64>) {
     }
 }
 
-fn sample_filtered(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha12Rng) -> u32 {
+/// A token drawn under temperature `p.temperature` from the candidates the cuts leave: without
+/// top-k, by `sample_temperature`'s definition (in token-id order, or over the few candidates a
+/// top-p or min-p cut can keep); with top-k, or where that path declines (NaN logits), in the
+/// sorted order below.
+fn sample_filtered(
+    logits: &[f32],
+    p: &SamplingParams,
+    rng: &mut ChaCha12Rng,
+    (weights, keys): (&mut Vec<f32>, &mut Vec<u64>),
+) -> u32 {
+    if p.top_k == 0 || p.top_k >= logits.len() {
+        let inv_t = 1.0 / p.temperature;
+        let drawn = if p.top_p >= 1.0 && p.min_p <= 0.0 {
+            crate::sample_temperature::draw(logits, inv_t, rng, weights)
+        } else {
+            let cuts = (p.top_p, p.min_p);
+            crate::sample_temperature::draw_cut(logits, inv_t, cuts, rng, weights, keys)
+        };
+        if let Some(id) = drawn {
+            return id;
+        }
+    }
     // Candidates sorted by logit descending (ties: lower id first), truncated by top-k.
     let idx = candidates(logits, p.top_k);
     let inv_t = 1.0 / p.temperature;
