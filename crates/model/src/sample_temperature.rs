@@ -36,6 +36,11 @@
 //! 7. `r = u · mass`, `mass` the kept weights' `f64` sum in order; the token is the first kept
 //!    one whose running sum exceeds `r`, the last kept one if rounding leaves none.
 //!
+//! **Logprobs** (`sampler::logprobs`) use steps 1–4 at `T = 1`: `log Σ e^(l − m) = ln(total)`,
+//! so a token's logprob is `l − (ln(total) + m)` (the `f32` rounding of the `f64` logarithm,
+//! then the addition, as before; the sum's terms are now the polynomial's, within `3·10⁻⁷` of
+//! `e^x`: logprobs move by about an `f32` unit in the last place).
+//!
 //! The AVX2 path computes steps 1–4 on eight lanes with the same operations (the tail of a
 //! vocabulary that is not a multiple of 8 through the scalar steps, into its lanes); steps 5–6
 //! are scalar on every path. A seeded request so draws the same tokens on every CPU — but not
@@ -180,6 +185,15 @@ pub(crate) fn order_key(logit: f32, id: u32) -> u64 {
 /// NaN or no finite maximum, an `inv_t` that is not finite, or a total that is not positive
 /// and finite.
 fn weights_and_total(logits: &[f32], inv_t: f32, weights: &mut Vec<f32>) -> Option<f64> {
+    max_and_total(logits, inv_t, weights).map(|(_, total)| total)
+}
+
+/// Steps 1–4 as [`weights_and_total`], also returning the largest logit `m`.
+pub(crate) fn max_and_total(
+    logits: &[f32],
+    inv_t: f32,
+    weights: &mut Vec<f32>,
+) -> Option<(f32, f64)> {
     let (m, nan) = max_and_nan(logits);
     if nan || !m.is_finite() || !inv_t.is_finite() {
         return None;
@@ -192,7 +206,7 @@ fn weights_and_total(logits: &[f32], inv_t: f32, weights: &mut Vec<f32>) -> Opti
     if total.is_nan() || total <= 0.0 || total.is_infinite() {
         return None;
     }
-    Some(total)
+    Some((m, total))
 }
 
 /// Step 1, and whether any logit is NaN.

@@ -135,7 +135,12 @@ impl Sampler {
             c.accept(id);
         }
         let (logprob, top) = if p.logprobs || p.top_logprobs > 0 {
-            logprobs(logits, id, p.top_logprobs)
+            logprobs_with(
+                logits,
+                id,
+                p.top_logprobs,
+                (&mut self.weights, &mut self.candidates),
+            )
         } else {
             (f32::NAN, Vec::new())
         };
@@ -332,26 +337,49 @@ fn sample_filtered(
 
 /// Log-softmax of `logits` at `id` and the `top_n` best `(id, logprob)`.
 pub fn logprobs(logits: &[f32], id: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = (logits
-        .iter()
-        .map(|&l| ((l - max) as f64).exp())
-        .sum::<f64>())
-    .ln() as f32
-        + max;
+    logprobs_with(logits, id, top_n, (&mut Vec::new(), &mut Vec::new()))
+}
+
+/// [`logprobs`] with the caller's buffers for the weights and the order keys. The normaliser
+/// is `sample_temperature`'s weight total at temperature 1 (vector passes); logits it declines
+/// (a NaN, no finite maximum) take the `f64` sum of `exp` over the vocabulary, as before. The
+/// `top_n` best are selected by their order keys ([`order_key`]: logit descending, ties to the
+/// lower id), then sorted.
+fn logprobs_with(
+    logits: &[f32],
+    id: u32,
+    top_n: usize,
+    (weights, keys): (&mut Vec<f32>, &mut Vec<u64>),
+) -> (f32, Vec<(u32, f32)>) {
+    let lse = match crate::sample_temperature::max_and_total(logits, 1.0, weights) {
+        Some((max, total)) => total.ln() as f32 + max,
+        None => {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            (logits
+                .iter()
+                .map(|&l| ((l - max) as f64).exp())
+                .sum::<f64>())
+            .ln() as f32
+                + max
+        }
+    };
     let mut top = Vec::new();
-    if top_n > 0 {
-        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        let order = |a: &u32, b: &u32| {
-            logits[*b as usize]
-                .total_cmp(&logits[*a as usize])
-                .then(a.cmp(b))
-        };
-        let n = top_n.min(idx.len());
-        idx.select_nth_unstable_by(n - 1, order);
-        idx.truncate(n);
-        idx.sort_unstable_by(order);
-        top = idx.iter().map(|&i| (i, logits[i as usize] - lse)).collect();
+    let n = top_n.min(logits.len());
+    if n > 0 {
+        keys.clear();
+        keys.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| order_key(l, i as u32)),
+        );
+        keys.select_nth_unstable(n - 1);
+        keys.truncate(n);
+        keys.sort_unstable();
+        top = keys
+            .iter()
+            .map(|&k| (k as u32, logits[k as u32 as usize] - lse))
+            .collect();
     }
     (logits[id as usize] - lse, top)
 }
@@ -448,6 +476,60 @@ mod tests {
         let total: f32 = logits().iter().map(|&l| (l - 3.0).exp()).sum();
         assert!((t.logprob - (1.0 / total).ln()).abs() < 1e-5);
         assert_eq!(t.top.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+    }
+
+    /// Logprobs against an `f64` log-softmax on a vocabulary's worth of random logits (masked
+    /// and tied ones included): within `f32` rounding; the top alternatives in the comparison
+    /// order (ties to the lower id); NaN logits take the `f64` path.
+    #[test]
+    fn logprobs_match_the_f64_log_softmax_and_the_comparison_order() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(37);
+        for n in [5usize, 49_152] {
+            let l: Vec<f32> = (0..n)
+                .map(|i| match i % 50 {
+                    0 => f32::NEG_INFINITY,
+                    1 | 2 => 4.0,
+                    _ => (rng.gen_range(-20.0f32..4.0) * 4.0).round() / 4.0,
+                })
+                .collect();
+            let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let lse = l
+                .iter()
+                .map(|&x| f64::from(x - max).exp())
+                .sum::<f64>()
+                .ln()
+                + f64::from(max);
+            for id in [0u32, 1, 3, (n - 1) as u32] {
+                let (lp, top) = logprobs(&l, id, 20);
+                let want = f64::from(l[id as usize]) - lse;
+                if want.is_finite() {
+                    assert!(
+                        (f64::from(lp) - want).abs() < 4e-6,
+                        "id {id}: {lp} vs {want}"
+                    );
+                } else {
+                    assert_eq!(lp, f32::NEG_INFINITY);
+                }
+                let mut ids: Vec<u32> = (0..n as u32).collect();
+                ids.sort_by(|a, b| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b)));
+                ids.truncate(20);
+                assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), ids);
+                for &(i, v) in &top {
+                    let want = f64::from(l[i as usize]) - lse;
+                    if want.is_finite() {
+                        assert!((f64::from(v) - want).abs() < 4e-6, "top {i}: {v} vs {want}");
+                    } else {
+                        assert_eq!(v, f32::NEG_INFINITY);
+                    }
+                }
+            }
+        }
+        let (lp, _) = logprobs(&[0.0, f32::NAN, 1.0], 0, 2);
+        assert!(
+            lp.is_nan(),
+            "NaN logits give NaN logprobs, as the f64 path always did"
+        );
     }
 
     /// The candidates' order (`candidates`: radix-sorted keys, or selected and sorted keys
