@@ -12,7 +12,8 @@
 # 2 OpenMP threads): VLLM_START is a command that serves it in the foreground on port 18903 with
 # the served name VLLM_MODEL (default smollm2); the script starts it after the others have
 # stopped (before them with VLLM_FIRST=1) and waits up to 10 minutes for it. AGENTKV_CONFIG names
-# a YAML config for agentkv's server (its defaults otherwise).
+# a YAML config for agentkv's server (its defaults otherwise). TEMPERATURE samples instead
+# of decoding greedily (see below).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 agentkv=${1:?agentkv binary}; llama=${2:-}; out=${3:-bench-out/agent-load}
@@ -21,6 +22,9 @@ threads=${THREADS:-2}
 mkdir -p "$out"
 load=(--workload react --agents 4 --tasks 2 --steps 10 --observation-tokens 150..500
       --output-tokens 48 --system-tokens 1200 --no-progress)
+# TEMPERATURE=T samples at temperature T (default greedy; every call carries the workload's
+# seed, so a binary draws the same tokens run after run).
+if [ -n "${TEMPERATURE:-}" ]; then load+=(--temperature "$TEMPERATURE"); fi
 
 wait_up() { for _ in $(seq 300); do curl -sf "$1/health" >/dev/null && return 0; sleep 0.5; done; return 1; }
 
