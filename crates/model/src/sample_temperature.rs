@@ -66,6 +66,8 @@ const C5: f32 = 1.0 / 120.0;
 const C6: f32 = 1.0 / 720.0;
 /// Lanes of step 4's sum.
 const LANES: usize = 8;
+/// Candidates above which a cut's candidates are radix-sorted (`radix_sort_high`).
+const RADIX_FROM: usize = 4096;
 
 /// Step 3 of the definition: the weight of a token `x = (l − m) · inv_t` below the best
 /// (`x ≤ 0`).
@@ -154,7 +156,14 @@ fn kept_candidates<'a>(
     if candidates.is_empty() {
         return None;
     }
-    candidates.sort_unstable();
+    // Few candidates (a peaked distribution, the usual case): a comparison sort; many (a flat
+    // one under a top-p near 1): the radix sort, whose three passes cost less than `n log n`
+    // comparisons there. Keys were pushed in id order, so both give the keys' order.
+    if candidates.len() > RADIX_FROM {
+        radix_sort_high(candidates);
+    } else {
+        candidates.sort_unstable();
+    }
     let mut keep = candidates.len();
     if top_p < 1.0 {
         let goal = f64::from(top_p) * total;
@@ -179,6 +188,36 @@ pub(crate) fn order_key(logit: f32, id: u32) -> u64 {
     // `total_cmp`'s key (compared as a signed integer), then shifted to compare unsigned.
     let ordered = (bits ^ ((((bits >> 31) as u32) >> 1) as i32)) as u32 ^ 0x8000_0000;
     (u64::from(!ordered) << 32) | u64::from(id)
+}
+
+/// Sorts `keys` by their high 32 bits, stably (equal high halves keep their order): least
+/// significant digit first, digits of 11, 11 and 10 bits.
+pub(crate) fn radix_sort_high(keys: &mut Vec<u64>) {
+    let mut out = vec![0u64; keys.len()];
+    let mut count = vec![0usize; 1 << 11];
+    for (shift, bits) in [(32u32, 11u32), (43, 11), (54, 10)] {
+        let mask = (1u64 << bits) - 1;
+        let digit = |k: u64| ((k >> shift) & mask) as usize;
+        count[..1 << bits].fill(0);
+        for &k in keys.iter() {
+            count[digit(k)] += 1;
+        }
+        if count[digit(keys[0])] == keys.len() {
+            continue; // every key has this digit: the pass would move nothing
+        }
+        let mut at = 0;
+        for c in count[..1 << bits].iter_mut() {
+            let here = *c;
+            *c = at;
+            at += here;
+        }
+        for &k in keys.iter() {
+            let d = digit(k);
+            out[count[d]] = k;
+            count[d] += 1;
+        }
+        std::mem::swap(keys, &mut out);
+    }
 }
 
 /// Steps 1–4: the weights into `weights` (resized) and their total; `None` for logits with a
@@ -514,6 +553,7 @@ mod tests {
                 (0.99, 0.0),
                 (1.0, 0.05),
                 (0.95, 0.1),
+                (0.9999, 0.0),
             ] {
                 let inv_t = 1.0 / 0.7;
                 let total = weights_and_total(&l, inv_t, &mut w).unwrap();

@@ -10,7 +10,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha12Rng;
 
-use crate::sample_temperature::order_key;
+use crate::sample_temperature::{order_key, radix_sort_high};
 
 pub use frontend::sampling::{
     ConstraintError, ConstraintFactory, ConstraintSpec, SamplingError, SamplingParams,
@@ -240,36 +240,6 @@ fn candidates(logits: &[f32], top_k: usize) -> Vec<u32> {
         radix_sort_high(&mut keys);
     }
     keys.into_iter().map(|k| k as u32).collect()
-}
-
-/// Sorts `keys` by their high 32 bits, stably (equal high halves keep their order): least
-/// significant digit first, digits of 11, 11 and 10 bits.
-fn radix_sort_high(keys: &mut Vec<u64>) {
-    let mut out = vec![0u64; keys.len()];
-    let mut count = vec![0usize; 1 << 11];
-    for (shift, bits) in [(32u32, 11u32), (43, 11), (54, 10)] {
-        let mask = (1u64 << bits) - 1;
-        let digit = |k: u64| ((k >> shift) & mask) as usize;
-        count[..1 << bits].fill(0);
-        for &k in keys.iter() {
-            count[digit(k)] += 1;
-        }
-        if count[digit(keys[0])] == keys.len() {
-            continue; // every key has this digit: the pass would move nothing
-        }
-        let mut at = 0;
-        for c in count[..1 << bits].iter_mut() {
-            let here = *c;
-            *c = at;
-            at += here;
-        }
-        for &k in keys.iter() {
-            let d = digit(k);
-            out[count[d]] = k;
-            count[d] += 1;
-        }
-        std::mem::swap(keys, &mut out);
-    }
 }
 
 /// A token drawn under temperature `p.temperature` from the candidates the cuts leave: without
