@@ -30,7 +30,7 @@
 //!    descending, ties to the lower id: [`order_key`]). The best token's weight is exactly 1
 //!    (`x = 0`), so min-p's `w ≥ min_p · w_max` is `w ≥ min_p`; and the tokens below `τ` hold
 //!    less than `n · τ = (1 − top_p) · total` together, so top-p's prefix never reaches them:
-//!    only the few candidates are ordered, not the vocabulary.
+//!    only the candidates are ordered (few for a peaked distribution), not the vocabulary.
 //! 6. Top-p keeps the shortest prefix of the candidates whose weights (`f64`, in order) reach
 //!    `top_p · total`, all of them if none does.
 //! 7. `r = u · mass`, `mass` the kept weights' `f64` sum in order; the token is the first kept
@@ -46,8 +46,10 @@
 //! are scalar on every path. A seeded request so draws the same tokens on every CPU — but not
 //! the tokens it drew before this path existed (then the draw ran in the sorted order).
 //!
-//! Owns the draw only; never reads penalties, constraints or logprobs (the sampler applied or
-//! computes them), never allocates beyond the caller's weight buffer.
+//! Owns the draw, the weights' total that logprobs normalise by, and the sampling order's keys
+//! and radix sort (which the sorted path shares); never reads penalties or constraints (the
+//! sampler applied them), and allocates only in the caller's buffers (and the radix sort's
+//! scratch).
 
 use rand::Rng;
 use rand_chacha::ChaCha12Rng;
