@@ -219,27 +219,41 @@ unsafe fn argmax_avx2(x: &[f32]) -> u32 {
 }
 
 /// The ids of the `top_k` first tokens in the sampling order ([`order_key`]), all of them when
-/// `top_k` is 0 or covers the vocabulary. The whole vocabulary (only where
-/// `sample_temperature` declines: logits with a NaN) is ordered by a stable radix sort of the keys' high halves over ids
-/// taken in ascending order — the same order as sorting the whole keys, in three passes over
+/// `top_k` is 0 or covers the vocabulary. The whole vocabulary (only where `sample_temperature`
+/// declines: logits with a NaN) is ordered by a stable radix sort of the keys' high halves over
+/// ids taken in ascending order — the same order as sorting the whole keys, in three passes over
 /// the vocabulary instead of a comparison sort that read two logits per comparison (2 ms a
 /// token on a 49K vocabulary, paid by every sequence of the step: `sampler_cost`); a top-k
-/// cut selects its keys first and sorts only those.
+/// cut selects its keys first and sorts only those ([`first_keys`]).
 fn candidates(logits: &[f32], top_k: usize) -> Vec<u32> {
-    let mut keys: Vec<u64> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| order_key(l, i as u32))
-        .collect();
-    let n = keys.len();
-    if top_k > 0 && top_k < n {
-        keys.select_nth_unstable(top_k - 1);
-        keys.truncate(top_k);
-        keys.sort_unstable();
+    let mut keys = Vec::new();
+    if top_k > 0 && top_k < logits.len() {
+        first_keys(logits, top_k, &mut keys);
     } else {
+        keys_in_id_order(logits, &mut keys);
         radix_sort_high(&mut keys);
     }
     keys.into_iter().map(|k| k as u32).collect()
+}
+
+/// Every token's [`order_key`] into `keys`, in id order.
+fn keys_in_id_order(logits: &[f32], keys: &mut Vec<u64>) {
+    keys.clear();
+    keys.extend(
+        logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| order_key(l, i as u32)),
+    );
+}
+
+/// The keys of the `n` (`1 ≤ n ≤ logits.len()`) first tokens in the sampling order, sorted:
+/// selected among all keys, then only those sorted.
+fn first_keys(logits: &[f32], n: usize, keys: &mut Vec<u64>) {
+    keys_in_id_order(logits, keys);
+    keys.select_nth_unstable(n - 1);
+    keys.truncate(n);
+    keys.sort_unstable();
 }
 
 /// A token drawn under temperature `p.temperature` from the candidates the cuts leave: without
@@ -313,8 +327,7 @@ pub fn logprobs(logits: &[f32], id: u32, top_n: usize) -> (f32, Vec<(u32, f32)>)
 /// [`logprobs`] with the caller's buffers for the weights and the order keys. The normaliser
 /// is `sample_temperature`'s weight total at temperature 1 (vector passes); logits it declines
 /// (a NaN, no finite maximum) take the `f64` sum of `exp` over the vocabulary, as before. The
-/// `top_n` best are selected by their order keys ([`order_key`]: logit descending, ties to the
-/// lower id), then sorted.
+/// `top_n` best are top-k's candidates ([`first_keys`]: logit descending, ties to the lower id).
 fn logprobs_with(
     logits: &[f32],
     id: u32,
@@ -336,16 +349,7 @@ fn logprobs_with(
     let mut top = Vec::new();
     let n = top_n.min(logits.len());
     if n > 0 {
-        keys.clear();
-        keys.extend(
-            logits
-                .iter()
-                .enumerate()
-                .map(|(i, &l)| order_key(l, i as u32)),
-        );
-        keys.select_nth_unstable(n - 1);
-        keys.truncate(n);
-        keys.sort_unstable();
+        first_keys(logits, n, keys);
         top = keys
             .iter()
             .map(|&k| (k as u32, logits[k as u32 as usize] - lse))
