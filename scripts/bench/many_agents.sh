@@ -10,7 +10,10 @@
 #
 #   scripts/bench/many_agents.sh AGENTKV_BINARY [OUT]
 #
-# AGENTS (default "4 16"), TASKS (default 1) and STEPS (default 10) shape the load. The working
+# AGENTS (default "4 16"), TASKS (default 1) and STEPS (default 10) shape the load;
+# LLAMA_MAX_S and VLLM_MAX_S stop starting calls against that peer after so many seconds (its
+# calls in flight finish; the report counts the rest as not run), for agent counts where a peer
+# would take hours. The working
 # set is taken as AGENTS x 5,400 tokens (an agent's context after 10 steps); the pool is a
 # quarter of it in 16-token f16 blocks of SmolLM2-135M (368,640 bytes each).
 set -euo pipefail
@@ -32,8 +35,9 @@ print(f"{sys.argv[1]:22s} wall {r['wall_s']:7.1f} s  call p50 {e['p50']:6.2f} p9
 PY
 }
 
-run_load() { # name url model agents
+run_load() { # name url model agents [max seconds]
   "$agentkv" bench agent --url "$2" --model "$3" --workload react --agents "$4" --tasks "$tasks" \
+    ${5:+--max-duration-s "$5"} \
     --steps "$steps" --observation-tokens 150..500 --output-tokens 48 --system-tokens 1200 \
     --no-progress --out "$out/$1" >/dev/null 2>"$out/$1.bench.log"
   report "$1" "$out/$1/results.json"
@@ -57,14 +61,14 @@ for n in $agent_counts; do
       >"$out/llama-server-$n.log" 2>&1 &
     lpid=$!
     wait_up http://127.0.0.1:18922
-    run_load "llama-server-$n" http://127.0.0.1:18922 SmolLM2-135M-Instruct.Q4_1 "$n"
+    run_load "llama-server-$n" http://127.0.0.1:18922 SmolLM2-135M-Instruct.Q4_1 "$n" "${LLAMA_MAX_S:-}"
     kill $lpid; wait $lpid 2>/dev/null || true
   fi
   if [ -n "${VLLM_START:-}" ]; then
     setsid bash -c "$VLLM_START" >"$out/vllm-$n.log" 2>&1 &
     vpid=$!
     wait_up http://127.0.0.1:18903
-    run_load "vllm-$n" http://127.0.0.1:18903 "${VLLM_MODEL:-smollm2}" "$n"
+    run_load "vllm-$n" http://127.0.0.1:18903 "${VLLM_MODEL:-smollm2}" "$n" "${VLLM_MAX_S:-}"
     kill -- -$vpid 2>/dev/null || true; wait $vpid 2>/dev/null || true
     sleep 2
   fi
