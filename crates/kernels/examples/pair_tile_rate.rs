@@ -5,6 +5,10 @@
 //!
 //! `cargo run --release -p kernels --example pair_tile_rate -- [ROWS] [TILES] [REPS]`
 //!
+//! `CODED=1` also runs the int8-scored pair step (`kernels::flash_tile_pairs_coded`: `q·Kᵀ` on
+//! `vpdpbusd` from u8 K codes, the same bf16 V) over random codes beside the pair step, three
+//! alternating rounds, reporting ns per row and tile for each and their ratio.
+//!
 //! `STREAM_TILES=N` also sweeps `N` tiles laid out as a KV store keeps them, far larger than
 //! the caches (`N = 16000`: 128 MB), once per repetition: read in place in the pair layout
 //! (`kernels::pair_layout`, each tile two groups of consecutive K and V words), and staged
@@ -84,6 +88,9 @@ fn main() {
         peak.unwrap_or(f64::NAN) / 1e9,
         best * 1e9 / (tiles * rows) as f64
     );
+    if std::env::var("CODED").is_ok() {
+        coded(&staged, &qrefs, &valids, reps, &mut rnd);
+    }
     let _ = CpuFeatures::PORTABLE;
     if let Some(n) = std::env::var("STREAM_TILES")
         .ok()
@@ -154,6 +161,84 @@ fn stream(n: usize, qs: &[&[u32]], valids: &[usize], reps: usize) {
             if in_place { "read in place" } else { "staged from rows" },
             best * 1e9 / n as f64,
             bytes / best / 1e9
+        );
+    }
+}
+
+/// The int8-scored step over random K codes (and the staged tiles' V) against the pair step
+/// over the staged tiles, alternating, best of `reps` sweeps each (module doc).
+fn coded(
+    staged: &[PairTile],
+    qs: &[&[u32]],
+    valids: &[usize],
+    reps: usize,
+    rnd: &mut impl FnMut() -> f32,
+) {
+    use kernels::flash_tile_codes::QueryCodes;
+    use kernels::flash_tile_pairs_coded::{tile_update_pairs_coded, CodedHalf, CodedPairTile};
+    let hd = 64;
+    let rows = qs.len();
+    let features = kernels::cpu_features();
+    let codes: Vec<[Vec<u32>; 2]> = staged
+        .iter()
+        .map(|_| {
+            [0, 1].map(|_| {
+                (0..hd / 4 * 16)
+                    .map(|_| (rnd().to_bits() >> 3) ^ 0x5a5a_5a5a)
+                    .collect()
+            })
+        })
+        .collect();
+    let kscale: [f32; 16] = std::array::from_fn(|_| 0.01 + rnd().abs() * 0.01);
+    let koff: [f32; 16] = std::array::from_fn(|_| -1.0 + rnd() * 0.1);
+    let mut qcodes = QueryCodes::default();
+    qcodes.reset(rows, hd);
+    for r in 0..rows {
+        let q: Vec<f32> = (0..hd).map(|_| rnd() * 4.0).collect();
+        qcodes.prepare_rows(features, r, &q);
+    }
+    let qrows: Vec<_> = (0..rows).map(|r| qcodes.row(r)).collect();
+    let tiles = staged.len();
+    for round in 0..3 {
+        let (mut coded_best, mut pair_best) = (f64::INFINITY, f64::INFINITY);
+        let mut check = 0f32;
+        for _ in 0..reps {
+            let mut sts = vec![TileSoftmax::default(); rows];
+            let mut accs = vec![vec![0f32; hd]; rows];
+            let t0 = Instant::now();
+            for (tile, kt) in staged.iter().zip(&codes) {
+                let keys = [0, 1].map(|h| CodedHalf::new(hd, &kt[h], &kscale, &koff));
+                let values = [tile.half(0).values(), tile.half(1).values()];
+                let mut arefs: Vec<&mut [f32]> =
+                    accs.iter_mut().map(|a| a.as_mut_slice()).collect();
+                tile_update_pairs_coded(
+                    features,
+                    &mut sts,
+                    &mut arefs,
+                    &qrows,
+                    valids,
+                    CodedPairTile::new(hd, keys, values),
+                    0.125,
+                );
+            }
+            coded_best = coded_best.min(t0.elapsed().as_secs_f64());
+            check += sts.iter().map(|s| s.sum).sum::<f32>();
+            let mut sts = vec![TileSoftmax::default(); rows];
+            let t0 = Instant::now();
+            for tile in staged {
+                let mut arefs: Vec<&mut [f32]> =
+                    accs.iter_mut().map(|a| a.as_mut_slice()).collect();
+                tile_update_pairs(features, &mut sts, &mut arefs, qs, valids, tile, 0.125);
+            }
+            pair_best = pair_best.min(t0.elapsed().as_secs_f64());
+            check += sts.iter().map(|s| s.sum).sum::<f32>();
+        }
+        let per = |t: f64| t * 1e9 / (tiles * rows) as f64;
+        println!(
+            "round {round}: int8-scored step {:.1} ns, pair step {:.1} ns per row and tile ({:.2}x) [check {check:.3}]",
+            per(coded_best),
+            per(pair_best),
+            pair_best / coded_best
         );
     }
 }

@@ -121,6 +121,13 @@ impl CodedTile {
         self.pairs.resize(2 * hd, 0.0);
     }
 
+    /// The tile's code words and its positions' scales and offsets as [`CodedTile::load_rows`]
+    /// left them (what `flash_tile_pairs_coded::CodedHalf::of` views as half a pair tile).
+    #[inline]
+    pub fn rows_codes(&self) -> (&[u32], &[f32; TILE_POSITIONS], &[f32; TILE_POSITIONS]) {
+        (&self.kt, &self.k_scale, &self.k_offset)
+    }
+
     /// The current group's per-channel scales and offsets (`Channels`).
     #[inline]
     pub fn channel_params(&self) -> (&[f32], &[f32]) {
@@ -548,7 +555,7 @@ fn channel_bias_def(q: &[f32], offsets: &[f32]) -> f32 {
 }
 
 /// Integer `dot_t` of one query row with tile position `t` (portable definition).
-fn dot_codes(q8: &[u32], kt: &[u32], t: usize) -> i32 {
+pub(crate) fn dot_codes(q8: &[u32], kt: &[u32], t: usize) -> i32 {
     let mut sum = 0i32;
     for (j, &qw) in q8.iter().enumerate() {
         let (k, q) = (kt[j * TILE_POSITIONS + t].to_le_bytes(), qw.to_le_bytes());

@@ -55,7 +55,7 @@ pub use super::pair_layout::{PairHalf, PairTileRef};
 pub const PAIR_TILE_POSITIONS: usize = 32;
 const TILE: usize = PAIR_TILE_POSITIONS;
 /// Position pairs per tile.
-const PAIRS: usize = TILE / 2;
+pub(crate) const PAIRS: usize = TILE / 2;
 /// Positions per half of a tile: the unit [`PairTile::stage_half`] stages (a KV store's
 /// 16-row block; a group of `pair_layout`).
 pub const PAIR_HALF_POSITIONS: usize = TILE / 2;
@@ -372,7 +372,7 @@ const W_C2: f32 = 0.5;
 const W_C3: f32 = 1.0 / 6.0;
 const W_C4: f32 = 1.0 / 24.0;
 /// The pair word of two bf16 ones (the weights' sum is a pair step against it).
-const ONE_PAIR: u32 = 0x3F80_3F80;
+pub(crate) const ONE_PAIR: u32 = 0x3F80_3F80;
 
 /// The weight exponential of step 3 (module doc): `n = round_even(x · log2 e)` (after
 /// `x = max(x, -100)`), `r = fma(n, -ln 2, x)`, `y` Horner's degree-4 polynomial in `r` in
@@ -425,11 +425,23 @@ fn row_portable(
         *st_t = (c[0] + c[1]) * scale;
     }
     let p = softmax_portable(st, acc, &s, valid);
+    values_portable(acc, &p, valid, tile.halves.map(|h| h.values), hd);
+}
+
+/// Step 4 of the definition in scalar operations: the weights `p` (bf16 bits, 0 at and past
+/// `valid`) against V words `values` (each half's `8 · hd` words of the pair layout).
+pub(crate) fn values_portable(
+    acc: &mut [f32],
+    p: &[u16; TILE],
+    valid: usize,
+    values: [&[u32]; 2],
+    hd: usize,
+) {
     for j in 0..valid.div_ceil(2) {
         let last_odd = 2 * j + 1 == valid;
         let pw = p[2 * j] as u32 | (p[2 * j + 1] as u32) << 16;
         let jj = j % (PAIRS / 2);
-        let row = &tile.halves[j / (PAIRS / 2)].values[jj * hd..(jj + 1) * hd];
+        let row = &values[j / (PAIRS / 2)][jj * hd..(jj + 1) * hd];
         for (a, &v) in acc.iter_mut().zip(row) {
             let v = if last_odd { v & 0xFFFF } else { v };
             *a = pair_step(*a, v, pw);
@@ -440,7 +452,7 @@ fn row_portable(
 /// Steps 2–3 of the definition in scalar operations for a row whose scaled scores are
 /// `s[..valid]`: raises the maximum (rescaling `acc` and the sum), adds the rounded weights'
 /// sum and returns those weights' bf16 bits (0 at and past `valid`).
-fn softmax_portable(
+pub(crate) fn softmax_portable(
     st: &mut TileSoftmax,
     acc: &mut [f32],
     s: &[f32; TILE],
@@ -641,28 +653,27 @@ mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
-    use super::super::flash_tile_wide::x86::raise_max16;
     use super::{
-        PairTileRef, TileSoftmax, EXP_WEIGHT_FLOOR, ONE_PAIR, PAIRS, PAIR_HALF_POSITIONS as H,
-        RAISE_MARGIN, TILE, W_C1, W_C2, W_C3, W_C4,
+        PairTileRef, TileSoftmax, EXP_WEIGHT_FLOOR, PAIRS, PAIR_HALF_POSITIONS as H, W_C1, W_C2,
+        W_C3, W_C4,
     };
 
     /// Rows per block: two chains per position and row, so 12 independent `vdpbf16ps` chains
     /// in flight for the scores of a tile's half (a decode's three rows: 6), and `6 · 4`
     /// accumulators for `p·V`.
-    const BLOCK: usize = 6;
+    pub(crate) const BLOCK: usize = 6;
     /// 16-dimension chunks of `p·V` accumulated in registers at once.
-    const CHUNKS: usize = 4;
+    pub(crate) const CHUNKS: usize = 4;
 
     /// [`super::exp_weight`] of 16 lanes (the same operations; `vscalefps` multiplies by
     /// `2^n` exactly, giving a denormal where the scalar path gives a zero or a denormal: the
     /// rounding to bf16 flushes both to zero).
     #[target_feature(enable = "avx512f")]
     #[inline]
-    fn exp_weight16(x: __m512) -> __m512 {
+    pub(crate) fn exp_weight16(x: __m512) -> __m512 {
         let x = _mm512_max_ps(x, _mm512_set1_ps(EXP_WEIGHT_FLOOR));
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
@@ -678,7 +689,7 @@ mod x86 {
     /// [`super::hsum16`] in registers: halves, quarters, pairs, then the last two lanes.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    fn hsum16(v: __m512) -> f32 {
+    pub(crate) fn hsum16(v: __m512) -> f32 {
         let a = _mm256_add_ps(
             _mm512_castps512_ps256(v),
             _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
@@ -690,7 +701,7 @@ mod x86 {
 
     /// Bits as the instruction's bf16 operand type.
     #[inline(always)]
-    fn bh(x: __m512i) -> __m512bh {
+    pub(crate) fn bh(x: __m512i) -> __m512bh {
         // SAFETY: both are 64-byte plain vector types; every bit pattern is a valid value.
         unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
     }
@@ -783,64 +794,115 @@ mod x86 {
                 }
             }
         }
-        // Steps 2–3 per row; the weight pairs of step 4 kept as words.
+        // Steps 2–4 per row from the scaled scores.
         let vscale = _mm512_set1_ps(scale);
-        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-        let ones = bh(_mm512_set1_epi32(ONE_PAIR as i32));
-        let mut pwv = [_mm512_setzero_si512(); R];
-        let mut full = true;
-        for r in 0..R {
-            let valid = valids[r];
-            full &= valid == TILE;
-            let live: u32 = if valid >= TILE {
-                u32::MAX
-            } else {
-                (1u32 << valid) - 1
-            };
-            let s0 = _mm512_mul_ps(_mm512_add_ps(c[r][0][0], c[r][1][0]), vscale);
-            let s1 = _mm512_mul_ps(_mm512_add_ps(c[r][0][1], c[r][1][1]), vscale);
-            let x0 = _mm512_mask_blend_ps(live as __mmask16, ninf, s0);
-            let x1 = _mm512_mask_blend_ps((live >> 16) as __mmask16, ninf, s1);
-            let st = &mut sts[r];
-            let mx = _mm512_max_ps(x0, x1);
-            let bar = _mm512_set1_ps(st.max + RAISE_MARGIN);
-            if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mx, bar) != 0 {
-                raise_max16(st, accs[r], _mm512_reduce_max_ps(mx));
-            }
-            let m = _mm512_set1_ps(st.max);
-            let e0 = exp_weight16(_mm512_sub_ps(x0, m));
-            let e1 = exp_weight16(_mm512_sub_ps(x1, m));
-            // SAFETY: both are 64-byte plain vector types; every bit pattern is a valid value.
-            let rounded =
-                unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(e1, e0)) };
-            st.sum += hsum16(_mm512_dpbf16_ps(_mm512_setzero_ps(), bh(rounded), ones));
-            pwv[r] = rounded;
-        }
-        // SAFETY: `[__m512i; R]` and `[[u32; 16]; R]` have the same size and the first's
-        // alignment is a multiple of the second's; every bit pattern is a valid `u32`.
-        let pw = unsafe { &*pwv.as_ptr().cast::<[[u32; PAIRS]; R]>() };
-        // Step 4.
-        let vp = tile.halves.map(|h| h.values.as_ptr());
-        let chunks = hd / 16;
-        let mut c0 = 0;
-        while c0 < chunks {
-            let m = (chunks - c0).min(CHUNKS);
-            // SAFETY: forwarded caller's contract; `c0 + m <= hd / 16`.
-            unsafe {
-                match (full, m) {
-                    (true, 4) => values_full::<R, 4>(accs, pw, vp, hd, c0),
-                    (true, 3) => values_full::<R, 3>(accs, pw, vp, hd, c0),
-                    (true, 2) => values_full::<R, 2>(accs, pw, vp, hd, c0),
-                    (true, _) => values_full::<R, 1>(accs, pw, vp, hd, c0),
-                    (false, 4) => values_rows::<R, 4>(accs, pw, valids, vp, hd, c0),
-                    (false, 3) => values_rows::<R, 3>(accs, pw, valids, vp, hd, c0),
-                    (false, 2) => values_rows::<R, 2>(accs, pw, valids, vp, hd, c0),
-                    (false, _) => values_rows::<R, 1>(accs, pw, valids, vp, hd, c0),
-                }
-            }
-            c0 += m;
-        }
+        let scores: [[__m512; 2]; R] = std::array::from_fn(|r| {
+            [0, 1].map(|h| _mm512_mul_ps(_mm512_add_ps(c[r][0][h], c[r][1][h]), vscale))
+        });
+        // Each half's V holds `8 · hd` words (`PairHalf::new`).
+        let values = tile.halves.map(|h| h.values);
+        softmax_values!(R, sts, accs, scores, valids, values, hd);
     }
+
+    /// Steps 2–4 (module doc) for `$R` rows (`$sts.len() == $R`) whose scaled scores of the
+    /// tile's two halves are `$scores[r]` (lanes at and past a row's valid count are masked
+    /// here), over V words `$values` (each half's `8 · hd` words of the pair layout): the pair
+    /// step's own, and the int8-scored step's (`flash_tile_pairs_coded`). A macro, expanded in
+    /// each step's block, because as a shared function the compiler kept it out of line and
+    /// the pair step paid for the call. Expanded only in functions that enable AVX-512
+    /// F/BW/VL/BF16, with the shapes `tile_update_pairs` asserts (its `unsafe` blocks rely on
+    /// both).
+    macro_rules! softmax_values {
+        ($R:ident, $sts:ident, $accs:ident, $scores:ident, $valids:ident, $values:ident, $hd:ident) => {{
+            // Steps 2–3 per row; the weight pairs of step 4 kept as words.
+            let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+            let ones = $crate::flash_tile_pairs::x86::bh(_mm512_set1_epi32(
+                $crate::flash_tile_pairs::ONE_PAIR as i32,
+            ));
+            let mut pwv = [_mm512_setzero_si512(); $R];
+            let mut full = true;
+            for r in 0..$R {
+                let valid = $valids[r];
+                full &= valid == $crate::flash_tile_pairs::PAIR_TILE_POSITIONS;
+                let live: u32 = if valid >= $crate::flash_tile_pairs::PAIR_TILE_POSITIONS {
+                    u32::MAX
+                } else {
+                    (1u32 << valid) - 1
+                };
+                let [s0, s1] = $scores[r];
+                let x0 = _mm512_mask_blend_ps(live as __mmask16, ninf, s0);
+                let x1 = _mm512_mask_blend_ps((live >> 16) as __mmask16, ninf, s1);
+                let st = &mut $sts[r];
+                let mx = _mm512_max_ps(x0, x1);
+                let bar = _mm512_set1_ps(st.max + $crate::flash_tile_pairs::RAISE_MARGIN);
+                if _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mx, bar) != 0 {
+                    $crate::flash_tile_wide::x86::raise_max16(
+                        st,
+                        $accs[r],
+                        _mm512_reduce_max_ps(mx),
+                    );
+                }
+                let m = _mm512_set1_ps(st.max);
+                let e0 = $crate::flash_tile_pairs::x86::exp_weight16(_mm512_sub_ps(x0, m));
+                let e1 = $crate::flash_tile_pairs::x86::exp_weight16(_mm512_sub_ps(x1, m));
+                // SAFETY: both are 64-byte plain vector types; every bit pattern is a valid value.
+                let rounded = unsafe {
+                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(e1, e0))
+                };
+                st.sum += $crate::flash_tile_pairs::x86::hsum16(_mm512_dpbf16_ps(
+                    _mm512_setzero_ps(),
+                    $crate::flash_tile_pairs::x86::bh(rounded),
+                    ones,
+                ));
+                pwv[r] = rounded;
+            }
+            // SAFETY: `[__m512i; R]` and `[[u32; 16]; R]` have the same size and the first's
+            // alignment is a multiple of the second's; every bit pattern is a valid `u32`.
+            let pw = unsafe {
+                &*pwv
+                    .as_ptr()
+                    .cast::<[[u32; $crate::flash_tile_pairs::PAIRS]; $R]>()
+            };
+            // Step 4.
+            let vp = $values.map(|v| v.as_ptr());
+            let chunks = $hd / 16;
+            let mut c0 = 0;
+            while c0 < chunks {
+                let m = (chunks - c0).min($crate::flash_tile_pairs::x86::CHUNKS);
+                // SAFETY: forwarded caller's contract; `c0 + m <= hd / 16`.
+                unsafe {
+                    match (full, m) {
+                        (true, 4) => $crate::flash_tile_pairs::x86::values_full::<$R, 4>(
+                            $accs, pw, vp, $hd, c0,
+                        ),
+                        (true, 3) => $crate::flash_tile_pairs::x86::values_full::<$R, 3>(
+                            $accs, pw, vp, $hd, c0,
+                        ),
+                        (true, 2) => $crate::flash_tile_pairs::x86::values_full::<$R, 2>(
+                            $accs, pw, vp, $hd, c0,
+                        ),
+                        (true, _) => $crate::flash_tile_pairs::x86::values_full::<$R, 1>(
+                            $accs, pw, vp, $hd, c0,
+                        ),
+                        (false, 4) => $crate::flash_tile_pairs::x86::values_rows::<$R, 4>(
+                            $accs, pw, $valids, vp, $hd, c0,
+                        ),
+                        (false, 3) => $crate::flash_tile_pairs::x86::values_rows::<$R, 3>(
+                            $accs, pw, $valids, vp, $hd, c0,
+                        ),
+                        (false, 2) => $crate::flash_tile_pairs::x86::values_rows::<$R, 2>(
+                            $accs, pw, $valids, vp, $hd, c0,
+                        ),
+                        (false, _) => $crate::flash_tile_pairs::x86::values_rows::<$R, 1>(
+                            $accs, pw, $valids, vp, $hd, c0,
+                        ),
+                    }
+                }
+                c0 += m;
+            }
+        }};
+    }
+    pub(crate) use softmax_values;
 
     /// Step 4 for `R` rows that all see the whole tile, 16-dimension chunks `c0..c0 + C`:
     /// `R · C` accumulators in registers, V loaded once per pair and chunk for every row.
@@ -850,7 +912,7 @@ mod x86 {
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
     #[inline]
-    unsafe fn values_full<const R: usize, const C: usize>(
+    pub(crate) unsafe fn values_full<const R: usize, const C: usize>(
         accs: &mut [&mut [f32]],
         pw: &[[u32; PAIRS]; R],
         vp: [*const u32; 2],
@@ -892,7 +954,7 @@ mod x86 {
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
     #[inline]
-    unsafe fn values_rows<const R: usize, const C: usize>(
+    pub(crate) unsafe fn values_rows<const R: usize, const C: usize>(
         accs: &mut [&mut [f32]],
         pw: &[[u32; PAIRS]; R],
         valids: &[usize],

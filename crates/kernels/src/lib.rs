@@ -46,6 +46,7 @@ pub mod flash_tile;
 pub mod flash_tile_codes;
 pub mod flash_tile_narrow;
 pub mod flash_tile_pairs;
+pub mod flash_tile_pairs_coded;
 pub mod flash_tile_transposed;
 pub mod flash_tile_wide;
 pub mod ggml_tiled;

@@ -42,6 +42,12 @@ impl<'a> PairHalf<'a> {
         PairHalf { keys, values }
     }
 
+    /// The group's V words (what the int8-scored pair step, `flash_tile_pairs_coded`, reads
+    /// beside K codes).
+    pub fn values(&self) -> &'a [u32] {
+        self.values
+    }
+
     /// K and V of row `t` as bf16 (`k`, `v`: `[head_dim]` each).
     pub fn row(&self, t: usize, k: &mut [bf16], v: &mut [bf16]) {
         read_row(self.keys, self.values, t, k, v);

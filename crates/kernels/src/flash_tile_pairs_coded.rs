@@ -1,0 +1,282 @@
+//! The bf16-pair tile step with its scores taken from int8 K codes: `q·Kᵀ` on AVX-512 VNNI's
+//! `vpdpbusd` (64 products an instruction, twice `vdpbf16ps`'s) over K kept as the `int8`
+//! codec's codes, then `flash_tile_pairs`' softmax and `p·V` over bf16 V in the pair layout.
+//! A row's tile costs 96 dot-product instructions instead of the pair step's 128.
+//!
+//! **The definition** for a row with state `(m, l, acc[hd])`, its query quantised once as
+//! `flash_tile_codes` quantises it for `Rows` codes (`q8`, `s`, `Σq8`), and `valid` positions of
+//! a 32-position tile whose halves of 16 hold K as [`CodedHalf`]s:
+//! 1. `s[t] = (fma(k_s[t], dot_t, k_o[t] · Σq8) · s) · scale`, `dot_t` the exact integer sum of
+//!    the position's u8 codes times the query's i8 codes: the `int8` codec's `Rows` scores
+//!    (`flash_tile_codes`), bit for bit;
+//! 2. steps 2–4 of `flash_tile_pairs` with those scores (the maximum's margin, the bf16
+//!    weights and their sum, `p·V` in pair steps).
+//!
+//! A row's result depends only on its query, its K codes and V, and its position count — never
+//! on which rows share the tile. Owns that step (its portable definition and the AVX-512
+//! VNNI/BF16 implementation, the same bits); it never reads a KV store, never stages a tile and
+//! never allocates.
+
+use super::cpu::CpuFeatures;
+use super::flash_tile::TileSoftmax;
+use super::flash_tile_codes::{dot_codes, CodedTile, QueryRef, MAX_CODED_HEAD_DIM};
+use super::flash_tile_pairs::{softmax_portable, values_portable, PAIR_TILE_POSITIONS};
+use super::pair_layout::{group_words, PAIR_GROUP_ROWS};
+
+const TILE: usize = PAIR_TILE_POSITIONS;
+const HALF: usize = PAIR_GROUP_ROWS;
+
+/// Half a tile's K as int8 codes (16 positions): `kt[j · 16 + t]` holds channels `4j..4j + 4`
+/// of position `t` (byte `i` = channel `4j + i`, unsigned), with each position's scale and
+/// offset (`k = k_s · code + k_o`) — `flash_tile_codes::CodedTile`'s layout ([`CodedHalf::of`]).
+#[derive(Debug, Clone, Copy)]
+pub struct CodedHalf<'a> {
+    pub(crate) kt: &'a [u32],
+    pub(crate) scale: &'a [f32; HALF],
+    pub(crate) offset: &'a [f32; HALF],
+}
+
+impl<'a> CodedHalf<'a> {
+    /// The half whose code words are `kt` (`head_dim / 4 · 16` words). Panics otherwise.
+    pub fn new(
+        head_dim: usize,
+        kt: &'a [u32],
+        scale: &'a [f32; HALF],
+        offset: &'a [f32; HALF],
+    ) -> CodedHalf<'a> {
+        assert_eq!(
+            kt.len(),
+            head_dim / 4 * HALF,
+            "coded half of head_dim {head_dim}"
+        );
+        CodedHalf { kt, scale, offset }
+    }
+
+    /// A staged tile's codes (`CodedTile::load_rows` of 16 positions) as a half.
+    pub fn of(head_dim: usize, tile: &'a CodedTile) -> CodedHalf<'a> {
+        let (kt, scale, offset) = tile.rows_codes();
+        CodedHalf::new(head_dim, kt, scale, offset)
+    }
+}
+
+/// One tile as the step reads it: K codes and V words (the pair layout's, each half
+/// [`group_words`]`(head_dim)` words) of its two halves; `head_dim` a multiple of 16 and at most
+/// [`MAX_CODED_HEAD_DIM`] (integer sums below 2^24: exact as f32).
+#[derive(Debug, Clone, Copy)]
+pub struct CodedPairTile<'a> {
+    head_dim: usize,
+    keys: [CodedHalf<'a>; 2],
+    values: [&'a [u32]; 2],
+}
+
+impl<'a> CodedPairTile<'a> {
+    /// Panics unless every part holds `head_dim`'s words (`head_dim` a multiple of 16).
+    pub fn new(
+        head_dim: usize,
+        keys: [CodedHalf<'a>; 2],
+        values: [&'a [u32]; 2],
+    ) -> CodedPairTile<'a> {
+        assert!(
+            head_dim.is_multiple_of(16)
+                && head_dim <= MAX_CODED_HEAD_DIM
+                && keys.iter().all(|k| k.kt.len() == head_dim / 4 * HALF)
+                && values.iter().all(|v| v.len() == group_words(head_dim)),
+            "coded pair tile of head_dim {head_dim}"
+        );
+        CodedPairTile {
+            head_dim,
+            keys,
+            values,
+        }
+    }
+}
+
+/// The step (module doc) for every row `r`: state `sts[r]`, accumulator `accs[r]` (`[hd]`),
+/// query `qs[r]` (quantised for `Rows` codes: `flash_tile_codes::QueryCodes::prepare_rows`)
+/// and `valids[r]` positions (1..=32) of `tile`. The AVX-512 VNNI/BF16 path where `features`
+/// allow it, else the portable one: the same bits. Panics on a shape mismatch.
+pub fn tile_update_pairs_coded(
+    features: CpuFeatures,
+    sts: &mut [TileSoftmax],
+    accs: &mut [&mut [f32]],
+    qs: &[QueryRef<'_>],
+    valids: &[usize],
+    tile: CodedPairTile<'_>,
+    scale: f32,
+) {
+    let hd = tile.head_dim;
+    assert!(
+        sts.len() == accs.len() && accs.len() == qs.len() && qs.len() == valids.len(),
+        "coded pair tile rows disagree"
+    );
+    for ((acc, q), &valid) in accs.iter().zip(qs).zip(valids) {
+        assert!(
+            acc.len() == hd && q.q8.len() == hd / 4 && (1..=TILE).contains(&valid),
+            "coded pair tile row shapes: hd={hd} acc={} q={} valid={valid}",
+            acc.len(),
+            q.q8.len()
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let f = features.clamp_to_detected();
+        if f.bf16 && f.vnni {
+            // SAFETY: AVX-512 F/BW/VL/BF16/VNNI (with AVX2, FMA) were detected just above;
+            // shapes as asserted (accumulators `hd`, queries `hd / 4` words, `1 <= valid <=
+            // 32`; `CodedPairTile::new` checked the tile's parts for `hd`, a multiple of 16).
+            unsafe { x86::rows(sts, accs, qs, valids, &tile, scale) };
+            return;
+        }
+    }
+    let _ = features;
+    for r in 0..sts.len() {
+        row_portable(&mut sts[r], accs[r], &qs[r], valids[r], &tile, scale);
+    }
+}
+
+/// The scores of step 1 for one row (positions at and past `valid`: −∞).
+fn scores_portable(
+    q: &QueryRef<'_>,
+    valid: usize,
+    tile: &CodedPairTile<'_>,
+    scale: f32,
+) -> [f32; TILE] {
+    let mut s = [f32::NEG_INFINITY; TILE];
+    for (t, st) in s.iter_mut().enumerate().take(valid) {
+        let half = &tile.keys[t / HALF];
+        let u = t % HALF;
+        let dot = dot_codes(q.q8, half.kt, u) as f32;
+        *st = (half.scale[u].mul_add(dot, half.offset[u] * q.sum8) * q.s) * scale;
+    }
+    s
+}
+
+/// The definition for one row, in scalar operations.
+fn row_portable(
+    st: &mut TileSoftmax,
+    acc: &mut [f32],
+    q: &QueryRef<'_>,
+    valid: usize,
+    tile: &CodedPairTile<'_>,
+    scale: f32,
+) {
+    let s = scores_portable(q, valid, tile, scale);
+    let p = softmax_portable(st, acc, &s, valid);
+    values_portable(acc, &p, valid, tile.values, tile.head_dim);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::flash_tile_codes::QueryRef;
+    use super::super::flash_tile_pairs::x86::{softmax_values, BLOCK};
+    use super::{CodedPairTile, TileSoftmax, HALF};
+
+    /// Every row's step, `BLOCK` rows at a time.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/BF16/VNNI, AVX2 and FMA present; shapes as `tile_update_pairs_coded`
+    /// asserts.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn rows(
+        sts: &mut [TileSoftmax],
+        accs: &mut [&mut [f32]],
+        qs: &[QueryRef<'_>],
+        valids: &[usize],
+        tile: &CodedPairTile<'_>,
+        scale: f32,
+    ) {
+        let mut at = 0;
+        while at < sts.len() {
+            let n = (sts.len() - at).min(BLOCK);
+            let (s, a, q, v) = (
+                &mut sts[at..at + n],
+                &mut accs[at..at + n],
+                &qs[at..at + n],
+                &valids[at..at + n],
+            );
+            // SAFETY: forwarded caller's contract.
+            unsafe {
+                match n {
+                    6 => block::<6>(s, a, q, v, tile, scale),
+                    5 => block::<5>(s, a, q, v, tile, scale),
+                    4 => block::<4>(s, a, q, v, tile, scale),
+                    3 => block::<3>(s, a, q, v, tile, scale),
+                    2 => block::<2>(s, a, q, v, tile, scale),
+                    _ => block::<1>(s, a, q, v, tile, scale),
+                }
+            }
+            at += n;
+        }
+    }
+
+    /// `R` rows: step 1 in integers (two `vpdpbusd` chains per row and half, even and odd
+    /// channel quads — integer sums, exact in any order), the scores as the definition's float
+    /// operations, then the pair step's steps 2–4.
+    ///
+    /// # Safety
+    /// As [`rows`].
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,avx2,fma,f16c")]
+    unsafe fn block<const R: usize>(
+        sts: &mut [TileSoftmax],
+        accs: &mut [&mut [f32]],
+        qs: &[QueryRef<'_>],
+        valids: &[usize],
+        tile: &CodedPairTile<'_>,
+        scale: f32,
+    ) {
+        let hd = tile.head_dim;
+        let quads = hd / 4;
+        let qp: [*const u32; R] = std::array::from_fn(|r| qs[r].q8.as_ptr());
+        // Two chains per row and half (even and odd quads), so a decode's few rows still keep
+        // enough independent `vpdpbusd` chains in flight; integer sums, so exact in any order.
+        let mut c = [[[_mm512_setzero_si512(); 2]; 2]; R];
+        for (h, half) in tile.keys.iter().enumerate() {
+            let k = half.kt.as_ptr();
+            // A loop that runs at least once (`hd >= 16`): the accumulators stay in registers.
+            let mut j2 = 0;
+            loop {
+                for l in 0..2 {
+                    let j = j2 + l;
+                    // SAFETY: `j < hd / 4` (`hd / 4` is even): quad row `j` holds 16 words.
+                    let kv = unsafe { _mm512_loadu_si512(k.add(j * HALF).cast()) };
+                    for r in 0..R {
+                        // SAFETY: `j < hd / 4 = qs[r].q8.len()`.
+                        let q = _mm512_set1_epi32(unsafe { *qp[r].add(j) } as i32);
+                        c[r][l][h] = _mm512_dpbusd_epi32(c[r][l][h], kv, q);
+                    }
+                }
+                j2 += 2;
+                if j2 >= quads {
+                    break;
+                }
+            }
+        }
+        // SAFETY: each half's scale and offset arrays hold 16 floats.
+        let ks = tile
+            .keys
+            .map(|half| unsafe { _mm512_loadu_ps(half.scale.as_ptr()) });
+        // SAFETY: as above.
+        let ko = tile
+            .keys
+            .map(|half| unsafe { _mm512_loadu_ps(half.offset.as_ptr()) });
+        let vscale = _mm512_set1_ps(scale);
+        let scores: [[__m512; 2]; R] = std::array::from_fn(|r| {
+            let (s, sum8) = (_mm512_set1_ps(qs[r].s), _mm512_set1_ps(qs[r].sum8));
+            [0, 1].map(|h| {
+                // Integer sums below 2^24 (`flash_tile_codes`' bound on `head_dim`): exact.
+                let d = _mm512_cvtepi32_ps(_mm512_add_epi32(c[r][0][h], c[r][1][h]));
+                let x = _mm512_fmadd_ps(ks[h], d, _mm512_mul_ps(ko[h], sum8));
+                _mm512_mul_ps(_mm512_mul_ps(x, s), vscale)
+            })
+        });
+        // Each half's V holds `8 · hd` words (`CodedPairTile::new`).
+        let values = tile.values;
+        softmax_values!(R, sts, accs, scores, valids, values, hd);
+    }
+}
+
+#[cfg(test)]
+mod tests;
