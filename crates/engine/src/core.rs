@@ -380,7 +380,10 @@ impl EngineCore {
         // The arithmetic (attention regime, matmul order, split-KV chunks) ...
         kv_settings.extend_from_slice(&self.numerics().tag());
         // ... with what the K/V codec adds to it (bf16 K/V: the bf16-pair arithmetic) ...
-        kv_settings.extend_from_slice(model::arith_tag(self.cfg.kv_dtype));
+        kv_settings.extend_from_slice(model::arith_tag(
+            self.cfg.kv_dtype,
+            self.backend.shape().head_dim,
+        ));
         // ... and the backend's own settings (scaled RoPE computed as llama.cpp does, ...).
         kv_settings.extend_from_slice(&self.backend.kv_settings());
         Namespace {

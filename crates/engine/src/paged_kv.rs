@@ -138,6 +138,20 @@ impl StepKv<'_> {
             capacity: table.len() * bs,
         })
     }
+
+    /// The pool row of the group starting at `pos` of `kv_head` in `layer`, where blocks hold
+    /// whole groups (a block size that is a multiple of 16); `None` else or out of range.
+    fn group_row(&self, layer: usize, slot: SeqSlot, kv_head: usize, pos: usize) -> Option<usize> {
+        let bs = self.mem.geo.block_size;
+        if !bs.is_multiple_of(model::PAIR_GROUP_ROWS)
+            || layer >= self.mem.geo.num_layers
+            || kv_head >= self.mem.geo.num_kv_heads
+        {
+            return None;
+        }
+        let block = *self.tables.get(slot.0 as usize)?.get(pos / bs)?;
+        Some(self.mem.row(block, layer, kv_head, pos % bs))
+    }
 }
 
 impl KvStore for StepKv<'_> {
@@ -272,17 +286,20 @@ impl KvStore for StepKv<'_> {
         kv_head: usize,
         pos: usize,
     ) -> Option<model::PairHalf<'_>> {
-        let bs = self.mem.geo.block_size;
-        if !bs.is_multiple_of(model::PAIR_GROUP_ROWS)
-            || layer >= self.mem.geo.num_layers
-            || kv_head >= self.mem.geo.num_kv_heads
-        {
-            return None;
-        }
-        let block = *self.tables.get(slot.0 as usize)?.get(pos / bs)?;
-        self.mem
-            .rows
-            .pair_group(self.mem.row(block, layer, kv_head, pos % bs))
+        let row = self.group_row(layer, slot, kv_head, pos)?;
+        self.mem.rows.pair_group(row)
+    }
+
+    /// Blocks of whole groups in the coded pair layout (`int8` K, bf16 V).
+    fn coded_pair_group(
+        &self,
+        layer: usize,
+        slot: SeqSlot,
+        kv_head: usize,
+        pos: usize,
+    ) -> Option<model::CodedPairHalf<'_>> {
+        let row = self.group_row(layer, slot, kv_head, pos)?;
+        self.mem.rows.coded_pair_group(row)
     }
 }
 
@@ -474,6 +491,66 @@ mod tests {
                 "past the table"
             );
         }
+    }
+
+    /// `int8` K with bf16 V in blocks of 16 are read in place as groups of the coded pair
+    /// layout holding the codec rows the chunk reader sees, wherever the table puts them.
+    #[test]
+    fn int8_bf16_blocks_of_whole_groups_are_read_in_place() {
+        let codecs = KvDtype::parse("k=int8,v=bf16").unwrap();
+        let geo = KvGeometry {
+            num_blocks: 4,
+            block_size: 16,
+            num_layers: 2,
+            num_kv_heads: 2,
+            head_dim: 64,
+        };
+        let mut mem = PagedKvMemory::new(geo, codecs).unwrap();
+        let table: &[BlockId] = &[BlockId(3), BlockId(0), BlockId(2)];
+        let tables = [table];
+        let mut kv = mem.view(&tables);
+        let n = 2 * 16 + 5;
+        let row = |pos: usize, s: f32| -> Vec<f32> {
+            (0..128)
+                .map(|i| s * ((pos * 31 + i * 7) % 19) as f32 - 3.0)
+                .collect()
+        };
+        for pos in 0..n {
+            kv.write(1, SeqSlot(0), pos, &row(pos, 0.25), &row(pos, -0.5))
+                .unwrap();
+        }
+        let mut rows = Vec::new();
+        kv.for_each_chunk(1, SeqSlot(0), 1, n, &mut |_, chunk| {
+            let KvChunk::Encoded { k, v } = chunk else {
+                panic!("encoded chunks")
+            };
+            for (kr, vr) in k.rows().zip(v.rows()) {
+                rows.push((kr.to_vec(), vr.to_vec()));
+            }
+        });
+        assert_eq!(rows.len(), n);
+        assert!(kv.pair_group(1, SeqSlot(0), 1, 0).is_none(), "not bf16 K");
+        let (mut k, mut v) = (vec![0u8; 68], vec![half::bf16::ZERO; 64]);
+        for group in 0..n.div_ceil(16) {
+            let g = kv
+                .coded_pair_group(1, SeqSlot(0), 1, 16 * group)
+                .expect("a whole group in place");
+            for t in 0..16.min(n - 16 * group) {
+                g.row(t, &mut k, &mut v);
+                let want = &rows[16 * group + t];
+                let v_bytes: Vec<u8> = v.iter().flat_map(|b| b.to_le_bytes()).collect();
+                assert_eq!(
+                    (&k, &v_bytes),
+                    (&want.0, &want.1),
+                    "position {}",
+                    16 * group + t
+                );
+            }
+        }
+        assert!(
+            kv.coded_pair_group(1, SeqSlot(0), 1, 16 * 3).is_none(),
+            "past the table"
+        );
     }
 
     #[test]

@@ -46,7 +46,7 @@ use half::bf16;
 
 use super::cpu::CpuFeatures;
 use super::flash_tile::{exp_poly_portable, TileSoftmax};
-use super::pair_layout::{group_words, PAIR_GROUP_ROWS};
+use super::pair_layout::{copy_values_prefix, group_words, PAIR_GROUP_ROWS};
 pub use super::pair_layout::{PairHalf, PairTileRef};
 
 /// Positions per softmax tile of this arithmetic (tiles start at multiples of this, counted
@@ -170,19 +170,12 @@ impl PairTile {
             dst[..n].copy_from_slice(&src[..n]);
             dst[n..].fill(0);
         }
-        let values = &mut self.values[half * w..(half + 1) * w];
-        let pairs = n / 2;
-        values[..pairs * hd].copy_from_slice(&group.values[..pairs * hd]);
-        if n % 2 == 1 {
-            let (dst, src) = (
-                &mut values[pairs * hd..(pairs + 1) * hd],
-                &group.values[pairs * hd..(pairs + 1) * hd],
-            );
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d = s & 0xFFFF;
-            }
-        }
-        values[n.div_ceil(2) * hd..].fill(0);
+        copy_values_prefix(
+            &mut self.values[half * w..(half + 1) * w],
+            group.values,
+            n,
+            hd,
+        );
     }
 
     /// The head size the tile holds.

@@ -40,6 +40,7 @@
 pub mod act_quant;
 pub mod block32;
 mod both_ends;
+pub mod coded_pair_layout;
 pub mod cpu;
 pub mod flash_f16;
 pub mod flash_tile;

@@ -104,6 +104,15 @@ pub fn write_row(keys: &mut [u32], values: &mut [u32], t: usize, k: &[bf16], v: 
     for (i, pair) in k.chunks_exact(2).enumerate() {
         keys[i * PAIR_GROUP_ROWS + t] = word(pair[0], pair[1]);
     }
+    write_values_row(values, t, v);
+}
+
+/// Writes row `t < 16` of a group's V words (`[8][head_dim]`, [`group_words`]`(v.len())` of
+/// them) from `v` — the V half of [`write_row`], for groups whose K is kept otherwise
+/// (`coded_pair_layout`). Panics on a shape mismatch.
+pub fn write_values_row(values: &mut [u32], t: usize, v: &[bf16]) {
+    let hd = v.len();
+    check(values.len(), values.len(), t, hd, hd);
     let (j, shift) = (t / 2, 16 * (t % 2));
     let row = &mut values[j * hd..(j + 1) * hd];
     let keep = !(0xFFFF_u32 << shift);
@@ -122,10 +131,39 @@ pub fn read_row(keys: &[u32], values: &[u32], t: usize, k: &mut [bf16], v: &mut 
         pair[0] = bf16::from_bits(w as u16);
         pair[1] = bf16::from_bits((w >> 16) as u16);
     }
+    read_values_row(values, t, v);
+}
+
+/// Reads row `t < 16` of a group's V words into `v`: the inverse of [`write_values_row`].
+pub fn read_values_row(values: &[u32], t: usize, v: &mut [bf16]) {
+    let hd = v.len();
+    check(values.len(), values.len(), t, hd, hd);
     let (j, shift) = (t / 2, 16 * (t % 2));
     for (x, &w) in v.iter_mut().zip(&values[j * hd..(j + 1) * hd]) {
         *x = bf16::from_bits((w >> shift) as u16);
     }
+}
+
+/// Copies positions `0..n` of a group's V words `src` into `dst` and zeroes the rest
+/// (positions `n..16`): a partial group staged with no stale half-words.
+pub fn copy_values_prefix(dst: &mut [u32], src: &[u32], n: usize, head_dim: usize) {
+    let hd = head_dim;
+    assert!(
+        n <= PAIR_GROUP_ROWS && dst.len() == group_words(hd) && src.len() == group_words(hd),
+        "V words of a group: n={n} head_dim={hd}"
+    );
+    let pairs = n / 2;
+    dst[..pairs * hd].copy_from_slice(&src[..pairs * hd]);
+    if n % 2 == 1 {
+        let (d, s) = (
+            &mut dst[pairs * hd..(pairs + 1) * hd],
+            &src[pairs * hd..(pairs + 1) * hd],
+        );
+        for (d, s) in d.iter_mut().zip(s) {
+            *d = s & 0xFFFF;
+        }
+    }
+    dst[n.div_ceil(2) * hd..].fill(0);
 }
 
 fn check(keys: usize, values: usize, t: usize, hd: usize, v: usize) {

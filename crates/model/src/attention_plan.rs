@@ -381,12 +381,22 @@ pub fn pairs_arithmetic(codecs: KvDtype) -> bool {
     codecs == KvDtype::uniform(KvCodecKind::Bf16)
 }
 
-/// What the tiled attention over `codecs` adds to the cache namespace's arithmetic tag: blocks
-/// computed in the bf16-pair arithmetic never share keys with blocks computed before it (bf16
-/// K/V were once attended in f32).
-pub fn arith_tag(codecs: KvDtype) -> &'static [u8] {
+/// Whether K/V in `codecs` with heads of `head_dim` are attended in the int8-scored pair
+/// arithmetic (`kernels::flash_tile_pairs_coded`): `int8` K with one group per row, its scores
+/// taken from the codes (as the `int8` codec's), and bf16 V in the bf16-pair step's `p·V`.
+pub fn coded_pairs_arithmetic(codecs: KvDtype, head_dim: usize) -> bool {
+    codecs.v == KvCodecKind::Bf16 && KeyCodes::of(codecs.k, head_dim) == Some(KeyCodes::Rows)
+}
+
+/// What the tiled attention over `codecs` with heads of `head_dim` adds to the cache
+/// namespace's arithmetic tag: blocks computed in the bf16-pair arithmetic, or the int8-scored
+/// one, never share keys with blocks computed before it (bf16 K/V were once attended in f32,
+/// `int8` K with bf16 V in f32 after decoding both).
+pub fn arith_tag(codecs: KvDtype, head_dim: usize) -> &'static [u8] {
     if pairs_arithmetic(codecs) {
         b";attention=bf16-pairs"
+    } else if coded_pairs_arithmetic(codecs, head_dim) {
+        b";attention=int8-bf16-pairs"
     } else {
         b""
     }
@@ -412,6 +422,13 @@ pub struct TaskPath {
     /// arithmetic: products two at a time in bf16, AVX-512 BF16's `vdpbf16ps`), whatever the
     /// rows, tokens or CPU (without AVX-512 BF16 its portable form: the same bits, slower).
     pub pairs: bool,
+    /// `int8` K (one group per row) and bf16 V: every tile takes the int8-scored pair step
+    /// (`kernels::flash_tile_pairs_coded`: scores from K's codes, `p·V` in bf16 pairs), whatever
+    /// the rows, tokens or CPU (without AVX-512 VNNI and BF16 its portable form).
+    pub coded_pairs: bool,
+    /// AVX-512 VNNI and BF16 run the int8-scored pair step (`coded_pairs`) in their own
+    /// instructions.
+    pub vnni_bf16: bool,
     /// How K would be scored from its codes, whatever the ISA (`None`: decoded to f32).
     pub key_codes_any: Option<KeyCodes>,
     /// K scored from its codes in sealed tiles: `int8` rows everywhere, `int4c` channels only
@@ -475,6 +492,8 @@ impl TaskPath {
             encoded: !f16,
             row_codec,
             pairs,
+            coded_pairs: coded_pairs_arithmetic(codecs, head_dim),
+            vnni_bf16: features.bf16 && features.vnni && head_dim.is_multiple_of(16),
             key_codes_any,
             key_codes: key_codes_any.filter(|&k| k == KeyCodes::Rows || wide),
             fuse_values,
@@ -506,6 +525,13 @@ impl TaskPath {
     pub(crate) fn tile_step(&self, pass: &PassPath, sealed: bool) -> &'static str {
         if self.fuse_channels && sealed {
             return "int4c codes, AVX2 step (K and V in registers)";
+        }
+        if self.coded_pairs {
+            return if self.vnni_bf16 {
+                "int8 key codes, bf16 pairs, AVX-512 VNNI/BF16 step"
+            } else {
+                "int8 key codes, bf16 pairs, portable step"
+            };
         }
         if self.pairs {
             return if self.bf16 {
@@ -939,6 +965,7 @@ mod path_tests {
             "int4",
             "k=int4c,v=int4",
             "k=int8,v=int4",
+            "k=int8,v=bf16",
         ]
         .into_iter()
         .map(|name| (name, KvDtype::parse(name).unwrap()))

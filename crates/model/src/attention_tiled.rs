@@ -9,7 +9,8 @@
 //! from a [`KvStore`] into tiles (each f16 K/V row widened once, each encoded row decoded once by
 //! `quant::decode_rows` — fp8 tiles of few rows decoded but read by the row kernels, not
 //! transposed; bf16 tiles staged once into `kernels::flash_tile_pairs`' layouts and attended in
-//! its own arithmetic, products two at a time in bf16 —
+//! its own arithmetic, products two at a time in bf16; `int8` K with bf16 V likewise in the
+//! int8-scored pair arithmetic, K kept as codes —
 //! then used by every query row of the task: all query heads of the GQA
 //! group and up to `QUERY_TILE_TOKENS` tokens, `ENCODED_QUERY_TILE_TOKENS` over encoded K/V) and
 //! the causal limits per row. The arithmetic is that of `kernels::flash_tile`; a tile shared by many rows (a prefill run) is widened once — with
@@ -26,6 +27,7 @@ use crate::attention::AttnArith;
 use crate::attention_plan::{AttnPlan, AttnTask, SEGMENT_POSITIONS};
 use crate::attention_plan::{RowCodec, TaskPath, Transposed};
 use crate::kv::{KvChunk, KvStore, SeqSlot};
+use kernels::coded_pair_layout::{self, coded_pair_tile, CodedPairHalf, CodedPairStage};
 use kernels::cpu::{cpu_features, CpuFeatures};
 use kernels::flash_tile::{
     merge_segments, prefetch_l1, tile_update, tile_update_rows, widen_f16, TileElem, TileSoftmax,
@@ -41,6 +43,7 @@ use kernels::flash_tile_pairs::{
     query_pairs, tile_update_pairs, PairHalf, PairTile, PairTileRef, PAIR_HALF_POSITIONS,
     PAIR_TILE_POSITIONS,
 };
+use kernels::flash_tile_pairs_coded::{tile_update_pairs_coded, CodedPairTile};
 use kernels::flash_tile_transposed::{
     tile_update_transposed, TransposedTiles, TRIPLE_ROWS as WIDE_ROWS,
 };
@@ -60,6 +63,9 @@ pub struct TileScratch {
     pair_tile: PairTile,
     /// The task's query rows rounded to bf16 pairs, `[rows, head_dim / 2]` (bf16 K/V).
     qpairs: Vec<u32>,
+    /// Halves of an `int8`-K / bf16-V tile staged for the int8-scored pair step
+    /// (`kernels::flash_tile_pairs_coded`) where the store does not hold them whole.
+    coded_stage: CodedPairStage,
     keys32: Vec<f32>, // [TILE_POSITIONS, head_dim]
     vals32: Vec<f32>, // [TILE_POSITIONS, head_dim]
     /// The widened K tile transposed, `[head_dim, TILE_POSITIONS]` (the 512-bit kernel's input).
@@ -90,6 +96,9 @@ impl TileScratch {
         }
         if self.pair_tile.head_dim() != hd && hd.is_multiple_of(2) {
             self.pair_tile = PairTile::new(hd);
+        }
+        if self.coded_stage.head_dim() != hd && coded_pair_layout::fits(hd) {
+            self.coded_stage = CodedPairStage::new(hd);
         }
     }
 }
@@ -677,6 +686,7 @@ unsafe fn attend_task(
         vals_bf16,
         pair_tile,
         qpairs,
+        coded_stage,
         keys32,
         vals32,
         keys_t,
@@ -715,6 +725,7 @@ unsafe fn attend_task(
         vals_bf16,
         pair_tile,
         qpairs,
+        coded_stage,
         keys32,
         vals32,
         keys_t,
@@ -746,6 +757,19 @@ unsafe fn attend_task(
             };
             if steps.path.pairs
                 && attend_pairs_in_place(&steps, span, &mut bufs, rows, inp, slot, kv_head as usize)
+            {
+                continue;
+            }
+            if steps.path.coded_pairs
+                && attend_coded_pairs_in_place(
+                    &steps,
+                    span,
+                    &mut bufs,
+                    rows,
+                    inp,
+                    slot,
+                    kv_head as usize,
+                )
             {
                 continue;
             }
@@ -790,6 +814,7 @@ struct TileBuffers<'s> {
     vals_bf16: &'s mut [bf16],
     pair_tile: &'s mut PairTile,
     qpairs: &'s [u32],
+    coded_stage: &'s mut CodedPairStage,
     keys32: &'s mut [f32],
     vals32: &'s mut [f32],
     keys_t: &'s mut [f32],
@@ -825,6 +850,10 @@ fn attend_chunk(
     let chunk_end = start + chunk.num_positions(hd);
     if let (true, Some(kv)) = (path.pairs, coded_kv) {
         attend_pairs(steps, span, bufs, rows, start, chunk_end, kv);
+        return;
+    }
+    if let (true, Some(kv)) = (path.coded_pairs, coded_kv) {
+        attend_coded_pairs(steps, span, bufs, rows, start, chunk_end, kv);
         return;
     }
     // The pass's choice (`attention_plan::TaskPath::pass`): widen the tile or not, and which transposed step.
@@ -1019,8 +1048,10 @@ fn attend_pairs_in_place(
             None => return false,
         }
     }
-    let hd = steps.hd;
-    let mut pass_rows = PairPassRows::new(rows, bufs.qpairs, hd);
+    let (hd, features, scale) = (steps.hd, steps.features, steps.scale);
+    let qpairs = bufs.qpairs;
+    let half = hd / 2;
+    let mut pass_rows = PairPassRows::new(rows, hd, |idx| &qpairs[idx * half..(idx + 1) * half]);
     for tile_start in (from..seg_end).step_by(PAIR_TILE_POSITIONS) {
         let tile_end = (tile_start + PAIR_TILE_POSITIONS).min(seg_end);
         // Per half: read in place (a whole group), or staged (part of one, or past the pass).
@@ -1048,30 +1079,176 @@ fn attend_pairs_in_place(
         let staged = &*bufs.pair_tile;
         let [h0, h1] = [0, 1].map(|h| in_place[h].unwrap_or_else(|| staged.half(h)));
         let tile = PairTileRef::new(hd, h0, h1);
-        pass_rows.step(steps, tile, tile_start, tile_end);
+        pass_rows.step(tile_start, tile_end, |sts, accs, qs, valids| {
+            tile_update_pairs(features, sts, accs, qs, valids, tile, scale)
+        });
     }
     pass_rows.finish();
     true
+}
+
+/// [`attend_pairs_in_place`] for `int8` K with bf16 V kept in the coded pair layout
+/// (`KvStore::coded_pair_group`), in the int8-scored pair arithmetic: whole groups read in
+/// place, a group the pass reads in part staged from its positions. The same words as
+/// staging every tile from the codecs' rows ([`attend_coded_pairs`]), so the same bits.
+/// `false` (nothing done) where the store does not keep every group of the pass in that layout.
+#[allow(clippy::too_many_arguments)]
+fn attend_coded_pairs_in_place(
+    steps: &TileSteps,
+    span: PassSpan,
+    bufs: &mut TileBuffers<'_>,
+    rows: &mut [Row<'_>],
+    inp: &TileInputs<'_>,
+    slot: SeqSlot,
+    kv_head: usize,
+) -> bool {
+    let PassSpan { from, seg_end, .. } = span;
+    if !from.is_multiple_of(PAIR_TILE_POSITIONS) || seg_end <= from {
+        return false;
+    }
+    let count = (seg_end - from).div_ceil(PAIR_HALF_POSITIONS);
+    if count > PASS_GROUPS {
+        return false;
+    }
+    let mut groups: [Option<CodedPairHalf<'_>>; PASS_GROUPS] = [None; PASS_GROUPS];
+    for (g, slot_group) in groups.iter_mut().enumerate().take(count) {
+        let pos = from + g * PAIR_HALF_POSITIONS;
+        match inp.kv.coded_pair_group(inp.layer, slot, kv_head, pos) {
+            Some(group) => *slot_group = Some(group),
+            None => return false,
+        }
+    }
+    let (hd, features, scale) = (steps.hd, steps.features, steps.scale);
+    let qcodes = &*bufs.qcodes;
+    let mut pass_rows = PairPassRows::new(rows, hd, |idx| qcodes.row(idx));
+    for tile_start in (from..seg_end).step_by(PAIR_TILE_POSITIONS) {
+        let tile_end = (tile_start + PAIR_TILE_POSITIONS).min(seg_end);
+        // Per half: read in place (a whole group), or staged (part of one, or past the pass).
+        let mut in_place: [Option<CodedPairHalf<'_>>; 2] = [None; 2];
+        for (h, view) in in_place.iter_mut().enumerate() {
+            let half_start = tile_start + h * PAIR_HALF_POSITIONS;
+            let n = tile_end.saturating_sub(half_start).min(PAIR_HALF_POSITIONS);
+            let group = groups[(half_start - from) / PAIR_HALF_POSITIONS];
+            match group {
+                Some(g) if n == PAIR_HALF_POSITIONS => *view = Some(g),
+                Some(g) if n > 0 => bufs.coded_stage.stage_from_group(h, g, n),
+                _ => bufs.coded_stage.clear_half(h),
+            }
+        }
+        // The next tile's groups, where they jump away from the ones before them.
+        let next = (tile_start + PAIR_TILE_POSITIONS - from) / PAIR_HALF_POSITIONS;
+        for g in next..(next + 2).min(count) {
+            if let (Some(prev), Some(group)) = (groups[g - 1], groups[g]) {
+                if !group.follows(&prev) {
+                    group.prefetch();
+                }
+            }
+        }
+        let staged = &*bufs.coded_stage;
+        let halves = [0, 1].map(|h| in_place[h].unwrap_or_else(|| staged.half(h)));
+        let tile = coded_pair_tile(hd, halves);
+        pass_rows.step(tile_start, tile_end, |sts, accs, qs, valids| {
+            tile_update_pairs_coded(features, sts, accs, qs, valids, tile, scale)
+        });
+    }
+    pass_rows.finish();
+    true
+}
+
+/// [`attend_chunk`] for `int8` K with bf16 V (`kv`) in the int8-scored pair arithmetic: each
+/// half tile is staged from the codecs' rows (a half starts zeroed, so positions past the
+/// pass's hold zeros, as staged partial groups do) and every tile is attended by the pass's
+/// rows, in blocks.
+fn attend_coded_pairs(
+    steps: &TileSteps,
+    span: PassSpan,
+    bufs: &mut TileBuffers<'_>,
+    rows: &mut [Row<'_>],
+    start: usize,
+    chunk_end: usize,
+    (ek, ev): (quant::EncodedRows<'_>, quant::EncodedRows<'_>),
+) {
+    let hd = steps.hd;
+    let (kr, vr) = (ek.row_bytes(), ev.row_bytes());
+    let mut v = vec![bf16::ZERO; hd];
+    let mut a = start.max(span.from);
+    while a < chunk_end.min(span.seg_end) {
+        let tile_start =
+            span.seg_start + (a - span.seg_start) / PAIR_TILE_POSITIONS * PAIR_TILE_POSITIONS;
+        let tile_end = (tile_start + PAIR_TILE_POSITIONS).min(span.seg_end);
+        let half = (a - tile_start) / PAIR_HALF_POSITIONS;
+        let half_start = tile_start + half * PAIR_HALF_POSITIONS;
+        let half_end = (half_start + PAIR_HALF_POSITIONS).min(tile_end);
+        if a == half_start {
+            bufs.coded_stage.clear_half(half);
+        }
+        let b = chunk_end.min(half_end);
+        let (kb, vb) = (ek.bytes(), ev.bytes());
+        for p in a..b {
+            let r = p - start;
+            for (x, pair) in v.iter_mut().zip(vb[r * vr..(r + 1) * vr].chunks_exact(2)) {
+                *x = bf16::from_le_bytes([pair[0], pair[1]]);
+            }
+            let k_row = &kb[r * kr..(r + 1) * kr];
+            bufs.coded_stage.write_row(half, p - half_start, k_row, &v);
+        }
+        a = b;
+        if a == tile_end {
+            if half == 0 {
+                // A last tile of at most 16 positions: its second half holds zeros.
+                bufs.coded_stage.clear_half(1);
+            }
+            let staged = &*bufs.coded_stage;
+            let tile = coded_pair_tile(hd, [staged.half(0), staged.half(1)]);
+            coded_pairs_step(steps, bufs.qcodes, tile, rows, tile_start, tile_end);
+        }
+    }
+}
+
+/// The int8-scored pair step of a staged tile (`tile_start..tile_end`) for the rows that
+/// reach into it, in blocks.
+fn coded_pairs_step(
+    steps: &TileSteps,
+    qcodes: &QueryCodes,
+    tile: CodedPairTile<'_>,
+    rows: &mut [Row<'_>],
+    tile_start: usize,
+    tile_end: usize,
+) {
+    let (hd, features, scale) = (steps.hd, steps.features, steps.scale);
+    let query = |row: &Row<'_>| qcodes.row(row.idx);
+    let step = |sts: &mut [TileSoftmax],
+                accs: &mut [&mut [f32]],
+                qs: &[QueryRef<'_>],
+                valids: &[usize]| {
+        tile_update_pairs_coded(features, sts, accs, qs, valids, tile, scale)
+    };
+    let empty = QueryRef::EMPTY;
+    if rows.len() <= FEW_PAIR_ROWS {
+        for_live_blocks::<FEW_PAIR_ROWS, _>(rows, hd, tile_start, tile_end, empty, query, step);
+    } else {
+        for_live_blocks::<WIDE_BLOCK_ROWS, _>(rows, hd, tile_start, tile_end, empty, query, step);
+    }
 }
 
 /// A pass's rows as the bf16-pair step takes them, gathered once per pass rather than per
 /// tile: softmax states, accumulators and queries, ordered by position count, most first, so
 /// the rows that reach into any tile are a prefix (the order of rows in a step changes no
 /// bit: each row's arithmetic is its own). [`PairPassRows::finish`] writes the states back.
-struct PairPassRows<'r> {
+struct PairPassRows<'r, Q> {
     sts: Vec<TileSoftmax>,
     accs: Vec<&'r mut [f32]>,
     /// Each row's `[max, sum]` in its partial row.
     states: Vec<&'r mut [f32]>,
-    qs: Vec<&'r [u32]>,
+    qs: Vec<Q>,
     /// Position counts, most first.
     ns: Vec<usize>,
     valids: Vec<usize>,
 }
 
-impl<'r> PairPassRows<'r> {
-    fn new(rows: &'r mut [Row<'_>], qpairs: &'r [u32], hd: usize) -> PairPassRows<'r> {
-        let half = hd / 2;
+impl<'r, Q: Copy> PairPassRows<'r, Q> {
+    /// The pass's `rows` (heads of `hd`), each with the query `query(row index)`.
+    fn new(rows: &'r mut [Row<'_>], hd: usize, query: impl Fn(usize) -> Q) -> PairPassRows<'r, Q> {
         // A run's rows come in position order: taken backwards they are already sorted (the
         // stable sort then only checks), a shared segment's decodes in any order.
         let mut order: Vec<&'r mut Row<'_>> = rows.iter_mut().rev().collect();
@@ -1086,7 +1263,7 @@ impl<'r> PairPassRows<'r> {
             valids: Vec::with_capacity(count),
         };
         for row in order {
-            out.qs.push(&qpairs[row.idx * half..(row.idx + 1) * half]);
+            out.qs.push(query(row.idx));
             out.ns.push(row.n);
             let (acc, st) = row.partial.split_at_mut(hd);
             out.sts.push(TileSoftmax {
@@ -1099,14 +1276,13 @@ impl<'r> PairPassRows<'r> {
         out
     }
 
-    /// The pair step of a tile (`tile_start..tile_end`) for every row that reaches into it,
-    /// in one call.
+    /// The tile step `kernel` (states, accumulators, queries, valid positions) of a tile
+    /// (`tile_start..tile_end`) for every row that reaches into it, in one call.
     fn step(
         &mut self,
-        steps: &TileSteps,
-        tile: PairTileRef<'_>,
         tile_start: usize,
         tile_end: usize,
+        kernel: impl FnOnce(&mut [TileSoftmax], &mut [&mut [f32]], &[Q], &[usize]),
     ) {
         let live = self.ns.partition_point(|&n| n > tile_start);
         if live == 0 {
@@ -1118,14 +1294,11 @@ impl<'r> PairPassRows<'r> {
                 .iter()
                 .map(|&n| n.min(tile_end) - tile_start),
         );
-        tile_update_pairs(
-            steps.features,
+        kernel(
             &mut self.sts[..live],
             &mut self.accs[..live],
             &self.qs[..live],
             &self.valids,
-            tile,
-            steps.scale,
         );
     }
 
@@ -1636,14 +1809,26 @@ mod tests {
         }
     }
 
-    /// bf16 K/V (the bf16-pair arithmetic) read from a store whose chunks cut tiles into pieces
-    /// gives the bits of the same store read whole, for a prefill run and for each token alone.
+    /// bf16 K/V (the bf16-pair arithmetic) and `int8` K with bf16 V (the int8-scored one) read
+    /// from a store whose chunks cut tiles into pieces (staged from rows) give the bits of the
+    /// same store read whole (its groups in place), for a prefill run and for each token alone.
     #[test]
-    fn bf16_tiles_from_pieces_equal_whole_tiles_bitwise() {
+    fn pair_tiles_from_pieces_equal_whole_tiles_bitwise() {
+        for spec in ["bf16", "k=int8,v=bf16"] {
+            pair_tiles_from_pieces(spec);
+        }
+    }
+
+    fn pair_tiles_from_pieces(spec: &str) {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
         let (heads, kv_heads, hd, n) = (6, 2, 64, 560);
-        let codecs = KvDtype::parse("bf16").unwrap();
+        let codecs = KvDtype::parse(spec).unwrap();
         let kv = random_store(&mut rng, codecs, (kv_heads, hd, n), (2.0, 1.0));
+        // The whole store is read in place.
+        assert!(
+            kv.pair_group(0, SeqSlot(0), 1, 32).is_some()
+                || kv.coded_pair_group(0, SeqSlot(0), 1, 32).is_some()
+        );
         let positions: Vec<u32> = (505..n as u32).collect();
         let slots = vec![SeqSlot(0); positions.len()];
         let q: Vec<f32> = (0..positions.len() * heads * hd)
@@ -1672,7 +1857,11 @@ mod tests {
                 ..whole
             };
             let got = run_plan(&inp, &plan(&shape, &slots, &positions));
-            assert_eq!(bits(&got), bits(&want), "pieces of {piece}: a prefill run");
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{spec}, pieces of {piece}: a prefill run"
+            );
             for t in [0, 11, positions.len() - 1] {
                 let alone = TileInputs {
                     q: &q[t * qd..(t + 1) * qd],
@@ -1684,7 +1873,7 @@ mod tests {
                 assert_eq!(
                     bits(&got),
                     bits(&want[t * qd..(t + 1) * qd]),
-                    "pieces of {piece}: position {} alone",
+                    "{spec}, pieces of {piece}: position {} alone",
                     positions[t]
                 );
             }
@@ -1700,7 +1889,7 @@ mod tests {
         let (heads, kv_heads, hd, shared) = (6, 2, 64, 1100);
         let lens = [1700usize, 1000, 1600, 1300, 2100];
         let cap = *lens.iter().max().unwrap();
-        for codec in ["bf16", "f16", "int8", "k=int4c,v=int4"] {
+        for codec in ["bf16", "k=int8,v=bf16", "f16", "int8", "k=int4c,v=int4"] {
             let codecs = KvDtype::parse(codec).unwrap();
             let mut kv = ContiguousKv::new(lens.len(), 1, kv_heads, hd, cap, codecs).unwrap();
             let row = |rng: &mut rand_chacha::ChaCha8Rng, spread: f32| -> Vec<f32> {
@@ -1878,6 +2067,7 @@ mod tests {
         let (heads, kv_heads, hd, n) = (4, 2, 64, 530);
         for spec in [
             "bf16",
+            "k=int8,v=bf16",
             "int8",
             "int4",
             "k=int4c,v=int4",

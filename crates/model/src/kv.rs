@@ -8,6 +8,7 @@
 //! evicts.
 
 use half::f16;
+use kernels::coded_pair_layout::CodedPairHalf;
 use kernels::pair_layout::PairHalf;
 use quant::EncodedRows;
 
@@ -197,6 +198,20 @@ pub trait KvStore: Sync {
         kv_head: usize,
         pos: usize,
     ) -> Option<PairHalf<'_>> {
+        let _ = (layer, slot, kv_head, pos);
+        None
+    }
+
+    /// [`KvStore::pair_group`] for `int8` K (one group per row) with bf16 V, kept in the coded
+    /// pair layout (`kernels::coded_pair_layout`): what the int8-scored pair attention reads in
+    /// place. `None` (the default) where the store does not keep that layout there.
+    fn coded_pair_group(
+        &self,
+        layer: usize,
+        slot: SeqSlot,
+        kv_head: usize,
+        pos: usize,
+    ) -> Option<CodedPairHalf<'_>> {
         let _ = (layer, slot, kv_head, pos);
         None
     }

@@ -2,6 +2,7 @@
 //! used by the CLI (`generate`, `perplexity`) and the tests. Owns nothing but those buffers; it
 //! never evicts or shares (the engine's paged store does).
 
+use kernels::coded_pair_layout::CodedPairHalf;
 use kernels::pair_layout::{PairHalf, PAIR_GROUP_ROWS};
 use kernels::ThreadPool;
 
@@ -35,7 +36,7 @@ impl ContiguousKv {
     ) -> Result<Self, KvError> {
         let stride = match dtype.k.block_tokens() {
             Some(t) if t > 0 => capacity.div_ceil(t) * t,
-            _ if crate::kv_rows::pair_layout_codecs(dtype) => {
+            _ if crate::kv_rows::grouped_layout(dtype, head_dim) => {
                 capacity.div_ceil(PAIR_GROUP_ROWS) * PAIR_GROUP_ROWS
             }
             _ => capacity,
@@ -239,6 +240,21 @@ impl KvStore for ContiguousKv {
         self.slots
             .get(slot.0 as usize)?
             .pair_group(self.row(layer, kv_head, pos))
+    }
+
+    fn coded_pair_group(
+        &self,
+        layer: usize,
+        slot: SeqSlot,
+        kv_head: usize,
+        pos: usize,
+    ) -> Option<CodedPairHalf<'_>> {
+        if pos >= self.stride || layer >= self.num_layers || kv_head >= self.num_kv_heads {
+            return None;
+        }
+        self.slots
+            .get(slot.0 as usize)?
+            .coded_pair_group(self.row(layer, kv_head, pos))
     }
 }
 

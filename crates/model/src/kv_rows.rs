@@ -4,14 +4,18 @@
 //! A row is one token × one KV head (`head_dim` values). f32 and f16 codecs are stored as typed
 //! values; bf16 K with bf16 V in groups of 16 rows laid out as the bf16-pair tile step reads
 //! them (`kernels::pair_layout`: a decode attends them in place, never transposing a tile);
-//! every other `quant` codec as encoded bytes (scales included). Owns writing a row,
+//! `int8` K (one group per row) with bf16 V likewise as the int8-scored pair step reads them
+//! (`kernels::coded_pair_layout`); every other `quant` codec as encoded bytes (scales
+//! included). Owns writing a row,
 //! handing out runs of rows as a [`KvChunk`] (buffers on huge pages where the OS allows,
 //! `hugepages`) and whole groups of the pair layout, copying rows, and serialising runs of rows
-//! (for the storage tiers; bf16 rows serialise as row-major bf16 bytes, the codec's rows, in
-//! every layout). Never decides which rows belong to whom.
+//! (for the storage tiers; rows serialise as the codecs' row-major rows in every layout).
+//! Never decides which rows belong to whom.
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
+use kernels::coded_pair_layout::{self, coded_key_words, CodedPairHalf, CODED_PARAMS};
+use kernels::flash_tile_codes::KeyCodes;
 use kernels::pair_layout::{self, group_words, PairHalf, PAIR_GROUP_ROWS};
 use kernels::pair_layout_groups::{group_from_le_bytes, group_to_le_bytes};
 use quant::EncodedRows;
@@ -51,6 +55,15 @@ enum RowBuf {
         k: Vec<u32>,
         v: Vec<u32>,
     },
+    /// `int8` K (one group per row) with bf16 V in groups of [`PAIR_GROUP_ROWS`] rows in
+    /// `kernels::coded_pair_layout`: group `g`'s K code words are `[coded_key_words · g..]` of
+    /// `k`, its f32 scales and offsets `[CODED_PARAMS · g..]` of `k_params`, its V words
+    /// `[group_words · g..]` of `v`.
+    Int8Pairs {
+        k: Vec<u32>,
+        k_params: Vec<f32>,
+        v: Vec<u32>,
+    },
 }
 
 /// Whether `codecs` are stored in the pair layout (bf16 K and bf16 V).
@@ -58,8 +71,27 @@ pub fn pair_layout_codecs(codecs: KvDtype) -> bool {
     codecs.k == KvCodecKind::Bf16 && codecs.v == KvCodecKind::Bf16
 }
 
+/// Whether `codecs` with heads of `head_dim` are stored in the coded pair layout (`int8` K with
+/// one group per row, bf16 V: `kernels::coded_pair_layout`).
+pub fn coded_pair_layout_codecs(codecs: KvDtype, head_dim: usize) -> bool {
+    codecs.v == KvCodecKind::Bf16
+        && KeyCodes::of(codecs.k, head_dim) == Some(KeyCodes::Rows)
+        && coded_pair_layout::fits(head_dim)
+}
+
+/// Whether rows of `codecs` with heads of `head_dim` are kept in groups of
+/// [`PAIR_GROUP_ROWS`] (either pair layout): stores then round their rows to whole groups.
+pub fn grouped_layout(codecs: KvDtype, head_dim: usize) -> bool {
+    (pair_layout_codecs(codecs) && head_dim <= PAIR_MAX_HEAD_DIM)
+        || coded_pair_layout_codecs(codecs, head_dim)
+}
+
 /// The largest head size whose rows [`KvRows`] encodes on the stack in the pair layout.
 const PAIR_MAX_HEAD_DIM: usize = 512;
+
+/// The largest `int8` row (one group: f16 scale and offset, then `head_dim` codes) the coded
+/// pair layout encodes on the stack.
+const CODED_ROW_MAX_BYTES: usize = coded_pair_layout::INT8_PARAM_BYTES + PAIR_MAX_HEAD_DIM;
 
 /// Fewest rows [`KvRows::write_many`] encodes over the pool (a decode step's few rows are
 /// encoded by the caller: a dispatch would cost more).
@@ -96,6 +128,19 @@ impl KvRows {
                 buf: RowBuf::Bf16Pairs {
                     k: lazy_zeroes(words),
                     v: lazy_zeroes(words),
+                },
+            });
+        }
+        if coded_pair_layout_codecs(codecs, head_dim) {
+            let groups = num_rows.div_ceil(PAIR_GROUP_ROWS);
+            return Ok(KvRows {
+                codecs,
+                head_dim,
+                num_rows,
+                buf: RowBuf::Int8Pairs {
+                    k: lazy_zeroes(groups * coded_key_words(head_dim)),
+                    k_params: lazy_zeroes(groups * CODED_PARAMS),
+                    v: lazy_zeroes(groups * group_words(head_dim)),
                 },
             });
         }
@@ -182,8 +227,9 @@ impl KvRows {
         self.codecs.k.bytes_per_row(self.head_dim) + self.codecs.v.bytes_per_row(self.head_dim)
     }
 
-    /// Bytes held by the buffers (`num_rows · row_pair_bytes()`; the pair layout rounds the
-    /// rows up to whole groups of 16).
+    /// Bytes held by the buffers (`num_rows · row_pair_bytes()`; the pair layouts round the
+    /// rows up to whole groups of 16, and the coded one keeps K's scales and offsets as f32:
+    /// 4 bytes a row more than the codec's f16).
     pub fn allocated_bytes(&self) -> usize {
         match &self.buf {
             RowBuf::F32 { k, v } => (k.len() + v.len()) * 4,
@@ -191,13 +237,36 @@ impl KvRows {
             RowBuf::Encoded { k, v, .. } => k.len() + v.len(),
             RowBuf::Sealed { k, v, .. } => k.sealed_bytes() + v.len(),
             RowBuf::Bf16Pairs { k, v } => (k.len() + v.len()) * 4,
+            RowBuf::Int8Pairs { k, k_params, v } => (k.len() + k_params.len() + v.len()) * 4,
         }
     }
 
-    /// Whether rows are kept in the pair layout (bf16 K and V): then whole groups of 16 rows
-    /// from a multiple of 16 are read in place ([`KvRows::pair_group`]).
+    /// Whether rows are kept in groups of 16 (either pair layout): then whole groups from a
+    /// multiple of 16 are read in place ([`KvRows::pair_group`], [`KvRows::coded_pair_group`]).
     pub fn is_pair_layout(&self) -> bool {
-        matches!(self.buf, RowBuf::Bf16Pairs { .. })
+        matches!(
+            self.buf,
+            RowBuf::Bf16Pairs { .. } | RowBuf::Int8Pairs { .. }
+        )
+    }
+
+    /// The group of the coded pair layout holding rows `first..first + 16` (`first` a multiple
+    /// of 16, the group inside the buffer), read in place; `None` in other layouts or for
+    /// another `first`. Rows of the group never written hold zeros or stale words.
+    pub fn coded_pair_group(&self, first: usize) -> Option<CodedPairHalf<'_>> {
+        let RowBuf::Int8Pairs { k, k_params, v } = &self.buf else {
+            return None;
+        };
+        let (kw, vw) = (coded_key_words(self.head_dim), group_words(self.head_dim));
+        let g = first / PAIR_GROUP_ROWS;
+        (first.is_multiple_of(PAIR_GROUP_ROWS) && (g + 1) * kw <= k.len()).then(|| {
+            CodedPairHalf::new(
+                self.head_dim,
+                &k[g * kw..(g + 1) * kw],
+                &k_params[g * CODED_PARAMS..(g + 1) * CODED_PARAMS],
+                &v[g * vw..(g + 1) * vw],
+            )
+        })
     }
 
     /// The group of the pair layout holding rows `first..first + 16` (`first` a multiple of
@@ -262,8 +331,75 @@ impl KvRows {
                 encode_bf16(&v[..hd], &mut vs[..hd])?;
                 write_pair_row(kb, vb, row, &ks[..hd], &vs[..hd]);
             }
+            RowBuf::Int8Pairs { .. } => {
+                let mut k_row = [0u8; CODED_ROW_MAX_BYTES];
+                let k_row = &mut k_row[..codecs.k.bytes_per_row(hd)];
+                let mut vs = [bf16::ZERO; PAIR_MAX_HEAD_DIM];
+                quant::encode_row(codecs.k, k, k_row).map_err(|e| KvError::Codec(e.to_string()))?;
+                encode_bf16(&v[..hd], &mut vs[..hd])?;
+                self.write_coded_row(row, k_row, &vs[..hd]);
+            }
         }
         Ok(())
+    }
+
+    /// Writes row `row` of the coded pair layout from its `int8` codec bytes and bf16 V.
+    fn write_coded_row(&mut self, row: usize, k_row: &[u8], v: &[bf16]) {
+        let hd = self.head_dim;
+        let RowBuf::Int8Pairs { k, k_params, v: vb } = &mut self.buf else {
+            unreachable!("the coded pair layout");
+        };
+        let (g, kw, vw) = (row / PAIR_GROUP_ROWS, coded_key_words(hd), group_words(hd));
+        coded_pair_layout::write_row(
+            &mut k[g * kw..(g + 1) * kw],
+            &mut k_params[g * CODED_PARAMS..(g + 1) * CODED_PARAMS],
+            &mut vb[g * vw..(g + 1) * vw],
+            row % PAIR_GROUP_ROWS,
+            k_row,
+            v,
+        );
+    }
+
+    /// Rows `first..first + n` of the coded pair layout as the codecs' row bytes: all K rows
+    /// (`int8`), then all V rows (bf16).
+    fn coded_rows_bytes(&self, first: usize, n: usize, out: &mut Vec<u8>) {
+        let hd = self.head_dim;
+        let kr = self.codecs.k.bytes_per_row(hd);
+        let at = out.len();
+        out.resize(at + n * (kr + 2 * hd), 0);
+        let (ko, vo) = out[at..].split_at_mut(n * kr);
+        let mut v = [bf16::ZERO; PAIR_MAX_HEAD_DIM];
+        for r in 0..n {
+            let row = first + r;
+            let group = self
+                .coded_pair_group(row / PAIR_GROUP_ROWS * PAIR_GROUP_ROWS)
+                .expect("the coded pair layout");
+            group.row(
+                row % PAIR_GROUP_ROWS,
+                &mut ko[r * kr..(r + 1) * kr],
+                &mut v[..hd],
+            );
+            plain_to_le_bytes(&v[..hd], &mut vo[r * 2 * hd..(r + 1) * 2 * hd], |x| {
+                x.to_le_bytes()
+            });
+        }
+    }
+
+    /// Overwrites rows `first..first + n` of the coded pair layout from the codecs' row bytes
+    /// ([`KvRows::coded_rows_bytes`]).
+    fn load_coded_rows_bytes(&mut self, first: usize, n: usize, bytes: &[u8]) {
+        let hd = self.head_dim;
+        let kr = self.codecs.k.bytes_per_row(hd);
+        let (kb, vb) = bytes.split_at(n * kr);
+        let mut v = [bf16::ZERO; PAIR_MAX_HEAD_DIM];
+        for r in 0..n {
+            plain_from_le_bytes(
+                &vb[r * 2 * hd..(r + 1) * 2 * hd],
+                &mut v[..hd],
+                bf16::from_le_bytes,
+            );
+            self.write_coded_row(first + r, &kb[r * kr..(r + 1) * kr], &v[..hd]);
+        }
     }
 
     /// Row `row`'s K and V as bf16 (the pair layout; `None` in another).
@@ -354,7 +490,10 @@ impl KvRows {
         // after the other; bf16 encoding is a rounding per value).
         let typed = matches!(
             self.buf,
-            RowBuf::F32 { .. } | RowBuf::F16 { .. } | RowBuf::Bf16Pairs { .. }
+            RowBuf::F32 { .. }
+                | RowBuf::F16 { .. }
+                | RowBuf::Bf16Pairs { .. }
+                | RowBuf::Int8Pairs { .. }
         );
         let distinct = || {
             let mut rows: Vec<usize> = items.iter().map(|&(r, _)| r).collect();
@@ -416,7 +555,10 @@ impl KvRows {
                 })?;
                 kb.write_many(pool, items, k)
             }
-            RowBuf::F32 { .. } | RowBuf::F16 { .. } | RowBuf::Bf16Pairs { .. } => {
+            RowBuf::F32 { .. }
+            | RowBuf::F16 { .. }
+            | RowBuf::Bf16Pairs { .. }
+            | RowBuf::Int8Pairs { .. } => {
                 unreachable!("typed and pair-layout rows are written above")
             }
         }
@@ -469,6 +611,18 @@ impl KvRows {
                         let words = |x: &[u32]| (x.as_ptr().cast::<u8>(), x.len() * 4);
                         (words(&k[groups.clone()]), words(&v[groups]))
                     }
+                    RowBuf::Int8Pairs { k, v, .. } => {
+                        let (g0, g1) = (
+                            first / PAIR_GROUP_ROWS,
+                            (first + n).div_ceil(PAIR_GROUP_ROWS),
+                        );
+                        let (kw, vw) = (coded_key_words(hd), group_words(hd));
+                        let words = |x: &[u32], w: usize| {
+                            let x = &x[g0 * w..(g1 * w).min(x.len())];
+                            (x.as_ptr().cast::<u8>(), x.len() * 4)
+                        };
+                        (words(k, kw), words(v, vw))
+                    }
                 };
             for (at, bytes) in [(k, k_bytes), (v, v_bytes)] {
                 for off in (0..bytes).step_by(64) {
@@ -510,6 +664,15 @@ impl KvRows {
                     v: rows(v),
                 });
             }
+            RowBuf::Int8Pairs { .. } => {
+                let mut bytes = Vec::with_capacity(n * self.row_pair_bytes());
+                self.coded_rows_bytes(first, n, &mut bytes);
+                let (k, v) = bytes.split_at(n * self.codecs.k.bytes_per_row(hd));
+                return f(KvChunk::Encoded {
+                    k: EncodedRows::new(self.codecs.k, hd, k).expect("whole int8 rows"),
+                    v: EncodedRows::new(self.codecs.v, hd, v).expect("whole bf16 rows"),
+                });
+            }
             buf => buf,
         };
         f(match buf {
@@ -541,7 +704,9 @@ impl KvRows {
                 v: EncodedRows::new(self.codecs.v, hd, &v[first * vr..(first + n) * vr])
                     .expect("whole rows of a validated codec"),
             },
-            RowBuf::Bf16Pairs { .. } => unreachable!("handed over above"),
+            RowBuf::Bf16Pairs { .. } | RowBuf::Int8Pairs { .. } => {
+                unreachable!("handed over above")
+            }
         })
     }
 
@@ -574,9 +739,8 @@ impl KvRows {
                 k.copy_rows(src, dst, n);
                 v.copy_within(src * *vr..(src + n) * *vr, dst * *vr);
             }
-            RowBuf::Bf16Pairs { .. } => {
-                let mut bytes = Vec::with_capacity(n * self.row_pair_bytes());
-                self.pair_rows_bytes(src, n, &mut bytes);
+            RowBuf::Bf16Pairs { .. } | RowBuf::Int8Pairs { .. } => {
+                let bytes = self.rows_bytes(src, n);
                 self.load_rows_bytes(dst, n, &bytes);
             }
         }
@@ -624,6 +788,7 @@ impl KvRows {
                 out.extend_from_slice(&v[first * vr..(first + n) * vr]);
             }
             RowBuf::Bf16Pairs { .. } => self.pair_rows_bytes(first, n, &mut out),
+            RowBuf::Int8Pairs { .. } => self.coded_rows_bytes(first, n, &mut out),
         }
         out
     }
@@ -673,6 +838,7 @@ impl KvRows {
                 k.load_groups_bytes(first / t, kb);
                 v[first * *vr..(first + n) * *vr].copy_from_slice(vb);
             }
+            RowBuf::Int8Pairs { .. } => self.load_coded_rows_bytes(first, n, bytes),
             RowBuf::Bf16Pairs { .. } => {
                 let (kb, vb) = bytes.split_at(2 * n * hd);
                 let (mut ks, mut vs) = (
@@ -795,6 +961,7 @@ mod tests {
             "k=int4c-t4,v=int8",
             "bf16",
             "k=bf16,v=f16",
+            "k=int8,v=bf16",
         ] {
             let codecs = KvDtype::parse(spec).unwrap();
             let mut want = KvRows::new(codecs, hd, num_rows).unwrap();
@@ -844,13 +1011,16 @@ mod tests {
             "int4h",
             "k=int4h,v=int8",
             "bf16",
+            "k=int8,v=bf16",
         ] {
             let codecs = KvDtype::parse(spec).unwrap();
             let mut a = KvRows::new(codecs, 64, 6).unwrap();
             if a.is_pair_layout() {
+                // The coded layout keeps K's f16 scale and offset as f32: 4 bytes a row more.
+                let widened = if spec == "bf16" { 0 } else { 16 * 4 };
                 assert_eq!(
                     a.allocated_bytes(),
-                    16 * a.row_pair_bytes(),
+                    16 * a.row_pair_bytes() + widened,
                     "{spec}: one group"
                 );
             } else {

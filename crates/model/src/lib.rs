@@ -39,7 +39,7 @@ pub mod testing;
 mod weights;
 
 pub use attention::PREFILL_MIN_TOKENS;
-pub use attention_plan::arith_tag;
+pub use attention_plan::{arith_tag, coded_pairs_arithmetic, pairs_arithmetic};
 pub use backend::{Backend, CpuBackend, ModelShape};
 pub use config::ModelConfig;
 pub use forward::{
@@ -51,6 +51,7 @@ pub use gpu_backend::GpuBackend;
 pub use gpu_compare::{compare_with_cpu, Comparison, CpuSteps, GpuCompareError, StepFn};
 pub use gpu_forward::{GpuForward, GpuForwardError, GpuModel};
 pub use gpu_kv::{DeviceBlocks, DevicePool};
+pub use kernels::coded_pair_layout::CodedPairHalf;
 pub use kernels::pair_layout::{PairHalf, PAIR_GROUP_ROWS};
 pub use kernels::{PackedDef, ThreadPool};
 pub use kv::{DeviceKvMemory, KvDtype, KvStore, SeqSlot};

@@ -50,7 +50,7 @@ pub fn roofline(
     };
     // bf16 K/V are attended in bf16 pairs where the CPU has the instruction
     // (`kernels::flash_tile_pairs`); everything else in f32.
-    let pairs = (!model::arith_tag(codecs).is_empty())
+    let pairs = (!model::arith_tag(codecs, model.config().head_dim).is_empty())
         .then(|| measure_peak(pool, PeakOp::Bf16Dot, PEAK_PASSES))
         .flatten();
     let attention = pairs.as_ref().unwrap_or(&f32);

@@ -243,8 +243,11 @@ impl Summary {
             matmul: cfg.numerics().matmul().packed_def().name(),
             attention: cfg.numerics().attention().name(),
             isa: kernels::cpu_features().name(),
-            bf16_kv_emulated: !model::arith_tag(cfg.kv_dtype).is_empty()
-                && !kernels::cpu_features().bf16,
+            bf16_kv_emulated: {
+                let (f, hd) = (kernels::cpu_features(), model.config().head_dim);
+                (model::pairs_arithmetic(cfg.kv_dtype) && !f.bf16)
+                    || (model::coded_pairs_arithmetic(cfg.kv_dtype, hd) && !(f.bf16 && f.vnni))
+            },
         }
     }
 
@@ -275,9 +278,10 @@ impl Summary {
             tracing::warn!(
                 kv_codec = %self.codec,
                 isa = self.isa,
-                "bf16 K/V are attended in the bf16-pair arithmetic, which this CPU (no AVX-512 \
-                 BF16) emulates with flushed FMAs: attention at depth is 2-5x slower than with \
-                 f16 K/V (the same size); choose f16 here (docs/quantization.md)"
+                "bf16 V (with bf16 or int8 K) is attended in the bf16-pair arithmetic, which \
+                 this CPU (no AVX-512 BF16, or for int8 K no AVX-512 VNNI) emulates with flushed \
+                 FMAs: attention at depth is 2-5x slower than with f16 K/V (the same size); \
+                 choose f16 here (docs/quantization.md)"
             );
         }
     }

@@ -1,0 +1,338 @@
+//! The int8-K / bf16-V layout of a group of [`PAIR_GROUP_ROWS`] positions — half a tile of
+//! `flash_tile_pairs_coded`, and one 16-row block of a KV store that keeps `k=int8,v=bf16`
+//! rows this way, so that step reads them in place instead of staging every tile.
+//!
+//! A group of `head_dim` holds:
+//! - [`coded_key_words`]`(head_dim)` K words `[head_dim / 4][16]`: word `(j, t)` holds the
+//!   `int8` codec's unsigned codes of channels `4j..4j + 4` of position `t` (byte `i` = channel
+//!   `4j + i`) — `flash_tile_codes::CodedTile`'s columns;
+//! - [`CODED_PARAMS`] f32: the 16 positions' K scales, then their offsets, each the codec's f16
+//!   widened (exactly, so a row read back gives the bytes written);
+//! - `pair_layout::group_words`(head_dim) V words, `pair_layout`'s V half.
+//!
+//! Owns that layout: writing and reading one position from and to the codecs' row bytes, the
+//! borrowed view of a group ([`CodedPairHalf`]) and a two-half staging buffer
+//! ([`CodedPairStage`]) for tiles a store does not hold whole. It never allocates outside the
+//! staging buffer, never decides where groups live and never computes attention.
+
+use half::{bf16, f16};
+
+use crate::flash_tile_codes::MAX_CODED_HEAD_DIM;
+use crate::flash_tile_pairs_coded::{CodedHalf, CodedPairTile};
+use crate::pair_layout::{
+    copy_values_prefix, group_words, read_values_row, write_values_row, PAIR_GROUP_ROWS,
+};
+
+const HALF: usize = PAIR_GROUP_ROWS;
+
+/// Bytes before an `int8` row's codes: its f16 scale, then its f16 offset (little-endian).
+pub const INT8_PARAM_BYTES: usize = 4;
+/// f32 parameters per group: 16 scales, then 16 offsets.
+pub const CODED_PARAMS: usize = 2 * HALF;
+
+/// K code words in one group of `head_dim` (`head_dim / 4 · 16 = 4 · head_dim`).
+pub const fn coded_key_words(head_dim: usize) -> usize {
+    head_dim / 4 * HALF
+}
+
+/// Whether heads of `head_dim` fit the layout (and the coded pair step): a multiple of 16, at
+/// most `MAX_CODED_HEAD_DIM`.
+pub const fn fits(head_dim: usize) -> bool {
+    head_dim > 0 && head_dim.is_multiple_of(16) && head_dim <= MAX_CODED_HEAD_DIM
+}
+
+/// Writes position `t < 16` of a group: K from one `int8` codec row (one group per row:
+/// `INT8_PARAM_BYTES + head_dim` bytes), V from `v` (`[head_dim]` bf16). Panics on a shape
+/// mismatch.
+pub fn write_row(
+    keys: &mut [u32],
+    params: &mut [f32],
+    values: &mut [u32],
+    t: usize,
+    k_row: &[u8],
+    v: &[bf16],
+) {
+    let hd = v.len();
+    check(keys.len(), params.len(), values.len(), t, hd, k_row.len());
+    params[t] = f16::from_bits(u16::from_le_bytes([k_row[0], k_row[1]])).to_f32();
+    params[HALF + t] = f16::from_bits(u16::from_le_bytes([k_row[2], k_row[3]])).to_f32();
+    for (j, quad) in k_row[INT8_PARAM_BYTES..].chunks_exact(4).enumerate() {
+        keys[j * HALF + t] = u32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]);
+    }
+    write_values_row(values, t, v);
+}
+
+/// Reads position `t < 16` of a group into an `int8` codec row and `v`: the inverse of
+/// [`write_row`]. Panics on a shape mismatch.
+pub fn read_row(
+    keys: &[u32],
+    params: &[f32],
+    values: &[u32],
+    t: usize,
+    k_row: &mut [u8],
+    v: &mut [bf16],
+) {
+    let hd = v.len();
+    check(keys.len(), params.len(), values.len(), t, hd, k_row.len());
+    k_row[..2].copy_from_slice(&f16::from_f32(params[t]).to_bits().to_le_bytes());
+    k_row[2..4].copy_from_slice(&f16::from_f32(params[HALF + t]).to_bits().to_le_bytes());
+    for (j, quad) in k_row[INT8_PARAM_BYTES..].chunks_exact_mut(4).enumerate() {
+        quad.copy_from_slice(&keys[j * HALF + t].to_le_bytes());
+    }
+    read_values_row(values, t, v);
+}
+
+fn check(keys: usize, params: usize, values: usize, t: usize, hd: usize, k_row: usize) {
+    assert!(
+        t < HALF
+            && fits(hd)
+            && keys == coded_key_words(hd)
+            && params == CODED_PARAMS
+            && values == group_words(hd)
+            && k_row == INT8_PARAM_BYTES + hd,
+        "coded pair group row {t}: head_dim {hd}, keys {keys}, params {params}, \
+         values {values}, k row {k_row} bytes"
+    );
+}
+
+/// One group in the layout (module doc), borrowed: a store's block or a staged half.
+#[derive(Debug, Clone, Copy)]
+pub struct CodedPairHalf<'a> {
+    keys: CodedHalf<'a>,
+    values: &'a [u32],
+}
+
+impl<'a> CodedPairHalf<'a> {
+    /// The group of `head_dim` held by `keys`, `params` and `values`. Panics unless each holds
+    /// its part's words.
+    pub fn new(
+        head_dim: usize,
+        keys: &'a [u32],
+        params: &'a [f32],
+        values: &'a [u32],
+    ) -> CodedPairHalf<'a> {
+        assert!(
+            fits(head_dim) && params.len() == CODED_PARAMS && values.len() == group_words(head_dim),
+            "coded pair group of head_dim {head_dim}: params {} values {}",
+            params.len(),
+            values.len()
+        );
+        let (scale, offset) = params.split_at(HALF);
+        let (scale, offset) = (
+            scale.try_into().expect("16 scales"),
+            offset.try_into().expect("16 offsets"),
+        );
+        CodedPairHalf {
+            keys: CodedHalf::new(head_dim, keys, scale, offset),
+            values,
+        }
+    }
+
+    /// Position `t`'s K as an `int8` codec row and V as bf16 ([`read_row`]).
+    pub fn row(&self, t: usize, k_row: &mut [u8], v: &mut [bf16]) {
+        let mut params = [0f32; CODED_PARAMS];
+        params[..HALF].copy_from_slice(self.keys.scale);
+        params[HALF..].copy_from_slice(self.keys.offset);
+        read_row(self.keys.kt, &params, self.values, t, k_row, v);
+    }
+
+    /// Whether this group's K codes and V words lie right after `prev`'s (a store's
+    /// consecutive blocks: a stream the hardware prefetcher follows).
+    pub fn follows(&self, prev: &CodedPairHalf<'_>) -> bool {
+        std::ptr::eq(self.keys.kt.as_ptr(), prev.keys.kt.as_ptr_range().end)
+            && std::ptr::eq(self.values.as_ptr(), prev.values.as_ptr_range().end)
+    }
+
+    /// Asks the CPU to bring the group's words into cache ahead of a read; no effect on any
+    /// result.
+    pub fn prefetch(&self) {
+        let (kt, values) = (self.keys.kt, self.values);
+        crate::flash_tile::prefetch_l1(kt.as_ptr().cast(), std::mem::size_of_val(kt));
+        crate::flash_tile::prefetch_l1(values.as_ptr().cast(), std::mem::size_of_val(values));
+    }
+}
+
+/// The tile of two groups, as `flash_tile_pairs_coded::tile_update_pairs_coded` reads it.
+pub fn coded_pair_tile<'a>(head_dim: usize, halves: [CodedPairHalf<'a>; 2]) -> CodedPairTile<'a> {
+    CodedPairTile::new(head_dim, halves.map(|h| h.keys), halves.map(|h| h.values))
+}
+
+/// Two groups staged (a tile's halves a store does not hold whole): positions not written
+/// hold zeros.
+#[derive(Debug, Clone, Default)]
+pub struct CodedPairStage {
+    head_dim: usize,
+    keys: Vec<u32>,
+    params: Vec<f32>,
+    values: Vec<u32>,
+}
+
+impl CodedPairStage {
+    /// Zeroed halves for heads of `head_dim` ([`fits`]; panics otherwise).
+    pub fn new(head_dim: usize) -> CodedPairStage {
+        assert!(fits(head_dim), "coded pair stage of head_dim {head_dim}");
+        CodedPairStage {
+            head_dim,
+            keys: vec![0; 2 * coded_key_words(head_dim)],
+            params: vec![0.0; 2 * CODED_PARAMS],
+            values: vec![0; 2 * group_words(head_dim)],
+        }
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Half `h`'s parts (K words, parameters, V words), mutable.
+    fn parts_mut(&mut self, h: usize) -> (&mut [u32], &mut [f32], &mut [u32]) {
+        let (kw, vw) = (coded_key_words(self.head_dim), group_words(self.head_dim));
+        (
+            &mut self.keys[h * kw..(h + 1) * kw],
+            &mut self.params[h * CODED_PARAMS..(h + 1) * CODED_PARAMS],
+            &mut self.values[h * vw..(h + 1) * vw],
+        )
+    }
+
+    /// Zeroes half `h < 2`.
+    pub fn clear_half(&mut self, h: usize) {
+        let (k, p, v) = self.parts_mut(h);
+        k.fill(0);
+        p.fill(0.0);
+        v.fill(0);
+    }
+
+    /// Writes position `t` of half `h` ([`write_row`]).
+    pub fn write_row(&mut self, h: usize, t: usize, k_row: &[u8], v: &[bf16]) {
+        let (k, p, vw) = self.parts_mut(h);
+        write_row(k, p, vw, t, k_row, v);
+    }
+
+    /// Half `h` from positions `0..n` of `group`, zeroes after them (a group a pass reads in
+    /// part: its positions past `n` may hold stale words).
+    pub fn stage_from_group(&mut self, h: usize, group: CodedPairHalf<'_>, n: usize) {
+        assert!(n <= HALF, "staging {n} positions of a group");
+        let hd = self.head_dim;
+        let (k, p, v) = self.parts_mut(h);
+        for (dst, src) in k
+            .chunks_exact_mut(HALF)
+            .zip(group.keys.kt.chunks_exact(HALF))
+        {
+            dst[..n].copy_from_slice(&src[..n]);
+            dst[n..].fill(0);
+        }
+        let (scale, offset) = p.split_at_mut(HALF);
+        for (dst, src) in [(scale, group.keys.scale), (offset, group.keys.offset)] {
+            dst[..n].copy_from_slice(&src[..n]);
+            dst[n..].fill(0.0);
+        }
+        copy_values_prefix(v, group.values, n, hd);
+    }
+
+    /// Half `h` as a group view.
+    pub fn half(&self, h: usize) -> CodedPairHalf<'_> {
+        let (hd, kw, vw) = (
+            self.head_dim,
+            coded_key_words(self.head_dim),
+            group_words(self.head_dim),
+        );
+        CodedPairHalf::new(
+            hd,
+            &self.keys[h * kw..(h + 1) * kw],
+            &self.params[h * CODED_PARAMS..(h + 1) * CODED_PARAMS],
+            &self.values[h * vw..(h + 1) * vw],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::cpu_features;
+    use crate::flash_tile_codes::CodedTile;
+    use quant::{EncodedRows, KvCodecKind};
+
+    /// `n` int8 rows of `hd` (codec bytes) and bf16 rows, from a seeded generator.
+    fn rows(hd: usize, n: usize, seed: u64) -> (Vec<u8>, Vec<bf16>) {
+        let kind = KvCodecKind::Int8 { group: hd };
+        let rb = kind.bytes_per_row(hd);
+        let mut state = seed;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 6.0
+        };
+        let mut k = vec![0u8; n * rb];
+        let mut v = Vec::with_capacity(n * hd);
+        for r in 0..n {
+            let x: Vec<f32> = (0..hd).map(|_| next()).collect();
+            quant::encode_row(kind, &x, &mut k[r * rb..(r + 1) * rb]).unwrap();
+            v.extend((0..hd).map(|_| bf16::from_f32(next())));
+        }
+        (k, v)
+    }
+
+    #[test]
+    fn rows_read_back_as_the_codec_bytes_written() {
+        for hd in [16, 64, 128] {
+            let (k, v) = rows(hd, HALF, 7);
+            let rb = INT8_PARAM_BYTES + hd;
+            let mut stage = CodedPairStage::new(hd);
+            // Written out of order, into the second half: no position leaks into another.
+            for t in (0..HALF).rev() {
+                stage.write_row(1, t, &k[t * rb..(t + 1) * rb], &v[t * hd..(t + 1) * hd]);
+            }
+            let (mut kr, mut vr) = (vec![0u8; rb], vec![bf16::ZERO; hd]);
+            for t in 0..HALF {
+                stage.half(1).row(t, &mut kr, &mut vr);
+                assert_eq!(kr, k[t * rb..(t + 1) * rb], "hd {hd} position {t} K");
+                assert_eq!(vr, v[t * hd..(t + 1) * hd], "hd {hd} position {t} V");
+            }
+            assert!(stage.keys[..coded_key_words(hd)].iter().all(|&w| w == 0));
+        }
+    }
+
+    /// The group's K is what `CodedTile::load_rows` stages from the same rows — the words and
+    /// parameters the coded pair step's definition reads.
+    #[test]
+    fn keys_are_the_coded_tiles_columns() {
+        let hd = 64;
+        let (k, v) = rows(hd, HALF, 11);
+        let rb = INT8_PARAM_BYTES + hd;
+        let mut stage = CodedPairStage::new(hd);
+        for t in 0..HALF {
+            stage.write_row(0, t, &k[t * rb..(t + 1) * rb], &v[t * hd..(t + 1) * hd]);
+        }
+        let mut tile = CodedTile::default();
+        tile.reset(hd);
+        let enc = EncodedRows::new(KvCodecKind::Int8 { group: hd }, hd, &k).unwrap();
+        tile.load_rows(cpu_features(), &enc, 0);
+        let (kt, scale, offset) = tile.rows_codes();
+        let half = stage.half(0);
+        assert_eq!(half.keys.kt, &kt[..coded_key_words(hd)]);
+        assert_eq!(half.keys.scale, &scale[..HALF]);
+        assert_eq!(half.keys.offset, &offset[..HALF]);
+    }
+
+    #[test]
+    fn a_partial_group_stages_its_positions_and_zeroes() {
+        let hd = 32;
+        let (k, v) = rows(hd, HALF, 3);
+        let rb = INT8_PARAM_BYTES + hd;
+        let mut full = CodedPairStage::new(hd);
+        for t in 0..HALF {
+            full.write_row(0, t, &k[t * rb..(t + 1) * rb], &v[t * hd..(t + 1) * hd]);
+        }
+        for n in [0, 1, 5, 16] {
+            let mut staged = CodedPairStage::new(hd);
+            staged.stage_from_group(1, full.half(0), n);
+            let mut want = CodedPairStage::new(hd);
+            for t in 0..n {
+                want.write_row(1, t, &k[t * rb..(t + 1) * rb], &v[t * hd..(t + 1) * hd]);
+            }
+            assert_eq!(staged.keys, want.keys, "n {n}");
+            assert_eq!(staged.params, want.params, "n {n}");
+            assert_eq!(staged.values, want.values, "n {n}");
+        }
+    }
+}
