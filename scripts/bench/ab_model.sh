@@ -6,7 +6,8 @@
 #   scripts/bench/ab_model.sh BINARY_A BINARY_B [ROUNDS] [DEPTHS...]
 #
 # Defaults: 6 rounds, depths 0 and 4096 (512 prompt tokens, 128 generated, 3 repetitions per
-# run, all cores); KV_DTYPE=CODEC measures another KV codec than f16.
+# run, all cores); KV_DTYPE=CODEC measures another KV codec than f16, and KV_DTYPE_B=CODEC
+# another codec for B than for A (then the same binary twice compares two codecs).
 set -euo pipefail
 a=${1:?binary A}; b=${2:?binary B}; rounds=${3:-6}; shift 3 || shift $#
 depths=("$@"); [ ${#depths[@]} -gt 0 ] || depths=(0 4096)
@@ -16,7 +17,8 @@ for depth in "${depths[@]}"; do
     if ((i % 2 == 0)); then order=("A:$a" "B:$b"); else order=("B:$b" "A:$a"); fi
     for tagged in "${order[@]}"; do
       tag=${tagged%%:*}; bin=${tagged#*:}
-      line=$("$bin" bench-model --reps 3 --depth "$depth" --kv-dtype "${KV_DTYPE:-f16}" 2>/dev/null | grep '^{')
+      codec=${KV_DTYPE:-f16}; [ "$tag" = B ] && codec=${KV_DTYPE_B:-$codec}
+      line=$("$bin" bench-model --reps 3 --depth "$depth" --kv-dtype "$codec" 2>/dev/null | grep '^{')
       echo "$tag $line" | tee -a "$out"
     done
   done

@@ -10,7 +10,7 @@ use engine::{EngineConfig, EngineCore};
 use model::testing::{tiny_model, TinyModelSpec};
 
 /// Every codec family, rotated and mixed pairs, and per-channel K.
-const DTYPES: [&str; 12] = [
+const DTYPES: [&str; 13] = [
     "f32",
     "f16",
     "bf16",
@@ -21,6 +21,7 @@ const DTYPES: [&str; 12] = [
     "int4h",
     "int8h",
     "k=int8,v=int4",
+    "k=int8,v=bf16",
     "k=int4c,v=int4",
     "k=int4c,v=int8",
 ];

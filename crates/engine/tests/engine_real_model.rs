@@ -571,6 +571,7 @@ fn quantized_kv_gives_identical_output_with_the_cache_on_or_off() {
         "int8h",
         "fp8",
         "bf16",
+        "k=int8,v=bf16",
         "f32",
     ] {
         let kv_dtype = model::KvDtype::parse(spec).unwrap();

@@ -189,8 +189,14 @@ fn coded(
             })
         })
         .collect();
-    let kscale: [f32; 16] = std::array::from_fn(|_| 0.01 + rnd().abs() * 0.01);
-    let koff: [f32; 16] = std::array::from_fn(|_| -1.0 + rnd() * 0.1);
+    // 16 f16 scales, then 16 offsets.
+    let kparams: [half::f16; 32] = std::array::from_fn(|i| {
+        half::f16::from_f32(if i < 16 {
+            0.01 + rnd().abs() * 0.01
+        } else {
+            -1.0 + rnd() * 0.1
+        })
+    });
     let mut qcodes = QueryCodes::default();
     qcodes.reset(rows, hd);
     for r in 0..rows {
@@ -207,7 +213,7 @@ fn coded(
             let mut accs = vec![vec![0f32; hd]; rows];
             let t0 = Instant::now();
             for (tile, kt) in staged.iter().zip(&codes) {
-                let keys = [0, 1].map(|h| CodedHalf::new(hd, &kt[h], &kscale, &koff));
+                let keys = [0, 1].map(|h| CodedHalf::new(hd, &kt[h], &kparams));
                 let values = [tile.half(0).values(), tile.half(1).values()];
                 let mut arefs: Vec<&mut [f32]> =
                     accs.iter_mut().map(|a| a.as_mut_slice()).collect();

@@ -6,8 +6,8 @@
 //! - [`coded_key_words`]`(head_dim)` K words `[head_dim / 4][16]`: word `(j, t)` holds the
 //!   `int8` codec's unsigned codes of channels `4j..4j + 4` of position `t` (byte `i` = channel
 //!   `4j + i`) — `flash_tile_codes::CodedTile`'s columns;
-//! - [`CODED_PARAMS`] f32: the 16 positions' K scales, then their offsets, each the codec's f16
-//!   widened (exactly, so a row read back gives the bytes written);
+//! - [`CODED_PARAMS`] f16: the 16 positions' K scales, then their offsets, as the codec stores
+//!   them (so a group holds exactly its 16 codec rows' bytes, rearranged);
 //! - `pair_layout::group_words`(head_dim) V words, `pair_layout`'s V half.
 //!
 //! Owns that layout: writing and reading one position from and to the codecs' row bytes, the
@@ -27,7 +27,7 @@ const HALF: usize = PAIR_GROUP_ROWS;
 
 /// Bytes before an `int8` row's codes: its f16 scale, then its f16 offset (little-endian).
 pub const INT8_PARAM_BYTES: usize = 4;
-/// f32 parameters per group: 16 scales, then 16 offsets.
+/// f16 parameters per group: 16 scales, then 16 offsets.
 pub const CODED_PARAMS: usize = 2 * HALF;
 
 /// K code words in one group of `head_dim` (`head_dim / 4 · 16 = 4 · head_dim`).
@@ -46,7 +46,7 @@ pub const fn fits(head_dim: usize) -> bool {
 /// mismatch.
 pub fn write_row(
     keys: &mut [u32],
-    params: &mut [f32],
+    params: &mut [f16],
     values: &mut [u32],
     t: usize,
     k_row: &[u8],
@@ -54,8 +54,8 @@ pub fn write_row(
 ) {
     let hd = v.len();
     check(keys.len(), params.len(), values.len(), t, hd, k_row.len());
-    params[t] = f16::from_bits(u16::from_le_bytes([k_row[0], k_row[1]])).to_f32();
-    params[HALF + t] = f16::from_bits(u16::from_le_bytes([k_row[2], k_row[3]])).to_f32();
+    params[t] = f16::from_bits(u16::from_le_bytes([k_row[0], k_row[1]]));
+    params[HALF + t] = f16::from_bits(u16::from_le_bytes([k_row[2], k_row[3]]));
     for (j, quad) in k_row[INT8_PARAM_BYTES..].chunks_exact(4).enumerate() {
         keys[j * HALF + t] = u32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]);
     }
@@ -66,7 +66,7 @@ pub fn write_row(
 /// [`write_row`]. Panics on a shape mismatch.
 pub fn read_row(
     keys: &[u32],
-    params: &[f32],
+    params: &[f16],
     values: &[u32],
     t: usize,
     k_row: &mut [u8],
@@ -74,8 +74,8 @@ pub fn read_row(
 ) {
     let hd = v.len();
     check(keys.len(), params.len(), values.len(), t, hd, k_row.len());
-    k_row[..2].copy_from_slice(&f16::from_f32(params[t]).to_bits().to_le_bytes());
-    k_row[2..4].copy_from_slice(&f16::from_f32(params[HALF + t]).to_bits().to_le_bytes());
+    k_row[..2].copy_from_slice(&params[t].to_bits().to_le_bytes());
+    k_row[2..4].copy_from_slice(&params[HALF + t].to_bits().to_le_bytes());
     for (j, quad) in k_row[INT8_PARAM_BYTES..].chunks_exact_mut(4).enumerate() {
         quad.copy_from_slice(&keys[j * HALF + t].to_le_bytes());
     }
@@ -108,7 +108,7 @@ impl<'a> CodedPairHalf<'a> {
     pub fn new(
         head_dim: usize,
         keys: &'a [u32],
-        params: &'a [f32],
+        params: &'a [f16],
         values: &'a [u32],
     ) -> CodedPairHalf<'a> {
         assert!(
@@ -117,23 +117,16 @@ impl<'a> CodedPairHalf<'a> {
             params.len(),
             values.len()
         );
-        let (scale, offset) = params.split_at(HALF);
-        let (scale, offset) = (
-            scale.try_into().expect("16 scales"),
-            offset.try_into().expect("16 offsets"),
-        );
+        let params = params.try_into().expect("16 scales and 16 offsets");
         CodedPairHalf {
-            keys: CodedHalf::new(head_dim, keys, scale, offset),
+            keys: CodedHalf::new(head_dim, keys, params),
             values,
         }
     }
 
     /// Position `t`'s K as an `int8` codec row and V as bf16 ([`read_row`]).
     pub fn row(&self, t: usize, k_row: &mut [u8], v: &mut [bf16]) {
-        let mut params = [0f32; CODED_PARAMS];
-        params[..HALF].copy_from_slice(self.keys.scale);
-        params[HALF..].copy_from_slice(self.keys.offset);
-        read_row(self.keys.kt, &params, self.values, t, k_row, v);
+        read_row(self.keys.kt, self.keys.params, self.values, t, k_row, v);
     }
 
     /// Whether this group's K codes and V words lie right after `prev`'s (a store's
@@ -163,7 +156,7 @@ pub fn coded_pair_tile<'a>(head_dim: usize, halves: [CodedPairHalf<'a>; 2]) -> C
 pub struct CodedPairStage {
     head_dim: usize,
     keys: Vec<u32>,
-    params: Vec<f32>,
+    params: Vec<f16>,
     values: Vec<u32>,
 }
 
@@ -174,7 +167,7 @@ impl CodedPairStage {
         CodedPairStage {
             head_dim,
             keys: vec![0; 2 * coded_key_words(head_dim)],
-            params: vec![0.0; 2 * CODED_PARAMS],
+            params: vec![f16::ZERO; 2 * CODED_PARAMS],
             values: vec![0; 2 * group_words(head_dim)],
         }
     }
@@ -184,7 +177,7 @@ impl CodedPairStage {
     }
 
     /// Half `h`'s parts (K words, parameters, V words), mutable.
-    fn parts_mut(&mut self, h: usize) -> (&mut [u32], &mut [f32], &mut [u32]) {
+    fn parts_mut(&mut self, h: usize) -> (&mut [u32], &mut [f16], &mut [u32]) {
         let (kw, vw) = (coded_key_words(self.head_dim), group_words(self.head_dim));
         (
             &mut self.keys[h * kw..(h + 1) * kw],
@@ -197,7 +190,7 @@ impl CodedPairStage {
     pub fn clear_half(&mut self, h: usize) {
         let (k, p, v) = self.parts_mut(h);
         k.fill(0);
-        p.fill(0.0);
+        p.fill(f16::ZERO);
         v.fill(0);
     }
 
@@ -220,10 +213,12 @@ impl CodedPairStage {
             dst[..n].copy_from_slice(&src[..n]);
             dst[n..].fill(0);
         }
-        let (scale, offset) = p.split_at_mut(HALF);
-        for (dst, src) in [(scale, group.keys.scale), (offset, group.keys.offset)] {
+        for (dst, src) in p
+            .chunks_exact_mut(HALF)
+            .zip(group.keys.params.chunks_exact(HALF))
+        {
             dst[..n].copy_from_slice(&src[..n]);
-            dst[n..].fill(0.0);
+            dst[n..].fill(f16::ZERO);
         }
         copy_values_prefix(v, group.values, n, hd);
     }
@@ -307,11 +302,11 @@ mod tests {
         tile.reset(hd);
         let enc = EncodedRows::new(KvCodecKind::Int8 { group: hd }, hd, &k).unwrap();
         tile.load_rows(cpu_features(), &enc, 0);
-        let (kt, scale, offset) = tile.rows_codes();
+        let (kt, params) = tile.rows_codes();
         let half = stage.half(0);
         assert_eq!(half.keys.kt, &kt[..coded_key_words(hd)]);
-        assert_eq!(half.keys.scale, &scale[..HALF]);
-        assert_eq!(half.keys.offset, &offset[..HALF]);
+        let bits = |p: &[f16]| p.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(half.keys.params), bits(params));
     }
 
     #[test]

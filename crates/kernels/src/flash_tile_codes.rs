@@ -100,6 +100,8 @@ pub struct CodedTile {
     kt: Vec<u32>,
     k_scale: [f32; TILE_POSITIONS],
     k_offset: [f32; TILE_POSITIONS],
+    /// The same scales, then offsets, as stored (f16): what `flash_tile_pairs_coded` reads.
+    k_params: [f16; 2 * TILE_POSITIONS],
     /// Unpacked 4-bit codes of a run of rows, `[16, hd]` bytes.
     unpacked: Vec<u8>,
     /// The per-channel `(scale, offset)` of the current `Channels` group, `[2, hd]`.
@@ -121,11 +123,12 @@ impl CodedTile {
         self.pairs.resize(2 * hd, 0.0);
     }
 
-    /// The tile's code words and its positions' scales and offsets as [`CodedTile::load_rows`]
-    /// left them (what `flash_tile_pairs_coded::CodedHalf::of` views as half a pair tile).
+    /// The tile's code words and its positions' f16 scales, then offsets, as
+    /// [`CodedTile::load_rows`] left them (what `flash_tile_pairs_coded::CodedHalf::of` views as
+    /// half a pair tile).
     #[inline]
-    pub fn rows_codes(&self) -> (&[u32], &[f32; TILE_POSITIONS], &[f32; TILE_POSITIONS]) {
-        (&self.kt, &self.k_scale, &self.k_offset)
+    pub fn rows_codes(&self) -> (&[u32], &[f16; 2 * TILE_POSITIONS]) {
+        (&self.kt, &self.k_params)
     }
 
     /// The current group's per-channel scales and offsets (`Channels`).
@@ -151,6 +154,9 @@ impl CodedTile {
         // Widening is exact on every path.
         let mut wide = [0f32; 2 * TILE_POSITIONS];
         widen_f16(&halves, &mut wide);
+        self.k_params[at..at + n].copy_from_slice(&halves[..n]);
+        self.k_params[TILE_POSITIONS + at..TILE_POSITIONS + at + n]
+            .copy_from_slice(&halves[TILE_POSITIONS..TILE_POSITIONS + n]);
         self.k_scale[at..at + n].copy_from_slice(&wide[..n]);
         self.k_offset[at..at + n].copy_from_slice(&wide[TILE_POSITIONS..TILE_POSITIONS + n]);
         transpose_codes(

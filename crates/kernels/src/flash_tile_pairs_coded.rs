@@ -17,6 +17,8 @@
 //! VNNI/BF16 implementation, the same bits); it never reads a KV store, never stages a tile and
 //! never allocates.
 
+use half::f16;
+
 use super::cpu::CpuFeatures;
 use super::flash_tile::TileSoftmax;
 use super::flash_tile_codes::{dot_codes, CodedTile, QueryRef, MAX_CODED_HEAD_DIM};
@@ -28,34 +30,36 @@ const HALF: usize = PAIR_GROUP_ROWS;
 
 /// Half a tile's K as int8 codes (16 positions): `kt[j · 16 + t]` holds channels `4j..4j + 4`
 /// of position `t` (byte `i` = channel `4j + i`, unsigned), with each position's scale and
-/// offset (`k = k_s · code + k_o`) — `flash_tile_codes::CodedTile`'s layout ([`CodedHalf::of`]).
+/// offset (`k = k_s · code + k_o`) as the codec stores them, f16: `params[t]` the scale,
+/// `params[16 + t]` the offset — `flash_tile_codes::CodedTile`'s layout ([`CodedHalf::of`]).
+/// The step widens them (exactly).
 #[derive(Debug, Clone, Copy)]
 pub struct CodedHalf<'a> {
     pub(crate) kt: &'a [u32],
-    pub(crate) scale: &'a [f32; HALF],
-    pub(crate) offset: &'a [f32; HALF],
+    pub(crate) params: &'a [f16; 2 * HALF],
 }
 
 impl<'a> CodedHalf<'a> {
     /// The half whose code words are `kt` (`head_dim / 4 · 16` words). Panics otherwise.
-    pub fn new(
-        head_dim: usize,
-        kt: &'a [u32],
-        scale: &'a [f32; HALF],
-        offset: &'a [f32; HALF],
-    ) -> CodedHalf<'a> {
+    pub fn new(head_dim: usize, kt: &'a [u32], params: &'a [f16; 2 * HALF]) -> CodedHalf<'a> {
         assert_eq!(
             kt.len(),
             head_dim / 4 * HALF,
             "coded half of head_dim {head_dim}"
         );
-        CodedHalf { kt, scale, offset }
+        CodedHalf { kt, params }
     }
 
     /// A staged tile's codes (`CodedTile::load_rows` of 16 positions) as a half.
     pub fn of(head_dim: usize, tile: &'a CodedTile) -> CodedHalf<'a> {
-        let (kt, scale, offset) = tile.rows_codes();
-        CodedHalf::new(head_dim, kt, scale, offset)
+        let (kt, params) = tile.rows_codes();
+        CodedHalf::new(head_dim, kt, params)
+    }
+
+    /// Position `t`'s scale and offset, widened.
+    #[inline]
+    pub(crate) fn scale_offset(&self, t: usize) -> (f32, f32) {
+        (self.params[t].to_f32(), self.params[HALF + t].to_f32())
     }
 }
 
@@ -146,7 +150,8 @@ fn scores_portable(
         let half = &tile.keys[t / HALF];
         let u = t % HALF;
         let dot = dot_codes(q.q8, half.kt, u) as f32;
-        *st = (half.scale[u].mul_add(dot, half.offset[u] * q.sum8) * q.s) * scale;
+        let (k_s, k_o) = half.scale_offset(u);
+        *st = (k_s.mul_add(dot, k_o * q.sum8) * q.s) * scale;
     }
     s
 }
@@ -254,14 +259,15 @@ mod x86 {
                 }
             }
         }
-        // SAFETY: each half's scale and offset arrays hold 16 floats.
-        let ks = tile
-            .keys
-            .map(|half| unsafe { _mm512_loadu_ps(half.scale.as_ptr()) });
-        // SAFETY: as above.
-        let ko = tile
-            .keys
-            .map(|half| unsafe { _mm512_loadu_ps(half.offset.as_ptr()) });
+        // Each half's 16 f16 scales, then 16 offsets, widened (exactly).
+        // SAFETY: each half's parameters hold 32 halves (64 bytes): two 32-byte loads.
+        let ks = tile.keys.map(|half| unsafe {
+            _mm512_cvtph_ps(_mm256_loadu_si256(half.params.as_ptr().cast()))
+        });
+        // SAFETY: as above, the second 32 bytes.
+        let ko = tile.keys.map(|half| unsafe {
+            _mm512_cvtph_ps(_mm256_loadu_si256(half.params.as_ptr().add(HALF).cast()))
+        });
         let vscale = _mm512_set1_ps(scale);
         let scores: [[__m512; 2]; R] = std::array::from_fn(|r| {
             let (s, sum8) = (_mm512_set1_ps(qs[r].s), _mm512_set1_ps(qs[r].sum8));

@@ -57,11 +57,11 @@ enum RowBuf {
     },
     /// `int8` K (one group per row) with bf16 V in groups of [`PAIR_GROUP_ROWS`] rows in
     /// `kernels::coded_pair_layout`: group `g`'s K code words are `[coded_key_words · g..]` of
-    /// `k`, its f32 scales and offsets `[CODED_PARAMS · g..]` of `k_params`, its V words
+    /// `k`, its f16 scales and offsets `[CODED_PARAMS · g..]` of `k_params`, its V words
     /// `[group_words · g..]` of `v`.
     Int8Pairs {
         k: Vec<u32>,
-        k_params: Vec<f32>,
+        k_params: Vec<f16>,
         v: Vec<u32>,
     },
 }
@@ -139,7 +139,7 @@ impl KvRows {
                 num_rows,
                 buf: RowBuf::Int8Pairs {
                     k: lazy_zeroes(groups * coded_key_words(head_dim)),
-                    k_params: lazy_zeroes(groups * CODED_PARAMS),
+                    k_params: zeroed_vec(groups * CODED_PARAMS, f16::ZERO),
                     v: lazy_zeroes(groups * group_words(head_dim)),
                 },
             });
@@ -228,8 +228,7 @@ impl KvRows {
     }
 
     /// Bytes held by the buffers (`num_rows · row_pair_bytes()`; the pair layouts round the
-    /// rows up to whole groups of 16, and the coded one keeps K's scales and offsets as f32:
-    /// 4 bytes a row more than the codec's f16).
+    /// rows up to whole groups of 16).
     pub fn allocated_bytes(&self) -> usize {
         match &self.buf {
             RowBuf::F32 { k, v } => (k.len() + v.len()) * 4,
@@ -237,7 +236,7 @@ impl KvRows {
             RowBuf::Encoded { k, v, .. } => k.len() + v.len(),
             RowBuf::Sealed { k, v, .. } => k.sealed_bytes() + v.len(),
             RowBuf::Bf16Pairs { k, v } => (k.len() + v.len()) * 4,
-            RowBuf::Int8Pairs { k, k_params, v } => (k.len() + k_params.len() + v.len()) * 4,
+            RowBuf::Int8Pairs { k, k_params, v } => (k.len() + v.len()) * 4 + k_params.len() * 2,
         }
     }
 
@@ -1016,11 +1015,9 @@ mod tests {
             let codecs = KvDtype::parse(spec).unwrap();
             let mut a = KvRows::new(codecs, 64, 6).unwrap();
             if a.is_pair_layout() {
-                // The coded layout keeps K's f16 scale and offset as f32: 4 bytes a row more.
-                let widened = if spec == "bf16" { 0 } else { 16 * 4 };
                 assert_eq!(
                     a.allocated_bytes(),
-                    16 * a.row_pair_bytes() + widened,
+                    16 * a.row_pair_bytes(),
                     "{spec}: one group"
                 );
             } else {

@@ -107,6 +107,7 @@ fn every_codec_generates_deterministically() {
         "int4",
         "fp8",
         "bf16",
+        "k=int8,v=bf16",
         "k=int8,v=int4",
         "int4h",
         "k=int4h,v=int4",

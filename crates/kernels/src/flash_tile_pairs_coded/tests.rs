@@ -1,4 +1,4 @@
-use half::bf16;
+use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 
 use super::*;
@@ -9,8 +9,8 @@ use crate::pair_layout::write_row;
 /// (with the bf16 values kept for the exact reference).
 struct Parts {
     kt: [Vec<u32>; 2],
-    scale: [[f32; HALF]; 2],
-    offset: [[f32; HALF]; 2],
+    /// Per half: 16 f16 scales, then 16 offsets.
+    params: [[f16; 2 * HALF]; 2],
     values: [Vec<u32>; 2],
     /// `[32, hd]`: decoded K and V of the tile's positions.
     k: Vec<f32>,
@@ -20,10 +20,15 @@ struct Parts {
 impl Parts {
     fn random(rng: &mut impl Rng, hd: usize) -> Parts {
         let kt = [0, 1].map(|_| (0..hd / 4 * HALF).map(|_| rng.gen()).collect::<Vec<u32>>());
-        let scale: [[f32; HALF]; 2] =
-            [0, 1].map(|_| std::array::from_fn(|_| rng.gen_range(0.002f32..0.02)));
-        let offset: [[f32; HALF]; 2] =
-            [0, 1].map(|_| std::array::from_fn(|_| rng.gen_range(-1.5f32..-0.5)));
+        let params: [[f16; 2 * HALF]; 2] = [0, 1].map(|_| {
+            std::array::from_fn(|i| {
+                f16::from_f32(if i < HALF {
+                    rng.gen_range(0.002f32..0.02)
+                } else {
+                    rng.gen_range(-1.5f32..-0.5)
+                })
+            })
+        });
         let mut values = [0, 1].map(|_| vec![0u32; group_words(hd)]);
         let mut dummy = vec![0u32; group_words(hd)];
         let mut k = vec![0f32; TILE * hd];
@@ -32,7 +37,8 @@ impl Parts {
             let (h, u) = (t / HALF, t % HALF);
             for c in 0..hd {
                 let code = kt[h][c / 4 * HALF + u].to_le_bytes()[c % 4] as f32;
-                k[t * hd + c] = scale[h][u].mul_add(code, offset[h][u]);
+                let (s, o) = (params[h][u].to_f32(), params[h][HALF + u].to_f32());
+                k[t * hd + c] = s.mul_add(code, o);
             }
             let row: Vec<bf16> = (0..hd)
                 .map(|_| bf16::from_f32(rng.gen_range(-1.0f32..1.0)))
@@ -44,8 +50,7 @@ impl Parts {
         }
         Parts {
             kt,
-            scale,
-            offset,
+            params,
             values,
             k,
             v,
@@ -53,7 +58,7 @@ impl Parts {
     }
 
     fn tile(&self, hd: usize) -> CodedPairTile<'_> {
-        let keys = [0, 1].map(|h| CodedHalf::new(hd, &self.kt[h], &self.scale[h], &self.offset[h]));
+        let keys = [0, 1].map(|h| CodedHalf::new(hd, &self.kt[h], &self.params[h]));
         CodedPairTile::new(hd, keys, [&self.values[0][..], &self.values[1][..]])
     }
 }
