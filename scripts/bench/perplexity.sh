@@ -10,7 +10,7 @@ agentkv=${1:?agentkv binary}
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
 echo "== machine"; lscpu | grep -E "Model name|^CPU\(s\)"
 for text in crates/model/tests/data/corpus.txt crates/model/tests/data/heldout_kvc.txt; do
-  for codec in f16 int8 k=int4c,v=int4 int4; do
+  for codec in f16 bf16 int8 k=int8,v=bf16 k=int4c,v=int4 int4; do
     echo "== $text kv=$codec"
     "$agentkv" perplexity --model "$model" -f "$text" --kv-dtype "$codec" 2>&1 | tail -1
   done

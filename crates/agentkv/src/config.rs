@@ -258,9 +258,8 @@ impl Policy {
 /// `kv_cache_config.quantization`: a KV codec (`f16`, `f32`, `bf16`, `fp8`, `int8`, `int4`,
 /// `int8-g32`, `k=int8,v=int4`, …), a task preset: `code` → int8 (K and V), `chat` → int8 K +
 /// int4 V, `math` → f16, or `auto` (the default): the codec the serving machine attends fastest
-/// at no measured cost — bf16 where the forward pass runs on a CPU with AVX-512 BF16 (its
-/// `vdpbf16ps` arithmetic, `kernels::flash_tile_pairs`), f16 elsewhere (GPU backend, other CPUs,
-/// llama.cpp's prefill arithmetic). The measured quality of each is in docs/quantization.md.
+/// at no measured cost ([`auto_kv_dtype`]). The measured quality of each is in
+/// docs/quantization.md.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct Quantization(pub String);
@@ -289,18 +288,30 @@ impl Quantization {
 }
 
 /// What `quantization: auto` (the default) means for a forward pass on the CPU (`cpu`: not a
-/// device backend) with these kernel features, in llama.cpp's prefill arithmetic or not: bf16
-/// K/V where the CPU attends them natively (AVX-512 BF16) and the engine's own arithmetic runs,
-/// else f16 (llama.cpp's cache type).
+/// device backend) with these kernel features and heads of `head_dim`, in llama.cpp's prefill
+/// arithmetic or not, where the engine's own arithmetic runs:
+/// - `int8` K (one group per row, `int8-g{head_dim}`) with bf16 V where the CPU has AVX-512
+///   VNNI and BF16 and the head fits the int8-scored pair step (`kernels::flash_tile_pairs_coded`:
+///   scores from K's codes on `vpdpbusd`, `p·V` on `vdpbf16ps`; K in 53% of bf16's bytes);
+/// - bf16 K/V where the CPU has AVX-512 BF16 only (`kernels::flash_tile_pairs`);
+/// - else f16 (llama.cpp's cache type), as on a device backend or in llama.cpp's prefill.
 pub fn auto_kv_dtype(
     cpu: bool,
     features: kernels::CpuFeatures,
+    head_dim: usize,
     llama_cpp_prefill: bool,
 ) -> model::KvDtype {
-    if cpu && features.bf16 && !llama_cpp_prefill {
-        model::KvDtype::parse("bf16").expect("a codec name")
+    if !cpu || llama_cpp_prefill || !features.bf16 {
+        return model::KvDtype::F16;
+    }
+    let coded = model::KvDtype {
+        k: quant::KvCodecKind::Int8 { group: head_dim },
+        v: quant::KvCodecKind::Bf16,
+    };
+    if features.vnni && model::coded_pairs_arithmetic(coded, head_dim) {
+        coded
     } else {
-        model::KvDtype::F16
+        model::KvDtype::uniform(quant::KvCodecKind::Bf16)
     }
 }
 
@@ -691,35 +702,53 @@ mod tests {
     }
 
     #[test]
-    fn auto_is_bf16_only_for_the_cpus_own_bf16_arithmetic() {
+    fn auto_is_the_cpus_own_pair_arithmetic_or_f16() {
         let bf16 = model::KvDtype::parse("bf16").unwrap();
-        let native = kernels::CpuFeatures {
+        let coded = model::KvDtype::parse("k=int8,v=bf16").unwrap();
+        let bf16_only = kernels::CpuFeatures {
             avx512: true,
             bf16: true,
             ..kernels::CpuFeatures::AVX2
         };
-        assert_eq!(auto_kv_dtype(true, native, false), bf16);
+        let native = kernels::CpuFeatures {
+            vnni: true,
+            ..bf16_only
+        };
+        // AVX-512 VNNI and BF16: int8 K scored from its codes, one group per row of 64.
+        assert_eq!(auto_kv_dtype(true, native, 64, false), coded);
         assert_eq!(
-            auto_kv_dtype(false, native, false),
+            auto_kv_dtype(true, native, 128, false),
+            model::KvDtype::parse("k=int8-g128,v=bf16").unwrap(),
+            "one group per row of 128"
+        );
+        assert_eq!(
+            auto_kv_dtype(true, native, 72, false),
+            bf16,
+            "a head the int8-scored step does not take"
+        );
+        assert_eq!(auto_kv_dtype(true, bf16_only, 64, false), bf16, "no VNNI");
+        assert_eq!(
+            auto_kv_dtype(false, native, 64, false),
             model::KvDtype::F16,
             "a GPU backend"
         );
         assert_eq!(
-            auto_kv_dtype(true, native, true),
+            auto_kv_dtype(true, native, 64, true),
             model::KvDtype::F16,
             "llama.cpp's prefill"
         );
-        let avx512 = kernels::CpuFeatures {
+        let avx512_vnni = kernels::CpuFeatures {
             avx512: true,
+            vnni: true,
             ..kernels::CpuFeatures::AVX2
         };
         for f in [
             kernels::CpuFeatures::PORTABLE,
             kernels::CpuFeatures::AVX2,
-            avx512,
+            avx512_vnni,
         ] {
             assert_eq!(
-                auto_kv_dtype(true, f, false),
+                auto_kv_dtype(true, f, 64, false),
                 model::KvDtype::F16,
                 "{}",
                 f.name()

@@ -82,6 +82,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let auto_kv = crate::config::auto_kv_dtype(
         matches!(chosen, super::device::Chosen::Cpu),
         kernels::cpu_features(),
+        model.config().head_dim,
         file.model.llama_cpp_prefill.unwrap_or(false),
     );
     let mut engine_cfg = engine_config(&args, &file, &model, auto_kv)?;
