@@ -288,17 +288,22 @@ impl Quantization {
 }
 
 /// What `quantization: auto` (the default) means for a forward pass on the CPU (`cpu`: not a
-/// device backend) with these kernel features and heads of `head_dim`, in llama.cpp's prefill
-/// arithmetic or not, where the engine's own arithmetic runs:
+/// device backend) with these kernel features and heads of `head_dim`, for a model with
+/// sliding-window layers or not (`windowed`), in llama.cpp's prefill arithmetic or not, where
+/// the engine's own arithmetic runs:
 /// - `int8` K (one group per row, `int8-g{head_dim}`) with bf16 V where the CPU has AVX-512
-///   VNNI and BF16 and the head fits the int8-scored pair step (`kernels::flash_tile_pairs_coded`:
-///   scores from K's codes on `vpdpbusd`, `p·V` on `vdpbf16ps`; K in 53% of bf16's bytes);
+///   VNNI and BF16, the head fits the int8-scored pair step (`kernels::flash_tile_pairs_coded`:
+///   scores from K's codes on `vpdpbusd`, `p·V` on `vdpbf16ps`; K in 53% of bf16's bytes) and
+///   no layer has a sliding window (those layers attend in the exact regime, where the step
+///   never runs: on Gemma 3 270M the codec cost +0.5% perplexity on the reference corpus and
+///   ran 0.95× bf16's speed there, docs/quantization.md);
 /// - bf16 K/V where the CPU has AVX-512 BF16 only (`kernels::flash_tile_pairs`);
 /// - else f16 (llama.cpp's cache type), as on a device backend or in llama.cpp's prefill.
 pub fn auto_kv_dtype(
     cpu: bool,
     features: kernels::CpuFeatures,
     head_dim: usize,
+    windowed: bool,
     llama_cpp_prefill: bool,
 ) -> model::KvDtype {
     if !cpu || llama_cpp_prefill || !features.bf16 {
@@ -308,7 +313,7 @@ pub fn auto_kv_dtype(
         k: quant::KvCodecKind::Int8 { group: head_dim },
         v: quant::KvCodecKind::Bf16,
     };
-    if features.vnni && model::coded_pairs_arithmetic(coded, head_dim) {
+    if features.vnni && !windowed && model::coded_pairs_arithmetic(coded, head_dim) {
         coded
     } else {
         model::KvDtype::uniform(quant::KvCodecKind::Bf16)
@@ -715,25 +720,34 @@ mod tests {
             ..bf16_only
         };
         // AVX-512 VNNI and BF16: int8 K scored from its codes, one group per row of 64.
-        assert_eq!(auto_kv_dtype(true, native, 64, false), coded);
+        assert_eq!(auto_kv_dtype(true, native, 64, false, false), coded);
         assert_eq!(
-            auto_kv_dtype(true, native, 128, false),
+            auto_kv_dtype(true, native, 128, false, false),
             model::KvDtype::parse("k=int8-g128,v=bf16").unwrap(),
             "one group per row of 128"
         );
         assert_eq!(
-            auto_kv_dtype(true, native, 72, false),
+            auto_kv_dtype(true, native, 72, false, false),
             bf16,
             "a head the int8-scored step does not take"
         );
-        assert_eq!(auto_kv_dtype(true, bf16_only, 64, false), bf16, "no VNNI");
         assert_eq!(
-            auto_kv_dtype(false, native, 64, false),
+            auto_kv_dtype(true, bf16_only, 64, false, false),
+            bf16,
+            "no VNNI"
+        );
+        assert_eq!(
+            auto_kv_dtype(true, native, 256, true, false),
+            bf16,
+            "sliding-window layers attend in the exact regime"
+        );
+        assert_eq!(
+            auto_kv_dtype(false, native, 64, false, false),
             model::KvDtype::F16,
             "a GPU backend"
         );
         assert_eq!(
-            auto_kv_dtype(true, native, 64, true),
+            auto_kv_dtype(true, native, 64, false, true),
             model::KvDtype::F16,
             "llama.cpp's prefill"
         );
@@ -748,7 +762,7 @@ mod tests {
             avx512_vnni,
         ] {
             assert_eq!(
-                auto_kv_dtype(true, f, 64, false),
+                auto_kv_dtype(true, f, 64, false, false),
                 model::KvDtype::F16,
                 "{}",
                 f.name()

@@ -82,6 +82,101 @@ pub fn read_row(
     read_values_row(values, t, v);
 }
 
+/// All 16 positions of a group as the codecs' rows at once (what 16 [`read_row`]s give, in
+/// contiguous passes): `k_rows` gets 16 `int8` rows (`INT8_PARAM_BYTES + head_dim` bytes each),
+/// `v_rows` 16 rows of `head_dim` little-endian bf16 values. Panics on a shape mismatch.
+pub fn group_to_rows(
+    keys: &[u32],
+    params: &[f16],
+    values: &[u32],
+    k_rows: &mut [u8],
+    v_rows: &mut [u8],
+    head_dim: usize,
+) {
+    let hd = head_dim;
+    let kr = INT8_PARAM_BYTES + hd;
+    check_group(keys.len(), params.len(), values.len(), hd);
+    assert!(
+        k_rows.len() == HALF * kr && v_rows.len() == HALF * 2 * hd,
+        "group rows of head_dim {hd}: k {} v {}",
+        k_rows.len(),
+        v_rows.len()
+    );
+    for (t, row) in k_rows.chunks_exact_mut(kr).enumerate() {
+        row[..2].copy_from_slice(&params[t].to_bits().to_le_bytes());
+        row[2..4].copy_from_slice(&params[HALF + t].to_bits().to_le_bytes());
+        for (quad, column) in row[INT8_PARAM_BYTES..]
+            .chunks_exact_mut(4)
+            .zip(keys.chunks_exact(HALF))
+        {
+            quad.copy_from_slice(&column[t].to_le_bytes());
+        }
+    }
+    for (pair, rows) in values.chunks_exact(hd).zip(v_rows.chunks_exact_mut(4 * hd)) {
+        let (even, odd) = rows.split_at_mut(2 * hd);
+        for ((&w, e), o) in pair
+            .iter()
+            .zip(even.chunks_exact_mut(2))
+            .zip(odd.chunks_exact_mut(2))
+        {
+            e.copy_from_slice(&(w as u16).to_le_bytes());
+            o.copy_from_slice(&((w >> 16) as u16).to_le_bytes());
+        }
+    }
+}
+
+/// The inverse of [`group_to_rows`]: the group from 16 `int8` rows and 16 bf16 rows (what 16
+/// [`write_row`]s write). Panics on a shape mismatch.
+pub fn group_from_rows(
+    k_rows: &[u8],
+    v_rows: &[u8],
+    keys: &mut [u32],
+    params: &mut [f16],
+    values: &mut [u32],
+    head_dim: usize,
+) {
+    let hd = head_dim;
+    let kr = INT8_PARAM_BYTES + hd;
+    check_group(keys.len(), params.len(), values.len(), hd);
+    assert!(
+        k_rows.len() == HALF * kr && v_rows.len() == HALF * 2 * hd,
+        "group rows of head_dim {hd}: k {} v {}",
+        k_rows.len(),
+        v_rows.len()
+    );
+    for (t, row) in k_rows.chunks_exact(kr).enumerate() {
+        params[t] = f16::from_bits(u16::from_le_bytes([row[0], row[1]]));
+        params[HALF + t] = f16::from_bits(u16::from_le_bytes([row[2], row[3]]));
+        for (quad, column) in row[INT8_PARAM_BYTES..]
+            .chunks_exact(4)
+            .zip(keys.chunks_exact_mut(HALF))
+        {
+            column[t] = u32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]);
+        }
+    }
+    for (pair, rows) in values.chunks_exact_mut(hd).zip(v_rows.chunks_exact(4 * hd)) {
+        let (even, odd) = rows.split_at(2 * hd);
+        for ((w, e), o) in pair
+            .iter_mut()
+            .zip(even.chunks_exact(2))
+            .zip(odd.chunks_exact(2))
+        {
+            *w = u16::from_le_bytes([e[0], e[1]]) as u32
+                | (u16::from_le_bytes([o[0], o[1]]) as u32) << 16;
+        }
+    }
+}
+
+fn check_group(keys: usize, params: usize, values: usize, hd: usize) {
+    assert!(
+        fits(hd)
+            && keys == coded_key_words(hd)
+            && params == CODED_PARAMS
+            && values == group_words(hd),
+        "coded pair group of head_dim {hd}: keys {keys}, params {params}, values {values}"
+    );
+}
+
 fn check(keys: usize, params: usize, values: usize, t: usize, hd: usize, k_row: usize) {
     assert!(
         t < HALF
@@ -122,6 +217,19 @@ impl<'a> CodedPairHalf<'a> {
             keys: CodedHalf::new(head_dim, keys, params),
             values,
         }
+    }
+
+    /// All 16 positions as the codecs' rows ([`group_to_rows`]).
+    pub fn rows(&self, k_rows: &mut [u8], v_rows: &mut [u8]) {
+        let hd = self.values.len() / 8;
+        group_to_rows(
+            self.keys.kt,
+            self.keys.params,
+            self.values,
+            k_rows,
+            v_rows,
+            hd,
+        );
     }
 
     /// Position `t`'s K as an `int8` codec row and V as bf16 ([`read_row`]).
@@ -307,6 +415,40 @@ mod tests {
         assert_eq!(half.keys.kt, &kt[..coded_key_words(hd)]);
         let bits = |p: &[f16]| p.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(half.keys.params), bits(params));
+    }
+
+    /// Whole groups convert to and from the codecs' rows as 16 row reads and writes do.
+    #[test]
+    fn whole_groups_convert_as_their_rows() {
+        for hd in [16, 64, 256] {
+            let (k, v) = rows(hd, HALF, 5 + hd as u64);
+            let rb = INT8_PARAM_BYTES + hd;
+            let mut by_rows = CodedPairStage::new(hd);
+            for t in 0..HALF {
+                by_rows.write_row(0, t, &k[t * rb..(t + 1) * rb], &v[t * hd..(t + 1) * hd]);
+            }
+            let v_bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let mut at_once = CodedPairStage::new(hd);
+            {
+                let (keys, params, values) = at_once.parts_mut(0);
+                group_from_rows(&k, &v_bytes, keys, params, values, hd);
+            }
+            assert_eq!(at_once.keys, by_rows.keys, "hd {hd}: K words");
+            assert_eq!(at_once.params, by_rows.params, "hd {hd}: parameters");
+            assert_eq!(at_once.values, by_rows.values, "hd {hd}: V words");
+            let (mut k_out, mut v_out) = (vec![0u8; HALF * rb], vec![0u8; HALF * 2 * hd]);
+            let g = by_rows.half(0);
+            group_to_rows(
+                g.keys.kt,
+                g.keys.params,
+                g.values,
+                &mut k_out,
+                &mut v_out,
+                hd,
+            );
+            assert_eq!(k_out, k, "hd {hd}: K rows");
+            assert_eq!(v_out, v_bytes, "hd {hd}: V rows");
+        }
     }
 
     #[test]

@@ -368,11 +368,22 @@ impl KvRows {
         out.resize(at + n * (kr + 2 * hd), 0);
         let (ko, vo) = out[at..].split_at_mut(n * kr);
         let mut v = [bf16::ZERO; PAIR_MAX_HEAD_DIM];
-        for r in 0..n {
+        let mut r = 0;
+        while r < n {
             let row = first + r;
             let group = self
                 .coded_pair_group(row / PAIR_GROUP_ROWS * PAIR_GROUP_ROWS)
                 .expect("the coded pair layout");
+            if row.is_multiple_of(PAIR_GROUP_ROWS) && n - r >= PAIR_GROUP_ROWS {
+                // A whole group at once (`coded_pair_layout::group_to_rows`).
+                let m = PAIR_GROUP_ROWS;
+                group.rows(
+                    &mut ko[r * kr..(r + m) * kr],
+                    &mut vo[r * 2 * hd..(r + m) * 2 * hd],
+                );
+                r += m;
+                continue;
+            }
             group.row(
                 row % PAIR_GROUP_ROWS,
                 &mut ko[r * kr..(r + 1) * kr],
@@ -381,6 +392,7 @@ impl KvRows {
             plain_to_le_bytes(&v[..hd], &mut vo[r * 2 * hd..(r + 1) * 2 * hd], |x| {
                 x.to_le_bytes()
             });
+            r += 1;
         }
     }
 
@@ -391,13 +403,39 @@ impl KvRows {
         let kr = self.codecs.k.bytes_per_row(hd);
         let (kb, vb) = bytes.split_at(n * kr);
         let mut v = [bf16::ZERO; PAIR_MAX_HEAD_DIM];
-        for r in 0..n {
+        let (kw, vw) = (coded_key_words(hd), group_words(hd));
+        let mut r = 0;
+        while r < n {
+            let row = first + r;
+            if row.is_multiple_of(PAIR_GROUP_ROWS) && n - r >= PAIR_GROUP_ROWS {
+                // A whole group at once (`coded_pair_layout::group_from_rows`).
+                let (m, g) = (PAIR_GROUP_ROWS, row / PAIR_GROUP_ROWS);
+                let RowBuf::Int8Pairs {
+                    k,
+                    k_params,
+                    v: words,
+                } = &mut self.buf
+                else {
+                    unreachable!("the coded pair layout");
+                };
+                coded_pair_layout::group_from_rows(
+                    &kb[r * kr..(r + m) * kr],
+                    &vb[r * 2 * hd..(r + m) * 2 * hd],
+                    &mut k[g * kw..(g + 1) * kw],
+                    &mut k_params[g * CODED_PARAMS..(g + 1) * CODED_PARAMS],
+                    &mut words[g * vw..(g + 1) * vw],
+                    hd,
+                );
+                r += m;
+                continue;
+            }
             plain_from_le_bytes(
                 &vb[r * 2 * hd..(r + 1) * 2 * hd],
                 &mut v[..hd],
                 bf16::from_le_bytes,
             );
-            self.write_coded_row(first + r, &kb[r * kr..(r + 1) * kr], &v[..hd]);
+            self.write_coded_row(row, &kb[r * kr..(r + 1) * kr], &v[..hd]);
+            r += 1;
         }
     }
 
@@ -1050,6 +1088,41 @@ mod tests {
             a.copy_rows(1, 3, 3);
             assert_eq!(a.rows_bytes(3, 3), bytes, "{spec}");
             assert_eq!(a.with_chunk(0, 4, false, |c| c.num_positions(64)), 4);
+        }
+    }
+
+    /// `int8` K with bf16 V in the coded pair layout: every span — whole groups (converted at
+    /// once), a group's part, both — serialises as the codecs' rows encoded one by one and
+    /// loads back to them, at the same rows and shifted.
+    #[test]
+    fn coded_pair_layout_spans_serialise_as_codec_rows() {
+        let codecs = KvDtype::parse("k=int8,v=bf16").unwrap();
+        let (hd, rows) = (64, 64);
+        let value = |r: usize, i: usize| ((r * 131 + i * 7) % 509) as f32 / 64.0 - 4.0;
+        let mut a = KvRows::new(codecs, hd, rows).unwrap();
+        assert!(a.is_pair_layout() && a.coded_pair_group(16).is_some());
+        let kr = codecs.k.bytes_per_row(hd);
+        let mut naive_k = vec![0u8; rows * kr];
+        for r in 0..rows {
+            let k: Vec<f32> = (0..hd).map(|i| value(r, i)).collect();
+            let v: Vec<f32> = k.iter().map(|x| -0.5 * x).collect();
+            a.write(r, &k, &v).unwrap();
+            quant::encode_row(codecs.k, &k, &mut naive_k[r * kr..(r + 1) * kr]).unwrap();
+        }
+        for (first, n) in [(16, 32), (5, 40), (16, 16), (0, 64), (17, 15), (3, 10)] {
+            let bytes = a.rows_bytes(first, n);
+            let v = (first..first + n).flat_map(|r| (0..hd).map(move |i| -0.5 * value(r, i)));
+            let mut naive = naive_k[first * kr..(first + n) * kr].to_vec();
+            naive.extend(v.flat_map(|x| bf16::from_f32(x).to_le_bytes()));
+            assert_eq!(bytes, naive, "rows {first}..+{n}");
+            for at in [first, (first + 3) % 8]
+                .into_iter()
+                .filter(|&at| at + n <= rows)
+            {
+                let mut b = KvRows::new(codecs, hd, rows).unwrap();
+                b.load_rows_bytes(at, n, &bytes);
+                assert_eq!(b.rows_bytes(at, n), bytes, "rows {first}..+{n} at {at}");
+            }
         }
     }
 

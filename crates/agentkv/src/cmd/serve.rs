@@ -83,6 +83,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         matches!(chosen, super::device::Chosen::Cpu),
         kernels::cpu_features(),
         model.config().head_dim,
+        model.config().sliding_window.is_some(),
         file.model.llama_cpp_prefill.unwrap_or(false),
     );
     let mut engine_cfg = engine_config(&args, &file, &model, auto_kv)?;
