@@ -95,12 +95,10 @@ pub fn group_to_rows(
 ) {
     let hd = head_dim;
     let kr = INT8_PARAM_BYTES + hd;
-    check_group(keys.len(), params.len(), values.len(), hd);
-    assert!(
-        k_rows.len() == HALF * kr && v_rows.len() == HALF * 2 * hd,
-        "group rows of head_dim {hd}: k {} v {}",
-        k_rows.len(),
-        v_rows.len()
+    check_group(
+        [keys.len(), params.len(), values.len()],
+        [k_rows.len(), v_rows.len()],
+        hd,
     );
     for (t, row) in k_rows.chunks_exact_mut(kr).enumerate() {
         row[..2].copy_from_slice(&params[t].to_bits().to_le_bytes());
@@ -137,12 +135,10 @@ pub fn group_from_rows(
 ) {
     let hd = head_dim;
     let kr = INT8_PARAM_BYTES + hd;
-    check_group(keys.len(), params.len(), values.len(), hd);
-    assert!(
-        k_rows.len() == HALF * kr && v_rows.len() == HALF * 2 * hd,
-        "group rows of head_dim {hd}: k {} v {}",
-        k_rows.len(),
-        v_rows.len()
+    check_group(
+        [keys.len(), params.len(), values.len()],
+        [k_rows.len(), v_rows.len()],
+        hd,
     );
     for (t, row) in k_rows.chunks_exact(kr).enumerate() {
         params[t] = f16::from_bits(u16::from_le_bytes([row[0], row[1]]));
@@ -167,13 +163,18 @@ pub fn group_from_rows(
     }
 }
 
-fn check_group(keys: usize, params: usize, values: usize, hd: usize) {
+/// Panics unless a group's parts (`[keys, params, values]`) and 16 rows' bytes (`[k, v]`)
+/// hold `hd`'s sizes.
+fn check_group([keys, params, values]: [usize; 3], [k, v]: [usize; 2], hd: usize) {
     assert!(
         fits(hd)
             && keys == coded_key_words(hd)
             && params == CODED_PARAMS
-            && values == group_words(hd),
-        "coded pair group of head_dim {hd}: keys {keys}, params {params}, values {values}"
+            && values == group_words(hd)
+            && k == HALF * (INT8_PARAM_BYTES + hd)
+            && v == HALF * 2 * hd,
+        "coded pair group of head_dim {hd}: keys {keys}, params {params}, values {values}, \
+         rows {k} / {v} bytes"
     );
 }
 

@@ -1017,6 +1017,95 @@ fn attend_pairs(
 /// Groups of the pair layout a segment pass reads at most (one per 16 positions).
 const PASS_GROUPS: usize = SEGMENT_POSITIONS / PAIR_HALF_POSITIONS;
 
+/// A store's group of 16 positions read in place, in either pair layout.
+trait InPlaceGroup: Copy {
+    /// Whether its words lie right after `prev`'s (a stream the hardware prefetcher follows).
+    fn follows(&self, prev: &Self) -> bool;
+    /// Asks the CPU to bring its words into cache; no effect on any result.
+    fn prefetch(&self);
+}
+
+impl InPlaceGroup for PairHalf<'_> {
+    fn follows(&self, prev: &Self) -> bool {
+        PairHalf::follows(self, prev)
+    }
+    fn prefetch(&self) {
+        PairHalf::prefetch(self)
+    }
+}
+
+impl InPlaceGroup for CodedPairHalf<'_> {
+    fn follows(&self, prev: &Self) -> bool {
+        CodedPairHalf::follows(self, prev)
+    }
+    fn prefetch(&self) {
+        CodedPairHalf::prefetch(self)
+    }
+}
+
+/// The groups a segment pass (`from..seg_end`, `from` a tile's start) reads, every one held in
+/// place by the store.
+struct PassGroups<G> {
+    from: usize,
+    count: usize,
+    groups: [Option<G>; PASS_GROUPS],
+}
+
+impl<G: InPlaceGroup> PassGroups<G> {
+    /// The pass's groups, `group_at(pos)` the store's group at `pos`; `None` where the pass
+    /// does not start at a tile or the store does not hold every group in place.
+    fn of(span: PassSpan, group_at: impl Fn(usize) -> Option<G>) -> Option<PassGroups<G>> {
+        let PassSpan { from, seg_end, .. } = span;
+        if !from.is_multiple_of(PAIR_TILE_POSITIONS) || seg_end <= from {
+            return None;
+        }
+        let count = (seg_end - from).div_ceil(PAIR_HALF_POSITIONS);
+        if count > PASS_GROUPS {
+            return None;
+        }
+        let mut groups = [None; PASS_GROUPS];
+        for (g, group) in groups.iter_mut().enumerate().take(count) {
+            *group = Some(group_at(from + g * PAIR_HALF_POSITIONS)?);
+        }
+        Some(PassGroups {
+            from,
+            count,
+            groups,
+        })
+    }
+
+    /// The pass's tiles `(start, end)` up to `seg_end`.
+    fn tiles(&self, seg_end: usize) -> impl Iterator<Item = (usize, usize)> {
+        (self.from..seg_end)
+            .step_by(PAIR_TILE_POSITIONS)
+            .map(move |t| (t, (t + PAIR_TILE_POSITIONS).min(seg_end)))
+    }
+
+    /// Half `h` of the tile `tile_start..tile_end`: its group (`None` past the pass) and the
+    /// positions the pass reads from it.
+    fn half(&self, tile_start: usize, tile_end: usize, h: usize) -> (Option<G>, usize) {
+        let half_start = tile_start + h * PAIR_HALF_POSITIONS;
+        let n = tile_end.saturating_sub(half_start).min(PAIR_HALF_POSITIONS);
+        (
+            self.groups[(half_start - self.from) / PAIR_HALF_POSITIONS],
+            n,
+        )
+    }
+
+    /// Requests the next tile's groups where they jump away from the ones before them (blocks
+    /// spread over the pool), as the chunk reader does for blocks.
+    fn prefetch_after(&self, tile_start: usize) {
+        let next = (tile_start + PAIR_TILE_POSITIONS - self.from) / PAIR_HALF_POSITIONS;
+        for g in next..(next + 2).min(self.count) {
+            if let (Some(prev), Some(group)) = (self.groups[g - 1], self.groups[g]) {
+                if !group.follows(&prev) {
+                    group.prefetch();
+                }
+            }
+        }
+    }
+}
+
 /// A pass over bf16 K/V kept in the pair layout (`KvStore::pair_group`): every whole group of
 /// 16 positions is attended in place — no copy, no transpose — and a group the pass reads in
 /// part (the sequence's last positions) is staged from its rows. The same words, so the same
@@ -1032,50 +1121,25 @@ fn attend_pairs_in_place(
     slot: SeqSlot,
     kv_head: usize,
 ) -> bool {
-    let PassSpan { from, seg_end, .. } = span;
-    if !from.is_multiple_of(PAIR_TILE_POSITIONS) || seg_end <= from {
+    let Some(groups) = PassGroups::of(span, |pos| inp.kv.pair_group(inp.layer, slot, kv_head, pos))
+    else {
         return false;
-    }
-    let count = (seg_end - from).div_ceil(PAIR_HALF_POSITIONS);
-    if count > PASS_GROUPS {
-        return false;
-    }
-    let mut groups: [Option<PairHalf<'_>>; PASS_GROUPS] = [None; PASS_GROUPS];
-    for (g, slot_group) in groups.iter_mut().enumerate().take(count) {
-        let pos = from + g * PAIR_HALF_POSITIONS;
-        match inp.kv.pair_group(inp.layer, slot, kv_head, pos) {
-            Some(group) => *slot_group = Some(group),
-            None => return false,
-        }
-    }
+    };
     let (hd, features, scale) = (steps.hd, steps.features, steps.scale);
     let qpairs = bufs.qpairs;
     let half = hd / 2;
     let mut pass_rows = PairPassRows::new(rows, hd, |idx| &qpairs[idx * half..(idx + 1) * half]);
-    for tile_start in (from..seg_end).step_by(PAIR_TILE_POSITIONS) {
-        let tile_end = (tile_start + PAIR_TILE_POSITIONS).min(seg_end);
+    for (tile_start, tile_end) in groups.tiles(span.seg_end) {
         // Per half: read in place (a whole group), or staged (part of one, or past the pass).
         let mut in_place: [Option<PairHalf<'_>>; 2] = [None; 2];
         for (h, view) in in_place.iter_mut().enumerate() {
-            let half_start = tile_start + h * PAIR_HALF_POSITIONS;
-            let n = tile_end.saturating_sub(half_start).min(PAIR_HALF_POSITIONS);
-            let group = groups[(half_start - from) / PAIR_HALF_POSITIONS];
-            match group {
-                Some(g) if n == PAIR_HALF_POSITIONS => *view = Some(g),
-                Some(g) if n > 0 => bufs.pair_tile.stage_half_from_group(h, g, n),
+            match groups.half(tile_start, tile_end, h) {
+                (Some(g), PAIR_HALF_POSITIONS) => *view = Some(g),
+                (Some(g), n) if n > 0 => bufs.pair_tile.stage_half_from_group(h, g, n),
                 _ => bufs.pair_tile.stage_half(h, &[], &[], 0),
             }
         }
-        // The next tile's groups, where they jump away from the ones before them (blocks
-        // spread over the pool), are requested now, as the chunk reader does for blocks.
-        let next = (tile_start + PAIR_TILE_POSITIONS - from) / PAIR_HALF_POSITIONS;
-        for g in next..(next + 2).min(count) {
-            if let (Some(prev), Some(group)) = (groups[g - 1], groups[g]) {
-                if !group.follows(&prev) {
-                    group.prefetch();
-                }
-            }
-        }
+        groups.prefetch_after(tile_start);
         let staged = &*bufs.pair_tile;
         let [h0, h1] = [0, 1].map(|h| in_place[h].unwrap_or_else(|| staged.half(h)));
         let tile = PairTileRef::new(hd, h0, h1);
@@ -1102,48 +1166,25 @@ fn attend_coded_pairs_in_place(
     slot: SeqSlot,
     kv_head: usize,
 ) -> bool {
-    let PassSpan { from, seg_end, .. } = span;
-    if !from.is_multiple_of(PAIR_TILE_POSITIONS) || seg_end <= from {
+    let Some(groups) = PassGroups::of(span, |pos| {
+        inp.kv.coded_pair_group(inp.layer, slot, kv_head, pos)
+    }) else {
         return false;
-    }
-    let count = (seg_end - from).div_ceil(PAIR_HALF_POSITIONS);
-    if count > PASS_GROUPS {
-        return false;
-    }
-    let mut groups: [Option<CodedPairHalf<'_>>; PASS_GROUPS] = [None; PASS_GROUPS];
-    for (g, slot_group) in groups.iter_mut().enumerate().take(count) {
-        let pos = from + g * PAIR_HALF_POSITIONS;
-        match inp.kv.coded_pair_group(inp.layer, slot, kv_head, pos) {
-            Some(group) => *slot_group = Some(group),
-            None => return false,
-        }
-    }
+    };
     let (hd, features, scale) = (steps.hd, steps.features, steps.scale);
     let qcodes = &*bufs.qcodes;
     let mut pass_rows = PairPassRows::new(rows, hd, |idx| qcodes.row(idx));
-    for tile_start in (from..seg_end).step_by(PAIR_TILE_POSITIONS) {
-        let tile_end = (tile_start + PAIR_TILE_POSITIONS).min(seg_end);
+    for (tile_start, tile_end) in groups.tiles(span.seg_end) {
         // Per half: read in place (a whole group), or staged (part of one, or past the pass).
         let mut in_place: [Option<CodedPairHalf<'_>>; 2] = [None; 2];
         for (h, view) in in_place.iter_mut().enumerate() {
-            let half_start = tile_start + h * PAIR_HALF_POSITIONS;
-            let n = tile_end.saturating_sub(half_start).min(PAIR_HALF_POSITIONS);
-            let group = groups[(half_start - from) / PAIR_HALF_POSITIONS];
-            match group {
-                Some(g) if n == PAIR_HALF_POSITIONS => *view = Some(g),
-                Some(g) if n > 0 => bufs.coded_stage.stage_from_group(h, g, n),
+            match groups.half(tile_start, tile_end, h) {
+                (Some(g), PAIR_HALF_POSITIONS) => *view = Some(g),
+                (Some(g), n) if n > 0 => bufs.coded_stage.stage_from_group(h, g, n),
                 _ => bufs.coded_stage.clear_half(h),
             }
         }
-        // The next tile's groups, where they jump away from the ones before them.
-        let next = (tile_start + PAIR_TILE_POSITIONS - from) / PAIR_HALF_POSITIONS;
-        for g in next..(next + 2).min(count) {
-            if let (Some(prev), Some(group)) = (groups[g - 1], groups[g]) {
-                if !group.follows(&prev) {
-                    group.prefetch();
-                }
-            }
-        }
+        groups.prefetch_after(tile_start);
         let staged = &*bufs.coded_stage;
         let halves = [0, 1].map(|h| in_place[h].unwrap_or_else(|| staged.half(h)));
         let tile = coded_pair_tile(hd, halves);
