@@ -35,6 +35,9 @@ pub const fn coded_key_words(head_dim: usize) -> usize {
     head_dim / 4 * HALF
 }
 
+/// The widest head the layout holds ([`fits`]).
+pub const MAX_HEAD_DIM: usize = MAX_CODED_HEAD_DIM;
+
 /// Whether heads of `head_dim` fit the layout (and the coded pair step): a multiple of 16, at
 /// most `MAX_CODED_HEAD_DIM`.
 pub const fn fits(head_dim: usize) -> bool {

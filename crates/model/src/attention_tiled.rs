@@ -1211,7 +1211,8 @@ fn attend_coded_pairs(
 ) {
     let hd = steps.hd;
     let (kr, vr) = (ek.row_bytes(), ev.row_bytes());
-    let mut v = vec![bf16::ZERO; hd];
+    let mut v_row = [bf16::ZERO; coded_pair_layout::MAX_HEAD_DIM];
+    let v = &mut v_row[..hd];
     let mut a = start.max(span.from);
     while a < chunk_end.min(span.seg_end) {
         let tile_start =
@@ -1231,7 +1232,7 @@ fn attend_coded_pairs(
                 *x = bf16::from_le_bytes([pair[0], pair[1]]);
             }
             let k_row = &kb[r * kr..(r + 1) * kr];
-            bufs.coded_stage.write_row(half, p - half_start, k_row, &v);
+            bufs.coded_stage.write_row(half, p - half_start, k_row, v);
         }
         a = b;
         if a == tile_end {
