@@ -141,6 +141,7 @@ impl StepKv<'_> {
 
     /// The pool row of the group starting at `pos` of `kv_head` in `layer`, where blocks hold
     /// whole groups (a block size that is a multiple of 16); `None` else or out of range.
+    #[inline]
     fn group_row(&self, layer: usize, slot: SeqSlot, kv_head: usize, pos: usize) -> Option<usize> {
         let bs = self.mem.geo.block_size;
         if !bs.is_multiple_of(model::PAIR_GROUP_ROWS)
@@ -279,6 +280,7 @@ impl KvStore for StepKv<'_> {
     }
 
     /// Blocks of whole groups (a block size that is a multiple of 16) in the pair layout.
+    #[inline(always)]
     fn pair_group(
         &self,
         layer: usize,
@@ -291,6 +293,7 @@ impl KvStore for StepKv<'_> {
     }
 
     /// Blocks of whole groups in the coded pair layout (`int8` K, bf16 V).
+    #[inline(always)]
     fn coded_pair_group(
         &self,
         layer: usize,

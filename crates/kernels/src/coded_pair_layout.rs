@@ -204,6 +204,7 @@ pub struct CodedPairHalf<'a> {
 impl<'a> CodedPairHalf<'a> {
     /// The group of `head_dim` held by `keys`, `params` and `values`. Panics unless each holds
     /// its part's words.
+    #[inline]
     pub fn new(
         head_dim: usize,
         keys: &'a [u32],
@@ -243,6 +244,7 @@ impl<'a> CodedPairHalf<'a> {
 
     /// Whether this group's K codes and V words lie right after `prev`'s (a store's
     /// consecutive blocks: a stream the hardware prefetcher follows).
+    #[inline]
     pub fn follows(&self, prev: &CodedPairHalf<'_>) -> bool {
         std::ptr::eq(self.keys.kt.as_ptr(), prev.keys.kt.as_ptr_range().end)
             && std::ptr::eq(self.values.as_ptr(), prev.values.as_ptr_range().end)
@@ -258,6 +260,7 @@ impl<'a> CodedPairHalf<'a> {
 }
 
 /// The tile of two groups, as `flash_tile_pairs_coded::tile_update_pairs_coded` reads it.
+#[inline]
 pub fn coded_pair_tile<'a>(head_dim: usize, halves: [CodedPairHalf<'a>; 2]) -> CodedPairTile<'a> {
     CodedPairTile::new(head_dim, halves.map(|h| h.keys), halves.map(|h| h.values))
 }
@@ -336,6 +339,7 @@ impl CodedPairStage {
     }
 
     /// Half `h` as a group view.
+    #[inline]
     pub fn half(&self, h: usize) -> CodedPairHalf<'_> {
         let (hd, kw, vw) = (
             self.head_dim,

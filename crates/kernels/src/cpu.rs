@@ -93,6 +93,7 @@ impl CpuFeatures {
     }
 
     /// `self` restricted to what the CPU really has (guards explicitly passed feature sets).
+    #[inline]
     pub fn clamp_to_detected(self) -> CpuFeatures {
         let d = detected();
         let avx2 = self.avx2 && d.avx2;

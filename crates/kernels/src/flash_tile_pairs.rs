@@ -140,11 +140,13 @@ impl PairTile {
     }
 
     /// The staged tile as the tile step reads it.
+    #[inline]
     pub fn view(&self) -> PairTileRef<'_> {
         PairTileRef::new(self.head_dim, self.half(0), self.half(1))
     }
 
     /// Half `h < 2` of the staged tile (positions `16h..16h + 16`).
+    #[inline]
     pub fn half(&self, h: usize) -> PairHalf<'_> {
         let w = group_words(self.head_dim);
         PairHalf::new(
@@ -296,6 +298,7 @@ impl PairTile {
 /// `tile` (a staged [`PairTile`] or two groups of the pair layout read in place). The AVX-512
 /// BF16 path where `features` allow it (and `hd` is a multiple of 16), else the portable one:
 /// the same bits. Panics on a shape mismatch.
+#[inline]
 pub fn tile_update_pairs<'t>(
     features: CpuFeatures,
     sts: &mut [TileSoftmax],

@@ -41,6 +41,7 @@ pub struct CodedHalf<'a> {
 
 impl<'a> CodedHalf<'a> {
     /// The half whose code words are `kt` (`head_dim / 4 · 16` words). Panics otherwise.
+    #[inline]
     pub fn new(head_dim: usize, kt: &'a [u32], params: &'a [f16; 2 * HALF]) -> CodedHalf<'a> {
         assert_eq!(
             kt.len(),
@@ -75,6 +76,7 @@ pub struct CodedPairTile<'a> {
 
 impl<'a> CodedPairTile<'a> {
     /// Panics unless every part holds `head_dim`'s words (`head_dim` a multiple of 16).
+    #[inline]
     pub fn new(
         head_dim: usize,
         keys: [CodedHalf<'a>; 2],
@@ -99,6 +101,7 @@ impl<'a> CodedPairTile<'a> {
 /// query `qs[r]` (quantised for `Rows` codes: `flash_tile_codes::QueryCodes::prepare_rows`)
 /// and `valids[r]` positions (1..=32) of `tile`. The AVX-512 VNNI/BF16 path where `features`
 /// allow it, else the portable one: the same bits. Panics on a shape mismatch.
+#[inline]
 pub fn tile_update_pairs_coded(
     features: CpuFeatures,
     sts: &mut [TileSoftmax],

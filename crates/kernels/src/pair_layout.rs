@@ -31,6 +31,7 @@ pub struct PairHalf<'a> {
 impl<'a> PairHalf<'a> {
     /// The group whose K words are `keys` and V words `values`. Panics unless each holds
     /// [`group_words`]`(head_dim)` words.
+    #[inline]
     pub fn new(head_dim: usize, keys: &'a [u32], values: &'a [u32]) -> PairHalf<'a> {
         let w = group_words(head_dim);
         assert!(
@@ -55,6 +56,7 @@ impl<'a> PairHalf<'a> {
 
     /// Whether this group's K and V words lie right after `prev`'s (a store's consecutive
     /// blocks: a stream the hardware prefetcher follows).
+    #[inline]
     pub fn follows(&self, prev: &PairHalf<'_>) -> bool {
         std::ptr::eq(self.keys.as_ptr(), prev.keys.as_ptr_range().end)
             && std::ptr::eq(self.values.as_ptr(), prev.values.as_ptr_range().end)
@@ -80,6 +82,7 @@ pub struct PairTileRef<'a> {
 impl<'a> PairTileRef<'a> {
     /// The tile of two groups of `head_dim` (their sizes were checked by [`PairHalf::new`]).
     /// Panics when a half's size is not that of `head_dim`.
+    #[inline]
     pub fn new(head_dim: usize, first: PairHalf<'a>, second: PairHalf<'a>) -> PairTileRef<'a> {
         for h in [&first, &second] {
             assert_eq!(h.keys.len(), group_words(head_dim), "pair tile halves");

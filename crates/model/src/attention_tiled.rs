@@ -1052,9 +1052,13 @@ struct PassGroups<G> {
 }
 
 impl<G: InPlaceGroup> PassGroups<G> {
-    /// The pass's groups, `group_at(pos)` the store's group at `pos`; `None` where the pass
-    /// does not start at a tile or the store does not hold every group in place.
-    fn of(span: PassSpan, group_at: impl Fn(usize) -> Option<G>) -> Option<PassGroups<G>> {
+    /// The pass's groups, `fill(from, out)` the store's groups from `from` on
+    /// (`KvStore::pair_groups`: one call per pass); `None` where the pass does not start at a
+    /// tile or the store does not hold every group in place.
+    fn of(
+        span: PassSpan,
+        fill: impl FnOnce(usize, &mut [Option<G>]) -> bool,
+    ) -> Option<PassGroups<G>> {
         let PassSpan { from, seg_end, .. } = span;
         if !from.is_multiple_of(PAIR_TILE_POSITIONS) || seg_end <= from {
             return None;
@@ -1064,8 +1068,8 @@ impl<G: InPlaceGroup> PassGroups<G> {
             return None;
         }
         let mut groups = [None; PASS_GROUPS];
-        for (g, group) in groups.iter_mut().enumerate().take(count) {
-            *group = Some(group_at(from + g * PAIR_HALF_POSITIONS)?);
+        if !fill(from, &mut groups[..count]) {
+            return None;
         }
         Some(PassGroups {
             from,
@@ -1121,8 +1125,9 @@ fn attend_pairs_in_place(
     slot: SeqSlot,
     kv_head: usize,
 ) -> bool {
-    let Some(groups) = PassGroups::of(span, |pos| inp.kv.pair_group(inp.layer, slot, kv_head, pos))
-    else {
+    let Some(groups) = PassGroups::of(span, |from, out| {
+        inp.kv.pair_groups(inp.layer, slot, kv_head, from, out)
+    }) else {
         return false;
     };
     let (hd, features, scale) = (steps.hd, steps.features, steps.scale);
@@ -1166,8 +1171,9 @@ fn attend_coded_pairs_in_place(
     slot: SeqSlot,
     kv_head: usize,
 ) -> bool {
-    let Some(groups) = PassGroups::of(span, |pos| {
-        inp.kv.coded_pair_group(inp.layer, slot, kv_head, pos)
+    let Some(groups) = PassGroups::of(span, |from, out| {
+        inp.kv
+            .coded_pair_groups(inp.layer, slot, kv_head, from, out)
     }) else {
         return false;
     };

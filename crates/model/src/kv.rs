@@ -216,6 +216,35 @@ pub trait KvStore: Sync {
         None
     }
 
+    /// [`KvStore::pair_group`] for the groups at `from`, `from + 16`, … (`out.len()` of them),
+    /// written into `out`: one call for a pass's groups. Whether every one is held in place
+    /// (when one is not, `out`'s entries past it are unspecified). The default asks
+    /// [`KvStore::pair_group`] for each.
+    fn pair_groups<'s>(
+        &'s self,
+        layer: usize,
+        slot: SeqSlot,
+        kv_head: usize,
+        from: usize,
+        out: &mut [Option<PairHalf<'s>>],
+    ) -> bool {
+        fill_groups(out, from, |pos| self.pair_group(layer, slot, kv_head, pos))
+    }
+
+    /// [`KvStore::pair_groups`] for [`KvStore::coded_pair_group`].
+    fn coded_pair_groups<'s>(
+        &'s self,
+        layer: usize,
+        slot: SeqSlot,
+        kv_head: usize,
+        from: usize,
+        out: &mut [Option<CodedPairHalf<'s>>],
+    ) -> bool {
+        fill_groups(out, from, |pos| {
+            self.coded_pair_group(layer, slot, kv_head, pos)
+        })
+    }
+
     /// Whether sequences `a` and `b` hold the same K/V over `positions` — the same memory (a
     /// paged store's shared prefix blocks), so reading either gives the same bytes. Lets the
     /// attention plan read a shared prefix once for several decodes. `false` (the default)
@@ -231,6 +260,23 @@ pub trait KvStore: Sync {
     fn device_tables(&self) -> Option<&[Vec<u32>]> {
         None
     }
+}
+
+/// Writes `group_at(from + 16 i)` into `out[i]` until one is `None`; whether none was (the
+/// groups of [`KvStore::pair_groups`] and [`KvStore::coded_pair_groups`]).
+#[inline]
+pub fn fill_groups<G>(
+    out: &mut [Option<G>],
+    from: usize,
+    group_at: impl Fn(usize) -> Option<G>,
+) -> bool {
+    for (i, g) in out.iter_mut().enumerate() {
+        *g = group_at(from + i * kernels::pair_layout::PAIR_GROUP_ROWS);
+        if g.is_none() {
+            return false;
+        }
+    }
+    true
 }
 
 /// The engine's paged K/V pool in a device's memory, provided by a backend whose forward pass

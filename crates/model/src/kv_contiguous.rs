@@ -60,6 +60,7 @@ impl ContiguousKv {
     }
 
     /// Row index of (layer, head, pos).
+    #[inline]
     fn row(&self, layer: usize, kv_head: usize, pos: usize) -> usize {
         (layer * self.num_kv_heads + kv_head) * self.stride + pos
     }
@@ -227,6 +228,7 @@ impl KvStore for ContiguousKv {
         }
     }
 
+    #[inline(always)]
     fn pair_group(
         &self,
         layer: usize,
@@ -242,6 +244,7 @@ impl KvStore for ContiguousKv {
             .pair_group(self.row(layer, kv_head, pos))
     }
 
+    #[inline(always)]
     fn coded_pair_group(
         &self,
         layer: usize,
@@ -306,5 +309,55 @@ mod tests {
         // Fewer positions: the last chunk visited is the own group (shorter), skipping still holds.
         let short = visits(&kv, 20, 37);
         assert_eq!(short, vec![(16, 16, false), (32, 5, true)]);
+    }
+
+    /// A pass's groups in one call are the groups asked for one by one, and the call says
+    /// `false` as soon as one is not held (past the store, another layout).
+    #[test]
+    fn groups_in_one_call_are_the_groups_one_by_one() {
+        let (layers, heads, hd, cap) = (2, 2, 64, 80);
+        for spec in ["bf16", "k=int8,v=bf16", "f16"] {
+            let codecs = KvDtype::parse(spec).unwrap();
+            let mut kv = ContiguousKv::new(1, layers, heads, hd, cap, codecs).unwrap();
+            for (l, p) in (0..layers).flat_map(|l| (0..cap).map(move |p| (l, p))) {
+                let x: Vec<f32> = (0..heads * hd)
+                    .map(|i| ((i * 7 + p * 3 + l * 5) % 11) as f32 - 5.0)
+                    .collect();
+                kv.write(l, SeqSlot(0), p, &x, &x).unwrap();
+            }
+            let held = spec != "f16";
+            for (layer, head, from) in [(0, 0, 0), (1, 1, 16), (1, 0, 48)] {
+                let n = (cap.div_ceil(16) * 16 - from) / 16;
+                let mut pairs = vec![None; n];
+                let mut coded = vec![None; n];
+                let ok_pairs = kv.pair_groups(layer, SeqSlot(0), head, from, &mut pairs);
+                let ok_coded = kv.coded_pair_groups(layer, SeqSlot(0), head, from, &mut coded);
+                assert_eq!(ok_pairs || ok_coded, held, "{spec}");
+                for i in 0..n {
+                    let pos = from + 16 * i;
+                    let one = kv.pair_group(layer, SeqSlot(0), head, pos);
+                    if ok_pairs {
+                        let (a, b) = (one.unwrap(), pairs[i].unwrap());
+                        assert!(std::ptr::eq(a.values(), b.values()), "{spec} {pos}");
+                    }
+                    let one = kv.coded_pair_group(layer, SeqSlot(0), head, pos);
+                    if ok_coded {
+                        let (a, b) = (one.unwrap(), coded[i].unwrap());
+                        let rows = |g: CodedPairHalf<'_>| {
+                            let (mut k, mut v) = (vec![0u8; 16 * (hd + 4)], vec![0u8; 32 * hd]);
+                            g.rows(&mut k, &mut v);
+                            (k, v)
+                        };
+                        assert_eq!(rows(a), rows(b), "{spec} {pos}");
+                        assert!(i == 0 || b.follows(&coded[i - 1].unwrap()));
+                    }
+                }
+                // One group past the store: not every group is held.
+                let mut over = vec![None; n + 1];
+                assert!(!kv.pair_groups(layer, SeqSlot(0), head, from, &mut over));
+                let mut over = vec![None; n + 1];
+                assert!(!kv.coded_pair_groups(layer, SeqSlot(0), head, from, &mut over));
+            }
+        }
     }
 }

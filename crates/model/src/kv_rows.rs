@@ -252,38 +252,42 @@ impl KvRows {
     /// The group of the coded pair layout holding rows `first..first + 16` (`first` a multiple
     /// of 16, the group inside the buffer), read in place; `None` in other layouts or for
     /// another `first`. Rows of the group never written hold zeros or stale words.
+    #[inline(always)]
     pub fn coded_pair_group(&self, first: usize) -> Option<CodedPairHalf<'_>> {
         let RowBuf::Int8Pairs { k, k_params, v } = &self.buf else {
             return None;
         };
         let (kw, vw) = (coded_key_words(self.head_dim), group_words(self.head_dim));
         let g = first / PAIR_GROUP_ROWS;
-        (first.is_multiple_of(PAIR_GROUP_ROWS) && (g + 1) * kw <= k.len()).then(|| {
-            CodedPairHalf::new(
-                self.head_dim,
-                &k[g * kw..(g + 1) * kw],
-                &k_params[g * CODED_PARAMS..(g + 1) * CODED_PARAMS],
-                &v[g * vw..(g + 1) * vw],
-            )
-        })
+        if !first.is_multiple_of(PAIR_GROUP_ROWS) || (g + 1) * kw > k.len() {
+            return None;
+        }
+        Some(CodedPairHalf::new(
+            self.head_dim,
+            &k[g * kw..(g + 1) * kw],
+            &k_params[g * CODED_PARAMS..(g + 1) * CODED_PARAMS],
+            &v[g * vw..(g + 1) * vw],
+        ))
     }
 
     /// The group of the pair layout holding rows `first..first + 16` (`first` a multiple of
     /// 16, the group inside the buffer), read in place; `None` in other layouts or for another
     /// `first`. Rows of the group never written hold zeros or stale words.
+    #[inline(always)]
     pub fn pair_group(&self, first: usize) -> Option<PairHalf<'_>> {
         let RowBuf::Bf16Pairs { k, v } = &self.buf else {
             return None;
         };
         let w = group_words(self.head_dim);
         let g = first / PAIR_GROUP_ROWS;
-        (first.is_multiple_of(PAIR_GROUP_ROWS) && (g + 1) * w <= k.len()).then(|| {
-            PairHalf::new(
-                self.head_dim,
-                &k[g * w..(g + 1) * w],
-                &v[g * w..(g + 1) * w],
-            )
-        })
+        if !first.is_multiple_of(PAIR_GROUP_ROWS) || (g + 1) * w > k.len() {
+            return None;
+        }
+        Some(PairHalf::new(
+            self.head_dim,
+            &k[g * w..(g + 1) * w],
+            &v[g * w..(g + 1) * w],
+        ))
     }
 
     /// Stores one token's K and V (`[head_dim]` each) at `row`.
