@@ -97,6 +97,28 @@ impl<'a> CodedPairTile<'a> {
     }
 }
 
+impl CodedPairTile<'_> {
+    /// Asks the CPU to bring each half whose words do not lie right after those read before it
+    /// (`prev`'s second half, then this tile's first) into cache: blocks spread over a pool,
+    /// which the hardware prefetcher cannot follow. No effect on any result.
+    #[inline]
+    pub fn prefetch_jumps(&self, prev: &CodedPairTile<'_>) {
+        let before = [
+            (prev.keys[1], prev.values[1]),
+            (self.keys[0], self.values[0]),
+        ];
+        for (h, (kb, vb)) in before.into_iter().enumerate() {
+            let (k, v) = (self.keys[h], self.values[h]);
+            let follows = std::ptr::eq(k.kt.as_ptr(), kb.kt.as_ptr_range().end)
+                && std::ptr::eq(v.as_ptr(), vb.as_ptr_range().end);
+            if !follows {
+                crate::flash_tile::prefetch_l1(k.kt.as_ptr().cast(), std::mem::size_of_val(k.kt));
+                crate::flash_tile::prefetch_l1(v.as_ptr().cast(), std::mem::size_of_val(v));
+            }
+        }
+    }
+}
+
 /// The step (module doc) for every row `r`: state `sts[r]`, accumulator `accs[r]` (`[hd]`),
 /// query `qs[r]` (quantised for `Rows` codes: `flash_tile_codes::QueryCodes::prepare_rows`)
 /// and `valids[r]` positions (1..=32) of `tile`. The AVX-512 VNNI/BF16 path where `features`
@@ -141,6 +163,51 @@ pub fn tile_update_pairs_coded(
     }
 }
 
+/// [`tile_update_pairs_coded`] over `tiles` in order, for rows that see every position of
+/// each (`valid = 32` for every row and tile: a pass's tiles before its rows' last one): the
+/// same bits as one call per tile. The AVX-512 path runs the tiles in one loop, each tile's
+/// `q·Kᵀ` ahead of the previous tile's softmax and `p·V` (software pipelining: the integer
+/// dot products overlap the softmax's dependency chain; every row's operations keep their
+/// order). Panics on a shape mismatch.
+pub fn tiles_update_pairs_coded(
+    features: CpuFeatures,
+    sts: &mut [TileSoftmax],
+    accs: &mut [&mut [f32]],
+    qs: &[QueryRef<'_>],
+    tiles: &[CodedPairTile<'_>],
+    scale: f32,
+) {
+    let Some(first) = tiles.first() else {
+        return;
+    };
+    let hd = first.head_dim;
+    assert!(
+        sts.len() == accs.len()
+            && accs.len() == qs.len()
+            && tiles.iter().all(|t| t.head_dim == hd)
+            && accs
+                .iter()
+                .zip(qs)
+                .all(|(a, q)| a.len() == hd && q.q8.len() == hd / 4),
+        "coded pair tiles: rows or head sizes disagree (hd={hd})"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        let f = features.clamp_to_detected();
+        if f.bf16 && f.vnni {
+            // SAFETY: AVX-512 F/BW/VL/BF16/VNNI (with AVX2, FMA) were detected just above;
+            // shapes as asserted (accumulators `hd`, queries `hd / 4` words; every tile's parts
+            // checked for `hd` by `CodedPairTile::new`); every row sees all 32 positions.
+            unsafe { x86::rows_tiles(sts, accs, qs, tiles, scale) };
+            return;
+        }
+    }
+    let valids = vec![TILE; sts.len()];
+    for &tile in tiles {
+        tile_update_pairs_coded(features, sts, accs, qs, &valids, tile, scale);
+    }
+}
+
 /// The scores of step 1 for one row (positions at and past `valid`: −∞).
 fn scores_portable(
     q: &QueryRef<'_>,
@@ -179,7 +246,7 @@ mod x86 {
 
     use super::super::flash_tile_codes::QueryRef;
     use super::super::flash_tile_pairs::x86::{softmax_values, BLOCK};
-    use super::{CodedPairTile, TileSoftmax, HALF};
+    use super::{CodedPairTile, TileSoftmax, HALF, TILE};
 
     /// Every row's step, `BLOCK` rows at a time.
     ///
@@ -236,6 +303,91 @@ mod x86 {
         scale: f32,
     ) {
         let hd = tile.head_dim;
+        // SAFETY: forwarded caller's contract.
+        let scores = unsafe { scores::<R>(qs, tile, scale) };
+        // Each half's V holds `8 · hd` words (`CodedPairTile::new`).
+        let values = tile.values;
+        softmax_values!(R, sts, accs, scores, valids, values, hd);
+    }
+
+    /// [`rows`] over `tiles` in order for rows that see all 32 positions of each, `BLOCK` rows
+    /// at a time: per block, each tile's scores are taken before the previous tile's softmax
+    /// and `p·V` run (the same operations per row, in the same order, as one call per tile).
+    ///
+    /// # Safety
+    /// As [`rows`], for every tile; every row's `valid` is 32.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn rows_tiles(
+        sts: &mut [TileSoftmax],
+        accs: &mut [&mut [f32]],
+        qs: &[QueryRef<'_>],
+        tiles: &[CodedPairTile<'_>],
+        scale: f32,
+    ) {
+        let mut at = 0;
+        while at < sts.len() {
+            let n = (sts.len() - at).min(BLOCK);
+            let (s, a, q) = (&mut sts[at..at + n], &mut accs[at..at + n], &qs[at..at + n]);
+            // SAFETY: forwarded caller's contract.
+            unsafe {
+                match n {
+                    6 => block_tiles::<6>(s, a, q, tiles, scale),
+                    5 => block_tiles::<5>(s, a, q, tiles, scale),
+                    4 => block_tiles::<4>(s, a, q, tiles, scale),
+                    3 => block_tiles::<3>(s, a, q, tiles, scale),
+                    2 => block_tiles::<2>(s, a, q, tiles, scale),
+                    _ => block_tiles::<1>(s, a, q, tiles, scale),
+                }
+            }
+            at += n;
+        }
+    }
+
+    /// `R` rows over `tiles` (all positions valid), pipelined as [`rows_tiles`] says.
+    ///
+    /// # Safety
+    /// As [`rows_tiles`]; `tiles` is not empty.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,avx2,fma,f16c")]
+    unsafe fn block_tiles<const R: usize>(
+        sts: &mut [TileSoftmax],
+        accs: &mut [&mut [f32]],
+        qs: &[QueryRef<'_>],
+        tiles: &[CodedPairTile<'_>],
+        scale: f32,
+    ) {
+        let full = [TILE; R];
+        let valids: &[usize] = &full;
+        // SAFETY: forwarded caller's contract (`tiles[0]` exists).
+        let mut next = unsafe { scores::<R>(qs, &tiles[0], scale) };
+        for (i, tile) in tiles.iter().enumerate() {
+            let these = next;
+            if let (Some(after), Some(later)) = (tiles.get(i + 1), tiles.get(i + 2)) {
+                later.prefetch_jumps(after);
+            }
+            if let Some(after) = tiles.get(i + 1) {
+                // SAFETY: as above, for the next tile.
+                next = unsafe { scores::<R>(qs, after, scale) };
+            }
+            let (hd, values) = (tile.head_dim, tile.values);
+            softmax_values!(R, sts, accs, these, valids, values, hd);
+        }
+    }
+
+    /// Step 1 for `R` rows: two `vpdpbusd` chains per row and half (even and odd channel
+    /// quads — integer sums, exact in any order), then the scores as the definition's float
+    /// operations; `[row][half]`, 16 positions each.
+    ///
+    /// # Safety
+    /// As [`rows`].
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn scores<const R: usize>(
+        qs: &[QueryRef<'_>],
+        tile: &CodedPairTile<'_>,
+        scale: f32,
+    ) -> [[__m512; 2]; R] {
+        let hd = tile.head_dim;
         let quads = hd / 4;
         let qp: [*const u32; R] = std::array::from_fn(|r| qs[r].q8.as_ptr());
         // Two chains per row and half (even and odd quads), so a decode's few rows still keep
@@ -272,7 +424,7 @@ mod x86 {
             _mm512_cvtph_ps(_mm256_loadu_si256(half.params.as_ptr().add(HALF).cast()))
         });
         let vscale = _mm512_set1_ps(scale);
-        let scores: [[__m512; 2]; R] = std::array::from_fn(|r| {
+        std::array::from_fn(|r| {
             let (s, sum8) = (_mm512_set1_ps(qs[r].s), _mm512_set1_ps(qs[r].sum8));
             [0, 1].map(|h| {
                 // Integer sums below 2^24 (`flash_tile_codes`' bound on `head_dim`): exact.
@@ -280,10 +432,7 @@ mod x86 {
                 let x = _mm512_fmadd_ps(ks[h], d, _mm512_mul_ps(ko[h], sum8));
                 _mm512_mul_ps(_mm512_mul_ps(x, s), vscale)
             })
-        });
-        // Each half's V holds `8 · hd` words (`CodedPairTile::new`).
-        let values = tile.values;
-        softmax_values!(R, sts, accs, scores, valids, values, hd);
+        })
     }
 }
 

@@ -43,7 +43,9 @@ use kernels::flash_tile_pairs::{
     query_pairs, tile_update_pairs, PairHalf, PairTile, PairTileRef, PAIR_HALF_POSITIONS,
     PAIR_TILE_POSITIONS,
 };
-use kernels::flash_tile_pairs_coded::{tile_update_pairs_coded, CodedPairTile};
+use kernels::flash_tile_pairs_coded::{
+    tile_update_pairs_coded, tiles_update_pairs_coded, CodedPairTile,
+};
 use kernels::flash_tile_transposed::{
     tile_update_transposed, TransposedTiles, TRIPLE_ROWS as WIDE_ROWS,
 };
@@ -1180,7 +1182,31 @@ fn attend_coded_pairs_in_place(
     let (hd, features, scale) = (steps.hd, steps.features, steps.scale);
     let qcodes = &*bufs.qcodes;
     let mut pass_rows = PairPassRows::new(rows, hd, |idx| qcodes.row(idx));
-    for (tile_start, tile_end) in groups.tiles(span.seg_end) {
+    // The tiles every row sees whole (a decode's all but its last, a prefill's before its
+    // diagonal) run in one pipelined call; the rest one tile at a time.
+    let whole = pass_rows
+        .fewest_positions()
+        .min(span.seg_end)
+        .saturating_sub(groups.from)
+        / PAIR_TILE_POSITIONS;
+    if whole > 0 {
+        let tile_at = |i: usize| {
+            let t = groups.from + i * PAIR_TILE_POSITIONS;
+            let half = |h| groups.half(t, t + PAIR_TILE_POSITIONS, h).0;
+            match (half(0), half(1)) {
+                (Some(a), Some(b)) => coded_pair_tile(hd, [a, b]),
+                _ => unreachable!("a whole tile's groups are the pass's"),
+            }
+        };
+        let mut tiles = [tile_at(0); PASS_GROUPS / 2];
+        for (i, tile) in tiles.iter_mut().enumerate().take(whole).skip(1) {
+            *tile = tile_at(i);
+        }
+        pass_rows.step_whole(|sts, accs, qs| {
+            tiles_update_pairs_coded(features, sts, accs, qs, &tiles[..whole], scale)
+        });
+    }
+    for (tile_start, tile_end) in groups.tiles(span.seg_end).skip(whole) {
         // Per half: read in place (a whole group), or staged (part of one, or past the pass).
         let mut in_place: [Option<CodedPairHalf<'_>>; 2] = [None; 2];
         for (h, view) in in_place.iter_mut().enumerate() {
@@ -1348,6 +1374,16 @@ impl<'r, Q: Copy> PairPassRows<'r, Q> {
             &self.qs[..live],
             &self.valids,
         );
+    }
+
+    /// The fewest positions a row of the pass attends (every row sees every tile up to there).
+    fn fewest_positions(&self) -> usize {
+        self.ns.last().copied().unwrap_or(0)
+    }
+
+    /// `kernel` (states, accumulators, queries) over tiles every row sees whole.
+    fn step_whole(&mut self, kernel: impl FnOnce(&mut [TileSoftmax], &mut [&mut [f32]], &[Q])) {
+        kernel(&mut self.sts, &mut self.accs, &self.qs);
     }
 
     /// Writes every row's softmax state back into its partial row.

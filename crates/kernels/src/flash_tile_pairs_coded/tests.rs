@@ -281,3 +281,46 @@ fn staged_int8_rows_are_the_keys_they_encode() {
         assert!((got - want).abs() < 1e-2, "e {e}: {got} vs {want}");
     }
 }
+
+/// Tiles run in one call (`tiles_update_pairs_coded`, pipelined) give the bits of one call per
+/// tile on the definition, for any number of rows and tiles, including runs whose maximum
+/// rises tile after tile (each later tile's K scaled up).
+#[test]
+fn tiles_in_one_call_give_the_bits_of_one_call_per_tile() {
+    let detected = CpuFeatures::detect();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+    for hd in [64, 128] {
+        for rows in [1, 2, 3, 4, 6, 7, 13] {
+            for (count, rising) in [(1, false), (2, false), (5, false), (6, true)] {
+                let mut tiles: Vec<Parts> =
+                    (0..count).map(|_| Parts::random(&mut rng, hd)).collect();
+                if rising {
+                    for (i, parts) in tiles.iter_mut().enumerate() {
+                        for half in parts.params.iter_mut() {
+                            for s in &mut half[..HALF] {
+                                *s = f16::from_f32(s.to_f32() * (1 + 2 * i) as f32);
+                            }
+                        }
+                    }
+                }
+                let (codes, _) = queries(&mut rng, rows, hd);
+                let valids = vec![vec![TILE; rows]; count];
+                let want = bits(&run(CpuFeatures::PORTABLE, hd, &tiles, &codes, &valids));
+                for features in [CpuFeatures::PORTABLE, detected] {
+                    let mut sts = vec![TileSoftmax::default(); rows];
+                    let mut accs = vec![vec![0f32; hd]; rows];
+                    let qs: Vec<QueryRef<'_>> = (0..rows).map(|r| codes.row(r)).collect();
+                    let views: Vec<CodedPairTile<'_>> = tiles.iter().map(|p| p.tile(hd)).collect();
+                    let mut arefs: Vec<&mut [f32]> =
+                        accs.iter_mut().map(|a| a.as_mut_slice()).collect();
+                    tiles_update_pairs_coded(features, &mut sts, &mut arefs, &qs, &views, 0.1);
+                    assert_eq!(
+                        bits(&(sts, accs)),
+                        want,
+                        "hd {hd}, {rows} rows, {count} tiles, rising {rising}"
+                    );
+                }
+            }
+        }
+    }
+}
