@@ -348,6 +348,47 @@ pub fn tile_update_pairs<'t>(
     }
 }
 
+/// [`tile_update_pairs`] over `tiles` in order, for rows that see every position of each
+/// (`valid = 32` for every row and tile: a pass's tiles before its rows' last one): the same
+/// bits as one call per tile. The AVX-512 BF16 path runs the tiles in one loop, each tile's
+/// `q·Kᵀ` ahead of the previous tile's softmax and `p·V` (software pipelining; every row's
+/// operations keep their order). Panics on a shape mismatch.
+pub fn tiles_update_pairs(
+    features: CpuFeatures,
+    sts: &mut [TileSoftmax],
+    accs: &mut [&mut [f32]],
+    qs: &[&[u32]],
+    tiles: &[PairTileRef<'_>],
+    scale: f32,
+) {
+    let Some(first) = tiles.first() else {
+        return;
+    };
+    let hd = first.head_dim;
+    assert!(
+        sts.len() == accs.len()
+            && accs.len() == qs.len()
+            && tiles.iter().all(|t| t.head_dim == hd)
+            && accs
+                .iter()
+                .zip(qs)
+                .all(|(a, q)| a.len() == hd && q.len() == hd / 2),
+        "pair tiles: rows or head sizes disagree (hd={hd})"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if features.clamp_to_detected().bf16 && hd.is_multiple_of(16) {
+        // SAFETY: AVX-512 F/BW/VL/BF16 (with AVX2, FMA) were detected just above; shapes as
+        // asserted (accumulators `hd`, queries `hd / 2`, `hd` a multiple of 16; every tile's
+        // halves hold `8 · hd` words, `PairTileRef::new`); every row sees all 32 positions.
+        unsafe { x86::rows_tiles(sts, accs, qs, tiles, scale) };
+        return;
+    }
+    let valids = vec![TILE; sts.len()];
+    for &tile in tiles {
+        tile_update_pairs(features, sts, accs, qs, &valids, tile, scale);
+    }
+}
+
 impl<'a> From<&'a PairTile> for PairTileRef<'a> {
     fn from(tile: &'a PairTile) -> PairTileRef<'a> {
         tile.view()
@@ -744,7 +785,6 @@ pub(crate) mod x86 {
     ///
     /// # Safety
     /// As [`rows`].
-    #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
     unsafe fn block<const R: usize>(
         sts: &mut [TileSoftmax],
@@ -754,6 +794,90 @@ pub(crate) mod x86 {
         tile: &PairTileRef<'_>,
         scale: f32,
     ) {
+        let hd = tile.head_dim;
+        // SAFETY: forwarded caller's contract.
+        let scores = unsafe { scores::<R>(qs, tile, scale) };
+        // Each half's V holds `8 · hd` words (`PairHalf::new`).
+        let values = tile.halves.map(|h| h.values);
+        softmax_values!(R, sts, accs, scores, valids, values, hd);
+    }
+
+    /// [`rows`] over `tiles` in order for rows that see all 32 positions of each, `BLOCK` rows
+    /// at a time: per block, each tile's scores are taken before the previous tile's softmax
+    /// and `p·V` run (the same operations per row, in the same order, as one call per tile).
+    ///
+    /// # Safety
+    /// As [`rows`], for every tile; every row's `valid` is 32.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+    pub(super) unsafe fn rows_tiles(
+        sts: &mut [TileSoftmax],
+        accs: &mut [&mut [f32]],
+        qs: &[&[u32]],
+        tiles: &[PairTileRef<'_>],
+        scale: f32,
+    ) {
+        let mut at = 0;
+        while at < sts.len() {
+            let n = (sts.len() - at).min(BLOCK);
+            let (s, a, q) = (&mut sts[at..at + n], &mut accs[at..at + n], &qs[at..at + n]);
+            // SAFETY: forwarded caller's contract.
+            unsafe {
+                match n {
+                    6 => block_tiles::<6>(s, a, q, tiles, scale),
+                    5 => block_tiles::<5>(s, a, q, tiles, scale),
+                    4 => block_tiles::<4>(s, a, q, tiles, scale),
+                    3 => block_tiles::<3>(s, a, q, tiles, scale),
+                    2 => block_tiles::<2>(s, a, q, tiles, scale),
+                    _ => block_tiles::<1>(s, a, q, tiles, scale),
+                }
+            }
+            at += n;
+        }
+    }
+
+    /// `R` rows over `tiles` (all positions valid), pipelined as [`rows_tiles`] says.
+    ///
+    /// # Safety
+    /// As [`rows_tiles`]; `tiles` is not empty.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+    unsafe fn block_tiles<const R: usize>(
+        sts: &mut [TileSoftmax],
+        accs: &mut [&mut [f32]],
+        qs: &[&[u32]],
+        tiles: &[PairTileRef<'_>],
+        scale: f32,
+    ) {
+        let full = [super::TILE; R];
+        let valids: &[usize] = &full;
+        // SAFETY: forwarded caller's contract (`tiles[0]` exists).
+        let mut next = unsafe { scores::<R>(qs, &tiles[0], scale) };
+        for (i, tile) in tiles.iter().enumerate() {
+            let these = next;
+            if let (Some(after), Some(later)) = (tiles.get(i + 1), tiles.get(i + 2)) {
+                later.prefetch_jumps(after);
+            }
+            if let Some(after) = tiles.get(i + 1) {
+                // SAFETY: as above, for the next tile.
+                next = unsafe { scores::<R>(qs, after, scale) };
+            }
+            let hd = tile.head_dim;
+            let values = tile.halves.map(|h| h.values);
+            softmax_values!(R, sts, accs, these, valids, values, hd);
+        }
+    }
+
+    /// Step 1 for `R` rows: the scaled scores `[row][half]`, 16 positions each.
+    ///
+    /// # Safety
+    /// As [`rows`].
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn scores<const R: usize>(
+        qs: &[&[u32]],
+        tile: &PairTileRef<'_>,
+        scale: f32,
+    ) -> [[__m512; 2]; R] {
         let hd = tile.head_dim;
         let kp = tile.halves.map(|h| h.keys.as_ptr());
         let qp: [*const u32; R] = std::array::from_fn(|r| qs[r].as_ptr());
@@ -790,14 +914,10 @@ pub(crate) mod x86 {
                 }
             }
         }
-        // Steps 2–4 per row from the scaled scores.
         let vscale = _mm512_set1_ps(scale);
-        let scores: [[__m512; 2]; R] = std::array::from_fn(|r| {
+        std::array::from_fn(|r| {
             [0, 1].map(|h| _mm512_mul_ps(_mm512_add_ps(c[r][0][h], c[r][1][h]), vscale))
-        });
-        // Each half's V holds `8 · hd` words (`PairHalf::new`).
-        let values = tile.halves.map(|h| h.values);
-        softmax_values!(R, sts, accs, scores, valids, values, hd);
+        })
     }
 
     /// Steps 2–4 (module doc) for `$R` rows (`$sts.len() == $R`) whose scaled scores of the
@@ -1176,6 +1296,69 @@ mod tests {
                                 f.name()
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tiles run in one call (`tiles_update_pairs`, pipelined) give the bits of one call per
+    /// tile on the definition, for any number of rows and tiles (later tiles' K spread wider,
+    /// so the maximum rises within a run).
+    #[test]
+    fn tiles_in_one_call_give_the_bits_of_one_call_per_tile() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
+        for hd in [64usize, 32, 128, 16] {
+            for rows in [1usize, 2, 3, 4, 6, 7, 13] {
+                for count in [1usize, 2, 5] {
+                    let q: Vec<Vec<u32>> = (0..rows)
+                        .map(|_| {
+                            let f: Vec<f32> =
+                                (0..hd).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
+                            let mut p = vec![0u32; hd / 2];
+                            query_pairs(&f, &mut p);
+                            p
+                        })
+                        .collect();
+                    let staged: Vec<PairTile> = (0..count)
+                        .map(|k| {
+                            let keys = random_bf16(&mut rng, TILE * hd, 1.0 + 3.0 * k as f32);
+                            let vals = random_bf16(&mut rng, TILE * hd, 1.0);
+                            let mut t = PairTile::new(hd);
+                            t.stage(&keys, &vals, TILE);
+                            t
+                        })
+                        .collect();
+                    let qs: Vec<&[u32]> = q.iter().map(|x| &x[..]).collect();
+                    let full = vec![TILE; rows];
+                    let run = |f: CpuFeatures, one_call: bool| {
+                        let mut sts = vec![TileSoftmax::default(); rows];
+                        let mut accs = vec![vec![0f32; hd]; rows];
+                        let mut a: Vec<&mut [f32]> = accs.iter_mut().map(|x| &mut x[..]).collect();
+                        if one_call {
+                            let views: Vec<PairTileRef<'_>> =
+                                staged.iter().map(PairTile::view).collect();
+                            tiles_update_pairs(f, &mut sts, &mut a, &qs, &views, 0.125);
+                        } else {
+                            for tile in &staged {
+                                tile_update_pairs(f, &mut sts, &mut a, &qs, &full, tile, 0.125);
+                            }
+                        }
+                        let mut bits: Vec<u32> = Vec::new();
+                        for (st, acc) in sts.iter().zip(&accs) {
+                            bits.extend([st.max.to_bits(), st.sum.to_bits()]);
+                            bits.extend(acc.iter().map(|x| x.to_bits()));
+                        }
+                        bits
+                    };
+                    let want = run(CpuFeatures::PORTABLE, false);
+                    for f in features() {
+                        assert_eq!(
+                            run(f, true),
+                            want,
+                            "{} hd={hd} rows={rows} tiles={count}",
+                            f.name()
+                        );
                     }
                 }
             }

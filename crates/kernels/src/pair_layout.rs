@@ -79,6 +79,21 @@ pub struct PairTileRef<'a> {
     pub(crate) halves: [PairHalf<'a>; 2],
 }
 
+impl PairTileRef<'_> {
+    /// Asks the CPU to bring each half whose words do not lie right after those read before it
+    /// (`prev`'s second half, then this tile's first) into cache: blocks spread over a pool,
+    /// which the hardware prefetcher cannot follow. No effect on any result.
+    #[inline]
+    pub fn prefetch_jumps(&self, prev: &PairTileRef<'_>) {
+        let before = [prev.halves[1], self.halves[0]];
+        for (half, before) in self.halves.iter().zip(before) {
+            if !half.follows(&before) {
+                half.prefetch();
+            }
+        }
+    }
+}
+
 impl<'a> PairTileRef<'a> {
     /// The tile of two groups of `head_dim` (their sizes were checked by [`PairHalf::new`]).
     /// Panics when a half's size is not that of `head_dim`.

@@ -40,8 +40,8 @@ use kernels::flash_tile_codes::{
 };
 use kernels::flash_tile_narrow::NarrowTiles;
 use kernels::flash_tile_pairs::{
-    query_pairs, tile_update_pairs, PairHalf, PairTile, PairTileRef, PAIR_HALF_POSITIONS,
-    PAIR_TILE_POSITIONS,
+    query_pairs, tile_update_pairs, tiles_update_pairs, PairHalf, PairTile, PairTileRef,
+    PAIR_HALF_POSITIONS, PAIR_TILE_POSITIONS,
 };
 use kernels::flash_tile_pairs_coded::{
     tile_update_pairs_coded, tiles_update_pairs_coded, CodedPairTile,
@@ -1098,6 +1098,30 @@ impl<G: InPlaceGroup> PassGroups<G> {
         )
     }
 
+    /// The pass's first tiles every row sees whole (rows attending `fewest` positions or more),
+    /// each `make(first half, second half)` — both groups in place — in a stack array with
+    /// their count; `None` when there is none.
+    fn whole_tiles<T: Copy>(
+        &self,
+        fewest: usize,
+        seg_end: usize,
+        make: impl Fn(G, G) -> T,
+    ) -> Option<([T; PASS_GROUPS / 2], usize)> {
+        let count = fewest.min(seg_end).saturating_sub(self.from) / PAIR_TILE_POSITIONS;
+        let tile = |i: usize| match (self.groups[2 * i], self.groups[2 * i + 1]) {
+            (Some(a), Some(b)) => make(a, b),
+            _ => unreachable!("a whole tile's groups are the pass's"),
+        };
+        if count == 0 {
+            return None;
+        }
+        let mut tiles = [tile(0); PASS_GROUPS / 2];
+        for (i, t) in tiles.iter_mut().enumerate().take(count).skip(1) {
+            *t = tile(i);
+        }
+        Some((tiles, count))
+    }
+
     /// Requests the next tile's groups where they jump away from the ones before them (blocks
     /// spread over the pool), as the chunk reader does for blocks.
     fn prefetch_after(&self, tile_start: usize) {
@@ -1136,7 +1160,18 @@ fn attend_pairs_in_place(
     let qpairs = bufs.qpairs;
     let half = hd / 2;
     let mut pass_rows = PairPassRows::new(rows, hd, |idx| &qpairs[idx * half..(idx + 1) * half]);
-    for (tile_start, tile_end) in groups.tiles(span.seg_end) {
+    // As the coded pass: whole tiles in one pipelined call, the rest one at a time.
+    let mut whole = 0;
+    let fewest = pass_rows.fewest_positions();
+    if let Some((tiles, count)) =
+        groups.whole_tiles(fewest, span.seg_end, |a, b| PairTileRef::new(hd, a, b))
+    {
+        pass_rows.step_whole(|sts, accs, qs| {
+            tiles_update_pairs(features, sts, accs, qs, &tiles[..count], scale)
+        });
+        whole = count;
+    }
+    for (tile_start, tile_end) in groups.tiles(span.seg_end).skip(whole) {
         // Per half: read in place (a whole group), or staged (part of one, or past the pass).
         let mut in_place: [Option<PairHalf<'_>>; 2] = [None; 2];
         for (h, view) in in_place.iter_mut().enumerate() {
@@ -1184,27 +1219,15 @@ fn attend_coded_pairs_in_place(
     let mut pass_rows = PairPassRows::new(rows, hd, |idx| qcodes.row(idx));
     // The tiles every row sees whole (a decode's all but its last, a prefill's before its
     // diagonal) run in one pipelined call; the rest one tile at a time.
-    let whole = pass_rows
-        .fewest_positions()
-        .min(span.seg_end)
-        .saturating_sub(groups.from)
-        / PAIR_TILE_POSITIONS;
-    if whole > 0 {
-        let tile_at = |i: usize| {
-            let t = groups.from + i * PAIR_TILE_POSITIONS;
-            let half = |h| groups.half(t, t + PAIR_TILE_POSITIONS, h).0;
-            match (half(0), half(1)) {
-                (Some(a), Some(b)) => coded_pair_tile(hd, [a, b]),
-                _ => unreachable!("a whole tile's groups are the pass's"),
-            }
-        };
-        let mut tiles = [tile_at(0); PASS_GROUPS / 2];
-        for (i, tile) in tiles.iter_mut().enumerate().take(whole).skip(1) {
-            *tile = tile_at(i);
-        }
+    let mut whole = 0;
+    let fewest = pass_rows.fewest_positions();
+    if let Some((tiles, count)) =
+        groups.whole_tiles(fewest, span.seg_end, |a, b| coded_pair_tile(hd, [a, b]))
+    {
         pass_rows.step_whole(|sts, accs, qs| {
-            tiles_update_pairs_coded(features, sts, accs, qs, &tiles[..whole], scale)
+            tiles_update_pairs_coded(features, sts, accs, qs, &tiles[..count], scale)
         });
+        whole = count;
     }
     for (tile_start, tile_end) in groups.tiles(span.seg_end).skip(whole) {
         // Per half: read in place (a whole group), or staged (part of one, or past the pass).
