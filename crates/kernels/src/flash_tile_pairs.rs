@@ -383,9 +383,12 @@ pub fn tiles_update_pairs(
         unsafe { x86::rows_tiles(sts, accs, qs, tiles, scale) };
         return;
     }
-    let valids = vec![TILE; sts.len()];
-    for &tile in tiles {
-        tile_update_pairs(features, sts, accs, qs, &valids, tile, scale);
+    // One row at a time (a row's result never depends on the rows beside it): no allocation.
+    for r in 0..sts.len() {
+        let (st, acc, q) = (&mut sts[r..r + 1], &mut accs[r..r + 1], &qs[r..r + 1]);
+        for &tile in tiles {
+            tile_update_pairs(features, st, acc, q, &[TILE], tile, scale);
+        }
     }
 }
 
