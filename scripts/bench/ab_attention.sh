@@ -7,11 +7,12 @@
 #   scripts/bench/ab_attention.sh ATTN_DEPTH_A ATTN_DEPTH_B [ROUNDS]
 #
 # Per codec (CODECS, default `k=int8,v=bf16 bf16`) and setting — one layer on one thread (the
-# layer's 2.4 MB of K/V stay in cache: the kernels' own speed) and 30 layers on two threads (K/V
-# from memory, as a forward pass reads them) — it prints every run's microseconds per layer for
-# a decode (one token) and a prefill of 64 tokens at depth 4096, then the medians and B/A.
+# layer's K/V, 2.4 MB at depth 4096, stay in cache: the kernels' own speed) and 30 layers on two
+# threads (K/V from memory, as a forward pass reads them) — it prints every run's microseconds
+# per layer for a decode (one token) and a prefill of 64 tokens at depth DEPTH (default 4096),
+# then the medians and B/A (and each side's fastest run: on a shared host, the least disturbed).
 set -euo pipefail
-a=${1:?attn_depth binary A}; b=${2:?attn_depth binary B}; rounds=${3:-8}
+a=${1:?attn_depth binary A}; b=${2:?attn_depth binary B}; rounds=${3:-8}; depth=${DEPTH:-4096}
 codecs=(${CODECS:-k=int8,v=bf16 bf16})
 echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs"
 out=$(mktemp)
@@ -23,7 +24,7 @@ for codec in "${codecs[@]}"; do
       for tagged in "${order[@]}"; do
         tag=${tagged%%:*}; bin=${tagged#*:}
         for prefill in 1 64; do
-          line=$(ATTN_LAYERS=$layers ATTN_THREADS=$threads "$bin" 4096 "$prefill" "$reps" "$codec" | tail -1)
+          line=$(ATTN_LAYERS=$layers ATTN_THREADS=$threads "$bin" "$depth" "$prefill" "$reps" "$codec" | tail -1)
           step=$([ "$prefill" = 1 ] && echo decode || echo prefill)
           us=$(awk -v s="$step" '{for (i = 1; i <= NF; i++) if ($i == s) { print $(i + 3); exit }}' <<<"$line")
           echo "$codec ${layers}x${threads} $step $tag $us" | tee -a "$out"
