@@ -20,7 +20,9 @@
 //!   lengths, [`run_tiles`])
 //!   (`attention_tiled`); positions are split into segments of [`SEGMENT_POSITIONS`] whose
 //!   partial states are merged in order. A one-token tile (a decode) gets one task per
-//!   segment (split-K, flash-decoding style); a longer tile runs its segments in one task. The
+//!   segment (split-K, flash-decoding style), or per run of up to
+//!   [`MAX_DECODE_TASK_SEGMENTS`] consecutive segments when the step has tasks enough for the
+//!   pool's threads ([`AttnShape::threads`]); a longer tile runs its segments in one task. The
 //!   segment split is part of the arithmetic (always applied), only the task grouping differs:
 //!   decodes whose sequences hold the same blocks over a segment (a shared prompt prefix) read
 //!   it in one [`AttnTask::Shared`] task.
@@ -133,6 +135,9 @@ pub struct AttnShape {
     /// The step's arithmetic: with [`AttnArith::Prefill`] every f16 row takes the tiled regime
     /// (f32 accumulation at every depth, like llama.cpp's tiled prefill kernel).
     pub arith: AttnArith,
+    /// The pool's threads: how many tasks keep it busy. Only the grouping of a decode's
+    /// segments into tasks depends on it ([`group_decode_segments`]), never a result.
+    pub threads: usize,
 }
 
 impl AttnShape {
@@ -225,7 +230,66 @@ pub fn plan_without(
         t = run_end;
     }
     share_segments(&mut p, shape, positions, &decodes, shares);
+    group_decode_segments(&mut p, shape.threads);
     p
+}
+
+/// Segments a decode's task reads at most ([`group_decode_segments`]).
+pub const MAX_DECODE_TASK_SEGMENTS: u32 = 4;
+/// Tasks per thread the step's decode tasks keep at least when segments are grouped.
+pub const DECODE_TASKS_PER_THREAD: usize = 3;
+
+/// Groups the one-segment tasks of decodes (those left after [`share_segments`]) into tasks of
+/// up to [`MAX_DECODE_TASK_SEGMENTS`] consecutive segments of the same token and KV head, as far
+/// as the step keeps [`DECODE_TASKS_PER_THREAD`] decode tasks per thread: a task then streams
+/// one longer run of a head's K/V, which the hardware prefetcher follows (a decode at depth
+/// 4,096 on two threads, K/V from memory: 0.85× the attention time of one task per segment).
+/// Each segment keeps its own partial state, so no result changes; the groups' task counts
+/// shrink by the tasks merged.
+fn group_decode_segments(p: &mut AttnPlan, threads: usize) {
+    let single = |task: &AttnTask| {
+        matches!(*task, AttnTask::Tile { tokens, segments, .. }
+            if tokens.1 - tokens.0 == 1 && segments.1 - segments.0 == 1)
+    };
+    let units = p.tasks.iter().filter(|t| single(t)).count();
+    let split = (units / (threads.max(1) * DECODE_TASKS_PER_THREAD))
+        .clamp(1, MAX_DECODE_TASK_SEGMENTS as usize) as u32;
+    if split == 1 {
+        return;
+    }
+    let mut tasks: Vec<AttnTask> = Vec::with_capacity(p.tasks.len());
+    for task in p.tasks.drain(..) {
+        if let (
+            AttnTask::Tile {
+                tokens,
+                kv_head,
+                segments,
+                group,
+            },
+            Some(AttnTask::Tile {
+                tokens: prev_tokens,
+                kv_head: prev_head,
+                segments: prev_segments,
+                group: prev_group,
+            }),
+        ) = (task, tasks.last_mut())
+        {
+            let mergeable = tokens.1 - tokens.0 == 1
+                && segments.1 - segments.0 == 1
+                && *prev_tokens == tokens
+                && *prev_head == kv_head
+                && *prev_group == group
+                && prev_segments.1 == segments.0
+                && prev_segments.1 - prev_segments.0 < split;
+            if mergeable {
+                prev_segments.1 = segments.1;
+                p.group_tasks[group as usize] -= 1;
+                continue;
+            }
+        }
+        tasks.push(task);
+    }
+    p.tasks = tasks;
 }
 
 /// Moves the segments that decodes share (`shares`, see [`plan_without`]) from their one-token
@@ -576,6 +640,8 @@ mod tests {
         kv_is_f16: true,
         kv_encoded: false,
         arith: AttnArith::Tiled,
+        // Threads enough that every decode segment keeps its own task.
+        threads: 64,
     };
     /// llama.cpp's per-row decode arithmetic.
     const ROW: AttnShape = AttnShape {
@@ -642,6 +708,96 @@ mod tests {
             .collect();
         assert_eq!(p.tasks, want);
         assert_eq!(p.group_tasks, vec![3, 3]);
+    }
+
+    /// With few threads a decode's consecutive segments share tasks (up to four each, keeping
+    /// three tasks per thread), its prefix segments shared with another decode stay in their
+    /// shared tasks, and every group counts the tasks it has; with threads enough every
+    /// segment keeps its own task.
+    #[test]
+    fn a_decodes_segments_are_grouped_into_tasks_for_few_threads() {
+        let tiles = |p: &AttnPlan| -> Vec<(u32, u32, (u32, u32))> {
+            p.tasks
+                .iter()
+                .filter_map(|t| match *t {
+                    AttnTask::Tile {
+                        tokens,
+                        kv_head,
+                        segments,
+                        ..
+                    } => Some((tokens.0, kv_head, segments)),
+                    _ => None,
+                })
+                .collect()
+        };
+        // Position 4095: 8 segments, 2 KV heads: 16 one-segment tasks; 2 threads: groups of
+        // two (16 / 6 = 2), 8 tasks.
+        let two = AttnShape {
+            threads: 2,
+            ..SHAPE
+        };
+        let p = plan(&two, &[SeqSlot(0)], &[4095]);
+        let want: Vec<_> = (0..2)
+            .flat_map(|h| (0..4).map(move |i| (0, h, (2 * i, 2 * i + 2))))
+            .collect();
+        assert_eq!(tiles(&p), want);
+        assert_eq!(p.group_tasks, vec![4, 4]);
+        // One thread: four segments a task (at most), the last task shorter where they end.
+        let one = AttnShape {
+            threads: 1,
+            ..SHAPE
+        };
+        let p = plan(&one, &[SeqSlot(0)], &[2600]);
+        assert_eq!(p.segments, vec![6]);
+        assert_eq!(
+            tiles(&p),
+            vec![
+                (0, 0, (0, 4)),
+                (0, 0, (4, 6)),
+                (0, 1, (0, 4)),
+                (0, 1, (4, 6))
+            ]
+        );
+        assert_eq!(p.group_tasks, vec![2, 2]);
+        // Threads enough: one task per segment, as before.
+        let p = plan(&SHAPE, &[SeqSlot(0)], &[4095]);
+        assert_eq!(tiles(&p).len(), 16);
+        assert_eq!(p.group_tasks, vec![8, 8]);
+        // Two decodes sharing their first two segments: those stay shared (one task per
+        // segment and head for both), the rest of each is grouped; every group's count is the
+        // number of tasks that carry its token.
+        let shares = |_: usize, _: usize, j: usize| j < 2;
+        let p = plan_without(&one, &[SeqSlot(0), SeqSlot(1)], &[3000, 3500], &[], &shares);
+        let shared = p
+            .tasks
+            .iter()
+            .filter(|t| matches!(t, AttnTask::Shared { .. }))
+            .count();
+        assert_eq!(shared, 2 * 2);
+        assert_eq!(
+            tiles(&p),
+            vec![
+                (0, 0, (2, 6)),
+                (0, 1, (2, 6)),
+                (1, 0, (2, 6)),
+                (1, 0, (6, 7)),
+                (1, 1, (2, 6)),
+                (1, 1, (6, 7)),
+            ]
+        );
+        for (t, groups) in [(0u32, [0usize, 1]), (1, [2, 3])] {
+            for (kv_head, &g) in groups.iter().enumerate() {
+                let own = tiles(&p)
+                    .iter()
+                    .filter(|&&(tok, h, _)| tok == t && h == kv_head as u32)
+                    .count();
+                assert_eq!(
+                    p.group_tasks[g] as usize,
+                    own + 2,
+                    "token {t} head {kv_head}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -855,7 +1011,10 @@ mod tests {
                 let (ca, cb) = (class[slots[a].0 as usize], class[slots[b].0 as usize]);
                 ca == cb && (j + 1) * SEGMENT_POSITIONS <= prefix[ca as usize]
             };
-            let p = plan_without(&SHAPE, &slots, &positions, &[], &shares);
+            // Few threads group decodes' segments into tasks; many keep one per segment.
+            let threads = [1, 2, 64][rng.gen_range(0..3)];
+            let shape = AttnShape { threads, ..SHAPE };
+            let p = plan_without(&shape, &slots, &positions, &[], &shares);
             let group = SHAPE.num_heads / SHAPE.num_kv_heads;
             let mut seen = std::collections::HashMap::new();
             let mut tasks_of_group = std::collections::HashMap::new();
@@ -872,6 +1031,10 @@ mod tests {
                     } => {
                         *tasks_of_group.entry(g).or_insert(0u32) += 1;
                         assert!(tokens.1 - tokens.0 <= QUERY_TILE_TOKENS as u32);
+                        if tokens.1 - tokens.0 == 1 {
+                            assert!(segments.1 - segments.0 <= MAX_DECODE_TASK_SEGMENTS);
+                            assert!(threads < 64 || segments.1 - segments.0 == 1);
+                        }
                         for t in tokens.0..tokens.1 {
                             assert_eq!(slots[t as usize], slots[tokens.0 as usize]);
                             for j in segments.0..segments.1.min(p.segments[t as usize]) {

@@ -1808,6 +1808,9 @@ mod tests {
             kv_is_f16: codecs == KvDtype::F16,
             kv_encoded: codecs != KvDtype::F16 && codecs != KvDtype::F32,
             arith,
+            // One thread: decodes' segments grouped into tasks as far as they go (the tests
+            // below compare results, which never depend on the grouping).
+            threads: 1,
         };
         let inp = TileInputs {
             kv,
@@ -1913,6 +1916,56 @@ mod tests {
             positions: std::ops::Range<usize>,
         ) -> bool {
             positions.end <= self.shared
+        }
+    }
+
+    /// Decodes whose segments run grouped into tasks (few threads) get the bits of one task
+    /// per segment (many threads), for every arithmetic: the grouping moves work between tasks,
+    /// never into another order.
+    #[test]
+    fn grouping_a_decodes_segments_changes_no_bit() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(31);
+        let (heads, kv_heads, hd, n) = (6, 2, 64, 2600);
+        for spec in ["f16", "bf16", "k=int8,v=bf16", "int8", "k=int4c,v=int4"] {
+            let kv = random_store(
+                &mut rng,
+                KvDtype::parse(spec).unwrap(),
+                (kv_heads, hd, n),
+                (2.0, 1.0),
+            );
+            // Three decodes of one sequence's cache at different depths, as one step.
+            let positions: Vec<u32> = vec![2599, 1800, 700];
+            let slots = vec![SeqSlot(0); positions.len()];
+            let q: Vec<f32> = (0..positions.len() * heads * hd)
+                .map(|_| rng.gen_range(-1.0f32..1.0))
+                .collect();
+            let (shape, inp) = test_inputs(
+                &kv,
+                &q,
+                &slots,
+                &positions,
+                (heads, kv_heads, hd),
+                AttnArith::Tiled,
+            );
+            let grouped = plan(&shape, &slots, &positions);
+            let apart = plan(
+                &AttnShape {
+                    threads: 64,
+                    ..shape
+                },
+                &slots,
+                &positions,
+            );
+            assert!(
+                grouped.tasks.len() < apart.tasks.len(),
+                "{spec}: segments grouped"
+            );
+            let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(run_plan(&inp, &grouped)),
+                bits(run_plan(&inp, &apart)),
+                "{spec}"
+            );
         }
     }
 

@@ -368,6 +368,7 @@ fn plan_step(
         kv_is_f16: f16_kv,
         kv_encoded: codecs != KvDtype::F16 && codecs != KvDtype::F32,
         arith: batch.numerics.attention(),
+        threads,
     };
     let plan =
         attention_plan::plan_without(&shape, batch.slots, batch.positions, &ggml_rows, &shares);
