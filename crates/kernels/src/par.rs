@@ -92,6 +92,28 @@ impl<'a, T> DisjointRows<'a, T> {
         // the row is the caller's obligation (documented above).
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(row * self.row_len), self.row_len) }
     }
+
+    /// Mutable access to the consecutive rows `rows`, as one slice (`rows.len()` rows).
+    ///
+    /// # Safety
+    /// As [`DisjointRows::row_mut`], for every row of the range: no other live reference from
+    /// this function or `row_mut` may refer to any of them meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn rows_mut(&self, rows: std::ops::Range<usize>) -> &mut [T] {
+        assert!(
+            rows.start <= rows.end && rows.end <= self.num_rows,
+            "rows {rows:?} out of {}",
+            self.num_rows
+        );
+        // SAFETY: `start <= end <= num_rows`, so the range lies inside the borrowed buffer;
+        // exclusivity of the rows is the caller's obligation (documented above).
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ptr.add(rows.start * self.row_len),
+                rows.len() * self.row_len,
+            )
+        }
+    }
 }
 
 #[cfg(test)]
@@ -120,6 +142,30 @@ mod tests {
                 assert!(buf.iter().all(|&b| b == 1), "{threads} threads, {n} items");
             }
         }
+    }
+
+    /// Ranges of rows written from threads, each its own range, land where their rows lie.
+    #[test]
+    fn row_ranges_written_from_threads_are_disjoint() {
+        let mut buf = vec![0u32; 10 * 2];
+        {
+            let rows = DisjointRows::new(&mut buf, 2);
+            std::thread::scope(|s| {
+                for (i, range) in [0..3, 3..3, 3..7, 7..10].into_iter().enumerate() {
+                    let rows = &rows;
+                    s.spawn(move || {
+                        // SAFETY: the threads' ranges do not overlap.
+                        let part = unsafe { rows.rows_mut(range.clone()) };
+                        assert_eq!(part.len(), 2 * range.len());
+                        part.fill(i as u32 + 1);
+                    });
+                }
+            });
+        }
+        assert_eq!(
+            buf,
+            [1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4]
+        );
     }
 
     #[test]

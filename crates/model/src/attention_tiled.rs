@@ -734,6 +734,8 @@ unsafe fn attend_task(
         coded,
         qcodes,
     };
+    // SAFETY: the task's partial rows are its alone (caller's contract); none is borrowed yet.
+    unsafe { init_partials(inp, plan, outputs, toks, kv_head, segments) };
     for j in segments.0..segments.1 {
         let seg_start = j as usize * SEGMENT_POSITIONS;
         // SAFETY: the rows of segment `j` of this task's tokens and heads are this task's
@@ -1684,8 +1686,8 @@ fn prepare_codes(
     }
 }
 
-/// The rows of segment `j` for the task's tokens and the heads of `kv_head`'s group, their
-/// partial rows reset.
+/// The rows of segment `j` for the task's tokens and the heads of `kv_head`'s group, over
+/// their partial rows (set to the empty state by [`init_partials`] at the task's start).
 ///
 /// # Safety
 /// Those partial rows belong to the calling task alone while the returned rows live.
@@ -1710,11 +1712,9 @@ unsafe fn segment_rows<'a>(
         let base = plan.partial_base[t].expect("tiled token has partial rows") as usize;
         for g in 0..group {
             let head = kv_head as usize * group + g;
-            // SAFETY: row (t, head, j) belongs to this task alone (caller's contract).
+            // SAFETY: row (t, head, j) belongs to this task alone (caller's contract); its
+            // state was set by `init_partials`.
             let partial = unsafe { partials.row_mut(base + head * segs as usize + j as usize) };
-            partial[..hd].fill(0.0);
-            partial[hd] = f32::NEG_INFINITY;
-            partial[hd + 1] = 0.0;
             let at = (i * group + g) * hd;
             rows.push(Row {
                 idx: at / hd,
@@ -1725,6 +1725,42 @@ unsafe fn segment_rows<'a>(
         }
     }
     rows
+}
+
+/// Sets every partial row of the task (its tokens × the query heads of `kv_head` × its
+/// segments that each token has) to the empty state — accumulator zero, maximum −∞, sum zero —
+/// a token's rows of one head at once (they are consecutive: row `base + head · segs + j`):
+/// one fill for a head's segments rather than one per row.
+///
+/// # Safety
+/// As [`segment_rows`]: those rows are this task's alone, and no reference to them is live.
+unsafe fn init_partials(
+    inp: &TileInputs<'_>,
+    plan: &AttnPlan,
+    outputs: &TileOutputs<'_>,
+    toks: TaskTokens<'_>,
+    kv_head: u32,
+    segments: (u32, u32),
+) {
+    let hd = inp.head_dim;
+    let group = inp.num_heads / inp.num_kv_heads;
+    for t in toks.iter() {
+        let segs = plan.segments[t];
+        let (j0, j1) = (segments.0.min(segs) as usize, segments.1.min(segs) as usize);
+        if j0 == j1 {
+            continue;
+        }
+        let base = plan.partial_base[t].expect("tiled token has partial rows") as usize;
+        for g in 0..group {
+            let first = base + (kv_head as usize * group + g) * segs as usize;
+            // SAFETY: rows (t, head, j0..j1) belong to this task alone (caller's contract).
+            let rows = unsafe { outputs.partials.rows_mut(first + j0..first + j1) };
+            rows.fill(0.0);
+            for state in rows.chunks_exact_mut(hd + 2) {
+                state[hd] = f32::NEG_INFINITY;
+            }
+        }
+    }
 }
 
 /// Merges the group's segment rows into its outputs, in segment order.
