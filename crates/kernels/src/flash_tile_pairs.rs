@@ -760,28 +760,7 @@ pub(crate) mod x86 {
         tile: PairTileRef<'_>,
         scale: f32,
     ) {
-        let mut at = 0;
-        while at < sts.len() {
-            let n = (sts.len() - at).min(BLOCK);
-            let (s, a, q, v) = (
-                &mut sts[at..at + n],
-                &mut accs[at..at + n],
-                &qs[at..at + n],
-                &valids[at..at + n],
-            );
-            // SAFETY: forwarded caller's contract.
-            unsafe {
-                match n {
-                    6 => block::<6>(s, a, q, v, &tile, scale),
-                    5 => block::<5>(s, a, q, v, &tile, scale),
-                    4 => block::<4>(s, a, q, v, &tile, scale),
-                    3 => block::<3>(s, a, q, v, &tile, scale),
-                    2 => block::<2>(s, a, q, v, &tile, scale),
-                    _ => block::<1>(s, a, q, v, &tile, scale),
-                }
-            }
-            at += n;
-        }
+        in_blocks!(sts, accs, qs, valids => block(&tile, scale));
     }
 
     /// `R` rows (`sts.len() == R`) through steps 1–4.
@@ -819,23 +798,7 @@ pub(crate) mod x86 {
         tiles: &[PairTileRef<'_>],
         scale: f32,
     ) {
-        let mut at = 0;
-        while at < sts.len() {
-            let n = (sts.len() - at).min(BLOCK);
-            let (s, a, q) = (&mut sts[at..at + n], &mut accs[at..at + n], &qs[at..at + n]);
-            // SAFETY: forwarded caller's contract.
-            unsafe {
-                match n {
-                    6 => block_tiles::<6>(s, a, q, tiles, scale),
-                    5 => block_tiles::<5>(s, a, q, tiles, scale),
-                    4 => block_tiles::<4>(s, a, q, tiles, scale),
-                    3 => block_tiles::<3>(s, a, q, tiles, scale),
-                    2 => block_tiles::<2>(s, a, q, tiles, scale),
-                    _ => block_tiles::<1>(s, a, q, tiles, scale),
-                }
-            }
-            at += n;
-        }
+        in_blocks!(sts, accs, qs => block_tiles(tiles, scale));
     }
 
     /// `R` rows over `tiles` (all positions valid), pipelined as [`rows_tiles`] says.
@@ -922,6 +885,35 @@ pub(crate) mod x86 {
             [0, 1].map(|h| _mm512_mul_ps(_mm512_add_ps(c[r][0][h], c[r][1][h]), vscale))
         })
     }
+
+    /// Runs `$f::<R>` over the rows `$sts`, `$accs`, `$qs` (and `$valids`, where given) in
+    /// blocks of [`BLOCK`] rows, `R` each block's size, followed by `$args`: the block
+    /// dispatch of both pair steps' `rows` and `rows_tiles`. Expanded only in their `unsafe`
+    /// functions, whose contract the block functions share.
+    macro_rules! in_blocks {
+        ($sts:ident, $accs:ident, $qs:ident $(, $valids:ident)? => $f:ident($($args:expr),*)) => {{
+            let mut at = 0;
+            while at < $sts.len() {
+                let n = ($sts.len() - at).min($crate::flash_tile_pairs::x86::BLOCK);
+                let r = at..at + n;
+                let (s, a, q) = (&mut $sts[r.clone()], &mut $accs[r.clone()], &$qs[r.clone()]);
+                $(let $valids = &$valids[r.clone()];)?
+                // SAFETY: forwarded caller's contract.
+                unsafe {
+                    match n {
+                        6 => $f::<6>(s, a, q, $($valids,)? $($args),*),
+                        5 => $f::<5>(s, a, q, $($valids,)? $($args),*),
+                        4 => $f::<4>(s, a, q, $($valids,)? $($args),*),
+                        3 => $f::<3>(s, a, q, $($valids,)? $($args),*),
+                        2 => $f::<2>(s, a, q, $($valids,)? $($args),*),
+                        _ => $f::<1>(s, a, q, $($valids,)? $($args),*),
+                    }
+                }
+                at += n;
+            }
+        }};
+    }
+    pub(crate) use in_blocks;
 
     /// Steps 2–4 (module doc) for `$R` rows (`$sts.len() == $R`) whose scaled scores of the
     /// tile's two halves are `$scores[r]` (lanes at and past a row's valid count are masked

@@ -248,7 +248,7 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::flash_tile_codes::QueryRef;
-    use super::super::flash_tile_pairs::x86::{softmax_values, BLOCK};
+    use super::super::flash_tile_pairs::x86::{in_blocks, softmax_values};
     use super::{CodedPairTile, TileSoftmax, HALF, TILE};
 
     /// Every row's step, `BLOCK` rows at a time.
@@ -265,28 +265,7 @@ mod x86 {
         tile: &CodedPairTile<'_>,
         scale: f32,
     ) {
-        let mut at = 0;
-        while at < sts.len() {
-            let n = (sts.len() - at).min(BLOCK);
-            let (s, a, q, v) = (
-                &mut sts[at..at + n],
-                &mut accs[at..at + n],
-                &qs[at..at + n],
-                &valids[at..at + n],
-            );
-            // SAFETY: forwarded caller's contract.
-            unsafe {
-                match n {
-                    6 => block::<6>(s, a, q, v, tile, scale),
-                    5 => block::<5>(s, a, q, v, tile, scale),
-                    4 => block::<4>(s, a, q, v, tile, scale),
-                    3 => block::<3>(s, a, q, v, tile, scale),
-                    2 => block::<2>(s, a, q, v, tile, scale),
-                    _ => block::<1>(s, a, q, v, tile, scale),
-                }
-            }
-            at += n;
-        }
+        in_blocks!(sts, accs, qs, valids => block(tile, scale));
     }
 
     /// `R` rows: step 1 in integers (two `vpdpbusd` chains per row and half, even and odd
@@ -327,23 +306,7 @@ mod x86 {
         tiles: &[CodedPairTile<'_>],
         scale: f32,
     ) {
-        let mut at = 0;
-        while at < sts.len() {
-            let n = (sts.len() - at).min(BLOCK);
-            let (s, a, q) = (&mut sts[at..at + n], &mut accs[at..at + n], &qs[at..at + n]);
-            // SAFETY: forwarded caller's contract.
-            unsafe {
-                match n {
-                    6 => block_tiles::<6>(s, a, q, tiles, scale),
-                    5 => block_tiles::<5>(s, a, q, tiles, scale),
-                    4 => block_tiles::<4>(s, a, q, tiles, scale),
-                    3 => block_tiles::<3>(s, a, q, tiles, scale),
-                    2 => block_tiles::<2>(s, a, q, tiles, scale),
-                    _ => block_tiles::<1>(s, a, q, tiles, scale),
-                }
-            }
-            at += n;
-        }
+        in_blocks!(sts, accs, qs => block_tiles(tiles, scale));
     }
 
     /// `R` rows over `tiles` (all positions valid), pipelined as [`rows_tiles`] says.
