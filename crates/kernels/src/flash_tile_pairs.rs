@@ -822,6 +822,7 @@ pub(crate) mod x86 {
             if let (Some(after), Some(later)) = (tiles.get(i + 1), tiles.get(i + 2)) {
                 later.prefetch_jumps(after);
             }
+            tile.prefetch_next_pages(crate::page_prefetch::TILE_PAGES_AHEAD);
             if let Some(after) = tiles.get(i + 1) {
                 // SAFETY: as above, for the next tile.
                 next = unsafe { scores::<R>(qs, after, scale) };

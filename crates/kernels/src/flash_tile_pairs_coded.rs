@@ -117,6 +117,23 @@ impl CodedPairTile<'_> {
             }
         }
     }
+
+    /// Asks the CPU to start (to L2) each page that this tile's K codes, K parameters or V
+    /// words reach into `ahead` bytes further on (`page_prefetch`): the pages a stream of
+    /// tiles laid out one after another enters next. No effect on any result.
+    #[inline]
+    pub fn prefetch_next_pages(&self, ahead: usize) {
+        use crate::page_prefetch::prefetch_page_starts;
+        for (k, v) in self.keys.iter().zip(self.values) {
+            prefetch_page_starts(k.kt.as_ptr().cast(), std::mem::size_of_val(k.kt), ahead);
+            prefetch_page_starts(
+                k.params.as_ptr().cast(),
+                std::mem::size_of_val(k.params),
+                ahead,
+            );
+            prefetch_page_starts(v.as_ptr().cast(), std::mem::size_of_val(v), ahead);
+        }
+    }
 }
 
 /// The step (module doc) for every row `r`: state `sts[r]`, accumulator `accs[r]` (`[hd]`),
@@ -330,6 +347,7 @@ mod x86 {
             if let (Some(after), Some(later)) = (tiles.get(i + 1), tiles.get(i + 2)) {
                 later.prefetch_jumps(after);
             }
+            tile.prefetch_next_pages(crate::page_prefetch::TILE_PAGES_AHEAD);
             if let Some(after) = tiles.get(i + 1) {
                 // SAFETY: as above, for the next tile.
                 next = unsafe { scores::<R>(qs, after, scale) };

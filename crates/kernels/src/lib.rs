@@ -72,6 +72,7 @@ mod packed32_prefill_avx2;
 mod packed32_run;
 #[cfg(target_arch = "x86_64")]
 mod packed32_x86;
+mod page_prefetch;
 pub mod pair_layout;
 pub mod pair_layout_groups;
 pub mod par;

@@ -92,6 +92,22 @@ impl PairTileRef<'_> {
             }
         }
     }
+
+    /// Asks the CPU to start (to L2) each page that this tile's K or V words reach into
+    /// `ahead` bytes further on (`page_prefetch`): the pages a stream of tiles laid out one
+    /// after another enters next. No effect on any result.
+    #[inline]
+    pub fn prefetch_next_pages(&self, ahead: usize) {
+        for h in &self.halves {
+            for words in [h.keys, h.values] {
+                crate::page_prefetch::prefetch_page_starts(
+                    words.as_ptr().cast(),
+                    std::mem::size_of_val(words),
+                    ahead,
+                );
+            }
+        }
+    }
 }
 
 impl<'a> PairTileRef<'a> {
