@@ -500,7 +500,7 @@ pub(super) unsafe fn few_tokens512<const K: u8, const T: usize>(
         let grp_off = grp.as_ptr() as usize - all.as_ptr() as usize;
         let mut acc = [_mm512_setzero_ps(); T];
         for b in 0..nb {
-            super::packed32_x86::prefetch_next_page(all, grp_off + b * bb, bb);
+            super::packed32_x86::prefetch_ahead(all, grp_off + b * bb, bb);
             let bp = grp[b * bb..(b + 1) * bb].as_ptr();
             // SAFETY: a packed block of type `K` holds its 64-byte chunks at `64c` (Q5_0's
             // high-bit chunk at `64 · 4`), then its 16 f16 scales at `scales` (and Q4_1's 16

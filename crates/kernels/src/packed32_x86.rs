@@ -282,10 +282,12 @@ pub(super) fn prefetch_ahead(all: &[u8], off: usize, len: usize) {
 
 /// Prefetches (to L2) the first line of the page that starts among the `len` bytes [`PF_DIST`]
 /// beyond byte `off` of the matrix `all`, if one does (and it lies inside the matrix): the
-/// AVX-512 decode kernels call it for each block they read (`page_prefetch` says why one
+/// AVX-512 one-token kernels call it for each block they read (`page_prefetch` says why one
 /// request a page, not one a line: on Zen 4 the one-token stream moved 22.7 against 17.6 GB/s
 /// on one thread, medians of six interleaved rounds). The AVX2 kernels (Zen 3, where every
-/// line's request was measured to help) keep [`prefetch_ahead`].
+/// line's request was measured to help) and the AVX-512 kernel of a few tokens (4 tokens on 2
+/// threads streamed at 0.90× with page starts, four interleaved rounds on Zen 4) keep
+/// [`prefetch_ahead`].
 #[inline(always)]
 pub(super) fn prefetch_next_page(all: &[u8], off: usize, len: usize) {
     if let Some(page) = super::page_prefetch::page_start_within(
