@@ -18,10 +18,12 @@
 pub const TILE_PAGES_AHEAD: usize = 8192;
 
 /// Bytes of the smallest page: the hardware prefetchers follow a stream inside one, never across.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const PAGE_BYTES: usize = 4096;
 
 /// The offset (from `base`) of the last page start among the `len` bytes at offset `at`, if one
-/// lies there and before `end`.
+/// lies there and before `end` (the x86-64 matmul kernels' bounded form).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline(always)]
 pub(crate) fn page_start_within(base: usize, at: usize, len: usize, end: usize) -> Option<usize> {
     let last = base.checked_add(at)?.checked_add(len.checked_sub(1)?)?;
