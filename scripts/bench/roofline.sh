@@ -3,7 +3,8 @@
 # from empty and at a cached depth of 4,096, the measured rate beside the bounds this machine
 # allows — memory (bytes a decoded token reads ÷ the read bandwidth measured with the same
 # threads, and the same for a working set of that size) and compute (the step's integer and f32
-# operations ÷ the vector units' peak rates measured with the same threads). `bench-model
+# operations ÷ the vector units' peak rates measured with the same threads), and what an empty
+# call of the thread pool costs (on a shared host it tells which phase the run met). `bench-model
 # --membw --roofline`, f16 KV unless KV_DTYPE says otherwise.
 #
 #   scripts/bench/roofline.sh AGENTKV_BINARY

@@ -57,7 +57,7 @@ pub use kernels::{PackedDef, ThreadPool};
 pub use kv::{DeviceKvMemory, KvDtype, KvStore, SeqSlot};
 pub use kv_contiguous::ContiguousKv;
 pub use kv_rows::KvRows;
-pub use membw::{measure_read_bandwidth, Bandwidth, DecodeTraffic};
+pub use membw::{measure_pool_call_ns, measure_read_bandwidth, Bandwidth, DecodeTraffic};
 pub use model::{LoadError, Model};
 pub use numerics::{Numerics, RowKind};
 pub use ops::{log_softmax_at, Rope};

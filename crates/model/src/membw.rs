@@ -7,8 +7,9 @@
 //! [`measure_read_bandwidth`], a streaming read of a buffer by every thread of the kernel pool at
 //! once (the same threads the forward pass uses): much larger than the last-level cache, or the
 //! size of one token's traffic. Their quotient is the upper bound on batch-1 decode speed when
-//! weights and K/V come from memory, or from a cache large enough to hold them. It
-//! never runs the model and never changes kernel behaviour.
+//! weights and K/V come from memory, or from a cache large enough to hold them. Beside them,
+//! [`measure_pool_call_ns`]: what the pool's threads' hand-off costs per call. It never runs the
+//! model and never changes kernel behaviour.
 
 use std::time::Instant;
 
@@ -122,6 +123,24 @@ pub fn measure_read_bandwidth(pool: &ThreadPool, buffer_bytes: usize, passes: us
     }
 }
 
+/// What one empty call of the kernel pool costs, in nanoseconds: `rounds` rounds of `calls`
+/// back-to-back [`ThreadPool::for_each`] calls of one empty task per thread, each round's mean.
+/// The threads' hand-off alone (publishing the job, claiming the tasks, counting them done): a
+/// decoded token pays it about five times a layer, so where the pool's threads sit far apart
+/// (a host that places two vCPUs on distant cores) it can bound decode more than bandwidth does.
+pub fn measure_pool_call_ns(pool: &ThreadPool, calls: usize, rounds: usize) -> Vec<f64> {
+    let tasks = pool.num_threads();
+    (0..rounds.max(1))
+        .map(|_| {
+            let t0 = Instant::now();
+            for _ in 0..calls.max(1) {
+                pool.for_each(tasks, &|_| {});
+            }
+            t0.elapsed().as_nanos() as f64 / calls.max(1) as f64
+        })
+        .collect()
+}
+
 /// Xor of all words, eight independent lanes (vectorised by the compiler; xor never limits a
 /// streaming read).
 fn read_words(words: &[u64]) -> u64 {
@@ -155,6 +174,17 @@ mod tests {
         assert_eq!(bw.passes.len(), 3);
         assert!(bw.passes.iter().all(|&p| p > 0.0 && p.is_finite()));
         assert!(bw.best() >= bw.median());
+    }
+
+    #[test]
+    fn pool_calls_report_every_round() {
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads);
+            let ns = measure_pool_call_ns(&pool, 100, 3);
+            assert_eq!(ns.len(), 3);
+            assert!(ns.iter().all(|&n| n > 0.0 && n.is_finite()));
+        }
+        assert_eq!(measure_pool_call_ns(&ThreadPool::new(2), 0, 0).len(), 1);
     }
 
     #[test]

@@ -40,7 +40,9 @@ pub struct BenchModelArgs {
     /// `--membw-mib` buffer) and report the bytes one decoded token reads and the resulting
     /// bound on decode speed next to the measured one; and the same read of a buffer the size of
     /// that token's traffic, repeated as a decode repeats it (on a CPU whose cache holds the
-    /// weights, that working set is read from cache, not memory: the binding bound there).
+    /// weights, that working set is read from cache, not memory: the binding bound there); and
+    /// what an empty call of the thread pool costs (the threads' hand-off, paid about five times
+    /// a layer by a decoded token).
     #[arg(long)]
     pub membw: bool,
     /// Also measure the vector units' peak rates (f32 FMA, 8-bit dot products) with the same
@@ -275,6 +277,8 @@ fn report_membw(b: &MembwBound, tg_med: f64, out: &mut serde_json::Value) {
         "working_set_read_gb_s_median": ws.median() / 1e9,
         "decode_working_set_bound_tok_s": ws_bound_tok_s,
         "decode_share_of_working_set_bound": tg_med / ws_bound_tok_s,
+        "pool_call_ns_rounds": b.pool_call_ns,
+        "pool_call_ns_median": median(&b.pool_call_ns),
     });
     eprintln!(
         "memory read {:.1} GB/s (best of {} passes over {} MiB, median {:.1}); a decoded token at mean depth {} reads {:.1} MB ({:.1} MB weights + {:.1} MB K/V): bound {:.1} tok/s, measured {:.1} tok/s = {:.0}% of it",
@@ -299,7 +303,15 @@ fn report_membw(b: &MembwBound, tg_med: f64, out: &mut serde_json::Value) {
         ws_bound_tok_s,
         100.0 * tg_med / ws_bound_tok_s,
     );
+    eprintln!(
+        "thread hand-off: an empty pool call of one task per thread costs {:.0} ns (median of {} rounds of {POOL_CALLS}; a decoded token pays it about five times a layer)",
+        median(&b.pool_call_ns),
+        b.pool_call_ns.len(),
+    );
 }
+
+/// Empty pool calls per round of `--membw`'s hand-off measurement.
+const POOL_CALLS: usize = 20_000;
 
 /// What `--membw` reports: the machine's read bandwidth, of memory and of a working set of one
 /// token's size, and one decoded token's traffic.
@@ -314,6 +326,8 @@ struct MembwBound {
     /// The decode's mean position (decode runs over `depth..depth + gen_tokens`).
     mean_depth: usize,
     bytes_per_token: u64,
+    /// What an empty pool call costs, ns, per round (`model::measure_pool_call_ns`).
+    pool_call_ns: Vec<f64>,
 }
 
 fn membw_bound(
@@ -326,9 +340,11 @@ fn membw_bound(
     let mean_depth = args.depth + args.gen_tokens / 2;
     let bytes_per_token = traffic.bytes_at_depth(mean_depth);
     let working_set = model::measure_read_bandwidth(pool, bytes_per_token as usize, 20);
+    let pool_call_ns = model::measure_pool_call_ns(pool, POOL_CALLS, 3);
     Ok(MembwBound {
         memory,
         working_set,
+        pool_call_ns,
         weight_bytes: traffic.weight_bytes,
         kv_bytes_per_position: traffic.kv_bytes_per_position,
         mean_depth,
