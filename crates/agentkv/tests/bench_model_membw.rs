@@ -1,8 +1,8 @@
 //! `agentkv bench-model --membw` on the default model: the report carries both bandwidth bounds
 //! of a batch-1 decode — the streaming read of a large buffer (memory) and the same read of a
 //! buffer the size of one decoded token's traffic (its working set, which a large last-level
-//! cache may hold) — each consistent with the bytes a token reads. Speed itself is a benchmark,
-//! never asserted here.
+//! cache may hold) — each consistent with the bytes a token reads, and what an empty call of the
+//! thread pool costs. Speed itself is a benchmark, never asserted here.
 
 use std::process::Command;
 
@@ -71,4 +71,16 @@ fn membw_reports_the_memory_and_the_working_set_bounds() {
         assert!((num(share) - decode / want).abs() <= 1e-9, "{share}: {m}");
     }
     assert!(num("working_set_read_gb_s_median") <= num("working_set_read_gb_s_best"));
+    // The threads' hand-off: three rounds, their median reported beside them.
+    let rounds: Vec<f64> = m["pool_call_ns_rounds"]
+        .as_array()
+        .unwrap_or_else(|| panic!("membw.pool_call_ns_rounds missing: {m}"))
+        .iter()
+        .map(|v| v.as_f64().expect("ns"))
+        .collect();
+    assert_eq!(rounds.len(), 3, "{m}");
+    assert!(rounds.iter().all(|&n| n > 0.0 && n.is_finite()), "{m}");
+    let mut sorted = rounds.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(num("pool_call_ns_median"), sorted[1]);
 }
