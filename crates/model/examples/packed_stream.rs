@@ -4,7 +4,8 @@
 //! GB/s of weights read per second on 1 and 2 threads. Measures only.
 //!
 //! `cargo run --release -p model --example packed_stream [MiB]` (`TOKENS=N`: a step of N tokens,
-//! as N decodes batched together read the weights once; default 1).
+//! as N decodes batched together read the weights once; default 1; `ONE_MATRIX_ROWS=N`:
+//! N×576 matrices instead of the layer's shapes).
 
 use std::time::Instant;
 
@@ -41,12 +42,20 @@ fn main() {
         (1536, 576),
         (576, 1536),
     ];
+    // `ONE_MATRIX_ROWS=N`: stream N×576 matrices instead (a few large calls a pass: what the
+    // kernel streams without the per-call hand-off of the layer's shapes).
+    let one: Vec<(usize, usize)> = std::env::var("ONE_MATRIX_ROWS")
+        .ok()
+        .map(|v| vec![(v.parse().expect("ONE_MATRIX_ROWS"), 576)])
+        .unwrap_or_default();
+    let shapes: &[(usize, usize)] = if one.is_empty() { &shapes } else { &one };
+    let max_rows = shapes.iter().map(|&(r, _)| r).max().unwrap_or(0);
     let ty = GgmlType::Q4_1;
     let mut mats = Vec::new();
     let mut total = 0usize;
     let mut seed = 0;
     while total < mib << 20 {
-        for &(r, c) in &shapes {
+        for &(r, c) in shapes {
             seed += 1;
             let data = random_weights(ty, r, c, seed);
             let p = Packed32::pack(ty, r, c, &data).expect("pack");
@@ -61,7 +70,7 @@ fn main() {
     let x: Vec<f32> = (0..1536 * tokens)
         .map(|_| rng.gen_range(-1.0f32..1.0))
         .collect();
-    let mut y = vec![0f32; 1536 * tokens];
+    let mut y = vec![0f32; max_rows.max(1536) * tokens];
     for threads in [1, 2] {
         let pool = ThreadPool::new(threads);
         let bw = model::measure_read_bandwidth(&pool, 256 << 20, 8);
