@@ -9,7 +9,7 @@
 //!          metrics_api_keys: [..], metrics_per_tenant: true}
 //! model: {path: models/SmolLM2-135M-Instruct.Q4_1.gguf, threads: 4, llama_cpp_prefill: false}
 //! kv_cache_config:
-//!   max_size: 2GB            # bytes of KV memory (KB/MB/GB = 1000^k, KiB/MiB/GiB = 1024^k)
+//!   max_size: 2GB            # bytes of KV memory, mapped at start (KB/MB/GB = 1000^k, KiB/MiB/GiB = 1024^k)
 //!   replacement_policy: reuse_aware_lru  # (default) | lru | lfu | segmented_lru | adaptive_segmented_lru
 //!   warmup_prompts: [system]  # names of `prompts` below
 //!   quantization: auto        # (default) bf16 where the CPU has AVX-512 BF16, else f16; or a KV

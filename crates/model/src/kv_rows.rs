@@ -23,7 +23,7 @@ use quant::KvCodecKind;
 
 use crate::kv::{KvChunk, KvDtype, KvError, KvLayout};
 use crate::kv_sealed::SealedK;
-use kernels::hugepages::{advise_huge_pages, zeroed_vec};
+use kernels::hugepages::{advise_huge_pages, prefault_pages, zeroed_vec};
 use kernels::par::{try_spread, DisjointRows};
 use kernels::ThreadPool;
 
@@ -107,10 +107,12 @@ pub struct KvRows {
     buf: RowBuf,
 }
 
-/// `n` zeroes the allocator maps lazily (`vec![0; n]`), backed by huge pages when first touched.
-fn lazy_zeroes<T: Copy + Default>(n: usize) -> Vec<T> {
+/// `n` zeroes (`vec![0; n]`, which the allocator maps lazily), asked to be backed by huge pages
+/// and mapped now (`prefault_pages`): the store's first writes then never stop for a page fault.
+fn mapped_zeroes<T: Copy + Default>(n: usize) -> Vec<T> {
     let mut v = vec![T::default(); n];
     advise_huge_pages(&mut v);
+    prefault_pages(&mut v);
     v
 }
 
@@ -126,8 +128,8 @@ impl KvRows {
                 head_dim,
                 num_rows,
                 buf: RowBuf::Bf16Pairs {
-                    k: lazy_zeroes(words),
-                    v: lazy_zeroes(words),
+                    k: mapped_zeroes(words),
+                    v: mapped_zeroes(words),
                 },
             });
         }
@@ -138,9 +140,9 @@ impl KvRows {
                 head_dim,
                 num_rows,
                 buf: RowBuf::Int8Pairs {
-                    k: lazy_zeroes(groups * coded_key_words(head_dim)),
+                    k: mapped_zeroes(groups * coded_key_words(head_dim)),
                     k_params: zeroed_vec(groups * CODED_PARAMS, f16::ZERO),
-                    v: lazy_zeroes(groups * group_words(head_dim)),
+                    v: mapped_zeroes(groups * group_words(head_dim)),
                 },
             });
         }
@@ -152,15 +154,15 @@ impl KvRows {
                 num_rows,
                 buf: RowBuf::Sealed {
                     k: SealedK::new(codecs.k, head_dim, num_rows)?,
-                    v: lazy_zeroes(num_rows * v_row_bytes),
+                    v: mapped_zeroes(num_rows * v_row_bytes),
                     v_row_bytes,
                 },
             });
         }
         let buf = match layout {
             KvLayout::F32 => RowBuf::F32 {
-                k: lazy_zeroes(n),
-                v: lazy_zeroes(n),
+                k: mapped_zeroes(n),
+                v: mapped_zeroes(n),
             },
             KvLayout::F16 => RowBuf::F16 {
                 k: zeroed_vec(n, f16::ZERO),
@@ -170,8 +172,8 @@ impl KvRows {
                 k_row_bytes,
                 v_row_bytes,
             } => RowBuf::Encoded {
-                k: lazy_zeroes(num_rows * k_row_bytes),
-                v: lazy_zeroes(num_rows * v_row_bytes),
+                k: mapped_zeroes(num_rows * k_row_bytes),
+                v: mapped_zeroes(num_rows * v_row_bytes),
                 k_row_bytes,
                 v_row_bytes,
             },
