@@ -61,6 +61,12 @@ pub struct EngineConfig {
     /// take ggml's float order (`model::MatmulArith::InvariantGgml`) instead of the faster
     /// block-sum order of the default.
     pub llama_cpp_prefill: bool,
+    /// Map the host K/V pool's pages when the engine starts (`model::KvRows::prefault`) instead
+    /// of on first write: a long-running server pays the page faults and the zeroing once,
+    /// before its first request, rather than inside its first requests' steps. Off by default
+    /// (tests, benchmarks and one-shot tools build many engines and touch little of their
+    /// pools); `agentkv serve` turns it on.
+    pub prefault_kv: bool,
 }
 
 /// One tenant's share of the active pool, in blocks.
@@ -106,6 +112,7 @@ impl Default for EngineConfig {
             policy_duel: Some(cache::DuelConfig::default()),
             max_retained_fraction: 0.9,
             llama_cpp_prefill: false,
+            prefault_kv: false,
         }
     }
 }

@@ -206,7 +206,13 @@ impl EngineCore {
         };
         let mem = match backend.device_kv_memory(cfg.num_blocks, cfg.block_size, cfg.kv_dtype) {
             Some(device) => KvMemory::Device(device?),
-            None => KvMemory::Host(PagedKvMemory::new(geo, cfg.kv_dtype)?),
+            None => {
+                let mut host = PagedKvMemory::new(geo, cfg.kv_dtype)?;
+                if cfg.prefault_kv {
+                    host.prefault();
+                }
+                KvMemory::Host(host)
+            }
         };
         let kv_log = cfg
             .kv_events

@@ -57,6 +57,11 @@ impl PagedKvMemory {
         })
     }
 
+    /// Maps the pool's pages now (`KvRows::prefault`); the bytes mapped.
+    pub fn prefault(&mut self) -> usize {
+        self.rows.prefault()
+    }
+
     pub fn geometry(&self) -> KvGeometry {
         self.geo
     }

@@ -405,6 +405,34 @@ fn a_lossy_tier_stores_its_codec_and_is_never_served_as_exact() {
     );
 }
 
+/// A pool mapped at start (`EngineConfig::prefault_kv`, what `agentkv serve` sets; the pool
+/// made large enough to pass the huge-page threshold) serves the same bits as the lazily
+/// mapped one.
+#[test]
+fn a_pool_mapped_at_start_serves_the_same_outputs() {
+    // f32 rows are allocated lazily (f16 ones are written at construction).
+    let f32kv = model::KvDtype::parse("f32").unwrap();
+    let ps = prompts(4, 12, 9);
+    let want: Vec<Output> = ps.iter().map(|p| alone_kv(model(), p, 12, f32kv)).collect();
+    let mut core = EngineCore::new(
+        model(),
+        EngineConfig {
+            prefault_kv: true,
+            kv_dtype: f32kv,
+            ..cfg(1 << 15, 64)
+        },
+    )
+    .unwrap();
+    // Past twice the 4 MiB below which buffers are left alone.
+    let bytes = core.memory().bytes_per_token() * 4 * (1 << 15);
+    assert!(bytes >= 8 << 20, "{bytes} bytes");
+    let specs = ps.iter().map(|p| greedy(p.clone(), 12)).collect();
+    let got = run(&mut core, specs);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&got[&(i, 0)], w, "prompt {i}");
+    }
+}
+
 #[test]
 fn a_small_pool_preempts_and_outputs_stay_identical() {
     let ps = prompts(5, 0, 2);

@@ -107,16 +107,37 @@ pub struct KvRows {
     buf: RowBuf,
 }
 
-/// `n` zeroes (`vec![0; n]`, which the allocator maps lazily), asked to be backed by huge pages
-/// and mapped now (`prefault_pages`): the store's first writes then never stop for a page fault.
-fn mapped_zeroes<T: Copy + Default>(n: usize) -> Vec<T> {
+/// `n` zeroes the allocator maps lazily (`vec![0; n]`), backed by huge pages when first touched
+/// (or when [`KvRows::prefault`] maps them).
+fn lazy_zeroes<T: Copy + Default>(n: usize) -> Vec<T> {
     let mut v = vec![T::default(); n];
     advise_huge_pages(&mut v);
-    prefault_pages(&mut v);
     v
 }
 
 impl KvRows {
+    /// Maps every page of the store's lazily allocated buffers now
+    /// (`kernels::hugepages::prefault_pages`), so no later write stops to fault one in and zero
+    /// it — what a long-running server wants of its pool, paid once at start. Contents never
+    /// change. Returns the bytes mapped (0 where the system does not support it).
+    pub fn prefault(&mut self) -> usize {
+        fn one<T>(buf: &mut [T]) -> usize {
+            if prefault_pages(buf) {
+                std::mem::size_of_val(buf)
+            } else {
+                0
+            }
+        }
+        match &mut self.buf {
+            RowBuf::F32 { k, v } => one(k) + one(v),
+            RowBuf::F16 { .. } => 0, // written at construction: already mapped
+            RowBuf::Encoded { k, v, .. } => one(k) + one(v),
+            RowBuf::Sealed { k, v, .. } => k.prefault() + one(v),
+            RowBuf::Bf16Pairs { k, v } => one(k) + one(v),
+            RowBuf::Int8Pairs { k, v, .. } => one(k) + one(v),
+        }
+    }
+
     /// Zeroed rows; fails when the codecs do not fit `head_dim`.
     pub fn new(codecs: KvDtype, head_dim: usize, num_rows: usize) -> Result<Self, KvError> {
         let n = num_rows * head_dim;
@@ -128,8 +149,8 @@ impl KvRows {
                 head_dim,
                 num_rows,
                 buf: RowBuf::Bf16Pairs {
-                    k: mapped_zeroes(words),
-                    v: mapped_zeroes(words),
+                    k: lazy_zeroes(words),
+                    v: lazy_zeroes(words),
                 },
             });
         }
@@ -140,9 +161,9 @@ impl KvRows {
                 head_dim,
                 num_rows,
                 buf: RowBuf::Int8Pairs {
-                    k: mapped_zeroes(groups * coded_key_words(head_dim)),
+                    k: lazy_zeroes(groups * coded_key_words(head_dim)),
                     k_params: zeroed_vec(groups * CODED_PARAMS, f16::ZERO),
-                    v: mapped_zeroes(groups * group_words(head_dim)),
+                    v: lazy_zeroes(groups * group_words(head_dim)),
                 },
             });
         }
@@ -154,15 +175,15 @@ impl KvRows {
                 num_rows,
                 buf: RowBuf::Sealed {
                     k: SealedK::new(codecs.k, head_dim, num_rows)?,
-                    v: mapped_zeroes(num_rows * v_row_bytes),
+                    v: lazy_zeroes(num_rows * v_row_bytes),
                     v_row_bytes,
                 },
             });
         }
         let buf = match layout {
             KvLayout::F32 => RowBuf::F32 {
-                k: mapped_zeroes(n),
-                v: mapped_zeroes(n),
+                k: lazy_zeroes(n),
+                v: lazy_zeroes(n),
             },
             KvLayout::F16 => RowBuf::F16 {
                 k: zeroed_vec(n, f16::ZERO),
@@ -172,8 +193,8 @@ impl KvRows {
                 k_row_bytes,
                 v_row_bytes,
             } => RowBuf::Encoded {
-                k: mapped_zeroes(num_rows * k_row_bytes),
-                v: mapped_zeroes(num_rows * v_row_bytes),
+                k: lazy_zeroes(num_rows * k_row_bytes),
+                v: lazy_zeroes(num_rows * v_row_bytes),
                 k_row_bytes,
                 v_row_bytes,
             },
@@ -1094,6 +1115,51 @@ mod tests {
             a.copy_rows(1, 3, 3);
             assert_eq!(a.rows_bytes(3, 3), bytes, "{spec}");
             assert_eq!(a.with_chunk(0, 4, false, |c| c.num_positions(64)), 4);
+        }
+    }
+
+    /// Prefaulting a store of every layout (buffers past the huge-page threshold) keeps every
+    /// row it held, maps at most what the store allocated, and leaves it writable.
+    #[test]
+    fn prefault_keeps_every_layouts_rows() {
+        let (hd, n) = (64, 1 << 16);
+        for spec in [
+            "f32",
+            "f16",
+            "int8",
+            "int4h",
+            "bf16",
+            "k=int8,v=bf16",
+            "k=int4c,v=int8",
+        ] {
+            let codecs = KvDtype::parse(spec).unwrap();
+            let mut a = KvRows::new(codecs, hd, n).unwrap();
+            let row = |r: usize| -> Vec<f32> {
+                (0..hd)
+                    .map(|i| ((r * 31 + i * 7) % 97) as f32 / 48.0 - 1.0)
+                    .collect()
+            };
+            let written = [0, 1, 17, n / 2, n - 16];
+            for &r in &written {
+                let k = row(r);
+                let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                a.write(r, &k, &v).unwrap();
+            }
+            // Whole 16-row groups (what a block codec serialises).
+            let spans = [0, 16, n / 2, n - 16];
+            let read = |a: &KvRows| -> Vec<Vec<u8>> {
+                spans.iter().map(|&r| a.rows_bytes(r, 16)).collect()
+            };
+            let before = read(&a);
+            let mapped = a.prefault();
+            assert!(
+                mapped <= a.allocated_bytes(),
+                "{spec}: {mapped} bytes mapped"
+            );
+            assert_eq!(read(&a), before, "{spec}");
+            let k = row(5);
+            a.write(n / 2 + 40, &k, &k).unwrap();
+            assert_eq!(read(&a), before, "{spec}");
         }
     }
 

@@ -87,6 +87,15 @@ impl SealedK {
         })
     }
 
+    /// Maps the sealed bytes' pages now ([`crate::KvRows::prefault`]); the bytes mapped.
+    pub(crate) fn prefault(&mut self) -> usize {
+        if kernels::hugepages::prefault_pages(&mut self.sealed) {
+            self.sealed.len()
+        } else {
+            0
+        }
+    }
+
     pub(crate) fn tokens(&self) -> usize {
         self.tokens
     }

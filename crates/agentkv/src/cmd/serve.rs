@@ -339,7 +339,11 @@ fn engine_config(
     auto_kv: model::KvDtype,
 ) -> Result<EngineConfig> {
     let kv = &file.kv_cache_config;
-    let mut cfg = EngineConfig::default();
+    // A server maps its K/V pool before the first request (`max_size` is committed at start).
+    let mut cfg = EngineConfig {
+        prefault_kv: true,
+        ..EngineConfig::default()
+    };
     if let Some(on) = file.model.llama_cpp_prefill {
         cfg.llama_cpp_prefill = on;
     }
