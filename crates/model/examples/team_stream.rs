@@ -9,27 +9,16 @@
 //! for 4 rounds. Measures only.
 //!
 //! `cargo run --release -p model --example team_stream` (`MODE=0|1|2`)
+#[path = "common/random_weights.rs"]
+mod random_weights;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 use gguf::GgmlType;
 use kernels::{matmul, Packed32, QMatrix, ThreadPool};
 use rand::{Rng, SeedableRng};
-
-fn random_weights(ty: GgmlType, num_rows: usize, row_len: usize, seed: u64) -> Vec<u8> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let row_bytes = ty.row_bytes(row_len).expect("whole blocks");
-    let mut data: Vec<u8> = (0..num_rows * row_bytes).map(|_| rng.gen()).collect();
-    let d = half::f16::from_f32(0.01).to_bits().to_le_bytes();
-    let m = half::f16::from_f32(-0.05).to_bits().to_le_bytes();
-    for blk in data.chunks_exact_mut(ty.block_bytes()) {
-        blk[0..2].copy_from_slice(&d);
-        if ty == GgmlType::Q4_1 {
-            blk[2..4].copy_from_slice(&m);
-        }
-    }
-    data
-}
+use random_weights::random_weights;
 
 struct Mat {
     data: Vec<u8>,
