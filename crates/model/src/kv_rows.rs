@@ -1139,14 +1139,13 @@ mod tests {
                     .map(|i| ((r * 31 + i * 7) % 97) as f32 / 48.0 - 1.0)
                     .collect()
             };
-            let written = [0, 1, 17, n / 2, n - 16];
-            for &r in &written {
+            // Whole 16-row groups, every row written (a block codec serialises sealed groups).
+            let spans = [0, 16, n / 2, n - 16];
+            for r in spans.iter().flat_map(|&s| s..s + 16) {
                 let k = row(r);
                 let v: Vec<f32> = k.iter().map(|x| -x).collect();
                 a.write(r, &k, &v).unwrap();
             }
-            // Whole 16-row groups (what a block codec serialises).
-            let spans = [0, 16, n / 2, n - 16];
             let read = |a: &KvRows| -> Vec<Vec<u8>> {
                 spans.iter().map(|&r| a.rows_bytes(r, 16)).collect()
             };
