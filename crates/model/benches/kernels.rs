@@ -6,26 +6,14 @@
 //! weight bytes streamed per second; prefill (64 tokens) reports multiply-adds ×2 as "elements"
 //! (so `Gelem/s` = GFLOP/s). Weights are random blocks with sane f16 scales. Measures only.
 
+#[path = "../examples/common/weights.rs"]
+mod weights;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gguf::GgmlType;
 use kernels::{matmul, QMatrix, ThreadPool};
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
-
-fn random_weights(ty: GgmlType, num_rows: usize, row_len: usize) -> Vec<u8> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-    let row_bytes = ty.row_bytes(row_len).expect("whole blocks");
-    let mut data: Vec<u8> = (0..num_rows * row_bytes).map(|_| rng.gen()).collect();
-    let d = half::f16::from_f32(0.01).to_bits().to_le_bytes();
-    let m = half::f16::from_f32(-0.05).to_bits().to_le_bytes();
-    for blk in data.chunks_exact_mut(ty.block_bytes()) {
-        blk[0..2].copy_from_slice(&d);
-        if ty == GgmlType::Q4_1 {
-            blk[2..4].copy_from_slice(&m);
-        }
-    }
-    data
-}
 
 fn bench_matmul(c: &mut Criterion) {
     let shapes = [
@@ -35,7 +23,7 @@ fn bench_matmul(c: &mut Criterion) {
     ];
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     for (name, ty, num_rows, row_len) in shapes {
-        let data = random_weights(ty, num_rows, row_len);
+        let data = weights::random_weights(ty, num_rows, row_len, 1);
         let w = QMatrix {
             ty,
             num_rows,

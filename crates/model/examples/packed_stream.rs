@@ -7,30 +7,21 @@
 //! as N decodes batched together read the weights once; default 1; `ONE_MATRIX_ROWS=N`:
 //! N×576 matrices instead of the layer's shapes).
 
-#[path = "common/random_weights.rs"]
-mod random_weights;
+#[path = "common/weights.rs"]
+mod weights;
 
 use std::time::Instant;
 
 use gguf::GgmlType;
 use kernels::{matmul, Packed32, QMatrix, ThreadPool};
 use rand::{Rng, SeedableRng};
-use random_weights::random_weights;
+use weights::{random_weights, LAYER_SHAPES};
 
 fn main() {
     let mib: usize = std::env::args()
         .nth(1)
         .map_or(96, |s| s.parse().expect("MiB"));
-    // One layer of SmolLM2-135M: q, k, v, o, gate, up (576 in), down (1536 in).
-    let shapes = [
-        (576usize, 576usize),
-        (192, 576),
-        (192, 576),
-        (576, 576),
-        (1536, 576),
-        (1536, 576),
-        (576, 1536),
-    ];
+    let shapes = LAYER_SHAPES;
     // `ONE_MATRIX_ROWS=N`: stream N×576 matrices instead (a few large calls a pass: what the
     // kernel streams without the per-call hand-off of the layer's shapes).
     let one: Vec<(usize, usize)> = std::env::var("ONE_MATRIX_ROWS")

@@ -9,8 +9,8 @@
 //! for 4 rounds. Measures only.
 //!
 //! `cargo run --release -p model --example team_stream` (`MODE=0|1|2`)
-#[path = "common/random_weights.rs"]
-mod random_weights;
+#[path = "common/weights.rs"]
+mod weights;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
@@ -18,7 +18,7 @@ use std::time::Instant;
 use gguf::GgmlType;
 use kernels::{matmul, Packed32, QMatrix, ThreadPool};
 use rand::{Rng, SeedableRng};
-use random_weights::random_weights;
+use weights::{random_weights, LAYER_SHAPES};
 
 struct Mat {
     data: Vec<u8>,
@@ -68,15 +68,7 @@ impl Barrier {
 }
 
 fn main() {
-    let shapes = [
-        (576usize, 576usize),
-        (192, 576),
-        (192, 576),
-        (576, 576),
-        (1536, 576),
-        (1536, 576),
-        (576, 1536),
-    ];
+    let shapes = LAYER_SHAPES;
     let ty = GgmlType::Q4_1;
     let mut full = Vec::new();
     let mut halves: [Vec<Mat>; 2] = [Vec::new(), Vec::new()];

@@ -1,9 +1,22 @@
-//! Random GGUF-encoded weights for the streaming examples (`packed_stream`, `team_stream`):
-//! random quant bytes with every block's `d` set to 0.01 (and Q4_1's `m` to −0.05), so sums
-//! stay finite. Measures only; never used by the product.
+//! Weights for the streaming examples (`packed_stream`, `team_stream`) and the kernel bench:
+//! the default model's layer shapes, and random GGUF-encoded weights — random quant bytes with
+//! every block's `d` set to 0.01 (and Q4_1's `m` to −0.05), so sums stay finite. Measures only;
+//! never used by the product.
 
 use gguf::GgmlType;
 use rand::{Rng, SeedableRng};
+
+/// One layer of SmolLM2-135M as `(rows, row_len)`: q, k, v, o, gate, up (576 in), down (1536 in).
+#[allow(dead_code)] // the bench uses only the generator
+pub const LAYER_SHAPES: [(usize, usize); 7] = [
+    (576, 576),
+    (192, 576),
+    (192, 576),
+    (576, 576),
+    (1536, 576),
+    (1536, 576),
+    (576, 1536),
+];
 
 /// `num_rows` rows of `row_len` elements of `ty`, from `seed`.
 pub fn random_weights(ty: GgmlType, num_rows: usize, row_len: usize, seed: u64) -> Vec<u8> {
